@@ -1,0 +1,72 @@
+"""What every model adapter provides; the pipeline reads nothing model-specific elsewhere."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from tbench.iospec import IoSpec
+
+
+@dataclass(frozen=True)
+class ServingDefaults:
+    """A reference guide's parameters as data; one instance per profile."""
+
+    max_batch_size: int
+    model_instances: int
+    preferred_batch_sizes: list[int]
+    max_queue_delay_us: int
+    offline_batch_sizes: list[int]
+    online_concurrency: list[int]
+    accuracy_samples: int = 64
+    formats: list[str] = field(default_factory=lambda: ["onnx", "ts-trace"])
+
+
+@dataclass
+class Batch:
+    inputs: dict[str, np.ndarray]
+    labels: np.ndarray | None = None
+
+
+class ModelAdapter(ABC):
+    """A model, its io spec, its data, its metric and its guide's defaults."""
+
+    name: str
+    framework: str  # "pytorch" | "tensorflow"
+    metric_name: str
+    sizes: tuple[str, ...] = ("full", "small")
+
+    def __init__(self, size: str = "full", checkpoint: str | None = None):
+        from tbench.errors import ConfigError
+
+        if size not in self.sizes:
+            raise ConfigError(f"unknown size {size!r} for model {self.name!r}; known: {', '.join(self.sizes)}")
+        self.size = size
+        self.checkpoint = checkpoint
+
+    @abstractmethod
+    def build(self):
+        """The framework model in inference mode, weights loaded from the checkpoint if one was given."""
+
+    @abstractmethod
+    def io_spec(self) -> IoSpec: ...
+
+    @abstractmethod
+    def batches(self, n_samples: int, batch_size: int, seed: int = 0) -> Iterator[Batch]:
+        """Dataset samples (synthetic when no dataset is given), in batches."""
+
+    @abstractmethod
+    def predict(self, outputs: dict[str, np.ndarray]) -> np.ndarray:
+        """Turn model outputs into the predictions the metric compares."""
+
+    @abstractmethod
+    def metric(self, predictions: np.ndarray, labels: np.ndarray) -> float: ...
+
+    @abstractmethod
+    def defaults(self, profile: str) -> ServingDefaults: ...
+
+    def sample_batch(self, batch_size: int, seed: int = 1234) -> dict[str, np.ndarray]:
+        return next(self.batches(batch_size, batch_size, seed=seed)).inputs

@@ -1,0 +1,1 @@
+"""One module per stage: plain functions do the work, the @task wrappers at the bottom stay thin."""

@@ -1,0 +1,71 @@
+"""Stage 2: every exported model against the framework model on the same sample batch."""
+
+from __future__ import annotations
+
+import numpy as np
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from model_adapters.base import ModelAdapter
+from tbench.artifacts import CorrectnessResult, ModelArtifact, OutputError
+from tbench.enums import Format
+from tbench.errors import CorrectnessError
+
+
+def run_framework(module, spec, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    import torch
+
+    with torch.inference_mode():
+        out = module(*(torch.from_numpy(inputs[t.name]) for t in spec.inputs))
+    outs = out if isinstance(out, (tuple, list)) else (out,)
+    return {t.name: o.numpy() for t, o in zip(spec.outputs, outs)}
+
+
+def run_artifact(artifact: ModelArtifact, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    spec = artifact.io_spec
+    if artifact.format is Format.ONNX:
+        import onnxruntime as ort
+
+        sess = ort.InferenceSession(artifact.path, providers=["CPUExecutionProvider"])
+        return dict(zip(spec.output_names(), sess.run(spec.output_names(), inputs)))
+    import torch
+
+    return run_framework(torch.jit.load(artifact.path), spec, inputs)
+
+
+def compare(reference: dict[str, np.ndarray], candidate: dict[str, np.ndarray], atol: float, rtol: float) -> list[OutputError]:
+    """Pass when max|a - b| <= atol + rtol * max|ref| for each output."""
+    rows = []
+    for name, ref in reference.items():
+        got = candidate[name]
+        if got.shape != ref.shape:
+            raise CorrectnessError(f"output {name}: shape {got.shape} differs from the framework's {ref.shape}")
+        abs_err = float(np.max(np.abs(got.astype(np.float64) - ref))) if ref.size else 0.0
+        scale = float(np.max(np.abs(ref))) if ref.size else 0.0
+        tolerance = atol + rtol * scale
+        rows.append(OutputError(output=name, max_abs_err=abs_err, max_rel_err=abs_err / scale if scale else abs_err,
+                                tolerance=tolerance, passed=bool(abs_err <= tolerance)))
+    return rows
+
+
+def check_artifacts(adapter: ModelAdapter, module, artifacts: list[ModelArtifact], atol: float, rtol: float,
+                    batch_size: int = 4) -> list[CorrectnessResult]:
+    spec = adapter.io_spec()
+    inputs = adapter.sample_batch(batch_size, seed=7)
+    reference = run_framework(module, spec, inputs)
+    return [CorrectnessResult(format=a.format, batch_size=batch_size, outputs=compare(reference, run_artifact(a, inputs), atol, rtol))
+            for a in artifacts]
+
+
+def require_passed(results: list[CorrectnessResult]) -> None:
+    for r in results:
+        for o in r.outputs:
+            if not o.passed:
+                raise CorrectnessError(
+                    f"{r.format.value} output {o.output} differs from the framework model: "
+                    f"max abs error {o.max_abs_err:.3g} > tolerance {o.tolerance:.3g}")
+
+
+@task(name="correctness", cache_policy=NO_CACHE)
+def correctness_task(adapter, module, artifacts, atol: float, rtol: float) -> list[CorrectnessResult]:
+    return check_artifacts(adapter, module, artifacts, atol, rtol)

@@ -1,0 +1,28 @@
+"""Stage 7a: the numbers a reader looks for first, computed from the tidy table."""
+
+from __future__ import annotations
+
+import pandas as pd
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from tbench.metrics import THROUGHPUT
+
+
+def summarize(results: pd.DataFrame) -> dict:
+    summary: dict = {"points": int(len(results)), "points_ok": int((results["status"] == "ok").sum()),
+                     "points_flagged": int((results["status"] != "ok").sum())}
+    ok = results[results["status"] == "ok"]
+    for scenario, axis in (("offline", "batch_size"), ("online", "concurrency")):
+        rows = ok[ok["scenario"] == scenario]
+        if rows.empty:
+            continue
+        best = rows.loc[rows[THROUGHPUT.column].idxmax()]
+        summary[scenario] = {"best_throughput_infer_per_s": float(best[THROUGHPUT.column]), f"at_{axis}": int(best[axis]),
+                             "p99_ms_at_best": float(best["p99_ms"]), "min_avg_ms": float(rows["avg_ms"].min())}
+    return summary
+
+
+@task(name="metrics", cache_policy=NO_CACHE)
+def metrics_task(results: pd.DataFrame) -> dict:
+    return summarize(results)

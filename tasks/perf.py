@@ -1,0 +1,157 @@
+"""Stage 6: perf_analyzer sweeps; each point is one real perf_analyzer call, parsed into one tidy row.
+
+An unstable point is retried with a window twice as long; if it still fails it is kept as a row with
+status "unstable" (no numbers), so a sweep never loses the points it did measure.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from prefect import task
+from prefect.artifacts import create_progress_artifact, update_progress_artifact
+from prefect.cache_policies import NO_CACHE
+
+from tbench import procs, progress, tools
+from tbench.enums import Scenario
+from tbench.errors import PerfAnalyzerError
+from tbench.iospec import IoSpec
+from tbench.layout import RunLayout
+from tbench.metrics import AVG, BREAKDOWN, METRICS, RESULT_COLUMNS
+from tbench.request import Measurement
+
+UNSTABLE_MARK = "Failed to obtain stable measurement"
+
+
+@dataclass(frozen=True)
+class Point:
+    scenario: Scenario
+    batch_size: int
+    concurrency: int
+
+
+def plan_points(scenarios: list[Scenario], batch_sizes: list[int], concurrency: list[int]) -> list[Point]:
+    """Offline: batch grid at concurrency 1. Online: concurrency grid at batch 1 (the server batches)."""
+    points = []
+    for scenario in scenarios:
+        if scenario is Scenario.OFFLINE:
+            points += [Point(scenario, b, 1) for b in batch_sizes]
+        else:
+            points += [Point(scenario, 1, c) for c in concurrency]
+    return points
+
+
+def output_shm_bytes(spec: IoSpec, batch_size: int) -> int:
+    """Room for the largest output of one request, for --output-shared-memory-size."""
+    sizes = [batch_size * math.prod(max(d, 1) for d in t.shape) * t.np_dtype.itemsize for t in spec.outputs]
+    return max(sizes + [1024])
+
+
+def perf_argv(binary: Path, model: str, grpc_url: str, point: Point, m: Measurement, request_count: int,
+              csv_path: Path, spec: IoSpec) -> list[str]:
+    argv = [
+        str(binary), "-m", model, "-u", grpc_url, "-i", "grpc",
+        "-b", str(point.batch_size), "--concurrency-range", str(point.concurrency),
+        "--measurement-mode", "count_windows", "--measurement-request-count", str(request_count),
+        "--stability-percentage", str(m.stability_percentage), "--max-trials", str(m.max_trials),
+        "-f", str(csv_path), "--verbose-csv",
+    ]
+    if point.scenario is Scenario.OFFLINE:
+        argv += ["--shared-memory", "system", "--output-shared-memory-size", str(output_shm_bytes(spec, point.batch_size))]
+    return argv
+
+
+def parse_perf_csv(path: Path) -> dict[str, float]:
+    """One perf_analyzer CSV (one concurrency) -> tidy metric columns in our units."""
+    frame = pd.read_csv(path)
+    if frame.empty:
+        raise ValueError(f"{path} has no measurement row")
+    row = frame.iloc[0]
+    values = {"concurrency": int(row["Concurrency"])}
+    for metric in METRICS:
+        if metric.csv_header in frame.columns:
+            values[metric.column] = float(row[metric.csv_header]) * metric.scale
+    if AVG.column not in values:
+        values[AVG.column] = sum(values[m.column] for m in BREAKDOWN)
+    return values
+
+
+def empty_row() -> dict:
+    return {c: np.nan for c in RESULT_COLUMNS}
+
+
+def measure_point(point: Point, *, model: str, grpc_url: str, spec: IoSpec, m: Measurement, layout: RunLayout,
+                  binary: Path, env: dict[str, str]) -> dict:
+    """Measure one point, retrying with longer windows; always returns a row (status ok | unstable | error)."""
+    row = empty_row()
+    row.update(scenario=point.scenario.value, batch_size=point.batch_size, concurrency=point.concurrency,
+               stability_percentage=m.stability_percentage, max_trials=m.max_trials, protocol="grpc",
+               shared_memory="system" if point.scenario is Scenario.OFFLINE else "none", measure_seconds=0.0)
+    for attempt in range(1 + m.retries):
+        request_count = m.requests_per_window(point.batch_size, point.concurrency, attempt)
+        csv_path = layout.perf_csv(point.scenario, point.batch_size, point.concurrency, attempt)
+        done = procs.run(perf_argv(binary, model, grpc_url, point, m, request_count, csv_path, spec),
+                         layout.perf_log(point.scenario, point.batch_size, point.concurrency, attempt), m.timeout_s, env)
+        row.update(attempts=attempt + 1, measurement_request_count=request_count,
+                   measure_seconds=row["measure_seconds"] + done.seconds)
+        log = done.log_tail(40)
+        if done.returncode == 0 and csv_path.exists():
+            try:
+                row.update(parse_perf_csv(csv_path), status="ok", error="", source_file=str(csv_path.relative_to(layout.run_dir)))
+                return row
+            except ValueError:
+                pass  # exit 0 with no row: perf_analyzer stopped early on an unstable point
+        if done.timed_out:
+            row.update(status="error", error=f"perf_analyzer timed out after {m.timeout_s:.0f} s")
+            return row
+        if UNSTABLE_MARK in log or done.returncode == 0:
+            row.update(status="unstable", error=f"not stable within {m.max_trials} windows of {request_count} requests")
+            continue
+        last = [ln for ln in log.splitlines() if ln.strip()]
+        row.update(status="error", error=last[-1].strip() if last else f"perf_analyzer exited {done.returncode}")
+        return row
+    return row
+
+
+def run_sweep(points: list[Point], *, model: str, grpc_url: str, spec: IoSpec, m: Measurement, layout: RunLayout,
+              static: dict, on_row: Callable[[pd.DataFrame], None] | None = None,
+              server_alive: Callable[[], bool] | None = None) -> pd.DataFrame:
+    """Measure every point in order; `on_row` gets the table after each point so nothing measured is lost."""
+    binary = tools.perf_analyzer_binary()
+    env = tools.perf_analyzer_env()
+    rows: list[dict] = []
+    table = pd.DataFrame(columns=RESULT_COLUMNS)
+    progress.emit("sweep_start", total=len(points))
+    for i, point in enumerate(points):
+        row = measure_point(point, model=model, grpc_url=grpc_url, spec=spec, m=m, layout=layout, binary=binary, env=env)
+        row.update(static)
+        rows.append(row)
+        table = pd.DataFrame(rows, columns=RESULT_COLUMNS)
+        if on_row:
+            on_row(table)
+        progress.emit("point_done", index=i + 1, total=len(points), row=row)
+        if row["status"] == "error" and server_alive is not None and not server_alive():
+            raise PerfAnalyzerError(f"the Triton server stopped during the sweep at {point.scenario.value} "
+                                    f"batch {point.batch_size} concurrency {point.concurrency}: {row['error']}")
+    return table
+
+
+@task(name="perf-sweep", task_run_name="perf-{scenario.value}", cache_policy=NO_CACHE)
+def perf_task(scenario: Scenario, points: list[Point], **kwargs) -> pd.DataFrame:
+    """The sweep, with its progress shown as a Prefect progress artifact."""
+    artifact = create_progress_artifact(0.0, key=f"perf-{scenario.value}", description=f"perf_analyzer {scenario.value} sweep")
+
+    def on_event(event: str, **data) -> None:
+        if event == "point_done":
+            update_progress_artifact(artifact, 100.0 * data["index"] / data["total"])
+
+    progress.subscribe(on_event)
+    try:
+        return run_sweep(points, **kwargs)
+    finally:
+        progress.unsubscribe(on_event)

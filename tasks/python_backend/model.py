@@ -1,0 +1,78 @@
+"""Python-backend runtime model: ONNX Runtime or TorchScript inside Triton's python backend.
+
+Copied into the model repository as `<model>/1/model.py`. Requests that the dynamic batcher hands over together
+are concatenated along the batch axis, run in one runtime call, and split back per request.
+Parameters come from config.pbtxt: `runtime` (onnxruntime | torchscript), `model_file`, `intra_op_threads`.
+"""
+
+import json
+import os
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        config = json.loads(args["model_config"])
+        params = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
+        version_dir = os.path.join(args["model_repository"], args["model_version"])
+        path = os.path.join(version_dir, params["model_file"])
+        threads = int(params.get("intra_op_threads", "0"))
+        self.inputs = [i["name"] for i in config["input"]]
+        self.outputs = [o["name"] for o in config["output"]]
+        self.output_dtypes = {o["name"]: pb_utils.triton_string_to_numpy(o["data_type"]) for o in config["output"]}
+        self.runtime = params["runtime"]
+        use_gpu = args.get("model_instance_kind") == "GPU"
+        if self.runtime == "onnxruntime":
+            import onnxruntime as ort
+
+            opts = ort.SessionOptions()
+            opts.intra_op_num_threads = threads
+            opts.inter_op_num_threads = 1
+            providers = ["CPUExecutionProvider"]
+            if use_gpu and "CUDAExecutionProvider" in ort.get_available_providers():
+                providers.insert(0, ("CUDAExecutionProvider", {"device_id": int(args["model_instance_device_id"])}))
+            self.session = ort.InferenceSession(path, sess_options=opts, providers=providers)
+            self._run = self._run_onnx
+        elif self.runtime == "torchscript":
+            import torch
+
+            if threads:
+                torch.set_num_threads(threads)
+            self.device = torch.device(f"cuda:{args['model_instance_device_id']}" if use_gpu and torch.cuda.is_available() else "cpu")
+            self.module = torch.jit.load(path, map_location=self.device).eval()
+            self._run = self._run_torch
+        else:
+            raise ValueError(f"unknown runtime {self.runtime!r}")
+
+    def _run_onnx(self, feeds):
+        return self.session.run(self.outputs, feeds)
+
+    def _run_torch(self, feeds):
+        import torch
+
+        with torch.inference_mode():
+            out = self.module(*(torch.from_numpy(feeds[n]).to(self.device) for n in self.inputs))
+        outs = out if isinstance(out, (tuple, list)) else (out,)
+        return [o.cpu().numpy() for o in outs]
+
+    def execute(self, requests):
+        per_request = [{n: pb_utils.get_input_tensor_by_name(r, n).as_numpy() for n in self.inputs} for r in requests]
+        sizes = [feeds[self.inputs[0]].shape[0] for feeds in per_request]
+        if len(per_request) == 1:
+            batched = per_request[0]
+        else:
+            batched = {n: np.concatenate([f[n] for f in per_request]) for n in self.inputs}
+        try:
+            results = self._run(batched)
+        except Exception as err:  # one failed runtime call fails the requests of that batch, not the model
+            error = pb_utils.TritonError(f"{self.runtime} failed: {err}")
+            return [pb_utils.InferenceResponse(output_tensors=[], error=error) for _ in requests]
+        responses, offset = [], 0
+        for size in sizes:
+            tensors = [pb_utils.Tensor(name, np.ascontiguousarray(value[offset:offset + size]).astype(self.output_dtypes[name], copy=False))
+                       for name, value in zip(self.outputs, results)]
+            responses.append(pb_utils.InferenceResponse(output_tensors=tensors))
+            offset += size
+        return responses

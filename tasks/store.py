@@ -1,0 +1,99 @@
+"""Stage 8: everything under `<artifact root>/<run id>/` through fsspec; the manifest is written last.
+
+A local root is the staging folder itself (nothing to copy); any other fsspec URL gets a file-by-file upload,
+each file written under a temporary name and moved into place, so a reader never sees half a file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import uuid
+from pathlib import Path
+
+import fsspec
+from fsspec.implementations.local import LocalFileSystem
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from tbench.errors import StorageError
+
+MANIFEST = "manifest.json"
+STAGING_ENV = "TBENCH_STAGING_DIR"
+
+
+def url_to_fs(url: str):
+    try:
+        return fsspec.core.url_to_fs(url)
+    except (ValueError, ImportError) as err:  # unknown protocol, or its fsspec backend is not installed
+        raise StorageError(f"cannot use artifact root {url!r}: {err}") from err
+
+
+def is_local(root_url: str) -> bool:
+    return isinstance(url_to_fs(root_url)[0], LocalFileSystem)
+
+
+def staging_root(root_url: str) -> Path:
+    """Where a run is written while it runs: the root itself when local, else a local cache folder."""
+    if is_local(root_url):
+        return Path(url_to_fs(root_url)[1])
+    return Path(os.environ.get(STAGING_ENV, Path.home() / ".cache" / "tbench" / "staging"))
+
+
+def run_url(root_url: str, run_id: str) -> str:
+    return root_url.rstrip("/") + "/" + run_id
+
+
+def file_entries(run_dir: Path) -> list[dict]:
+    entries = []
+    for path in sorted(p for p in run_dir.rglob("*") if p.is_file() and p.name != MANIFEST):
+        digest = hashlib.sha256()
+        with open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                digest.update(chunk)
+        entries.append({"path": path.relative_to(run_dir).as_posix(), "bytes": path.stat().st_size, "sha256": digest.hexdigest()})
+    return entries
+
+
+def write_local_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+def _put_atomic(fs, local: Path, remote: str) -> None:
+    tmp = f"{remote}.tmp-{uuid.uuid4().hex[:8]}"
+    fs.put_file(str(local), tmp)
+    fs.mv(tmp, remote)
+
+
+def upload_run(run_dir: Path, root_url: str, run_id: str) -> str:
+    """Copy a finished (or failed) run folder to the artifact root, manifest last; returns the run's URL."""
+    url = run_url(root_url, run_id)
+    try:
+        if is_local(root_url):
+            return str(run_dir)
+        fs, remote_root = url_to_fs(url)
+        files = sorted(p for p in run_dir.rglob("*") if p.is_file() and p.name != MANIFEST)
+        for path in files + [run_dir / MANIFEST]:
+            remote = remote_root.rstrip("/") + "/" + path.relative_to(run_dir).as_posix()
+            fs.makedirs(remote.rsplit("/", 1)[0], exist_ok=True)
+            _put_atomic(fs, path, remote)
+    except Exception as err:  # any backend error: keep the local copy and say where it is
+        raise StorageError(f"could not upload the run to {url}: {type(err).__name__}: {err}; "
+                           f"the complete run is kept at {run_dir}") from err
+    return url
+
+
+def write_manifest(run_dir: Path, manifest: dict) -> Path:
+    manifest = {**manifest, "files": file_entries(run_dir)}
+    path = run_dir / MANIFEST
+    write_local_atomic(path, json.dumps(manifest, indent=2, default=str))
+    return path
+
+
+@task(name="store", cache_policy=NO_CACHE)
+def store_task(run_dir: Path, root_url: str, run_id: str, manifest: dict) -> str:
+    write_manifest(run_dir, manifest)
+    return upload_run(run_dir, root_url, run_id)

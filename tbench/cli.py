@@ -1,0 +1,152 @@
+"""`tbench`: start the benchmark flow from a terminal, with rich progress and one-line errors."""
+
+from __future__ import annotations
+
+import os
+
+from tbench.settings import configure_prefect_env
+
+configure_prefect_env()
+
+import typer  # noqa: E402
+from rich.console import Console  # noqa: E402
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn  # noqa: E402
+
+from tbench import progress  # noqa: E402
+from tbench.errors import BenchError, ConfigError  # noqa: E402
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="Benchmark models on NVIDIA Triton Inference Server.")
+console = Console(stderr=True, soft_wrap=True)
+
+
+def parse_int_list(text: str | None, what: str) -> list[int] | None:
+    """'1,2,4' or a perf_analyzer-style inclusive range 'start:end[:step]', or both mixed: '1,2,4:16:4'."""
+    if not text:
+        return None
+    values: list[int] = []
+    try:
+        for part in text.split(","):
+            if ":" in part:
+                start, end, *step = (int(x) for x in part.split(":"))
+                values += list(range(start, end + 1, step[0] if step else 1))
+            elif part.strip():
+                values.append(int(part))
+    except ValueError:
+        raise ConfigError(f"cannot read {what} {text!r}: use '1,2,4' or 'start:end:step'") from None
+    return values
+
+
+def _split(text: str | None) -> list[str] | None:
+    return [p.strip() for p in text.split(",") if p.strip()] if text else None
+
+
+class RichProgress:
+    """Listens to progress events: a line per stage, a bar over the perf_analyzer points."""
+
+    def __init__(self, bar: Progress):
+        self.bar = bar
+        self.sweep = None
+        self.run_url: str | None = None
+
+    def __call__(self, event: str, **data) -> None:
+        if event == "run_end":
+            self.run_url = data["url"]
+        elif event == "run_start":
+            self.bar.console.print(f"run [bold]{data['run_id']}[/] in {data['run_dir']}")
+        elif event == "stage_start":
+            self.stage = self.bar.add_task(f"{data['stage']}", total=None)
+        elif event == "stage_end":
+            self.bar.remove_task(self.stage)
+            mark = "[green]done[/]" if data["status"] == "completed" else "[red]failed[/]"
+            self.bar.console.print(f"  {data['stage']:<14} {mark} in {data['seconds']:.1f} s")
+        elif event == "sweep_start":
+            self.sweep = self.bar.add_task("perf_analyzer points", total=data["total"])
+        elif event == "point_done":
+            row = data["row"]
+            self.bar.advance(self.sweep)
+            tput = row.get("throughput_infer_per_s")
+            what = f"{tput:.1f} infer/s, p99 {row['p99_ms']:.2f} ms" if row["status"] == "ok" else f"[yellow]{row['status']}[/]: {row['error']}"
+            self.bar.console.print(f"    {row['scenario']} batch {row['batch_size']} concurrency {row['concurrency']}: {what}")
+            if data["index"] == data["total"]:
+                self.bar.remove_task(self.sweep)
+
+
+@app.command()
+def run(
+    model: str = typer.Argument(..., help="Model adapter name (see `tbench models`)."),
+    size: str = typer.Option("full", help="Model size: full or small."),
+    checkpoint: str = typer.Option(None, help="Weights file; random weights when not given."),
+    formats: str = typer.Option(None, help="Formats to export and check, e.g. onnx,ts-trace."),
+    serve: str = typer.Option(None, help="Format to serve and measure (default: the first format)."),
+    precision: str = typer.Option("fp32", help="Precision of the served model."),
+    batch_sizes: str = typer.Option(None, "--batch-sizes", help="Offline batch sizes, e.g. 1,2,4,8."),
+    concurrency: str = typer.Option(None, help="Online concurrency values, e.g. 1,2,4,8 or 1:8:1."),
+    scenarios: str = typer.Option("offline,online", help="Scenarios to measure."),
+    max_batch_size: int = typer.Option(None, help="Triton max_batch_size."),
+    instances: int = typer.Option(None, help="Model instances (instance_group count)."),
+    preferred_batch_sizes: str = typer.Option(None, help="Dynamic batching preferred batch sizes, e.g. 4,8."),
+    queue_delay_us: int = typer.Option(None, help="Dynamic batching max queue delay in microseconds."),
+    profile: str = typer.Option(None, help="cpu (quick) or gpu (the guide's grid); by hardware when not given."),
+    output: str = typer.Option("runs", "--output", "-o", help="Artifact root: a folder or an fsspec URL."),
+    http_port: int = typer.Option(None, help="Triton HTTP port (a free one by default)."),
+    grpc_port: int = typer.Option(None, help="Triton gRPC port (a free one by default)."),
+    images_per_window: int = typer.Option(None, help="Inferences per perf_analyzer measurement window."),
+    stability: float = typer.Option(None, help="perf_analyzer stability percentage."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Also show Prefect's logs in the terminal."),
+) -> None:
+    """Export, check, serve and measure MODEL; prints the run folder."""
+    from tbench.request import BenchmarkRequest, Measurement
+
+    try:
+        tuned = {"images_per_window": images_per_window, "stability_percentage": stability}
+        measurement = Measurement(**{k: v for k, v in tuned.items() if v is not None}) if any(tuned.values()) else None
+        request = BenchmarkRequest(
+            model=model, size=size, checkpoint=checkpoint, formats=_split(formats), serve_format=serve,
+            precision=precision, batch_sizes=parse_int_list(batch_sizes, "batch sizes"),
+            concurrency=parse_int_list(concurrency, "concurrency"), scenarios=_split(scenarios),
+            max_batch_size=max_batch_size, model_instances=instances,
+            preferred_batch_sizes=parse_int_list(preferred_batch_sizes, "preferred batch sizes"),
+            max_queue_delay_us=queue_delay_us, profile=profile, output=output, http_port=http_port,
+            grpc_port=grpc_port, measurement=measurement)
+        from tbench import hardware
+
+        request.resolve(hardware.detect().has_gpu)  # fail fast, before Prefect starts
+    except BenchError as err:
+        console.print(f"[red]error:[/] {err}")
+        raise typer.Exit(2) from None
+    except ValueError as err:  # pydantic validation
+        console.print(f"[red]error:[/] invalid option: {str(err).splitlines()[0]}")
+        raise typer.Exit(2) from None
+
+    if not verbose:  # Prefect's console logs (tracebacks too) still go to the run's logs/prefect.log
+        os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "CRITICAL")
+    from flows.benchmark import benchmark_flow
+
+    columns = [SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
+    with Progress(*columns, console=console, transient=True) as bar:
+        listener = RichProgress(bar)
+        progress.subscribe(listener)
+        try:
+            url = benchmark_flow(request)
+        except BenchError as err:
+            console.print(f"[red]error:[/] {err}")
+            if listener.run_url:
+                console.print(f"partial results, logs and manifest: {listener.run_url}")
+            raise typer.Exit(1) from None
+        finally:
+            progress.unsubscribe(listener)
+    console.print(f"[green]report:[/] {url}/report.md")
+    typer.echo(url)
+
+
+@app.command()
+def models() -> None:
+    """List the registered model adapters."""
+    import model_adapters
+
+    for name in model_adapters.names():
+        typer.echo(name)
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,22 @@
+"""Progress events from inside stages to whoever listens (the CLI's rich display, Prefect progress artifacts)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+Listener = Callable[..., None]
+_listeners: list[Listener] = []
+
+
+def subscribe(listener: Listener) -> None:
+    _listeners.append(listener)
+
+
+def unsubscribe(listener: Listener) -> None:
+    if listener in _listeners:
+        _listeners.remove(listener)
+
+
+def emit(event: str, **data) -> None:
+    for listener in list(_listeners):
+        listener(event, **data)

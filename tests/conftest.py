@@ -1,0 +1,57 @@
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from tbench.settings import configure_prefect_env
+
+configure_prefect_env()
+
+GOLDEN = Path(__file__).parent / "golden"
+
+
+@pytest.fixture(scope="session")
+def small_adapter():
+    import model_adapters
+
+    return model_adapters.get("resnet50", "small")
+
+
+@pytest.fixture(scope="session")
+def small_module(small_adapter):
+    return small_adapter.build()
+
+
+@pytest.fixture(scope="session")
+def small_artifacts(small_adapter, small_module, tmp_path_factory):
+    """The small ResNet-50 exported once for the session: [onnx, ts-trace]."""
+    from tasks.export import export_model, state_hash
+    from tbench.enums import Format
+
+    out = tmp_path_factory.mktemp("models")
+    digest = state_hash(small_module)
+    return [export_model(small_adapter, small_module, f, out, digest) for f in (Format.ONNX, Format.TS_TRACE)]
+
+
+@pytest.fixture(scope="session")
+def served_small(small_artifacts, tmp_path_factory):
+    """A real embedded tritonserver serving the small model (onnxruntime inside the python backend)."""
+    from tasks.repository import ServingConfig, write_repository
+    from tasks.server import EmbeddedServer
+
+    root = tmp_path_factory.mktemp("served")
+    write_repository(root / "repo", ServingConfig("resnet50", 8, [4, 8], 1000, 1), small_artifacts[0])
+    server = EmbeddedServer(root / "repo", root / "tritonserver.log")
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def prefect_harness():
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=int(os.environ["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"])):
+        yield

@@ -1,0 +1,35 @@
+"""Bad input: one clear line and a non-zero exit, before anything starts."""
+
+import pytest
+from typer.testing import CliRunner
+
+from tbench.cli import app, parse_int_list
+from tbench.errors import ConfigError
+
+runner = CliRunner()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["run", "nosuch"], "error: unknown model 'nosuch'; known: resnet50"),
+    (["run", "resnet50", "--formats", "onnx,foo"], "error: unknown format 'foo'"),
+    (["run", "resnet50", "--batch-sizes", "1,512"], "error: batch size 512 is above max_batch_size"),
+    (["run", "resnet50", "--concurrency", "x"], "error: cannot read concurrency 'x'"),
+])
+def test_bad_input_exits_non_zero_with_one_line(args, message):
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2
+    lines = [ln for ln in result.output.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith(message)
+
+
+def test_lists_and_inclusive_ranges():
+    assert parse_int_list("1,2,4", "x") == [1, 2, 4]
+    assert parse_int_list("16:64:16", "x") == [16, 32, 48, 64]
+    assert parse_int_list("1,4:6", "x") == [1, 4, 5, 6]
+    assert parse_int_list(None, "x") is None
+    with pytest.raises(ConfigError):
+        parse_int_list("1;2", "x")
+
+
+def test_models_lists_resnet50():
+    assert "resnet50" in runner.invoke(app, ["models"]).output

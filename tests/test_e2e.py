@@ -1,0 +1,178 @@
+"""End to end with the real embedded tritonserver and the real perf_analyzer, on the small ResNet-50."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+
+import numpy as np
+import pandas as pd
+import psutil
+import pytest
+
+from tasks.accuracy import infer_triton, measure_accuracy
+from tasks.correctness import run_framework
+from tasks.perf import Point, run_sweep
+from tasks.repository import ServingConfig, write_repository
+from tasks.server import SHM_DIR, SHM_PREFIX, EmbeddedServer
+from tbench.enums import Scenario
+from tbench.errors import ServerStartError
+from tbench.layout import RunLayout
+from tbench.metrics import RESULT_COLUMNS
+from tbench.request import BenchmarkRequest, Measurement
+
+from conftest import GOLDEN
+
+pytestmark = pytest.mark.e2e
+
+
+def stubs() -> list[psutil.Process]:
+    return [p for p in psutil.process_iter(["name", "cmdline"]) if "triton_python_backend_stub" in " ".join(p.info["cmdline"] or [])]
+
+
+def test_served_outputs_match_the_framework(served_small, small_adapter, small_module):
+    import tritonclient.grpc as grpcclient
+
+    inputs = small_adapter.sample_batch(3, seed=11)
+    client = grpcclient.InferenceServerClient(served_small.endpoints.grpc_url)
+    got = infer_triton(client, "resnet50", small_adapter.io_spec(), inputs)
+    want = run_framework(small_module, small_adapter.io_spec(), inputs)
+    np.testing.assert_allclose(got["output__0"], want["output__0"], atol=1e-4, rtol=1e-4)
+    client.close()
+
+
+def test_accuracy_through_triton_agrees_with_the_framework(served_small, small_adapter, small_module):
+    result = measure_accuracy(small_adapter, small_module, served_small.endpoints.grpc_url, "resnet50", samples=20, batch_size=8)
+    assert result.samples == 20 and result.agreement == 1.0 and result.difference == 0.0
+    assert 0.0 <= result.framework <= 1.0
+
+
+def test_sweep_keeps_measured_points_and_flags_an_unstable_one(served_small, small_artifacts, tmp_path):
+    layout = RunLayout(tmp_path, "sweep").create()
+    seen = []
+    points = [Point(Scenario.OFFLINE, 1, 1), Point(Scenario.OFFLINE, 4, 1), Point(Scenario.ONLINE, 1, 2)]
+    table = run_sweep(points, model="resnet50", grpc_url=served_small.endpoints.grpc_url, spec=small_artifacts[0].io_spec,
+                      m=Measurement(images_per_window=64, stability_percentage=50, max_trials=8), layout=layout,
+                      static={"model": "resnet50"}, on_row=lambda t: seen.append(len(t)))
+    assert list(table.columns) == RESULT_COLUMNS and seen == [1, 2, 3]
+    assert (table["status"] == "ok").all(), table[["status", "error"]]
+    assert (table["throughput_infer_per_s"] > 0).all()
+    assert (table["p99_ms"] >= table["p50_ms"]).all() and (table["avg_ms"] > 0).all()
+    assert table["shared_memory"].tolist() == ["system", "system", "none"]
+    offline_b4 = table[(table["scenario"] == "offline") & (table["batch_size"] == 4)].iloc[0]
+    assert offline_b4["throughput_infer_per_s"] > table.iloc[0]["throughput_infer_per_s"]  # batching pays off
+    assert (layout.run_dir / table.iloc[0]["source_file"]).exists()
+
+    # an impossible stability target: retried with a longer window, then recorded as unstable; nothing else lost
+    unstable = run_sweep([Point(Scenario.ONLINE, 1, 2)], model="resnet50", grpc_url=served_small.endpoints.grpc_url,
+                         spec=small_artifacts[0].io_spec, m=Measurement(images_per_window=8, stability_percentage=0.001,
+                                                                        max_trials=3, retries=1), layout=layout, static={})
+    row = unstable.iloc[0]
+    assert row["status"] == "unstable" and row["attempts"] == 2 and pd.isna(row["throughput_infer_per_s"])
+    assert row["measurement_request_count"] == 2 * 8
+
+
+def test_dynamic_batching_runs_concurrent_requests_in_one_runtime_call(served_small, small_artifacts, tmp_path):
+    import tritonclient.grpc as grpcclient
+
+    client = grpcclient.InferenceServerClient(served_small.endpoints.grpc_url)
+
+    def counts():
+        stats = client.get_inference_statistics("resnet50").model_stats[0]
+        return stats.inference_count, stats.execution_count
+
+    inferences0, executions0 = counts()
+    run_sweep([Point(Scenario.ONLINE, 1, 8)], model="resnet50", grpc_url=served_small.endpoints.grpc_url,
+              spec=small_artifacts[0].io_spec, m=Measurement(images_per_window=64, stability_percentage=80),
+              layout=RunLayout(tmp_path, "batching").create(), static={})
+    inferences1, executions1 = counts()
+    client.close()
+    # batch-1 requests from 8 clients: the dynamic batcher hands several to one execute() call
+    assert inferences1 - inferences0 > 1.5 * (executions1 - executions0) > 0
+
+
+def test_golden_config_loads_in_the_real_server(small_artifacts, tmp_path):
+    model_dir = write_repository(tmp_path / "repo", ServingConfig("resnet50", 8, [4, 8], 2000, 2, intra_op_threads=1), small_artifacts[0])
+    shutil.copy(GOLDEN / "config" / "resnet50_small_onnx.pbtxt", model_dir / "config.pbtxt")
+    with EmbeddedServer(tmp_path / "repo", tmp_path / "server.log") as server:
+        import tritonclient.http as httpclient
+
+        client = httpclient.InferenceServerClient(server.endpoints.http_url)
+        assert client.is_model_ready("resnet50")
+        assert client.get_model_config("resnet50")["instance_group"][0]["count"] == 2
+
+
+def test_stop_leaves_no_stub_process_or_shared_memory(small_artifacts, tmp_path):
+    write_repository(tmp_path / "repo", ServingConfig("resnet50", 8, [8], 100, 1), small_artifacts[0])
+    before = set(os.listdir(SHM_DIR))
+    server = EmbeddedServer(tmp_path / "repo", tmp_path / "server.log")
+    server.start()
+    pid = server.proc.pid
+    assert any(p.ppid() == pid for p in stubs())
+    server.stop()
+    assert not any(p.ppid() == pid for p in stubs())
+    assert not [f for f in set(os.listdir(SHM_DIR)) - before if f.startswith(SHM_PREFIX)]
+
+
+def test_a_model_that_fails_to_load_names_the_reason(small_artifacts, tmp_path):
+    model_dir = write_repository(tmp_path / "repo", ServingConfig("resnet50", 8, [8], 100, 1), small_artifacts[0])
+    (model_dir / "1" / "model.onnx").unlink()
+    (model_dir / "1" / "model.onnx").write_bytes(b"this is not an onnx file")
+    with pytest.raises(ServerStartError) as err:
+        EmbeddedServer(tmp_path / "repo", tmp_path / "server.log", start_timeout_s=120).start()
+    message = str(err.value)
+    assert "\n" not in message and "server.log" in message and "resnet50" in message
+
+
+def test_a_port_in_use_is_refused():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        with pytest.raises(ServerStartError, match=f"port {port} on 127.0.0.1 is already in use"):
+            EmbeddedServer(GOLDEN, GOLDEN / "unused.log", http_port=port)
+
+
+def test_flow_run_writes_report_results_plots_and_manifest(prefect_harness, tmp_path):
+    from flows.benchmark import benchmark_flow
+
+    url = benchmark_flow(BenchmarkRequest(model="resnet50", size="small", output=str(tmp_path), batch_sizes=[1, 4],
+                                          concurrency=[1, 4], measurement=Measurement(stability_percentage=50)))
+    run = tmp_path / url.rsplit("/", 1)[-1]
+    manifest = json.loads((run / "manifest.json").read_text())
+    assert manifest["status"] == "completed" and manifest["failed_stage"] is None
+    listed = {f["path"] for f in manifest["files"]}
+    for expected in ("report.md", "results.csv", "results.parquet", "logs/tritonserver.log", "logs/prefect.log",
+                     "plots/offline_throughput_vs_batch.png", "plots/offline_latency_vs_batch.png",
+                     "plots/online_latency_breakdown_throughput.png", "model_repository/resnet50/config.pbtxt",
+                     "models/onnx/model.onnx", "models/ts-trace/model.pt", "correctness.json", "accuracy.json"):
+        assert expected in listed and (run / expected).exists(), expected
+    results = pd.read_parquet(run / "results.parquet")
+    assert sorted(zip(results["scenario"], results["batch_size"], results["concurrency"])) == [
+        ("offline", 1, 1), ("offline", 4, 1), ("online", 1, 1), ("online", 1, 4)]
+    assert set(results["gpu"]) == {"CPU"} and set(results["model_format"]) == {"ONNX"}
+    report = (run / "report.md").read_text()
+    assert "| Precision   | Backend Accelerator   |   Client Batch Size |   Inferences/second |" in report
+    assert "Concurrent client requests" in report and "Network+server Send/recv" in report
+    assert "## Accuracy through Triton" in report and "## Correctness of the exported models" in report
+    assert "AMD" in report or "Intel" in report or "CPU cores" in report
+
+
+def test_a_failed_run_keeps_its_logs_and_says_where(prefect_harness, tmp_path):
+    from flows.benchmark import benchmark_flow
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        busy = s.getsockname()[1]
+        with pytest.raises(ServerStartError, match="already in use"):
+            benchmark_flow(BenchmarkRequest(model="resnet50", size="small", output=str(tmp_path), http_port=busy))
+    (run,) = [p for p in tmp_path.iterdir() if p.is_dir()]
+    manifest = json.loads((run / "manifest.json").read_text())
+    assert manifest["status"] == "failed" and manifest["failed_stage"] == "server"
+    assert "already in use" in manifest["error"]
+    assert manifest["stages"]["export"]["status"] == "completed"
+    assert (run / "correctness.json").exists() and (run / "report.md").exists()
+    assert "status **failed**" in (run / "report.md").read_text()

@@ -1,0 +1,86 @@
+"""perf_analyzer CSVs (captured from the real 2.51.0 binary) -> tidy rows in ms."""
+
+from pathlib import Path
+
+import pytest
+
+from tasks.perf import Point, output_shm_bytes, parse_perf_csv, perf_argv, plan_points
+from tbench.enums import Scenario
+from tbench.iospec import IoSpec, TensorSpec
+from tbench.metrics import BREAKDOWN, PUBLISHED_COLUMNS, RESULT_COLUMNS
+from tbench.request import Measurement
+
+from conftest import GOLDEN
+
+PA = GOLDEN / "perf_analyzer"
+
+
+def test_plain_csv_converts_us_to_ms_and_derives_avg_from_the_breakdown():
+    row = parse_perf_csv(PA / "offline_b4_plain.csv")
+    assert row["concurrency"] == 1
+    assert row["throughput_infer_per_s"] == pytest.approx(1709.91)
+    assert row["server_compute_infer_ms"] == pytest.approx(1.027)
+    assert row["p99_ms"] == pytest.approx(7.016)
+    # no "Avg latency" column without --verbose-csv: the guides' average is the sum of the breakdown
+    assert row["avg_ms"] == pytest.approx(sum(row[m.column] for m in BREAKDOWN))
+    assert row["avg_ms"] == pytest.approx(2.322)
+
+
+def test_verbose_csv_takes_avg_latency_as_written():
+    row = parse_perf_csv(PA / "online_c4_verbose.csv")
+    assert row["concurrency"] == 4
+    assert row["avg_ms"] == pytest.approx(4.280)
+    assert row["network_server_send_recv_ms"] == pytest.approx(1.254)
+    assert row["p50_ms"] < row["p90_ms"] < row["p95_ms"] < row["p99_ms"]
+
+
+@pytest.mark.parametrize("name", ["offline_b4_plain.csv", "offline_b8_shm_plain.csv", "online_c4_verbose.csv"])
+def test_every_golden_parses_into_every_metric(name):
+    from tbench.metrics import METRICS
+
+    row = parse_perf_csv(PA / name)
+    assert set(row) == {"concurrency"} | {m.column for m in METRICS}
+    assert all(v >= 0 for v in row.values())
+    assert row["avg_ms"] < 100  # microseconds were converted: these tiny-model latencies are a few ms
+
+
+def test_csv_without_a_row_is_an_error(tmp_path: Path):
+    empty = tmp_path / "empty.csv"
+    empty.write_text((PA / "offline_b4_plain.csv").read_text().splitlines()[0] + "\n")
+    with pytest.raises(ValueError):
+        parse_perf_csv(empty)
+
+
+def test_result_columns_extend_the_published_table():
+    published_header = (Path(__file__).parents[1] / "tbench" / "data" / "published_results.csv").read_text().splitlines()[0]
+    assert published_header.split(",") == PUBLISHED_COLUMNS
+    assert RESULT_COLUMNS[: len(PUBLISHED_COLUMNS)] == PUBLISHED_COLUMNS
+
+
+def test_plan_points_offline_batches_at_concurrency_1_online_concurrency_at_batch_1():
+    points = plan_points([Scenario.OFFLINE, Scenario.ONLINE], [1, 4], [2, 8])
+    assert points == [Point(Scenario.OFFLINE, 1, 1), Point(Scenario.OFFLINE, 4, 1),
+                      Point(Scenario.ONLINE, 1, 2), Point(Scenario.ONLINE, 1, 8)]
+
+
+def test_offline_uses_system_shared_memory_sized_for_the_output(tmp_path):
+    spec = IoSpec(inputs=[TensorSpec(name="x", dtype="float32", shape=[3, 8, 8])],
+                  outputs=[TensorSpec(name="y", dtype="float32", shape=[1000])])
+    assert output_shm_bytes(spec, 8) == 8 * 1000 * 4
+    m = Measurement()
+    offline = perf_argv(Path("pa"), "m", "u", Point(Scenario.OFFLINE, 8, 1), m, 10, tmp_path / "a.csv", spec)
+    online = perf_argv(Path("pa"), "m", "u", Point(Scenario.ONLINE, 1, 4), m, 10, tmp_path / "a.csv", spec)
+    assert offline[offline.index("--shared-memory") + 1] == "system"
+    assert offline[offline.index("--output-shared-memory-size") + 1] == str(32000)
+    assert offline[offline.index("-b") + 1] == "8" and offline[offline.index("--concurrency-range") + 1] == "1"
+    assert "--shared-memory" not in online
+    assert online[online.index("--concurrency-range") + 1] == "4"
+
+
+def test_windows_hold_about_the_same_inferences_and_double_on_retry():
+    m = Measurement(images_per_window=24, min_requests=4)
+    assert m.requests_per_window(1, 1) == 24
+    assert m.requests_per_window(4, 1) == 6
+    assert m.requests_per_window(64, 1) == 4  # never fewer than min_requests
+    assert m.requests_per_window(1, 32) == 64  # at least 2 x concurrency
+    assert m.requests_per_window(4, 1, attempt=1) == 12

@@ -1,0 +1,65 @@
+"""config.pbtxt through model_config_pb2, checked against a golden file Triton loaded (see test_e2e)."""
+
+import pytest
+
+from tasks.repository import ServingConfig, build_config, parse_pbtxt, to_pbtxt, validate, write_repository
+from tbench.artifacts import ModelArtifact
+from tbench.enums import Format, Precision
+from tbench.errors import ConfigError
+from tbench.iospec import IoSpec, TensorSpec
+
+from conftest import GOLDEN
+
+SPEC = IoSpec(inputs=[TensorSpec(name="input__0", dtype="float32", shape=[3, 32, 32])],
+              outputs=[TensorSpec(name="output__0", dtype="float32", shape=[10])])
+
+
+def artifact(fmt=Format.ONNX, path="/m/model.onnx"):
+    return ModelArtifact(format=fmt, precision=Precision.FP32, path=path, io_spec=SPEC, source_hash="x", seconds=0.0)
+
+
+CFG = ServingConfig(name="resnet50", max_batch_size=8, preferred_batch_sizes=[4, 8], max_queue_delay_us=2000,
+                    instances=2, intra_op_threads=1)
+
+
+def test_config_matches_golden_pbtxt():
+    assert to_pbtxt(build_config(CFG, artifact())) == (GOLDEN / "config" / "resnet50_small_onnx.pbtxt").read_text()
+
+
+def test_golden_round_trips_through_the_schema():
+    text = (GOLDEN / "config" / "resnet50_small_onnx.pbtxt").read_text()
+    config = parse_pbtxt(text)
+    assert config.backend == "python" and config.max_batch_size == 8
+    assert list(config.dynamic_batching.preferred_batch_size) == [4, 8]
+    assert config.instance_group[0].count == 2
+    assert config.parameters["runtime"].string_value == "onnxruntime"
+    assert to_pbtxt(config) == text
+
+
+def test_torchscript_artifact_selects_the_torchscript_runtime():
+    config = build_config(CFG, artifact(Format.TS_TRACE, "/m/model.pt"))
+    assert config.parameters["runtime"].string_value == "torchscript"
+    assert config.parameters["model_file"].string_value == "model.pt"
+
+
+@pytest.mark.parametrize("cfg, message", [
+    (ServingConfig("m", 4, [8], 100, 1), "preferred batch size 8 is above max_batch_size 4"),
+    (ServingConfig("m", 4, [2], 100, 0), "instance count must be >= 1"),
+])
+def test_invalid_configs_are_refused_before_any_server_starts(cfg, message):
+    with pytest.raises(ConfigError, match=message):
+        build_config(cfg, artifact())
+
+
+def test_non_batching_model_has_no_dynamic_batching():
+    config = build_config(ServingConfig("m", 0, [], 100, 1), artifact())
+    assert not config.HasField("dynamic_batching")
+    validate(config)
+
+
+def test_repository_layout(tmp_path):
+    model = tmp_path / "model.onnx"
+    model.write_bytes(b"onnx")
+    model_dir = write_repository(tmp_path / "repo", CFG, artifact(path=str(model)))
+    assert sorted(p.name for p in (model_dir / "1").iterdir()) == ["model.onnx", "model.py"]
+    assert parse_pbtxt((model_dir / "config.pbtxt").read_text()).name == "resnet50"

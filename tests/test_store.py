@@ -1,0 +1,56 @@
+import json
+
+import fsspec
+import pytest
+
+from tasks.store import file_entries, is_local, staging_root, upload_run, write_manifest
+from tbench.errors import StorageError
+from tbench.layout import RunLayout
+
+
+def make_run(tmp_path):
+    layout = RunLayout(tmp_path / "runs", "m-1").create()
+    (layout.report_md).write_text("# report")
+    (layout.plots_dir / "p.png").write_bytes(b"png")
+    return layout
+
+
+def test_local_root_is_the_staging_folder(tmp_path):
+    assert is_local(str(tmp_path)) and is_local(f"file://{tmp_path}")
+    assert staging_root(str(tmp_path)) == tmp_path
+    assert not is_local("memory://bucket/runs")
+
+
+def test_manifest_lists_every_file_with_its_hash(tmp_path):
+    layout = make_run(tmp_path)
+    write_manifest(layout.run_dir, {"run_id": "m-1", "status": "completed"})
+    manifest = json.loads(layout.manifest_json.read_text())
+    assert {e["path"] for e in manifest["files"]} == {"report.md", "plots/p.png"}
+    assert manifest["status"] == "completed"
+    assert not list(layout.run_dir.glob(".*.tmp"))
+
+
+def test_upload_through_fsspec_writes_the_manifest_last(tmp_path):
+    layout = make_run(tmp_path)
+    write_manifest(layout.run_dir, {"run_id": "m-1"})
+    fs = fsspec.filesystem("memory")
+    order = []
+    put = fs.put_file
+    fs.put_file = lambda lpath, rpath, **kw: (order.append(lpath), put(lpath, rpath, **kw))[1]
+    try:
+        url = upload_run(layout.run_dir, "memory://bucket/runs", "m-1")
+    finally:
+        del fs.put_file
+    assert url == "memory://bucket/runs/m-1"
+    assert order[-1].endswith("manifest.json")
+    assert fs.cat_file("/bucket/runs/m-1/report.md") == b"# report"
+    assert not [p for p in fs.find("/bucket/runs/m-1") if ".tmp-" in p]
+    assert len(file_entries(layout.run_dir)) == 2
+
+
+def test_unreachable_storage_keeps_the_local_copy_and_says_where(tmp_path):
+    layout = make_run(tmp_path)
+    write_manifest(layout.run_dir, {"run_id": "m-1"})
+    with pytest.raises(StorageError, match=f"kept at {layout.run_dir}"):
+        upload_run(layout.run_dir, "nosuchscheme://bucket", "m-1")
+    assert layout.report_md.exists()
