@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import sys
 
-from prefect import flow
+from prefect import flow, get_run_logger
 
 import model_adapters
 from tasks.accuracy import accuracy_task
@@ -36,7 +36,6 @@ def benchmark_flow(request: BenchmarkRequest = BenchmarkRequest()) -> str:
     tracker.capture_logs()
     tracker.save_json(layout.request_json, req.model_dump(mode="json"))
     progress.emit("run_start", run_id=layout.run_id, run_dir=str(layout.run_dir))
-    found = {"correctness": [], "accuracy": None}
     server = None
     try:
         with tracker.stage("export"):
@@ -44,9 +43,9 @@ def benchmark_flow(request: BenchmarkRequest = BenchmarkRequest()) -> str:
             artifacts = export_task(adapter, module, req.formats, layout.models_dir)
             tracker.save_json(layout.iospec_json, adapter.io_spec().model_dump())
         with tracker.stage("correctness"):
-            found["correctness"] = correctness_task(adapter, module, artifacts, req.tolerance_atol, req.tolerance_rtol)
-            tracker.save_json(layout.correctness_json, [c.model_dump(mode="json") for c in found["correctness"]])
-            require_passed(found["correctness"])
+            tracker.correctness = correctness_task(adapter, module, artifacts, req.tolerance_atol, req.tolerance_rtol)
+            tracker.save_json(layout.correctness_json, [c.model_dump(mode="json") for c in tracker.correctness])
+            require_passed(tracker.correctness)
         served = next(a for a in artifacts if a.format is req.serve_format)
         cfg = ServingConfig(name=req.model, max_batch_size=req.max_batch_size, preferred_batch_sizes=req.preferred_batch_sizes,
                             max_queue_delay_us=req.max_queue_delay_us, instances=req.model_instances,
@@ -57,9 +56,9 @@ def benchmark_flow(request: BenchmarkRequest = BenchmarkRequest()) -> str:
         with tracker.stage("server"):
             server = server_task(layout.repository_dir, layout.server_log, req.http_port, req.grpc_port)
         with tracker.stage("accuracy"):
-            found["accuracy"] = accuracy_task(adapter, module, server.endpoints.grpc_url, cfg.name,
-                                              req.accuracy_samples, min(8, req.max_batch_size))
-            tracker.save_json(layout.accuracy_json, found["accuracy"].model_dump())
+            tracker.accuracy = accuracy_task(adapter, module, server.endpoints.grpc_url, cfg.name,
+                                             req.accuracy_samples, min(8, req.max_batch_size))
+            tracker.save_json(layout.accuracy_json, tracker.accuracy.model_dump())
         static = {"model": req.model, "model_size": req.size, "gpu": hardware.gpu_label,
                   "backend": f"Python ({served.format.label} runtime)", "model_format": served.format.label,
                   "backend_accelerator": "", "precision": req.precision.value.upper(),
@@ -71,14 +70,14 @@ def benchmark_flow(request: BenchmarkRequest = BenchmarkRequest()) -> str:
                           layout=layout, static=static, on_row=lambda t, s=scenario.value: tracker.save_points(s, t),
                           server_alive=server.alive)
     except BaseException:
-        _finish(tracker, req, hardware, server, found, raise_errors=False)
+        _finish(tracker, req, hardware, server, raise_errors=False)
         raise
-    return _finish(tracker, req, hardware, server, found, raise_errors=True)
+    return _finish(tracker, req, hardware, server, raise_errors=True)
 
 
-def _finish(tracker: RunTracker, req, hardware, server, found: dict, raise_errors: bool) -> str:
+def _finish(tracker: RunTracker, req, hardware, server, raise_errors: bool) -> str:
     """Stop the server, then report and store whatever the run has; with a stage error already in flight, a
-    failure here is logged (in the manifest and the run's log) instead of hiding the first error."""
+    failure here is logged instead of hiding the first error."""
     layout = tracker.layout
     url = str(layout.run_dir)
     try:
@@ -89,7 +88,7 @@ def _finish(tracker: RunTracker, req, hardware, server, found: dict, raise_error
             summary = metrics_task(tracker.results)
         with tracker.stage("report"):
             report_task(layout.report_md, tracker.results, run_id=layout.run_id, request=req, hardware=hardware,
-                        correctness=found["correctness"], accuracy=found["accuracy"], summary=summary,
+                        correctness=tracker.correctness, accuracy=tracker.accuracy, summary=summary,
                         stage_seconds=dict(tracker.stage_seconds), plots_dir=layout.plots_dir,
                         status=tracker.status, error=tracker.error)
         tracker.release_logs()
@@ -98,9 +97,10 @@ def _finish(tracker: RunTracker, req, hardware, server, found: dict, raise_error
                              tracker.manifest(request=req.model_dump(mode="json"), hardware=hardware.model_dump(),
                                               summary=summary, artifact_url=run_url(req.output, layout.run_id),
                                               local_dir=str(layout.run_dir)))
-    except Exception:
+    except Exception as err:
         if raise_errors:
             raise
+        get_run_logger().error(f"while finishing a failed run: {err}; the run folder is {layout.run_dir}")
     finally:
         tracker.release_logs()
         progress.emit("run_end", run_id=layout.run_id, url=url, status=tracker.status)

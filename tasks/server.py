@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
@@ -67,7 +68,6 @@ class EmbeddedServer:
         self.ports = {"http": http_port or free_port(), "grpc": grpc_port or free_port(), "metrics": free_port()}
         self.proc: subprocess.Popen | None = None
         self._work_dir: Path | None = None
-        self._shm_before: set[str] = set()
 
     @property
     def endpoints(self) -> ServerEndpoints:
@@ -107,7 +107,6 @@ class EmbeddedServer:
 
     def start(self) -> ServerEndpoints:
         backends = self._prepare_backends()
-        self._shm_before = set(os.listdir(SHM_DIR)) if SHM_DIR.exists() else set()
         self.proc = procs.start(self.argv(backends), self.log_path, env=self.env())
         try:
             self._wait_ready()
@@ -141,9 +140,33 @@ class EmbeddedServer:
         one_line = " | ".join(ln.strip() for ln in excerpt.splitlines() if ln.strip())
         raise ServerStartError(f"{what} (log: {self.log_path}): {one_line}")
 
+    def _group(self) -> list[psutil.Process]:
+        """The server and every process it started (stubs stay in its process group, orphaned or not)."""
+        members = []
+        for p in psutil.process_iter():
+            try:
+                if os.getpgid(p.pid) == self.proc.pid:
+                    members.append(p)
+            except (ProcessLookupError, psutil.Error):
+                pass
+        return members
+
+    @staticmethod
+    def _mapped_shm(processes: list[psutil.Process]) -> set[Path]:
+        regions = set()
+        for p in processes:
+            try:
+                regions |= {Path(m.path) for m in p.memory_maps() if Path(m.path).name.startswith(SHM_PREFIX)}
+            except psutil.Error:
+                pass
+        return regions
+
     def stop(self, timeout_s: float = 30.0) -> None:
-        """SIGTERM lets Triton unload models and stop its stubs; the group kill reaps whatever did not exit."""
+        """SIGTERM lets Triton unload models and stop its stubs; the group kill reaps whatever did not exit;
+        the python backend's shared-memory regions that this server's processes mapped are removed."""
+        regions: set[Path] = set()
         if self.proc is not None:
+            regions = self._mapped_shm(self._group())
             if self.proc.poll() is None:
                 self.proc.send_signal(signal.SIGTERM)
                 try:
@@ -153,17 +176,11 @@ class EmbeddedServer:
             procs.kill_group(self.proc)
             self.proc.wait()
             self.proc = None
-        self._remove_leaked_shm()
+        for region in regions:  # Triton removes them on a clean exit; a killed stub leaves them behind
+            region.unlink(missing_ok=True)
         if self._work_dir is not None:
             shutil.rmtree(self._work_dir, ignore_errors=True)
             self._work_dir = None
-
-    def _remove_leaked_shm(self) -> None:
-        if not SHM_DIR.exists():
-            return
-        for name in set(os.listdir(SHM_DIR)) - self._shm_before:
-            if name.startswith(SHM_PREFIX):
-                (SHM_DIR / name).unlink(missing_ok=True)
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None

@@ -45,7 +45,7 @@ class RichProgress:
 
     def __init__(self, bar: Progress):
         self.bar = bar
-        self.sweep = None
+        self.stage = self.sweep = None
         self.run_url: str | None = None
 
     def __call__(self, event: str, **data) -> None:

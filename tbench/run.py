@@ -1,4 +1,4 @@
-"""Bookkeeping of one run: stage timings and outcome, partial results saved as they arrive, logs to a file."""
+"""Bookkeeping of one run: stage timings and outcome, what each stage found (results saved as they arrive), logs."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from pathlib import Path
 import pandas as pd
 
 from tbench import progress
+from tbench.artifacts import AccuracyResult, CorrectnessResult
 from tbench.errors import BenchError
 from tbench.layout import RunLayout
 from tbench.metrics import RESULT_COLUMNS
@@ -36,6 +37,8 @@ class RunTracker:
         self.error: str | None = None
         self.results = pd.DataFrame(columns=RESULT_COLUMNS)
         self._tables: dict[str, pd.DataFrame] = {}
+        self.correctness: list[CorrectnessResult] = []
+        self.accuracy: AccuracyResult | None = None
         self._log_handler: logging.Handler | None = None
 
     @contextlib.contextmanager
@@ -95,3 +98,4 @@ class RunTracker:
         if self._log_handler:
             logging.getLogger("prefect").removeHandler(self._log_handler)
             self._log_handler.close()
+            self._log_handler = None

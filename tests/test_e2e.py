@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import socket
 
 import numpy as np
@@ -16,7 +17,7 @@ from tasks.accuracy import infer_triton, measure_accuracy
 from tasks.correctness import run_framework
 from tasks.perf import Point, run_sweep
 from tasks.repository import ServingConfig, write_repository
-from tasks.server import SHM_DIR, SHM_PREFIX, EmbeddedServer
+from tasks.server import EmbeddedServer
 from tbench.enums import Scenario
 from tbench.errors import ServerStartError
 from tbench.layout import RunLayout
@@ -28,8 +29,16 @@ from conftest import GOLDEN
 pytestmark = pytest.mark.e2e
 
 
-def stubs() -> list[psutil.Process]:
-    return [p for p in psutil.process_iter(["name", "cmdline"]) if "triton_python_backend_stub" in " ".join(p.info["cmdline"] or [])]
+def stubs(pgid: int | None = None) -> list[psutil.Process]:
+    """Live python-backend stub processes, those of one server's process group when `pgid` is given."""
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        try:
+            if "triton_python_backend_stub" in " ".join(p.info["cmdline"] or []) and (pgid is None or os.getpgid(p.pid) == pgid):
+                found.append(p)
+        except ProcessLookupError:
+            pass
+    return found
 
 
 def test_served_outputs_match_the_framework(served_small, small_adapter, small_module):
@@ -104,16 +113,23 @@ def test_golden_config_loads_in_the_real_server(small_artifacts, tmp_path):
         assert client.get_model_config("resnet50")["instance_group"][0]["count"] == 2
 
 
-def test_stop_leaves_no_stub_process_or_shared_memory(small_artifacts, tmp_path):
+@pytest.mark.parametrize("how", ["sigterm", "server killed"])
+def test_stop_leaves_no_stub_process_or_shared_memory_and_spares_other_servers(how, served_small, small_artifacts, tmp_path):
+    others = EmbeddedServer._mapped_shm(served_small._group())  # a server running beside ours
+    assert others
     write_repository(tmp_path / "repo", ServingConfig("resnet50", 8, [8], 100, 1), small_artifacts[0])
-    before = set(os.listdir(SHM_DIR))
     server = EmbeddedServer(tmp_path / "repo", tmp_path / "server.log")
     server.start()
     pid = server.proc.pid
-    assert any(p.ppid() == pid for p in stubs())
+    ours = server._mapped_shm(server._group())
+    assert ours and not ours & others and stubs(pgid=pid)
+    if how == "server killed":  # the worst case: the stubs lose their parent
+        os.kill(pid, signal.SIGKILL)
+        server.proc.wait()
     server.stop()
-    assert not any(p.ppid() == pid for p in stubs())
-    assert not [f for f in set(os.listdir(SHM_DIR)) - before if f.startswith(SHM_PREFIX)]
+    assert not stubs(pgid=pid)
+    assert not [r for r in ours if r.exists()]
+    assert all(r.exists() for r in others) and served_small.alive()
 
 
 def test_a_model_that_fails_to_load_names_the_reason(small_artifacts, tmp_path):
