@@ -60,6 +60,7 @@ def perf_argv(binary: Path, model: str, grpc_url: str, point: Point, m: Measurem
         "--measurement-mode", "count_windows", "--measurement-request-count", str(request_count),
         "--stability-percentage", str(m.stability_percentage), "--max-trials", str(m.max_trials),
         "-f", str(csv_path), "--verbose-csv",
+        "-v",  # every window's throughput and latency in the log: why a point did not stabilise
     ]
     if point.scenario is Scenario.OFFLINE:
         argv += ["--shared-memory", "system", "--output-shared-memory-size", str(output_shm_bytes(spec, point.batch_size))]
