@@ -15,11 +15,11 @@ from tasks.export import export_task
 from tasks.metrics import metrics_task
 from tasks.perf import perf_task, plan_points
 from tasks.report import report_task
-from tasks.repository import ServingConfig, repository_task
+from tasks.repository import ServingConfig, repository_task, server_backends
 from tasks.server import server_task
 from tasks.store import run_url, staging_root, store_task
 from tbench import hardware as hw
-from tbench import progress
+from tbench import progress, tools
 from tbench.layout import RunLayout, new_run_id
 from tbench.request import BenchmarkRequest
 from tbench.run import RunTracker
@@ -52,7 +52,7 @@ def benchmark_flow(request: BenchmarkRequest = BenchmarkRequest()) -> str:
                             kind="KIND_GPU" if hardware.has_gpu else "KIND_CPU",
                             intra_op_threads=max(1, hardware.cpu_cores // req.model_instances))
         with tracker.stage("repository"):
-            repository_task(layout.repository_dir, cfg, served)
+            repository_task(layout.repository_dir, cfg, served, server_backends(tools.pytriton_server_dir() / "backends"))
         with tracker.stage("server"):
             server = server_task(layout.repository_dir, layout.server_log, req.http_port, req.grpc_port)
         with tracker.stage("accuracy"):

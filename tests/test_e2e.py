@@ -7,6 +7,7 @@ import os
 import shutil
 import signal
 import socket
+import time
 
 import numpy as np
 import pandas as pd
@@ -192,3 +193,57 @@ def test_a_failed_run_keeps_its_logs_and_says_where(prefect_harness, tmp_path):
     assert manifest["stages"]["export"]["status"] == "completed"
     assert (run / "correctness.json").exists() and (run / "report.md").exists()
     assert "status **failed**" in (run / "report.md").read_text()
+
+
+def test_python_runtime_serves_multi_io_integer_and_variable_length_requests(tmp_path):
+    """Two inputs (int64 tokens with a dynamic length, a float scale), two outputs. Triton batches queued requests
+    of the same shape (it closes a batch at the first other shape): each batch must be split back correctly."""
+    import torch
+    import tritonclient.grpc as grpcclient
+
+    from tbench.artifacts import ModelArtifact
+    from tbench.enums import Format, Precision
+    from tbench.iospec import IoSpec, TensorSpec
+
+    class Embed(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.table = torch.nn.Embedding(50, 4)
+
+        def forward(self, tokens, scale):
+            emb = self.table(tokens) * scale.unsqueeze(-1)
+            return emb, (tokens > 0).sum(dim=1, keepdim=True)
+
+    module = Embed().eval()
+    path = tmp_path / "model.onnx"
+    torch.onnx.export(module, (torch.ones(2, 5, dtype=torch.int64), torch.ones(2, 1)), str(path),
+                      input_names=["tokens", "scale"], output_names=["emb", "count"], dynamo=False, opset_version=17,
+                      dynamic_axes={"tokens": {0: "b", 1: "t"}, "scale": {0: "b"}, "emb": {0: "b", 1: "t"}, "count": {0: "b"}})
+    spec = IoSpec(inputs=[TensorSpec(name="tokens", dtype="int64", shape=[-1]), TensorSpec(name="scale", dtype="float32", shape=[1])],
+                  outputs=[TensorSpec(name="emb", dtype="float32", shape=[-1, 4]), TensorSpec(name="count", dtype="int64", shape=[1])])
+    artifact = ModelArtifact(format=Format.ONNX, precision=Precision.FP32, path=str(path), io_spec=spec, source_hash="x", seconds=0)
+    write_repository(tmp_path / "repo", ServingConfig("embed", 8, [8], 200_000, 1), artifact)
+    rng = np.random.default_rng(0)
+    requests = [(rng.integers(0, 50, (rows, n)), np.full((rows, 1), 0.5 * (i + 1), np.float32))
+                for i, (rows, n) in enumerate([(1, 3), (2, 3), (1, 7), (1, 7), (2, 11)])]
+    with EmbeddedServer(tmp_path / "repo", tmp_path / "server.log") as server:
+        client = grpcclient.InferenceServerClient(server.endpoints.grpc_url)
+        results = {}
+        for i, (tokens, scale) in enumerate(requests):  # all in flight together: the 200 ms queue delay gathers them
+            inputs = [grpcclient.InferInput("tokens", list(tokens.shape), "INT64"), grpcclient.InferInput("scale", list(scale.shape), "FP32")]
+            inputs[0].set_data_from_numpy(tokens)
+            inputs[1].set_data_from_numpy(scale)
+            client.async_infer("embed", inputs, callback=lambda result, error, i=i: results.__setitem__(i, (result, error)))
+        deadline = time.monotonic() + 30
+        while len(results) < len(requests) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        stats = client.get_inference_statistics("embed").model_stats[0]
+        client.close()
+    assert len(results) == len(requests)
+    for i, (tokens, scale) in enumerate(requests):
+        result, error = results[i]
+        assert error is None, error
+        want_emb, want_count = (t.detach().numpy() for t in module(torch.from_numpy(tokens), torch.from_numpy(scale)))
+        np.testing.assert_allclose(result.as_numpy("emb"), want_emb, rtol=1e-5, atol=1e-6)
+        np.testing.assert_array_equal(result.as_numpy("count"), want_count)
+    assert stats.inference_count == 7 and stats.execution_count == 3  # {3, 3}, {7, 7}, {11}

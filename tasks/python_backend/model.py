@@ -1,7 +1,8 @@
 """Python-backend runtime model: ONNX Runtime or TorchScript inside Triton's python backend.
 
 Copied into the model repository as `<model>/1/model.py`. Requests that the dynamic batcher hands over together
-are concatenated along the batch axis, run in one runtime call, and split back per request.
+are concatenated along the batch axis (those with the same non-batch shapes), run in one runtime call, and split
+back per request.
 Parameters come from config.pbtxt: `runtime` (onnxruntime | torchscript), `model_file`, `intra_op_threads`.
 """
 
@@ -58,17 +59,25 @@ class TritonPythonModel:
         return [o.cpu().numpy() for o in outs]
 
     def execute(self, requests):
-        per_request = [{n: pb_utils.get_input_tensor_by_name(r, n).as_numpy() for n in self.inputs} for r in requests]
-        sizes = [feeds[self.inputs[0]].shape[0] for feeds in per_request]
-        if len(per_request) == 1:
-            batched = per_request[0]
-        else:
-            batched = {n: np.concatenate([f[n] for f in per_request]) for n in self.inputs}
+        """Requests whose non-batch shapes agree run as one batch; others (dynamic dims) run in their own groups."""
+        feeds = [{n: pb_utils.get_input_tensor_by_name(r, n).as_numpy() for n in self.inputs} for r in requests]
+        groups = {}
+        for i, f in enumerate(feeds):
+            groups.setdefault(tuple(f[n].shape[1:] for n in self.inputs), []).append(i)
+        responses = [None] * len(requests)
+        for members in groups.values():
+            for i, response in zip(members, self._run_group([feeds[i] for i in members])):
+                responses[i] = response
+        return responses
+
+    def _run_group(self, feeds):
+        sizes = [f[self.inputs[0]].shape[0] for f in feeds]
+        batched = feeds[0] if len(feeds) == 1 else {n: np.concatenate([f[n] for f in feeds]) for n in self.inputs}
         try:
             results = self._run(batched)
         except Exception as err:  # one failed runtime call fails the requests of that batch, not the model
             error = pb_utils.TritonError(f"{self.runtime} failed: {err}")
-            return [pb_utils.InferenceResponse(output_tensors=[], error=error) for _ in requests]
+            return [pb_utils.InferenceResponse(output_tensors=[], error=error) for _ in feeds]
         responses, offset = [], 0
         for size in sizes:
             tensors = [pb_utils.Tensor(name, np.ascontiguousarray(value[offset:offset + size]).astype(self.output_dtypes[name], copy=False))
