@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 from prefect import flow, get_run_logger
 
@@ -15,11 +16,11 @@ from tasks.export import export_task
 from tasks.metrics import metrics_task
 from tasks.perf import perf_task, plan_points
 from tasks.report import report_task
-from tasks.repository import ServingConfig, repository_task, server_backends
-from tasks.server import server_task
+from tasks.repository import ServingConfig, repository_task
+from tasks.server import make_server, server_task
 from tasks.store import run_url, staging_root, store_task
 from tbench import hardware as hw
-from tbench import progress, tools
+from tbench import progress
 from tbench.layout import RunLayout, new_run_id
 from tbench.request import BenchmarkRequest
 from tbench.run import RunTracker
@@ -51,10 +52,14 @@ def benchmark_flow(request: BenchmarkRequest = BenchmarkRequest()) -> str:
                             max_queue_delay_us=req.max_queue_delay_us, instances=req.model_instances,
                             kind="KIND_GPU" if hardware.has_gpu else "KIND_CPU",
                             intra_op_threads=max(1, hardware.cpu_cores // req.model_instances))
+        with tracker.stage("server"):  # what the server can run decides how the repository serves the model
+            server = make_server(req.server, layout.repository_dir, layout.server_log, http_port=req.http_port,
+                                 grpc_port=req.grpc_port, url=req.server_url, **server_options(req))
+            backends = server.backends()
         with tracker.stage("repository"):
-            repository_task(layout.repository_dir, cfg, served, server_backends(tools.pytriton_server_dir() / "backends"))
-        with tracker.stage("server"):
-            server = server_task(layout.repository_dir, layout.server_log, req.http_port, req.grpc_port)
+            repository_task(layout.repository_dir, cfg, served, backends)
+        with tracker.stage("server-start"):
+            server_task(server)
         with tracker.stage("accuracy"):
             tracker.accuracy = accuracy_task(adapter, module, server.endpoints.grpc_url, cfg.name,
                                              req.accuracy_samples, min(8, req.max_batch_size))
@@ -73,6 +78,13 @@ def benchmark_flow(request: BenchmarkRequest = BenchmarkRequest()) -> str:
         _finish(tracker, req, hardware, server, raise_errors=False)
         raise
     return _finish(tracker, req, hardware, server, raise_errors=True)
+
+
+def server_options(req) -> dict:
+    """The mode-specific options a request carries, for make_server."""
+    options = {"local": {"binary": req.tritonserver, "backend_dir": Path(req.backend_dir) if req.backend_dir else None},
+               "docker": {"image": req.docker_image, "gpus": req.gpus}}.get(req.server, {})
+    return {k: v for k, v in options.items() if v is not None}
 
 
 def _finish(tracker: RunTracker, req, hardware, server, raise_errors: bool) -> str:

@@ -33,13 +33,6 @@ class ServingConfig:
     intra_op_threads: int = 0  # python-backend runtime threads; 0: the runtime's own default
 
 
-def server_backends(backend_dir: Path) -> set[str]:
-    """The backends a server can load: subdirectories of its backend directory holding a backend library."""
-    if not backend_dir.is_dir():
-        return set()
-    return {d.name for d in backend_dir.iterdir() if d.is_dir() and any(d.glob("libtriton_*.so"))}
-
-
 def serves_natively(fmt: Format, backends: set[str]) -> bool:
     """True: the format's own backend; False: the python-backend runtime model; neither: a clear error."""
     if BACKEND_DIRS[PLATFORMS[fmt]] in backends:

@@ -1,7 +1,17 @@
-"""Stage 4: the embedded Triton server (the binary bundled in the nvidia-pytriton wheel)."""
+"""Stage 4: a Triton server behind one interface, in four launch modes.
+
+- embedded: the binary bundled in the nvidia-pytriton wheel (python backend only; CPU here, GPU where CUDA is);
+- local: a `tritonserver` on PATH (e.g. inside the NGC Triton container GPU workers run);
+- docker: the NGC Triton image through the docker CLI, with GPUs, host ports, shm size and the repository mounted;
+- remote: an already running server by URL; models are uploaded and loaded through the client (explicit model
+  control), so the server needs no access to our files.
+Each checks health and model readiness with a timeout, keeps its log with the run, stops cleanly, and fails with
+one line quoting the log's errors.
+"""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -11,18 +21,24 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
+from google.protobuf import json_format
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from tbench import procs, tools
 from tbench.errors import ServerStartError
+from tbench.triton_config import parse_pbtxt
 
-SHM_DIR = Path("/dev/shm")
 SHM_PREFIX = "triton_python_backend_shm_region_"
+NGC_IMAGE = "nvcr.io/nvidia/tritonserver:24.10-py3"  # Triton 2.51, the release of our perf_analyzer
+LOCAL_BACKENDS = Path("/opt/tritonserver/backends")  # where the NGC image and Triton's packages put them
+CONTAINER_PORTS = {"http": 8000, "grpc": 8001, "metrics": 8002}
 
 
 def free_port() -> int:
@@ -47,6 +63,10 @@ def load_errors(log_text: str) -> str:
     return "\n".join(lines[-8:])
 
 
+def one_line(text: str) -> str:
+    return " | ".join(ln.strip() for ln in text.splitlines() if ln.strip())
+
+
 @dataclass
 class ServerEndpoints:
     http_url: str
@@ -54,91 +74,120 @@ class ServerEndpoints:
     metrics_url: str
 
 
-class EmbeddedServer:
-    """Start, ready-check, stop; nothing left behind (stub processes, /dev/shm regions, work dir)."""
+class TritonServer(ABC):
+    """What the pipeline needs of a server, whatever launched it."""
 
-    def __init__(self, repository: Path, log_path: Path, http_port: int | None = None, grpc_port: int | None = None,
-                 start_timeout_s: float = 180.0):
+    mode: str
+
+    def __init__(self, repository: Path, log_path: Path, start_timeout_s: float = 180.0):
         self.repository = repository
         self.log_path = log_path
         self.start_timeout_s = start_timeout_s
-        for port in (http_port, grpc_port):
-            if port is not None and port_in_use(port):
-                raise ServerStartError(f"port {port} on 127.0.0.1 is already in use; pick another or leave it unset for a free one")
-        self.ports = {"http": http_port or free_port(), "grpc": grpc_port or free_port(), "metrics": free_port()}
-        self.proc: subprocess.Popen | None = None
-        self._work_dir: Path | None = None
 
     @property
-    def endpoints(self) -> ServerEndpoints:
-        return ServerEndpoints(http_url=f"127.0.0.1:{self.ports['http']}", grpc_url=f"127.0.0.1:{self.ports['grpc']}",
-                               metrics_url=f"http://127.0.0.1:{self.ports['metrics']}/metrics")
+    @abstractmethod
+    def endpoints(self) -> ServerEndpoints: ...
 
-    def _prepare_backends(self) -> Path:
-        """A private backend dir: the python backend plus the stub built for this interpreter."""
-        server_dir = tools.pytriton_server_dir()
-        self._work_dir = Path(tempfile.mkdtemp(prefix="tbench-triton-"))
-        backends = self._work_dir / "backends"
-        shutil.copytree(server_dir / "backends", backends)
-        stub = server_dir / "python_backend_stubs" / f"{sys.version_info.major}.{sys.version_info.minor}" / "triton_python_backend_stub"
-        if not stub.exists():
-            raise ServerStartError(f"the embedded server has no python backend stub for Python {sys.version_info.major}.{sys.version_info.minor}")
-        shutil.copy2(stub, backends / "python" / stub.name)
-        return backends
+    @abstractmethod
+    def start(self) -> ServerEndpoints: ...
 
-    def argv(self, backends: Path) -> list[str]:
-        server_dir = tools.pytriton_server_dir()
-        return [
-            str(server_dir / "bin" / "tritonserver"),
-            f"--model-repository={self.repository}",
-            f"--backend-directory={backends}",
-            f"--cache-directory={server_dir / 'caches'}",
-            "--allow-gpu-metrics=false",
-            "--http-address=127.0.0.1", f"--http-port={self.ports['http']}",
-            "--grpc-address=127.0.0.1", f"--grpc-port={self.ports['grpc']}",
-            "--metrics-address=127.0.0.1", f"--metrics-port={self.ports['metrics']}",
-            "--exit-on-error=true", "--strict-readiness=true", "--log-verbose=0",
-        ]
+    @abstractmethod
+    def stop(self) -> None: ...
 
-    def env(self) -> dict[str, str]:
-        venv_bin = str(Path(sys.executable).parent)  # so the stub's interpreter finds the venv's packages
-        return {**os.environ, "PATH": venv_bin + ":" + os.environ.get("PATH", ""),
-                "LD_LIBRARY_PATH": tools.library_path(tools.python_libdir(), tools.pytriton_libs_dir())}
+    @abstractmethod
+    def alive(self) -> bool: ...
 
-    def start(self) -> ServerEndpoints:
-        backends = self._prepare_backends()
-        self.proc = procs.start(self.argv(backends), self.log_path, env=self.env())
-        try:
-            self._wait_ready()
-        except BaseException:
-            self.stop()
-            raise
-        return self.endpoints
+    @abstractmethod
+    def backends(self) -> set[str]:
+        """The backends this server can load, read from the server's backend directory."""
 
-    def _wait_ready(self) -> None:
+    def models(self) -> list[str]:
+        return sorted(p.parent.name for p in self.repository.glob("*/config.pbtxt"))
+
+    def _wait_ready(self, what: str) -> None:
+        """Poll until the server and every model in the repository are ready, or fail with the log's errors."""
         import tritonclient.http as httpclient
 
         client = httpclient.InferenceServerClient(self.endpoints.http_url)
         deadline = time.monotonic() + self.start_timeout_s
         try:
             while time.monotonic() < deadline:
-                if self.proc.poll() is not None:
-                    self._raise_failed(f"tritonserver exited with code {self.proc.returncode} while loading models")
+                if not self.alive():
+                    self._raise_failed(f"{what} exited while loading models")
                 try:
-                    if client.is_server_ready():
+                    if client.is_server_ready() and all(client.is_model_ready(m) for m in self.models()):
                         return
                 except Exception:  # not listening yet
                     pass
                 time.sleep(0.25)
-            self._raise_failed(f"tritonserver was not ready within {self.start_timeout_s:.0f} s")
+            self._raise_failed(f"{what} was not ready within {self.start_timeout_s:.0f} s")
         finally:
             client.close()
 
     def _raise_failed(self, what: str) -> None:
         time.sleep(0.2)  # let the last log lines land
         excerpt = load_errors(procs.tail(self.log_path, 200)) or procs.tail(self.log_path, 5)
-        one_line = " | ".join(ln.strip() for ln in excerpt.splitlines() if ln.strip())
-        raise ServerStartError(f"{what} (log: {self.log_path}): {one_line}")
+        raise ServerStartError(f"{what} (log: {self.log_path}): {one_line(excerpt)}")
+
+    def __enter__(self) -> "TritonServer":
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+class ProcessServer(TritonServer):
+    """A tritonserver process we start (embedded, local) or a `docker run` in the foreground (docker)."""
+
+    def __init__(self, repository: Path, log_path: Path, http_port: int | None = None, grpc_port: int | None = None,
+                 start_timeout_s: float = 180.0, model_control: str = "none"):
+        super().__init__(repository, log_path, start_timeout_s)
+        self.model_control = model_control  # "explicit": models are loaded through the client
+        for port in (http_port, grpc_port):
+            if port is not None and port_in_use(port):
+                raise ServerStartError(f"port {port} on 127.0.0.1 is already in use; pick another or leave it unset for a free one")
+        self.ports = {"http": http_port or free_port(), "grpc": grpc_port or free_port(), "metrics": free_port()}
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def endpoints(self) -> ServerEndpoints:
+        return ServerEndpoints(http_url=f"127.0.0.1:{self.ports['http']}", grpc_url=f"127.0.0.1:{self.ports['grpc']}",
+                               metrics_url=f"http://127.0.0.1:{self.ports['metrics']}/metrics")
+
+    def server_args(self, repository: str, backend_dir: str | None, address: str = "127.0.0.1",
+                    ports: dict[str, int] | None = None) -> list[str]:
+        """The tritonserver options every process mode shares."""
+        ports = ports or self.ports
+        args = [f"--model-repository={repository}"]
+        if backend_dir:
+            args.append(f"--backend-directory={backend_dir}")
+        return args + [
+            "--allow-gpu-metrics=false" if self.mode == "embedded" else "--allow-gpu-metrics=true",
+            f"--http-address={address}", f"--http-port={ports['http']}",
+            f"--grpc-address={address}", f"--grpc-port={ports['grpc']}",
+            f"--metrics-address={address}", f"--metrics-port={ports['metrics']}",
+            f"--model-control-mode={self.model_control}",
+            "--exit-on-error=true", "--strict-readiness=true", "--log-verbose=0",
+        ]
+
+    @abstractmethod
+    def argv(self) -> list[str]: ...
+
+    def env(self) -> dict[str, str]:
+        return dict(os.environ)
+
+    def start(self) -> ServerEndpoints:
+        self.proc = procs.start(self.argv(), self.log_path, env=self.env())
+        try:
+            self._wait_ready(f"{self.mode} tritonserver")
+        except BaseException:
+            self.stop()
+            raise
+        return self.endpoints
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
 
     def _group(self) -> list[psutil.Process]:
         """The server and every process it started (stubs stay in its process group, orphaned or not)."""
@@ -161,40 +210,241 @@ class EmbeddedServer:
                 pass
         return regions
 
+    def _terminate(self, timeout_s: float) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            pass
+
     def stop(self, timeout_s: float = 30.0) -> None:
         """SIGTERM lets Triton unload models and stop its stubs; the group kill reaps whatever did not exit;
         the python backend's shared-memory regions that this server's processes mapped are removed."""
-        regions: set[Path] = set()
-        if self.proc is not None:
-            regions = self._mapped_shm(self._group())
-            if self.proc.poll() is None:
-                self.proc.send_signal(signal.SIGTERM)
-                try:
-                    self.proc.wait(timeout=timeout_s)
-                except subprocess.TimeoutExpired:
-                    pass
-            procs.kill_group(self.proc)
-            self.proc.wait()
-            self.proc = None
+        if self.proc is None:
+            return
+        regions = self._mapped_shm(self._group())
+        if self.proc.poll() is None:
+            self._terminate(timeout_s)
+        procs.kill_group(self.proc)
+        self.proc.wait()
+        self.proc = None
         for region in regions:  # Triton removes them on a clean exit; a killed stub leaves them behind
             region.unlink(missing_ok=True)
+
+
+def backends_in(backend_dir: Path) -> set[str]:
+    """Subdirectories of a backend directory that hold a backend library."""
+    if not backend_dir.is_dir():
+        return set()
+    return {d.name for d in backend_dir.iterdir() if d.is_dir() and any(d.glob("libtriton_*.so"))}
+
+
+class EmbeddedServer(ProcessServer):
+    """The tritonserver bundled in the nvidia-pytriton wheel, with a private backend dir holding this Python's stub."""
+
+    mode = "embedded"
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._work_dir: Path | None = None
+
+    def backends(self) -> set[str]:
+        return backends_in(tools.pytriton_server_dir() / "backends")
+
+    def _prepare_backends(self) -> None:
+        server_dir = tools.pytriton_server_dir()
+        self._work_dir = Path(tempfile.mkdtemp(prefix="tbench-triton-"))
+        backends = self._work_dir / "backends"
+        shutil.copytree(server_dir / "backends", backends)
+        version = f"{sys.version_info.major}.{sys.version_info.minor}"
+        stub = server_dir / "python_backend_stubs" / version / "triton_python_backend_stub"
+        if not stub.exists():
+            raise ServerStartError(f"the embedded server has no python backend stub for Python {version}")
+        shutil.copy2(stub, backends / "python" / stub.name)
+
+    def start(self) -> ServerEndpoints:
+        self._prepare_backends()
+        return super().start()
+
+    def argv(self) -> list[str]:
+        server_dir = tools.pytriton_server_dir()
+        return [str(server_dir / "bin" / "tritonserver"),
+                *self.server_args(str(self.repository), str(self._work_dir / "backends")),
+                f"--cache-directory={server_dir / 'caches'}"]
+
+    def env(self) -> dict[str, str]:
+        venv_bin = str(Path(sys.executable).parent)  # so the stub's interpreter finds the venv's packages
+        return {**os.environ, "PATH": venv_bin + ":" + os.environ.get("PATH", ""),
+                "LD_LIBRARY_PATH": tools.library_path(tools.python_libdir(), tools.pytriton_libs_dir())}
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        super().stop(timeout_s)
         if self._work_dir is not None:
             shutil.rmtree(self._work_dir, ignore_errors=True)
             self._work_dir = None
 
+
+class LocalServer(ProcessServer):
+    """A tritonserver installed on this machine (on PATH, or a given path) with its own backend directory."""
+
+    mode = "local"
+
+    def __init__(self, *args, binary: str | None = None, backend_dir: Path | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        found = binary or shutil.which("tritonserver")
+        if not found:
+            raise ServerStartError("local mode: no tritonserver on PATH (run inside the NGC Triton image, or use --server embedded)")
+        self.binary = found
+        self.backend_dir = backend_dir or LOCAL_BACKENDS
+
+    def backends(self) -> set[str]:
+        return backends_in(self.backend_dir)
+
+    def argv(self) -> list[str]:
+        return [self.binary, *self.server_args(str(self.repository), str(self.backend_dir))]
+
+
+class DockerServer(ProcessServer):
+    """The NGC Triton image through the docker CLI; `docker run` stays in the foreground so its output is the log."""
+
+    mode = "docker"
+
+    def __init__(self, *args, image: str = NGC_IMAGE, gpus: str | None = "all", shm_size: str = "1g",
+                 docker: str = "docker", **kwargs):
+        super().__init__(*args, **kwargs)
+        self.image, self.gpus, self.shm_size, self.docker = image, gpus, shm_size, docker
+        self.container = f"tbench-triton-{uuid.uuid4().hex[:8]}"
+
+    def argv(self) -> list[str]:
+        argv = [self.docker, "run", "--rm", "--name", self.container, f"--shm-size={self.shm_size}",
+                "--ulimit", "memlock=-1", "--ulimit", "stack=67108864"]
+        if self.gpus:
+            argv += ["--gpus", self.gpus if self.gpus == "all" else f'"device={self.gpus}"']
+        for name, container_port in CONTAINER_PORTS.items():
+            argv += ["-p", f"127.0.0.1:{self.ports[name]}:{container_port}"]
+        argv += ["-v", f"{self.repository.resolve()}:/models:ro", self.image, "tritonserver"]
+        # inside the container the server listens on Triton's default ports; -p maps them to ours
+        return argv + self.server_args("/models", None, address="0.0.0.0", ports=CONTAINER_PORTS)
+
+    def backends_argv(self) -> list[str]:
+        return [self.docker, "run", "--rm", "--entrypoint", "ls", self.image, str(LOCAL_BACKENDS)]
+
+    def backends(self) -> set[str]:
+        """Listed from the image itself (its backend directory), not assumed."""
+        listed = procs.run(self.backends_argv(), self.log_path.with_suffix(".backends.log"), timeout=600)
+        if listed.returncode != 0:
+            raise ServerStartError(f"docker mode: cannot list the backends of {self.image}: {one_line(listed.log_tail(3))}")
+        return {ln.strip() for ln in listed.log_path.read_text().splitlines()[1:] if ln.strip() and not ln.startswith("$")}
+
+    def stop_argv(self, timeout_s: float) -> list[str]:
+        return [self.docker, "stop", "-t", str(int(timeout_s)), self.container]
+
+    def _terminate(self, timeout_s: float) -> None:
+        procs.run(self.stop_argv(timeout_s), self.log_path.with_suffix(".stop.log"), timeout=timeout_s + 30)
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+class RemoteServer(TritonServer):
+    """A server someone else runs, with --model-control-mode=explicit: each model in our repository is uploaded
+    (config + files) and loaded through the client, and unloaded at stop. The server's own log is not ours to keep;
+    the load errors it returns are what the error quotes."""
+
+    mode = "remote"
+
+    # A remote server cannot be asked which backends it has: the user says, or it is taken to be the NGC image's set.
+    NGC_BACKENDS = frozenset({"onnxruntime", "pytorch", "tensorflow", "tensorrt", "python", "openvino"})
+
+    def __init__(self, repository: Path, log_path: Path, http_url: str, grpc_url: str, start_timeout_s: float = 180.0,
+                 backends: set[str] | None = None):
+        super().__init__(repository, log_path, start_timeout_s)
+        self._endpoints = ServerEndpoints(http_url=http_url, grpc_url=grpc_url, metrics_url="")
+        self._backends = set(backends or self.NGC_BACKENDS)
+        self.loaded: list[str] = []
+
+    @property
+    def endpoints(self) -> ServerEndpoints:
+        return self._endpoints
+
+    def _client(self):
+        import tritonclient.grpc as grpcclient
+
+        return grpcclient.InferenceServerClient(self.endpoints.grpc_url)
+
     def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
+        try:
+            client = self._client()
+            try:
+                return client.is_server_live()
+            finally:
+                client.close()
+        except Exception:
+            return False
 
-    def __enter__(self) -> "EmbeddedServer":
-        self.start()
-        return self
+    def backends(self) -> set[str]:
+        return self._backends
 
-    def __exit__(self, *exc) -> None:
-        self.stop()
+    @staticmethod
+    def upload(model_dir: Path) -> tuple[str, dict[str, bytes]]:
+        """A model directory as load_model's config JSON and `file:` overrides."""
+        config = json_format.MessageToJson(parse_pbtxt((model_dir / "config.pbtxt").read_text()), preserving_proto_field_name=True)
+        files = {f"file:{p.relative_to(model_dir).as_posix()}": p.read_bytes()
+                 for p in sorted(model_dir.rglob("*")) if p.is_file() and p.name != "config.pbtxt" and "__pycache__" not in p.parts}
+        return config, files
+
+    def start(self) -> ServerEndpoints:
+        from tritonclient.utils import InferenceServerException
+
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = self.log_path.open("a")
+        client = self._client()
+        try:
+            if not self.alive():
+                raise ServerStartError(f"remote Triton at {self.endpoints.grpc_url} is not live")
+            log.write(f"server metadata: {json.dumps(client.get_server_metadata(as_json=True))}\n")
+            for name in self.models():
+                config, files = self.upload(self.repository / name)
+                try:
+                    client.load_model(name, config=config, files=files, client_timeout=self.start_timeout_s)
+                except InferenceServerException as err:
+                    log.write(f"load {name}: {err.message()}\n")
+                    raise ServerStartError(f"remote Triton could not load {name}: {one_line(err.message() or '')} "
+                                           f"(log: {self.log_path})") from None
+                self.loaded.append(name)
+                log.write(f"loaded {name}\n")
+        finally:
+            log.close()
+            client.close()
+        return self.endpoints
+
+    def stop(self) -> None:
+        if not self.loaded:
+            return
+        client = self._client()
+        try:
+            for name in self.loaded:
+                client.unload_model(name)
+        finally:
+            self.loaded = []
+            client.close()
+
+
+def make_server(mode: str, repository: Path, log_path: Path, *, http_port: int | None = None, grpc_port: int | None = None,
+                url: str | None = None, backends: set[str] | None = None, **options) -> TritonServer:
+    if mode == "remote":
+        if not url:
+            raise ServerStartError("remote mode needs the server's address: --server-url HOST:GRPC_PORT,HOST:HTTP_PORT")
+        grpc_url, _, http_url = url.partition(",")
+        return RemoteServer(repository, log_path, http_url=http_url or grpc_url, grpc_url=grpc_url, backends=backends)
+    kinds = {"embedded": EmbeddedServer, "local": LocalServer, "docker": DockerServer}
+    if mode not in kinds:
+        raise ServerStartError(f"unknown server mode {mode!r}; known: embedded, local, docker, remote")
+    return kinds[mode](repository, log_path, http_port=http_port, grpc_port=grpc_port, **options)
 
 
 @task(name="server", cache_policy=NO_CACHE)
-def server_task(repository: Path, log_path: Path, http_port: int | None, grpc_port: int | None) -> EmbeddedServer:
-    server = EmbeddedServer(repository, log_path, http_port=http_port, grpc_port=grpc_port)
+def server_task(server: TritonServer) -> TritonServer:
     server.start()
     return server

@@ -88,6 +88,10 @@ def run(
     queue_delay_us: int = typer.Option(None, help="Dynamic batching max queue delay in microseconds."),
     profile: str = typer.Option(None, help="cpu (quick) or gpu (the guide's grid); by hardware when not given."),
     output: str = typer.Option("runs", "--output", "-o", help="Artifact root: a folder or an fsspec URL."),
+    server: str = typer.Option("embedded", help="embedded, local (tritonserver on PATH), docker (NGC image) or remote."),
+    server_url: str = typer.Option(None, help="remote: 'host:grpc_port,host:http_port' (explicit model control)."),
+    docker_image: str = typer.Option(None, help="docker: the Triton image."),
+    gpus: str = typer.Option(None, help="docker: 'all' or '0,1'."),
     http_port: int = typer.Option(None, help="Triton HTTP port (a free one by default)."),
     grpc_port: int = typer.Option(None, help="Triton gRPC port (a free one by default)."),
     images_per_window: int = typer.Option(None, help="Inferences per perf_analyzer measurement window."),
@@ -106,7 +110,8 @@ def run(
             concurrency=parse_int_list(concurrency, "concurrency"), scenarios=_split(scenarios),
             max_batch_size=max_batch_size, model_instances=instances,
             preferred_batch_sizes=parse_int_list(preferred_batch_sizes, "preferred batch sizes"),
-            max_queue_delay_us=queue_delay_us, profile=profile, output=output, http_port=http_port,
+            max_queue_delay_us=queue_delay_us, profile=profile, output=output, server=server, server_url=server_url,
+            docker_image=docker_image, gpus=gpus, http_port=http_port,
             grpc_port=grpc_port, measurement=measurement)
         from tbench import hardware
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, Field
 
 from tbench.enums import Format, Precision, Scenario
@@ -51,6 +53,13 @@ class BenchmarkRequest(BaseModel):
     accuracy_samples: int | None = Field(None, ge=1)
     measurement: Measurement | None = Field(None, description="perf_analyzer stability settings; the profile's by default.")
     output: str = Field("runs", description="Artifact root: a local folder or any fsspec URL.")
+    server: Literal["embedded", "local", "docker", "remote"] = Field(
+        "embedded", description="embedded (pytriton's binary), local (tritonserver on PATH), docker (NGC image), remote (by URL).")
+    server_url: str | None = Field(None, description="remote: 'host:grpc_port,host:http_port' of a server in explicit model control mode.")
+    docker_image: str | None = Field(None, description="docker: the Triton image (NGC's 24.10 by default).")
+    gpus: str | None = Field(None, description="docker: GPUs for the container ('all' or '0,1'); none when empty.")
+    tritonserver: str | None = Field(None, description="local: the tritonserver binary (the one on PATH by default).")
+    backend_dir: str | None = Field(None, description="local: the server's backend directory (/opt/tritonserver/backends).")
     http_port: int | None = Field(None, description="Fixed HTTP port for Triton; a free one by default.")
     grpc_port: int | None = Field(None, description="Fixed gRPC port for Triton; a free one by default.")
     tolerance_atol: float = Field(1e-3, description="Correctness: absolute tolerance (plus rtol x max|ref|).")
@@ -68,11 +77,11 @@ class BenchmarkRequest(BaseModel):
         serve = Format.parse(self.serve_format) if self.serve_format else formats[0]
         if serve not in formats:
             formats.append(serve)
-        if serve not in PYTHON_BACKEND_RUNTIMES:
+        if self.server == "embedded" and serve not in PYTHON_BACKEND_RUNTIMES:
             known = ", ".join(f.value for f in PYTHON_BACKEND_RUNTIMES)
             raise ConfigError(f"format {serve.value!r} cannot be served by the embedded server (python backend); use one of: {known}")
         precision = Precision.parse(self.precision)
-        if precision is not Precision.FP32 and not has_gpu:
+        if precision is not Precision.FP32 and not has_gpu and self.server in ("embedded", "local"):
             raise ConfigError(f"precision {precision.value} needs a GPU; this machine has none (use fp32)")
         max_batch = self.max_batch_size or d.max_batch_size
         batch_sizes = sorted(set(self.batch_sizes or d.offline_batch_sizes))
@@ -125,6 +134,12 @@ class ResolvedRequest(BaseModel):
     accuracy_samples: int
     measurement: Measurement
     output: str
+    server: str
+    server_url: str | None
+    docker_image: str | None
+    gpus: str | None
+    tritonserver: str | None
+    backend_dir: str | None
     http_port: int | None
     grpc_port: int | None
     tolerance_atol: float

@@ -2,7 +2,7 @@
 
 import pytest
 
-from tasks.repository import ServingConfig, build_config, serves_natively, server_backends, write_repository
+from tasks.repository import ServingConfig, build_config, write_repository
 from tbench.triton_config import parse_pbtxt, to_pbtxt, validate
 from tbench.artifacts import ModelArtifact
 from tbench.enums import Format, Precision

@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 from tritonclient.grpc import model_config_pb2 as mc
 
-from tasks.repository import ServingConfig, serves_natively, server_backends, write_repository
-from tbench import tools
+from tasks.repository import ServingConfig, serves_natively, write_repository
+from tasks.server import EmbeddedServer, backends_in
 from tbench.artifacts import ModelArtifact
 from tbench.enums import Format, Precision
 from tbench.errors import ConfigError
@@ -122,13 +122,13 @@ def test_what_triton_would_refuse_is_refused_first(build, message):
 
 
 def test_backends_are_read_from_the_servers_backend_directory(tmp_path):
-    assert server_backends(tools.pytriton_server_dir() / "backends") == {"python"}  # the embedded server's own
+    assert EmbeddedServer(GOLDEN, GOLDEN / "unused.log").backends() == {"python"}  # the embedded server's own
     for name in ("onnxruntime", "pytorch"):
         (tmp_path / name).mkdir()
         (tmp_path / name / f"libtriton_{name}.so").touch()
     (tmp_path / "empty").mkdir()
-    assert server_backends(tmp_path) == {"onnxruntime", "pytorch"}
-    assert server_backends(tmp_path / "missing") == set()
+    assert backends_in(tmp_path) == {"onnxruntime", "pytorch"}
+    assert backends_in(tmp_path / "missing") == set()
 
 
 def test_native_backend_when_present_else_the_python_runtime():

@@ -1,0 +1,77 @@
+"""The command lines the docker and local modes run, exactly; real runs are in test_e2e."""
+
+from pathlib import Path
+
+import pytest
+
+from tasks.server import DockerServer, LocalServer, RemoteServer, make_server
+from tbench.errors import ServerStartError
+
+
+def fixed_ports(server):
+    server.ports = {"http": 18000, "grpc": 18001, "metrics": 18002}
+    return server
+
+
+def test_docker_run_command_line(tmp_path):
+    server = fixed_ports(DockerServer(tmp_path / "repo", tmp_path / "s.log", image="nvcr.io/nvidia/tritonserver:24.10-py3",
+                                      gpus="0,1", shm_size="2g"))
+    server.container = "tbench-triton-test"
+    assert server.argv() == [
+        "docker", "run", "--rm", "--name", "tbench-triton-test", "--shm-size=2g",
+        "--ulimit", "memlock=-1", "--ulimit", "stack=67108864", "--gpus", '"device=0,1"',
+        "-p", "127.0.0.1:18000:8000", "-p", "127.0.0.1:18001:8001", "-p", "127.0.0.1:18002:8002",
+        "-v", f"{(tmp_path / 'repo').resolve()}:/models:ro", "nvcr.io/nvidia/tritonserver:24.10-py3", "tritonserver",
+        "--model-repository=/models", "--allow-gpu-metrics=true",
+        "--http-address=0.0.0.0", "--http-port=8000", "--grpc-address=0.0.0.0", "--grpc-port=8001",
+        "--metrics-address=0.0.0.0", "--metrics-port=8002", "--model-control-mode=none",
+        "--exit-on-error=true", "--strict-readiness=true", "--log-verbose=0",
+    ]
+    assert server.stop_argv(30) == ["docker", "stop", "-t", "30", "tbench-triton-test"]
+    assert server.backends_argv() == ["docker", "run", "--rm", "--entrypoint", "ls",
+                                      "nvcr.io/nvidia/tritonserver:24.10-py3", "/opt/tritonserver/backends"]
+
+
+def test_docker_without_gpus_and_with_all_gpus(tmp_path):
+    none = DockerServer(tmp_path, tmp_path / "s.log", gpus=None).argv()
+    assert "--gpus" not in none
+    every = DockerServer(tmp_path, tmp_path / "s.log", gpus="all").argv()
+    assert every[every.index("--gpus") + 1] == "all"
+
+
+def test_local_command_line(tmp_path):
+    server = fixed_ports(LocalServer(tmp_path / "repo", tmp_path / "s.log", binary="/opt/tritonserver/bin/tritonserver"))
+    assert server.argv() == [
+        "/opt/tritonserver/bin/tritonserver", f"--model-repository={tmp_path / 'repo'}",
+        "--backend-directory=/opt/tritonserver/backends", "--allow-gpu-metrics=true",
+        "--http-address=127.0.0.1", "--http-port=18000", "--grpc-address=127.0.0.1", "--grpc-port=18001",
+        "--metrics-address=127.0.0.1", "--metrics-port=18002", "--model-control-mode=none",
+        "--exit-on-error=true", "--strict-readiness=true", "--log-verbose=0",
+    ]
+
+
+def test_local_without_a_server_on_path_says_so(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(ServerStartError, match="local mode: no tritonserver on PATH"):
+        LocalServer(tmp_path, tmp_path / "s.log")
+
+
+def test_make_server_modes(tmp_path):
+    remote = make_server("remote", tmp_path, tmp_path / "s.log", url="h:8001,h:8000")
+    assert isinstance(remote, RemoteServer) and remote.endpoints.grpc_url == "h:8001" and remote.endpoints.http_url == "h:8000"
+    with pytest.raises(ServerStartError, match="remote mode needs the server's address"):
+        make_server("remote", tmp_path, tmp_path / "s.log")
+    with pytest.raises(ServerStartError, match="unknown server mode 'k8s'"):
+        make_server("k8s", tmp_path, tmp_path / "s.log")
+
+
+def test_remote_upload_is_the_model_directory(tmp_path):
+    model = tmp_path / "m"
+    (model / "1").mkdir(parents=True)
+    (model / "config.pbtxt").write_text('name: "m" backend: "python" max_batch_size: 4')
+    (model / "1" / "model.py").write_text("code")
+    (model / "1" / "__pycache__").mkdir()
+    (model / "1" / "__pycache__" / "x.pyc").write_bytes(b"x")
+    config, files = RemoteServer.upload(model)
+    assert '"backend": "python"' in config and '"max_batch_size": 4' in config
+    assert files == {"file:1/model.py": b"code"}
