@@ -15,6 +15,7 @@ class ModelArtifact(BaseModel):
     io_spec: IoSpec
     source_hash: str
     seconds: float
+    cached: bool = False  # every conversion step came from the conversion cache
 
 
 class OutputError(BaseModel):

@@ -9,6 +9,12 @@ from tbench.settings import configure_prefect_env
 
 configure_prefect_env()
 
+
+@pytest.fixture(scope="session", autouse=True)
+def conversion_cache(tmp_path_factory):
+    """A fresh conversion cache per test session, so tests see real conversions first."""
+    os.environ["TBENCH_CACHE_DIR"] = str(tmp_path_factory.mktemp("conversion-cache"))
+
 GOLDEN = Path(__file__).parent / "golden"
 
 
