@@ -16,7 +16,7 @@ from tasks.export import export_task
 from tasks.metrics import metrics_task
 from tasks.perf import perf_task, plan_points
 from tasks.report import report_task
-from tasks.repository import ServingConfig, repository_task
+from tasks.repository import ServingConfig, backend_label, repository_task, serves_natively
 from tasks.server import make_server, server_task
 from tasks.store import run_url, staging_root, store_task
 from tbench import hardware as hw
@@ -55,9 +55,10 @@ def benchmark_flow(request: BenchmarkRequest = BenchmarkRequest()) -> str:
         with tracker.stage("server"):  # what the server can run decides how the repository serves the model
             server = make_server(req.server, layout.repository_dir, layout.server_log, http_port=req.http_port,
                                  grpc_port=req.grpc_port, url=req.server_url, **server_options(req))
-            backends = server.backends()
+            native = serves_natively(served.format, server.backends())
+        tracker.served_by = backend_label(served.format, native)
         with tracker.stage("repository"):
-            repository_task(layout.repository_dir, cfg, served, backends)
+            repository_task(layout.repository_dir, cfg, served, native)
         with tracker.stage("server-start"):
             server_task(server)
         with tracker.stage("accuracy"):
@@ -65,7 +66,7 @@ def benchmark_flow(request: BenchmarkRequest = BenchmarkRequest()) -> str:
                                              req.accuracy_samples, min(8, req.max_batch_size))
             tracker.save_json(layout.accuracy_json, tracker.accuracy.model_dump())
         static = {"model": req.model, "model_size": req.size, "gpu": hardware.gpu_label,
-                  "backend": f"Python ({served.format.label} runtime)", "model_format": served.format.label,
+                  "backend": tracker.served_by, "model_format": served.format.label,
                   "backend_accelerator": "", "precision": req.precision.value.upper(),
                   "max_batch_size": req.max_batch_size, "model_instances": req.model_instances}
         for scenario in req.scenarios:
@@ -101,6 +102,7 @@ def _finish(tracker: RunTracker, req, hardware, server, raise_errors: bool) -> s
         with tracker.stage("report"):
             report_task(layout.report_md, tracker.results, run_id=layout.run_id, request=req, hardware=hardware,
                         correctness=tracker.correctness, accuracy=tracker.accuracy, summary=summary,
+                        served_by=tracker.served_by,
                         stage_seconds=dict(tracker.stage_seconds), plots_dir=layout.plots_dir,
                         status=tracker.status, error=tracker.error)
         tracker.release_logs()

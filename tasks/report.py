@@ -99,14 +99,16 @@ def summary_lines(summary: dict) -> list[str]:
 
 
 def render_report(*, run_id: str, request, hardware, correctness, accuracy, results: pd.DataFrame, summary: dict,
-                  stage_seconds: dict[str, float], plots_dir: Path, status: str = "completed", error: str | None = None) -> str:
+                  stage_seconds: dict[str, float], plots_dir: Path, status: str = "completed", error: str | None = None,
+                  served_by: str | None = None) -> str:
     run_dir = plots_dir.parent
     lines = [f"# Triton benchmark: {request.model} ({request.size})", "",
              f"Run `{run_id}`, status **{status}**" + (f": {error}" if error else "") + ".", ""]
     lines += ["## Configuration", "", _kv_table([
         ("Model", f"{request.model} ({request.size})"),
         ("Checkpoint", request.checkpoint or "random weights"),
-        ("Served format", f"{request.serve_format.value} (python backend: {request.serve_format.label} runtime)"),
+        ("Served format", request.serve_format.value),
+        ("Served by", served_by or "not decided (the run stopped before the server stage)"),
         ("Precision", request.precision.value.upper()),
         ("Max Batch Size", request.max_batch_size),
         ("Number of model instances", request.model_instances),

@@ -43,6 +43,11 @@ def serves_natively(fmt: Format, backends: set[str]) -> bool:
                       f"nor through the python backend; it has: {', '.join(sorted(backends)) or 'no backends'}")
 
 
+def backend_label(fmt: Format, native: bool) -> str:
+    """The results' `backend` column: the native platform, or the python backend with the runtime inside it."""
+    return PLATFORMS[fmt] if native else f"python ({PYTHON_BACKEND_RUNTIMES[fmt]})"
+
+
 def config_spec(cfg: ServingConfig, artifact: ModelArtifact) -> ModelConfigSpec:
     return ModelConfigSpec(
         name=cfg.name, io=artifact.io_spec, max_batch_size=cfg.max_batch_size,
@@ -91,5 +96,5 @@ def write_repository(repo_dir: Path, cfg: ServingConfig, artifact: ModelArtifact
 
 
 @task(name="repository", cache_policy=NO_CACHE)
-def repository_task(repo_dir: Path, cfg: ServingConfig, artifact: ModelArtifact, backends: set[str]) -> Path:
-    return write_repository(repo_dir, cfg, artifact, native=serves_natively(artifact.format, backends))
+def repository_task(repo_dir: Path, cfg: ServingConfig, artifact: ModelArtifact, native: bool) -> Path:
+    return write_repository(repo_dir, cfg, artifact, native=native)

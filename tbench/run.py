@@ -39,6 +39,7 @@ class RunTracker:
         self._tables: dict[str, pd.DataFrame] = {}
         self.correctness: list[CorrectnessResult] = []
         self.accuracy: AccuracyResult | None = None
+        self.served_by: str | None = None  # the backend serving the model, once the server stage has decided
         self._log_handler: logging.Handler | None = None
 
     @contextlib.contextmanager

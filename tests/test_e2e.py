@@ -170,10 +170,12 @@ def test_flow_run_writes_report_results_plots_and_manifest(prefect_harness, tmp_
     assert sorted(zip(results["scenario"], results["batch_size"], results["concurrency"])) == [
         ("offline", 1, 1), ("offline", 4, 1), ("online", 1, 1), ("online", 1, 4)]
     assert set(results["gpu"]) == {"CPU"} and set(results["model_format"]) == {"ONNX"}
+    assert set(results["backend"]) == {"python (onnxruntime)"}  # the embedded server has only the python backend
     report = (run / "report.md").read_text()
     assert "| Precision   | Backend Accelerator   |   Client Batch Size |   Inferences/second |" in report
     assert "Concurrent client requests" in report and "Network+server Send/recv" in report
     assert "## Accuracy through Triton" in report and "## Correctness of the exported models" in report
+    assert "| Served by                    | python (onnxruntime)" in report
     assert "AMD" in report or "Intel" in report or "CPU cores" in report
 
 

@@ -148,3 +148,11 @@ def test_native_repository_uses_tritons_default_file_names(tmp_path):
     model_dir = write_repository(tmp_path / "repo", ServingConfig("m", 8, [8], 0, 1), artifact, native=True)
     assert (model_dir / "1" / "model.savedmodel" / "saved_model.pb").exists()
     assert parse_pbtxt((model_dir / "config.pbtxt").read_text()).platform == "tensorflow_savedmodel"
+
+
+def test_backend_label_names_what_serves_the_model():
+    from tasks.repository import backend_label
+
+    assert backend_label(Format.ONNX, native=True) == "onnxruntime_onnx"
+    assert backend_label(Format.ONNX, native=False) == "python (onnxruntime)"
+    assert backend_label(Format.TS_TRACE, native=False) == "python (torchscript)"
