@@ -318,7 +318,7 @@ class DockerServer(ProcessServer):
     def argv(self) -> list[str]:
         argv = [self.docker, "run", "--rm", "--name", self.container, f"--shm-size={self.shm_size}",
                 "--ulimit", "memlock=-1", "--ulimit", "stack=67108864"]
-        if self.gpus:
+        if self.gpus and self.gpus != "none":
             argv += ["--gpus", self.gpus if self.gpus == "all" else f'"device={self.gpus}"']
         for name, container_port in CONTAINER_PORTS.items():
             argv += ["-p", f"127.0.0.1:{self.ports[name]}:{container_port}"]

@@ -91,7 +91,7 @@ def run(
     server: str = typer.Option("embedded", help="embedded, local (tritonserver on PATH), docker (NGC image) or remote."),
     server_url: str = typer.Option(None, help="remote: 'host:grpc_port,host:http_port' (explicit model control)."),
     docker_image: str = typer.Option(None, help="docker: the Triton image."),
-    gpus: str = typer.Option(None, help="docker: 'all' or '0,1'."),
+    gpus: str = typer.Option(None, help="docker: 'all' (the default), '0,1' or 'none'."),
     http_port: int = typer.Option(None, help="Triton HTTP port (a free one by default)."),
     grpc_port: int = typer.Option(None, help="Triton gRPC port (a free one by default)."),
     images_per_window: int = typer.Option(None, help="Inferences per perf_analyzer measurement window."),

@@ -57,7 +57,7 @@ class BenchmarkRequest(BaseModel):
         "embedded", description="embedded (pytriton's binary), local (tritonserver on PATH), docker (NGC image), remote (by URL).")
     server_url: str | None = Field(None, description="remote: 'host:grpc_port,host:http_port' of a server in explicit model control mode.")
     docker_image: str | None = Field(None, description="docker: the Triton image (NGC's 24.10 by default).")
-    gpus: str | None = Field(None, description="docker: GPUs for the container ('all' or '0,1'); none when empty.")
+    gpus: str | None = Field(None, description="docker: GPUs for the container: 'all' (the default), '0,1', or 'none'.")
     tritonserver: str | None = Field(None, description="local: the tritonserver binary (the one on PATH by default).")
     backend_dir: str | None = Field(None, description="local: the server's backend directory (/opt/tritonserver/backends).")
     http_port: int | None = Field(None, description="Fixed HTTP port for Triton; a free one by default.")

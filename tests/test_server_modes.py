@@ -33,8 +33,8 @@ def test_docker_run_command_line(tmp_path):
 
 
 def test_docker_without_gpus_and_with_all_gpus(tmp_path):
-    none = DockerServer(tmp_path, tmp_path / "s.log", gpus=None).argv()
-    assert "--gpus" not in none
+    assert "--gpus" not in DockerServer(tmp_path, tmp_path / "s.log", gpus=None).argv()
+    assert "--gpus" not in DockerServer(tmp_path, tmp_path / "s.log", gpus="none").argv()
     every = DockerServer(tmp_path, tmp_path / "s.log", gpus="all").argv()
     assert every[every.index("--gpus") + 1] == "all"
 
@@ -54,6 +54,15 @@ def test_local_without_a_server_on_path_says_so(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(ServerStartError, match="local mode: no tritonserver on PATH"):
         LocalServer(tmp_path, tmp_path / "s.log")
+
+
+def test_docker_defaults_to_every_gpu(tmp_path):
+    from flows.benchmark import server_options
+    from tbench.request import BenchmarkRequest
+
+    options = server_options(BenchmarkRequest(server="docker"))
+    argv = make_server("docker", tmp_path, tmp_path / "s.log", **options).argv()
+    assert argv[argv.index("--gpus") + 1] == "all"
 
 
 def test_make_server_modes(tmp_path):
