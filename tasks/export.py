@@ -50,14 +50,15 @@ class Converter:
     target: Format
     run: Callable  # (source, out_path, io_spec, options): source is the framework module or the previous file
     tools: tuple[str, ...]  # distributions whose versions make the cache key; the first must import
+    where: str = ""  # where to run it when its tool is missing here
 
 
 REGISTRY: dict[tuple[str, Format], Converter] = {}
 
 
-def converter(source: str, target: Format, tools: tuple[str, ...]):
+def converter(source: str, target: Format, tools: tuple[str, ...], where: str = ""):
     def register(fn):
-        REGISTRY[(source, target)] = Converter(source, target, fn, tools)
+        REGISTRY[(source, target)] = Converter(source, target, fn, tools, where)
         return fn
     return register
 
@@ -107,7 +108,7 @@ def pytorch_to_ts_script(module, out: Path, spec: IoSpec, options: ConversionOpt
     torch.jit.script(module).save(str(out))
 
 
-@converter(Format.ONNX.value, Format.TRT, tools=("tensorrt",))
+@converter(Format.ONNX.value, Format.TRT, tools=("tensorrt",), where="run it on a GPU node with TensorRT (e.g. the NGC Triton image)")
 def onnx_to_tensorrt(onnx_path: Path, out: Path, spec: IoSpec, options: ConversionOptions, sample: dict) -> None:
     """TensorRT's own builder: one optimisation profile over batch 1..max_batch_size, FP16 when asked."""
     import tensorrt as trt
@@ -140,10 +141,9 @@ def tool_versions(conv: Converter) -> dict[str, str]:
     try:
         importlib.import_module(conv.tools[0])
     except ImportError as err:
+        hint = f"; {conv.where}" if conv.where else ""
         raise ConversionUnavailable(
-            f"{conv.source} -> {conv.target.value} needs {conv.tools[0]}, which is not installed here ({err}); "
-            f"run it on a GPU node with TensorRT (e.g. the NGC Triton image)" if conv.tools[0] == "tensorrt"
-            else f"{conv.source} -> {conv.target.value} needs {conv.tools[0]}: {err}") from None
+            f"{conv.source} -> {conv.target.value} needs {conv.tools[0]}, which is not installed here ({err}){hint}") from None
     versions = {}
     for dist in conv.tools:
         try:

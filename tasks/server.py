@@ -334,7 +334,8 @@ class DockerServer(ProcessServer):
         listed = procs.run(self.backends_argv(), self.log_path.with_suffix(".backends.log"), timeout=600)
         if listed.returncode != 0:
             raise ServerStartError(f"docker mode: cannot list the backends of {self.image}: {one_line(listed.log_tail(3))}")
-        return {ln.strip() for ln in listed.log_path.read_text().splitlines()[1:] if ln.strip() and not ln.startswith("$")}
+        # the log starts with the "$ argv" line procs.run writes; the rest is ls's output
+        return {ln.strip() for ln in listed.log_path.read_text().splitlines() if ln.strip() and not ln.startswith("$ ")}
 
     def stop_argv(self, timeout_s: float) -> list[str]:
         return [self.docker, "stop", "-t", str(int(timeout_s)), self.container]
