@@ -17,7 +17,8 @@ from pathlib import Path
 import numpy as np
 
 import model_adapters
-from tasks.export import export_model, state_hash
+from tasks.export import export_model
+from tbench.runtimes import source_digest
 from tasks.perf import Point, run_sweep
 from tasks.repository import ServingConfig, write_repository
 from tasks.server import EmbeddedServer
@@ -52,7 +53,7 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="tbench-overhead-"))
     adapter = model_adapters.get("resnet50", args.size)
     module = adapter.build()
-    artifact = export_model(adapter, module, Format.ONNX, work / "models", state_hash(module))
+    artifact = export_model(adapter, module, Format.ONNX, work / "models", source_digest("pytorch", module))
     inputs = adapter.sample_batch(BATCH)
     write_repository(work / "repo", ServingConfig("resnet50", BATCH, [BATCH], 0, 1, intra_op_threads=threads), artifact)
     layout = RunLayout(work, "overhead").create()

@@ -9,12 +9,11 @@ from pathlib import Path
 
 from prefect import flow, get_run_logger
 
-import model_adapters
-from tasks.accuracy import accuracy_task
+from tasks.accuracy import accuracy_task, require_same_answers
 from tasks.correctness import correctness_task, require_passed
 from tasks.export import export_task
 from tasks.metrics import metrics_task
-from tasks.perf import perf_task, plan_points
+from tasks.perf import perf_task, plan_points, prepare_inputs
 from tasks.report import report_task
 from tasks.repository import ServingConfig, backend_label, repository_task, serves_natively
 from tasks.server import make_server, server_task
@@ -22,16 +21,16 @@ from tasks.store import run_url, staging_root, store_task
 from tbench import hardware as hw
 from tbench import progress
 from tbench.layout import RunLayout, new_run_id
-from tbench.request import BenchmarkRequest
+from tbench.request import BenchmarkRequest, adapter_for
 from tbench.run import RunTracker
 
 
 @flow(name="triton-benchmark")
 def benchmark_flow(request: BenchmarkRequest = BenchmarkRequest()) -> str:
-    """Export, check, serve and measure one model; returns the URL of the run folder."""
+    """Export, check, serve and measure one model in one or more formats; returns the URL of the run folder."""
     hardware = hw.detect()
     req = request.resolve(hardware.has_gpu)
-    adapter = model_adapters.get(req.model, req.size, req.checkpoint)
+    adapter = adapter_for(req)
     layout = RunLayout(staging_root(req.output), new_run_id(req.model)).create()
     tracker = RunTracker(layout)
     tracker.capture_logs()
@@ -47,38 +46,51 @@ def benchmark_flow(request: BenchmarkRequest = BenchmarkRequest()) -> str:
             tracker.correctness = correctness_task(adapter, module, artifacts, req.tolerance_atol, req.tolerance_rtol)
             tracker.save_json(layout.correctness_json, [c.model_dump(mode="json") for c in tracker.correctness])
             require_passed(tracker.correctness)
-        served = next(a for a in artifacts if a.format is req.serve_format)
-        cfg = ServingConfig(name=req.model, max_batch_size=req.max_batch_size, preferred_batch_sizes=req.preferred_batch_sizes,
-                            max_queue_delay_us=req.max_queue_delay_us, instances=req.model_instances,
-                            kind="KIND_GPU" if hardware.has_gpu else "KIND_CPU",
-                            intra_op_threads=max(1, hardware.cpu_cores // req.model_instances))
-        with tracker.stage("server"):  # what the server can run decides how the repository serves the model
+            perf_inputs = prepare_inputs(adapter, module, layout.run_dir / "perf_input.json")
+        served = [a for fmt in req.serve_formats for a in artifacts if a.format is fmt]
+        with tracker.stage("server"):  # what the server can run decides how the repository serves each format
             server = make_server(req.server, layout.repository_dir, layout.server_log, http_port=req.http_port,
                                  grpc_port=req.grpc_port, url=req.server_url, **server_options(req))
-            native = serves_natively(served.format, server.backends())
-        tracker.served_by = backend_label(served.format, native)
+            backends = server.backends()
+            native = {a.format: serves_natively(a.format, backends) for a in served}
+        tracker.served_by = {a.format.value: backend_label(a.format, native[a.format]) for a in served}
         with tracker.stage("repository"):
-            repository_task(layout.repository_dir, cfg, served, native)
+            for artifact in served:
+                repository_task(layout.repository_dir, serving_config(req, hardware, artifact.format), artifact, native[artifact.format])
         with tracker.stage("server-start"):
             server_task(server)
-        with tracker.stage("accuracy"):
-            tracker.accuracy = accuracy_task(adapter, module, server.endpoints.grpc_url, cfg.name,
-                                             req.accuracy_samples, min(8, req.max_batch_size))
-            tracker.save_json(layout.accuracy_json, tracker.accuracy.model_dump())
-        static = {"model": req.model, "model_size": req.size, "gpu": hardware.gpu_label,
-                  "backend": tracker.served_by, "model_format": served.format.label,
-                  "backend_accelerator": "", "precision": req.precision.value.upper(),
-                  "max_batch_size": req.max_batch_size, "model_instances": req.model_instances}
-        for scenario in req.scenarios:
-            with tracker.stage(f"perf-{scenario.value}"):
-                perf_task(scenario, plan_points([scenario], req.batch_sizes, req.concurrency),
-                          model=cfg.name, grpc_url=server.endpoints.grpc_url, spec=served.io_spec, m=req.measurement,
-                          layout=layout, static=static, on_row=lambda t, s=scenario.value: tracker.save_points(s, t),
-                          server_alive=server.alive)
+        for artifact in served:
+            name = req.triton_name(artifact.format)
+            with tracker.stage(f"accuracy-{artifact.format.value}"):
+                result = accuracy_task(adapter, module, server.endpoints.grpc_url, name, req.accuracy_samples,
+                                       min(8, req.max_batch_size), req.tolerance_atol, req.tolerance_rtol, artifact.format)
+                tracker.accuracy.append(result)
+                tracker.save_json(layout.accuracy_json, [r.model_dump(mode="json") for r in tracker.accuracy])
+                require_same_answers(result, name)
+        for artifact in served:
+            name, fmt = req.triton_name(artifact.format), artifact.format
+            static = {"model": req.model, "model_size": req.size, "gpu": hardware.gpu_label, "format": fmt.value,
+                      "backend": tracker.served_by[fmt.value], "model_format": fmt.label,
+                      "backend_accelerator": "", "precision": req.precision.value.upper(),
+                      "max_batch_size": req.max_batch_size, "model_instances": req.model_instances}
+            for scenario in req.scenarios:
+                key = f"perf-{scenario.value}-{fmt.value}"
+                with tracker.stage(key):
+                    perf_task(scenario, plan_points([scenario], req.batch_sizes, req.concurrency),
+                              model=name, grpc_url=server.endpoints.grpc_url, spec=artifact.io_spec, m=req.measurement,
+                              layout=layout, static=static, on_row=lambda t, k=key: tracker.save_points(k, t),
+                              server_alive=server.alive, inputs=perf_inputs)
     except BaseException:
         _finish(tracker, req, hardware, server, raise_errors=False)
         raise
     return _finish(tracker, req, hardware, server, raise_errors=True)
+
+
+def serving_config(req, hardware, fmt) -> ServingConfig:
+    return ServingConfig(name=req.triton_name(fmt), max_batch_size=req.max_batch_size, preferred_batch_sizes=req.preferred_batch_sizes,
+                         max_queue_delay_us=req.max_queue_delay_us, instances=req.model_instances,
+                         kind="KIND_GPU" if hardware.has_gpu else "KIND_CPU",
+                         intra_op_threads=max(1, hardware.cpu_cores // req.model_instances))
 
 
 def server_options(req) -> dict:

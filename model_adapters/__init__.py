@@ -7,16 +7,20 @@ from importlib.metadata import entry_points
 from model_adapters.base import Batch, ModelAdapter, ServingDefaults
 from tbench.errors import ConfigError
 
-_REGISTRY: dict[str, type[ModelAdapter]] = {}
+# name -> framework -> adapter class: one model can have a PyTorch and a TensorFlow implementation
+_REGISTRY: dict[str, dict[str, type[ModelAdapter]]] = {}
 
 
 def register(cls: type[ModelAdapter]) -> type[ModelAdapter]:
-    _REGISTRY[cls.name] = cls
+    _REGISTRY.setdefault(cls.name, {})[cls.framework] = cls
     return cls
 
 
 def _load_builtin_and_plugins() -> None:
     from model_adapters import resnet50  # noqa: F401  (registers itself)
+    from model_adapters.resnet50_tf import ResNet50TF
+
+    register(ResNet50TF)
 
     for ep in entry_points(group="tbench.model_adapters"):
         register(ep.load())
@@ -27,13 +31,22 @@ def names() -> list[str]:
     return sorted(_REGISTRY)
 
 
-def get(name: str, size: str = "full", checkpoint: str | None = None) -> ModelAdapter:
+def frameworks(name: str) -> list[str]:
+    _load_builtin_and_plugins()
+    return list(_REGISTRY.get(name, {}))
+
+
+def get(name: str, size: str = "full", checkpoint: str | None = None, framework: str | None = None) -> ModelAdapter:
+    """The adapter of a model; its first registered framework (PyTorch for the built-ins) unless one is named."""
     _load_builtin_and_plugins()
     try:
-        cls = _REGISTRY[name.strip().lower()]
+        variants = _REGISTRY[name.strip().lower()]
     except KeyError:
         raise ConfigError(f"unknown model {name!r}; known: {', '.join(sorted(_REGISTRY))}") from None
-    return cls(size=size, checkpoint=checkpoint)
+    chosen = framework.strip().lower() if framework else next(iter(variants))
+    if chosen not in variants:
+        raise ConfigError(f"model {name!r} has no {chosen} implementation; it has: {', '.join(variants)}")
+    return variants[chosen](size=size, checkpoint=checkpoint)
 
 
 __all__ = ["Batch", "ModelAdapter", "ServingDefaults", "get", "names", "register"]

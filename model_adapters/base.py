@@ -35,8 +35,8 @@ class ModelAdapter(ABC):
     """A model, its io spec, its data, its metric and its guide's defaults."""
 
     name: str
-    framework: str  # "pytorch" | "tensorflow"
-    metric_name: str
+    framework: str  # "pytorch" | "tensorflow" | a Format value for a user's model file
+    metric_name: str | None  # None: no labels, so accuracy compares served outputs with the source's only
     sizes: tuple[str, ...] = ("full", "small")
 
     def __init__(self, size: str = "full", checkpoint: str | None = None):
@@ -67,6 +67,14 @@ class ModelAdapter(ABC):
 
     @abstractmethod
     def defaults(self, profile: str) -> ServingDefaults: ...
+
+    def input_shapes(self) -> dict[str, list[int]]:
+        """Concrete non-batch shape per input (dynamic dims as the data has them), for perf_analyzer's --shape."""
+        return {name: list(value.shape[1:]) for name, value in self.sample_batch(1).items()}
+
+    def reproduce_expr(self) -> str:
+        """Python that rebuilds this adapter, for the reproduce scripts next to each conversion."""
+        return f"model_adapters.get({self.name!r}, {self.size!r}, {self.checkpoint!r}, framework={self.framework!r})"
 
     def sample_batch(self, batch_size: int, seed: int = 1234) -> dict[str, np.ndarray]:
         return next(self.batches(batch_size, batch_size, seed=seed)).inputs

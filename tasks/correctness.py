@@ -8,29 +8,8 @@ from prefect.cache_policies import NO_CACHE
 
 from model_adapters.base import ModelAdapter
 from tbench.artifacts import CorrectnessResult, ModelArtifact, OutputError
-from tbench.enums import Format
 from tbench.errors import CorrectnessError
-
-
-def run_framework(module, spec, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    import torch
-
-    with torch.inference_mode():
-        out = module(*(torch.from_numpy(inputs[t.name]) for t in spec.inputs))
-    outs = out if isinstance(out, (tuple, list)) else (out,)
-    return {t.name: o.numpy() for t, o in zip(spec.outputs, outs)}
-
-
-def run_artifact(artifact: ModelArtifact, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    spec = artifact.io_spec
-    if artifact.format is Format.ONNX:
-        import onnxruntime as ort
-
-        sess = ort.InferenceSession(artifact.path, providers=["CPUExecutionProvider"])
-        return dict(zip(spec.output_names(), sess.run(spec.output_names(), inputs)))
-    import torch
-
-    return run_framework(torch.jit.load(artifact.path), spec, inputs)
+from tbench.runtimes import run_file, run_source
 
 
 def compare(reference: dict[str, np.ndarray], candidate: dict[str, np.ndarray], atol: float, rtol: float) -> list[OutputError]:
@@ -52,8 +31,9 @@ def check_artifacts(adapter: ModelAdapter, module, artifacts: list[ModelArtifact
                     batch_size: int = 4) -> list[CorrectnessResult]:
     spec = adapter.io_spec()
     inputs = adapter.sample_batch(batch_size, seed=7)
-    reference = run_framework(module, spec, inputs)
-    return [CorrectnessResult(format=a.format, batch_size=batch_size, outputs=compare(reference, run_artifact(a, inputs), atol, rtol))
+    reference = run_source(adapter.framework, module, spec, inputs)
+    return [CorrectnessResult(format=a.format, batch_size=batch_size,
+                              outputs=compare(reference, run_file(a.format, a.path, a.io_spec, inputs), atol, rtol))
             for a in artifacts]
 
 

@@ -4,12 +4,15 @@ script next to its output and is cached by content: same source, same options, s
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib
 import importlib.metadata
 import json
 import os
 import shutil
+import subprocess
+import sys
 import time
 import warnings
 from collections import deque
@@ -26,8 +29,10 @@ from tbench.artifacts import ModelArtifact
 from tbench.enums import Format, Precision
 from tbench.errors import ConversionError
 from tbench.iospec import IoSpec
+from tbench.runtimes import source_digest
 
-FILE_NAMES = {Format.ONNX: "model.onnx", Format.TS_TRACE: "model.pt", Format.TS_SCRIPT: "model.pt", Format.TRT: "model.plan"}
+FILE_NAMES = {Format.ONNX: "model.onnx", Format.TS_TRACE: "model.pt", Format.TS_SCRIPT: "model.pt", Format.TRT: "model.plan",
+              Format.TF_SAVEDMODEL: "model.savedmodel", Format.TF_TRT: "model.savedmodel"}  # SavedModels are folders
 CACHE_ENV = "TBENCH_CACHE_DIR"
 
 
@@ -124,17 +129,125 @@ def onnx_to_tensorrt(onnx_path: Path, out: Path, spec: IoSpec, options: Conversi
     config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, options.max_workspace_bytes)
     if options.precision is Precision.FP16:
         config.set_flag(trt.BuilderFlag.FP16)
-    elif options.precision is Precision.INT8:
-        raise ConversionError("INT8 TensorRT engines need a calibration dataset, which this conversion does not take yet")
     profile = builder.create_optimization_profile()
     for t in spec.inputs:
         dims = [max(d, 1) for d in sample[t.name].shape[1:]]  # dynamic non-batch dims: the sample's size
         profile.set_shape(t.name, [1, *dims], [max(1, options.max_batch_size // 2), *dims], [options.max_batch_size, *dims])
     config.add_optimization_profile(profile)
+    if options.precision is Precision.INT8:
+        config.set_flag(trt.BuilderFlag.INT8)
+        config.set_flag(trt.BuilderFlag.FP16)  # layers INT8 cannot run fall back to FP16, not FP32
+        config.set_calibration_profile(profile)
+        config.int8_calibrator = _calibrator(trt, spec, sample, out.with_suffix(".calibration.cache"))
     engine = builder.build_serialized_network(network, config)
     if engine is None:
         raise ConversionError("TensorRT failed to build the engine (see the conversion log)")
     out.write_bytes(bytes(engine))
+
+
+def _calibrator(trt, spec: IoSpec, sample: dict, cache: Path):
+    """INT8 entropy calibration over the sample batches, one batch at a time, from GPU memory that torch holds."""
+    import torch
+
+    class Calibrator(trt.IInt8EntropyCalibrator2):
+        def __init__(self):
+            super().__init__()
+            self.batches = [{t.name: torch.from_numpy(sample[t.name]).cuda() for t in spec.inputs}]
+            self.size = len(next(iter(sample.values())))
+
+        def get_batch_size(self):
+            return self.size
+
+        def get_batch(self, names):
+            if not self.batches:
+                return None
+            batch = self.batches.pop()
+            self.keep = batch  # the device buffers must outlive this call
+            return [int(batch[n].data_ptr()) for n in names]
+
+        def read_calibration_cache(self):
+            return cache.read_bytes() if cache.exists() else None
+
+        def write_calibration_cache(self, data):
+            cache.write_bytes(bytes(data))
+
+    return Calibrator()
+
+
+def _tf_signature(spec: IoSpec):
+    import tensorflow as tf
+
+    return [tf.TensorSpec([None, *(None if d == -1 else d for d in t.shape)], tf.as_dtype(t.dtype), name=t.name) for t in spec.inputs]
+
+
+@converter("tensorflow", Format.TF_SAVEDMODEL, tools=("tensorflow", "keras"))
+def keras_to_savedmodel(model, out: Path, spec: IoSpec, options: ConversionOptions, sample: dict) -> None:
+    """A SavedModel whose serving_default signature uses the io spec's names, which Triton's TF backend reads."""
+    import keras
+
+    def serve(*args):
+        result = model(list(args) if len(args) > 1 else args[0], training=False)
+        results = result if isinstance(result, (list, tuple)) else [result]
+        return {t.name: r for t, r in zip(spec.outputs, results)}
+
+    archive = keras.export.ExportArchive()
+    archive.track(model)
+    archive.add_endpoint(name="serving_default", fn=serve, input_signature=_tf_signature(spec))
+    archive.write_out(str(out), verbose=False)
+
+
+@converter(Format.TF_SAVEDMODEL.value, Format.ONNX, tools=("tf2onnx", "tensorflow", "onnx"))
+def savedmodel_to_onnx(saved: Path, out: Path, spec: IoSpec, options: ConversionOptions, sample: dict) -> None:
+    """tf2onnx's own command line (as the guides run it); its output is kept next to the model."""
+    argv = [sys.executable, "-m", "tf2onnx.convert", "--saved-model", str(saved), "--signature_def", "serving_default",
+            "--opset", str(options.onnx_opset), "--output", str(out)]
+    done = subprocess.run(argv, capture_output=True, text=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    (out.parent / "tf2onnx.log").write_text(" ".join(argv) + "\n" + done.stdout + done.stderr)
+    if done.returncode != 0:
+        tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
+        raise ConversionError(f"tf2onnx failed (exit {done.returncode}): {tail[0]}")
+    _rename_onnx_io(out, spec)
+
+
+def _rename_onnx_io(path: Path, spec: IoSpec) -> None:
+    """tf2onnx may suffix tensor names (`input:0`); Triton and perf_analyzer need the io spec's names."""
+    import onnx
+
+    model = onnx.load(str(path))
+    wanted = {n.split(":")[0]: n for n in spec.input_names() + spec.output_names()}
+    renames = {v.name: v.name.split(":")[0] for v in [*model.graph.input, *model.graph.output]
+               if v.name != v.name.split(":")[0] and v.name.split(":")[0] in wanted}
+    if not renames:
+        return
+    for v in [*model.graph.input, *model.graph.output]:
+        v.name = renames.get(v.name, v.name)
+    for node in model.graph.node:
+        node.input[:] = [renames.get(n, n) for n in node.input]
+        node.output[:] = [renames.get(n, n) for n in node.output]
+    onnx.save(model, str(path))
+
+
+@converter(Format.TF_SAVEDMODEL.value, Format.TF_TRT, tools=("tensorrt", "tensorflow"),
+           where="run it on a GPU node whose TensorFlow is built with TensorRT (e.g. NGC's TensorFlow image)")
+def savedmodel_to_tftrt(saved: Path, out: Path, spec: IoSpec, options: ConversionOptions, sample: dict) -> None:
+    """TF-TRT's converter with dynamic shapes; engines built for batch 1, half and max; INT8 calibrates on the sample."""
+    import numpy as np
+    import tensorflow as tf
+    from tensorflow.python.compiler.tensorrt import trt_convert as trt
+
+    modes = {Precision.FP32: trt.TrtPrecisionMode.FP32, Precision.FP16: trt.TrtPrecisionMode.FP16, Precision.INT8: trt.TrtPrecisionMode.INT8}
+    params = trt.TrtConversionParams(precision_mode=modes[options.precision], max_workspace_size_bytes=options.max_workspace_bytes,
+                                     use_calibration=options.precision is Precision.INT8)
+    conv = trt.TrtGraphConverterV2(input_saved_model_dir=str(saved), conversion_params=params, use_dynamic_shape=True,
+                                   dynamic_shape_profile_strategy="Optimal")
+
+    def batches():
+        for b in sorted({1, max(1, options.max_batch_size // 2), options.max_batch_size}):
+            yield [tf.constant(np.resize(sample[t.name], (b, *sample[t.name].shape[1:]))) for t in spec.inputs]
+
+    conv.convert(calibration_input_fn=batches if options.precision is Precision.INT8 else None)
+    conv.build(input_fn=batches)
+    conv.save(str(out))
 
 
 def tool_versions(conv: Converter) -> dict[str, str]:
@@ -163,20 +276,11 @@ def cache_key(source_hash: str, conv: Converter, options: ConversionOptions, ver
     return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
-def state_hash(module) -> str:
-    """Content hash of the weights, so artifacts say exactly what they came from."""
-    h = hashlib.sha256()
-    for name, tensor in sorted(module.state_dict().items()):
-        h.update(name.encode())
-        h.update(tensor.detach().cpu().contiguous().numpy().tobytes())
-    return h.hexdigest()[:16]
-
-
 def _reproduce_script(adapter: ModelAdapter, conv: Converter, source_path: Path | None, out: Path, options: ConversionOptions) -> str:
     source = "adapter.build()" if source_path is None else f"Path({str(source_path)!r})"
     return (f"# Re-runs this conversion step: {conv.source} -> {conv.target.value}\n"
-            "from pathlib import Path\n\nimport model_adapters\nfrom tasks.export import REGISTRY, ConversionOptions\nfrom tbench.enums import Format\n\n"
-            f"adapter = model_adapters.get({adapter.name!r}, {adapter.size!r}, {adapter.checkpoint!r})\n"
+            "from pathlib import Path\n\nimport model_adapters\nfrom model_adapters.file_model import ModelFileAdapter  # noqa: F401\nfrom tasks.export import REGISTRY, ConversionOptions\nfrom tbench.enums import Format\n\n"
+            f"adapter = {adapter.reproduce_expr()}\n"
             f"options = ConversionOptions.model_validate_json({options.model_dump_json()!r})\n"
             f"step = REGISTRY[({conv.source!r}, Format({conv.target.value!r}))]\n"
             f"step.run({source}, Path({str(out)!r}), adapter.io_spec(), options, adapter.sample_batch(2))\n")
@@ -219,15 +323,26 @@ def run_step(adapter: ModelAdapter, conv: Converter, source, source_hash: str, o
     return out, key, False
 
 
+def _copy_source_file(adapter: ModelAdapter, path: Path, fmt: Format, out_dir: Path) -> Path:
+    """A user's model file served as it is: copied into the run so the run folder is complete."""
+    target = out_dir / fmt.value / FILE_NAMES[fmt]
+    shutil.rmtree(target.parent, ignore_errors=True)
+    target.parent.mkdir(parents=True)
+    (shutil.copytree if path.is_dir() else shutil.copy2)(path, target)
+    return target
+
+
 def export_model(adapter: ModelAdapter, module, fmt: Format, out_dir: Path, source_hash: str,
                  options: ConversionOptions | None = None) -> ModelArtifact:
-    """The framework model to `fmt` through the planned chain of conversions."""
-    import torch
-
+    """The source model to `fmt` through the planned chain of conversions (none when the source is already `fmt`)."""
     options = options or ConversionOptions()
     start = time.monotonic()
+    if adapter.framework == fmt.value:
+        path = _copy_source_file(adapter, Path(module), fmt, out_dir)
+        return ModelArtifact(format=fmt, precision=options.precision, path=str(path), io_spec=adapter.io_spec(),
+                             source_hash=source_hash, seconds=time.monotonic() - start, cached=False)
     source, digest, all_cached = module, source_hash, True
-    with torch.inference_mode():
+    with _no_grad(adapter.framework):
         for conv in plan(adapter.framework, fmt):
             source, digest, cached = run_step(adapter, conv, source, digest, out_dir, options)
             all_cached = all_cached and cached
@@ -235,7 +350,15 @@ def export_model(adapter: ModelAdapter, module, fmt: Format, out_dir: Path, sour
                          source_hash=source_hash, seconds=time.monotonic() - start, cached=all_cached)
 
 
+def _no_grad(framework: str):
+    if framework == "pytorch":
+        import torch
+
+        return torch.inference_mode()
+    return contextlib.nullcontext()
+
+
 @task(name="export", cache_policy=NO_CACHE)
 def export_task(adapter: ModelAdapter, module, formats: list[Format], out_dir: Path) -> list[ModelArtifact]:
-    digest = state_hash(module)
+    digest = source_digest(adapter.framework, module)
     return [export_model(adapter, module, fmt, out_dir, digest) for fmt in formats]

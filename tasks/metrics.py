@@ -10,16 +10,19 @@ from tbench.metrics import THROUGHPUT
 
 
 def summarize(results: pd.DataFrame) -> dict:
+    """Point counts, and per served format and scenario the best throughput, where, and the lowest latency."""
     summary: dict = {"points": int(len(results)), "points_ok": int((results["status"] == "ok").sum()),
-                     "points_flagged": int((results["status"] != "ok").sum())}
+                     "points_flagged": int((results["status"] != "ok").sum()), "best": []}
     ok = results[results["status"] == "ok"]
-    for scenario, axis in (("offline", "batch_size"), ("online", "concurrency")):
-        rows = ok[ok["scenario"] == scenario]
-        if rows.empty:
-            continue
-        best = rows.loc[rows[THROUGHPUT.column].idxmax()]
-        summary[scenario] = {"best_throughput_infer_per_s": float(best[THROUGHPUT.column]), f"at_{axis}": int(best[axis]),
-                             "p99_ms_at_best": float(best["p99_ms"]), "min_avg_ms": float(rows["avg_ms"].min())}
+    for fmt in dict.fromkeys(ok["format"]):
+        for scenario, axis in (("offline", "batch_size"), ("online", "concurrency")):
+            rows = ok[(ok["format"] == fmt) & (ok["scenario"] == scenario)]
+            if rows.empty:
+                continue
+            best = rows.loc[rows[THROUGHPUT.column].idxmax()]
+            summary["best"].append({"format": fmt, "scenario": scenario, "best_throughput_infer_per_s": float(best[THROUGHPUT.column]),
+                                    "at": f"{axis.replace('_', ' ')} {int(best[axis])}", "p99_ms_at_best": float(best["p99_ms"]),
+                                    "min_avg_ms": float(rows["avg_ms"].min())})
     return summary
 
 

@@ -6,7 +6,9 @@ status "unstable" (no numbers), so a sweep never loses the points it did measure
 
 from __future__ import annotations
 
+import json
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,14 +48,59 @@ def plan_points(scenarios: list[Scenario], batch_sizes: list[int], concurrency: 
     return points
 
 
-def output_shm_bytes(spec: IoSpec, batch_size: int) -> int:
-    """Room for the largest output of one request, for --output-shared-memory-size."""
+@dataclass(frozen=True)
+class PerfInputs:
+    """What perf_analyzer sends: real samples as JSON input data, concrete shapes for dynamic dims, and the size of
+    one sample's largest output (measured) so shared-memory regions fit outputs with dynamic dims."""
+
+    data_file: Path | None = None
+    shapes: dict[str, list[int]] | None = None
+    sample_output_bytes: int | None = None
+
+
+# JSON input data grows ~10 bytes per value: a few samples, fewer when samples are big (a 224 px image is 150k values)
+MAX_INPUT_VALUES = 1_000_000
+
+
+def prepare_inputs(adapter, module, path: Path, samples: int = 4) -> PerfInputs:
+    """Samples from the adapter's data (synthetic when it has no dataset) as perf_analyzer JSON, one entry per sample,
+    so integer inputs such as token ids stay in range, which perf_analyzer's random data does not."""
+    from tbench.runtimes import run_source
+
+    one = adapter.sample_batch(1)
+    per_sample = sum(int(np.prod(a.shape)) for a in one.values())
+    batch = adapter.sample_batch(max(1, min(samples, MAX_INPUT_VALUES // max(per_sample, 1))))
+    entries = []
+    for i in range(len(next(iter(batch.values())))):
+        entries.append({name: {"content": (a[i].round(6) if a.dtype.kind == "f" else a[i]).ravel().tolist(), "shape": list(a.shape[1:])}
+                        for name, a in batch.items()})
+    path.write_text(json.dumps({"data": entries}))
+    outputs = run_source(adapter.framework, module, adapter.io_spec(), one)
+    return PerfInputs(data_file=path, shapes=adapter.input_shapes(), sample_output_bytes=max(v.nbytes for v in outputs.values()))
+
+
+def output_shm_bytes(spec: IoSpec, batch_size: int, sample_output_bytes: int | None = None) -> int:
+    """Room for the largest output of one request, for --output-shared-memory-size. Outputs with dynamic dims are
+    sized from a real sample's outputs (`sample_output_bytes`, one sample's largest output), with headroom."""
+    if sample_output_bytes is not None:
+        return max(2 * batch_size * sample_output_bytes, 1024)
     sizes = [batch_size * math.prod(max(d, 1) for d in t.shape) * t.np_dtype.itemsize for t in spec.outputs]
     return max(sizes + [1024])
 
 
+def shape_args(spec: IoSpec, shapes: dict[str, list[int]] | None) -> list[str]:
+    """--shape for every input with a dynamic non-batch dimension, so perf_analyzer sends what the model takes."""
+    args = []
+    for t in spec.inputs:
+        if -1 in t.shape:
+            if not shapes or t.name not in shapes:
+                raise PerfAnalyzerError(f"input {t.name} has dynamic dims {t.shape}; perf_analyzer needs a concrete shape for it")
+            args += ["--shape", f"{t.name}:{','.join(map(str, shapes[t.name]))}"]
+    return args
+
+
 def perf_argv(binary: Path, model: str, grpc_url: str, point: Point, m: Measurement, request_count: int,
-              csv_path: Path, spec: IoSpec) -> list[str]:
+              csv_path: Path, spec: IoSpec, inputs: PerfInputs = PerfInputs()) -> list[str]:
     argv = [
         str(binary), "-m", model, "-u", grpc_url, "-i", "grpc",
         "-b", str(point.batch_size), "--concurrency-range", str(point.concurrency),
@@ -61,9 +108,13 @@ def perf_argv(binary: Path, model: str, grpc_url: str, point: Point, m: Measurem
         "--stability-percentage", str(m.stability_percentage), "--max-trials", str(m.max_trials),
         "-f", str(csv_path), "--verbose-csv",
         "-v",  # every window's throughput and latency in the log: why a point did not stabilise
+        *shape_args(spec, inputs.shapes),
     ]
+    if inputs.data_file:
+        argv += ["--input-data", str(inputs.data_file)]
     if point.scenario is Scenario.OFFLINE:
-        argv += ["--shared-memory", "system", "--output-shared-memory-size", str(output_shm_bytes(spec, point.batch_size))]
+        argv += ["--shared-memory", "system", "--output-shared-memory-size",
+                 str(output_shm_bytes(spec, point.batch_size, inputs.sample_output_bytes))]
     return argv
 
 
@@ -87,7 +138,7 @@ def empty_row() -> dict:
 
 
 def measure_point(point: Point, *, model: str, grpc_url: str, spec: IoSpec, m: Measurement, layout: RunLayout,
-                  binary: Path, env: dict[str, str]) -> dict:
+                  binary: Path, env: dict[str, str], inputs: PerfInputs = PerfInputs()) -> dict:
     """Measure one point, retrying with longer windows; always returns a row (status ok | unstable | error)."""
     row = empty_row()
     row.update(scenario=point.scenario.value, batch_size=point.batch_size, concurrency=point.concurrency,
@@ -95,9 +146,9 @@ def measure_point(point: Point, *, model: str, grpc_url: str, spec: IoSpec, m: M
                shared_memory="system" if point.scenario is Scenario.OFFLINE else "none", measure_seconds=0.0)
     for attempt in range(1 + m.retries):
         request_count = m.requests_per_window(point.batch_size, point.concurrency, attempt)
-        csv_path = layout.perf_csv(point.scenario, point.batch_size, point.concurrency, attempt)
-        done = procs.run(perf_argv(binary, model, grpc_url, point, m, request_count, csv_path, spec),
-                         layout.perf_log(point.scenario, point.batch_size, point.concurrency, attempt), m.timeout_s, env)
+        csv_path = layout.perf_csv(model, point.scenario, point.batch_size, point.concurrency, attempt)
+        argv = perf_argv(binary, model, grpc_url, point, m, request_count, csv_path, spec, inputs)
+        done = procs.run(argv, layout.perf_log(model, point.scenario, point.batch_size, point.concurrency, attempt), m.timeout_s, env)
         row.update(attempts=attempt + 1, measurement_request_count=request_count,
                    measure_seconds=row["measure_seconds"] + done.seconds)
         log = done.log_tail(40)
@@ -121,7 +172,7 @@ def measure_point(point: Point, *, model: str, grpc_url: str, spec: IoSpec, m: M
 
 def run_sweep(points: list[Point], *, model: str, grpc_url: str, spec: IoSpec, m: Measurement, layout: RunLayout,
               static: dict, on_row: Callable[[pd.DataFrame], None] | None = None,
-              server_alive: Callable[[], bool] | None = None) -> pd.DataFrame:
+              server_alive: Callable[[], bool] | None = None, inputs: PerfInputs = PerfInputs()) -> pd.DataFrame:
     """Measure every point in order; `on_row` gets the table after each point so nothing measured is lost."""
     binary = tools.perf_analyzer_binary()
     env = tools.perf_analyzer_env()
@@ -129,7 +180,8 @@ def run_sweep(points: list[Point], *, model: str, grpc_url: str, spec: IoSpec, m
     table = pd.DataFrame(columns=RESULT_COLUMNS)
     progress.emit("sweep_start", total=len(points))
     for i, point in enumerate(points):
-        row = measure_point(point, model=model, grpc_url=grpc_url, spec=spec, m=m, layout=layout, binary=binary, env=env)
+        row = measure_point(point, model=model, grpc_url=grpc_url, spec=spec, m=m, layout=layout, binary=binary, env=env,
+                            inputs=inputs)
         row.update(static)
         rows.append(row)
         table = pd.DataFrame(rows, columns=RESULT_COLUMNS)
@@ -142,10 +194,11 @@ def run_sweep(points: list[Point], *, model: str, grpc_url: str, spec: IoSpec, m
     return table
 
 
-@task(name="perf-sweep", task_run_name="perf-{scenario.value}", cache_policy=NO_CACHE)
-def perf_task(scenario: Scenario, points: list[Point], **kwargs) -> pd.DataFrame:
+@task(name="perf-sweep", task_run_name="perf-{scenario.value}-{model}", cache_policy=NO_CACHE)
+def perf_task(scenario: Scenario, points: list[Point], model: str, **kwargs) -> pd.DataFrame:
     """The sweep, with its progress shown as a Prefect progress artifact."""
-    artifact = create_progress_artifact(0.0, key=f"perf-{scenario.value}", description=f"perf_analyzer {scenario.value} sweep")
+    key = re.sub(r"[^a-z0-9-]", "-", f"perf-{scenario.value}-{model}".lower())  # artifact keys: lowercase, dashes
+    artifact = create_progress_artifact(0.0, key=key, description=f"perf_analyzer {scenario.value} sweep of {model}")
 
     def on_event(event: str, **data) -> None:
         if event == "point_done":
@@ -153,6 +206,6 @@ def perf_task(scenario: Scenario, points: list[Point], **kwargs) -> pd.DataFrame
 
     progress.subscribe(on_event)
     try:
-        return run_sweep(points, **kwargs)
+        return run_sweep(points, model=model, **kwargs)
     finally:
         progress.unsubscribe(on_event)

@@ -37,13 +37,13 @@ def guide_table(rows: pd.DataFrame, columns: dict[str, str]) -> str:
     return table.fillna("").to_markdown(index=False)
 
 
-def plot_offline(rows: pd.DataFrame, plots_dir: Path) -> list[Path]:
+def plot_offline(rows: pd.DataFrame, plots_dir: Path, prefix: str = "") -> list[Path]:
     batch = rows["batch_size"].astype(str)
     fig, ax = plt.subplots(figsize=(6, 4))
     ax.bar(batch, rows[THROUGHPUT.column], color="#76b900")
     ax.set(xlabel="Client batch size", ylabel="Inferences/second", title="Offline: throughput vs batch size")
     fig.tight_layout()
-    left = plots_dir / "offline_throughput_vs_batch.png"
+    left = plots_dir / f"{prefix}offline_throughput_vs_batch.png"
     fig.savefig(left, dpi=110)
     plt.close(fig)
     fig, ax = plt.subplots(figsize=(6, 4))
@@ -52,13 +52,13 @@ def plot_offline(rows: pd.DataFrame, plots_dir: Path) -> list[Path]:
     ax.set(xlabel="Client batch size", ylabel="Latency (ms)", title="Offline: latency vs batch size")
     ax.legend()
     fig.tight_layout()
-    right = plots_dir / "offline_latency_vs_batch.png"
+    right = plots_dir / f"{prefix}offline_latency_vs_batch.png"
     fig.savefig(right, dpi=110)
     plt.close(fig)
     return [left, right]
 
 
-def plot_online(rows: pd.DataFrame, plots_dir: Path) -> list[Path]:
+def plot_online(rows: pd.DataFrame, plots_dir: Path, prefix: str = "") -> list[Path]:
     conc = rows["concurrency"].astype(str)
     fig, ax = plt.subplots(figsize=(9, 4.5))
     bottom = pd.Series(0.0, index=rows.index)
@@ -74,7 +74,7 @@ def plot_online(rows: pd.DataFrame, plots_dir: Path) -> list[Path]:
     handles = ax.get_legend_handles_labels()[0] + ax2.get_legend_handles_labels()[0]
     ax.legend(handles, [h.get_label() for h in handles], fontsize=7, loc="upper left")
     fig.tight_layout()
-    path = plots_dir / "online_latency_breakdown_throughput.png"
+    path = plots_dir / f"{prefix}online_latency_breakdown_throughput.png"
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return [path]
@@ -85,30 +85,68 @@ def _kv_table(pairs: list[tuple[str, object]]) -> str:
 
 
 def summary_lines(summary: dict) -> list[str]:
-    rows = []
-    for scenario, axis in (("offline", "batch size"), ("online", "concurrency")):
-        best = summary.get(scenario)
-        if best:
-            at = best.get("at_batch_size", best.get("at_concurrency"))
-            rows.append({"Scenario": scenario, "Best inferences/second": round(best["best_throughput_infer_per_s"], 1),
-                         "At": f"{axis} {at}", "P99 latency there (ms)": round(best["p99_ms_at_best"], 3),
-                         "Lowest avg latency (ms)": round(best["min_avg_ms"], 3)})
+    rows = [{"Format": b["format"], "Scenario": b["scenario"], "Best inferences/second": round(b["best_throughput_infer_per_s"], 1),
+             "At": b["at"], "P99 latency there (ms)": round(b["p99_ms_at_best"], 3), "Lowest avg latency (ms)": round(b["min_avg_ms"], 3)}
+            for b in summary.get("best", [])]
     lines = [f"Measured points: {summary.get('points', 0)}, stable: {summary.get('points_ok', 0)}, "
              f"flagged: {summary.get('points_flagged', 0)}.", ""]
     return lines + ([pd.DataFrame(rows).to_markdown(index=False), ""] if rows else [])
 
 
+def correctness_table(results) -> str:
+    rows = [{"Format": c.format.value, "Output": o.output, "Max abs error": f"{o.max_abs_err:.3g}",
+             "Max rel error": f"{o.max_rel_err:.3g}", "Tolerance": f"{o.tolerance:.3g}", "Passed": "yes" if o.passed else "NO"}
+            for c in results for o in c.outputs]
+    return pd.DataFrame(rows).to_markdown(index=False)
+
+
+def accuracy_lines(result) -> list[str]:
+    lines = [f"Through Triton vs the source model on the same {result.samples} samples:", "",
+             pd.DataFrame([{"Output": o.output, "Max abs error": f"{o.max_abs_err:.3g}", "Max rel error": f"{o.max_rel_err:.3g}",
+                            "Tolerance": f"{o.tolerance:.3g}", "Same answers": "yes" if o.passed else "NO"}
+                           for o in result.outputs]).to_markdown(index=False), ""]
+    if result.metric:
+        lines += [pd.DataFrame([{"Metric": result.metric, "Samples": result.samples, "Framework": f"{result.framework:.4f}",
+                                 "Triton": f"{result.triton:.4f}", "Difference": f"{result.difference:+.4f}",
+                                 "Prediction agreement": f"{result.agreement:.4f}"}]).to_markdown(index=False), ""]
+    return lines
+
+
+def format_section(fmt: str, served_by: str, correctness, accuracy, results: pd.DataFrame, plots_dir: Path) -> list[str]:
+    """One served format: how it is served, its correctness and accuracy, and the guides' tables and plots."""
+    run_dir = plots_dir.parent
+    lines = [f"## Format `{fmt}`", "", f"Served by: {served_by}.", ""]
+    if correctness:
+        lines += ["### Correctness", "", correctness_table(correctness), ""]
+    if accuracy:
+        lines += ["### Accuracy through Triton", "", *accuracy_lines(accuracy)]
+    rows = results[results["format"] == fmt] if not results.empty else results
+    offline = scenario_rows(rows, "offline") if not rows.empty else rows
+    if not offline.empty:
+        left, right = (p.relative_to(run_dir).as_posix() for p in plot_offline(offline, plots_dir, f"{fmt}_"))
+        lines += ["### Offline scenario", "", "Static batching: one client (concurrency 1), system shared memory.", "",
+                  f"| ![]({left}) | ![]({right}) |", "|-----|-----|", "", guide_table(offline, OFFLINE_COLUMNS), ""]
+    online = scenario_rows(rows, "online") if not rows.empty else rows
+    if not online.empty:
+        (plot,) = (p.relative_to(run_dir).as_posix() for p in plot_online(online, plots_dir, f"{fmt}_"))
+        lines += ["### Online scenario", "", "Dynamic batching on the server; each client sends batch 1 over gRPC.", "",
+                  f"![]({plot})", "", guide_table(online, ONLINE_COLUMNS), ""]
+    return lines
+
+
 def render_report(*, run_id: str, request, hardware, correctness, accuracy, results: pd.DataFrame, summary: dict,
                   stage_seconds: dict[str, float], plots_dir: Path, status: str = "completed", error: str | None = None,
-                  served_by: str | None = None) -> str:
-    run_dir = plots_dir.parent
-    lines = [f"# Triton benchmark: {request.model} ({request.size})", "",
+                  served_by: dict[str, str] | None = None) -> str:
+    served_by = served_by or {}
+    title = request.model_file or f"{request.model} ({request.size}, {request.framework})"
+    lines = [f"# Triton benchmark: {title}", "",
              f"Run `{run_id}`, status **{status}**" + (f": {error}" if error else "") + ".", ""]
     lines += ["## Configuration", "", _kv_table([
-        ("Model", f"{request.model} ({request.size})"),
-        ("Checkpoint", request.checkpoint or "random weights"),
-        ("Served format", request.serve_format.value),
-        ("Served by", served_by or "not decided (the run stopped before the server stage)"),
+        ("Model", title),
+        ("Checkpoint", request.checkpoint or ("the file's weights" if request.model_file else "random weights")),
+        ("Exported formats", ", ".join(f.value for f in request.formats)),
+        ("Served formats", ", ".join(f"{f.value} ({served_by.get(f.value, 'not served: the run stopped before')})"
+                                     for f in request.serve_formats)),
         ("Precision", request.precision.value.upper()),
         ("Max Batch Size", request.max_batch_size),
         ("Number of model instances", request.model_instances),
@@ -121,33 +159,25 @@ def render_report(*, run_id: str, request, hardware, correctness, accuracy, resu
     ]), ""]
     lines += ["## Summary", "", *summary_lines(summary)]
     if correctness:
+        served = {f.value for f in request.serve_formats}
+        exported_only = [c for c in correctness if c.format.value not in served]
         lines += ["## Correctness of the exported models", "",
-                  f"Each format against the framework model on one sample batch; pass when max abs error <= "
-                  f"{request.tolerance_atol:g} + {request.tolerance_rtol:g} x max|reference|.", ""]
-        rows = [{"Format": c.format.value, "Output": o.output, "Max abs error": f"{o.max_abs_err:.3g}",
-                 "Max rel error": f"{o.max_rel_err:.3g}", "Tolerance": f"{o.tolerance:.3g}", "Passed": "yes" if o.passed else "NO"}
-                for c in correctness for o in c.outputs]
-        lines += [pd.DataFrame(rows).to_markdown(index=False), ""]
-    if accuracy:
-        lines += ["## Accuracy through Triton", "", pd.DataFrame([{
-            "Metric": accuracy.metric, "Samples": accuracy.samples, "Framework": f"{accuracy.framework:.4f}",
-            "Triton": f"{accuracy.triton:.4f}", "Difference": f"{accuracy.difference:+.4f}",
-            "Prediction agreement": f"{accuracy.agreement:.4f}"}]).to_markdown(index=False), ""]
+                  f"Each format against the source model on one sample batch; pass when max abs error <= "
+                  f"{request.tolerance_atol:g} + {request.tolerance_rtol:g} x max|reference|. Served formats have "
+                  "theirs in their own section" + ("; the formats exported but not served:" if exported_only else "."), ""]
+        if exported_only:
+            lines += [correctness_table(exported_only), ""]
+    by_format_correctness = {c.format.value: c for c in correctness or []}
+    by_format_accuracy = {a.format.value: a for a in accuracy or [] if a.format}
+    for fmt in (f.value for f in request.serve_formats):
+        c = by_format_correctness.get(fmt)
+        lines += format_section(fmt, served_by.get(fmt, "not decided (the run stopped before the server stage)"),
+                                [c] if c else [], by_format_accuracy.get(fmt), results, plots_dir)
     if not results.empty:
-        offline = scenario_rows(results, "offline")
-        if not offline.empty:
-            left, right = (p.relative_to(run_dir).as_posix() for p in plot_offline(offline, plots_dir))
-            lines += ["## Offline scenario", "", "Static batching: one client (concurrency 1), system shared memory.", "",
-                      f"| ![]({left}) | ![]({right}) |", "|-----|-----|", "", guide_table(offline, OFFLINE_COLUMNS), ""]
-        online = scenario_rows(results, "online")
-        if not online.empty:
-            (plot,) = (p.relative_to(run_dir).as_posix() for p in plot_online(online, plots_dir))
-            lines += ["## Online scenario", "", "Dynamic batching on the server; each client sends batch 1 over gRPC.", "",
-                      f"![]({plot})", "", guide_table(online, ONLINE_COLUMNS), ""]
         flagged = results[results["status"] != "ok"]
         if not flagged.empty:
             lines += ["## Flagged points", "", "Measured but not reported above: they did not stabilise or failed.", "",
-                      flagged[["scenario", "batch_size", "concurrency", "status", "attempts", "error"]].to_markdown(index=False), ""]
+                      flagged[["format", "scenario", "batch_size", "concurrency", "status", "attempts", "error"]].to_markdown(index=False), ""]
     if stage_seconds:
         lines += ["## Stage timings", "", pd.DataFrame(
             [{"Stage": k, "Seconds": round(v, 1)} for k, v in stage_seconds.items()]).to_markdown(index=False), ""]

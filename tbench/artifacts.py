@@ -37,9 +37,17 @@ class CorrectnessResult(BaseModel):
 
 
 class AccuracyResult(BaseModel):
-    metric: str
+    """One served format through Triton against the source model on the same samples."""
+
+    format: Format | None = None
     samples: int
-    framework: float
-    triton: float
-    difference: float  # triton - framework
-    agreement: float  # fraction of samples whose prediction is the same both ways
+    outputs: list[OutputError] = []  # served outputs vs the source's, worst batch per output
+    metric: str | None = None  # the adapter's metric, when its data has labels
+    framework: float | None = None
+    triton: float | None = None
+    difference: float | None = None  # triton - framework
+    agreement: float | None = None  # fraction of samples whose prediction is the same both ways
+
+    @property
+    def passed(self) -> bool:
+        return all(o.passed for o in self.outputs)

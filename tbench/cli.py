@@ -36,6 +36,26 @@ def parse_int_list(text: str | None, what: str) -> list[int] | None:
     return values
 
 
+def parse_named(values: list[str] | None, what: str, convert) -> dict | None:
+    """Repeated NAME:VALUE options (the name may itself hold colons, as TF tensor names can): {name: convert(value)}."""
+    if not values:
+        return None
+    parsed = {}
+    for item in values:
+        name, sep, value = item.rpartition(":")
+        if not sep or not name or not value:
+            raise ConfigError(f"cannot read {what} {item!r}: use NAME:VALUE")
+        try:
+            parsed[name] = convert(value)
+        except ValueError:
+            raise ConfigError(f"cannot read {what} {item!r}") from None
+    return parsed
+
+
+def _dims(text: str) -> list[int]:
+    return [int(d) for d in text.split(",")]
+
+
 def _split(text: str | None) -> list[str] | None:
     return [p.strip() for p in text.split(",") if p.strip()] if text else None
 
@@ -58,7 +78,7 @@ class RichProgress:
         elif event == "stage_end":
             self.bar.remove_task(self.stage)
             mark = "[green]done[/]" if data["status"] == "completed" else "[red]failed[/]"
-            self.bar.console.print(f"  {data['stage']:<14} {mark} in {data['seconds']:.1f} s")
+            self.bar.console.print(f"  {data['stage']:<24} {mark} in {data['seconds']:.1f} s")
         elif event == "sweep_start":
             self.sweep = self.bar.add_task("perf_analyzer points", total=data["total"])
         elif event == "point_done":
@@ -73,11 +93,15 @@ class RichProgress:
 
 @app.command()
 def run(
-    model: str = typer.Argument(..., help="Model adapter name (see `tbench models`)."),
+    model: str = typer.Argument(None, help="Model adapter name (see `tbench models`); not needed with --model-file."),
+    model_file: str = typer.Option(None, "--model-file", help="An ONNX file, a TorchScript file or a TF SavedModel folder."),
+    shape: list[str] = typer.Option(None, "--shape", help="--model-file: an input's non-batch shape, NAME:D1,D2 (repeat per input)."),
+    dtype: list[str] = typer.Option(None, "--dtype", help="--model-file: an input's numpy dtype, NAME:int64 (TorchScript)."),
+    framework: str = typer.Option(None, help="The model's implementation: pytorch or tensorflow (the adapter's first by default)."),
     size: str = typer.Option("full", help="Model size: full or small."),
     checkpoint: str = typer.Option(None, help="Weights file; random weights when not given."),
     formats: str = typer.Option(None, help="Formats to export and check, e.g. onnx,ts-trace."),
-    serve: str = typer.Option(None, help="Format to serve and measure (default: the first format)."),
+    serve: str = typer.Option(None, help="Formats to serve and measure, e.g. onnx,ts-script, or 'all' (default: the first format)."),
     precision: str = typer.Option("fp32", help="Precision of the served model."),
     batch_sizes: str = typer.Option(None, "--batch-sizes", help="Offline batch sizes, e.g. 1,2,4,8."),
     concurrency: str = typer.Option(None, help="Online concurrency values, e.g. 1,2,4,8 or 1:8:1."),
@@ -102,10 +126,14 @@ def run(
     from tbench.request import BenchmarkRequest, Measurement
 
     try:
+        if not model and not model_file:
+            raise ConfigError("name a model (see `tbench models`) or give --model-file PATH")
         tuned = {"images_per_window": images_per_window, "stability_percentage": stability}
         measurement = Measurement(**{k: v for k, v in tuned.items() if v is not None}) if any(tuned.values()) else None
         request = BenchmarkRequest(
-            model=model, size=size, checkpoint=checkpoint, formats=_split(formats), serve_format=serve,
+            model=model or "resnet50", size=size, checkpoint=checkpoint, formats=_split(formats), serve_formats=_split(serve),
+            framework=framework, model_file=model_file, shapes=parse_named(shape, "shape", _dims),
+            input_dtypes=parse_named(dtype, "dtype", str),
             precision=precision, batch_sizes=parse_int_list(batch_sizes, "batch sizes"),
             concurrency=parse_int_list(concurrency, "concurrency"), scenarios=_split(scenarios),
             max_batch_size=max_batch_size, model_instances=instances,
@@ -146,11 +174,11 @@ def run(
 
 @app.command()
 def models() -> None:
-    """List the registered model adapters."""
+    """List the registered model adapters and their frameworks."""
     import model_adapters
 
     for name in model_adapters.names():
-        typer.echo(name)
+        typer.echo(f"{name}\t{', '.join(model_adapters.frameworks(name))}")
 
 
 if __name__ == "__main__":

@@ -12,7 +12,11 @@ _TRITON_DTYPES = {
     "float64": "FP64",
     "int64": "INT64",
     "int32": "INT32",
+    "int16": "INT16",
     "int8": "INT8",
+    "uint64": "UINT64",
+    "uint32": "UINT32",
+    "uint16": "UINT16",
     "uint8": "UINT8",
     "bool": "BOOL",
 }

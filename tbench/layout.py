@@ -83,11 +83,11 @@ class RunLayout:
     def manifest_json(self) -> Path:
         return self.run_dir / "manifest.json"
 
-    def perf_csv(self, scenario: Scenario, batch_size: int, concurrency: int, attempt: int) -> Path:
-        return self.perf_dir / f"{scenario.value}_b{batch_size}_c{concurrency}_try{attempt}.csv"
+    def perf_csv(self, model: str, scenario: Scenario, batch_size: int, concurrency: int, attempt: int) -> Path:
+        return self.perf_dir / f"{model}_{scenario.value}_b{batch_size}_c{concurrency}_try{attempt}.csv"
 
-    def perf_log(self, scenario: Scenario, batch_size: int, concurrency: int, attempt: int) -> Path:
-        return self.logs_dir / "perf_analyzer" / f"{scenario.value}_b{batch_size}_c{concurrency}_try{attempt}.log"
+    def perf_log(self, model: str, scenario: Scenario, batch_size: int, concurrency: int, attempt: int) -> Path:
+        return self.logs_dir / "perf_analyzer" / f"{model}_{scenario.value}_b{batch_size}_c{concurrency}_try{attempt}.log"
 
     def create(self) -> "RunLayout":
         for d in (self.run_dir, self.models_dir, self.logs_dir, self.plots_dir, self.perf_dir):

@@ -47,9 +47,10 @@ PUBLISHED_COLUMNS = [
     "precision", "max_batch_size", "model_instances", "batch_size", "concurrency", "sequence_length",
     *(m.column for m in METRICS),
 ]
-# What a run adds per point: how it was measured and whether it held.
+# What a run adds per point: the format (our mnemonic; model_format is the guides' wording), how it was measured
+# and whether it held.
 MEASUREMENT_COLUMNS = [
-    "status", "error", "attempts", "measurement_request_count", "stability_percentage", "max_trials",
+    "format", "status", "error", "attempts", "measurement_request_count", "stability_percentage", "max_trials",
     "shared_memory", "protocol", "measure_seconds",
 ]
 RESULT_COLUMNS = PUBLISHED_COLUMNS + MEASUREMENT_COLUMNS

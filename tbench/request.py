@@ -12,7 +12,8 @@ from tbench.errors import ConfigError
 PROFILES = ("cpu", "gpu")
 
 # What the embedded python-backend runtime can execute, per serving format.
-PYTHON_BACKEND_RUNTIMES = {Format.ONNX: "onnxruntime", Format.TS_TRACE: "torchscript", Format.TS_SCRIPT: "torchscript"}
+PYTHON_BACKEND_RUNTIMES = {Format.ONNX: "onnxruntime", Format.TS_TRACE: "torchscript", Format.TS_SCRIPT: "torchscript",
+                           Format.TF_SAVEDMODEL: "tensorflow"}
 
 
 class Measurement(BaseModel):
@@ -31,17 +32,36 @@ class Measurement(BaseModel):
         return base * 2**attempt
 
 
+# Correctness tolerances (atol, rtol) by precision: reduced precision legitimately moves outputs further.
+DEFAULT_TOLERANCES = {Precision.FP32: (1e-3, 1e-3), Precision.FP16: (1e-2, 1e-2), Precision.INT8: (5e-2, 5e-2)}
+
 # A GPU serves thousands of inferences per second: longer windows and the tighter stability perf_analyzer defaults to.
 PROFILE_MEASUREMENT = {"cpu": Measurement(), "gpu": Measurement(images_per_window=2048, min_requests=50, stability_percentage=10.0, max_trials=10)}
 
 
+def adapter_for(req: "BenchmarkRequest | ResolvedRequest"):
+    """The model adapter a request names: a registered one, or one over a user's model file."""
+    import model_adapters
+
+    if req.model_file:
+        from model_adapters.file_model import ModelFileAdapter
+
+        return ModelFileAdapter(req.model_file, req.shapes, req.input_dtypes)
+    return model_adapters.get(req.model, req.size, req.checkpoint, req.framework)
+
+
 class BenchmarkRequest(BaseModel):
-    model: str = Field("resnet50", description="Registered model adapter name.")
+    model: str = Field("resnet50", description="Registered model adapter name (ignored with model_file).")
+    framework: str | None = Field(None, description="The model's implementation: 'pytorch' or 'tensorflow'; the adapter's first by default.")
+    model_file: str | None = Field(None, description="Benchmark this ONNX file, TorchScript file or TF SavedModel folder instead of an adapter.")
+    shapes: dict[str, list[int]] | None = Field(None, description="model_file: non-batch shape per input, for dynamic dims (or TorchScript).")
+    input_dtypes: dict[str, str] | None = Field(None, description="model_file: numpy dtype per input where the file does not say (TorchScript).")
     size: str = Field("full", description="Model size: 'full' (published dimensions) or 'small'.")
     checkpoint: str | None = Field(None, description="Weights to load; random weights when empty.")
     profile: str | None = Field(None, description="'cpu' (quick, scaled down) or 'gpu' (the guide's grid); auto by hardware.")
     formats: list[str] | None = Field(None, description="Formats to export and check, e.g. ['onnx', 'ts-trace'].")
-    serve_format: str | None = Field(None, description="Format served by Triton and measured; the first format by default.")
+    serve_formats: list[str] | None = Field(None, description="Formats served by Triton and measured, each as its own model; "
+                                            "the first format by default; ['all'] for every exported format.")
     precision: str = Field("fp32", description="Precision of the served model.")
     max_batch_size: int | None = Field(None, ge=1)
     model_instances: int | None = Field(None, ge=1)
@@ -62,24 +82,25 @@ class BenchmarkRequest(BaseModel):
     backend_dir: str | None = Field(None, description="local: the server's backend directory (/opt/tritonserver/backends).")
     http_port: int | None = Field(None, description="Fixed HTTP port for Triton; a free one by default.")
     grpc_port: int | None = Field(None, description="Fixed gRPC port for Triton; a free one by default.")
-    tolerance_atol: float = Field(1e-3, description="Correctness: absolute tolerance (plus rtol x max|ref|).")
-    tolerance_rtol: float = Field(1e-3, description="Correctness: tolerance relative to the output's max magnitude.")
+    tolerance_atol: float | None = Field(None, description="Correctness: absolute tolerance (plus rtol x max|ref|); by precision.")
+    tolerance_rtol: float | None = Field(None, description="Correctness: tolerance relative to the output's max magnitude; by precision.")
 
     def resolve(self, has_gpu: bool) -> "ResolvedRequest":
-        import model_adapters
-
-        adapter = model_adapters.get(self.model, self.size, self.checkpoint)
+        adapter = adapter_for(self)
         profile = self.profile or ("gpu" if has_gpu else "cpu")
         if profile not in PROFILES:
             raise ConfigError(f"unknown profile {profile!r}; known: {', '.join(PROFILES)}")
         d = adapter.defaults(profile)
         formats = [Format.parse(f) for f in (self.formats or d.formats)]
-        serve = Format.parse(self.serve_format) if self.serve_format else formats[0]
-        if serve not in formats:
-            formats.append(serve)
-        if self.server == "embedded" and serve not in PYTHON_BACKEND_RUNTIMES:
-            known = ", ".join(f.value for f in PYTHON_BACKEND_RUNTIMES)
-            raise ConfigError(f"format {serve.value!r} cannot be served by the embedded server (python backend); use one of: {known}")
+        if self.serve_formats and [s.strip().lower() for s in self.serve_formats] == ["all"]:
+            serve = list(formats)
+        else:
+            serve = [Format.parse(f) for f in (self.serve_formats or [formats[0]])]
+        formats += [f for f in serve if f not in formats]
+        for fmt in serve:
+            if self.server == "embedded" and fmt not in PYTHON_BACKEND_RUNTIMES:
+                known = ", ".join(f.value for f in PYTHON_BACKEND_RUNTIMES)
+                raise ConfigError(f"format {fmt.value!r} cannot be served by the embedded server (python backend); use one of: {known}")
         precision = Precision.parse(self.precision)
         if precision is not Precision.FP32 and not has_gpu and self.server in ("embedded", "local"):
             raise ConfigError(f"precision {precision.value} needs a GPU; this machine has none (use fp32)")
@@ -96,9 +117,12 @@ class BenchmarkRequest(BaseModel):
         if any(c < 1 for c in concurrency):
             raise ConfigError(f"concurrency values must be >= 1, got {concurrency}")
         resolved = dict(
+            model=adapter.name,
+            size=adapter.size,
+            framework=adapter.framework,
             profile=profile,
             formats=formats,
-            serve_format=serve,
+            serve_formats=list(dict.fromkeys(serve)),
             precision=precision,
             scenarios=[Scenario.parse(s) for s in self.scenarios],
             max_batch_size=max_batch,
@@ -109,6 +133,8 @@ class BenchmarkRequest(BaseModel):
             concurrency=concurrency,
             accuracy_samples=self.accuracy_samples or d.accuracy_samples,
             measurement=self.measurement or PROFILE_MEASUREMENT[profile],
+            tolerance_atol=DEFAULT_TOLERANCES[precision][0] if self.tolerance_atol is None else self.tolerance_atol,
+            tolerance_rtol=DEFAULT_TOLERANCES[precision][1] if self.tolerance_rtol is None else self.tolerance_rtol,
         )
         # fields the user gave as they are (ports, output, tolerances...), the resolved ones over them
         return ResolvedRequest(**{**self.model_dump(exclude=set(resolved)), **resolved})
@@ -119,10 +145,14 @@ class ResolvedRequest(BaseModel):
 
     model: str
     size: str
+    framework: str
+    model_file: str | None
+    shapes: dict[str, list[int]] | None
+    input_dtypes: dict[str, str] | None
     checkpoint: str | None
     profile: str
     formats: list[Format]
-    serve_format: Format
+    serve_formats: list[Format]
     precision: Precision
     max_batch_size: int
     model_instances: int
@@ -144,3 +174,7 @@ class ResolvedRequest(BaseModel):
     grpc_port: int | None
     tolerance_atol: float
     tolerance_rtol: float
+
+    def triton_name(self, fmt: Format) -> str:
+        """The Triton model name of a served format: the model's name, suffixed when several formats are served."""
+        return self.model if len(self.serve_formats) == 1 else f"{self.model}_{fmt.value.replace('-', '_')}"

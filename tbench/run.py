@@ -38,8 +38,8 @@ class RunTracker:
         self.results = pd.DataFrame(columns=RESULT_COLUMNS)
         self._tables: dict[str, pd.DataFrame] = {}
         self.correctness: list[CorrectnessResult] = []
-        self.accuracy: AccuracyResult | None = None
-        self.served_by: str | None = None  # the backend serving the model, once the server stage has decided
+        self.accuracy: list[AccuracyResult] = []  # one per served format
+        self.served_by: dict[str, str] = {}  # format -> the backend serving it, once the server stage has decided
         self._log_handler: logging.Handler | None = None
 
     @contextlib.contextmanager
@@ -59,9 +59,9 @@ class RunTracker:
             self.stage_seconds[name] = time.monotonic() - start
             progress.emit("stage_end", stage=name, seconds=self.stage_seconds[name], status=self.stage_status[name])
 
-    def save_points(self, scenario: str, table: pd.DataFrame) -> None:
-        """Called after every measured point: CSV and Parquet always hold everything measured so far."""
-        self._tables[scenario] = table
+    def save_points(self, sweep: str, table: pd.DataFrame) -> None:
+        """Called after every measured point of a sweep: CSV and Parquet always hold everything measured so far."""
+        self._tables[sweep] = table
         table = pd.concat([t for t in self._tables.values() if not t.empty], ignore_index=True)
         self.results = table
         write_local_atomic(self.layout.results_csv, table.to_csv(index=False))

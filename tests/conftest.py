@@ -33,11 +33,12 @@ def small_module(small_adapter):
 @pytest.fixture(scope="session")
 def small_artifacts(small_adapter, small_module, tmp_path_factory):
     """The small ResNet-50 exported once for the session: [onnx, ts-trace]."""
-    from tasks.export import export_model, state_hash
+    from tasks.export import export_model
+    from tbench.runtimes import source_digest
     from tbench.enums import Format
 
     out = tmp_path_factory.mktemp("models")
-    digest = state_hash(small_module)
+    digest = source_digest("pytorch", small_module)
     return [export_model(small_adapter, small_module, f, out, digest) for f in (Format.ONNX, Format.TS_TRACE)]
 
 

@@ -14,6 +14,12 @@ runner = CliRunner()
     (["run", "resnet50", "--formats", "onnx,foo"], "error: unknown format 'foo'"),
     (["run", "resnet50", "--batch-sizes", "1,512"], "error: batch size 512 is above max_batch_size"),
     (["run", "resnet50", "--concurrency", "x"], "error: cannot read concurrency 'x'"),
+    (["run"], "error: name a model (see `tbench models`) or give --model-file PATH"),
+    (["run", "--model-file", "/nonexistent/m.onnx"], "error: model file /nonexistent/m.onnx does not exist"),
+    (["run", "--model-file", "x.onnx", "--shape", "tokens"], "error: cannot read shape 'tokens': use NAME:VALUE"),
+    (["run", "--model-file", "x.onnx", "--shape", "tokens:a,b"], "error: cannot read shape 'tokens:a,b'"),
+    (["run", "resnet50", "--framework", "jax"], "error: model 'resnet50' has no jax implementation"),
+    (["run", "resnet50", "--serve", "trt"], "error: format 'trt' cannot be served by the embedded server"),
 ])
 def test_bad_input_exits_non_zero_with_one_line(args, message):
     result = runner.invoke(app, args)
@@ -31,5 +37,11 @@ def test_lists_and_inclusive_ranges():
         parse_int_list("1;2", "x")
 
 
-def test_models_lists_resnet50():
-    assert "resnet50" in runner.invoke(app, ["models"]).output
+def test_models_lists_resnet50_and_its_frameworks():
+    assert "resnet50\tpytorch, tensorflow" in runner.invoke(app, ["models"]).output
+
+
+def test_named_values_keep_colons_in_names():
+    from tbench.cli import _dims, parse_named
+
+    assert parse_named(["serving:0:3,224,224", "ids:128"], "shape", _dims) == {"serving:0": [3, 224, 224], "ids": [128]}

@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 from tasks.accuracy import infer_triton, measure_accuracy
-from tasks.correctness import run_framework
+from tbench.runtimes import run_pytorch
 from tasks.perf import Point, run_sweep
 from tasks.repository import ServingConfig, write_repository
 from tasks.server import EmbeddedServer, LocalServer, RemoteServer
@@ -48,7 +48,7 @@ def test_served_outputs_match_the_framework(served_small, small_adapter, small_m
     inputs = small_adapter.sample_batch(3, seed=11)
     client = grpcclient.InferenceServerClient(served_small.endpoints.grpc_url)
     got = infer_triton(client, "resnet50", small_adapter.io_spec(), inputs)
-    want = run_framework(small_module, small_adapter.io_spec(), inputs)
+    want = run_pytorch(small_module, small_adapter.io_spec(), inputs)
     np.testing.assert_allclose(got["output__0"], want["output__0"], atol=1e-4, rtol=1e-4)
     client.close()
 
@@ -152,30 +152,42 @@ def test_a_port_in_use_is_refused():
             EmbeddedServer(GOLDEN, GOLDEN / "unused.log", http_port=port)
 
 
-def test_flow_run_writes_report_results_plots_and_manifest(prefect_harness, tmp_path):
+def test_flow_run_serves_every_pytorch_format_and_reports_each(prefect_harness, tmp_path):
     from flows.benchmark import benchmark_flow
 
     url = benchmark_flow(BenchmarkRequest(model="resnet50", size="small", output=str(tmp_path), batch_sizes=[1, 4],
-                                          concurrency=[1, 4], measurement=Measurement(stability_percentage=50)))
+                                          concurrency=[1, 4], formats=["onnx", "ts-trace", "ts-script"], serve_formats=["all"],
+                                          measurement=Measurement(stability_percentage=50)))
     run = tmp_path / url.rsplit("/", 1)[-1]
     manifest = json.loads((run / "manifest.json").read_text())
     assert manifest["status"] == "completed" and manifest["failed_stage"] is None
     listed = {f["path"] for f in manifest["files"]}
     for expected in ("report.md", "results.csv", "results.parquet", "logs/tritonserver.log", "logs/prefect.log",
-                     "plots/offline_throughput_vs_batch.png", "plots/offline_latency_vs_batch.png",
-                     "plots/online_latency_breakdown_throughput.png", "model_repository/resnet50/config.pbtxt",
-                     "models/onnx/model.onnx", "models/ts-trace/model.pt", "correctness.json", "accuracy.json"):
+                     "plots/onnx_offline_throughput_vs_batch.png", "plots/ts-trace_offline_latency_vs_batch.png",
+                     "plots/ts-script_online_latency_breakdown_throughput.png", "model_repository/resnet50_onnx/config.pbtxt",
+                     "model_repository/resnet50_ts_script/config.pbtxt", "models/onnx/model.onnx", "models/ts-trace/model.pt",
+                     "models/ts-script/model.pt", "correctness.json", "accuracy.json"):
         assert expected in listed and (run / expected).exists(), expected
     results = pd.read_parquet(run / "results.parquet")
-    assert sorted(zip(results["scenario"], results["batch_size"], results["concurrency"])) == [
-        ("offline", 1, 1), ("offline", 4, 1), ("online", 1, 1), ("online", 1, 4)]
-    assert set(results["gpu"]) == {"CPU"} and set(results["model_format"]) == {"ONNX"}
-    assert set(results["backend"]) == {"python (onnxruntime)"}  # the embedded server has only the python backend
+    for fmt in ("onnx", "ts-trace", "ts-script"):
+        mine = results[results["format"] == fmt]
+        assert sorted(zip(mine["scenario"], mine["batch_size"], mine["concurrency"])) == [
+            ("offline", 1, 1), ("offline", 4, 1), ("online", 1, 1), ("online", 1, 4)], fmt
+    assert set(results["gpu"]) == {"CPU"} and set(results["model_format"]) == {"ONNX", "TorchScript"}
+    # the embedded server has only the python backend
+    assert set(results["backend"]) == {"python (onnxruntime)", "python (torchscript)"}
+    accuracy = json.loads((run / "accuracy.json").read_text())
+    assert [a["format"] for a in accuracy] == ["onnx", "ts-trace", "ts-script"] and all(a["metric"] == "top1" for a in accuracy)
     report = (run / "report.md").read_text()
-    assert "| Precision   | Backend Accelerator   |   Client Batch Size |   Inferences/second |" in report
-    assert "Concurrent client requests" in report and "Network+server Send/recv" in report
-    assert "## Accuracy through Triton" in report and "## Correctness of the exported models" in report
-    assert "| Served by                    | python (onnxruntime)" in report
+    sections = [line for line in report.splitlines() if line.startswith("## Format")]
+    assert sections == ["## Format `onnx`", "## Format `ts-trace`", "## Format `ts-script`"]
+    for fmt in ("onnx", "ts-trace", "ts-script"):
+        section = report.split(f"## Format `{fmt}`")[1].split("\n## ")[0]
+        assert "### Correctness" in section and "### Accuracy through Triton" in section
+        assert "### Offline scenario" in section and "### Online scenario" in section
+        assert "| Precision   | Backend Accelerator   |   Client Batch Size |   Inferences/second |" in section
+        assert "Network+server Send/recv" in section
+    assert "Served by: python (torchscript)." in report
     assert "AMD" in report or "Intel" in report or "CPU cores" in report
 
 

@@ -7,7 +7,7 @@ from tbench.request import BenchmarkRequest
 
 def test_cpu_profile_fills_the_adapters_defaults():
     r = BenchmarkRequest(model="resnet50").resolve(has_gpu=False)
-    assert r.profile == "cpu" and r.formats == [Format.ONNX, Format.TS_TRACE] and r.serve_format is Format.ONNX
+    assert r.profile == "cpu" and r.formats == [Format.ONNX, Format.TS_TRACE] and r.serve_formats == [Format.ONNX]
     assert max(r.batch_sizes) <= r.max_batch_size and set(r.preferred_batch_sizes) <= set(range(1, r.max_batch_size + 1))
     assert r.scenarios == [Scenario.OFFLINE, Scenario.ONLINE]
 
@@ -19,8 +19,20 @@ def test_gpu_profile_uses_the_guides_grid():
 
 
 def test_serving_a_format_not_exported_adds_it():
-    r = BenchmarkRequest(model="resnet50", formats=["onnx"], serve_format="ts-trace").resolve(False)
-    assert r.formats == [Format.ONNX, Format.TS_TRACE] and r.serve_format is Format.TS_TRACE
+    r = BenchmarkRequest(model="resnet50", formats=["onnx"], serve_formats=["ts-trace"]).resolve(False)
+    assert r.formats == [Format.ONNX, Format.TS_TRACE] and r.serve_formats == [Format.TS_TRACE]
+    assert r.triton_name(Format.TS_TRACE) == "resnet50"
+
+
+def test_serving_all_formats_names_one_triton_model_per_format():
+    r = BenchmarkRequest(model="resnet50", formats=["onnx", "ts-trace", "ts-script"], serve_formats=["all"]).resolve(False)
+    assert r.serve_formats == [Format.ONNX, Format.TS_TRACE, Format.TS_SCRIPT]
+    assert [r.triton_name(f) for f in r.serve_formats] == ["resnet50_onnx", "resnet50_ts_trace", "resnet50_ts_script"]
+
+
+def test_tensorflow_variant_defaults_to_savedmodel_and_onnx():
+    r = BenchmarkRequest(model="resnet50", framework="tensorflow", size="small").resolve(False)
+    assert r.framework == "tensorflow" and r.formats == [Format.TF_SAVEDMODEL, Format.ONNX]
 
 
 @pytest.mark.parametrize("kwargs, message", [
@@ -28,7 +40,9 @@ def test_serving_a_format_not_exported_adds_it():
     ({"formats": ["onnx", "bogus"]}, "unknown format 'bogus'"),
     ({"batch_sizes": [1, 64]}, "batch size 64 is above max_batch_size"),
     ({"max_batch_size": 2, "batch_sizes": [1], "preferred_batch_sizes": [4]}, "preferred batch size 4 is above max_batch_size 2"),
-    ({"serve_format": "trt"}, "cannot be served by the embedded server"),
+    ({"serve_formats": ["trt"]}, "cannot be served by the embedded server"),
+    ({"framework": "jax"}, "model 'resnet50' has no jax implementation; it has: pytorch, tensorflow"),
+    ({"model_file": "/nonexistent/model.onnx"}, "/nonexistent/model.onnx"),
     ({"precision": "fp16"}, "needs a GPU"),
     ({"profile": "laptop"}, "unknown profile"),
     ({"size": "huge"}, "unknown size 'huge'"),
@@ -45,3 +59,9 @@ def test_plain_flow_run_reads_request_fields_from_argv():
 
     r = request_from_argv(["resnet50", "size=small", "batch_sizes=[1,4]", "output=/tmp/x"])
     assert (r.model, r.size, r.batch_sizes, r.output) == ("resnet50", "small", [1, 4], "/tmp/x")
+
+
+def test_tolerances_follow_precision_unless_given():
+    assert (BenchmarkRequest(model="resnet50").resolve(False).tolerance_atol) == 1e-3
+    assert BenchmarkRequest(model="resnet50", precision="fp16").resolve(True).tolerance_rtol == 1e-2
+    assert BenchmarkRequest(model="resnet50", precision="fp16", tolerance_rtol=0.1).resolve(True).tolerance_rtol == 0.1

@@ -1,9 +1,9 @@
-"""Python-backend runtime model: ONNX Runtime or TorchScript inside Triton's python backend.
+"""Python-backend runtime model: ONNX Runtime, TorchScript or a TF SavedModel inside Triton's python backend.
 
 Copied into the model repository as `<model>/1/model.py`. Requests that the dynamic batcher hands over together
 are concatenated along the batch axis (those with the same non-batch shapes), run in one runtime call, and split
 back per request.
-Parameters come from config.pbtxt: `runtime` (onnxruntime | torchscript), `model_file`, `intra_op_threads`.
+Parameters come from config.pbtxt: `runtime` (onnxruntime | torchscript | tensorflow), `model_file`, `intra_op_threads`.
 """
 
 import json
@@ -44,6 +44,17 @@ class TritonPythonModel:
             self.device = torch.device(f"cuda:{args['model_instance_device_id']}" if use_gpu and torch.cuda.is_available() else "cpu")
             self.module = torch.jit.load(path, map_location=self.device).eval()
             self._run = self._run_torch
+        elif self.runtime == "tensorflow":
+            import tensorflow as tf
+
+            if threads:
+                tf.config.threading.set_intra_op_parallelism_threads(threads)
+                tf.config.threading.set_inter_op_parallelism_threads(1)
+            if not use_gpu:
+                tf.config.set_visible_devices([], "GPU")
+            self.saved = tf.saved_model.load(path)  # kept: its signatures lose their variables once it is collected
+            self.signature = self.saved.signatures["serving_default"]
+            self._run = self._run_tf
         else:
             raise ValueError(f"unknown runtime {self.runtime!r}")
 
@@ -57,6 +68,12 @@ class TritonPythonModel:
             out = self.module(*(torch.from_numpy(feeds[n]).to(self.device) for n in self.inputs))
         outs = out if isinstance(out, (tuple, list)) else (out,)
         return [o.cpu().numpy() for o in outs]
+
+    def _run_tf(self, feeds):
+        import tensorflow as tf
+
+        out = self.signature(**{n: tf.constant(feeds[n]) for n in self.inputs})
+        return [out[n].numpy() for n in self.outputs]
 
     def execute(self, requests):
         """Requests whose non-batch shapes agree run as one batch; others (dynamic dims) run in their own groups."""
@@ -76,8 +93,8 @@ class TritonPythonModel:
         try:
             results = self._run(batched)
         except Exception as err:  # one failed runtime call fails the requests of that batch, not the model
-            error = pb_utils.TritonError(f"{self.runtime} failed: {err}")
-            return [pb_utils.InferenceResponse(output_tensors=[], error=error) for _ in feeds]
+            message = f"{self.runtime} failed: {err}"  # one error object per response: the stub must not share them
+            return [pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(message)) for _ in feeds]
         responses, offset = [], 0
         for size in sizes:
             tensors = [pb_utils.Tensor(name, np.ascontiguousarray(value[offset:offset + size]).astype(self.output_dtypes[name], copy=False))

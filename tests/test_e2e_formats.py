@@ -1,0 +1,121 @@
+"""End to end through the flow for the TensorFlow formats and for user model files (ONNX, TorchScript, SavedModel
+with several inputs and outputs, an integer input and a dynamic non-batch dimension)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from tbench.request import BenchmarkRequest, Measurement
+
+pytestmark = pytest.mark.e2e
+
+QUICK = dict(batch_sizes=[1, 2], concurrency=[2], measurement=Measurement(stability_percentage=50, images_per_window=16))
+
+
+def _run(tmp_path: Path, request: BenchmarkRequest) -> tuple[Path, pd.DataFrame, str]:
+    from flows.benchmark import benchmark_flow
+
+    url = benchmark_flow(request)
+    run = tmp_path / url.rsplit("/", 1)[-1]
+    manifest = json.loads((run / "manifest.json").read_text())
+    assert manifest["status"] == "completed", manifest["error"]
+    return run, pd.read_parquet(run / "results.parquet"), (run / "report.md").read_text()
+
+
+def test_tensorflow_run_serves_the_savedmodel_and_its_onnx(prefect_harness, tmp_path):
+    run, results, report = _run(tmp_path, BenchmarkRequest(model="resnet50", framework="tensorflow", size="small",
+                                                           serve_formats=["all"], output=str(tmp_path), **QUICK))
+    assert set(results["format"]) == {"tf-savedmodel", "onnx"} and (results["status"] == "ok").sum() >= 4
+    assert set(results["backend"]) == {"python (tensorflow)", "python (onnxruntime)"}
+    assert set(results["model_format"]) == {"TensorFlow SavedModel", "ONNX"}
+    assert (run / "models/tf-savedmodel/model.savedmodel/saved_model.pb").exists()
+    assert (run / "model_repository/resnet50_tf_savedmodel/1/model.savedmodel/saved_model.pb").exists()
+    assert "## Format `tf-savedmodel`" in report and "## Format `onnx`" in report
+    correctness = json.loads((run / "correctness.json").read_text())
+    assert [c["format"] for c in correctness] == ["tf-savedmodel", "onnx"]
+    assert all(o["passed"] for c in correctness for o in c["outputs"])
+
+
+# ---- a user's model file: two inputs (features [S, 8] with S dynamic, int64 token ids [S]) and two outputs
+
+def _torch_module():
+    import torch
+
+    class Scorer(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.emb = torch.nn.Embedding(16, 8)
+            self.proj = torch.nn.Linear(8, 4)
+
+        def forward(self, features, ids):
+            hidden = self.proj(features + self.emb(ids))  # [B, S, 4]
+            return hidden, hidden.mean(dim=1)  # a dynamic-length output and a fixed one
+
+    return Scorer().eval()
+
+
+def _write_onnx(path: Path) -> Path:
+    import torch
+
+    module, out = _torch_module(), path / "scorer.onnx"
+    torch.onnx.export(module, (torch.randn(2, 5, 8), torch.zeros(2, 5, dtype=torch.int64)), str(out), dynamo=False,
+                      input_names=["features", "ids"], output_names=["hidden", "pooled"],
+                      dynamic_axes={"features": {0: "b", 1: "s"}, "ids": {0: "b", 1: "s"}, "hidden": {0: "b", 1: "s"}, "pooled": {0: "b"}})
+    return out
+
+
+def _write_torchscript(path: Path) -> Path:
+    import torch
+
+    out = path / "scorer.pt"
+    torch.jit.script(_torch_module()).save(str(out))
+    return out
+
+
+def _write_savedmodel(path: Path) -> Path:
+    import tensorflow as tf
+
+    class Scorer(tf.Module):
+        def __init__(self):
+            rng = np.random.default_rng(0)
+            self.emb = tf.Variable(rng.standard_normal((16, 8)).astype("float32"))
+            self.w = tf.Variable(rng.standard_normal((8, 4)).astype("float32"))
+
+        @tf.function(input_signature=[tf.TensorSpec([None, None, 8], tf.float32, name="features"),
+                                      tf.TensorSpec([None, None], tf.int64, name="ids")])
+        def __call__(self, features, ids):
+            hidden = tf.einsum("bsf,fo->bso", features + tf.gather(self.emb, ids), self.w)
+            return {"hidden": hidden, "pooled": tf.reduce_mean(hidden, axis=1)}
+
+    module, out = Scorer(), path / "scorer_savedmodel"
+    tf.saved_model.save(module, str(out), signatures=module.__call__)
+    return out
+
+
+@pytest.mark.parametrize("writer, extra", [
+    (_write_onnx, {"shapes": {"features": [6, 8], "ids": [6]}}),
+    (_write_torchscript, {"shapes": {"features": [-1, 8], "ids": [-1]}, "input_dtypes": {"ids": "int64"}}),
+    (_write_savedmodel, {}),
+], ids=["onnx", "torchscript", "savedmodel"])
+def test_a_model_file_is_read_served_checked_and_swept(prefect_harness, tmp_path, writer, extra):
+    model_file = writer(tmp_path)
+    run, results, report = _run(tmp_path, BenchmarkRequest(model_file=str(model_file), output=str(tmp_path), **extra, **QUICK))
+    iospec = json.loads((run / "io_spec.json").read_text())
+    assert {t["name"]: t["dtype"] for t in iospec["inputs"]} == {"features": "float32", "ids": "int64"}
+    assert {t["name"]: t["shape"] for t in iospec["inputs"]}["features"] == [-1, 8]
+    (accuracy,) = json.loads((run / "accuracy.json").read_text())
+    assert accuracy["metric"] is None and len(accuracy["outputs"]) == 2 and all(o["passed"] for o in accuracy["outputs"])
+    ok = results[results["status"] == "ok"]
+    assert set(ok["scenario"]) == {"offline", "online"} and len(ok) >= 2
+    (log,) = (run / "logs" / "perf_analyzer").glob("*_offline_b2_c1_try0.log")
+    argv = log.read_text().splitlines()[0]
+    seq = extra.get("shapes", {}).get("ids", [16])[0]
+    seq = 16 if seq == -1 else seq  # dynamic dims the user leaves open get the default length
+    assert f"--shape features:{seq},8" in argv and f"--shape ids:{seq}" in argv and "--input-data" in argv
+    assert "Served by: python" in report and "### Accuracy through Triton" in report
