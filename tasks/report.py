@@ -80,6 +80,26 @@ def plot_online(rows: pd.DataFrame, plots_dir: Path, prefix: str = "") -> list[P
     return [path]
 
 
+def plot_formats(results: pd.DataFrame, plots_dir: Path) -> Path:
+    """Every served format on one chart per scenario: which format to deploy is the first question."""
+    ok = results[results["status"] == "ok"]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for ax, scenario, axis, label in ((axes[0], "offline", "batch_size", "Client batch size"),
+                                      (axes[1], "online", "concurrency", "Concurrent client requests")):
+        for fmt, rows in ok[ok["scenario"] == scenario].groupby("format", sort=False):
+            rows = rows.sort_values(axis)
+            ax.plot(rows[axis], rows[THROUGHPUT.column], marker="o", label=fmt)
+        ax.set(xlabel=label, ylabel="Inferences/second", title=f"{scenario.capitalize()}: throughput by format")
+        ax.set_ylim(bottom=0)
+        if ax.has_data():
+            ax.legend()
+    fig.tight_layout()
+    path = plots_dir / "formats_throughput.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def _kv_table(pairs: list[tuple[str, object]]) -> str:
     return pd.DataFrame(pairs, columns=["Parameter Name", "Parameter Value"]).to_markdown(index=False)
 
@@ -158,6 +178,8 @@ def render_report(*, run_id: str, request, hardware, correctness, accuracy, resu
         ("GPU", ", ".join(hardware.gpus) or "none"), ("Driver", hardware.driver or "-"), ("OS", hardware.os),
     ]), ""]
     lines += ["## Summary", "", *summary_lines(summary)]
+    if not results.empty and results.loc[results["status"] == "ok", "format"].nunique() > 1:
+        lines += [f"![]({plot_formats(results, plots_dir).relative_to(plots_dir.parent).as_posix()})", ""]
     if correctness:
         served = {f.value for f in request.serve_formats}
         exported_only = [c for c in correctness if c.format.value not in served]

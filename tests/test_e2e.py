@@ -163,7 +163,7 @@ def test_flow_run_serves_every_pytorch_format_and_reports_each(prefect_harness, 
     assert manifest["status"] == "completed" and manifest["failed_stage"] is None
     listed = {f["path"] for f in manifest["files"]}
     for expected in ("report.md", "results.csv", "results.parquet", "logs/tritonserver.log", "logs/prefect.log",
-                     "plots/onnx_offline_throughput_vs_batch.png", "plots/ts-trace_offline_latency_vs_batch.png",
+                     "plots/onnx_offline_throughput_vs_batch.png", "plots/ts-trace_offline_latency_vs_batch.png", "plots/formats_throughput.png",
                      "plots/ts-script_online_latency_breakdown_throughput.png", "model_repository/resnet50_onnx/config.pbtxt",
                      "model_repository/resnet50_ts_script/config.pbtxt", "models/onnx/model.onnx", "models/ts-trace/model.pt",
                      "models/ts-script/model.pt", "correctness.json", "accuracy.json"):
