@@ -11,7 +11,7 @@ from prefect import flow, get_run_logger
 
 from tasks.accuracy import accuracy_task, require_same_answers
 from tasks.correctness import correctness_task, require_passed
-from tasks.export import export_task
+from tasks.export import ConversionOptions, export_task
 from tasks.metrics import metrics_task
 from tasks.perf import perf_task, plan_points, prepare_inputs
 from tasks.report import report_task
@@ -40,7 +40,8 @@ def benchmark_flow(request: BenchmarkRequest = BenchmarkRequest()) -> str:
     try:
         with tracker.stage("export"):
             module = adapter.build()
-            artifacts = export_task(adapter, module, req.formats, layout.models_dir)
+            options = ConversionOptions(precision=req.precision, max_batch_size=req.max_batch_size)
+            artifacts = export_task(adapter, module, req.formats, layout.models_dir, options)
             tracker.save_json(layout.iospec_json, adapter.io_spec().model_dump())
         with tracker.stage("correctness"):
             tracker.correctness = correctness_task(adapter, module, artifacts, req.tolerance_atol, req.tolerance_rtol)

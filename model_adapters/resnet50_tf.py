@@ -130,13 +130,6 @@ def load_weights(model, path: str) -> None:
         warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
 
 
-def keras_call(model, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Run the Keras model in inference mode on named inputs; returns {"output": logits}."""
-    x = inputs["input"] if len(inputs) == 1 and "input" in inputs else inputs
-    y = model(x, training=False)
-    return {"output": np.asarray(y)}
-
-
 class ResNet50TF(ModelAdapter):
     name = "resnet50"
     framework = "tensorflow"

@@ -146,7 +146,7 @@ def onnx_to_tensorrt(onnx_path: Path, out: Path, spec: IoSpec, options: Conversi
 
 
 def _calibrator(trt, spec: IoSpec, sample: dict, cache: Path):
-    """INT8 entropy calibration over the sample batches, one batch at a time, from GPU memory that torch holds."""
+    """INT8 entropy calibration on the sample batch, from GPU memory that torch holds (TensorRT reads device pointers)."""
     import torch
 
     class Calibrator(trt.IInt8EntropyCalibrator2):
@@ -214,7 +214,7 @@ def _rename_onnx_io(path: Path, spec: IoSpec) -> None:
     import onnx
 
     model = onnx.load(str(path))
-    wanted = {n.split(":")[0]: n for n in spec.input_names() + spec.output_names()}
+    wanted = set(spec.input_names() + spec.output_names())
     renames = {v.name: v.name.split(":")[0] for v in [*model.graph.input, *model.graph.output]
                if v.name != v.name.split(":")[0] and v.name.split(":")[0] in wanted}
     if not renames:
@@ -339,14 +339,16 @@ def export_model(adapter: ModelAdapter, module, fmt: Format, out_dir: Path, sour
     start = time.monotonic()
     if adapter.framework == fmt.value:
         path = _copy_source_file(adapter, Path(module), fmt, out_dir)
-        return ModelArtifact(format=fmt, precision=options.precision, path=str(path), io_spec=adapter.io_spec(),
+        return ModelArtifact(format=fmt, precision=Precision.FP32, path=str(path), io_spec=adapter.io_spec(),
                              source_hash=source_hash, seconds=time.monotonic() - start, cached=False)
     source, digest, all_cached = module, source_hash, True
     with _no_grad(adapter.framework):
         for conv in plan(adapter.framework, fmt):
             source, digest, cached = run_step(adapter, conv, source, digest, out_dir, options)
             all_cached = all_cached and cached
-    return ModelArtifact(format=fmt, precision=options.precision, path=str(source), io_spec=adapter.io_spec(),
+    # only TensorRT builders apply the precision; the other exporters keep the source's FP32 weights
+    precision = options.precision if fmt in (Format.TRT, Format.TF_TRT) else Precision.FP32
+    return ModelArtifact(format=fmt, precision=precision, path=str(source), io_spec=adapter.io_spec(),
                          source_hash=source_hash, seconds=time.monotonic() - start, cached=all_cached)
 
 
@@ -359,6 +361,7 @@ def _no_grad(framework: str):
 
 
 @task(name="export", cache_policy=NO_CACHE)
-def export_task(adapter: ModelAdapter, module, formats: list[Format], out_dir: Path) -> list[ModelArtifact]:
+def export_task(adapter: ModelAdapter, module, formats: list[Format], out_dir: Path,
+                options: ConversionOptions | None = None) -> list[ModelArtifact]:
     digest = source_digest(adapter.framework, module)
-    return [export_model(adapter, module, fmt, out_dir, digest) for fmt in formats]
+    return [export_model(adapter, module, fmt, out_dir, digest, options) for fmt in formats]

@@ -355,14 +355,21 @@ class RemoteServer(TritonServer):
 
     mode = "remote"
 
-    # A remote server cannot be asked which backends it has: the user says, or it is taken to be the NGC image's set.
-    NGC_BACKENDS = frozenset({"onnxruntime", "pytorch", "tensorflow", "tensorrt", "python", "openvino"})
+    # Triton has no API that lists backends: each is probed by loading a tiny model that uses it. A missing backend
+    # fails with this message; any other outcome (loaded, or a bad model file) means the backend is there.
+    PROBED = ("python", "onnxruntime", "pytorch", "tensorflow", "tensorrt", "openvino")
+    MISSING_BACKEND = "unable to find backend library"
+    # each under the backend's default file name, so the repository poll gets as far as the backend
+    _PROBE_FILES = {"python": ("model.py", b"class TritonPythonModel:\n    def execute(self, requests):\n        return []\n"),
+                    "onnxruntime": ("model.onnx", b"probe"), "pytorch": ("model.pt", b"probe"),
+                    "tensorflow": ("model.savedmodel/saved_model.pb", b"probe"), "tensorrt": ("model.plan", b"probe"),
+                    "openvino": ("model.xml", b"probe")}
 
     def __init__(self, repository: Path, log_path: Path, http_url: str, grpc_url: str, start_timeout_s: float = 180.0,
                  backends: set[str] | None = None):
         super().__init__(repository, log_path, start_timeout_s)
         self._endpoints = ServerEndpoints(http_url=http_url, grpc_url=grpc_url, metrics_url="")
-        self._backends = set(backends or self.NGC_BACKENDS)
+        self._backends = set(backends) if backends else None
         self.loaded: list[str] = []
 
     @property
@@ -385,7 +392,45 @@ class RemoteServer(TritonServer):
             return False
 
     def backends(self) -> set[str]:
+        """The backends the user named, else those the server proves it has (probed once)."""
+        if self._backends is None:
+            self._backends = self.probe_backends()
         return self._backends
+
+    def probe_backends(self) -> set[str]:
+        from tritonclient.utils import InferenceServerException
+
+        found = set()
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        client = self._client()
+        try:
+            with self.log_path.open("a") as log:
+                for backend in self.PROBED:
+                    name = f"tbench_probe_{backend}"
+                    filename, content = self._PROBE_FILES[backend]
+                    config = json.dumps({"backend": backend, "max_batch_size": 0,
+                                         "input": [{"name": "x", "data_type": "TYPE_FP32", "dims": [1]}],
+                                         "output": [{"name": "y", "data_type": "TYPE_FP32", "dims": [1]}]})
+                    try:
+                        client.load_model(name, config=config, files={f"file:1/{filename}": content}, client_timeout=60)
+                        outcome = "loaded"
+                    except InferenceServerException as err:
+                        outcome = one_line(err.message() or "")
+                        if "not allowed" in outcome or "failed to connect" in outcome.lower():
+                            raise
+                    if self.MISSING_BACKEND not in outcome:
+                        found.add(backend)
+                    log.write(f"backend probe {backend}: {'present' if backend in found else 'missing'} ({outcome})\n")
+                    try:
+                        client.unload_model(name)
+                    except InferenceServerException:
+                        pass
+        except InferenceServerException as err:
+            raise ServerStartError(f"cannot ask the remote Triton at {self.endpoints.grpc_url} what it can serve "
+                                   f"(it must run with --model-control-mode=explicit): {one_line(err.message() or '')}") from None
+        finally:
+            client.close()
+        return found
 
     @staticmethod
     def upload(model_dir: Path) -> tuple[str, dict[str, bytes]]:

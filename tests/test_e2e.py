@@ -295,6 +295,16 @@ def test_local_mode_runs_a_tritonserver_found_on_path(small_artifacts, tmp_path,
         embedded.stop()
 
 
+def client_models(grpc_url: str) -> list[str]:
+    import tritonclient.grpc as grpcclient
+
+    client = grpcclient.InferenceServerClient(grpc_url)
+    try:
+        return [m["name"] for m in client.get_model_repository_index(as_json=True).get("models", []) if m.get("state") == "READY"]
+    finally:
+        client.close()
+
+
 def test_remote_mode_uploads_loads_and_unloads_through_the_client(small_artifacts, small_adapter, tmp_path):
     """A server started by someone else in explicit model control mode, with an empty repository of its own."""
     import tritonclient.grpc as grpcclient
@@ -307,6 +317,9 @@ def test_remote_mode_uploads_loads_and_unloads_through_the_client(small_artifact
         ep = theirs.endpoints
         remote = RemoteServer(tmp_path / "repo", tmp_path / "remote.log", http_url=ep.http_url, grpc_url=ep.grpc_url)
         assert remote.alive()
+        assert remote.backends() == {"python"}  # probed: the embedded binary has only the python backend
+        assert "backend probe onnxruntime: missing" in (tmp_path / "remote.log").read_text()
+        assert not [m for m in client_models(ep.grpc_url) if m.startswith("tbench_probe")]  # probes unloaded
         remote.start()
         client = grpcclient.InferenceServerClient(ep.grpc_url)
         assert client.is_model_ready("resnet50")

@@ -75,7 +75,8 @@ def tf_small():
     return adapter, adapter.build()
 
 
-def test_tensorflow_chain_to_onnx_goes_through_the_savedmodel(tf_small, tmp_path):
+def test_tensorflow_chain_to_onnx_goes_through_the_savedmodel(tf_small, tmp_path, monkeypatch):
+    monkeypatch.setenv("TBENCH_CACHE_DIR", str(tmp_path / "cache"))  # a real conversion, whatever ran before
     adapter, model = tf_small
     assert [(c.source, c.target) for c in plan("tensorflow", Format.ONNX)] == [
         ("tensorflow", Format.TF_SAVEDMODEL), ("tf-savedmodel", Format.ONNX)]

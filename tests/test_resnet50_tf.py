@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-pytest.importorskip("keras")
 
-from model_adapters.resnet50_tf import ResNet50TF, keras_call  # noqa: E402
+from model_adapters.resnet50_tf import ResNet50TF  # noqa: E402
+from tbench.runtimes import run_keras  # noqa: E402
 from tbench.errors import ConfigError  # noqa: E402
 
 
@@ -30,7 +30,7 @@ def test_output_shape_and_dtype(adapter, model):
     assert spec.output_names() == ["output"] and spec.outputs[0].shape == [10]
     batch = adapter.sample_batch(4)
     assert batch["input"].shape == (4, 32, 32, 3) and batch["input"].dtype == np.float32
-    out = keras_call(model, batch)
+    out = run_keras(model, adapter.io_spec(), batch)
     assert list(out) == ["output"]
     assert out["output"].shape == (4, 10) and out["output"].dtype == np.float32
     assert np.isfinite(out["output"]).all() and out["output"].std() > 0
@@ -56,9 +56,9 @@ def test_checkpoint_round_trip(adapter, model, tmp_path):
 
     loaded = ResNet50TF("small", checkpoint=path).build()
     batch = adapter.sample_batch(2)
-    expected = keras_call(trained, batch)["output"]
-    np.testing.assert_allclose(keras_call(loaded, batch)["output"], expected, rtol=1e-5, atol=1e-6)
-    assert not np.allclose(keras_call(model, batch)["output"], expected)
+    expected = run_keras(trained, adapter.io_spec(), batch)["output"]
+    np.testing.assert_allclose(run_keras(loaded, adapter.io_spec(), batch)["output"], expected, rtol=1e-5, atol=1e-6)
+    assert not np.allclose(run_keras(model, adapter.io_spec(), batch)["output"], expected)
 
 
 def test_bad_checkpoint_raises_config_error(tmp_path):
