@@ -36,7 +36,8 @@ def frameworks(name: str) -> list[str]:
     return list(_REGISTRY.get(name, {}))
 
 
-def get(name: str, size: str = "full", checkpoint: str | None = None, framework: str | None = None) -> ModelAdapter:
+def get(name: str, size: str = "full", checkpoint: str | None = None, framework: str | None = None,
+        data_dir: str | None = None) -> ModelAdapter:
     """The adapter of a model; its first registered framework (PyTorch for the built-ins) unless one is named."""
     _load_builtin_and_plugins()
     try:
@@ -46,7 +47,7 @@ def get(name: str, size: str = "full", checkpoint: str | None = None, framework:
     chosen = framework.strip().lower() if framework else next(iter(variants))
     if chosen not in variants:
         raise ConfigError(f"model {name!r} has no {chosen} implementation; it has: {', '.join(variants)}")
-    return variants[chosen](size=size, checkpoint=checkpoint)
+    return variants[chosen](size=size, checkpoint=checkpoint, data_dir=data_dir)
 
 
 __all__ = ["Batch", "ModelAdapter", "ServingDefaults", "get", "names", "register"]

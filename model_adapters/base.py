@@ -39,13 +39,14 @@ class ModelAdapter(ABC):
     metric_name: str | None  # None: no labels, so accuracy compares served outputs with the source's only
     sizes: tuple[str, ...] = ("full", "small")
 
-    def __init__(self, size: str = "full", checkpoint: str | None = None):
+    def __init__(self, size: str = "full", checkpoint: str | None = None, data_dir: str | None = None):
         from tbench.errors import ConfigError
 
         if size not in self.sizes:
             raise ConfigError(f"unknown size {size!r} for model {self.name!r}; known: {', '.join(self.sizes)}")
         self.size = size
         self.checkpoint = checkpoint
+        self.data_dir = data_dir  # the dataset as the guide's preprocessing leaves it; synthetic data when None
 
     @abstractmethod
     def build(self):
@@ -74,7 +75,8 @@ class ModelAdapter(ABC):
 
     def reproduce_expr(self) -> str:
         """Python that rebuilds this adapter, for the reproduce scripts next to each conversion."""
-        return f"model_adapters.get({self.name!r}, {self.size!r}, {self.checkpoint!r}, framework={self.framework!r})"
+        return (f"model_adapters.get({self.name!r}, {self.size!r}, {self.checkpoint!r}, framework={self.framework!r}, "
+                f"data_dir={self.data_dir!r})")
 
     def sample_batch(self, batch_size: int, seed: int = 1234) -> dict[str, np.ndarray]:
         return next(self.batches(batch_size, batch_size, seed=seed)).inputs

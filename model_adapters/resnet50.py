@@ -8,6 +8,7 @@ import numpy as np
 
 from model_adapters import register
 from model_adapters.base import Batch, ModelAdapter, ServingDefaults
+from model_adapters.imagenet import folder_batches
 from tbench.errors import ConfigError
 from tbench.iospec import IoSpec, TensorSpec
 
@@ -126,8 +127,12 @@ class ResNet50(ModelAdapter):
         )
 
     def batches(self, n_samples: int, batch_size: int, seed: int = 0) -> Iterator[Batch]:
-        """Synthetic normalised images with uniform random labels (ImageNet folders come with the dataloader issue)."""
+        """An ImageNet-layout folder with the standard preprocessing (NCHW); synthetic images and labels without one."""
         _, _, side, classes = self._dims
+        if self.data_dir:
+            for images, labels in folder_batches(self.data_dir, side, classes, n_samples, batch_size, channels_first=True):
+                yield Batch(inputs={"input__0": images}, labels=labels)
+            return
         rng = np.random.default_rng(seed)
         for start in range(0, n_samples, batch_size):
             n = min(batch_size, n_samples - start)

@@ -19,6 +19,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from model_adapters.base import Batch, ModelAdapter, ServingDefaults
+from model_adapters.imagenet import folder_batches
 from model_adapters.resnet50 import _SIZES, ResNet50
 from tbench.errors import ConfigError
 from tbench.iospec import IoSpec, TensorSpec
@@ -157,8 +158,12 @@ class ResNet50TF(ModelAdapter):
         )
 
     def batches(self, n_samples: int, batch_size: int, seed: int = 0) -> Iterator[Batch]:
-        """Synthetic normalised NHWC images with uniform random labels."""
+        """An ImageNet-layout folder with the standard preprocessing (NHWC); synthetic images and labels without one."""
         _, _, side, classes = self._dims
+        if self.data_dir:
+            for images, labels in folder_batches(self.data_dir, side, classes, n_samples, batch_size, channels_first=False):
+                yield Batch(inputs={"input": images}, labels=labels)
+            return
         rng = np.random.default_rng(seed)
         for start in range(0, n_samples, batch_size):
             n = min(batch_size, n_samples - start)

@@ -100,6 +100,7 @@ def run(
     framework: str = typer.Option(None, help="The model's implementation: pytorch or tensorflow (the adapter's first by default)."),
     size: str = typer.Option("full", help="Model size: full or small."),
     checkpoint: str = typer.Option(None, help="Weights file; random weights when not given."),
+    dataset: str = typer.Option(None, help="Dataset folder (e.g. ImageNet layout for resnet50); synthetic data when not given."),
     formats: str = typer.Option(None, help="Formats to export and check, e.g. onnx,ts-trace."),
     serve: str = typer.Option(None, help="Formats to serve and measure, e.g. onnx,ts-script, or 'all' (default: the first format)."),
     precision: str = typer.Option("fp32", help="Precision of the served model."),
@@ -131,7 +132,7 @@ def run(
         tuned = {"images_per_window": images_per_window, "stability_percentage": stability}
         measurement = Measurement(**{k: v for k, v in tuned.items() if v is not None}) if any(tuned.values()) else None
         request = BenchmarkRequest(
-            model=model or "resnet50", size=size, checkpoint=checkpoint, formats=_split(formats), serve_formats=_split(serve),
+            model=model or "resnet50", size=size, checkpoint=checkpoint, dataset=dataset, formats=_split(formats), serve_formats=_split(serve),
             framework=framework, model_file=model_file, shapes=parse_named(shape, "shape", _dims),
             input_dtypes=parse_named(dtype, "dtype", str),
             precision=precision, batch_sizes=parse_int_list(batch_sizes, "batch sizes"),

@@ -47,7 +47,7 @@ def adapter_for(req: "BenchmarkRequest | ResolvedRequest"):
         from model_adapters.file_model import ModelFileAdapter
 
         return ModelFileAdapter(req.model_file, req.shapes, req.input_dtypes)
-    return model_adapters.get(req.model, req.size, req.checkpoint, req.framework)
+    return model_adapters.get(req.model, req.size, req.checkpoint, req.framework, req.dataset)
 
 
 class BenchmarkRequest(BaseModel):
@@ -58,6 +58,7 @@ class BenchmarkRequest(BaseModel):
     input_dtypes: dict[str, str] | None = Field(None, description="model_file: numpy dtype per input where the file does not say (TorchScript).")
     size: str = Field("full", description="Model size: 'full' (published dimensions) or 'small'.")
     checkpoint: str | None = Field(None, description="Weights to load; random weights when empty.")
+    dataset: str | None = Field(None, description="The dataset folder as the guide's preprocessing leaves it; synthetic data when empty.")
     profile: str | None = Field(None, description="'cpu' (quick, scaled down) or 'gpu' (the guide's grid); auto by hardware.")
     formats: list[str] | None = Field(None, description="Formats to export and check, e.g. ['onnx', 'ts-trace'].")
     serve_formats: list[str] | None = Field(None, description="Formats served by Triton and measured, each as its own model; "
@@ -150,6 +151,7 @@ class ResolvedRequest(BaseModel):
     shapes: dict[str, list[int]] | None
     input_dtypes: dict[str, str] | None
     checkpoint: str | None
+    dataset: str | None
     profile: str
     formats: list[Format]
     serve_formats: list[Format]

@@ -57,6 +57,23 @@ def test_accuracy_through_triton_agrees_with_the_framework(served_small, small_a
     result = measure_accuracy(small_adapter, small_module, served_small.endpoints.grpc_url, "resnet50", samples=20, batch_size=8)
     assert result.samples == 20 and result.agreement == 1.0 and result.difference == 0.0
     assert 0.0 <= result.framework <= 1.0
+    assert result.passed and [o.output for o in result.outputs] == ["output__0"]
+
+
+def test_top1_on_an_imagenet_folder_through_triton(served_small, small_module, tmp_path):
+    """The guide's accuracy check: labelled JPEGs in class folders, standard preprocessing, top-1 both ways."""
+    import model_adapters
+    from PIL import Image
+
+    rng = np.random.default_rng(3)
+    for c in range(3):
+        (tmp_path / f"n0{c}").mkdir()
+        for i in range(3):
+            Image.fromarray(rng.integers(0, 255, (40, 48, 3), dtype=np.uint8)).save(tmp_path / f"n0{c}" / f"{i}.JPEG")
+    adapter = model_adapters.get("resnet50", "small", data_dir=str(tmp_path))
+    result = measure_accuracy(adapter, small_module, served_small.endpoints.grpc_url, "resnet50", samples=100, batch_size=4)
+    assert result.metric == "top1" and result.samples == 9 and result.agreement == 1.0 and result.passed
+    assert result.framework == result.triton
 
 
 def test_sweep_keeps_measured_points_and_flags_an_unstable_one(served_small, small_artifacts, tmp_path):
