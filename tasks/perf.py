@@ -64,19 +64,25 @@ MAX_INPUT_VALUES = 1_000_000
 
 def prepare_inputs(adapter, module, path: Path, samples: int = 4) -> PerfInputs:
     """Samples from the adapter's data (synthetic when it has no dataset) as perf_analyzer JSON, one entry per sample,
-    so integer inputs such as token ids stay in range, which perf_analyzer's random data does not."""
+    so integer inputs such as token ids stay in range, which perf_analyzer's random data does not. Samples too big
+    for JSON (a 4 x 128^3 volume is 8M values) whose inputs are all floats get perf_analyzer's random data instead."""
     from tbench.runtimes import run_source
 
     one = adapter.sample_batch(1)
     per_sample = sum(int(np.prod(a.shape)) for a in one.values())
+    all_float = all(a.dtype.kind == "f" for a in one.values())
     batch = adapter.sample_batch(max(1, min(samples, MAX_INPUT_VALUES // max(per_sample, 1))))
-    entries = []
-    for i in range(len(next(iter(batch.values())))):
-        entries.append({name: {"content": (a[i].round(6) if a.dtype.kind == "f" else a[i]).ravel().tolist(), "shape": list(a.shape[1:])}
-                        for name, a in batch.items()})
-    path.write_text(json.dumps({"data": entries}))
-    outputs = run_source(adapter.framework, module, adapter.io_spec(), one)
-    return PerfInputs(data_file=path, shapes=adapter.input_shapes(), sample_output_bytes=max(v.nbytes for v in outputs.values()))
+    n = len(next(iter(batch.values())))
+    data_file = None
+    if per_sample <= MAX_INPUT_VALUES or not all_float:
+        entries = [{name: {"content": (a[i].round(6) if a.dtype.kind == "f" else a[i]).ravel().tolist(), "shape": list(a.shape[1:])}
+                    for name, a in batch.items()} for i in range(n)]
+        path.write_text(json.dumps({"data": entries}))
+        data_file = path
+    # outputs of the very samples perf_analyzer sends (padded to the longest where lengths vary), per sample
+    outputs = run_source(adapter.framework, module, adapter.io_spec(), batch)
+    per_sample_bytes = max(v.nbytes // n for v in outputs.values())
+    return PerfInputs(data_file=data_file, shapes=adapter.input_shapes(), sample_output_bytes=per_sample_bytes)
 
 
 def output_shm_bytes(spec: IoSpec, batch_size: int, sample_output_bytes: int | None = None) -> int:

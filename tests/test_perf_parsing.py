@@ -2,6 +2,7 @@
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from tasks.perf import Point, output_shm_bytes, parse_perf_csv, perf_argv, plan_points
@@ -84,3 +85,20 @@ def test_windows_hold_about_the_same_inferences_and_double_on_retry():
     assert m.requests_per_window(64, 1) == 4  # never fewer than min_requests
     assert m.requests_per_window(1, 32) == 64  # at least 2 x concurrency
     assert m.requests_per_window(4, 1, attempt=1) == 12
+
+
+def test_perf_input_data_holds_real_samples_and_skips_huge_float_ones(small_adapter, small_module, tmp_path, monkeypatch):
+    import json
+
+    from tasks import perf
+    from tasks.perf import prepare_inputs
+
+    inputs = prepare_inputs(small_adapter, small_module, tmp_path / "data.json", samples=3)
+    entries = json.loads((tmp_path / "data.json").read_text())["data"]
+    first = small_adapter.sample_batch(3)["input__0"][0]
+    assert len(entries) == 3 and entries[0]["input__0"]["shape"] == [3, 32, 32]
+    np.testing.assert_allclose(entries[0]["input__0"]["content"][:5], first.ravel()[:5], atol=1e-6)
+    assert inputs.data_file == tmp_path / "data.json" and inputs.sample_output_bytes == 10 * 4
+    monkeypatch.setattr(perf, "MAX_INPUT_VALUES", 100)  # a 3x32x32 image is now "too big": random data
+    assert prepare_inputs(small_adapter, small_module, tmp_path / "big.json").data_file is None
+    assert not (tmp_path / "big.json").exists()
