@@ -18,9 +18,12 @@ def register(cls: type[ModelAdapter]) -> type[ModelAdapter]:
 
 def _load_builtin_and_plugins() -> None:
     from model_adapters import resnet50  # noqa: F401  (registers itself)
+    from model_adapters.fastpitch import FastPitch
+    from model_adapters.nnunet import NnUNet
     from model_adapters.resnet50_tf import ResNet50TF
 
-    register(ResNet50TF)
+    for cls in (ResNet50TF, NnUNet, FastPitch):
+        register(cls)
 
     for ep in entry_points(group="tbench.model_adapters"):
         register(ep.load())
@@ -37,7 +40,7 @@ def frameworks(name: str) -> list[str]:
 
 
 def get(name: str, size: str = "full", checkpoint: str | None = None, framework: str | None = None,
-        data_dir: str | None = None) -> ModelAdapter:
+        data_dir: str | None = None, profile: str | None = None) -> ModelAdapter:
     """The adapter of a model; its first registered framework (PyTorch for the built-ins) unless one is named."""
     _load_builtin_and_plugins()
     try:
@@ -47,7 +50,9 @@ def get(name: str, size: str = "full", checkpoint: str | None = None, framework:
     chosen = framework.strip().lower() if framework else next(iter(variants))
     if chosen not in variants:
         raise ConfigError(f"model {name!r} has no {chosen} implementation; it has: {', '.join(variants)}")
-    return variants[chosen](size=size, checkpoint=checkpoint, data_dir=data_dir)
+    adapter = variants[chosen](size=size, checkpoint=checkpoint, data_dir=data_dir)
+    adapter.profile = profile  # a profile may scale the inputs down (e.g. nnunet's volume on the CPU)
+    return adapter
 
 
 __all__ = ["Batch", "ModelAdapter", "ServingDefaults", "get", "names", "register"]

@@ -47,6 +47,7 @@ class ModelAdapter(ABC):
         self.size = size
         self.checkpoint = checkpoint
         self.data_dir = data_dir  # the dataset as the guide's preprocessing leaves it; synthetic data when None
+        self.profile: str | None = None  # set once a request is resolved: a profile may scale the inputs down
 
     @abstractmethod
     def build(self):
@@ -76,7 +77,7 @@ class ModelAdapter(ABC):
     def reproduce_expr(self) -> str:
         """Python that rebuilds this adapter, for the reproduce scripts next to each conversion."""
         return (f"model_adapters.get({self.name!r}, {self.size!r}, {self.checkpoint!r}, framework={self.framework!r}, "
-                f"data_dir={self.data_dir!r})")
+                f"data_dir={self.data_dir!r}, profile={self.profile!r})")
 
     def sample_batch(self, batch_size: int, seed: int = 1234) -> dict[str, np.ndarray]:
         return next(self.batches(batch_size, batch_size, seed=seed)).inputs

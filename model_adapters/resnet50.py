@@ -9,6 +9,7 @@ import numpy as np
 from model_adapters import register
 from model_adapters.base import Batch, ModelAdapter, ServingDefaults
 from model_adapters.imagenet import folder_batches
+from model_adapters.torch_checkpoint import load_checkpoint
 from tbench.errors import ConfigError
 from tbench.iospec import IoSpec, TensorSpec
 
@@ -80,23 +81,6 @@ def _build_module(blocks: tuple[int, ...], width: int, num_classes: int):
             return self.fc(torch.flatten(self.avgpool(x), 1))
 
     return ResNet()
-
-
-def load_checkpoint(module, path: str) -> None:
-    """Our checkpoint format: a state dict, or {"state_dict": ...}; a DataParallel `module.` prefix is dropped."""
-    import torch
-
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except (OSError, RuntimeError) as err:
-        raise ConfigError(f"cannot read checkpoint {path}: {err}") from err
-    state = state.get("state_dict", state)
-    state = {k.removeprefix("module."): v for k, v in state.items()}
-    try:
-        module.load_state_dict(state)
-    except RuntimeError as err:
-        first = str(err).strip().splitlines()[0]
-        raise ConfigError(f"checkpoint {path} does not fit this model: {first}") from err
 
 
 @register

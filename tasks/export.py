@@ -270,9 +270,10 @@ def cache_root() -> Path:
     return Path(os.environ.get(CACHE_ENV, Path.home() / ".cache" / "tbench" / "conversions"))
 
 
-def cache_key(source_hash: str, conv: Converter, options: ConversionOptions, versions: dict[str, str]) -> str:
+def cache_key(source_hash: str, conv: Converter, options: ConversionOptions, versions: dict[str, str], spec: IoSpec) -> str:
+    """Same source, step, options, tool versions and io spec (static shapes are baked into some exports) -> same key."""
     text = json.dumps({"source": source_hash, "step": [conv.source, conv.target.value], "options": options.model_dump(mode="json"),
-                       "tools": versions}, sort_keys=True)
+                       "tools": versions, "io": spec.model_dump()}, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
@@ -290,7 +291,7 @@ def run_step(adapter: ModelAdapter, conv: Converter, source, source_hash: str, o
              options: ConversionOptions) -> tuple[Path, str, bool]:
     """One conversion into out_dir/<target>/, from the cache when it has it; returns (path, content hash, cached)."""
     versions = tool_versions(conv)
-    key = cache_key(source_hash, conv, options, versions)
+    key = cache_key(source_hash, conv, options, versions, adapter.io_spec())
     target_dir = out_dir / conv.target.value
     out = target_dir / FILE_NAMES[conv.target]
     cached = cache_root() / key

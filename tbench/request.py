@@ -47,7 +47,7 @@ def adapter_for(req: "BenchmarkRequest | ResolvedRequest"):
         from model_adapters.file_model import ModelFileAdapter
 
         return ModelFileAdapter(req.model_file, req.shapes, req.input_dtypes)
-    return model_adapters.get(req.model, req.size, req.checkpoint, req.framework, req.dataset)
+    return model_adapters.get(req.model, req.size, req.checkpoint, req.framework, req.dataset, req.profile)
 
 
 class BenchmarkRequest(BaseModel):

@@ -10,7 +10,7 @@ runner = CliRunner()
 
 
 @pytest.mark.parametrize("args, message", [
-    (["run", "nosuch"], "error: unknown model 'nosuch'; known: resnet50"),
+    (["run", "nosuch"], "error: unknown model 'nosuch'; known: fastpitch, nnunet, resnet50"),
     (["run", "resnet50", "--formats", "onnx,foo"], "error: unknown format 'foo'"),
     (["run", "resnet50", "--batch-sizes", "1,512"], "error: batch size 512 is above max_batch_size"),
     (["run", "resnet50", "--concurrency", "x"], "error: cannot read concurrency 'x'"),

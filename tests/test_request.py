@@ -36,7 +36,7 @@ def test_tensorflow_variant_defaults_to_savedmodel_and_onnx():
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    ({"model": "nosuch"}, "unknown model 'nosuch'; known: resnet50"),
+    ({"model": "nosuch"}, "unknown model 'nosuch'; known: fastpitch, nnunet, resnet50"),
     ({"formats": ["onnx", "bogus"]}, "unknown format 'bogus'"),
     ({"batch_sizes": [1, 64]}, "batch size 64 is above max_batch_size"),
     ({"max_batch_size": 2, "batch_sizes": [1], "preferred_batch_sizes": [4]}, "preferred batch size 4 is above max_batch_size 2"),
