@@ -23,6 +23,7 @@ class ServingDefaults:
     online_concurrency: list[int]
     accuracy_samples: int = 64
     formats: list[str] = field(default_factory=lambda: ["onnx", "ts-trace"])
+    images_per_window: int | None = None  # perf_analyzer window size when the profile's default is too long for the model
 
 
 @dataclass

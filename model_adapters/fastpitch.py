@@ -274,8 +274,8 @@ class FastPitch(ModelAdapter):
                 formats=["ts-trace", "onnx"],
             )
         # cpu: the full model takes ~0.55 s per batch-1 utterance on 2 cores (128 tokens, ~880 frames) and a perf point
-        # needs >= 3 windows of 24 inferences, so its grid is [1, 2] (~45-75 s per point, a few minutes in all);
-        # the small size is fast enough for the bigger grid
+        # needs >= 3 windows, so its grid is [1, 2] with windows of 8 inferences (a loaded machine triples the time
+        # per utterance); the small size is fast enough for the bigger grid and the profile's windows
         grid = [1, 2] if self.size == "full" else [1, 2, 4, 8]
         return ServingDefaults(
             max_batch_size=grid[-1],
@@ -286,5 +286,6 @@ class FastPitch(ModelAdapter):
             online_concurrency=grid,
             accuracy_samples=16 if self.size == "full" else 32,
             formats=["ts-trace", "onnx"],
+            images_per_window=8 if self.size == "full" else None,
         )
 

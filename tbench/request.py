@@ -86,6 +86,11 @@ class BenchmarkRequest(BaseModel):
     tolerance_atol: float | None = Field(None, description="Correctness: absolute tolerance (plus rtol x max|ref|); by precision.")
     tolerance_rtol: float | None = Field(None, description="Correctness: tolerance relative to the output's max magnitude; by precision.")
 
+    @staticmethod
+    def _default_measurement(profile: str, images_per_window: int | None) -> Measurement:
+        base = PROFILE_MEASUREMENT[profile]
+        return base.model_copy(update={"images_per_window": images_per_window}) if images_per_window else base
+
     def resolve(self, has_gpu: bool) -> "ResolvedRequest":
         adapter = adapter_for(self)
         profile = self.profile or ("gpu" if has_gpu else "cpu")
@@ -133,7 +138,7 @@ class BenchmarkRequest(BaseModel):
             batch_sizes=batch_sizes,
             concurrency=concurrency,
             accuracy_samples=self.accuracy_samples or d.accuracy_samples,
-            measurement=self.measurement or PROFILE_MEASUREMENT[profile],
+            measurement=self.measurement or self._default_measurement(profile, d.images_per_window),
             tolerance_atol=DEFAULT_TOLERANCES[precision][0] if self.tolerance_atol is None else self.tolerance_atol,
             tolerance_rtol=DEFAULT_TOLERANCES[precision][1] if self.tolerance_rtol is None else self.tolerance_rtol,
         )

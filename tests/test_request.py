@@ -65,3 +65,13 @@ def test_tolerances_follow_precision_unless_given():
     assert (BenchmarkRequest(model="resnet50").resolve(False).tolerance_atol) == 1e-3
     assert BenchmarkRequest(model="resnet50", precision="fp16").resolve(True).tolerance_rtol == 1e-2
     assert BenchmarkRequest(model="resnet50", precision="fp16", tolerance_rtol=0.1).resolve(True).tolerance_rtol == 0.1
+
+
+def test_profiles_scale_what_a_model_needs_on_the_cpu():
+    from tbench.request import adapter_for
+
+    nnunet = BenchmarkRequest(model="nnunet").resolve(has_gpu=False)
+    assert nnunet.measurement.images_per_window == 2 and nnunet.batch_sizes == [1]
+    assert adapter_for(nnunet).io_spec().inputs[0].shape == [4, 64, 64, 64]  # the guide's 128^3 on GPU nodes
+    on_gpu = BenchmarkRequest(model="nnunet").resolve(has_gpu=True)
+    assert adapter_for(on_gpu).io_spec().inputs[0].shape == [4, 128, 128, 128] and on_gpu.measurement.images_per_window == 2048
