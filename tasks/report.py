@@ -13,6 +13,7 @@ from prefect import task  # noqa: E402
 from prefect.artifacts import create_markdown_artifact, create_table_artifact  # noqa: E402
 from prefect.cache_policies import NO_CACHE  # noqa: E402
 
+from tasks.published import PUBLISHED_GPUS, compare_with_published  # noqa: E402
 from tbench.metrics import AVG, BREAKDOWN, PERCENTILES, THROUGHPUT  # noqa: E402
 
 OFFLINE_COLUMNS = {"precision": "Precision", "backend_accelerator": "Backend Accelerator", "batch_size": "Client Batch Size",
@@ -154,6 +155,24 @@ def format_section(fmt: str, served_by: str, correctness, accuracy, results: pd.
     return lines
 
 
+def published_lines(results: pd.DataFrame) -> list[str]:
+    """The guides' published numbers beside ours where the same model, scenario, GPU, precision and format exist."""
+    lines = ["## Compared with the published results", ""]
+    both = compare_with_published(results) if not results.empty else pd.DataFrame()
+    if both.empty:
+        gpus = ", ".join(sorted({str(g) for g in results.get("gpu", pd.Series(dtype=str)).dropna()})) or "this hardware"
+        return lines + [f"The reference guides publish no results for this model on {gpus} at this precision and format "
+                        f"(they cover {', '.join(PUBLISHED_GPUS)}).", ""]
+    table = both.rename(columns={"format": "Format", "scenario": "Scenario", "batch_size": "Batch", "concurrency": "Concurrency",
+                                 THROUGHPUT.column: "Inferences/second", f"{THROUGHPUT.column}_published": "Published",
+                                 "throughput_ratio": "Ratio", "p99_ms": "P99 (ms)", "p99_ms_published": "Published P99",
+                                 "p99_ratio": "P99 ratio"})
+    columns = ["Format", "Scenario", "Batch", "Concurrency", "Inferences/second", "Published", "Ratio", "P99 (ms)",
+               "Published P99", "P99 ratio"]
+    return lines + ["Ratios are ours / published: above 1 is more throughput, or a longer P99.", "",
+                    table[columns].round(3).to_markdown(index=False), ""]
+
+
 def render_report(*, run_id: str, request, hardware, correctness, accuracy, results: pd.DataFrame, summary: dict,
                   stage_seconds: dict[str, float], plots_dir: Path, status: str = "completed", error: str | None = None,
                   served_by: dict[str, str] | None = None) -> str:
@@ -180,6 +199,7 @@ def render_report(*, run_id: str, request, hardware, correctness, accuracy, resu
     lines += ["## Summary", "", *summary_lines(summary)]
     if not results.empty and results.loc[results["status"] == "ok", "format"].nunique() > 1:
         lines += [f"![]({plot_formats(results, plots_dir).relative_to(plots_dir.parent).as_posix()})", ""]
+    lines += published_lines(results)
     if correctness:
         served = {f.value for f in request.serve_formats}
         exported_only = [c for c in correctness if c.format.value not in served]
