@@ -77,7 +77,8 @@ def benchmark_flow(request: BenchmarkRequest = BenchmarkRequest()) -> str:
             for scenario in req.scenarios:
                 key = f"perf-{scenario.value}-{fmt.value}"
                 with tracker.stage(key):
-                    perf_task(scenario, plan_points([scenario], req.batch_sizes, req.concurrency),
+                    points = plan_points([scenario], req.batch_sizes, req.concurrency, req.request_rates, req.request_distribution)
+                    perf_task(scenario, points,
                               model=name, grpc_url=server.endpoints.grpc_url, spec=artifact.io_spec, m=req.measurement,
                               layout=layout, static=static, on_row=lambda t, k=key: tracker.save_points(k, t),
                               server_alive=server.alive, inputs=perf_inputs)

@@ -15,13 +15,13 @@ def summarize(results: pd.DataFrame) -> dict:
                      "points_flagged": int((results["status"] != "ok").sum()), "best": []}
     ok = results[results["status"] == "ok"]
     for fmt in dict.fromkeys(ok["format"]):
-        for scenario, axis in (("offline", "batch_size"), ("online", "concurrency")):
+        for scenario, axis in (("offline", "batch_size"), ("online", "concurrency"), ("rate", "request_rate")):
             rows = ok[(ok["format"] == fmt) & (ok["scenario"] == scenario)]
             if rows.empty:
                 continue
             best = rows.loc[rows[THROUGHPUT.column].idxmax()]
             summary["best"].append({"format": fmt, "scenario": scenario, "best_throughput_infer_per_s": float(best[THROUGHPUT.column]),
-                                    "at": f"{axis.replace('_', ' ')} {int(best[axis])}", "p99_ms_at_best": float(best["p99_ms"]),
+                                    "at": f"{axis.replace('_', ' ')} {best[axis]:g}", "p99_ms_at_best": float(best["p99_ms"]),
                                     "min_avg_ms": float(rows["avg_ms"].min())})
     return summary
 

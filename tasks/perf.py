@@ -34,17 +34,34 @@ UNSTABLE_MARK = "Failed to obtain stable measurement"
 class Point:
     scenario: Scenario
     batch_size: int
-    concurrency: int
+    concurrency: int | None  # None for request-rate points: open loop, no fixed number of clients
+    rate: float | None = None  # requests per second (rate scenario)
+    distribution: str = "constant"  # request arrivals: constant or poisson (rate scenario)
+
+    @property
+    def label(self) -> str:
+        """How the point names its files: b4_c1, or b1_r50_poisson for a request rate."""
+        if self.rate is not None:
+            return f"b{self.batch_size}_r{self.rate:g}_{self.distribution}"
+        return f"b{self.batch_size}_c{self.concurrency}"
+
+    def describe(self) -> str:
+        load = f"rate {self.rate:g}/s {self.distribution}" if self.rate is not None else f"concurrency {self.concurrency}"
+        return f"{self.scenario.value} batch {self.batch_size} {load}"
 
 
-def plan_points(scenarios: list[Scenario], batch_sizes: list[int], concurrency: list[int]) -> list[Point]:
-    """Offline: batch grid at concurrency 1. Online: concurrency grid at batch 1 (the server batches)."""
+def plan_points(scenarios: list[Scenario], batch_sizes: list[int], concurrency: list[int],
+                rates: list[float] = (), distribution: str = "poisson") -> list[Point]:
+    """Offline: batch grid at concurrency 1. Online: concurrency grid at batch 1 (the server batches).
+    Rate: open-loop requests at each rate, batch 1, arrivals constant or poisson (the server batches)."""
     points = []
     for scenario in scenarios:
         if scenario is Scenario.OFFLINE:
             points += [Point(scenario, b, 1) for b in batch_sizes]
-        else:
+        elif scenario is Scenario.ONLINE:
             points += [Point(scenario, 1, c) for c in concurrency]
+        else:
+            points += [Point(scenario, 1, None, r, distribution) for r in rates]
     return points
 
 
@@ -105,11 +122,17 @@ def shape_args(spec: IoSpec, shapes: dict[str, list[int]] | None) -> list[str]:
     return args
 
 
+def load_args(point: Point) -> list[str]:
+    if point.rate is not None:
+        return ["--request-rate-range", f"{point.rate:g}", "--request-distribution", point.distribution]
+    return ["--concurrency-range", str(point.concurrency)]
+
+
 def perf_argv(binary: Path, model: str, grpc_url: str, point: Point, m: Measurement, request_count: int,
               csv_path: Path, spec: IoSpec, inputs: PerfInputs = PerfInputs()) -> list[str]:
     argv = [
         str(binary), "-m", model, "-u", grpc_url, "-i", "grpc",
-        "-b", str(point.batch_size), "--concurrency-range", str(point.concurrency),
+        "-b", str(point.batch_size), *load_args(point),
         "--measurement-mode", "count_windows", "--measurement-request-count", str(request_count),
         "--stability-percentage", str(m.stability_percentage), "--max-trials", str(m.max_trials),
         "-f", str(csv_path), "--verbose-csv",
@@ -130,7 +153,8 @@ def parse_perf_csv(path: Path) -> dict[str, float]:
     if frame.empty:
         raise ValueError(f"{path} has no measurement row")
     row = frame.iloc[0]
-    values = {"concurrency": int(row["Concurrency"])}
+    # a concurrency sweep writes the clients; a request-rate one the rate
+    values = {"concurrency": int(row["Concurrency"])} if "Concurrency" in frame.columns else {"request_rate": float(row["Request Rate"])}
     for metric in METRICS:
         if metric.csv_header in frame.columns:
             values[metric.column] = float(row[metric.csv_header]) * metric.scale
@@ -148,13 +172,14 @@ def measure_point(point: Point, *, model: str, grpc_url: str, spec: IoSpec, m: M
     """Measure one point, retrying with longer windows; always returns a row (status ok | unstable | error)."""
     row = empty_row()
     row.update(scenario=point.scenario.value, batch_size=point.batch_size, concurrency=point.concurrency,
+               request_rate=point.rate, request_distribution=point.distribution if point.rate is not None else "",
                stability_percentage=m.stability_percentage, max_trials=m.max_trials, protocol="grpc",
                shared_memory="system" if point.scenario is Scenario.OFFLINE else "none", measure_seconds=0.0)
     for attempt in range(1 + m.retries):
-        request_count = m.requests_per_window(point.batch_size, point.concurrency, attempt)
-        csv_path = layout.perf_csv(model, point.scenario, point.batch_size, point.concurrency, attempt)
+        request_count = m.requests_per_window(point.batch_size, point.concurrency or 1, attempt)
+        csv_path = layout.perf_csv(model, point.scenario, point.label, attempt)
         argv = perf_argv(binary, model, grpc_url, point, m, request_count, csv_path, spec, inputs)
-        done = procs.run(argv, layout.perf_log(model, point.scenario, point.batch_size, point.concurrency, attempt), m.timeout_s, env)
+        done = procs.run(argv, layout.perf_log(model, point.scenario, point.label, attempt), m.timeout_s, env)
         row.update(attempts=attempt + 1, measurement_request_count=request_count,
                    measure_seconds=row["measure_seconds"] + done.seconds)
         log = done.log_tail(40)
@@ -195,8 +220,7 @@ def run_sweep(points: list[Point], *, model: str, grpc_url: str, spec: IoSpec, m
             on_row(table)
         progress.emit("point_done", index=i + 1, total=len(points), row=row)
         if row["status"] == "error" and server_alive is not None and not server_alive():
-            raise PerfAnalyzerError(f"the Triton server stopped during the sweep at {point.scenario.value} "
-                                    f"batch {point.batch_size} concurrency {point.concurrency}: {row['error']}")
+            raise PerfAnalyzerError(f"the Triton server stopped during the sweep at {point.describe()}: {row['error']}")
     return table
 
 

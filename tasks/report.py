@@ -23,11 +23,16 @@ ONLINE_COLUMNS = {"concurrency": "Concurrent client requests", THROUGHPUT.column
                   **{m.column: m.header for m in BREAKDOWN}, **{m.column: m.header for m in PERCENTILES}, AVG.column: AVG.header}
 
 
+RATE_COLUMNS = {"request_rate": "Request rate (1/s)", "request_distribution": "Arrivals", THROUGHPUT.column: THROUGHPUT.header,
+                **{m.column: m.header for m in BREAKDOWN}, **{m.column: m.header for m in PERCENTILES}, AVG.column: AVG.header}
+SORT_BY = {"offline": "batch_size", "online": "concurrency", "rate": "request_rate"}
+
+
 def scenario_rows(results: pd.DataFrame, scenario: str, ok_only: bool = True) -> pd.DataFrame:
     rows = results[results["scenario"] == scenario]
     if ok_only:
         rows = rows[rows["status"] == "ok"]
-    return rows.sort_values("batch_size" if scenario == "offline" else "concurrency")
+    return rows.sort_values(SORT_BY[scenario])
 
 
 def guide_table(rows: pd.DataFrame, columns: dict[str, str]) -> str:
@@ -101,6 +106,24 @@ def plot_formats(results: pd.DataFrame, plots_dir: Path) -> Path:
     return path
 
 
+def plot_rate(rows: pd.DataFrame, plots_dir: Path, prefix: str = "") -> Path:
+    """Open loop: latency percentiles and achieved throughput against the offered request rate."""
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for m in [*PERCENTILES, AVG]:
+        ax.plot(rows["request_rate"], rows[m.column], marker="o", label=m.header)
+    ax.set(xlabel="Offered request rate (1/s)", ylabel="Latency (ms)", title="Rate: latency vs offered load")
+    ax2 = ax.twinx()
+    ax2.plot(rows["request_rate"], rows[THROUGHPUT.column], color="black", linestyle="--", marker="s", label=THROUGHPUT.header)
+    ax2.set_ylabel("Inferences/second")
+    handles = ax.get_legend_handles_labels()[0] + ax2.get_legend_handles_labels()[0]
+    ax.legend(handles, [h.get_label() for h in handles], fontsize=7, loc="upper left")
+    fig.tight_layout()
+    path = plots_dir / f"{prefix}rate_latency_vs_load.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def _kv_table(pairs: list[tuple[str, object]]) -> str:
     return pd.DataFrame(pairs, columns=["Parameter Name", "Parameter Value"]).to_markdown(index=False)
 
@@ -152,6 +175,12 @@ def format_section(fmt: str, served_by: str, correctness, accuracy, results: pd.
         (plot,) = (p.relative_to(run_dir).as_posix() for p in plot_online(online, plots_dir, f"{fmt}_"))
         lines += ["### Online scenario", "", "Dynamic batching on the server; each client sends batch 1 over gRPC.", "",
                   f"![]({plot})", "", guide_table(online, ONLINE_COLUMNS), ""]
+    rate = scenario_rows(rows, "rate") if not rows.empty else rows
+    if not rate.empty:
+        plot = plot_rate(rate, plots_dir, f"{fmt}_").relative_to(run_dir).as_posix()
+        lines += ["### Rate scenario", "", "Open loop: requests sent at a fixed rate whatever the answers, batch 1, dynamic "
+                  "batching on the server; throughput below the offered rate means the server fell behind.", "",
+                  f"![]({plot})", "", guide_table(rate, RATE_COLUMNS), ""]
     return lines
 
 
@@ -219,7 +248,8 @@ def render_report(*, run_id: str, request, hardware, correctness, accuracy, resu
         flagged = results[results["status"] != "ok"]
         if not flagged.empty:
             lines += ["## Flagged points", "", "Measured but not reported above: they did not stabilise or failed.", "",
-                      flagged[["format", "scenario", "batch_size", "concurrency", "status", "attempts", "error"]].to_markdown(index=False), ""]
+                      flagged[["format", "scenario", "batch_size", "concurrency", "request_rate", "status", "attempts", "error"]]
+                      .to_markdown(index=False), ""]
     if stage_seconds:
         lines += ["## Stage timings", "", pd.DataFrame(
             [{"Stage": k, "Seconds": round(v, 1)} for k, v in stage_seconds.items()]).to_markdown(index=False), ""]

@@ -36,6 +36,15 @@ def parse_int_list(text: str | None, what: str) -> list[int] | None:
     return values
 
 
+def parse_float_list(text: str | None, what: str) -> list[float] | None:
+    if not text:
+        return None
+    try:
+        return [float(p) for p in text.split(",") if p.strip()]
+    except ValueError:
+        raise ConfigError(f"cannot read {what} {text!r}: use '10,20,40'") from None
+
+
 def parse_named(values: list[str] | None, what: str, convert) -> dict | None:
     """Repeated NAME:VALUE options (the name may itself hold colons, as TF tensor names can): {name: convert(value)}."""
     if not values:
@@ -86,7 +95,9 @@ class RichProgress:
             self.bar.advance(self.sweep)
             tput = row.get("throughput_infer_per_s")
             what = f"{tput:.1f} infer/s, p99 {row['p99_ms']:.2f} ms" if row["status"] == "ok" else f"[yellow]{row['status']}[/]: {row['error']}"
-            self.bar.console.print(f"    {row['scenario']} batch {row['batch_size']} concurrency {row['concurrency']}: {what}")
+            load = (f"rate {row['request_rate']:g}/s {row['request_distribution']}" if row.get("request_distribution")
+                    else f"concurrency {row['concurrency']}")
+            self.bar.console.print(f"    {row['scenario']} batch {row['batch_size']} {load}: {what}")
             if data["index"] == data["total"]:
                 self.bar.remove_task(self.sweep)
 
@@ -106,7 +117,9 @@ def run(
     precision: str = typer.Option("fp32", help="Precision of the served model."),
     batch_sizes: str = typer.Option(None, "--batch-sizes", help="Offline batch sizes, e.g. 1,2,4,8."),
     concurrency: str = typer.Option(None, help="Online concurrency values, e.g. 1,2,4,8 or 1:8:1."),
-    scenarios: str = typer.Option("offline,online", help="Scenarios to measure."),
+    scenarios: str = typer.Option("offline,online", help="Scenarios to measure: offline, online, rate."),
+    request_rates: str = typer.Option(None, "--request-rates", help="Rate scenario: requests per second, e.g. 10,20,40."),
+    distribution: str = typer.Option("poisson", help="Rate scenario: request arrivals, poisson or constant."),
     max_batch_size: int = typer.Option(None, help="Triton max_batch_size."),
     instances: int = typer.Option(None, help="Model instances (instance_group count)."),
     preferred_batch_sizes: str = typer.Option(None, help="Dynamic batching preferred batch sizes, e.g. 4,8."),
@@ -137,6 +150,7 @@ def run(
             input_dtypes=parse_named(dtype, "dtype", str),
             precision=precision, batch_sizes=parse_int_list(batch_sizes, "batch sizes"),
             concurrency=parse_int_list(concurrency, "concurrency"), scenarios=_split(scenarios),
+            request_rates=parse_float_list(request_rates, "request rates"), request_distribution=distribution,
             max_batch_size=max_batch_size, model_instances=instances,
             preferred_batch_sizes=parse_int_list(preferred_batch_sizes, "preferred batch sizes"),
             max_queue_delay_us=queue_delay_us, profile=profile, output=output, server=server, server_url=server_url,

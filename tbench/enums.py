@@ -52,3 +52,4 @@ class Precision(_ParsedEnum):
 class Scenario(_ParsedEnum):
     OFFLINE = "offline"  # static batch grid at concurrency 1, shared memory
     ONLINE = "online"  # concurrency grid at batch 1, dynamic batching on the server
+    RATE = "rate"  # open loop: requests at fixed rates (constant or poisson arrivals), batch 1, dynamic batching

@@ -83,11 +83,12 @@ class RunLayout:
     def manifest_json(self) -> Path:
         return self.run_dir / "manifest.json"
 
-    def perf_csv(self, model: str, scenario: Scenario, batch_size: int, concurrency: int, attempt: int) -> Path:
-        return self.perf_dir / f"{model}_{scenario.value}_b{batch_size}_c{concurrency}_try{attempt}.csv"
+    def perf_csv(self, model: str, scenario: Scenario, point: str, attempt: int) -> Path:
+        """One perf_analyzer call's CSV; `point` is the point's label (b4_c1, b1_r50_poisson)."""
+        return self.perf_dir / f"{model}_{scenario.value}_{point}_try{attempt}.csv"
 
-    def perf_log(self, model: str, scenario: Scenario, batch_size: int, concurrency: int, attempt: int) -> Path:
-        return self.logs_dir / "perf_analyzer" / f"{model}_{scenario.value}_b{batch_size}_c{concurrency}_try{attempt}.log"
+    def perf_log(self, model: str, scenario: Scenario, point: str, attempt: int) -> Path:
+        return self.logs_dir / "perf_analyzer" / f"{model}_{scenario.value}_{point}_try{attempt}.log"
 
     def create(self) -> "RunLayout":
         for d in (self.run_dir, self.models_dir, self.logs_dir, self.plots_dir, self.perf_dir):

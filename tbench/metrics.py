@@ -50,7 +50,7 @@ PUBLISHED_COLUMNS = [
 # What a run adds per point: the format (our mnemonic; model_format is the guides' wording), how it was measured
 # and whether it held.
 MEASUREMENT_COLUMNS = [
-    "format", "status", "error", "attempts", "measurement_request_count", "stability_percentage", "max_trials",
+    "format", "request_rate", "request_distribution", "status", "error", "attempts", "measurement_request_count", "stability_percentage", "max_trials",
     "shared_memory", "protocol", "measure_seconds",
 ]
 RESULT_COLUMNS = PUBLISHED_COLUMNS + MEASUREMENT_COLUMNS

@@ -70,7 +70,10 @@ class BenchmarkRequest(BaseModel):
     max_queue_delay_us: int | None = Field(None, ge=0)
     batch_sizes: list[int] | None = Field(None, description="Offline scenario batch sizes (concurrency 1).")
     concurrency: list[int] | None = Field(None, description="Online scenario concurrency values (batch 1).")
-    scenarios: list[str] = Field(default_factory=lambda: ["offline", "online"])
+    scenarios: list[str] = Field(default_factory=lambda: ["offline", "online"],
+                                 description="offline, online, and rate (open-loop requests at request_rates).")
+    request_rates: list[float] | None = Field(None, description="Rate scenario: requests per second, e.g. [10, 20, 40].")
+    request_distribution: Literal["constant", "poisson"] = Field("poisson", description="Rate scenario: request arrivals.")
     accuracy_samples: int | None = Field(None, ge=1)
     measurement: Measurement | None = Field(None, description="perf_analyzer stability settings; the profile's by default.")
     output: str = Field("runs", description="Artifact root: a local folder or any fsspec URL.")
@@ -119,6 +122,12 @@ class BenchmarkRequest(BaseModel):
                 raise ConfigError(f"{label} {too_big[0]} is above max_batch_size {max_batch}")
             if any(b < 1 for b in values):
                 raise ConfigError(f"{label}s must be >= 1, got {values}")
+        scenarios = [Scenario.parse(s) for s in self.scenarios]
+        rates = sorted(set(self.request_rates or []))
+        if Scenario.RATE in scenarios and not rates:
+            raise ConfigError("the rate scenario needs request rates, e.g. request_rates=[10, 20] (--request-rates 10,20)")
+        if any(r <= 0 for r in rates):
+            raise ConfigError(f"request rates must be > 0, got {rates}")
         concurrency = sorted(set(self.concurrency or d.online_concurrency))
         if any(c < 1 for c in concurrency):
             raise ConfigError(f"concurrency values must be >= 1, got {concurrency}")
@@ -130,7 +139,8 @@ class BenchmarkRequest(BaseModel):
             formats=formats,
             serve_formats=list(dict.fromkeys(serve)),
             precision=precision,
-            scenarios=[Scenario.parse(s) for s in self.scenarios],
+            scenarios=scenarios,
+            request_rates=rates,
             max_batch_size=max_batch,
             model_instances=self.model_instances or d.model_instances,
             preferred_batch_sizes=preferred,
@@ -168,6 +178,8 @@ class ResolvedRequest(BaseModel):
     batch_sizes: list[int]
     concurrency: list[int]
     scenarios: list[Scenario]
+    request_rates: list[float]
+    request_distribution: str
     accuracy_samples: int
     measurement: Measurement
     output: str

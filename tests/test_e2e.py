@@ -16,7 +16,7 @@ import pytest
 
 from tasks.accuracy import infer_triton, measure_accuracy
 from tbench.runtimes import run_pytorch
-from tasks.perf import Point, run_sweep
+from tasks.perf import Point, plan_points, run_sweep
 from tasks.repository import ServingConfig, write_repository
 from tasks.server import EmbeddedServer, LocalServer, RemoteServer
 from tbench.enums import Scenario
@@ -99,6 +99,20 @@ def test_sweep_keeps_measured_points_and_flags_an_unstable_one(served_small, sma
     row = unstable.iloc[0]
     assert row["status"] == "unstable" and row["attempts"] == 2 and pd.isna(row["throughput_infer_per_s"])
     assert row["measurement_request_count"] == 2 * 8
+
+
+def test_open_loop_rate_points_measure_what_the_server_keeps_up_with(served_small, small_artifacts, tmp_path):
+    layout = RunLayout(tmp_path, "rate").create()
+    points = plan_points([Scenario.RATE], [], [], rates=[20.0, 40.0], distribution="poisson")
+    table = run_sweep(points, model="resnet50", grpc_url=served_small.endpoints.grpc_url, spec=small_artifacts[0].io_spec,
+                      m=Measurement(images_per_window=60, stability_percentage=50, max_trials=8), layout=layout, static={})
+    assert (table["status"] == "ok").all(), table[["status", "error"]]
+    assert table["request_rate"].tolist() == [20.0, 40.0] and set(table["request_distribution"]) == {"poisson"}
+    assert table["concurrency"].isna().all()
+    # a small model on 2 cores keeps up with 20-40 requests/s: throughput near the offered rate (poisson arrivals
+    # over a 60-request window vary by ~13%, so the bounds are ~3 standard deviations)
+    assert ((table["throughput_infer_per_s"] / table["request_rate"]).between(0.6, 1.4)).all(), table["throughput_infer_per_s"]
+    assert (layout.perf_dir / "resnet50_rate_b1_r40_poisson_try0.csv").exists()
 
 
 def test_dynamic_batching_runs_concurrent_requests_in_one_runtime_call(served_small, small_artifacts, tmp_path):

@@ -20,6 +20,6 @@ def test_every_artifact_lives_under_the_run_folder(tmp_path):
     assert layout.manifest_json.name == "manifest.json" and layout.report_md.name == "report.md"
     assert layout.results_csv.parent == layout.results_parquet.parent == layout.run_dir
     assert layout.server_log == layout.logs_dir / "tritonserver.log"
-    csv = layout.perf_csv("resnet50", Scenario.ONLINE, 1, 8, attempt=1)
+    csv = layout.perf_csv("resnet50", Scenario.ONLINE, "b1_c8", attempt=1)
     assert csv == layout.perf_dir / "resnet50_online_b1_c8_try1.csv"
-    assert layout.perf_log("resnet50", Scenario.ONLINE, 1, 8, 1).is_relative_to(layout.logs_dir)
+    assert layout.perf_log("resnet50", Scenario.ONLINE, "b1_c8", 1).is_relative_to(layout.logs_dir)

@@ -64,6 +64,23 @@ def test_plan_points_offline_batches_at_concurrency_1_online_concurrency_at_batc
                       Point(Scenario.ONLINE, 1, 2), Point(Scenario.ONLINE, 1, 8)]
 
 
+def test_plan_points_rate_sends_open_loop_requests_at_batch_1():
+    points = plan_points([Scenario.RATE], [1, 4], [2], rates=[10.0, 25.5], distribution="constant")
+    assert points == [Point(Scenario.RATE, 1, None, 10.0, "constant"), Point(Scenario.RATE, 1, None, 25.5, "constant")]
+    assert [p.label for p in points] == ["b1_r10_constant", "b1_r25.5_constant"]
+
+
+def test_request_rate_argv_and_csv(tmp_path):
+    spec = IoSpec(inputs=[TensorSpec(name="x", dtype="float32", shape=[3])], outputs=[TensorSpec(name="y", dtype="float32", shape=[2])])
+    argv = perf_argv(Path("pa"), "m", "u", Point(Scenario.RATE, 1, None, 50.0, "poisson"), Measurement(), 10, tmp_path / "a.csv", spec)
+    assert argv[argv.index("--request-rate-range") + 1] == "50" and argv[argv.index("--request-distribution") + 1] == "poisson"
+    assert "--concurrency-range" not in argv and "--shared-memory" not in argv
+    row = parse_perf_csv(PA / "rate_r50_poisson_verbose.csv")  # a real perf_analyzer 2.51 request-rate CSV
+    assert row["request_rate"] == 50.0 and "concurrency" not in row
+    assert row["throughput_infer_per_s"] == pytest.approx(46.2967) and row["p99_ms"] == pytest.approx(8.182)
+    assert row["avg_ms"] == pytest.approx(3.298)
+
+
 def test_offline_uses_system_shared_memory_sized_for_the_output(tmp_path):
     spec = IoSpec(inputs=[TensorSpec(name="x", dtype="float32", shape=[3, 8, 8])],
                   outputs=[TensorSpec(name="y", dtype="float32", shape=[1000])])

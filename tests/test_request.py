@@ -45,6 +45,8 @@ def test_tensorflow_variant_defaults_to_savedmodel_and_onnx():
     ({"model_file": "/nonexistent/model.onnx"}, "/nonexistent/model.onnx"),
     ({"precision": "fp16"}, "needs a GPU"),
     ({"profile": "laptop"}, "unknown profile"),
+    ({"scenarios": ["rate"]}, "the rate scenario needs request rates"),
+    ({"scenarios": ["rate"], "request_rates": [10, 0]}, "request rates must be > 0"),
     ({"size": "huge"}, "unknown size 'huge'"),
     ({"scenarios": ["offline", "batch"]}, "unknown scenario 'batch'"),
 ])
