@@ -43,24 +43,35 @@ def guide_table(rows: pd.DataFrame, columns: dict[str, str]) -> str:
     return table.fillna("").to_markdown(index=False)
 
 
+def _throughput_on_twin_axis(ax, x, rows: pd.DataFrame, **style):
+    """Throughput in black on a second y axis, one legend for both axes; returns the second axis."""
+    ax2 = ax.twinx()
+    ax2.plot(x, rows[THROUGHPUT.column], color="black", label=THROUGHPUT.header, **style)
+    ax2.set_ylabel("Inferences/second")
+    handles = ax.get_legend_handles_labels()[0] + ax2.get_legend_handles_labels()[0]
+    ax.legend(handles, [h.get_label() for h in handles], fontsize=7, loc="upper left")
+    return ax2
+
+
+def _save(fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def plot_offline(rows: pd.DataFrame, plots_dir: Path, prefix: str = "") -> list[Path]:
     batch = rows["batch_size"].astype(str)
     fig, ax = plt.subplots(figsize=(6, 4))
     ax.bar(batch, rows[THROUGHPUT.column], color="#76b900")
     ax.set(xlabel="Client batch size", ylabel="Inferences/second", title="Offline: throughput vs batch size")
-    fig.tight_layout()
-    left = plots_dir / f"{prefix}offline_throughput_vs_batch.png"
-    fig.savefig(left, dpi=110)
-    plt.close(fig)
+    left = _save(fig, plots_dir / f"{prefix}offline_throughput_vs_batch.png")
     fig, ax = plt.subplots(figsize=(6, 4))
     for m in [*PERCENTILES[1:], AVG]:
         ax.plot(batch, rows[m.column], marker="o", label=m.header)
     ax.set(xlabel="Client batch size", ylabel="Latency (ms)", title="Offline: latency vs batch size")
     ax.legend()
-    fig.tight_layout()
-    right = plots_dir / f"{prefix}offline_latency_vs_batch.png"
-    fig.savefig(right, dpi=110)
-    plt.close(fig)
+    right = _save(fig, plots_dir / f"{prefix}offline_latency_vs_batch.png")
     return [left, right]
 
 
@@ -73,17 +84,8 @@ def plot_online(rows: pd.DataFrame, plots_dir: Path, prefix: str = "") -> list[P
         ax.bar(conc, values, bottom=bottom, label=m.header)
         bottom = bottom + values
     ax.set(xlabel="Concurrent client requests", ylabel="Latency (ms)", title="Online: latency breakdown and throughput vs concurrency")
-    ax2 = ax.twinx()
-    ax2.plot(conc, rows[THROUGHPUT.column], color="black", marker="o", label=THROUGHPUT.header)
-    ax2.set_ylabel("Inferences/second")
-    ax2.set_ylim(bottom=0)
-    handles = ax.get_legend_handles_labels()[0] + ax2.get_legend_handles_labels()[0]
-    ax.legend(handles, [h.get_label() for h in handles], fontsize=7, loc="upper left")
-    fig.tight_layout()
-    path = plots_dir / f"{prefix}online_latency_breakdown_throughput.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return [path]
+    _throughput_on_twin_axis(ax, conc, rows, marker="o").set_ylim(bottom=0)
+    return [_save(fig, plots_dir / f"{prefix}online_latency_breakdown_throughput.png")]
 
 
 def plot_formats(results: pd.DataFrame, plots_dir: Path) -> Path:
@@ -99,11 +101,7 @@ def plot_formats(results: pd.DataFrame, plots_dir: Path) -> Path:
         ax.set_ylim(bottom=0)
         if ax.has_data():
             ax.legend()
-    fig.tight_layout()
-    path = plots_dir / "formats_throughput.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, plots_dir / "formats_throughput.png")
 
 
 def plot_rate(rows: pd.DataFrame, plots_dir: Path, prefix: str = "") -> Path:
@@ -112,16 +110,8 @@ def plot_rate(rows: pd.DataFrame, plots_dir: Path, prefix: str = "") -> Path:
     for m in [*PERCENTILES, AVG]:
         ax.plot(rows["request_rate"], rows[m.column], marker="o", label=m.header)
     ax.set(xlabel="Offered request rate (1/s)", ylabel="Latency (ms)", title="Rate: latency vs offered load")
-    ax2 = ax.twinx()
-    ax2.plot(rows["request_rate"], rows[THROUGHPUT.column], color="black", linestyle="--", marker="s", label=THROUGHPUT.header)
-    ax2.set_ylabel("Inferences/second")
-    handles = ax.get_legend_handles_labels()[0] + ax2.get_legend_handles_labels()[0]
-    ax.legend(handles, [h.get_label() for h in handles], fontsize=7, loc="upper left")
-    fig.tight_layout()
-    path = plots_dir / f"{prefix}rate_latency_vs_load.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    _throughput_on_twin_axis(ax, rows["request_rate"], rows, linestyle="--", marker="s")
+    return _save(fig, plots_dir / f"{prefix}rate_latency_vs_load.png")
 
 
 def _kv_table(pairs: list[tuple[str, object]]) -> str:
