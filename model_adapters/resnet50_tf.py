@@ -11,6 +11,7 @@ module names (`layer2_0_conv2`, `layer2_0_downsample_0`, ...).
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import os
 import re
 import warnings
@@ -33,9 +34,13 @@ def _build_model(blocks: tuple[int, ...], width: int, side: int, num_classes: in
     import keras
     from keras import layers
 
+    # every initializer gets its own explicit seed: unseeded ones draw from Python's global RNG, which other threads
+    # in the process (Prefect's, for one) also draw from, so two builds could differ
+    seeds = itertools.count(1)
+
     def he_normal():
         # kaiming_normal_(mode="fan_out", nonlinearity="relu"), as the PyTorch adapter initialises its convs
-        return keras.initializers.VarianceScaling(2.0, mode="fan_out", distribution="untruncated_normal")
+        return keras.initializers.VarianceScaling(2.0, mode="fan_out", distribution="untruncated_normal", seed=next(seeds))
 
     def conv(x, filters, kernel, stride, name, pad=0):
         if pad:
@@ -84,8 +89,8 @@ def _build_model(blocks: tuple[int, ...], width: int, side: int, num_classes: in
     bound = 1.0 / np.sqrt(cin)
     logits = layers.Dense(
         num_classes,
-        kernel_initializer=keras.initializers.VarianceScaling(1.0 / 3.0, mode="fan_in", distribution="uniform"),
-        bias_initializer=keras.initializers.RandomUniform(-bound, bound),
+        kernel_initializer=keras.initializers.VarianceScaling(1.0 / 3.0, mode="fan_in", distribution="uniform", seed=next(seeds)),
+        bias_initializer=keras.initializers.RandomUniform(-bound, bound, seed=next(seeds)),
         name="logits",
     )(x)
     return keras.Model(inputs, logits, name="resnet50")
@@ -141,10 +146,7 @@ class ResNet50TF(ModelAdapter):
         return _SIZES[self.size]
 
     def build(self):
-        import keras
-
         blocks, width, side, classes = self._dims
-        keras.utils.set_random_seed(0)
         model = _build_model(blocks, width, side, classes)
         if self.checkpoint:
             load_weights(model, self.checkpoint)
