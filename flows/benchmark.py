@@ -15,11 +15,13 @@ from tasks.export import ConversionOptions, export_task
 from tasks.metrics import metrics_task
 from tasks.perf import perf_task, plan_points, prepare_inputs
 from tasks.report import report_task
-from tasks.repository import ServingConfig, backend_label, repository_task, serves_natively
+from model_adapters.ensemble import part_adapters
+from tasks.repository import ServingConfig, backend_label, repository_task, serves_natively, write_ensemble
 from tasks.server import make_server, server_task
 from tasks.store import run_url, staging_root, store_task
 from tbench import hardware as hw
 from tbench import progress
+from tbench.enums import Format
 from tbench.layout import RunLayout, new_run_id
 from tbench.request import BenchmarkRequest, adapter_for
 from tbench.run import RunTracker
@@ -42,57 +44,85 @@ def benchmark_flow(request: BenchmarkRequest = BenchmarkRequest()) -> str:
             module = adapter.build()
             options = ConversionOptions(precision=req.precision, max_batch_size=req.max_batch_size)
             artifacts = export_task(adapter, module, req.formats, layout.models_dir, options)
+            # an ensemble's composing models, each exported in its own formats (the first one is served)
+            parts = part_adapters(adapter, module) if adapter.is_ensemble else []
+            part_artifacts = [export_task(p, p.part.module, [Format.parse(f) for f in p.part.formats],
+                                          layout.models_dir / p.part.name, options) for p in parts]
             tracker.save_json(layout.iospec_json, adapter.io_spec().model_dump())
         with tracker.stage("correctness"):
             tracker.correctness = correctness_task(adapter, module, artifacts, req.tolerance_atol, req.tolerance_rtol)
+            for p, arts in zip(parts, part_artifacts):
+                checked = correctness_task(p, p.part.module, arts, req.tolerance_atol, req.tolerance_rtol)
+                tracker.correctness += [c.model_copy(update={"model": req.part_name(p.part.name)}) for c in checked]
             tracker.save_json(layout.correctness_json, [c.model_dump(mode="json") for c in tracker.correctness])
             require_passed(tracker.correctness)
             perf_inputs = prepare_inputs(adapter, module, layout.run_dir / "perf_input.json")
         served = [a for fmt in req.serve_formats for a in artifacts if a.format is fmt]
+        composing = [(req.part_name(p.part.name), arts[0]) for p, arts in zip(parts, part_artifacts)]
         with tracker.stage("server"):  # what the server can run decides how the repository serves each format
             server = make_server(req.server, layout.repository_dir, layout.server_log, http_port=req.http_port,
                                  grpc_port=req.grpc_port, url=req.server_url, **server_options(req))
             backends = server.backends()
-            native = {a.format: serves_natively(a.format, backends) for a in served}
+            native = {a.format: serves_natively(a.format, backends) for a in served + [a for _, a in composing]}
         tracker.served_by = {a.format.value: backend_label(a.format, native[a.format]) for a in served}
+        if composing:
+            tracker.served_by[Format.ENSEMBLE.value] = "ensemble of " + ", ".join(
+                f"{name} ({backend_label(a.format, native[a.format])})" for name, a in composing)
         with tracker.stage("repository"):
             for artifact in served:
                 repository_task(layout.repository_dir, serving_config(req, hardware, artifact.format), artifact, native[artifact.format])
+            for name, artifact in composing:
+                repository_task(layout.repository_dir, serving_config(req, hardware, artifact.format, name), artifact, native[artifact.format])
+            if composing:
+                write_ensemble(layout.repository_dir, req.model, req.max_batch_size, adapter.io_spec(),
+                               [(name, a.io_spec) for name, a in composing])
         with tracker.stage("server-start"):
             server_task(server)
-        for artifact in served:
-            name = req.triton_name(artifact.format)
-            with tracker.stage(f"accuracy-{artifact.format.value}"):
+        # what Triton serves, as (format, io spec): each served format, or the ensemble over the composing models
+        measured = [(a.format, a.io_spec) for a in served] + ([(Format.ENSEMBLE, adapter.io_spec())] if composing else [])
+        for fmt, _ in measured:
+            name = req.triton_name(fmt)
+            with tracker.stage(f"accuracy-{fmt.value}"):
                 result = accuracy_task(adapter, module, server.endpoints.grpc_url, name, req.accuracy_samples,
-                                       min(8, req.max_batch_size), req.tolerance_atol, req.tolerance_rtol, artifact.format)
+                                       req.accuracy_batch_size, req.tolerance_atol, req.tolerance_rtol, fmt)
                 tracker.accuracy.append(result)
                 tracker.save_json(layout.accuracy_json, [r.model_dump(mode="json") for r in tracker.accuracy])
                 require_same_answers(result, name)
-        for artifact in served:
-            name, fmt = req.triton_name(artifact.format), artifact.format
+        for fmt, spec in measured:
+            name = req.triton_name(fmt)
+            model_format = fmt.label if fmt is not Format.ENSEMBLE else f"{fmt.label} ({' + '.join(a.format.label for _, a in composing)})"
             static = {"model": req.model, "model_size": req.size, "gpu": hardware.gpu_label, "format": fmt.value,
-                      "backend": tracker.served_by[fmt.value], "model_format": fmt.label,
+                      "backend": tracker.served_by[fmt.value], "model_format": model_format,
                       "backend_accelerator": "", "precision": req.precision.value.upper(),
                       "max_batch_size": req.max_batch_size, "model_instances": req.model_instances}
             for scenario in req.scenarios:
                 key = f"perf-{scenario.value}-{fmt.value}"
                 with tracker.stage(key):
-                    points = plan_points([scenario], req.batch_sizes, req.concurrency, req.request_rates, req.request_distribution)
+                    points = plan_points([scenario], req.batch_sizes, req.concurrency, req.request_rates,
+                                         req.request_distribution, req.online_batch_size)
                     perf_task(scenario, points,
-                              model=name, grpc_url=server.endpoints.grpc_url, spec=artifact.io_spec, m=req.measurement,
+                              model=name, grpc_url=server.endpoints.grpc_url, spec=spec, m=req.measurement,
                               layout=layout, static=static, on_row=lambda t, k=key: tracker.save_points(k, t),
-                              server_alive=server.alive, inputs=perf_inputs)
+                              server_alive=server.alive, inputs=perf_inputs, on_composing=tracker.save_composing)
     except BaseException:
         _finish(tracker, req, hardware, server, raise_errors=False)
         raise
     return _finish(tracker, req, hardware, server, raise_errors=True)
 
 
-def serving_config(req, hardware, fmt) -> ServingConfig:
-    return ServingConfig(name=req.triton_name(fmt), max_batch_size=req.max_batch_size, preferred_batch_sizes=req.preferred_batch_sizes,
+def serving_config(req, hardware, fmt, name: str | None = None) -> ServingConfig:
+    return ServingConfig(name=name or req.triton_name(fmt), max_batch_size=req.max_batch_size, preferred_batch_sizes=req.preferred_batch_sizes,
                          max_queue_delay_us=req.max_queue_delay_us, instances=req.model_instances,
                          kind="KIND_GPU" if hardware.has_gpu else "KIND_CPU",
                          intra_op_threads=max(1, hardware.cpu_cores // req.model_instances))
+
+
+def adapter_notes(req) -> list[str]:
+    """The model's own report lines (e.g. where an ensemble's embedding tables live); none when it cannot say."""
+    try:
+        return adapter_for(req).report_notes()
+    except Exception as err:  # a report must not fail over a note
+        return [f"(the model's notes could not be written: {err})", ""]
 
 
 def server_options(req) -> dict:
@@ -116,7 +146,7 @@ def _finish(tracker: RunTracker, req, hardware, server, raise_errors: bool) -> s
         with tracker.stage("report"):
             report_task(layout.report_md, tracker.results, run_id=layout.run_id, request=req, hardware=hardware,
                         correctness=tracker.correctness, accuracy=tracker.accuracy, summary=summary,
-                        served_by=tracker.served_by,
+                        served_by=tracker.served_by, composing=tracker.composing, model_notes=adapter_notes(req),
                         stage_seconds=dict(tracker.stage_seconds), plots_dir=layout.plots_dir,
                         status=tracker.status, error=tracker.error)
         tracker.release_logs()

@@ -17,12 +17,13 @@ def register(cls: type[ModelAdapter]) -> type[ModelAdapter]:
 
 
 def _load_builtin_and_plugins() -> None:
-    from model_adapters import resnet50  # noqa: F401  (registers itself)
+    from model_adapters import dlrm, resnet50  # noqa: F401  (they register themselves)
     from model_adapters.fastpitch import FastPitch
     from model_adapters.nnunet import NnUNet
     from model_adapters.resnet50_tf import ResNet50TF
+    from model_adapters.widedeep import WideDeep
 
-    for cls in (ResNet50TF, NnUNet, FastPitch):
+    for cls in (ResNet50TF, NnUNet, FastPitch, WideDeep):
         register(cls)
 
     for ep in entry_points(group="tbench.model_adapters"):
@@ -39,8 +40,8 @@ def frameworks(name: str) -> list[str]:
     return list(_REGISTRY.get(name, {}))
 
 
-def get(name: str, size: str = "full", checkpoint: str | None = None, framework: str | None = None,
-        data_dir: str | None = None, profile: str | None = None) -> ModelAdapter:
+def get(name: str, size: str | None = None, checkpoint: str | None = None, framework: str | None = None,
+        data_dir: str | None = None, profile: str | None = None, options: dict | None = None) -> ModelAdapter:
     """The adapter of a model; its first registered framework (PyTorch for the built-ins) unless one is named."""
     _load_builtin_and_plugins()
     try:
@@ -50,7 +51,7 @@ def get(name: str, size: str = "full", checkpoint: str | None = None, framework:
     chosen = framework.strip().lower() if framework else next(iter(variants))
     if chosen not in variants:
         raise ConfigError(f"model {name!r} has no {chosen} implementation; it has: {', '.join(variants)}")
-    adapter = variants[chosen](size=size, checkpoint=checkpoint, data_dir=data_dir)
+    adapter = variants[chosen](size=size, checkpoint=checkpoint, data_dir=data_dir, options=options)
     adapter.profile = profile  # a profile may scale the inputs down (e.g. nnunet's volume on the CPU)
     return adapter
 

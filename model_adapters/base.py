@@ -22,8 +22,23 @@ class ServingDefaults:
     offline_batch_sizes: list[int]
     online_concurrency: list[int]
     accuracy_samples: int = 64
+    accuracy_batch_size: int = 8  # samples per request of the accuracy stage (recommenders: thousands)
     formats: list[str] = field(default_factory=lambda: ["onnx", "ts-trace"])
     images_per_window: int | None = None  # perf_analyzer window size when the profile's default is too long for the model
+    online_batch_size: int = 1  # samples per request in the online scenario (recommenders send thousands)
+    scenarios: list[str] = field(default_factory=lambda: ["offline", "online"])  # what the guide measures
+
+
+@dataclass
+class ModelPart:
+    """One composing model of an ensemble: a framework model sharing weights with the whole, its io spec and the
+    formats it is exported to (the first one is served). Parts are listed in execution order; a part's inputs are
+    the ensemble's inputs or earlier parts' outputs, matched by tensor name."""
+
+    name: str  # the Triton model is `<model>_<name>`
+    module: object
+    io_spec: IoSpec
+    formats: list[str]
 
 
 @dataclass
@@ -39,15 +54,24 @@ class ModelAdapter(ABC):
     framework: str  # "pytorch" | "tensorflow" | a Format value for a user's model file
     metric_name: str | None  # None: no labels, so accuracy compares served outputs with the source's only
     sizes: tuple[str, ...] = ("full", "small")
+    default_size: str = "full"
+    options: dict[str, str] = {}  # model-specific options this adapter takes: name -> description
 
-    def __init__(self, size: str = "full", checkpoint: str | None = None, data_dir: str | None = None):
+    def __init__(self, size: str | None = None, checkpoint: str | None = None, data_dir: str | None = None,
+                 options: dict | None = None):
         from tbench.errors import ConfigError
 
+        size = size or self.default_size
         if size not in self.sizes:
             raise ConfigError(f"unknown size {size!r} for model {self.name!r}; known: {', '.join(self.sizes)}")
+        unknown = sorted(set(options or {}) - set(self.options))
+        if unknown:
+            known = ", ".join(self.options) or "none"
+            raise ConfigError(f"unknown option {unknown[0]!r} for model {self.name!r}; it takes: {known}")
         self.size = size
         self.checkpoint = checkpoint
         self.data_dir = data_dir  # the dataset as the guide's preprocessing leaves it; synthetic data when None
+        self.model_options = dict(options or {})
         self.profile: str | None = None  # set once a request is resolved: a profile may scale the inputs down
 
     @abstractmethod
@@ -71,6 +95,21 @@ class ModelAdapter(ABC):
     @abstractmethod
     def defaults(self, profile: str) -> ServingDefaults: ...
 
+    @property
+    def is_ensemble(self) -> bool:
+        return type(self).parts is not ModelAdapter.parts
+
+    def parts(self, module) -> list[ModelPart] | None:
+        """An ensemble's composing models, built from (and sharing weights with) `module`; None: a single model."""
+        return None
+
+    def check_resources(self) -> None:
+        """Refuse, with one line and before anything is built, a model this machine cannot hold."""
+
+    def report_notes(self) -> list[str]:
+        """Markdown lines the report adds under the configuration (e.g. an ensemble's embedding placement)."""
+        return []
+
     def input_shapes(self) -> dict[str, list[int]]:
         """Concrete non-batch shape per input (dynamic dims as the data has them), for perf_analyzer's --shape."""
         return {name: list(value.shape[1:]) for name, value in self.sample_batch(1).items()}
@@ -78,7 +117,7 @@ class ModelAdapter(ABC):
     def reproduce_expr(self) -> str:
         """Python that rebuilds this adapter, for the reproduce scripts next to each conversion."""
         return (f"model_adapters.get({self.name!r}, {self.size!r}, {self.checkpoint!r}, framework={self.framework!r}, "
-                f"data_dir={self.data_dir!r}, profile={self.profile!r})")
+                f"data_dir={self.data_dir!r}, profile={self.profile!r}, options={self.model_options or None!r})")
 
     def sample_batch(self, batch_size: int, seed: int = 1234) -> dict[str, np.ndarray]:
         return next(self.batches(batch_size, batch_size, seed=seed)).inputs

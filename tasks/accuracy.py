@@ -65,8 +65,10 @@ def measure_accuracy(adapter: ModelAdapter, module, grpc_url: str, model_name: s
     if labels:
         fw, tr, lab = np.concatenate(via_framework), np.concatenate(via_triton), np.concatenate(labels)
         framework, triton = adapter.metric(fw, lab), adapter.metric(tr, lab)
+        # class predictions agree when equal; scores (a click probability) when equal within the tolerance
+        same = fw == tr if fw.dtype.kind in "iub" else np.isclose(tr, fw, rtol=rtol, atol=atol)
         result = result.model_copy(update=dict(metric=adapter.metric_name, samples=len(lab), framework=framework, triton=triton,
-                                               difference=triton - framework, agreement=float(np.mean(fw == tr))))
+                                               difference=triton - framework, agreement=float(np.mean(same))))
     return result
 
 

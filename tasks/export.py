@@ -280,7 +280,7 @@ def cache_key(source_hash: str, conv: Converter, options: ConversionOptions, ver
 def _reproduce_script(adapter: ModelAdapter, conv: Converter, source_path: Path | None, out: Path, options: ConversionOptions) -> str:
     source = "adapter.build()" if source_path is None else f"Path({str(source_path)!r})"
     return (f"# Re-runs this conversion step: {conv.source} -> {conv.target.value}\n"
-            "from pathlib import Path\n\nimport model_adapters\nfrom model_adapters.file_model import ModelFileAdapter  # noqa: F401\nfrom tasks.export import REGISTRY, ConversionOptions\nfrom tbench.enums import Format\n\n"
+            "from pathlib import Path\n\nimport model_adapters\nimport model_adapters.ensemble  # noqa: F401\nfrom model_adapters.file_model import ModelFileAdapter  # noqa: F401\nfrom tasks.export import REGISTRY, ConversionOptions\nfrom tbench.enums import Format\n\n"
             f"adapter = {adapter.reproduce_expr()}\n"
             f"options = ConversionOptions.model_validate_json({options.model_dump_json()!r})\n"
             f"step = REGISTRY[({conv.source!r}, Format({conv.target.value!r}))]\n"

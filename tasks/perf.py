@@ -20,6 +20,7 @@ from prefect.artifacts import create_progress_artifact, update_progress_artifact
 from prefect.cache_policies import NO_CACHE
 
 from tbench import procs, progress, tools
+from tbench.composing import parse_composing
 from tbench.enums import Scenario
 from tbench.errors import PerfAnalyzerError
 from tbench.iospec import IoSpec
@@ -51,17 +52,18 @@ class Point:
 
 
 def plan_points(scenarios: list[Scenario], batch_sizes: list[int], concurrency: list[int],
-                rates: list[float] = (), distribution: str = "poisson") -> list[Point]:
-    """Offline: batch grid at concurrency 1. Online: concurrency grid at batch 1 (the server batches).
-    Rate: open-loop requests at each rate, batch 1, arrivals constant or poisson (the server batches)."""
+                rates: list[float] = (), distribution: str = "poisson", online_batch_size: int = 1) -> list[Point]:
+    """Offline: batch grid at concurrency 1. Online: concurrency grid at the online batch size (1 for most models;
+    recommenders send thousands of samples per request), the server batches further.
+    Rate: open-loop requests at each rate, the online batch size, arrivals constant or poisson (the server batches)."""
     points = []
     for scenario in scenarios:
         if scenario is Scenario.OFFLINE:
             points += [Point(scenario, b, 1) for b in batch_sizes]
         elif scenario is Scenario.ONLINE:
-            points += [Point(scenario, 1, c) for c in concurrency]
+            points += [Point(scenario, online_batch_size, c) for c in concurrency]
         else:
-            points += [Point(scenario, 1, None, r, distribution) for r in rates]
+            points += [Point(scenario, online_batch_size, None, r, distribution) for r in rates]
     return points
 
 
@@ -75,11 +77,13 @@ class PerfInputs:
     sample_output_bytes: int | None = None
 
 
-# JSON input data grows ~10 bytes per value: a few samples, fewer when samples are big (a 224 px image is 150k values)
+# JSON input data grows ~10 bytes per value: a few samples, fewer when samples are big (a 224 px image is 150k values),
+# more when they are small (a recommender's sample is ~40 values: hundreds of real samples, as its guide sends)
 MAX_INPUT_VALUES = 1_000_000
+SMALL_SAMPLES_VALUES = 100_000
 
 
-def prepare_inputs(adapter, module, path: Path, samples: int = 4) -> PerfInputs:
+def prepare_inputs(adapter, module, path: Path, samples: int | None = None) -> PerfInputs:
     """Samples from the adapter's data (synthetic when it has no dataset) as perf_analyzer JSON, one entry per sample,
     so integer inputs such as token ids stay in range, which perf_analyzer's random data does not. Samples too big
     for JSON (a 4 x 128^3 volume is 8M values) whose inputs are all floats get perf_analyzer's random data instead."""
@@ -88,6 +92,8 @@ def prepare_inputs(adapter, module, path: Path, samples: int = 4) -> PerfInputs:
     one = adapter.sample_batch(1)
     per_sample = sum(int(np.prod(a.shape)) for a in one.values())
     all_float = all(a.dtype.kind == "f" for a in one.values())
+    if samples is None:
+        samples = max(4, min(256, SMALL_SAMPLES_VALUES // max(per_sample, 1)))
     batch = adapter.sample_batch(max(1, min(samples, MAX_INPUT_VALUES // max(per_sample, 1))))
     n = len(next(iter(batch.values())))
     data_file = None
@@ -179,13 +185,15 @@ def measure_point(point: Point, *, model: str, grpc_url: str, spec: IoSpec, m: M
         request_count = m.requests_per_window(point.batch_size, point.concurrency or 1, attempt)
         csv_path = layout.perf_csv(model, point.scenario, point.label, attempt)
         argv = perf_argv(binary, model, grpc_url, point, m, request_count, csv_path, spec, inputs)
-        done = procs.run(argv, layout.perf_log(model, point.scenario, point.label, attempt), m.timeout_s, env)
+        log_path = layout.perf_log(model, point.scenario, point.label, attempt)
+        done = procs.run(argv, log_path, m.timeout_s, env)
         row.update(attempts=attempt + 1, measurement_request_count=request_count,
                    measure_seconds=row["measure_seconds"] + done.seconds)
         log = done.log_tail(40)
         if done.returncode == 0 and csv_path.exists():
             try:
                 row.update(parse_perf_csv(csv_path), status="ok", error="", source_file=str(csv_path.relative_to(layout.run_dir)))
+                row["composing"] = parse_composing(log_path.read_text(errors="replace"))  # an ensemble's steps; else []
                 return row
             except ValueError:
                 pass  # exit 0 with no row: perf_analyzer stopped early on an unstable point
@@ -203,8 +211,10 @@ def measure_point(point: Point, *, model: str, grpc_url: str, spec: IoSpec, m: M
 
 def run_sweep(points: list[Point], *, model: str, grpc_url: str, spec: IoSpec, m: Measurement, layout: RunLayout,
               static: dict, on_row: Callable[[pd.DataFrame], None] | None = None,
-              server_alive: Callable[[], bool] | None = None, inputs: PerfInputs = PerfInputs()) -> pd.DataFrame:
-    """Measure every point in order; `on_row` gets the table after each point so nothing measured is lost."""
+              server_alive: Callable[[], bool] | None = None, inputs: PerfInputs = PerfInputs(),
+              on_composing: Callable[[list[dict]], None] | None = None) -> pd.DataFrame:
+    """Measure every point in order; `on_row` gets the table after each point so nothing measured is lost, and
+    `on_composing` an ensemble's per composing model rows of the point."""
     binary = tools.perf_analyzer_binary()
     env = tools.perf_analyzer_env()
     rows: list[dict] = []
@@ -214,6 +224,10 @@ def run_sweep(points: list[Point], *, model: str, grpc_url: str, spec: IoSpec, m
         row = measure_point(point, model=model, grpc_url=grpc_url, spec=spec, m=m, layout=layout, binary=binary, env=env,
                             inputs=inputs)
         row.update(static)
+        composing = row.pop("composing", [])
+        if composing and on_composing:
+            keys = {k: row[k] for k in ("scenario", "format", "batch_size", "concurrency", "request_rate")}
+            on_composing([{"model": model, **keys, **c} for c in composing])
         rows.append(row)
         table = pd.DataFrame(rows, columns=RESULT_COLUMNS)
         if on_row:

@@ -16,8 +16,9 @@ from tbench.artifacts import ModelArtifact
 from tbench.enums import Format
 from tbench.errors import ConfigError
 from tbench.request import PYTHON_BACKEND_RUNTIMES
-from tbench.triton_config import (BACKEND_DIRS, MODEL_FILENAMES, PLATFORMS, PYTHON_BACKEND, DynamicBatching,
-                                  InstanceGroup, ModelConfigSpec, model_config, to_pbtxt)
+from tbench.iospec import IoSpec
+from tbench.triton_config import (BACKEND_DIRS, MODEL_FILENAMES, PLATFORMS, PYTHON_BACKEND, DynamicBatching, EnsembleStep,
+                                  InstanceGroup, ModelConfigSpec, ensemble_config, model_config, to_pbtxt)
 
 RUNTIME_MODEL = Path(__file__).with_name("python_backend") / "model.py"
 
@@ -91,6 +92,22 @@ def write_repository(repo_dir: Path, cfg: ServingConfig, artifact: ModelArtifact
     else:
         _link_or_copy(source, version_dir / source.name)
         shutil.copy2(RUNTIME_MODEL, version_dir / "model.py")
+    (model_dir / "config.pbtxt").write_text(to_pbtxt(config))
+    return model_dir
+
+
+def ensemble_steps(parts: list[tuple[str, IoSpec]]) -> list[EnsembleStep]:
+    """Steps in order, every tensor keeping its name: a part reads the ensemble's inputs or earlier parts' outputs."""
+    return [EnsembleStep(model_name=name, input_map={n: n for n in spec.input_names()},
+                         output_map={n: n for n in spec.output_names()}) for name, spec in parts]
+
+
+def write_ensemble(repo_dir: Path, name: str, max_batch_size: int, io: IoSpec, parts: list[tuple[str, IoSpec]]) -> Path:
+    """The ensemble model over composing models already in the repository (an empty version folder, as Triton wants)."""
+    config = ensemble_config(name, max_batch_size, io, ensemble_steps(parts))
+    model_dir = repo_dir / name
+    shutil.rmtree(model_dir, ignore_errors=True)
+    (model_dir / "1").mkdir(parents=True)
     (model_dir / "config.pbtxt").write_text(to_pbtxt(config))
     return model_dir
 

@@ -29,6 +29,7 @@ class OutputError(BaseModel):
 class CorrectnessResult(BaseModel):
     format: Format
     batch_size: int
+    model: str | None = None  # the composing model of an ensemble it checks; None: the whole model
     outputs: list[OutputError]
 
     @property
@@ -46,7 +47,7 @@ class AccuracyResult(BaseModel):
     framework: float | None = None
     triton: float | None = None
     difference: float | None = None  # triton - framework
-    agreement: float | None = None  # fraction of samples whose prediction is the same both ways
+    agreement: float | None = None  # fraction of samples whose prediction is the same both ways (scores: within tolerance)
 
     @property
     def passed(self) -> bool:

@@ -26,6 +26,7 @@ class Format(_ParsedEnum):
     TRT = "trt"
     TS_TRACE = "ts-trace"
     TS_SCRIPT = "ts-script"
+    ENSEMBLE = "ensemble"  # a Triton ensemble of composing models, each exported in its own format
 
     @property
     def label(self) -> str:
@@ -40,6 +41,7 @@ _FORMAT_LABELS = {
     Format.TRT: "NVIDIA TensorRT",
     Format.TS_TRACE: "TorchScript",
     Format.TS_SCRIPT: "TorchScript",
+    Format.ENSEMBLE: "NVIDIA Triton Ensemble",
 }
 
 
@@ -51,5 +53,5 @@ class Precision(_ParsedEnum):
 
 class Scenario(_ParsedEnum):
     OFFLINE = "offline"  # static batch grid at concurrency 1, shared memory
-    ONLINE = "online"  # concurrency grid at batch 1, dynamic batching on the server
+    ONLINE = "online"  # concurrency grid at the online batch size (1 unless the guide sends more), dynamic batching
     RATE = "rate"  # open loop: requests at fixed rates (constant or poisson arrivals), batch 1, dynamic batching

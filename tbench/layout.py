@@ -60,6 +60,11 @@ class RunLayout:
         return self.run_dir / "results.parquet"
 
     @property
+    def composing_csv(self) -> Path:
+        """An ensemble's composing models: their own latency rows per measured point."""
+        return self.run_dir / "composing.csv"
+
+    @property
     def correctness_json(self) -> Path:
         return self.run_dir / "correctness.json"
 

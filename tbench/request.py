@@ -47,7 +47,7 @@ def adapter_for(req: "BenchmarkRequest | ResolvedRequest"):
         from model_adapters.file_model import ModelFileAdapter
 
         return ModelFileAdapter(req.model_file, req.shapes, req.input_dtypes)
-    return model_adapters.get(req.model, req.size, req.checkpoint, req.framework, req.dataset, req.profile)
+    return model_adapters.get(req.model, req.size, req.checkpoint, req.framework, req.dataset, req.profile, req.model_options)
 
 
 class BenchmarkRequest(BaseModel):
@@ -56,7 +56,8 @@ class BenchmarkRequest(BaseModel):
     model_file: str | None = Field(None, description="Benchmark this ONNX file, TorchScript file or TF SavedModel folder instead of an adapter.")
     shapes: dict[str, list[int]] | None = Field(None, description="model_file: non-batch shape per input, for dynamic dims (or TorchScript).")
     input_dtypes: dict[str, str] | None = Field(None, description="model_file: numpy dtype per input where the file does not say (TorchScript).")
-    size: str = Field("full", description="Model size: 'full' (published dimensions) or 'small'.")
+    size: str | None = Field(None, description="Model size: 'full' (published dimensions), 'small', or the model's presets; the model's default when empty.")
+    model_options: dict[str, str | float | int] | None = Field(None, description="Model-specific options, e.g. {'memory_threshold_gb': 16} for dlrm.")
     checkpoint: str | None = Field(None, description="Weights to load; random weights when empty.")
     dataset: str | None = Field(None, description="The dataset folder as the guide's preprocessing leaves it; synthetic data when empty.")
     profile: str | None = Field(None, description="'cpu' (quick, scaled down) or 'gpu' (the guide's grid); auto by hardware.")
@@ -69,12 +70,13 @@ class BenchmarkRequest(BaseModel):
     preferred_batch_sizes: list[int] | None = None
     max_queue_delay_us: int | None = Field(None, ge=0)
     batch_sizes: list[int] | None = Field(None, description="Offline scenario batch sizes (concurrency 1).")
-    concurrency: list[int] | None = Field(None, description="Online scenario concurrency values (batch 1).")
-    scenarios: list[str] = Field(default_factory=lambda: ["offline", "online"],
-                                 description="offline, online, and rate (open-loop requests at request_rates).")
+    concurrency: list[int] | None = Field(None, description="Online scenario concurrency values.")
+    online_batch_size: int | None = Field(None, ge=1, description="Samples per request in the online and rate scenarios; the model's default (1 for most).")
+    scenarios: list[str] | None = Field(None, description="offline, online, and rate (open-loop requests at request_rates); the model's guide's by default.")
     request_rates: list[float] | None = Field(None, description="Rate scenario: requests per second, e.g. [10, 20, 40].")
     request_distribution: Literal["constant", "poisson"] = Field("poisson", description="Rate scenario: request arrivals.")
     accuracy_samples: int | None = Field(None, ge=1)
+    accuracy_batch_size: int | None = Field(None, ge=1, description="Samples per request of the accuracy stage; the model's default, at most max_batch_size.")
     measurement: Measurement | None = Field(None, description="perf_analyzer stability settings; the profile's by default.")
     output: str = Field("runs", description="Artifact root: a local folder or any fsspec URL.")
     server: Literal["embedded", "local", "docker", "remote"] = Field(
@@ -96,17 +98,24 @@ class BenchmarkRequest(BaseModel):
 
     def resolve(self, has_gpu: bool) -> "ResolvedRequest":
         adapter = adapter_for(self)
+        adapter.check_resources()
         profile = self.profile or ("gpu" if has_gpu else "cpu")
         if profile not in PROFILES:
             raise ConfigError(f"unknown profile {profile!r}; known: {', '.join(PROFILES)}")
         d = adapter.defaults(profile)
         formats = [Format.parse(f) for f in (self.formats or d.formats)]
-        if self.serve_formats and [s.strip().lower() for s in self.serve_formats] == ["all"]:
+        if adapter.is_ensemble:  # served as its composing models, each in its part's format
+            serve = [Format.ENSEMBLE]
+            if self.serve_formats and [Format.parse(f) for f in self.serve_formats if f != "all"] not in ([], serve):
+                raise ConfigError(f"model {adapter.name!r} is served as a Triton ensemble of its parts; serve_formats can only be 'ensemble'")
+        elif self.serve_formats and [s.strip().lower() for s in self.serve_formats] == ["all"]:
             serve = list(formats)
         else:
             serve = [Format.parse(f) for f in (self.serve_formats or [formats[0]])]
-        formats += [f for f in serve if f not in formats]
-        for fmt in serve:
+        if Format.ENSEMBLE in formats or (Format.ENSEMBLE in serve and not adapter.is_ensemble):
+            raise ConfigError(f"model {adapter.name!r} is not an ensemble; 'ensemble' is the format of models served as their parts (dlrm, dcnv2)")
+        formats += [f for f in serve if f not in formats and f is not Format.ENSEMBLE]
+        for fmt in (f for f in serve if f is not Format.ENSEMBLE):
             if self.server == "embedded" and fmt not in PYTHON_BACKEND_RUNTIMES:
                 known = ", ".join(f.value for f in PYTHON_BACKEND_RUNTIMES)
                 raise ConfigError(f"format {fmt.value!r} cannot be served by the embedded server (python backend); use one of: {known}")
@@ -122,7 +131,10 @@ class BenchmarkRequest(BaseModel):
                 raise ConfigError(f"{label} {too_big[0]} is above max_batch_size {max_batch}")
             if any(b < 1 for b in values):
                 raise ConfigError(f"{label}s must be >= 1, got {values}")
-        scenarios = [Scenario.parse(s) for s in self.scenarios]
+        scenarios = [Scenario.parse(s) for s in (self.scenarios or d.scenarios)]
+        online_batch = self.online_batch_size or d.online_batch_size
+        if online_batch > max_batch and (Scenario.ONLINE in scenarios or Scenario.RATE in scenarios):
+            raise ConfigError(f"online batch size {online_batch} is above max_batch_size {max_batch}")
         rates = sorted(set(self.request_rates or []))
         if Scenario.RATE in scenarios and not rates:
             raise ConfigError("the rate scenario needs request rates, e.g. request_rates=[10, 20] (--request-rates 10,20)")
@@ -140,6 +152,7 @@ class BenchmarkRequest(BaseModel):
             serve_formats=list(dict.fromkeys(serve)),
             precision=precision,
             scenarios=scenarios,
+            online_batch_size=online_batch,
             request_rates=rates,
             max_batch_size=max_batch,
             model_instances=self.model_instances or d.model_instances,
@@ -148,6 +161,7 @@ class BenchmarkRequest(BaseModel):
             batch_sizes=batch_sizes,
             concurrency=concurrency,
             accuracy_samples=self.accuracy_samples or d.accuracy_samples,
+            accuracy_batch_size=min(self.accuracy_batch_size or d.accuracy_batch_size, max_batch),
             measurement=self.measurement or self._default_measurement(profile, d.images_per_window),
             tolerance_atol=DEFAULT_TOLERANCES[precision][0] if self.tolerance_atol is None else self.tolerance_atol,
             tolerance_rtol=DEFAULT_TOLERANCES[precision][1] if self.tolerance_rtol is None else self.tolerance_rtol,
@@ -161,6 +175,7 @@ class ResolvedRequest(BaseModel):
 
     model: str
     size: str
+    model_options: dict[str, str | float | int] | None
     framework: str
     model_file: str | None
     shapes: dict[str, list[int]] | None
@@ -177,10 +192,12 @@ class ResolvedRequest(BaseModel):
     max_queue_delay_us: int
     batch_sizes: list[int]
     concurrency: list[int]
+    online_batch_size: int
     scenarios: list[Scenario]
     request_rates: list[float]
     request_distribution: str
     accuracy_samples: int
+    accuracy_batch_size: int
     measurement: Measurement
     output: str
     server: str
@@ -197,3 +214,7 @@ class ResolvedRequest(BaseModel):
     def triton_name(self, fmt: Format) -> str:
         """The Triton model name of a served format: the model's name, suffixed when several formats are served."""
         return self.model if len(self.serve_formats) == 1 else f"{self.model}_{fmt.value.replace('-', '_')}"
+
+    def part_name(self, part: str) -> str:
+        """The Triton model name of an ensemble's composing model."""
+        return f"{self.model}_{part}"

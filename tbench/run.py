@@ -13,6 +13,7 @@ import pandas as pd
 
 from tbench import progress
 from tbench.artifacts import AccuracyResult, CorrectnessResult
+from tbench.composing import COMPOSING_COLUMNS
 from tbench.errors import BenchError
 from tbench.layout import RunLayout
 from tbench.metrics import RESULT_COLUMNS
@@ -37,6 +38,7 @@ class RunTracker:
         self.error: str | None = None
         self.results = pd.DataFrame(columns=RESULT_COLUMNS)
         self._tables: dict[str, pd.DataFrame] = {}
+        self.composing = pd.DataFrame(columns=COMPOSING_COLUMNS)  # an ensemble's steps, per measured point
         self.correctness: list[CorrectnessResult] = []
         self.accuracy: list[AccuracyResult] = []  # one per served format
         self.served_by: dict[str, str] = {}  # format -> the backend serving it, once the server stage has decided
@@ -68,6 +70,12 @@ class RunTracker:
         tmp = self.layout.results_parquet.with_suffix(".parquet.tmp")
         table.to_parquet(tmp, index=False)
         tmp.replace(self.layout.results_parquet)
+
+    def save_composing(self, rows: list[dict]) -> None:
+        """An ensemble's per composing model latencies, appended after every measured point."""
+        added = pd.DataFrame(rows, columns=COMPOSING_COLUMNS)
+        self.composing = added if self.composing.empty else pd.concat([self.composing, added], ignore_index=True)
+        write_local_atomic(self.layout.composing_csv, self.composing.to_csv(index=False))
 
     def save_json(self, path: Path, value) -> None:
         write_local_atomic(path, json.dumps(value, indent=2, default=str))

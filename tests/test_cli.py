@@ -10,7 +10,7 @@ runner = CliRunner()
 
 
 @pytest.mark.parametrize("args, message", [
-    (["run", "nosuch"], "error: unknown model 'nosuch'; known: fastpitch, nnunet, resnet50"),
+    (["run", "nosuch"], "error: unknown model 'nosuch'; known: dcnv2, dlrm, fastpitch, nnunet, resnet50, widedeep"),
     (["run", "resnet50", "--formats", "onnx,foo"], "error: unknown format 'foo'"),
     (["run", "resnet50", "--batch-sizes", "1,512"], "error: batch size 512 is above max_batch_size"),
     (["run", "resnet50", "--concurrency", "x"], "error: cannot read concurrency 'x'"),
@@ -20,12 +20,23 @@ runner = CliRunner()
     (["run", "--model-file", "x.onnx", "--shape", "tokens:a,b"], "error: cannot read shape 'tokens:a,b'"),
     (["run", "resnet50", "--framework", "jax"], "error: model 'resnet50' has no jax implementation"),
     (["run", "resnet50", "--serve", "trt"], "error: format 'trt' cannot be served by the embedded server"),
+    (["run", "dlrm", "--size", "22B"], "error: dlrm size 22B needs 82.0 GiB for its embedding tables"),
+    (["run", "dlrm", "--option", "threshold"], "error: cannot read option 'threshold': use NAME=VALUE"),
+    (["run", "dlrm", "--option", "memory_threshold_gb=-1"], "error: option memory_threshold_gb must be a number of GB >= 0"),
+    (["run", "widedeep", "--online-batch-size", "100000"], "error: online batch size 100000 is above max_batch_size"),
 ])
 def test_bad_input_exits_non_zero_with_one_line(args, message):
     result = runner.invoke(app, args)
     assert result.exit_code == 2
     lines = [ln for ln in result.output.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith(message)
+
+
+def test_model_options_are_numbers_where_they_read_as_numbers():
+    from tbench.cli import parse_options
+
+    assert parse_options(["memory_threshold_gb=16", "ratio=0.5", "mode=fast"]) == {"memory_threshold_gb": 16, "ratio": 0.5, "mode": "fast"}
+    assert parse_options(None) is None
 
 
 def test_lists_and_inclusive_ranges():

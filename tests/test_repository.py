@@ -64,3 +64,15 @@ def test_repository_layout(tmp_path):
     model_dir = write_repository(tmp_path / "repo", CFG, artifact(path=str(model)))
     assert sorted(p.name for p in (model_dir / "1").iterdir()) == ["model.onnx", "model.py"]
     assert parse_pbtxt((model_dir / "config.pbtxt").read_text()).name == "resnet50"
+
+
+def test_ensemble_steps_follow_the_parts_tensor_names(tmp_path):
+    """DLRM's ensemble as the flow writes it: steps derived from the parts' io specs (golden config.pbtxt)."""
+    from model_adapters.dlrm import DLRM
+    from tasks.repository import write_ensemble
+
+    dlrm = DLRM("tiny")
+    model_dir = write_ensemble(tmp_path, "dlrm", 2048, dlrm.io_spec(),
+                               [("dlrm_sparse", dlrm.sparse_io_spec()), ("dlrm_dense", dlrm.dense_io_spec())])
+    assert (model_dir / "1").is_dir() and not any((model_dir / "1").iterdir())  # Triton wants the version folder
+    assert (model_dir / "config.pbtxt").read_text() == (GOLDEN / "config" / "ensemble_dlrm_tiny.pbtxt").read_text()

@@ -36,7 +36,7 @@ def test_tensorflow_variant_defaults_to_savedmodel_and_onnx():
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    ({"model": "nosuch"}, "unknown model 'nosuch'; known: fastpitch, nnunet, resnet50"),
+    ({"model": "nosuch"}, "unknown model 'nosuch'; known: dcnv2, dlrm, fastpitch, nnunet, resnet50, widedeep"),
     ({"formats": ["onnx", "bogus"]}, "unknown format 'bogus'"),
     ({"batch_sizes": [1, 64]}, "batch size 64 is above max_batch_size"),
     ({"max_batch_size": 2, "batch_sizes": [1], "preferred_batch_sizes": [4]}, "preferred batch size 4 is above max_batch_size 2"),
@@ -77,3 +77,30 @@ def test_profiles_scale_what_a_model_needs_on_the_cpu():
     assert adapter_for(nnunet).io_spec().inputs[0].shape == [4, 64, 64, 64]  # the guide's 128^3 on GPU nodes
     on_gpu = BenchmarkRequest(model="nnunet").resolve(has_gpu=True)
     assert adapter_for(on_gpu).io_spec().inputs[0].shape == [4, 128, 128, 128] and on_gpu.measurement.images_per_window == 2048
+
+
+def test_an_ensemble_model_is_served_as_its_parts():
+    req = BenchmarkRequest(model="dlrm", size="tiny").resolve(has_gpu=False)
+    assert req.serve_formats == [Format.ENSEMBLE] and Format.ENSEMBLE not in req.formats
+    assert req.scenarios == [Scenario.OFFLINE]  # the guide measures offline only
+    assert req.triton_name(Format.ENSEMBLE) == "dlrm" and req.part_name("dense") == "dlrm_dense"
+    with pytest.raises(ConfigError, match="served as a Triton ensemble"):
+        BenchmarkRequest(model="dlrm", serve_formats=["onnx"]).resolve(has_gpu=False)
+    with pytest.raises(ConfigError, match="not an ensemble"):
+        BenchmarkRequest(model="resnet50", serve_formats=["ensemble"]).resolve(has_gpu=False)
+
+
+def test_model_options_and_default_size_come_from_the_model():
+    assert BenchmarkRequest(model="dlrm").resolve(has_gpu=False).size == "small"
+    assert BenchmarkRequest(model="resnet50").resolve(has_gpu=False).size == "full"
+    req = BenchmarkRequest(model="dcnv2", size="tiny", model_options={"memory_threshold_gb": 2}).resolve(has_gpu=False)
+    assert req.model_options == {"memory_threshold_gb": 2}
+    with pytest.raises(ConfigError, match="unknown option 'nope' for model 'resnet50'; it takes: none"):
+        BenchmarkRequest(model="resnet50", model_options={"nope": 1}).resolve(has_gpu=False)
+
+
+def test_online_batch_size_is_checked_against_max_batch():
+    req = BenchmarkRequest(model="resnet50", size="small", online_batch_size=4).resolve(has_gpu=False)
+    assert req.online_batch_size == 4
+    with pytest.raises(ConfigError, match="online batch size 64 is above max_batch_size"):
+        BenchmarkRequest(model="resnet50", size="small", online_batch_size=64).resolve(has_gpu=False)

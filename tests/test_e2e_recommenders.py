@@ -1,0 +1,68 @@
+"""End to end on the embedded server for the recommender systems: Wide&Deep (one SavedModel, many inputs, online
+requests of many samples) and DLRM / DCNv2 as a Triton ensemble of a sparse SavedModel and a dense ONNX model."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from tbench.request import BenchmarkRequest, Measurement
+
+pytestmark = pytest.mark.e2e
+
+QUICK = Measurement(stability_percentage=50, images_per_window=512)
+
+
+def _run(tmp_path: Path, request: BenchmarkRequest) -> tuple[Path, pd.DataFrame, str]:
+    from flows.benchmark import benchmark_flow
+
+    url = benchmark_flow(request)
+    run = tmp_path / url.rsplit("/", 1)[-1]
+    manifest = json.loads((run / "manifest.json").read_text())
+    assert manifest["status"] == "completed", manifest["error"]
+    return run, pd.read_parquet(run / "results.parquet"), (run / "report.md").read_text()
+
+
+@pytest.mark.parametrize("model", ["dlrm", "dcnv2"])
+def test_ensemble_of_sparse_and_dense_parts(prefect_harness, tmp_path, model):
+    run, results, report = _run(tmp_path, BenchmarkRequest(model=model, size="tiny", batch_sizes=[64, 256], max_batch_size=256,
+                                                           accuracy_samples=512, output=str(tmp_path), measurement=QUICK))
+    assert set(results["scenario"]) == {"offline"} and (results["status"] == "ok").all()
+    assert set(results["format"]) == {"ensemble"}
+    assert results["model_format"].iloc[0] == "NVIDIA Triton Ensemble (TensorFlow SavedModel + ONNX)"
+    # the repository: both composing models and the ensemble over them, its steps derived from the parts' tensors
+    repo = run / "model_repository"
+    assert (repo / f"{model}_sparse/1/model.savedmodel/saved_model.pb").exists()
+    assert (repo / f"{model}_dense/1/model.onnx").exists()
+    ensemble = (repo / model / "config.pbtxt").read_text()
+    assert 'platform: "ensemble"' in ensemble and f'model_name: "{model}_sparse"' in ensemble and f'model_name: "{model}_dense"' in ensemble
+    # each part checked against its own framework part, and the whole answered the same through the ensemble
+    correctness = json.loads((run / "correctness.json").read_text())
+    assert {(c["model"], c["format"]) for c in correctness if c["model"]} == {(f"{model}_sparse", "tf-savedmodel"), (f"{model}_dense", "onnx")}
+    accuracy = json.loads((run / "accuracy.json").read_text())[0]
+    assert accuracy["format"] == "ensemble" and accuracy["metric"] == "AUC" and accuracy["samples"] == 512
+    assert abs(accuracy["difference"]) < 1e-3 and accuracy["agreement"] > 0.99
+    # perf_analyzer's per composing model rows, for every measured point
+    composing = pd.read_csv(run / "composing.csv")
+    assert set(composing["composing_model"]) == {f"{model}_sparse", f"{model}_dense"}
+    assert len(composing) == 2 * len(results) and (composing["server_compute_infer_ms"] > 0).all()
+    assert "### Composing models" in report and "Embedding tables" in report
+    page = (run / "report.html").read_text()  # the same report as one page, every plot inside it
+    assert page.count("data:image/png;base64,") == len(list((run / "plots").glob("*.png"))) and 'src="plots/' not in page
+
+
+def test_widedeep_offline_and_online_with_many_samples_per_request(prefect_harness, tmp_path):
+    run, results, report = _run(tmp_path, BenchmarkRequest(model="widedeep", size="small", batch_sizes=[1, 64], concurrency=[1, 2],
+                                                           online_batch_size=32, max_batch_size=128, preferred_batch_sizes=[64],
+                                                           accuracy_samples=256, output=str(tmp_path), measurement=QUICK))
+    assert (results["status"] == "ok").all() and set(results["scenario"]) == {"offline", "online"}
+    assert set(results.loc[results["scenario"] == "online", "batch_size"]) == {32}
+    accuracy = json.loads((run / "accuracy.json").read_text())[0]
+    assert accuracy["metric"] == "MAP@12" and abs(accuracy["difference"]) < 1e-3
+    # perf_analyzer sent real samples (JSON input data): integer ids stay inside their vocabularies
+    data = json.loads((run / "perf_input.json").read_text())["data"]
+    assert len(data) >= 64 and "platform" in data[0]
+    assert "each client sends batch 32" in report
