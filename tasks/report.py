@@ -13,6 +13,7 @@ from prefect import task  # noqa: E402
 from prefect.artifacts import create_markdown_artifact, create_table_artifact  # noqa: E402
 from prefect.cache_policies import NO_CACHE  # noqa: E402
 
+from tasks.html_report import write_html_report  # noqa: E402
 from tasks.published import PUBLISHED_GPUS, compare_with_published  # noqa: E402
 from tbench.metrics import AVG, BREAKDOWN, PERCENTILES, THROUGHPUT  # noqa: E402
 
@@ -128,7 +129,7 @@ def summary_lines(summary: dict) -> list[str]:
 
 
 def correctness_table(results) -> str:
-    rows = [{"Format": c.format.value, "Output": o.output, "Max abs error": f"{o.max_abs_err:.3g}",
+    rows = [{"Format": c.format.value + (f" ({c.model})" if c.model else ""), "Output": o.output, "Max abs error": f"{o.max_abs_err:.3g}",
              "Max rel error": f"{o.max_rel_err:.3g}", "Tolerance": f"{o.tolerance:.3g}", "Passed": "yes" if o.passed else "NO"}
             for c in results for o in c.outputs]
     return pd.DataFrame(rows).to_markdown(index=False)
@@ -146,7 +147,34 @@ def accuracy_lines(result) -> list[str]:
     return lines
 
 
-def format_section(fmt: str, served_by: str, correctness, accuracy, results: pd.DataFrame, plots_dir: Path) -> list[str]:
+COMPOSING_TABLE = {"scenario": "Scenario", "batch_size": "Batch", "concurrency": "Concurrency", "composing_model": "Composing model",
+                   "server_queue_ms": "Server Queue", "server_compute_input_ms": "Server Compute Input",
+                   "server_compute_infer_ms": "Server Compute Infer", "server_compute_output_ms": "Server Compute Output",
+                   "request_latency_ms": "Request latency"}
+
+
+def plot_composing(rows: pd.DataFrame, plots_dir: Path, prefix: str = "") -> Path:
+    """Where an ensemble's server time goes: each composing model's request latency, stacked, per batch."""
+    table = rows.pivot_table(index="batch_size", columns="composing_model", values="request_latency_ms", aggfunc="mean", sort=False)
+    fig, ax = plt.subplots(figsize=(7, 4))
+    table.plot.bar(stacked=True, ax=ax, rot=0)
+    ax.set(xlabel="Batch", ylabel="Server request latency (ms)", title="Offline: latency per composing model")
+    return _save(fig, plots_dir / f"{prefix}composing_latency.png")
+
+
+def composing_lines(composing: pd.DataFrame, plots_dir: Path, prefix: str) -> list[str]:
+    """An ensemble's own rows per composing model, as perf_analyzer reports them; latencies in ms."""
+    lines = ["### Composing models", "", "Each step of the ensemble at every measured point: its own queue and compute "
+             "times on the server (perf_analyzer's composing-model statistics).", ""]
+    offline = composing[composing["scenario"] == "offline"]
+    if not offline.empty:
+        lines += [f"![]({plot_composing(offline, plots_dir, prefix).relative_to(plots_dir.parent).as_posix()})", ""]
+    columns = [c for c in COMPOSING_TABLE if c != "concurrency" or composing[c].notna().any()]
+    return lines + [composing[columns].rename(columns=COMPOSING_TABLE).round(3).to_markdown(index=False), ""]
+
+
+def format_section(fmt: str, served_by: str, correctness, accuracy, results: pd.DataFrame, plots_dir: Path,
+                   composing: pd.DataFrame | None = None, online_batch_size: int = 1) -> list[str]:
     """One served format: how it is served, its correctness and accuracy, and the guides' tables and plots."""
     run_dir = plots_dir.parent
     lines = [f"## Format `{fmt}`", "", f"Served by: {served_by}.", ""]
@@ -163,14 +191,16 @@ def format_section(fmt: str, served_by: str, correctness, accuracy, results: pd.
     online = scenario_rows(rows, "online") if not rows.empty else rows
     if not online.empty:
         (plot,) = (p.relative_to(run_dir).as_posix() for p in plot_online(online, plots_dir, f"{fmt}_"))
-        lines += ["### Online scenario", "", "Dynamic batching on the server; each client sends batch 1 over gRPC.", "",
+        lines += ["### Online scenario", "", f"Dynamic batching on the server; each client sends batch {online_batch_size} over gRPC.", "",
                   f"![]({plot})", "", guide_table(online, ONLINE_COLUMNS), ""]
     rate = scenario_rows(rows, "rate") if not rows.empty else rows
     if not rate.empty:
         plot = plot_rate(rate, plots_dir, f"{fmt}_").relative_to(run_dir).as_posix()
-        lines += ["### Rate scenario", "", "Open loop: requests sent at a fixed rate whatever the answers, batch 1, dynamic "
-                  "batching on the server; throughput below the offered rate means the server fell behind.", "",
+        lines += ["### Rate scenario", "", f"Open loop: requests sent at a fixed rate whatever the answers, batch {online_batch_size}, "
+                  "dynamic batching on the server; throughput below the offered rate means the server fell behind.", "",
                   f"![]({plot})", "", guide_table(rate, RATE_COLUMNS), ""]
+    if composing is not None and not composing.empty:
+        lines += composing_lines(composing[composing["format"] == fmt], plots_dir, f"{fmt}_")
     return lines
 
 
@@ -194,7 +224,8 @@ def published_lines(results: pd.DataFrame) -> list[str]:
 
 def render_report(*, run_id: str, request, hardware, correctness, accuracy, results: pd.DataFrame, summary: dict,
                   stage_seconds: dict[str, float], plots_dir: Path, status: str = "completed", error: str | None = None,
-                  served_by: dict[str, str] | None = None) -> str:
+                  served_by: dict[str, str] | None = None, composing: pd.DataFrame | None = None,
+                  model_notes: list[str] | None = None) -> str:
     served_by = served_by or {}
     title = request.model_file or f"{request.model} ({request.size}, {request.framework})"
     lines = [f"# Triton benchmark: {title}", "",
@@ -211,7 +242,7 @@ def render_report(*, run_id: str, request, hardware, correctness, accuracy, resu
         ("Triton Max Queue Delay (us)", request.max_queue_delay_us),
         ("Triton Preferred Batch Sizes", " ".join(map(str, request.preferred_batch_sizes))),
         ("Profile", request.profile),
-    ]), "", "## Hardware", "", _kv_table([
+    ]), "", *(model_notes or []), "## Hardware", "", _kv_table([
         ("CPU", hardware.cpu_model), ("CPU cores", hardware.cpu_cores), ("Memory (GiB)", hardware.memory_gib),
         ("GPU", ", ".join(hardware.gpus) or "none"), ("Driver", hardware.driver or "-"), ("OS", hardware.os),
     ]), ""]
@@ -221,19 +252,20 @@ def render_report(*, run_id: str, request, hardware, correctness, accuracy, resu
     lines += published_lines(results)
     if correctness:
         served = {f.value for f in request.serve_formats}
-        exported_only = [c for c in correctness if c.format.value not in served]
+        exported_only = [c for c in correctness if c.format.value not in served and not c.model]
         lines += ["## Correctness of the exported models", "",
                   f"Each format against the source model on one sample batch; pass when max abs error <= "
                   f"{request.tolerance_atol:g} + {request.tolerance_rtol:g} x max|reference|. Served formats have "
                   "theirs in their own section" + ("; the formats exported but not served:" if exported_only else "."), ""]
         if exported_only:
             lines += [correctness_table(exported_only), ""]
-    by_format_correctness = {c.format.value: c for c in correctness or []}
+    by_format_correctness = {c.format.value: [c] for c in correctness or [] if not c.model}
+    by_format_correctness["ensemble"] = [c for c in correctness or [] if c.model]  # its composing models' checks
     by_format_accuracy = {a.format.value: a for a in accuracy or [] if a.format}
     for fmt in (f.value for f in request.serve_formats):
-        c = by_format_correctness.get(fmt)
         lines += format_section(fmt, served_by.get(fmt, "not decided (the run stopped before the server stage)"),
-                                [c] if c else [], by_format_accuracy.get(fmt), results, plots_dir)
+                                by_format_correctness.get(fmt, []), by_format_accuracy.get(fmt), results, plots_dir,
+                                composing, request.online_batch_size)
     if not results.empty:
         flagged = results[results["status"] != "ok"]
         if not flagged.empty:
@@ -251,6 +283,7 @@ def render_report(*, run_id: str, request, hardware, correctness, accuracy, resu
 def report_task(report_path: Path, results: pd.DataFrame, **kwargs) -> Path:
     text = render_report(results=results, **kwargs)
     report_path.write_text(text)
+    write_html_report(report_path)  # report.html beside it: the same report as one self-contained page
     create_markdown_artifact(text, key="benchmark-report", description="Benchmark report (plots are in the run folder)")
     if not results.empty:
         create_table_artifact(results.astype(object).where(results.notna(), "").to_dict(orient="records"),

@@ -15,6 +15,7 @@ from pathlib import Path
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 from prefect import task
+from prefect.artifacts import create_link_artifact
 from prefect.cache_policies import NO_CACHE
 
 from tbench.errors import StorageError
@@ -96,4 +97,8 @@ def write_manifest(run_dir: Path, manifest: dict) -> Path:
 @task(name="store", cache_policy=NO_CACHE)
 def store_task(run_dir: Path, root_url: str, run_id: str, manifest: dict) -> str:
     write_manifest(run_dir, manifest)
-    return upload_run(run_dir, root_url, run_id)
+    url = upload_run(run_dir, root_url, run_id)
+    if (run_dir / "report.html").exists():  # where the stored report is, one click from the flow run's page
+        create_link_artifact(f"{url}/report.html", link_text=f"HTML report of {run_id}", key="benchmark-report-html",
+                             description="The run's self-contained HTML report in the artifact store")
+    return url

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 from tbench.settings import configure_prefect_env
 
 configure_prefect_env()
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's start-up banner stays out of the CLI's output
 
 import typer  # noqa: E402
 from rich.console import Console  # noqa: E402
@@ -61,6 +63,22 @@ def parse_named(values: list[str] | None, what: str, convert) -> dict | None:
     return parsed
 
 
+def parse_options(values: list[str] | None) -> dict | None:
+    """Repeated NAME=VALUE model options; numbers become numbers."""
+    if not values:
+        return None
+    parsed = {}
+    for item in values:
+        name, sep, value = item.partition("=")
+        if not sep or not name.strip() or not value.strip():
+            raise ConfigError(f"cannot read option {item!r}: use NAME=VALUE")
+        try:
+            parsed[name.strip()] = float(value) if any(c in value for c in ".eE") else int(value)
+        except ValueError:
+            parsed[name.strip()] = value.strip()
+    return parsed
+
+
 def _dims(text: str) -> list[int]:
     return [int(d) for d in text.split(",")]
 
@@ -109,7 +127,8 @@ def run(
     shape: list[str] = typer.Option(None, "--shape", help="--model-file: an input's non-batch shape, NAME:D1,D2 (repeat per input)."),
     dtype: list[str] = typer.Option(None, "--dtype", help="--model-file: an input's numpy dtype, NAME:int64 (TorchScript)."),
     framework: str = typer.Option(None, help="The model's implementation: pytorch or tensorflow (the adapter's first by default)."),
-    size: str = typer.Option("full", help="Model size: full or small."),
+    size: str = typer.Option(None, help="Model size: full, small, or the model's presets (dlrm: tiny, small, 4B, 22B)."),
+    option: list[str] = typer.Option(None, "--option", help="A model-specific option, NAME=VALUE (repeat), e.g. memory_threshold_gb=16."),
     checkpoint: str = typer.Option(None, help="Weights file; random weights when not given."),
     dataset: str = typer.Option(None, help="Dataset folder (e.g. ImageNet layout for resnet50); synthetic data when not given."),
     formats: str = typer.Option(None, help="Formats to export and check, e.g. onnx,ts-trace."),
@@ -117,7 +136,8 @@ def run(
     precision: str = typer.Option("fp32", help="Precision of the served model."),
     batch_sizes: str = typer.Option(None, "--batch-sizes", help="Offline batch sizes, e.g. 1,2,4,8."),
     concurrency: str = typer.Option(None, help="Online concurrency values, e.g. 1,2,4,8 or 1:8:1."),
-    scenarios: str = typer.Option("offline,online", help="Scenarios to measure: offline, online, rate."),
+    scenarios: str = typer.Option(None, help="Scenarios to measure: offline, online, rate (the model's guide's by default)."),
+    online_batch_size: int = typer.Option(None, help="Samples per request in the online and rate scenarios (the model's default)."),
     request_rates: str = typer.Option(None, "--request-rates", help="Rate scenario: requests per second, e.g. 10,20,40."),
     distribution: str = typer.Option("poisson", help="Rate scenario: request arrivals, poisson or constant."),
     max_batch_size: int = typer.Option(None, help="Triton max_batch_size."),
@@ -145,11 +165,11 @@ def run(
         tuned = {"images_per_window": images_per_window, "stability_percentage": stability}
         measurement = Measurement(**{k: v for k, v in tuned.items() if v is not None}) if any(tuned.values()) else None
         request = BenchmarkRequest(
-            model=model or "resnet50", size=size, checkpoint=checkpoint, dataset=dataset, formats=_split(formats), serve_formats=_split(serve),
+            model=model or "resnet50", size=size, model_options=parse_options(option), checkpoint=checkpoint, dataset=dataset, formats=_split(formats), serve_formats=_split(serve),
             framework=framework, model_file=model_file, shapes=parse_named(shape, "shape", _dims),
             input_dtypes=parse_named(dtype, "dtype", str),
             precision=precision, batch_sizes=parse_int_list(batch_sizes, "batch sizes"),
-            concurrency=parse_int_list(concurrency, "concurrency"), scenarios=_split(scenarios),
+            concurrency=parse_int_list(concurrency, "concurrency"), scenarios=_split(scenarios), online_batch_size=online_batch_size,
             request_rates=parse_float_list(request_rates, "request rates"), request_distribution=distribution,
             max_batch_size=max_batch_size, model_instances=instances,
             preferred_batch_sizes=parse_int_list(preferred_batch_sizes, "preferred batch sizes"),
@@ -185,6 +205,30 @@ def run(
             progress.unsubscribe(listener)
     console.print(f"[green]report:[/] {url}/report.md")
     typer.echo(url)
+
+
+@app.command()
+def compare(
+    baseline: str = typer.Argument(..., help="The baseline run folder (a path or an fsspec URL)."),
+    candidate: str = typer.Argument(..., help="The run to judge against it."),
+    min_effect: float = typer.Option(0.05, help="Smallest relative change that can count, e.g. 0.05 for 5%."),
+    k: float = typer.Option(3.0, "-k", help="How many times the combined window noise a change must exceed."),
+    output: str = typer.Option(".", "--output", "-o", help="Folder for comparison.md and comparison.png."),
+) -> None:
+    """Per-point deltas and a noise-aware verdict; exit 0 (no change or faster), 1 (regression), 2 (not comparable)."""
+    from tbench.compare import compare_runs, comparison_markdown, plot_comparison, verdict_exit_code
+
+    try:
+        result = compare_runs(baseline, candidate, min_effect, k)
+    except (OSError, ValueError) as err:
+        console.print(f"[red]error:[/] {err}")
+        raise typer.Exit(2) from None
+    out = Path(output)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "comparison.md").write_text(comparison_markdown(result))
+    plot_comparison(result, out / "comparison.png")
+    typer.echo(result.summary)
+    raise typer.Exit(verdict_exit_code(result))
 
 
 @app.command()

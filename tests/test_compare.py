@@ -1,0 +1,261 @@
+"""Run comparison with a noise-aware regression verdict (tbench/compare.py).
+
+The baseline fixture is a real run (dlrm ensemble on CPU, /tmp/runs/dlrm-20261122-200716-e158d2): its results.csv and
+the perf_analyzer logs of its points trimmed to their "Pass" lines. Its CPU windows are noisy (CV 4-8 %), which is
+what the verdicts must account for. Candidates are derived from it in tmp folders.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from tbench import compare
+from tbench.compare import (FASTER, IMPROVEMENT, NO_CHANGE, NOT_COMPARABLE, REGRESSION, SLOWER, WITHIN, compare_runs,
+                            comparison_markdown, load_run, noise_from_log, parse_windows, plot_comparison,
+                            verdict_exit_code)
+
+GOLDEN = Path(__file__).parent / "golden"
+BASELINE = GOLDEN / "compare" / "dlrm_cpu_baseline"
+TPUT = "throughput_infer_per_s"
+
+
+def make_run(tmp_path: Path, name: str, edit=None, logs: bool = True, as_parquet: bool = False,
+             windows: dict[str, list[tuple[float, float]]] | None = None) -> Path:
+    """A copy of the golden run with its results edited, logs kept or removed, or replaced by given windows
+    (log stem -> [(throughput, avg latency us), ...])."""
+    run = tmp_path / name
+    shutil.copytree(BASELINE, run)
+    results = pd.read_csv(run / "results.csv")
+    if edit is not None:
+        results = edit(results)
+    (run / "results.csv").unlink()
+    if as_parquet:
+        results.to_parquet(run / "results.parquet")
+    else:
+        results.to_csv(run / "results.csv", index=False)
+    if not logs:
+        shutil.rmtree(run / "logs")
+    for stem, ws in (windows or {}).items():
+        lines = [f"  Pass [{i + 1}] throughput: {t:g} infer/sec. Avg latency: {lat:g} usec (std 100 usec). " for i, (t, lat) in enumerate(ws)]
+        (run / "logs" / "perf_analyzer" / f"{stem}.log").write_text("\n".join(lines) + "\n")
+    return run
+
+
+def scaled(factor: float, column: str = TPUT, where=None):
+    def edit(df: pd.DataFrame) -> pd.DataFrame:
+        rows = df.index if where is None else where(df)
+        df.loc[rows, column] = df.loc[rows, column] * factor
+        return df
+    return edit
+
+
+def stems(run: Path = BASELINE) -> list[str]:
+    return [Path(s).stem for s in pd.read_csv(run / "results.csv")["source_file"]]
+
+
+def quiet_windows(cv_pct: float) -> dict[str, list[tuple[float, float]]]:
+    """Windows 100-d, 100, 100+d (scaled): sample CV exactly d % for throughput and latency."""
+    d = cv_pct
+    return {s: [(1000 * (100 - d), 10 * (100 - d)), (1000 * 100, 10 * 100), (1000 * (100 + d), 10 * (100 + d))] for s in stems()}
+
+
+def verdicts(comparison) -> dict[int, str]:
+    return {int(p["batch_size"]): p["throughput_verdict"] for _, p in comparison.points.iterrows()}
+
+
+# --- noise from the logs ----------------------------------------------------------------------------------------------
+
+def test_noise_from_real_log_lines_by_hand():
+    text = (BASELINE / "logs/perf_analyzer/dlrm_offline_b2048_c1_try1.log").read_text()
+    assert [w.throughput for w in parse_windows(text)] == [32627.6, 29637.4, 34777.5]
+    # by hand: mean 97042.5 / 3 = 32347.5; deviations 280.1, -2710.1, 2430.0;
+    # sample variance (78456.01 + 7344642.01 + 5904900.00) / 2 = 6663999.01; std 2581.4723; CV 0.0798044
+    noise = noise_from_log(text)
+    assert noise.throughput_cv == pytest.approx(math.sqrt(6663999.01) / 32347.5, rel=1e-9)
+    assert noise.throughput_cv == pytest.approx(0.0798044, abs=1e-6)
+    # latency 61966, 68390, 60754 us: mean 63703.33, sample std 4103.763 -> CV 0.0644199
+    assert noise.latency_cv == pytest.approx(0.0644199, abs=1e-6)
+    assert noise.windows == 3 and not noise.assumed
+
+    # the repository's full perf_analyzer -v log: only the Pass lines count
+    full = (GOLDEN / "perf_analyzer" / "ensemble_b2_c1.log").read_text()
+    n = noise_from_log(full)
+    assert [w.index for w in parse_windows(full)] == [1, 2, 3]
+    assert n.throughput_cv == pytest.approx(88.565676 / 2409.096667, rel=1e-6)  # 2306.83, 2460.39, 2460.07
+    assert n.latency_cv == pytest.approx(29.444864 / 826.0, rel=1e-6)  # 860, 809, 809 us
+
+
+def test_noise_uses_last_three_windows_of_the_counting_attempt(tmp_path):
+    run = load_run(BASELINE)
+    by_batch = run.results.set_index("batch_size")
+    # b1024 counted on try1 (try0 was unstable): its last 3 of 5 windows 60369.7, 65392.2, 64271.4
+    assert by_batch.loc[1024, "source_file"].endswith("_try1.csv")
+    assert by_batch.loc[1024, "throughput_cv"] == pytest.approx(np.std([60369.7, 65392.2, 64271.4], ddof=1) / np.mean([60369.7, 65392.2, 64271.4]))
+    assert by_batch.loc[1024, "throughput_cv"] == pytest.approx(0.0416207, abs=1e-6)
+    assert not run.results["noise_assumed"].any() and (run.results["noise_windows"] == 3).all()
+    # results.parquet and fsspec URLs read the same
+    parquet = load_run("file://" + str(make_run(tmp_path, "pq", as_parquet=True)))
+    assert parquet.results["throughput_cv"].tolist() == pytest.approx(run.results["throughput_cv"].tolist())
+    assert parquet.name == "pq"
+
+
+def test_missing_logs_fall_back_to_assumed_noise(tmp_path):
+    cand = load_run(make_run(tmp_path, "nologs", logs=False))
+    assert cand.results["noise_assumed"].all()
+    assert (cand.results["throughput_cv"] == compare.DEFAULT_NOISE).all()
+    assert (cand.results["noise_note"] == "no perf_analyzer log").all()
+    c = compare_runs(BASELINE, cand)
+    assert c.verdict == NO_CHANGE and c.points["noise_assumed"].all()
+    b1024 = c.points.set_index("batch_size").loc[1024]
+    assert b1024["throughput_noise"] == pytest.approx(math.hypot(0.0416207, 0.05), abs=1e-6)
+    assert "noise assumed" in comparison_markdown(c)
+
+
+# --- verdicts ---------------------------------------------------------------------------------------------------------
+
+def test_identical_runs_no_significant_change():
+    c = compare_runs(BASELINE, BASELINE)
+    assert c.verdict == NO_CHANGE and verdict_exit_code(c) == 0
+    assert set(c.points["verdict"]) == {WITHIN} and len(c.points) == 4 and c.unmatched.empty
+    assert c.summary.startswith("no significant change against the baseline: offline best 63346 -> 63346 infer/s")
+
+
+def test_throughput_scaled_by_08_is_a_regression_at_the_right_points(tmp_path):
+    c = compare_runs(BASELINE, make_run(tmp_path, "slow", scaled(0.8)))
+    assert c.verdict == REGRESSION and verdict_exit_code(c) == 1
+    # -20 % exceeds 3 x the combined noise only where the windows were steady: b1024 (sqrt(2) x 4.16 % -> 17.7 %),
+    # not b64/b256/b2048 (9-11 % noise -> 27-34 %); b1024 is the offline best point, so the run regresses
+    assert verdicts(c) == {64: WITHIN, 256: WITHIN, 1024: SLOWER, 2048: WITHIN}
+    assert c.points["throughput_delta"].tolist() == pytest.approx([-0.2] * 4)
+    assert c.best["batch_size"].tolist() == [1024]
+    assert c.summary == ("slower than the baseline: offline best 63346 -> 50677 infer/s (-20.0%, noise ±5.9%); "
+                         "1 of 4 points slower")
+    # halved: every point beyond its noise
+    half = compare_runs(BASELINE, make_run(tmp_path, "half", scaled(0.5)))
+    assert set(verdicts(half).values()) == {SLOWER} and half.summary.endswith("4 of 4 points slower")
+
+
+def test_majority_of_points_slower_regresses_even_if_the_best_point_holds(tmp_path):
+    quiet = quiet_windows(1.0)  # 1 % windows: combined 1.4 %, threshold max(5 %, 4.2 %) = 5 %
+    base = make_run(tmp_path, "base", windows=quiet)
+    c = compare_runs(base, make_run(tmp_path, "cand", scaled(0.9, where=lambda df: df["batch_size"] != 1024), windows=quiet))
+    assert verdicts(c) == {64: SLOWER, 256: SLOWER, 1024: WITHIN, 2048: SLOWER}
+    assert c.verdict == REGRESSION and "3 of 4 points slower" in c.summary
+
+
+def test_improvement_is_symmetric(tmp_path):
+    c = compare_runs(BASELINE, make_run(tmp_path, "fast", scaled(1.25)))
+    assert verdicts(c) == {64: WITHIN, 256: WITHIN, 1024: FASTER, 2048: WITHIN}
+    assert c.verdict == IMPROVEMENT and verdict_exit_code(c) == 0
+    assert c.summary.startswith("faster than the baseline: offline best 63346 -> 79183 infer/s (+25.0%")
+
+
+def test_two_percent_drop_with_three_percent_noise_is_within_noise(tmp_path):
+    noisy = quiet_windows(3.0)  # windows 97, 100, 103: CV exactly 3 %
+    base = make_run(tmp_path, "base", windows=noisy)
+    assert load_run(base).results["throughput_cv"].tolist() == pytest.approx([0.03] * 4)
+    cand = make_run(tmp_path, "cand", scaled(0.98), windows=noisy)
+    # even with no minimum effect the 2 % drop stays inside 3 x sqrt(2) x 3 % = 12.7 %
+    c = compare_runs(base, cand, min_effect=0.0)
+    assert set(c.points["throughput_verdict"]) == {WITHIN} and c.verdict == NO_CHANGE
+    assert c.points["throughput_noise"].tolist() == pytest.approx([math.hypot(0.03, 0.03)] * 4)
+    # the same drop measured with steady windows (0.1 %) is real
+    steady = quiet_windows(0.1)
+    c2 = compare_runs(make_run(tmp_path, "b2", windows=steady), make_run(tmp_path, "c2", scaled(0.98), windows=steady),
+                      min_effect=0.01)
+    assert set(c2.points["throughput_verdict"]) == {SLOWER} and c2.verdict == REGRESSION
+
+
+def test_p99_latency_rule(tmp_path):
+    c = compare_runs(BASELINE, make_run(tmp_path, "lat", scaled(1.5, column="p99_ms")))
+    assert set(c.points["latency_verdict"]) == {"higher latency"}  # +50 % beyond 3 x sqrt(2) x 6-11 %
+    assert c.verdict == NO_CHANGE  # the verdict is on throughput; the latency shows in the table and summary
+    assert "4 with higher p99 latency" in c.summary and "higher latency" in comparison_markdown(c)
+
+
+def test_unmatched_and_unstable_points_are_listed(tmp_path):
+    def edit(df):
+        df = df[df["batch_size"] != 64].copy()  # only in the baseline
+        unstable = df["batch_size"] == 256
+        df["error"] = df["error"].astype(object)  # all empty in the CSV: read as float
+        df.loc[unstable, ["status", "error", TPUT]] = ["unstable", "not stable within 5 windows of 64 requests", np.nan]
+        extra = df[df["batch_size"] == 2048].assign(batch_size=4096, source_file="perf/dlrm_offline_b4096_c1_try0.csv")
+        return pd.concat([df, extra], ignore_index=True)  # b4096 only in the candidate
+
+    c = compare_runs(BASELINE, make_run(tmp_path, "partial", edit))
+    assert sorted(c.points["batch_size"]) == [1024, 2048]
+    reasons = {int(u["batch_size"]): u["reason"] for _, u in c.unmatched.iterrows()}
+    assert reasons[64] == "only in the baseline"
+    assert reasons[256] == "unstable in the candidate: not stable within 5 windows of 64 requests"
+    assert reasons[4096] == "only in the candidate"
+    assert c.summary.endswith("; 3 not compared")
+    md = comparison_markdown(c)
+    assert "### Points not compared" in md and "unstable in the candidate" in md and "only in the baseline" in md
+
+
+def test_duplicated_point_is_listed_and_compared_once(tmp_path):
+    c = compare_runs(BASELINE, make_run(tmp_path, "dup", lambda df: pd.concat([df, df.iloc[[0]]], ignore_index=True)))
+    assert len(c.points) == 4 and c.verdict == NO_CHANGE
+    assert c.unmatched["reason"].tolist() == ["2 rows for this point in the candidate; the last one compared"]
+    assert "not compared" not in c.summary
+
+
+def test_different_model_is_not_comparable(tmp_path):
+    c = compare_runs(BASELINE, make_run(tmp_path, "other", lambda df: df.assign(model="resnet50")))
+    assert c.verdict == NOT_COMPARABLE and verdict_exit_code(c) == 2
+    assert c.reason == "different model (baseline dlrm; candidate resnet50)"
+    assert c.summary == "not comparable: different model (baseline dlrm; candidate resnet50)"
+    assert len(c.unmatched) == 8  # all four points of each run, listed
+    gpu = compare_runs(BASELINE, make_run(tmp_path, "gpu", lambda df: df.assign(gpu="NVIDIA A100", precision="FP16")))
+    assert "different gpu" in gpu.reason and "different precision" in gpu.reason
+    plot_comparison(c, tmp_path / "nc.png")  # nothing matched: still a figure
+
+
+def test_nan_safe_matching_across_parquet_and_csv(tmp_path):
+    def rate_points(df):  # request-rate points: no concurrency, a rate
+        rows = df.iloc[:2].copy()
+        rows["scenario"], rows["batch_size"] = "rate", 1
+        rows["concurrency"] = None
+        rows["request_rate"] = [50.0, 100.0]
+        return pd.concat([df, rows], ignore_index=True)
+
+    base = make_run(tmp_path, "base", rate_points, as_parquet=True)  # None in parquet
+    cand = make_run(tmp_path, "cand", rate_points)  # empty cells -> NaN in CSV
+    c = compare_runs(base, cand)
+    assert len(c.points) == 6 and c.unmatched.empty and c.verdict == NO_CHANGE
+    assert sorted(c.points["request_rate"].dropna()) == [50.0, 100.0]
+
+
+# --- outputs ----------------------------------------------------------------------------------------------------------
+
+def test_markdown_and_plot(tmp_path):
+    c = compare_runs(BASELINE, make_run(tmp_path, "slow", scaled(0.8)))
+    md = comparison_markdown(c)
+    assert md.startswith("## Comparison against the baseline")
+    assert "**Verdict: regression**" in md and c.summary in md
+    assert "max(5%, 3 × noise)" in md  # the rule
+    assert "| Format" in md and "Δ throughput" in md and "-20.0%" in md and "±5.9%" in md and "slower (best)" in md
+    png = plot_comparison(c, tmp_path / "plots" / "compare.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
+
+
+def test_cli_exit_code(tmp_path):
+    from typer.testing import CliRunner
+
+    from tbench.cli import app
+
+    result = CliRunner().invoke(app, ["compare", str(BASELINE), str(make_run(tmp_path, "slow", scaled(0.8))),
+                                      "--output", str(tmp_path / "out")])
+    assert result.exit_code == 1 and result.output.startswith("slower than the baseline")
+    assert (tmp_path / "out" / "comparison.md").exists() and (tmp_path / "out" / "comparison.png").exists()
+
+
+def test_a_folder_without_results_is_an_error(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no results.parquet or results.csv"):
+        load_run(tmp_path)
