@@ -16,7 +16,8 @@ from tasks.metrics import metrics_task
 from tasks.perf import perf_task, plan_points, prepare_inputs
 from tasks.report import report_task
 from model_adapters.ensemble import part_adapters
-from tasks.repository import ServingConfig, backend_label, repository_task, serves_natively, write_ensemble
+from tasks.repository import (ACCELERATOR_LABELS, ServingConfig, backend_label, repository_task, serves_natively,
+                              write_ensemble)
 from tasks.server import make_server, server_task
 from tasks.store import run_url, staging_root, store_task
 from tbench import hardware as hw
@@ -93,7 +94,7 @@ def benchmark_flow(request: BenchmarkRequest = BenchmarkRequest()) -> str:
             model_format = fmt.label if fmt is not Format.ENSEMBLE else f"{fmt.label} ({' + '.join(a.format.label for _, a in composing)})"
             static = {"model": req.model, "model_size": req.size, "gpu": hardware.gpu_label, "format": fmt.value,
                       "backend": tracker.served_by[fmt.value], "model_format": model_format,
-                      "backend_accelerator": "", "precision": req.precision.value.upper(),
+                      "backend_accelerator": accelerator_label(req, hardware, fmt, native), "precision": req.precision.value.upper(),
                       "max_batch_size": req.max_batch_size, "model_instances": req.model_instances}
             for scenario in req.scenarios:
                 key = f"perf-{scenario.value}-{fmt.value}"
@@ -110,8 +111,15 @@ def benchmark_flow(request: BenchmarkRequest = BenchmarkRequest()) -> str:
     return _finish(tracker, req, hardware, server, raise_errors=True)
 
 
+def accelerator_label(req, hardware, fmt, native: dict) -> str:
+    """The results' backend_accelerator: what the served config applies (nothing through the python runtime)."""
+    applied = fmt in native and serving_config(req, hardware, fmt).applied_accelerator(native[fmt])
+    return ACCELERATOR_LABELS.get(applied, applied) if applied else ""
+
+
 def serving_config(req, hardware, fmt, name: str | None = None) -> ServingConfig:
-    return ServingConfig(name=name or req.triton_name(fmt), max_batch_size=req.max_batch_size, preferred_batch_sizes=req.preferred_batch_sizes,
+    return ServingConfig(name=name or req.triton_name(fmt), accelerator=req.accelerators.get(fmt.value),
+                         precision=req.precision.value.upper(), max_batch_size=req.max_batch_size, preferred_batch_sizes=req.preferred_batch_sizes,
                          max_queue_delay_us=req.max_queue_delay_us, instances=req.model_instances,
                          kind="KIND_GPU" if hardware.has_gpu else "KIND_CPU",
                          intra_op_threads=max(1, hardware.cpu_cores // req.model_instances))

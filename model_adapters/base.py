@@ -25,6 +25,7 @@ class ServingDefaults:
     accuracy_batch_size: int = 8  # samples per request of the accuracy stage (recommenders: thousands)
     formats: list[str] = field(default_factory=lambda: ["onnx", "ts-trace"])
     images_per_window: int | None = None  # perf_analyzer window size when the profile's default is too long for the model
+    gpu_accelerators: dict[str, str] = field(default_factory=dict)  # format -> Triton GPU execution accelerator
     online_batch_size: int = 1  # samples per request in the online scenario (recommenders send thousands)
     scenarios: list[str] = field(default_factory=lambda: ["offline", "online"])  # what the guide measures
 

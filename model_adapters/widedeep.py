@@ -202,6 +202,7 @@ class WideDeep(ModelAdapter):
                 accuracy_samples=16384,
                 accuracy_batch_size=2048,  # the guide's online request size
                 formats=["tf-savedmodel", "onnx"],
+                gpu_accelerators={"tf-savedmodel": "auto_mixed_precision"},  # the guide's "Automatic FP16"
                 images_per_window=262144,
             )
         # cpu: measured on 2 cores, the full model's forward pass (Keras, eager) takes ~180 ms at batch 1024 and ~100 ms

@@ -17,7 +17,7 @@ from tbench.enums import Format
 from tbench.errors import ConfigError
 from tbench.request import PYTHON_BACKEND_RUNTIMES
 from tbench.iospec import IoSpec
-from tbench.triton_config import (BACKEND_DIRS, MODEL_FILENAMES, PLATFORMS, PYTHON_BACKEND, DynamicBatching, EnsembleStep,
+from tbench.triton_config import (BACKEND_DIRS, MODEL_FILENAMES, PLATFORMS, PYTHON_BACKEND, Accelerator, DynamicBatching, EnsembleStep,
                                   InstanceGroup, ModelConfigSpec, ensemble_config, model_config, to_pbtxt)
 
 RUNTIME_MODEL = Path(__file__).with_name("python_backend") / "model.py"
@@ -32,6 +32,12 @@ class ServingConfig:
     instances: int
     kind: str = "KIND_CPU"  # KIND_CPU | KIND_GPU
     intra_op_threads: int = 0  # python-backend runtime threads; 0: the runtime's own default
+    accelerator: str | None = None  # a GPU execution accelerator (auto_mixed_precision, tensorrt) for a native GPU model
+    precision: str = "FP32"  # the TensorRT accelerator's precision_mode
+
+    def applied_accelerator(self, native: bool) -> str | None:
+        """The accelerator the config carries: native backends on GPU instances only (the python runtime has none)."""
+        return self.accelerator if native and self.kind == "KIND_GPU" else None
 
 
 def serves_natively(fmt: Format, backends: set[str]) -> bool:
@@ -42,6 +48,10 @@ def serves_natively(fmt: Format, backends: set[str]) -> bool:
         return False
     raise ConfigError(f"the server can serve {fmt.value} neither natively (no {BACKEND_DIRS[PLATFORMS[fmt]]} backend) "
                       f"nor through the python backend; it has: {', '.join(sorted(backends)) or 'no backends'}")
+
+
+# the published results' `backend_accelerator` wording
+ACCELERATOR_LABELS = {"auto_mixed_precision": "Automatic FP16", "tensorrt": "TensorRT", "openvino": "OpenVINO", "cuda": "CUDA"}
 
 
 def backend_label(fmt: Format, native: bool) -> str:
@@ -60,6 +70,9 @@ def config_spec(cfg: ServingConfig, artifact: ModelArtifact) -> ModelConfigSpec:
 def build_config(cfg: ServingConfig, artifact: ModelArtifact, native: bool = False) -> mc.ModelConfig:
     spec = config_spec(cfg, artifact)
     if native:
+        if accelerator := cfg.applied_accelerator(native):
+            params = {"precision_mode": cfg.precision} if accelerator == "tensorrt" else {}
+            spec.accelerators = [Accelerator(name=accelerator, parameters=params)]
         return model_config(spec, artifact.format)
     spec.parameters = {
         "runtime": PYTHON_BACKEND_RUNTIMES[artifact.format],

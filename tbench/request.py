@@ -65,6 +65,8 @@ class BenchmarkRequest(BaseModel):
     serve_formats: list[str] | None = Field(None, description="Formats served by Triton and measured, each as its own model; "
                                             "the first format by default; ['all'] for every exported format.")
     precision: str = Field("fp32", description="Precision of the served model.")
+    accelerators: dict[str, str] | None = Field(None, description="GPU execution accelerator per served format where served natively, "
+                                                "e.g. {'tf-savedmodel': 'auto_mixed_precision'}; the guide's by default.")
     max_batch_size: int | None = Field(None, ge=1)
     model_instances: int | None = Field(None, ge=1)
     preferred_batch_sizes: list[int] | None = None
@@ -151,6 +153,7 @@ class BenchmarkRequest(BaseModel):
             formats=formats,
             serve_formats=list(dict.fromkeys(serve)),
             precision=precision,
+            accelerators=self.accelerators if self.accelerators is not None else (d.gpu_accelerators if profile == "gpu" else {}),
             scenarios=scenarios,
             online_batch_size=online_batch,
             request_rates=rates,
@@ -186,6 +189,7 @@ class ResolvedRequest(BaseModel):
     formats: list[Format]
     serve_formats: list[Format]
     precision: Precision
+    accelerators: dict[str, str]
     max_batch_size: int
     model_instances: int
     preferred_batch_sizes: list[int]

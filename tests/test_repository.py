@@ -76,3 +76,28 @@ def test_ensemble_steps_follow_the_parts_tensor_names(tmp_path):
                                [("dlrm_sparse", dlrm.sparse_io_spec()), ("dlrm_dense", dlrm.dense_io_spec())])
     assert (model_dir / "1").is_dir() and not any((model_dir / "1").iterdir())  # Triton wants the version folder
     assert (model_dir / "config.pbtxt").read_text() == (GOLDEN / "config" / "ensemble_dlrm_tiny.pbtxt").read_text()
+
+
+def test_gpu_accelerator_only_on_native_gpu_models():
+    """Wide&Deep's guide serves its SavedModel with TensorFlow's automatic mixed precision on GPU instances."""
+    gpu = ServingConfig("widedeep", 8, [8], 0, 2, kind="KIND_GPU", accelerator="auto_mixed_precision")
+    saved = artifact(Format.TF_SAVEDMODEL, "/m/model.savedmodel")
+    accelerators = build_config(gpu, saved, native=True).optimization.execution_accelerators.gpu_execution_accelerator
+    assert [a.name for a in accelerators] == ["auto_mixed_precision"]
+    assert not build_config(gpu, saved, native=False).HasField("optimization")  # the python runtime has no accelerators
+    cpu = ServingConfig("widedeep", 8, [8], 0, 2, kind="KIND_CPU", accelerator="auto_mixed_precision")
+    assert not build_config(cpu, saved, native=True).HasField("optimization")
+
+
+def test_the_guides_accelerator_is_a_gpu_profile_default():
+    from tbench.request import BenchmarkRequest
+
+    assert BenchmarkRequest(model="widedeep").resolve(has_gpu=True).accelerators == {"tf-savedmodel": "auto_mixed_precision"}
+    assert BenchmarkRequest(model="widedeep").resolve(has_gpu=False).accelerators == {}
+
+
+def test_tensorrt_accelerator_carries_the_precision():
+    gpu = ServingConfig("resnet50", 128, [64, 128], 0, 2, kind="KIND_GPU", accelerator="tensorrt", precision="FP16")
+    (acc,) = build_config(gpu, artifact(Format.TF_SAVEDMODEL, "/m/model.savedmodel"), native=True) \
+        .optimization.execution_accelerators.gpu_execution_accelerator
+    assert acc.name == "tensorrt" and acc.parameters["precision_mode"] == "FP16"
