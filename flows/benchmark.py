@@ -13,6 +13,7 @@ from tasks.accuracy import accuracy_task, require_same_answers
 from tasks.correctness import correctness_task, require_passed
 from tasks.export import ConversionOptions, export_task
 from tasks.metrics import metrics_task
+from tasks.monitor import PointMonitor
 from tasks.perf import perf_task, plan_points, prepare_inputs
 from tasks.report import report_task
 from model_adapters.ensemble import part_adapters
@@ -104,7 +105,9 @@ def benchmark_flow(request: BenchmarkRequest = BenchmarkRequest()) -> str:
                     perf_task(scenario, points,
                               model=name, grpc_url=server.endpoints.grpc_url, spec=spec, m=req.measurement,
                               layout=layout, static=static, on_row=lambda t, k=key: tracker.save_points(k, t),
-                              server_alive=server.alive, inputs=perf_inputs, on_composing=tracker.save_composing)
+                              server_alive=server.alive, inputs=perf_inputs, on_composing=tracker.save_composing,
+                              monitor=PointMonitor(server.endpoints.grpc_url, name, server.processes,
+                                                   server.endpoints.metrics_url, gpu=hardware.has_gpu))
     except BaseException:
         _finish(tracker, req, hardware, server, raise_errors=False)
         raise

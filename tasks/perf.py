@@ -20,6 +20,7 @@ from prefect.artifacts import create_progress_artifact, update_progress_artifact
 from prefect.cache_policies import NO_CACHE
 
 from tbench import procs, progress, tools
+from tasks.monitor import NoMonitor, cross_check
 from tbench.composing import parse_composing
 from tbench.enums import Scenario
 from tbench.errors import PerfAnalyzerError
@@ -174,8 +175,10 @@ def empty_row() -> dict:
 
 
 def measure_point(point: Point, *, model: str, grpc_url: str, spec: IoSpec, m: Measurement, layout: RunLayout,
-                  binary: Path, env: dict[str, str], inputs: PerfInputs = PerfInputs()) -> dict:
-    """Measure one point, retrying with longer windows; always returns a row (status ok | unstable | error)."""
+                  binary: Path, env: dict[str, str], inputs: PerfInputs = PerfInputs(), monitor=None) -> dict:
+    """Measure one point, retrying with longer windows; always returns a row (status ok | unstable | error), with
+    what the server did during the attempt that counted when a monitor watches it."""
+    monitor = monitor or NoMonitor()
     row = empty_row()
     row.update(scenario=point.scenario.value, batch_size=point.batch_size, concurrency=point.concurrency,
                request_rate=point.rate, request_distribution=point.distribution if point.rate is not None else "",
@@ -186,7 +189,9 @@ def measure_point(point: Point, *, model: str, grpc_url: str, spec: IoSpec, m: M
         csv_path = layout.perf_csv(model, point.scenario, point.label, attempt)
         argv = perf_argv(binary, model, grpc_url, point, m, request_count, csv_path, spec, inputs)
         log_path = layout.perf_log(model, point.scenario, point.label, attempt)
+        monitor.start()
         done = procs.run(argv, log_path, m.timeout_s, env)
+        observed = monitor.stop()
         row.update(attempts=attempt + 1, measurement_request_count=request_count,
                    measure_seconds=row["measure_seconds"] + done.seconds)
         log = done.log_tail(40)
@@ -194,6 +199,7 @@ def measure_point(point: Point, *, model: str, grpc_url: str, spec: IoSpec, m: M
             try:
                 row.update(parse_perf_csv(csv_path), status="ok", error="", source_file=str(csv_path.relative_to(layout.run_dir)))
                 row["composing"] = parse_composing(log_path.read_text(errors="replace"))  # an ensemble's steps; else []
+                row.update(observed, stats_max_rel_diff=cross_check({**row, **observed}))
                 return row
             except ValueError:
                 pass  # exit 0 with no row: perf_analyzer stopped early on an unstable point
@@ -212,7 +218,7 @@ def measure_point(point: Point, *, model: str, grpc_url: str, spec: IoSpec, m: M
 def run_sweep(points: list[Point], *, model: str, grpc_url: str, spec: IoSpec, m: Measurement, layout: RunLayout,
               static: dict, on_row: Callable[[pd.DataFrame], None] | None = None,
               server_alive: Callable[[], bool] | None = None, inputs: PerfInputs = PerfInputs(),
-              on_composing: Callable[[list[dict]], None] | None = None) -> pd.DataFrame:
+              on_composing: Callable[[list[dict]], None] | None = None, monitor=None) -> pd.DataFrame:
     """Measure every point in order; `on_row` gets the table after each point so nothing measured is lost, and
     `on_composing` an ensemble's per composing model rows of the point."""
     binary = tools.perf_analyzer_binary()
@@ -222,7 +228,7 @@ def run_sweep(points: list[Point], *, model: str, grpc_url: str, spec: IoSpec, m
     progress.emit("sweep_start", total=len(points))
     for i, point in enumerate(points):
         row = measure_point(point, model=model, grpc_url=grpc_url, spec=spec, m=m, layout=layout, binary=binary, env=env,
-                            inputs=inputs)
+                            inputs=inputs, monitor=monitor)
         row.update(static)
         composing = row.pop("composing", [])
         if composing and on_composing:

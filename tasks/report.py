@@ -173,6 +173,27 @@ def composing_lines(composing: pd.DataFrame, plots_dir: Path, prefix: str) -> li
     return lines + [composing[columns].rename(columns=COMPOSING_TABLE).round(3).to_markdown(index=False), ""]
 
 
+SERVER_TABLE = {"scenario": "Scenario", "batch_size": "Batch", "concurrency": "Concurrency", "request_rate": "Rate",
+                "triton_requests": "Requests", "triton_queue_ms": "Queue (ms)", "triton_compute_infer_ms": "Compute infer (ms)",
+                "stats_max_rel_diff": "Max diff vs client", "server_cpu_pct": "Server CPU %", "server_rss_mb": "Server RSS (MB)",
+                "gpu_util_pct": "GPU util %", "gpu_mem_mb": "GPU memory (MB)", "gpu_power_w": "GPU power (W)"}
+
+
+def server_lines(rows: pd.DataFrame) -> list[str]:
+    """Each stable point from the server's side: Triton's statistics API over the point, how far it is from
+    perf_analyzer's server breakdown, the server's CPU (100 = one core) and memory, and GPU metrics where there are GPUs."""
+    ok = rows[rows["status"] == "ok"]
+    columns = [c for c in SERVER_TABLE if c in ok.columns and ok[c].notna().any()]
+    if ok.empty or "triton_requests" not in columns:
+        return []
+    table = ok[columns].rename(columns=SERVER_TABLE).round(3)
+    if "Max diff vs client" in table:
+        table["Max diff vs client"] = (100 * ok["stats_max_rel_diff"]).round(1).astype(str) + " %"
+    return ["### Server side", "", "Triton's statistics API over each point (per request), its largest difference from "
+            "perf_analyzer's server-side breakdown (which reads the same API over its measurement windows only), and the "
+            "server's processes sampled during the point.", "", table.to_markdown(index=False), ""]
+
+
 def format_section(fmt: str, served_by: str, correctness, accuracy, results: pd.DataFrame, plots_dir: Path,
                    composing: pd.DataFrame | None = None, online_batch_size: int = 1) -> list[str]:
     """One served format: how it is served, its correctness and accuracy, and the guides' tables and plots."""
@@ -199,6 +220,8 @@ def format_section(fmt: str, served_by: str, correctness, accuracy, results: pd.
         lines += ["### Rate scenario", "", f"Open loop: requests sent at a fixed rate whatever the answers, batch {online_batch_size}, "
                   "dynamic batching on the server; throughput below the offered rate means the server fell behind.", "",
                   f"![]({plot})", "", guide_table(rate, RATE_COLUMNS), ""]
+    if not rows.empty:
+        lines += server_lines(rows)
     if composing is not None and not composing.empty:
         lines += composing_lines(composing[composing["format"] == fmt], plots_dir, f"{fmt}_")
     return lines

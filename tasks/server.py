@@ -104,6 +104,10 @@ class TritonServer(ABC):
     def models(self) -> list[str]:
         return sorted(p.parent.name for p in self.repository.glob("*/config.pbtxt"))
 
+    def processes(self) -> list[psutil.Process]:
+        """The server's processes on this machine, for CPU and memory per point; none where it runs elsewhere."""
+        return []
+
     def _wait_ready(self, what: str) -> None:
         """Poll until the server and every model in the repository are ready, or fail with the log's errors."""
         import tritonclient.http as httpclient
@@ -188,6 +192,9 @@ class ProcessServer(TritonServer):
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
+
+    def processes(self) -> list[psutil.Process]:
+        return self._group() if self.alive() else []
 
     def _group(self) -> list[psutil.Process]:
         """The server and every process it started (stubs stay in its process group, orphaned or not)."""
@@ -313,6 +320,9 @@ class DockerServer(ProcessServer):
                  docker: str = "docker", **kwargs):
         super().__init__(*args, **kwargs)
         self.image, self.gpus, self.shm_size, self.docker = image, gpus, shm_size, docker
+
+    def processes(self) -> list[psutil.Process]:
+        return []  # the server runs inside the container; the local process is only the docker client
         self.container = f"tbench-triton-{uuid.uuid4().hex[:8]}"
 
     def argv(self) -> list[str]:

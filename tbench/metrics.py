@@ -53,4 +53,10 @@ MEASUREMENT_COLUMNS = [
     "format", "request_rate", "request_distribution", "status", "error", "attempts", "measurement_request_count", "stability_percentage", "max_trials",
     "shared_memory", "protocol", "measure_seconds",
 ]
-RESULT_COLUMNS = PUBLISHED_COLUMNS + MEASUREMENT_COLUMNS
+# What the server did during the point (tasks/monitor.py): Triton's statistics API per request, its largest relative
+# difference from perf_analyzer's server breakdown, the server's CPU (100 = one core) and memory, and GPU metrics.
+SERVER_COLUMNS = [
+    "triton_queue_ms", "triton_compute_input_ms", "triton_compute_infer_ms", "triton_compute_output_ms", "triton_requests",
+    "stats_max_rel_diff", "server_cpu_pct", "server_rss_mb", "gpu_util_pct", "gpu_mem_mb", "gpu_power_w",
+]
+RESULT_COLUMNS = PUBLISHED_COLUMNS + MEASUREMENT_COLUMNS + SERVER_COLUMNS

@@ -15,6 +15,7 @@ import psutil
 import pytest
 
 from tasks.accuracy import infer_triton, measure_accuracy
+from tasks.monitor import PointMonitor
 from tbench.runtimes import run_pytorch
 from tasks.perf import Point, plan_points, run_sweep
 from tasks.repository import ServingConfig, write_repository
@@ -22,7 +23,7 @@ from tasks.server import EmbeddedServer, LocalServer, RemoteServer
 from tbench.enums import Scenario
 from tbench.errors import ServerStartError
 from tbench.layout import RunLayout
-from tbench.metrics import RESULT_COLUMNS
+from tbench.metrics import RESULT_COLUMNS, SERVER_COLUMNS
 from tbench.request import BenchmarkRequest, Measurement
 
 from conftest import GOLDEN
@@ -80,9 +81,10 @@ def test_sweep_keeps_measured_points_and_flags_an_unstable_one(served_small, sma
     layout = RunLayout(tmp_path, "sweep").create()
     seen = []
     points = [Point(Scenario.OFFLINE, 1, 1), Point(Scenario.OFFLINE, 4, 1), Point(Scenario.ONLINE, 1, 2)]
+    monitor = PointMonitor(served_small.endpoints.grpc_url, "resnet50", served_small.processes, interval_s=0.2)
     table = run_sweep(points, model="resnet50", grpc_url=served_small.endpoints.grpc_url, spec=small_artifacts[0].io_spec,
                       m=Measurement(images_per_window=64, stability_percentage=50, max_trials=8), layout=layout,
-                      static={"model": "resnet50"}, on_row=lambda t: seen.append(len(t)))
+                      static={"model": "resnet50"}, on_row=lambda t: seen.append(len(t)), monitor=monitor)
     assert list(table.columns) == RESULT_COLUMNS and seen == [1, 2, 3]
     assert (table["status"] == "ok").all(), table[["status", "error"]]
     assert (table["throughput_infer_per_s"] > 0).all()
@@ -91,6 +93,11 @@ def test_sweep_keeps_measured_points_and_flags_an_unstable_one(served_small, sma
     offline_b4 = table[(table["scenario"] == "offline") & (table["batch_size"] == 4)].iloc[0]
     assert offline_b4["throughput_infer_per_s"] > table.iloc[0]["throughput_infer_per_s"]  # batching pays off
     assert (layout.run_dir / table.iloc[0]["source_file"]).exists()
+    # the server's own account of the same requests: Triton's statistics API agrees with perf_analyzer's breakdown
+    assert (table["triton_requests"] >= table["measurement_request_count"]).all()
+    assert (table["triton_compute_infer_ms"] > 0).all() and (table["stats_max_rel_diff"] < 0.5).all(), table[SERVER_COLUMNS]
+    assert (table["server_cpu_pct"] > 0).all() and (table["server_rss_mb"] > 10).all()  # the server's processes, sampled
+    assert table["gpu_util_pct"].isna().all()  # no GPU here: nothing is made up
 
     # an impossible stability target: retried with a longer window, then recorded as unstable; nothing else lost
     unstable = run_sweep([Point(Scenario.ONLINE, 1, 2)], model="resnet50", grpc_url=served_small.endpoints.grpc_url,
