@@ -58,7 +58,8 @@ def benchmark_flow(request: BenchmarkRequest = BenchmarkRequest()) -> str:
                 tracker.correctness += [c.model_copy(update={"model": req.part_name(p.part.name)}) for c in checked]
             tracker.save_json(layout.correctness_json, [c.model_dump(mode="json") for c in tracker.correctness])
             require_passed(tracker.correctness)
-            perf_inputs = prepare_inputs(adapter, module, layout.run_dir / "perf_input.json")
+            perf_inputs = prepare_inputs(adapter, module, layout.run_dir / "perf_input.json",
+                                         shared_memory=offline_shared_memory(req, hardware))
         served = [a for fmt in req.serve_formats for a in artifacts if a.format is fmt]
         composing = [(req.part_name(p.part.name), arts[0]) for p, arts in zip(parts, part_artifacts)]
         with tracker.stage("server"):  # what the server can run decides how the repository serves each format
@@ -126,6 +127,14 @@ def serving_config(req, hardware, fmt, name: str | None = None) -> ServingConfig
                          max_queue_delay_us=req.max_queue_delay_us, instances=req.model_instances,
                          kind="KIND_GPU" if hardware.has_gpu else "KIND_CPU",
                          intra_op_threads=max(1, hardware.cpu_cores // req.model_instances))
+
+
+def offline_shared_memory(req, hardware) -> str:
+    """CUDA shared memory where perf_analyzer and the server share a GPU node (the guides' offline runs on GPU), system
+    shared memory on a CPU machine; a remote server shares no memory with us (its offline points say so)."""
+    if req.server == "remote":
+        return "none"
+    return "cuda" if hardware.has_gpu else "system"
 
 
 def adapter_notes(req) -> list[str]:

@@ -76,6 +76,7 @@ class PerfInputs:
     data_file: Path | None = None
     shapes: dict[str, list[int]] | None = None
     sample_output_bytes: int | None = None
+    shared_memory: str = "system"  # offline scenario: "system", or "cuda" when client and server share a GPU node
 
 
 # JSON input data grows ~10 bytes per value: a few samples, fewer when samples are big (a 224 px image is 150k values),
@@ -84,7 +85,7 @@ MAX_INPUT_VALUES = 1_000_000
 SMALL_SAMPLES_VALUES = 100_000
 
 
-def prepare_inputs(adapter, module, path: Path, samples: int | None = None) -> PerfInputs:
+def prepare_inputs(adapter, module, path: Path, samples: int | None = None, shared_memory: str = "system") -> PerfInputs:
     """Samples from the adapter's data (synthetic when it has no dataset) as perf_analyzer JSON, one entry per sample,
     so integer inputs such as token ids stay in range, which perf_analyzer's random data does not. Samples too big
     for JSON (a 4 x 128^3 volume is 8M values) whose inputs are all floats get perf_analyzer's random data instead."""
@@ -106,7 +107,8 @@ def prepare_inputs(adapter, module, path: Path, samples: int | None = None) -> P
     # outputs of the very samples perf_analyzer sends (padded to the longest where lengths vary), per sample
     outputs = run_source(adapter.framework, module, adapter.io_spec(), batch)
     per_sample_bytes = max(v.nbytes // n for v in outputs.values())
-    return PerfInputs(data_file=data_file, shapes=adapter.input_shapes(), sample_output_bytes=per_sample_bytes)
+    return PerfInputs(data_file=data_file, shapes=adapter.input_shapes(), sample_output_bytes=per_sample_bytes,
+                      shared_memory=shared_memory)
 
 
 def output_shm_bytes(spec: IoSpec, batch_size: int, sample_output_bytes: int | None = None) -> int:
@@ -148,8 +150,8 @@ def perf_argv(binary: Path, model: str, grpc_url: str, point: Point, m: Measurem
     ]
     if inputs.data_file:
         argv += ["--input-data", str(inputs.data_file)]
-    if point.scenario is Scenario.OFFLINE:
-        argv += ["--shared-memory", "system", "--output-shared-memory-size",
+    if point.scenario is Scenario.OFFLINE and inputs.shared_memory != "none":
+        argv += ["--shared-memory", inputs.shared_memory, "--output-shared-memory-size",
                  str(output_shm_bytes(spec, point.batch_size, inputs.sample_output_bytes))]
     return argv
 
@@ -183,7 +185,7 @@ def measure_point(point: Point, *, model: str, grpc_url: str, spec: IoSpec, m: M
     row.update(scenario=point.scenario.value, batch_size=point.batch_size, concurrency=point.concurrency,
                request_rate=point.rate, request_distribution=point.distribution if point.rate is not None else "",
                stability_percentage=m.stability_percentage, max_trials=m.max_trials, protocol="grpc",
-               shared_memory="system" if point.scenario is Scenario.OFFLINE else "none", measure_seconds=0.0)
+               shared_memory=inputs.shared_memory if point.scenario is Scenario.OFFLINE else "none", measure_seconds=0.0)
     for attempt in range(1 + m.retries):
         request_count = m.requests_per_window(point.batch_size, point.concurrency or 1, attempt)
         csv_path = layout.perf_csv(model, point.scenario, point.label, attempt)
@@ -215,6 +217,38 @@ def measure_point(point: Point, *, model: str, grpc_url: str, spec: IoSpec, m: M
     return row
 
 
+def measurement_order(points: list[Point], m: Measurement) -> list[Point]:
+    """Shuffled with a fixed seed by default: measured in grid order, a slow drift of the machine (heat, a neighbour's
+    load) would line up with batch size or concurrency and tilt the curve; shuffled, it spreads over the grid as noise."""
+    if m.order == "ascending":
+        return list(points)
+    order = np.random.default_rng(m.seed).permutation(len(points))
+    return [points[i] for i in order]
+
+
+def warm_up(grpc_url: str, model: str, spec: IoSpec, batch_sizes: list[int], requests: int,
+            shapes: dict[str, list[int]] | None = None) -> None:
+    """A few requests at every batch size of the sweep before anything is measured: runtimes allocate and optimise
+    per input shape on their first calls, which would otherwise land in the first windows of each point."""
+    if requests <= 0:
+        return
+    import tritonclient.grpc as grpcclient
+
+    from tasks.accuracy import infer_triton
+
+    client = grpcclient.InferenceServerClient(grpc_url)
+    try:
+        for batch in batch_sizes:
+            inputs = {t.name: np.zeros([batch, *((shapes or {}).get(t.name) or [max(d, 1) for d in t.shape])], t.np_dtype)
+                      for t in spec.inputs}
+            for _ in range(requests):
+                infer_triton(client, model, spec, inputs)
+    except Exception as err:  # a model that cannot answer zeros still gets measured; its point will say why
+        progress.emit("warmup_failed", model=model, error=str(err))
+    finally:
+        client.close()
+
+
 def run_sweep(points: list[Point], *, model: str, grpc_url: str, spec: IoSpec, m: Measurement, layout: RunLayout,
               static: dict, on_row: Callable[[pd.DataFrame], None] | None = None,
               server_alive: Callable[[], bool] | None = None, inputs: PerfInputs = PerfInputs(),
@@ -226,10 +260,11 @@ def run_sweep(points: list[Point], *, model: str, grpc_url: str, spec: IoSpec, m
     rows: list[dict] = []
     table = pd.DataFrame(columns=RESULT_COLUMNS)
     progress.emit("sweep_start", total=len(points))
-    for i, point in enumerate(points):
+    warm_up(grpc_url, model, spec, sorted({p.batch_size for p in points}), m.warmup_requests, inputs.shapes)
+    for i, point in enumerate(measurement_order(points, m)):
         row = measure_point(point, model=model, grpc_url=grpc_url, spec=spec, m=m, layout=layout, binary=binary, env=env,
                             inputs=inputs, monitor=monitor)
-        row.update(static)
+        row.update(static, point_index=i)
         composing = row.pop("composing", [])
         if composing and on_composing:
             keys = {k: row[k] for k in ("scenario", "format", "batch_size", "concurrency", "request_rate")}

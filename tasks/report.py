@@ -155,7 +155,7 @@ COMPOSING_TABLE = {"scenario": "Scenario", "batch_size": "Batch", "concurrency":
 
 def plot_composing(rows: pd.DataFrame, plots_dir: Path, prefix: str = "") -> Path:
     """Where an ensemble's server time goes: each composing model's request latency, stacked, per batch."""
-    table = rows.pivot_table(index="batch_size", columns="composing_model", values="request_latency_ms", aggfunc="mean", sort=False)
+    table = rows.pivot_table(index="batch_size", columns="composing_model", values="request_latency_ms", aggfunc="mean", sort=False).sort_index()
     fig, ax = plt.subplots(figsize=(7, 4))
     table.plot.bar(stacked=True, ax=ax, rot=0)
     ax.set(xlabel="Batch", ylabel="Server request latency (ms)", title="Offline: latency per composing model")
@@ -170,6 +170,7 @@ def composing_lines(composing: pd.DataFrame, plots_dir: Path, prefix: str) -> li
     if not offline.empty:
         lines += [f"![]({plot_composing(offline, plots_dir, prefix).relative_to(plots_dir.parent).as_posix()})", ""]
     columns = [c for c in COMPOSING_TABLE if c != "concurrency" or composing[c].notna().any()]
+    composing = composing.sort_values(["scenario", "batch_size", "concurrency", "composing_model"])
     return lines + [composing[columns].rename(columns=COMPOSING_TABLE).round(3).to_markdown(index=False), ""]
 
 
@@ -182,7 +183,7 @@ SERVER_TABLE = {"scenario": "Scenario", "batch_size": "Batch", "concurrency": "C
 def server_lines(rows: pd.DataFrame) -> list[str]:
     """Each stable point from the server's side: Triton's statistics API over the point, how far it is from
     perf_analyzer's server breakdown, the server's CPU (100 = one core) and memory, and GPU metrics where there are GPUs."""
-    ok = rows[rows["status"] == "ok"]
+    ok = rows[rows["status"] == "ok"].sort_values(["scenario", "batch_size", "concurrency", "request_rate"])
     columns = [c for c in SERVER_TABLE if c in ok.columns and ok[c].notna().any()]
     if ok.empty or "triton_requests" not in columns:
         return []

@@ -25,6 +25,10 @@ class Measurement(BaseModel):
     max_trials: int = Field(5, ge=3, description="Windows perf_analyzer tries before giving up on a point.")
     retries: int = Field(1, ge=0, description="Retries of an unstable point, each with windows twice as long.")
     timeout_s: float = Field(300.0, gt=0, description="Hard limit per perf_analyzer call, in seconds.")
+    warmup_requests: int = Field(2, ge=0, description="Requests per batch size sent before a sweep measures anything.")
+    order: Literal["shuffled", "ascending"] = Field(
+        "shuffled", description="Point order within a sweep: shuffled (seeded) so drift over time does not line up with the grid.")
+    seed: int = Field(0, description="Seed of the shuffled order (the order is recorded per point).")
 
     def requests_per_window(self, batch_size: int, concurrency: int, attempt: int = 0) -> int:
         """Windows of about the same number of inferences whatever the batch, doubled on each retry."""

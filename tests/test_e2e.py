@@ -86,6 +86,8 @@ def test_sweep_keeps_measured_points_and_flags_an_unstable_one(served_small, sma
                       m=Measurement(images_per_window=64, stability_percentage=50, max_trials=8), layout=layout,
                       static={"model": "resnet50"}, on_row=lambda t: seen.append(len(t)), monitor=monitor)
     assert list(table.columns) == RESULT_COLUMNS and seen == [1, 2, 3]
+    assert sorted(table["point_index"]) == [0, 1, 2]  # measured in a shuffled order, each point once
+    table = table.sort_values(["scenario", "batch_size"]).reset_index(drop=True)
     assert (table["status"] == "ok").all(), table[["status", "error"]]
     assert (table["throughput_infer_per_s"] > 0).all()
     assert (table["p99_ms"] >= table["p50_ms"]).all() and (table["avg_ms"] > 0).all()

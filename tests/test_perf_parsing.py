@@ -119,3 +119,32 @@ def test_perf_input_data_holds_real_samples_and_skips_huge_float_ones(small_adap
     monkeypatch.setattr(perf, "MAX_INPUT_VALUES", 100)  # a 3x32x32 image is now "too big": random data
     assert prepare_inputs(small_adapter, small_module, tmp_path / "big.json").data_file is None
     assert not (tmp_path / "big.json").exists()
+
+
+def test_offline_shared_memory_follows_the_node(tmp_path):
+    """CUDA shared memory where client and server share a GPU node, none against a remote server."""
+    from types import SimpleNamespace
+
+    from flows.benchmark import offline_shared_memory
+    from tasks.perf import PerfInputs
+
+    spec = IoSpec(inputs=[TensorSpec(name="x", dtype="float32", shape=[4])], outputs=[TensorSpec(name="y", dtype="float32", shape=[2])])
+    gpu, cpu = SimpleNamespace(has_gpu=True), SimpleNamespace(has_gpu=False)
+    assert offline_shared_memory(SimpleNamespace(server="local"), gpu) == "cuda"
+    assert offline_shared_memory(SimpleNamespace(server="embedded"), cpu) == "system"
+    assert offline_shared_memory(SimpleNamespace(server="remote"), gpu) == "none"
+    point = Point(Scenario.OFFLINE, 8, 1)
+    cuda = perf_argv(Path("pa"), "m", "u", point, Measurement(), 10, tmp_path / "a.csv", spec, PerfInputs(shared_memory="cuda"))
+    assert cuda[cuda.index("--shared-memory") + 1] == "cuda"
+    remote = perf_argv(Path("pa"), "m", "u", point, Measurement(), 10, tmp_path / "a.csv", spec, PerfInputs(shared_memory="none"))
+    assert "--shared-memory" not in remote and "--output-shared-memory-size" not in remote
+
+
+def test_points_are_measured_in_a_seeded_shuffled_order():
+    from tasks.perf import measurement_order
+
+    points = plan_points([Scenario.OFFLINE], [1, 2, 4, 8, 16, 32], [])
+    shuffled = measurement_order(points, Measurement())
+    assert sorted(shuffled, key=lambda p: p.batch_size) == points and shuffled != points
+    assert measurement_order(points, Measurement()) == shuffled  # the same seed, the same order
+    assert measurement_order(points, Measurement(order="ascending")) == points
