@@ -10,6 +10,7 @@ from pathlib import Path
 from prefect import flow, get_run_logger
 
 from tasks.accuracy import accuracy_task, require_same_answers
+from tasks.baseline import baseline_task
 from tasks.correctness import correctness_task, require_passed
 from tasks.export import ConversionOptions, export_task
 from tasks.metrics import metrics_task
@@ -163,17 +164,21 @@ def _finish(tracker: RunTracker, req, hardware, server, raise_errors: bool) -> s
                 server.stop()
         with tracker.stage("metrics"):
             summary = metrics_task(tracker.results)
+        comparison_lines, comparison = [], None
+        if req.baseline:  # after metrics: the results files it reads are complete
+            with tracker.stage("compare-baseline"):
+                comparison_lines, comparison = baseline_task(req.baseline, layout.run_dir, layout.plots_dir)
         with tracker.stage("report"):
             report_task(layout.report_md, tracker.results, run_id=layout.run_id, request=req, hardware=hardware,
                         correctness=tracker.correctness, accuracy=tracker.accuracy, summary=summary,
                         served_by=tracker.served_by, composing=tracker.composing, model_notes=adapter_notes(req),
                         stage_seconds=dict(tracker.stage_seconds), plots_dir=layout.plots_dir,
-                        status=tracker.status, error=tracker.error)
+                        status=tracker.status, error=tracker.error, comparison_lines=comparison_lines)
         tracker.release_logs()
         with tracker.stage("store"):
             url = store_task(layout.run_dir, req.output, layout.run_id,
                              tracker.manifest(request=req.model_dump(mode="json"), hardware=hardware.model_dump(),
-                                              summary=summary, artifact_url=run_url(req.output, layout.run_id),
+                                              summary=summary, comparison=comparison, artifact_url=run_url(req.output, layout.run_id),
                                               local_dir=str(layout.run_dir)))
     except Exception as err:
         if raise_errors:

@@ -249,7 +249,7 @@ def published_lines(results: pd.DataFrame) -> list[str]:
 def render_report(*, run_id: str, request, hardware, correctness, accuracy, results: pd.DataFrame, summary: dict,
                   stage_seconds: dict[str, float], plots_dir: Path, status: str = "completed", error: str | None = None,
                   served_by: dict[str, str] | None = None, composing: pd.DataFrame | None = None,
-                  model_notes: list[str] | None = None) -> str:
+                  model_notes: list[str] | None = None, comparison_lines: list[str] | None = None) -> str:
     served_by = served_by or {}
     title = request.model_file or f"{request.model} ({request.size}, {request.framework})"
     lines = [f"# Triton benchmark: {title}", "",
@@ -274,6 +274,7 @@ def render_report(*, run_id: str, request, hardware, correctness, accuracy, resu
     if not results.empty and results.loc[results["status"] == "ok", "format"].nunique() > 1:
         lines += [f"![]({plot_formats(results, plots_dir).relative_to(plots_dir.parent).as_posix()})", ""]
     lines += published_lines(results)
+    lines += comparison_lines or []
     if correctness:
         served = {f.value for f in request.serve_formats}
         exported_only = [c for c in correctness if c.format.value not in served and not c.model]

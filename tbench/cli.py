@@ -146,6 +146,7 @@ def run(
     queue_delay_us: int = typer.Option(None, help="Dynamic batching max queue delay in microseconds."),
     profile: str = typer.Option(None, help="cpu (quick) or gpu (the guide's grid); by hardware when not given."),
     output: str = typer.Option("runs", "--output", "-o", help="Artifact root: a folder or an fsspec URL."),
+    baseline: str = typer.Option(None, help="A run folder or URL to compare with: deltas and a noise-aware verdict in the report."),
     server: str = typer.Option("embedded", help="embedded, local (tritonserver on PATH), docker (NGC image) or remote."),
     server_url: str = typer.Option(None, help="remote: 'host:grpc_port,host:http_port' (explicit model control)."),
     docker_image: str = typer.Option(None, help="docker: the Triton image."),
@@ -173,7 +174,7 @@ def run(
             request_rates=parse_float_list(request_rates, "request rates"), request_distribution=distribution,
             max_batch_size=max_batch_size, model_instances=instances,
             preferred_batch_sizes=parse_int_list(preferred_batch_sizes, "preferred batch sizes"),
-            max_queue_delay_us=queue_delay_us, profile=profile, output=output, server=server, server_url=server_url,
+            max_queue_delay_us=queue_delay_us, profile=profile, output=output, baseline=baseline, server=server, server_url=server_url,
             docker_image=docker_image, gpus=gpus, http_port=http_port,
             grpc_port=grpc_port, measurement=measurement)
         from tbench import hardware

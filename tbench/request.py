@@ -85,6 +85,8 @@ class BenchmarkRequest(BaseModel):
     accuracy_batch_size: int | None = Field(None, ge=1, description="Samples per request of the accuracy stage; the model's default, at most max_batch_size.")
     measurement: Measurement | None = Field(None, description="perf_analyzer stability settings; the profile's by default.")
     output: str = Field("runs", description="Artifact root: a local folder or any fsspec URL.")
+    baseline: str | None = Field(None, description="A run folder or URL to compare this run with: per-point deltas and a "
+                                 "noise-aware regression verdict in the report and the manifest.")
     server: Literal["embedded", "local", "docker", "remote"] = Field(
         "embedded", description="embedded (pytriton's binary), local (tritonserver on PATH), docker (NGC image), remote (by URL).")
     server_url: str | None = Field(None, description="remote: 'host:grpc_port,host:http_port' of a server in explicit model control mode.")
@@ -208,6 +210,7 @@ class ResolvedRequest(BaseModel):
     accuracy_batch_size: int
     measurement: Measurement
     output: str
+    baseline: str | None
     server: str
     server_url: str | None
     docker_image: str | None

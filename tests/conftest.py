@@ -62,3 +62,18 @@ def prefect_harness():
 
     with prefect_test_harness(server_startup_timeout=int(os.environ["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"])):
         yield
+
+
+def run_flow(tmp_path: Path, request) -> tuple[Path, "pd.DataFrame", str]:
+    """One benchmark flow run into tmp_path that must complete: (run folder, results, report text)."""
+    import json
+
+    import pandas as pd
+
+    from flows.benchmark import benchmark_flow
+
+    url = benchmark_flow(request)
+    run = tmp_path / url.rsplit("/", 1)[-1]
+    manifest = json.loads((run / "manifest.json").read_text())
+    assert manifest["status"] == "completed", manifest["error"]
+    return run, pd.read_parquet(run / "results.parquet"), (run / "report.md").read_text()

@@ -259,3 +259,15 @@ def test_cli_exit_code(tmp_path):
 def test_a_folder_without_results_is_an_error(tmp_path):
     with pytest.raises(FileNotFoundError, match="no results.parquet or results.csv"):
         load_run(tmp_path)
+
+
+def test_the_flows_baseline_stage_reports_a_verdict_or_why_not(tmp_path):
+    from tasks.baseline import compare_with_baseline
+
+    run = make_run(tmp_path, "slow", scaled(0.5))
+    (run / "plots").mkdir(exist_ok=True)
+    lines, entry = compare_with_baseline(str(BASELINE), run, run / "plots")
+    assert entry["verdict"] == REGRESSION and "**Verdict: regression**" in "\n".join(lines)
+    assert "![](plots/baseline_comparison.png)" in lines and (run / "plots" / "baseline_comparison.png").exists()
+    lines, entry = compare_with_baseline(str(tmp_path / "nowhere"), run, run / "plots")  # nothing lost: one line why
+    assert entry["verdict"] is None and "could not be read" in lines[2] and "no results.parquet or results.csv" in entry["error"]

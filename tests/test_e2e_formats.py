@@ -7,28 +7,19 @@ import json
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 import pytest
 
 from tbench.request import BenchmarkRequest, Measurement
+
+from conftest import run_flow
 
 pytestmark = pytest.mark.e2e
 
 QUICK = dict(batch_sizes=[1, 2], concurrency=[2], measurement=Measurement(stability_percentage=50, images_per_window=16))
 
 
-def _run(tmp_path: Path, request: BenchmarkRequest) -> tuple[Path, pd.DataFrame, str]:
-    from flows.benchmark import benchmark_flow
-
-    url = benchmark_flow(request)
-    run = tmp_path / url.rsplit("/", 1)[-1]
-    manifest = json.loads((run / "manifest.json").read_text())
-    assert manifest["status"] == "completed", manifest["error"]
-    return run, pd.read_parquet(run / "results.parquet"), (run / "report.md").read_text()
-
-
 def test_tensorflow_run_serves_the_savedmodel_and_its_onnx(prefect_harness, tmp_path):
-    run, results, report = _run(tmp_path, BenchmarkRequest(model="resnet50", framework="tensorflow", size="small",
+    run, results, report = run_flow(tmp_path, BenchmarkRequest(model="resnet50", framework="tensorflow", size="small",
                                                            serve_formats=["all"], output=str(tmp_path), **QUICK))
     assert set(results["format"]) == {"tf-savedmodel", "onnx"} and (results["status"] == "ok").sum() >= 4
     assert set(results["backend"]) == {"python (tensorflow)", "python (onnxruntime)"}
@@ -105,7 +96,7 @@ def _write_savedmodel(path: Path) -> Path:
 ], ids=["onnx", "torchscript", "savedmodel"])
 def test_a_model_file_is_read_served_checked_and_swept(prefect_harness, tmp_path, writer, extra):
     model_file = writer(tmp_path)
-    run, results, report = _run(tmp_path, BenchmarkRequest(model_file=str(model_file), output=str(tmp_path), **extra, **QUICK))
+    run, results, report = run_flow(tmp_path, BenchmarkRequest(model_file=str(model_file), output=str(tmp_path), **extra, **QUICK))
     iospec = json.loads((run / "io_spec.json").read_text())
     assert {t["name"]: t["dtype"] for t in iospec["inputs"]} == {"features": "float32", "ids": "int64"}
     assert {t["name"]: t["shape"] for t in iospec["inputs"]}["features"] == [-1, 8]

@@ -11,25 +11,19 @@ import pytest
 
 from tbench.request import BenchmarkRequest, Measurement
 
+from conftest import run_flow
+
 pytestmark = pytest.mark.e2e
 
 QUICK = Measurement(stability_percentage=50, images_per_window=512)
 
 
-def _run(tmp_path: Path, request: BenchmarkRequest) -> tuple[Path, pd.DataFrame, str]:
-    from flows.benchmark import benchmark_flow
-
-    url = benchmark_flow(request)
-    run = tmp_path / url.rsplit("/", 1)[-1]
-    manifest = json.loads((run / "manifest.json").read_text())
-    assert manifest["status"] == "completed", manifest["error"]
-    return run, pd.read_parquet(run / "results.parquet"), (run / "report.md").read_text()
-
-
 @pytest.mark.parametrize("model", ["dlrm", "dcnv2"])
 def test_ensemble_of_sparse_and_dense_parts(prefect_harness, tmp_path, model):
-    run, results, report = _run(tmp_path, BenchmarkRequest(model=model, size="tiny", batch_sizes=[64, 256], max_batch_size=256,
-                                                           accuracy_samples=512, output=str(tmp_path), measurement=QUICK))
+    baseline = Path(__file__).parent / "golden" / "compare" / "dlrm_cpu_baseline"  # a CPU run of dlrm small
+    run, results, report = run_flow(tmp_path, BenchmarkRequest(model=model, size="tiny", batch_sizes=[64, 256], max_batch_size=256,
+                                                           accuracy_samples=512, output=str(tmp_path), measurement=QUICK,
+                                                           baseline=str(baseline)))
     assert set(results["scenario"]) == {"offline"} and (results["status"] == "ok").all()
     assert set(results["format"]) == {"ensemble"}
     assert results["model_format"].iloc[0] == "NVIDIA Triton Ensemble (TensorFlow SavedModel + ONNX)"
@@ -50,12 +44,15 @@ def test_ensemble_of_sparse_and_dense_parts(prefect_harness, tmp_path, model):
     assert set(composing["composing_model"]) == {f"{model}_sparse", f"{model}_dense"}
     assert len(composing) == 2 * len(results) and (composing["server_compute_infer_ms"] > 0).all()
     assert "### Composing models" in report and "Embedding tables" in report
+    # the baseline stage ran and said why a tiny run cannot be judged against a small one of another model or size
+    comparison = json.loads((run / "manifest.json").read_text())["comparison"]
+    assert comparison["verdict"] == "not comparable" and "## Comparison against the baseline" in report
     page = (run / "report.html").read_text()  # the same report as one page, every plot inside it
     assert page.count("data:image/png;base64,") == len(list((run / "plots").glob("*.png"))) and 'src="plots/' not in page
 
 
 def test_widedeep_offline_and_online_with_many_samples_per_request(prefect_harness, tmp_path):
-    run, results, report = _run(tmp_path, BenchmarkRequest(model="widedeep", size="small", batch_sizes=[1, 64], concurrency=[1, 2],
+    run, results, report = run_flow(tmp_path, BenchmarkRequest(model="widedeep", size="small", batch_sizes=[1, 64], concurrency=[1, 2],
                                                            online_batch_size=32, max_batch_size=128, preferred_batch_sizes=[64],
                                                            accuracy_samples=256, output=str(tmp_path), measurement=QUICK))
     assert (results["status"] == "ok").all() and set(results["scenario"]) == {"offline", "online"}
