@@ -320,10 +320,10 @@ class DockerServer(ProcessServer):
                  docker: str = "docker", **kwargs):
         super().__init__(*args, **kwargs)
         self.image, self.gpus, self.shm_size, self.docker = image, gpus, shm_size, docker
+        self.container = f"tbench-triton-{uuid.uuid4().hex[:8]}"
 
     def processes(self) -> list[psutil.Process]:
         return []  # the server runs inside the container; the local process is only the docker client
-        self.container = f"tbench-triton-{uuid.uuid4().hex[:8]}"
 
     def argv(self) -> list[str]:
         argv = [self.docker, "run", "--rm", "--name", self.container, f"--shm-size={self.shm_size}",

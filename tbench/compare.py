@@ -38,7 +38,7 @@ from tbench.metrics import RESULT_COLUMNS, THROUGHPUT
 
 DEFAULT_NOISE = 0.05  # CV assumed for a point whose perf_analyzer log is missing
 WINDOWS = 3  # perf_analyzer averages the last 3 windows of a stable measurement
-MATCH_KEYS = ["model", "format", "scenario", "precision", "gpu", "batch_size", "concurrency", "request_rate"]
+MATCH_KEYS = ["model", "model_size", "format", "scenario", "precision", "gpu", "batch_size", "concurrency", "request_rate"]
 NUMERIC_KEYS = {"batch_size", "concurrency", "request_rate"}
 P99 = "p99_ms"
 TPUT = THROUGHPUT.column
@@ -278,7 +278,7 @@ def _not_comparable_reason(base: pd.DataFrame, cand: pd.DataFrame) -> str:
         which = [n for n, r in (("baseline", base), ("candidate", cand)) if r.empty]
         return f"no ok point in the {' and the '.join(which)}"
     diffs = []
-    for col in ("model", "gpu", "precision", "format", "scenario"):
+    for col in ("model", "model_size", "gpu", "precision", "format", "scenario"):
         a = sorted({_norm(col, v) or "?" for v in base[col]})
         b = sorted({_norm(col, v) or "?" for v in cand[col]})
         if not set(a) & set(b):
