@@ -109,9 +109,11 @@ class TritonServer(ABC):
         return []
 
     def _wait_ready(self, what: str) -> None:
-        """Poll until the server and every model in the repository are ready, or fail with the log's errors."""
+        """Poll until the server and every model in the repository are ready, or fail with the log's errors.
+        In explicit model-control mode the server starts with no model loaded: only the server is waited for."""
         import tritonclient.http as httpclient
 
+        expected = [] if getattr(self, "model_control", "none") == "explicit" else self.models()
         client = httpclient.InferenceServerClient(self.endpoints.http_url)
         deadline = time.monotonic() + self.start_timeout_s
         try:
@@ -119,7 +121,7 @@ class TritonServer(ABC):
                 if not self.alive():
                     self._raise_failed(f"{what} exited while loading models")
                 try:
-                    if client.is_server_ready() and all(client.is_model_ready(m) for m in self.models()):
+                    if client.is_server_ready() and all(client.is_model_ready(m) for m in expected):
                         return
                 except Exception:  # not listening yet
                     pass

@@ -87,6 +87,17 @@ def _split(text: str | None) -> list[str] | None:
     return [p.strip() for p in text.split(",") if p.strip()] if text else None
 
 
+def validation_line(err: ValueError) -> str:
+    """A pydantic error as one line: the field and pydantic's message, not its 'N validation errors for X' header."""
+    from pydantic import ValidationError
+
+    if isinstance(err, ValidationError) and err.errors():
+        first = err.errors()[0]
+        where = ".".join(str(p) for p in first.get("loc", ()))
+        return f"{where}: {first['msg']}" if where else first["msg"]
+    return str(err).splitlines()[0]
+
+
 class RichProgress:
     """Listens to progress events: a line per stage, a bar over the perf_analyzer points."""
 
@@ -118,6 +129,13 @@ class RichProgress:
             self.bar.console.print(f"    {row['scenario']} batch {row['batch_size']} {load}: {what}")
             if data["index"] == data["total"]:
                 self.bar.remove_task(self.sweep)
+        elif event == "search_point":
+            if self.sweep is None:
+                self.sweep = self.bar.add_task("configurations", total=data["limit"])
+            self.bar.update(self.sweep, completed=data["measured"])
+            what = (f"{data['throughput']:.1f} infer/s, p99 {data['p99_ms']:.2f} ms" if data["status"] == "ok"
+                    else f"[yellow]{data['status']}[/]: {data['error']}")
+            self.bar.console.print(f"    {data['key']}: {what}")
 
 
 @app.command()
@@ -184,19 +202,26 @@ def run(
         console.print(f"[red]error:[/] {err}")
         raise typer.Exit(2) from None
     except ValueError as err:  # pydantic validation
-        console.print(f"[red]error:[/] invalid option: {str(err).splitlines()[0]}")
+        console.print(f"[red]error:[/] invalid option: {validation_line(err)}")
         raise typer.Exit(2) from None
 
     if not verbose:  # Prefect's console logs (tracebacks too) still go to the run's logs/prefect.log
         os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "CRITICAL")
     from flows.benchmark import benchmark_flow
 
+    url = _run_with_progress(lambda: benchmark_flow(request))
+    console.print(f"[green]report:[/] {url}/report.md")
+    typer.echo(url)
+
+
+def _run_with_progress(start_flow) -> str:
+    """Run a flow with a rich progress bar; a BenchError is one red line and exit 1, with where the partial run is."""
     columns = [SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
     with Progress(*columns, console=console, transient=True) as bar:
         listener = RichProgress(bar)
         progress.subscribe(listener)
         try:
-            url = benchmark_flow(request)
+            return start_flow()
         except BenchError as err:
             console.print(f"[red]error:[/] {err}")
             if listener.run_url:
@@ -204,7 +229,71 @@ def run(
             raise typer.Exit(1) from None
         finally:
             progress.unsubscribe(listener)
-    console.print(f"[green]report:[/] {url}/report.md")
+
+
+@app.command()
+def search(
+    model: str = typer.Argument(..., help="Model adapter name (see `tbench models`)."),
+    size: str = typer.Option(None, help="Model size: full, small, or the model's presets."),
+    framework: str = typer.Option(None, help="The model's implementation: pytorch or tensorflow."),
+    variants: str = typer.Option(None, help="Served variants to search across: formats or FORMAT:PRECISION, e.g. "
+                                 "onnx,ts-trace (the model's first format by default)."),
+    instances: str = typer.Option("1,2", help="Instance counts to try."),
+    max_batch_sizes: str = typer.Option("1,2,4,8,16", "--max-batch-sizes", help="Max batch sizes to try."),
+    preferred: str = typer.Option("none,max", help="Preferred batch size rules to try: none, max, half, quarter."),
+    queue_delays_us: str = typer.Option("0,500,2000", "--queue-delays-us", help="Max queue delays to try, in us."),
+    p99_budget_ms: float = typer.Option(None, "--p99-budget-ms", help="Best throughput with p99 under this budget."),
+    throughput_floor: float = typer.Option(None, "--throughput-floor", help="Instead: lowest p99 with at least this throughput."),
+    strategy: str = typer.Option("smart", help="smart (measures a budget share of the grid) or exhaustive."),
+    budget_fraction: float = typer.Option(0.10, help="smart: the largest share of the grid measured."),
+    concurrency: int = typer.Option(None, help="Closed-loop clients per measurement (the model's largest online concurrency by default)."),
+    resume: str = typer.Option(None, help="An interrupted search's run folder (or search.jsonl): measured candidates are not measured again."),
+    output: str = typer.Option("runs", "--output", "-o", help="Artifact root: a folder or an fsspec URL."),
+    server: str = typer.Option("embedded", help="embedded, local, docker or remote."),
+    server_url: str = typer.Option(None, help="remote: 'host:grpc_port,host:http_port'."),
+    images_per_window: int = typer.Option(None, help="Inferences per perf_analyzer measurement window."),
+    stability: float = typer.Option(None, help="perf_analyzer stability percentage."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Also show Prefect's logs in the terminal."),
+) -> None:
+    """Search MODEL's Triton configuration grid for the best throughput under a p99 budget (or the lowest p99 above a
+    throughput floor); prints the run folder, whose search.md names the best configuration."""
+    if not verbose:  # before anything imports Prefect: its console handler reads this once
+        os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "CRITICAL")
+    from tbench.request import BenchmarkRequest, Measurement
+    from tbench.search import Objective, SearchSpace
+
+    try:
+        if throughput_floor is not None and p99_budget_ms is not None:
+            raise ConfigError("give a p99 budget or a throughput floor, not both")
+        tuned = {"images_per_window": images_per_window, "stability_percentage": stability}
+        measurement = Measurement(**{k: v for k, v in tuned.items() if v is not None}) if any(tuned.values()) else None
+        space = SearchSpace(instances=parse_int_list(instances, "instances"),
+                            max_batch_sizes=parse_int_list(max_batch_sizes, "max batch sizes"),
+                            preferred=_split(preferred), queue_delays_us=parse_int_list(queue_delays_us, "queue delays"),
+                            formats=_split(variants) or [""])
+        objective = (Objective(goal="min_latency", throughput_floor=throughput_floor) if throughput_floor is not None
+                     else Objective(p99_budget_ms=p99_budget_ms))
+        request = BenchmarkRequest(model=model, size=size, framework=framework, output=output, server=server,
+                                   server_url=server_url, measurement=measurement,
+                                   formats=list(dict.fromkeys(v.partition(":")[0] for v in space.formats if v)) or None)
+        from flows.search import SearchRequest, resume_checkpoint, variant_plan
+        from tbench import hardware
+
+        search_request = SearchRequest(space=space, objective=objective, strategy=strategy, budget_fraction=budget_fraction,
+                                       concurrency=concurrency, resume_from=resume)
+        has_gpu = hardware.detect().has_gpu
+        variant_plan(space, request.resolve(has_gpu), has_gpu)  # fail fast, before Prefect starts
+        resume_checkpoint(resume)
+    except BenchError as err:
+        console.print(f"[red]error:[/] {err}")
+        raise typer.Exit(2) from None
+    except ValueError as err:  # pydantic validation
+        console.print(f"[red]error:[/] invalid option: {validation_line(err)}")
+        raise typer.Exit(2) from None
+    from flows.search import search_flow
+
+    url = _run_with_progress(lambda: search_flow(request, search_request))
+    console.print(f"[green]search:[/] {url}/search.md")
     typer.echo(url)
 
 

@@ -24,6 +24,14 @@ runner = CliRunner()
     (["run", "dlrm", "--option", "threshold"], "error: cannot read option 'threshold': use NAME=VALUE"),
     (["run", "dlrm", "--option", "memory_threshold_gb=-1"], "error: option memory_threshold_gb must be a number of GB >= 0"),
     (["run", "widedeep", "--online-batch-size", "100000"], "error: online batch size 100000 is above max_batch_size"),
+    (["search", "nosuch"], "error: unknown model 'nosuch'"),
+    (["search", "resnet50", "--p99-budget-ms", "5", "--throughput-floor", "10"], "error: give a p99 budget or a throughput floor, not both"),
+    (["search", "resnet50", "--preferred", "most"], "error: invalid option: preferred: Value error, unknown preferred batch size rule 'most'"),
+    (["search", "resnet50", "--strategy", "random"], "error: invalid option: strategy: Input should be 'smart' or 'exhaustive'"),
+    (["search", "resnet50", "--variants", "onnx:fp16"], "error: variant 'onnx:fp16': precision fp16 needs a GPU"),
+    (["search", "resnet50", "--variants", "ensemble"], "error: model 'resnet50' is not an ensemble"),
+    (["search", "dlrm", "--size", "tiny"], "error: the configuration search serves one model; ensembles are not searched"),
+    (["search", "resnet50", "--resume", "/nonexistent"], "error: resume_from '/nonexistent': no search checkpoint there"),
 ])
 def test_bad_input_exits_non_zero_with_one_line(args, message):
     result = runner.invoke(app, args)

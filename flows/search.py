@@ -1,0 +1,213 @@
+"""The configuration search flow: wiring only. Export and check the model (the benchmark's tasks), start one Triton
+server in explicit model-control mode, then search the configuration grid on it; the run folder keeps the checkpoint
+(search.jsonl, one line per measured candidate), search.md, search.json and plots/search.png."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+from typing import Literal
+
+from prefect import flow, get_run_logger
+from prefect.artifacts import create_markdown_artifact
+from pydantic import BaseModel, Field
+
+from flows.benchmark import request_from_argv, server_options
+from tasks.correctness import correctness_task, require_passed
+from tasks.export import ConversionOptions, export_task
+from tasks.html_report import write_html_report
+from tasks.perf import prepare_inputs
+from tasks.repository import serves_natively
+from tasks.search_eval import ServedVariant, TritonEvaluator, artifact_key, search_task
+from tasks.server import make_server, server_task
+from tasks.store import run_url, staging_root, store_task
+from tbench import hardware as hw
+from tbench import progress
+from tbench.enums import Format, Precision
+from tbench.errors import ConfigError
+from tbench.layout import RunLayout, new_run_id
+from tbench.request import DEFAULT_TOLERANCES, BenchmarkRequest, adapter_for
+from tbench.run import RunTracker
+from tbench.search import Candidate, Checkpoint, Objective, SearchSpace
+
+CHECKPOINT = "search.jsonl"
+
+
+class SearchRequest(BaseModel):
+    """What to search; the model, its formats, server and measurement settings come from the BenchmarkRequest."""
+
+    space: SearchSpace = Field(default_factory=SearchSpace, description="The configuration grid; formats: [''] serves "
+                               "the request's first serve format, else formats or 'format:precision' variants.")
+    objective: Objective = Field(default_factory=Objective, description="Best throughput under a p99 budget, or lowest p99 "
+                                 "above a throughput floor.")
+    strategy: Literal["smart", "exhaustive"] = Field("smart", description="smart: coordinate search on a budget of "
+                                                     "measurements; exhaustive: every candidate.")
+    budget_fraction: float = Field(0.10, gt=0, le=1, description="smart: the largest share of the grid measured.")
+    concurrency: int | None = Field(None, ge=1, description="Closed-loop clients per measurement; the largest of the "
+                                    "request's online concurrency by default.")
+    resume_from: str | None = Field(None, description="Resume an interrupted search: its checkpoint (search.jsonl) or "
+                                    "its run folder; measured candidates are read back, not measured again.")
+
+
+def resume_checkpoint(resume_from: str | None) -> Path | None:
+    """The checkpoint file a `resume_from` names (a file, or a run folder holding search.jsonl)."""
+    if not resume_from:
+        return None
+    path = Path(resume_from).expanduser()
+    if path.is_dir():
+        path = path / CHECKPOINT
+    if not path.is_file():
+        raise ConfigError(f"resume_from {resume_from!r}: no search checkpoint there (expected a {CHECKPOINT} file or a run folder holding one)")
+    return path
+
+
+def variant_plan(space: SearchSpace, req, has_gpu: bool) -> dict[str, tuple[Format, Precision]]:
+    """Each SearchSpace.formats entry as (format, precision); '' is the request's first served format. Refuses what
+    cannot be served: an ensemble, a reduced precision on a local server without a GPU."""
+    plan = {}
+    for entry in space.formats:
+        fmt, _, precision = entry.partition(":")
+        plan[entry] = (Format.parse(fmt) if fmt else req.serve_formats[0], Precision.parse(precision) if precision else req.precision)
+    for fmt, _ in plan.values():
+        if fmt is Format.ENSEMBLE:
+            raise ConfigError("the configuration search serves one model; ensembles are not searched")
+    for entry, (fmt, precision) in plan.items():
+        if precision is not Precision.FP32 and not has_gpu and req.server in ("embedded", "local"):
+            raise ConfigError(f"variant {entry!r}: precision {precision.value} needs a GPU; this machine has none")
+    return plan
+
+
+@flow(name="triton-search")
+def search_flow(request: BenchmarkRequest = BenchmarkRequest(), search: SearchRequest = SearchRequest()) -> str:
+    """Search the configuration grid of one model on one server; returns the URL of the run folder."""
+    hardware = hw.detect()
+    req = request.resolve(hardware.has_gpu)
+    adapter = adapter_for(req)
+    plan = variant_plan(search.space, req, hardware.has_gpu)
+    resume = resume_checkpoint(search.resume_from)
+    layout = RunLayout(staging_root(req.output), new_run_id(f"{req.model}-search")).create()
+    layout.repository_dir.mkdir(parents=True, exist_ok=True)
+    checkpoint = Checkpoint(layout.run_dir / CHECKPOINT)
+    if resume is not None:  # the new run starts from a copy: the interrupted run's folder stays as it was
+        shutil.copyfile(resume, checkpoint.path)
+    tracker = RunTracker(layout)
+    tracker.capture_logs()
+    tracker.save_json(layout.request_json, {"request": req.model_dump(mode="json"), "search": search.model_dump(mode="json")})
+    progress.emit("run_start", run_id=layout.run_id, run_dir=str(layout.run_dir))
+    server, result = None, None
+    concurrency = search.concurrency or max(req.concurrency)
+    try:
+        with tracker.stage("export"):
+            module = adapter.build()
+            artifacts = {}
+            for precision in dict.fromkeys(p for _, p in plan.values()):
+                formats = list(dict.fromkeys(f for f, p in plan.values() if p is precision))
+                out = layout.models_dir if len({p for _, p in plan.values()}) == 1 else layout.models_dir / precision.value
+                options = ConversionOptions(precision=precision, max_batch_size=max(search.space.max_batch_sizes))
+                for artifact in export_task(adapter, module, formats, out, options):
+                    artifacts[(artifact.format, precision)] = artifact
+            tracker.save_json(layout.iospec_json, adapter.io_spec().model_dump())
+        with tracker.stage("correctness"):
+            for (fmt, precision), artifact in artifacts.items():
+                atol, rtol = (DEFAULT_TOLERANCES[precision] if precision is not req.precision
+                              else (req.tolerance_atol, req.tolerance_rtol))
+                tracker.correctness += correctness_task(adapter, module, [artifact], atol, rtol)
+            tracker.save_json(layout.correctness_json, [c.model_dump(mode="json") for c in tracker.correctness])
+            require_passed(tracker.correctness)
+            perf_inputs = prepare_inputs(adapter, module, layout.run_dir / "perf_input.json")
+        with tracker.stage("server"):
+            server = make_server(req.server, layout.repository_dir, layout.server_log, http_port=req.http_port,
+                                 grpc_port=req.grpc_port, url=req.server_url, **search_server_options(req))
+            backends = server.backends()
+            variants = {entry: ServedVariant(artifacts[key], serves_natively(key[0], backends)) for entry, key in plan.items()}
+        with tracker.stage("server-start"):
+            server_task(server)
+        evaluator = TritonEvaluator(server=server, repository=layout.repository_dir, name=req.model, variants=variants,
+                                    concurrency=concurrency, measurement=req.measurement, work_dir=layout.run_dir / "search",
+                                    inputs=perf_inputs, online_batch_size=req.online_batch_size,
+                                    kind="KIND_GPU" if hardware.has_gpu else "KIND_CPU", cpu_cores=hardware.cpu_cores)
+        start = Candidate(instances=req.model_instances, max_batch_size=req.max_batch_size,
+                          preferred_batch_sizes=tuple(req.preferred_batch_sizes), queue_delay_us=req.max_queue_delay_us,
+                          format=search.space.formats[0])
+        with tracker.stage("search"):
+            result = search_task(search.strategy, search.space, search.objective, evaluator, checkpoint,
+                                 budget_fraction=search.budget_fraction, start=start, label=layout.run_id)
+    except BaseException:
+        _finish(tracker, req, search, hardware, server, result, concurrency, raise_errors=False)
+        raise
+    return _finish(tracker, req, search, hardware, server, result, concurrency, raise_errors=True)
+
+
+def search_server_options(req) -> dict:
+    """The benchmark's server options, in explicit model-control mode (a remote server is explicit already)."""
+    options = server_options(req)
+    return options if req.server == "remote" else {**options, "model_control": "explicit"}
+
+
+def write_search_files(layout: RunLayout, result, title: str) -> str:
+    """search.md, search.html, search.json and plots/search.png; returns the markdown."""
+    plot = result.plot(layout.plots_dir / "search.png")
+    text = result.to_markdown(title=title, plot=plot.relative_to(layout.run_dir).as_posix())
+    (layout.run_dir / "search.md").write_text(text)
+    write_html_report(layout.run_dir / "search.md", layout.run_dir / "search.html")  # search.html: the same page, self-contained
+    best = result.best
+    summary = {"strategy": result.strategy, "objective": result.objective.model_dump(), "grid_size": result.grid_size,
+               "budget": result.budget, "measured": result.measured, "new_measurements": result.new_measurements,
+               "seconds": round(result.seconds, 3), "best": best.model_dump(mode="json") if best else None}
+    (layout.run_dir / "search.json").write_text(json.dumps(summary, indent=2))
+    return text
+
+
+def _finish(tracker: RunTracker, req, search: SearchRequest, hardware, server, result, concurrency: int,
+            raise_errors: bool) -> str:
+    """Stop the server, write what the search found (whatever it got to) and store the run folder."""
+    layout = tracker.layout
+    url = str(layout.run_dir)
+    try:
+        if server is not None:
+            with tracker.stage("server-stop"):
+                server.stop()
+        with tracker.stage("report"):
+            if result is None and tracker.layout.run_dir.joinpath(CHECKPOINT).exists():
+                result = partial_result(layout, search)
+            if result is not None:
+                text = write_search_files(layout, result, f"Configuration search: {req.model} ({req.size}), "
+                                                          f"concurrency {concurrency}, {hardware.gpu_label}")
+                create_markdown_artifact(text, key=artifact_key(f"search-report-{req.model}"),
+                                         description="Configuration search result (the plot is in the run folder)")
+        tracker.release_logs()
+        with tracker.stage("store"):
+            best = result.best if result is not None else None
+            summary = {"measured": result.measured if result else 0, "grid_size": result.grid_size if result else None,
+                       "best": best.candidate.key if best else None}
+            url = store_task(layout.run_dir, req.output, layout.run_id,
+                             tracker.manifest(request=req.model_dump(mode="json"), search=search.model_dump(mode="json"),
+                                              hardware=hardware.model_dump(), summary=summary,
+                                              artifact_url=run_url(req.output, layout.run_id), local_dir=str(layout.run_dir)))
+    except Exception as err:
+        if raise_errors:
+            raise
+        get_run_logger().error(f"while finishing a failed search: {err}; the run folder is {layout.run_dir}")
+    finally:
+        tracker.release_logs()
+        progress.emit("run_end", run_id=layout.run_id, url=url, status=tracker.status)
+    return url
+
+
+def partial_result(layout: RunLayout, search: SearchRequest):
+    """What an interrupted search measured, from its checkpoint (resume it with resume_from=<this run folder>)."""
+    from tbench.search import SearchResult
+
+    keys = {c.key for c in search.space.grid()}
+    observations = [o for o in Checkpoint(layout.run_dir / CHECKPOINT).load() if o.candidate.key in keys]
+    return SearchResult(strategy=f"{search.strategy} (interrupted)", objective=search.objective,
+                        grid_size=len(keys), budget=len(keys), observations=observations, new_measurements=len(observations))
+
+
+if __name__ == "__main__":
+    # `python -m flows.search resnet50 size=small search='{"strategy": "exhaustive"}'`
+    args = [a for a in sys.argv[1:] if not a.startswith("search=")]
+    given = [a.partition("=")[2] for a in sys.argv[1:] if a.startswith("search=")]
+    print(search_flow(request_from_argv(args), SearchRequest.model_validate_json(given[0]) if given else SearchRequest()))

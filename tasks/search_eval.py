@@ -1,0 +1,192 @@
+"""The search's real evaluator: one Triton server in explicit model-control mode for the whole search; per candidate
+the model's config is written (instances, max batch, preferred sizes, queue delay), the model is loaded through the
+client, measured with one perf_analyzer point at the search's concurrency (online scenario: dynamic batching) by
+`tasks.perf.measure_point` (the benchmark's windows, stability and retries), and unloaded.
+
+A candidate that does not load, or whose point is unstable or fails, is an infeasible observation kept with its
+status; a server that died is an error that stops the search (the checkpoint keeps what was measured).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from prefect import task
+from prefect.artifacts import create_progress_artifact, update_progress_artifact
+from prefect.cache_policies import NO_CACHE
+
+from tasks.perf import PerfInputs, Point, measure_point
+from tasks.repository import ServingConfig, write_repository
+from tasks.server import RemoteServer, TritonServer, one_line
+from tbench import progress, tools
+from tbench.artifacts import ModelArtifact
+from tbench.enums import Scenario
+from tbench.errors import ConfigError, PerfAnalyzerError, ServerStartError
+from tbench.layout import RunLayout
+from tbench.request import Measurement
+from tbench.search import (Candidate, Checkpoint, Objective, Observation, SearchResult, SearchSpace, exhaustive_search,
+                           smart_search)
+
+
+def _number(value) -> float | None:
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(value) else value
+
+
+def observation_from_row(candidate: Candidate, row: dict, seconds: float) -> Observation:
+    """A perf_analyzer row (tasks.perf) as an observation: numbers only when the point is ok."""
+    ok = row.get("status") == "ok"
+    return Observation(candidate=candidate, status=str(row.get("status") or "error"), error=str(row.get("error") or ""),
+                       throughput=_number(row.get("throughput_infer_per_s")) if ok else None,
+                       p99_ms=_number(row.get("p99_ms")) if ok else None,
+                       avg_ms=_number(row.get("avg_ms")) if ok else None, seconds=seconds)
+
+
+@dataclass
+class ServedVariant:
+    """One converted model the search may serve: a `SearchSpace.formats` entry's artifact and how it is served."""
+
+    artifact: ModelArtifact
+    native: bool  # the format's own backend (else the python-backend runtime model)
+
+
+@dataclass
+class TritonEvaluator:
+    """Measures candidates on a started server in explicit model-control mode (see the module docstring)."""
+
+    server: TritonServer
+    repository: Path
+    name: str  # the Triton model name every candidate is loaded under
+    variants: dict[str, ServedVariant]  # SearchSpace.formats entry -> what to serve ('' for the only one)
+    concurrency: int
+    measurement: Measurement
+    work_dir: Path  # perf_analyzer's files go under <work_dir>/<candidate key>/
+    inputs: PerfInputs = field(default_factory=PerfInputs)
+    online_batch_size: int = 1
+    kind: str = "KIND_CPU"
+    cpu_cores: int = 1
+    load_timeout_s: float = 300.0
+
+    def __post_init__(self):
+        self.binary = tools.perf_analyzer_binary()
+        self.env = tools.perf_analyzer_env()
+        self.evaluations = 0
+
+    def variant(self, candidate: Candidate) -> ServedVariant:
+        if candidate.format in self.variants:
+            return self.variants[candidate.format]
+        if not candidate.format:
+            return next(iter(self.variants.values()))
+        raise ConfigError(f"the search has no converted model for {candidate.format!r}; it has {', '.join(self.variants)}")
+
+    def serving_config(self, candidate: Candidate) -> ServingConfig:
+        return ServingConfig(name=self.name, max_batch_size=candidate.max_batch_size,
+                             preferred_batch_sizes=list(candidate.preferred_batch_sizes),
+                             max_queue_delay_us=candidate.queue_delay_us, instances=candidate.instances, kind=self.kind,
+                             intra_op_threads=max(1, self.cpu_cores // candidate.instances))
+
+    def _client(self):
+        import tritonclient.grpc as grpcclient
+
+        return grpcclient.InferenceServerClient(self.server.endpoints.grpc_url)
+
+    def load(self, model_dir: Path) -> None:
+        """Load (or reload) the model as the repository now describes it; a remote server gets config and files."""
+        client = self._client()
+        try:
+            if isinstance(self.server, RemoteServer):
+                config, files = RemoteServer.upload(model_dir)
+                client.load_model(self.name, config=config, files=files, client_timeout=self.load_timeout_s)
+            else:
+                client.load_model(self.name, client_timeout=self.load_timeout_s)
+        finally:
+            client.close()
+
+    def unload(self) -> None:
+        """Unload and wait until Triton says the model is gone (its instances and stubs stopped)."""
+        from tritonclient.utils import InferenceServerException
+
+        client = self._client()
+        try:
+            client.unload_model(self.name)
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:
+                index = client.get_model_repository_index(as_json=True).get("models", [])
+                states = {m.get("state", "") for m in index if m.get("name") == self.name}
+                if not states & {"READY", "UNLOADING", "LOADING"}:
+                    return
+                time.sleep(0.1)
+        except InferenceServerException:
+            pass  # not loaded: nothing to wait for
+        finally:
+            client.close()
+
+    def evaluate(self, candidate: Candidate) -> Observation:
+        from tritonclient.utils import InferenceServerException
+
+        self.evaluations += 1
+        started = time.monotonic()
+
+        def failed(status: str, error: str) -> Observation:
+            return Observation(candidate=candidate, status=status, error=error, seconds=time.monotonic() - started)
+
+        if candidate.max_batch_size < self.online_batch_size:
+            return failed("error", f"max batch {candidate.max_batch_size} is below the request's {self.online_batch_size} samples")
+        try:
+            variant = self.variant(candidate)
+            model_dir = write_repository(self.repository, self.serving_config(candidate), variant.artifact, variant.native)
+        except ConfigError as err:
+            return failed("error", str(err))
+        try:
+            self.load(model_dir)
+        except InferenceServerException as err:
+            self.unload()
+            if not self.server.alive():
+                raise ServerStartError(f"the Triton server stopped while loading {candidate.key}: {one_line(err.message() or '')}") from None
+            return failed("error", f"load failed: {one_line(err.message() or str(err))}")
+        try:
+            layout = RunLayout(self.work_dir, candidate.key).create()
+            point = Point(Scenario.ONLINE, self.online_batch_size, self.concurrency)
+            row = measure_point(point, model=self.name, grpc_url=self.server.endpoints.grpc_url, spec=variant.artifact.io_spec,
+                                m=self.measurement, layout=layout, binary=self.binary, env=self.env, inputs=self.inputs)
+        finally:
+            self.unload()
+        if row["status"] == "error" and not self.server.alive():
+            raise PerfAnalyzerError(f"the Triton server stopped while measuring {candidate.key}: {row['error']}")
+        return observation_from_row(candidate, row, time.monotonic() - started)
+
+
+def artifact_key(text: str) -> str:
+    """Prefect artifact keys: lowercase letters, digits and dashes."""
+    return re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-")
+
+
+@task(name="search", task_run_name="search-{strategy}", cache_policy=NO_CACHE)
+def search_task(strategy: str, space: SearchSpace, objective: Objective, evaluator, checkpoint: Checkpoint,
+                budget_fraction: float = 0.10, start: Candidate | None = None, label: str = "") -> SearchResult:
+    """Run one search strategy; a Prefect progress artifact follows every measured candidate."""
+    planned = len(space.grid()) if strategy == "exhaustive" else None
+    artifact = create_progress_artifact(0.0, key=artifact_key(f"search-{label}"),
+                                        description=f"{strategy} configuration search of {label or 'the model'}")
+
+    def on_observation(obs: Observation, measured: int, limit: int) -> None:
+        update_progress_artifact(artifact, 100.0 * measured / (planned or limit))
+        progress.emit("search_point", key=obs.candidate.key, status=obs.status, error=obs.error, throughput=obs.throughput,
+                      p99_ms=obs.p99_ms, measured=measured, limit=planned or limit)
+
+    if strategy == "exhaustive":
+        result = exhaustive_search(space, objective, evaluator, checkpoint, on_observation=on_observation)
+    elif strategy == "smart":
+        result = smart_search(space, objective, evaluator, checkpoint, budget_fraction=budget_fraction, start=start,
+                              on_observation=on_observation)
+    else:
+        raise ConfigError(f"unknown search strategy {strategy!r}; known: smart, exhaustive")
+    update_progress_artifact(artifact, 100.0)
+    return result

@@ -1,0 +1,58 @@
+"""The configuration search through the flow, on the real embedded tritonserver (explicit model control) and the real
+perf_analyzer, with the small ResNet-50 on a 4-candidate grid."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from tbench.request import BenchmarkRequest, Measurement
+from tbench.search import Objective, Observation, SearchSpace
+from tbench.triton_config import parse_pbtxt
+
+pytestmark = pytest.mark.e2e
+
+
+def test_search_flow_measures_every_candidate_and_resumes(prefect_harness, tmp_path):
+    from flows.search import SearchRequest, search_flow
+
+    request = BenchmarkRequest(model="resnet50", size="small", formats=["onnx"], output=str(tmp_path),
+                               measurement=Measurement(images_per_window=16, stability_percentage=50, max_trials=6))
+    space = SearchSpace(instances=[1], max_batch_sizes=[2, 4], preferred=["max"], queue_delays_us=[0, 500])
+    search = SearchRequest(space=space, objective=Objective(p99_budget_ms=2000), strategy="exhaustive", concurrency=2)
+    run = tmp_path / search_flow(request, search).rsplit("/", 1)[-1]
+
+    manifest = json.loads((run / "manifest.json").read_text())
+    assert manifest["status"] == "completed", manifest["error"]
+    lines = (run / "search.jsonl").read_text().splitlines()
+    assert len(lines) == 4
+    observations = [Observation.model_validate_json(line) for line in lines]
+    assert sorted(o.candidate.key for o in observations) == sorted(c.key for c in space.grid())
+    assert all(o.ok and o.throughput > 0 for o in observations), [(o.candidate.key, o.status, o.error) for o in observations]
+    summary = json.loads((run / "search.json").read_text())
+    best = Observation.model_validate(summary["best"])
+    assert summary["measured"] == 4 and summary["grid_size"] == 4
+    assert best.ok and best.p99_ms <= 2000 and best.throughput == max(o.throughput for o in observations)
+    report = (run / "search.md").read_text()
+    assert "Measured **4 of 4** configurations" in report and best.candidate.describe() in report
+    assert (run / "plots" / "search.png").exists()
+    assert "data:image/png;base64," in (run / "search.html").read_text()  # the page carries its plot
+    # one perf_analyzer point per candidate, at the search's concurrency, with its own files
+    for c in space.grid():
+        assert list((run / "search" / c.key / "perf").glob("resnet50_online_b1_c2_try*.csv")), c.key
+    # every candidate was loaded with its own config through explicit model control, and unloaded
+    log = (run / "logs" / "tritonserver.log").read_text()
+    assert len(re.findall(r"successfully loaded 'resnet50'", log)) == 4, log[-2000:]
+    assert len(re.findall(r"successfully unloaded 'resnet50'", log)) == 4
+    last = parse_pbtxt((run / "model_repository" / "resnet50" / "config.pbtxt").read_text())
+    assert (last.max_batch_size, last.dynamic_batching.max_queue_delay_microseconds) == (4, 500)
+    assert list(last.dynamic_batching.preferred_batch_size) == [4] and last.instance_group[0].count == 1
+
+    # resuming from the finished run's folder measures nothing again
+    resumed = tmp_path / search_flow(request, search.model_copy(update={"resume_from": str(run)})).rsplit("/", 1)[-1]
+    again = json.loads((resumed / "search.json").read_text())
+    assert again["measured"] == 4 and again["new_measurements"] == 0
+    assert len((resumed / "search.jsonl").read_text().splitlines()) == 4
+    assert "successfully loaded 'resnet50'" not in (resumed / "logs" / "tritonserver.log").read_text()
