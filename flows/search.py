@@ -28,6 +28,7 @@ from tbench import progress
 from tbench.enums import Format, Precision
 from tbench.errors import ConfigError
 from tbench.layout import RunLayout, new_run_id
+from tbench.pools import check_worker_hardware, device_lock
 from tbench.request import DEFAULT_TOLERANCES, BenchmarkRequest, adapter_for
 from tbench.run import RunTracker
 from tbench.search import Candidate, Checkpoint, Objective, SearchSpace
@@ -83,6 +84,7 @@ def variant_plan(space: SearchSpace, req, has_gpu: bool) -> dict[str, tuple[Form
 def search_flow(request: BenchmarkRequest = BenchmarkRequest(), search: SearchRequest = SearchRequest()) -> str:
     """Search the configuration grid of one model on one server; returns the URL of the run folder."""
     hardware = hw.detect()
+    check_worker_hardware(hardware)
     req = request.resolve(hardware.has_gpu)
     adapter = adapter_for(req)
     plan = variant_plan(search.space, req, hardware.has_gpu)
@@ -96,48 +98,49 @@ def search_flow(request: BenchmarkRequest = BenchmarkRequest(), search: SearchRe
     tracker.capture_logs()
     tracker.save_json(layout.request_json, {"request": req.model_dump(mode="json"), "search": search.model_dump(mode="json")})
     progress.emit("run_start", run_id=layout.run_id, run_dir=str(layout.run_dir))
-    server, result = None, None
-    concurrency = search.concurrency or max(req.concurrency)
-    try:
-        with tracker.stage("export"):
-            module = adapter.build()
-            artifacts = {}
-            for precision in dict.fromkeys(p for _, p in plan.values()):
-                formats = list(dict.fromkeys(f for f, p in plan.values() if p is precision))
-                out = layout.models_dir if len({p for _, p in plan.values()}) == 1 else layout.models_dir / precision.value
-                options = ConversionOptions(precision=precision, max_batch_size=max(search.space.max_batch_sizes))
-                for artifact in export_task(adapter, module, formats, out, options):
-                    artifacts[(artifact.format, precision)] = artifact
-            tracker.save_json(layout.iospec_json, adapter.io_spec().model_dump())
-        with tracker.stage("correctness"):
-            for (fmt, precision), artifact in artifacts.items():
-                atol, rtol = (DEFAULT_TOLERANCES[precision] if precision is not req.precision
-                              else (req.tolerance_atol, req.tolerance_rtol))
-                tracker.correctness += correctness_task(adapter, module, [artifact], atol, rtol)
-            tracker.save_json(layout.correctness_json, [c.model_dump(mode="json") for c in tracker.correctness])
-            require_passed(tracker.correctness)
-            perf_inputs = prepare_inputs(adapter, module, layout.run_dir / "perf_input.json")
-        with tracker.stage("server"):
-            server = make_server(req.server, layout.repository_dir, layout.server_log, http_port=req.http_port,
-                                 grpc_port=req.grpc_port, url=req.server_url, **search_server_options(req))
-            backends = server.backends()
-            variants = {entry: ServedVariant(artifacts[key], serves_natively(key[0], backends)) for entry, key in plan.items()}
-        with tracker.stage("server-start"):
-            server_task(server)
-        evaluator = TritonEvaluator(server=server, repository=layout.repository_dir, name=req.model, variants=variants,
-                                    concurrency=concurrency, measurement=req.measurement, work_dir=layout.run_dir / "search",
-                                    inputs=perf_inputs, online_batch_size=req.online_batch_size,
-                                    kind="KIND_GPU" if hardware.has_gpu else "KIND_CPU", cpu_cores=hardware.cpu_cores)
-        start = Candidate(instances=req.model_instances, max_batch_size=req.max_batch_size,
-                          preferred_batch_sizes=tuple(req.preferred_batch_sizes), queue_delay_us=req.max_queue_delay_us,
-                          format=search.space.formats[0])
-        with tracker.stage("search"):
-            result = search_task(search.strategy, search.space, search.objective, evaluator, checkpoint,
-                                 budget_fraction=search.budget_fraction, start=start, label=layout.run_id)
-    except BaseException:
-        _finish(tracker, req, search, hardware, server, result, concurrency, raise_errors=False)
-        raise
-    return _finish(tracker, req, search, hardware, server, result, concurrency, raise_errors=True)
+    with device_lock(hardware):  # one run measures on a GPU (or CPU machine) at a time
+        server, result = None, None
+        concurrency = search.concurrency or max(req.concurrency)
+        try:
+            with tracker.stage("export"):
+                module = adapter.build()
+                artifacts = {}
+                for precision in dict.fromkeys(p for _, p in plan.values()):
+                    formats = list(dict.fromkeys(f for f, p in plan.values() if p is precision))
+                    out = layout.models_dir if len({p for _, p in plan.values()}) == 1 else layout.models_dir / precision.value
+                    options = ConversionOptions(precision=precision, max_batch_size=max(search.space.max_batch_sizes))
+                    for artifact in export_task(adapter, module, formats, out, options):
+                        artifacts[(artifact.format, precision)] = artifact
+                tracker.save_json(layout.iospec_json, adapter.io_spec().model_dump())
+            with tracker.stage("correctness"):
+                for (fmt, precision), artifact in artifacts.items():
+                    atol, rtol = (DEFAULT_TOLERANCES[precision] if precision is not req.precision
+                                  else (req.tolerance_atol, req.tolerance_rtol))
+                    tracker.correctness += correctness_task(adapter, module, [artifact], atol, rtol)
+                tracker.save_json(layout.correctness_json, [c.model_dump(mode="json") for c in tracker.correctness])
+                require_passed(tracker.correctness)
+                perf_inputs = prepare_inputs(adapter, module, layout.run_dir / "perf_input.json")
+            with tracker.stage("server"):
+                server = make_server(req.server, layout.repository_dir, layout.server_log, http_port=req.http_port,
+                                     grpc_port=req.grpc_port, url=req.server_url, **search_server_options(req))
+                backends = server.backends()
+                variants = {entry: ServedVariant(artifacts[key], serves_natively(key[0], backends)) for entry, key in plan.items()}
+            with tracker.stage("server-start"):
+                server_task(server)
+            evaluator = TritonEvaluator(server=server, repository=layout.repository_dir, name=req.model, variants=variants,
+                                        concurrency=concurrency, measurement=req.measurement, work_dir=layout.run_dir / "search",
+                                        inputs=perf_inputs, online_batch_size=req.online_batch_size,
+                                        kind="KIND_GPU" if hardware.has_gpu else "KIND_CPU", cpu_cores=hardware.cpu_cores)
+            start = Candidate(instances=req.model_instances, max_batch_size=req.max_batch_size,
+                              preferred_batch_sizes=tuple(req.preferred_batch_sizes), queue_delay_us=req.max_queue_delay_us,
+                              format=search.space.formats[0])
+            with tracker.stage("search"):
+                result = search_task(search.strategy, search.space, search.objective, evaluator, checkpoint,
+                                     budget_fraction=search.budget_fraction, start=start, label=layout.run_id)
+        except BaseException:
+            _finish(tracker, req, search, hardware, server, result, concurrency, raise_errors=False)
+            raise
+        return _finish(tracker, req, search, hardware, server, result, concurrency, raise_errors=True)
 
 
 def search_server_options(req) -> dict:

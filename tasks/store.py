@@ -1,7 +1,10 @@
 """Stage 8: everything under `<artifact root>/<run id>/` through fsspec; the manifest is written last.
 
 A local root is the staging folder itself (nothing to copy); any other fsspec URL gets a file-by-file upload,
-each file written under a temporary name and moved into place, so a reader never sees half a file.
+each file written under a temporary name and moved into place, so a reader never sees half a file, and the manifest
+last, so a run folder with a manifest is complete. An upload that fails keeps the local copy and says where; a retry
+(`tbench upload RUN_FOLDER`) skips the files already there and finishes. The run's results also go to the root's
+partitioned results dataset (`tasks.results_dataset`).
 """
 
 from __future__ import annotations
@@ -12,23 +15,18 @@ import os
 import uuid
 from pathlib import Path
 
-import fsspec
 from fsspec.implementations.local import LocalFileSystem
 from prefect import task
 from prefect.artifacts import create_link_artifact
 from prefect.cache_policies import NO_CACHE
 
+from tasks.results_dataset import add_run_to_dataset
 from tbench.errors import StorageError
+from tbench.storage import url_to_fs
+from tbench.submit import REPORT_LINK_KEY
 
 MANIFEST = "manifest.json"
 STAGING_ENV = "TBENCH_STAGING_DIR"
-
-
-def url_to_fs(url: str):
-    try:
-        return fsspec.core.url_to_fs(url)
-    except (ValueError, ImportError) as err:  # unknown protocol, or its fsspec backend is not installed
-        raise StorageError(f"cannot use artifact root {url!r}: {err}") from err
 
 
 def is_local(root_url: str) -> bool:
@@ -69,21 +67,53 @@ def _put_atomic(fs, local: Path, remote: str) -> None:
     fs.mv(tmp, remote)
 
 
+def _already_there(fs, remote: str, local: Path) -> bool:
+    """A file an earlier attempt uploaded: present with the same size (run folders do not change once written)."""
+    try:
+        return fs.size(remote) == local.stat().st_size
+    except (FileNotFoundError, OSError):
+        return False
+
+
 def upload_run(run_dir: Path, root_url: str, run_id: str) -> str:
-    """Copy a finished (or failed) run folder to the artifact root, manifest last; returns the run's URL."""
+    """Copy a finished (or failed) run folder to the artifact root, manifest last; returns the run's URL. Files an
+    earlier, interrupted upload completed are not sent again; the manifest always is (it says the folder is whole)."""
     url = run_url(root_url, run_id)
     try:
         if is_local(root_url):
             return str(run_dir)
         fs, remote_root = url_to_fs(url)
-        files = sorted(p for p in run_dir.rglob("*") if p.is_file() and p.name != MANIFEST)
+        files = sorted(p for p in run_dir.rglob("*") if p.is_file() and p.name != MANIFEST and not p.name.endswith(".tmp"))
         for path in files + [run_dir / MANIFEST]:
             remote = remote_root.rstrip("/") + "/" + path.relative_to(run_dir).as_posix()
+            if path.name != MANIFEST and _already_there(fs, remote, path):
+                continue
             fs.makedirs(remote.rsplit("/", 1)[0], exist_ok=True)
             _put_atomic(fs, path, remote)
     except Exception as err:  # any backend error: keep the local copy and say where it is
-        raise StorageError(f"could not upload the run to {url}: {type(err).__name__}: {err}; "
-                           f"the complete run is kept at {run_dir}") from err
+        raise StorageError(f"could not upload the run to {url}: {type(err).__name__}: {one_line(err)}; the complete "
+                           f"run is kept at {run_dir} (finish the upload with: tbench upload {run_dir})") from err
+    return url
+
+
+def one_line(err: Exception) -> str:
+    return " ".join(str(err).split())[:300]
+
+
+def retry_upload(run_dir: Path, root_url: str | None = None) -> str:
+    """Finish the upload of a kept run folder: to `root_url`, else where its manifest says it was going."""
+    manifest_path = Path(run_dir) / MANIFEST
+    if not manifest_path.is_file():
+        raise StorageError(f"{run_dir}: no {MANIFEST}; not a finished run folder")
+    manifest = json.loads(manifest_path.read_text())
+    run_id = manifest.get("run_id") or Path(run_dir).name
+    if root_url is None:
+        target = manifest.get("artifact_url") or ""
+        if not target.endswith("/" + run_id):
+            raise StorageError(f"{manifest_path} does not say where the run was going; give the artifact root")
+        root_url = target[: -len(run_id) - 1]
+    url = upload_run(Path(run_dir), root_url, run_id)
+    add_run_to_dataset(Path(run_dir), root_url, run_id)
     return url
 
 
@@ -98,7 +128,8 @@ def write_manifest(run_dir: Path, manifest: dict) -> Path:
 def store_task(run_dir: Path, root_url: str, run_id: str, manifest: dict) -> str:
     write_manifest(run_dir, manifest)
     url = upload_run(run_dir, root_url, run_id)
+    add_run_to_dataset(run_dir, root_url, run_id)
     if (run_dir / "report.html").exists():  # where the stored report is, one click from the flow run's page
-        create_link_artifact(f"{url}/report.html", link_text=f"HTML report of {run_id}", key="benchmark-report-html",
+        create_link_artifact(f"{url}/report.html", link_text=f"HTML report of {run_id}", key=REPORT_LINK_KEY,
                              description="The run's self-contained HTML report in the artifact store")
     return url

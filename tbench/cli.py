@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 from tbench.settings import configure_prefect_env
@@ -81,6 +82,11 @@ def parse_options(values: list[str] | None) -> dict | None:
 
 def _dims(text: str) -> list[int]:
     return [int(d) for d in text.split(",")]
+
+
+def _given(**values) -> dict:
+    """Only the options the user gave, so the request's own defaults apply to the rest."""
+    return {k: v for k, v in values.items() if v is not None}
 
 
 def _split(text: str | None) -> list[str] | None:
@@ -163,7 +169,8 @@ def run(
     preferred_batch_sizes: str = typer.Option(None, help="Dynamic batching preferred batch sizes, e.g. 4,8."),
     queue_delay_us: int = typer.Option(None, help="Dynamic batching max queue delay in microseconds."),
     profile: str = typer.Option(None, help="cpu (quick) or gpu (the guide's grid); by hardware when not given."),
-    output: str = typer.Option("runs", "--output", "-o", help="Artifact root: a folder or an fsspec URL."),
+    output: str = typer.Option(None, "--output", "-o", help="Artifact root: a folder or an fsspec URL (default: "
+                               "$TBENCH_ARTIFACT_ROOT, else ./runs)."),
     baseline: str = typer.Option(None, help="A run folder or URL to compare with: deltas and a noise-aware verdict in the report."),
     server: str = typer.Option("embedded", help="embedded, local (tritonserver on PATH), docker (NGC image) or remote."),
     server_url: str = typer.Option(None, help="remote: 'host:grpc_port,host:http_port' (explicit model control)."),
@@ -192,7 +199,7 @@ def run(
             request_rates=parse_float_list(request_rates, "request rates"), request_distribution=distribution,
             max_batch_size=max_batch_size, model_instances=instances,
             preferred_batch_sizes=parse_int_list(preferred_batch_sizes, "preferred batch sizes"),
-            max_queue_delay_us=queue_delay_us, profile=profile, output=output, baseline=baseline, server=server, server_url=server_url,
+            max_queue_delay_us=queue_delay_us, profile=profile, **_given(output=output), baseline=baseline, server=server, server_url=server_url,
             docker_image=docker_image, gpus=gpus, http_port=http_port,
             grpc_port=grpc_port, measurement=measurement)
         from tbench import hardware
@@ -248,7 +255,8 @@ def search(
     budget_fraction: float = typer.Option(0.10, help="smart: the largest share of the grid measured."),
     concurrency: int = typer.Option(None, help="Closed-loop clients per measurement (the model's largest online concurrency by default)."),
     resume: str = typer.Option(None, help="An interrupted search's run folder (or search.jsonl): measured candidates are not measured again."),
-    output: str = typer.Option("runs", "--output", "-o", help="Artifact root: a folder or an fsspec URL."),
+    output: str = typer.Option(None, "--output", "-o", help="Artifact root: a folder or an fsspec URL (default: "
+                               "$TBENCH_ARTIFACT_ROOT, else ./runs)."),
     server: str = typer.Option("embedded", help="embedded, local, docker or remote."),
     server_url: str = typer.Option(None, help="remote: 'host:grpc_port,host:http_port'."),
     images_per_window: int = typer.Option(None, help="Inferences per perf_analyzer measurement window."),
@@ -273,7 +281,7 @@ def search(
                             formats=_split(variants) or [""])
         objective = (Objective(goal="min_latency", throughput_floor=throughput_floor) if throughput_floor is not None
                      else Objective(p99_budget_ms=p99_budget_ms))
-        request = BenchmarkRequest(model=model, size=size, framework=framework, output=output, server=server,
+        request = BenchmarkRequest(model=model, size=size, framework=framework, **_given(output=output), server=server,
                                    server_url=server_url, measurement=measurement,
                                    formats=list(dict.fromkeys(v.partition(":")[0] for v in space.formats if v)) or None)
         from flows.search import SearchRequest, resume_checkpoint, variant_plan
@@ -319,6 +327,174 @@ def compare(
     plot_comparison(result, out / "comparison.png")
     typer.echo(result.summary)
     raise typer.Exit(verdict_exit_code(result))
+
+
+@app.command()
+def submit(
+    model: str = typer.Argument(..., help="Model adapter name (see `tbench models`)."),
+    pool: str = typer.Option("cpu", help="The work pool whose workers run it: a100, v100, t4, a30, a40, h100 or cpu."),
+    size: str = typer.Option(None, help="Model size: full, small, or the model's presets."),
+    framework: str = typer.Option(None, help="pytorch or tensorflow."),
+    formats: str = typer.Option(None, help="Formats to export and check, e.g. onnx,ts-trace."),
+    precision: str = typer.Option(None, help="Precision of the served model."),
+    batch_sizes: str = typer.Option(None, "--batch-sizes", help="Offline batch sizes, e.g. 1,2,4,8."),
+    concurrency: str = typer.Option(None, help="Online concurrency values, e.g. 1,2,4,8 or 1:8:1."),
+    scenarios: str = typer.Option(None, help="offline, online, rate."),
+    images_per_window: int = typer.Option(None, help="Inferences per perf_analyzer measurement window."),
+    output: str = typer.Option(None, "--output", "-o", help="Artifact root (default: the worker's TBENCH_ARTIFACT_ROOT)."),
+    follow: bool = typer.Option(True, "--follow/--no-follow", help="Follow the run to its end (states and logs)."),
+    timeout: float = typer.Option(3600, help="Stop following after this many seconds (the run goes on)."),
+) -> None:
+    """Send a benchmark run to a pool of the Prefect server at PREFECT_API_URL and follow it; `tbench run` runs here."""
+    from tbench import submit as remote
+    from tbench.pools import POOLS
+    from tbench.request import BenchmarkRequest, Measurement
+
+    try:
+        if pool not in POOLS:
+            raise ConfigError(f"unknown pool {pool!r}; known: {', '.join(POOLS)}")
+        if not os.environ.get("PREFECT_API_URL"):
+            raise ConfigError("PREFECT_API_URL is not set: point it at the team's Prefect server (or `tbench stack env`)")
+        request = BenchmarkRequest(model=model, **_given(
+            size=size, framework=framework, formats=_split(formats), precision=precision,
+            batch_sizes=parse_int_list(batch_sizes, "batch sizes"), concurrency=parse_int_list(concurrency, "concurrency"),
+            scenarios=_split(scenarios), output=output,
+            measurement=Measurement(images_per_window=images_per_window) if images_per_window else None))
+        import model_adapters
+
+        model_adapters.get(request.model, request.size)  # an unknown model fails here, not on the worker
+        parameters = {"request": request.model_dump(mode="json", exclude_unset=True)}
+        started = time.monotonic()
+        run_id = remote.submit(remote.deployment_name("benchmark", pool), parameters, tags=["submitted"])
+    except BenchError as err:
+        console.print(f"[red]error:[/] {err}")
+        raise typer.Exit(2) from None
+    except ValueError as err:
+        console.print(f"[red]error:[/] invalid option: {validation_line(err)}")
+        raise typer.Exit(2) from None
+    console.print(f"submitted flow run {run_id} to pool {pool}")
+    if not follow:
+        typer.echo(str(run_id))
+        return
+    result = remote.follow(run_id, lambda line: console.print(line, markup=False, highlight=False),
+                           timeout_s=timeout, submitted_at=started)
+    if result.report_url:
+        console.print(f"[green]report:[/] {result.report_url}")
+    if result.state != "COMPLETED":
+        console.print(f"[red]error:[/] the run ended {result.state_name}: {result.message}")
+        raise typer.Exit(1)
+    typer.echo(str(run_id))
+
+
+@app.command()
+def upload(
+    run_folder: str = typer.Argument(..., help="A run folder kept locally after its upload failed."),
+    to: str = typer.Option(None, "--to", help="The artifact root (default: where the run's manifest says it was going)."),
+) -> None:
+    """Finish the upload of a kept run folder: files already in the store are skipped, the manifest goes last."""
+    from tasks.store import retry_upload
+
+    try:
+        url = retry_upload(Path(run_folder), to)
+    except BenchError as err:
+        console.print(f"[red]error:[/] {err}")
+        raise typer.Exit(1) from None
+    typer.echo(url)
+
+
+@app.command()
+def results(
+    root: str = typer.Option(None, "--root", help="The artifact root holding the results dataset (default: "
+                             "$TBENCH_ARTIFACT_ROOT, else ./runs)."),
+    model: str = typer.Option(None, help="Only this model."),
+    gpu: str = typer.Option(None, help="Only this GPU (as the results name it, e.g. 'CPU' or 'NVIDIA A100-SXM4-80GB')."),
+    since: str = typer.Option(None, help="Only runs from this date on (YYYY-MM-DD)."),
+    all_points: bool = typer.Option(False, "--all", help="Every point, not the best per run, format and scenario."),
+    csv: str = typer.Option(None, "--csv", help="Also write the rows to this CSV file."),
+) -> None:
+    """Query the results of every stored run (the partitioned Parquet dataset under the artifact root)."""
+    from rich.table import Table
+
+    from tasks.results_dataset import best_per_run, query_results
+
+    root = root or os.environ.get("TBENCH_ARTIFACT_ROOT", "runs")
+    try:
+        table = query_results(root, model=model, gpu=gpu, since=since)
+    except (BenchError, OSError) as err:
+        console.print(f"[red]error:[/] cannot read the results dataset under {root}: {err}")
+        raise typer.Exit(1) from None
+    if table.empty:
+        console.print(f"no stored results under {root}/results match")
+        raise typer.Exit(0)
+    rows = table if all_points else best_per_run(table)
+    if csv:
+        rows.to_csv(csv, index=False)
+    headers = {"date": "date", "run_id": "run", "model": "model", "gpu": "gpu", "format": "format", "precision": "precision",
+               "scenario": "scenario", "batch_size": "batch", "concurrency": "conc.", "throughput_infer_per_s": "infer/s",
+               "p99_ms": "p99 ms"}
+    shown = [c for c in headers if c in rows.columns]
+    out = Table(*(headers[c] for c in shown), title=f"{len(rows)} rows from {table['run_id'].nunique()} runs")
+    for _, r in rows[shown].iterrows():
+        out.add_row(*("" if pd_missing(v) else (f"{v:.2f}" if isinstance(v, float) else str(v)) for v in r))
+    Console(width=None if console.is_terminal else 200).print(out)
+
+
+def pd_missing(value) -> bool:
+    import pandas as pd
+
+    return value is None or (not isinstance(value, str) and bool(pd.isna(value)))
+
+
+stack_app = typer.Typer(help="The local stack: Prefect server, S3 endpoint (moto), pools, deployments and a cpu worker.")
+app.add_typer(stack_app, name="stack")
+
+
+@stack_app.command("up")
+def stack_up(
+    folder: str = typer.Option(None, help="Where the stack keeps its database, logs and state (~/.cache/tbench/stack)."),
+    database_url: str = typer.Option(None, help="PostgreSQL instead of SQLite: postgresql+asyncpg://user:pass@host/db."),
+    port: int = typer.Option(4200, help="The Prefect server's port (its UI too)."),
+) -> None:
+    """Start the stack and deploy; prints the environment a shell needs (also: tbench stack env)."""
+    from tbench import stack
+
+    s = stack.Stack(root=Path(folder) if folder else stack.DEFAULT_DIR, database_url=database_url, api_port=port)
+    try:
+        s.up()
+    except BenchError as err:
+        s.down()
+        console.print(f"[red]error:[/] {err}")
+        raise typer.Exit(1) from None
+    console.print(f"Prefect UI: {s.api_url[:-4]}   S3 endpoint: {s.s3.url}   artifacts: {s.artifact_root}")
+    for key, value in s.client_env().items():
+        typer.echo(f"export {key}={value}")
+
+
+@stack_app.command("env")
+def stack_env(folder: str = typer.Option(None, help="The stack's folder.")) -> None:
+    """Shell exports for the running stack: eval "$(tbench stack env)"."""
+    from tbench import stack
+
+    try:
+        state = stack.load_state(Path(folder) if folder else stack.DEFAULT_DIR)
+    except BenchError as err:
+        console.print(f"[red]error:[/] {err}")
+        raise typer.Exit(1) from None
+    for key, value in state["env"].items():
+        typer.echo(f"export {key}={value}")
+
+
+@stack_app.command("down")
+def stack_down(folder: str = typer.Option(None, help="The stack's folder.")) -> None:
+    """Stop the worker, the Prefect server and the S3 endpoint."""
+    from tbench import stack
+
+    try:
+        stopped = stack.down_from_state(Path(folder) if folder else stack.DEFAULT_DIR)
+    except BenchError as err:
+        console.print(f"[red]error:[/] {err}")
+        raise typer.Exit(1) from None
+    console.print("stopped: " + ", ".join(stopped))
 
 
 @app.command()

@@ -30,11 +30,11 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import fsspec
 import numpy as np
 import pandas as pd
 
 from tbench.metrics import RESULT_COLUMNS, THROUGHPUT
+from tbench.storage import url_to_fs
 
 DEFAULT_NOISE = 0.05  # CV assumed for a point whose perf_analyzer log is missing
 WINDOWS = 3  # perf_analyzer averages the last 3 windows of a stable measurement
@@ -134,7 +134,7 @@ def load_run(path_or_url: str | Path, default_noise: float = DEFAULT_NOISE) -> R
     Reads ``results.parquet`` (else ``results.csv``); for each ok point the log of its counting attempt gives the noise;
     a point whose log is missing gets `default_noise` with ``noise_assumed`` set."""
     source = str(path_or_url)
-    fs, root = fsspec.core.url_to_fs(source)
+    fs, root = url_to_fs(source)
     if root.endswith((".parquet", ".csv")) and fs.isfile(root):
         candidates, root = [root], posixpath.dirname(root)
     else:

@@ -30,14 +30,15 @@ def tail(path: Path, lines: int = 20) -> str:
     return "\n".join(text.rstrip().splitlines()[-lines:])
 
 
-def run(argv: list[str], log_path: Path, timeout: float, env: dict[str, str] | None = None) -> Completed:
+def run(argv: list[str], log_path: Path, timeout: float, env: dict[str, str] | None = None,
+        cwd: str | Path | None = None) -> Completed:
     """Run to completion, stdout+stderr into `log_path`; a timeout kills the whole process group."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
     with open(log_path, "wb") as log:
         log.write(("$ " + " ".join(argv) + "\n").encode())
         log.flush()
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True, cwd=cwd)
         try:
             rc = proc.wait(timeout=timeout)
             timed_out = False

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Literal
 
 from pydantic import BaseModel, Field
@@ -84,11 +85,15 @@ class BenchmarkRequest(BaseModel):
     accuracy_samples: int | None = Field(None, ge=1)
     accuracy_batch_size: int | None = Field(None, ge=1, description="Samples per request of the accuracy stage; the model's default, at most max_batch_size.")
     measurement: Measurement | None = Field(None, description="perf_analyzer stability settings; the profile's by default.")
-    output: str = Field("runs", description="Artifact root: a local folder or any fsspec URL.")
+    output: str = Field(default_factory=lambda: os.environ.get("TBENCH_ARTIFACT_ROOT", "runs"),
+                        description="Artifact root: a local folder or any fsspec URL (s3://bucket/prefix); the worker's "
+                                    "TBENCH_ARTIFACT_ROOT, else 'runs'.")
     baseline: str | None = Field(None, description="A run folder or URL to compare this run with: per-point deltas and a "
                                  "noise-aware regression verdict in the report and the manifest.")
     server: Literal["embedded", "local", "docker", "remote"] = Field(
-        "embedded", description="embedded (pytriton's binary), local (tritonserver on PATH), docker (NGC image), remote (by URL).")
+        default_factory=lambda: os.environ.get("TBENCH_SERVER", "embedded"),
+        description="embedded (pytriton's binary), local (tritonserver on PATH), docker (NGC image), remote (by URL); "
+                    "the worker's TBENCH_SERVER (the worker image: local), else embedded.")
     server_url: str | None = Field(None, description="remote: 'host:grpc_port,host:http_port' of a server in explicit model control mode.")
     docker_image: str | None = Field(None, description="docker: the Triton image (NGC's 24.10 by default).")
     gpus: str | None = Field(None, description="docker: GPUs for the container: 'all' (the default), '0,1', or 'none'.")

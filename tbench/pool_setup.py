@@ -1,0 +1,85 @@
+"""Create the work pools (from infra/pools/<type>.json), their queues, and per-GPU global concurrency limits.
+
+Each pool gets the base job template of its type with the pool's GPU kind in the workers' environment
+(TBENCH_POOL_GPU, checked by every run) and, for Kubernetes, the GPU product node selector. Two queues per pool:
+`default` (UI and laptop runs, priority 1) and `nightly` (scheduled sweeps, priority 2, so an engineer's run goes
+first). GPU locks: a run takes the global concurrency limit named after its GPU's UUID and creates it when missing
+(`tbench.pools.device_lock`); `--gpu-uuid` creates them ahead, e.g. to see them in the UI before the first run.
+
+Usage: python -m tbench.pool_setup [--type docker|kubernetes|process] [--pool a100 ...] [--gpu-uuid GPU-... ...]
+(PREFECT_API_URL names the server). Re-running updates the pools' templates; nothing is deleted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+from pathlib import Path
+
+from tbench.pools import POOL_GPU_ENV, POOLS
+
+INFRA = Path(__file__).resolve().parents[1] / "infra" / "pools"
+QUEUES = {"default": 1, "nightly": 2}
+
+
+def pool_template(pool: str, pool_type: str) -> dict:
+    """The base job template for one pool: the type's template with the pool's GPU kind (and node selector)."""
+    spec = POOLS[pool]
+    template = copy.deepcopy(json.loads((INFRA / f"{pool_type}.json").read_text()))
+    props = template["variables"]["properties"]
+    props["env"]["default"] = {**props["env"].get("default", {}), POOL_GPU_ENV: spec.gpu}
+    if pool_type == "kubernetes" and spec.product_label:
+        props["gpu_product"]["default"] = spec.product_label
+    if spec.gpu == "cpu":  # the cpu pool asks for no GPU
+        for key in ("gpu_count",):
+            if key in props:
+                props[key]["default"] = 0
+    return template
+
+
+def create_pools(api_url: str | None = None, pool_type: str = "docker", names: list[str] | None = None,
+                 gpu_uuids: list[str] | None = None, env: dict | None = None) -> list[str]:
+    """Create or update the pools and queues (the cpu pool is always a process pool); returns the pool names."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate, WorkPoolCreate
+    from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    names = list(names or POOLS)
+    url = api_url or (env or os.environ).get("PREFECT_API_URL")
+    with temporary_settings({PREFECT_API_URL: url} if url else {}), get_client(sync_client=True) as client:
+        for name in names:
+            kind = "process" if POOLS[name].gpu == "cpu" else pool_type
+            template = pool_template(name, kind)
+            description = (f"tbench workers with {POOLS[name].gpu} GPUs" if POOLS[name].gpu != "cpu"
+                           else "tbench workers without a GPU requirement (CPU profile, embedded Triton)")
+            client.create_work_pool(WorkPoolCreate(name=name, type=kind, base_job_template=template, description=description),
+                                    overwrite=True)
+            for queue, priority in QUEUES.items():
+                try:
+                    client.read_work_queue_by_name(queue, work_pool_name=name)
+                except ObjectNotFound:
+                    client.create_work_queue(name=queue, work_pool_name=name, priority=priority)
+        for uuid in gpu_uuids or []:
+            try:
+                client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=f"tbench-gpu-{uuid}", limit=1))
+            except ObjectAlreadyExists:
+                pass
+    return names
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--type", default="docker", choices=["docker", "kubernetes", "process"],
+                        help="Pool type of the GPU pools (the cpu pool is always a process pool).")
+    parser.add_argument("--pool", action="append", choices=list(POOLS), help="Only these pools (repeat); all by default.")
+    parser.add_argument("--gpu-uuid", action="append", help="Create the lock of this GPU ahead (nvidia-smi -L).")
+    args = parser.parse_args()
+    for name in create_pools(pool_type=args.type, names=args.pool, gpu_uuids=args.gpu_uuid):
+        print(f"pool {name}: ready")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,90 @@
+"""GPU pools: which GPU each work pool promises, the check a run makes against the worker's hardware, and the lock that
+keeps two runs from measuring on the same GPU (or the same CPU machine) at once.
+
+A deployment's job variables set ``TBENCH_POOL_GPU`` (the pool's GPU kind, e.g. ``A100``; ``cpu`` for the cpu pool).
+A run started by a worker compares it with what nvidia-smi reports and refuses a mismatch before it does anything:
+numbers measured on a T4 must never be filed under A100.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import socket
+from collections.abc import Iterator
+
+from pydantic import BaseModel
+
+from tbench.errors import ConfigError
+from tbench.hardware import Hardware
+
+POOL_GPU_ENV = "TBENCH_POOL_GPU"
+
+
+class Pool(BaseModel):
+    name: str  # the Prefect work pool
+    gpu: str  # what nvidia-smi's name must contain ("cpu": no GPU needed)
+    product_label: str | None = None  # Kubernetes node label nvidia.com/gpu.product
+
+
+# The GPUs of the reference guides' published results, plus H100; and the cpu pool every machine can serve.
+POOLS = {p.name: p for p in [
+    Pool(name="a100", gpu="A100", product_label="NVIDIA-A100-SXM4-80GB"),
+    Pool(name="v100", gpu="V100", product_label="Tesla-V100-SXM2-32GB"),
+    Pool(name="t4", gpu="T4", product_label="Tesla-T4"),
+    Pool(name="a30", gpu="A30", product_label="NVIDIA-A30"),
+    Pool(name="a40", gpu="A40", product_label="NVIDIA-A40"),
+    Pool(name="h100", gpu="H100", product_label="NVIDIA-H100-80GB-HBM3"),
+    Pool(name="cpu", gpu="cpu"),
+]}
+
+
+def gpu_matches(expected: str, gpu_name: str) -> bool:
+    """'A100' matches 'NVIDIA A100-SXM4-80GB' but 'A10' does not match 'NVIDIA A100...' (a whole token)."""
+    return re.search(rf"(?<![A-Za-z0-9]){re.escape(expected)}(?![0-9])", gpu_name, re.IGNORECASE) is not None
+
+
+def check_worker_hardware(hardware: Hardware, expected: str | None = None) -> None:
+    """Refuse to run on hardware other than the pool's GPU kind (from TBENCH_POOL_GPU when not given)."""
+    expected = expected if expected is not None else os.environ.get(POOL_GPU_ENV)
+    if not expected or expected.lower() == "cpu":
+        return
+    if not hardware.gpus:
+        raise ConfigError(f"this worker's pool promises {expected} GPUs but the machine has none (nvidia-smi found no GPU); "
+                          "fix the worker's pool or its GPU driver")
+    if not gpu_matches(expected, hardware.gpus[0]):
+        raise ConfigError(f"this worker's pool promises {expected} GPUs but the machine has {hardware.gpus[0]}; "
+                          "the run was refused so its numbers are not filed under the wrong GPU")
+
+
+def lock_name(hardware: Hardware) -> str:
+    """One global concurrency limit per GPU (its UUID: unique across the fleet), or per CPU machine."""
+    if hardware.gpu_uuids:
+        return f"tbench-gpu-{hardware.gpu_uuids[0]}"
+    return f"tbench-cpu-{re.sub(r'[^A-Za-z0-9-]+', '-', socket.gethostname())}"
+
+
+def ensure_limit(name: str, limit: int = 1) -> None:
+    """Create the global concurrency limit if the server does not have it yet (two workers may race: fine)."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
+    from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
+
+    with get_client(sync_client=True) as client:
+        try:
+            client.read_global_concurrency_limit_by_name(name)
+        except ObjectNotFound:
+            with contextlib.suppress(ObjectAlreadyExists):
+                client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=name, limit=limit))
+
+
+@contextlib.contextmanager
+def device_lock(hardware: Hardware, timeout_s: float | None = None) -> Iterator[str]:
+    """Hold this machine's GPU (or CPU) for the run: a second run on the same device waits for the first."""
+    from prefect.concurrency.sync import concurrency
+
+    name = lock_name(hardware)
+    ensure_limit(name)
+    with concurrency(name, occupy=1, timeout_seconds=timeout_s, strict=True):
+        yield name

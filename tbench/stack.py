@@ -1,0 +1,225 @@
+"""The local stack: a Prefect server (SQLite, or PostgreSQL with a database URL), an S3 endpoint (moto's server over
+HTTP), the work pools with their deployments, and a process worker for the `cpu` pool, on this machine.
+
+`tbench stack up` starts it and writes `<stack dir>/stack.json` (URLs, process ids, the environment a client needs);
+`tbench stack env` prints that environment as shell exports; `tbench stack down` stops it. The tests start their
+own stack in a temporary folder through the same `Stack` class.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tbench import procs
+from tbench.errors import BenchError
+
+PROJECT = Path(__file__).resolve().parents[1]
+DEFAULT_DIR = Path(os.environ.get("TBENCH_STACK_DIR", Path.home() / ".cache" / "tbench" / "stack"))
+BUCKET = "tbench"
+S3_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "tbench-local", "AWS_SECRET_ACCESS_KEY": "tbench-local-secret",
+                  "AWS_DEFAULT_REGION": "us-east-1"}
+
+
+class StackError(BenchError):
+    """A part of the local stack would not start."""
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_http(url: str, timeout_s: float, proc: subprocess.Popen | None = None, what: str = "", log: Path | None = None) -> float:
+    """Poll a URL until it answers (any HTTP status); seconds it took. A process that exits first is an error."""
+    start = time.monotonic()
+    while time.monotonic() - start < timeout_s:
+        if proc is not None and proc.poll() is not None:
+            raise StackError(f"{what} exited with {proc.returncode}: {procs.tail(log, 5) if log else ''}".strip())
+        try:
+            urllib.request.urlopen(url, timeout=2).close()
+            return time.monotonic() - start
+        except urllib.error.HTTPError:
+            return time.monotonic() - start
+        except (urllib.error.URLError, OSError):
+            time.sleep(0.3)
+    raise StackError(f"{what or url} did not answer within {timeout_s:.0f} s" + (f" (log: {log})" if log else ""))
+
+
+def _bin(name: str) -> str:
+    return str(Path(sys.executable).with_name(name))
+
+
+def stop_process(pid: int, timeout_s: float = 15) -> None:
+    """SIGINT the process group (Prefect's worker and server shut down cleanly on it), then SIGKILL what is left."""
+    for sig in (signal.SIGINT, signal.SIGINT, signal.SIGKILL):  # an idle Prefect worker needs two SIGINTs
+        try:
+            os.killpg(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            return
+        deadline = time.monotonic() + timeout_s / 2
+        while time.monotonic() < deadline:
+            try:
+                os.kill(pid, 0)
+                finished = False
+            except ProcessLookupError:
+                finished = True
+            if finished:
+                return
+            try:  # reap our own child so it does not linger as a zombie
+                if os.waitpid(pid, os.WNOHANG)[0] == pid:
+                    return
+            except ChildProcessError:
+                pass
+            time.sleep(0.2)
+
+
+@dataclass
+class S3Endpoint:
+    """moto's S3 server: a real HTTP S3 endpoint (in memory) that s3fs, boto3 and the AWS CLI talk to."""
+
+    log: Path
+    port: int = field(default_factory=free_port)
+    proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def env(self) -> dict[str, str]:
+        return {"AWS_ENDPOINT_URL": self.url, **S3_CREDENTIALS}
+
+    def start(self, timeout_s: float = 60) -> "S3Endpoint":
+        self.proc = procs.start([_bin("moto_server"), "-H", "127.0.0.1", "-p", str(self.port)], self.log)
+        wait_http(self.url, timeout_s, self.proc, "the S3 endpoint (moto_server)", self.log)
+        return self
+
+    def create_bucket(self, name: str = BUCKET) -> None:
+        import boto3
+
+        s3 = boto3.client("s3", endpoint_url=self.url, aws_access_key_id=S3_CREDENTIALS["AWS_ACCESS_KEY_ID"],
+                          aws_secret_access_key=S3_CREDENTIALS["AWS_SECRET_ACCESS_KEY"], region_name="us-east-1")
+        try:
+            s3.create_bucket(Bucket=name)
+        except s3.exceptions.BucketAlreadyOwnedByYou:
+            pass
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            stop_process(self.proc.pid)
+            self.proc = None
+
+
+@dataclass
+class Stack:
+    """The whole local stack in one folder; see the module docstring."""
+
+    root: Path = DEFAULT_DIR
+    database_url: str | None = None  # PostgreSQL: postgresql+asyncpg://user:pass@host/db; SQLite in root by default
+    api_port: int = field(default_factory=free_port)
+    s3: S3Endpoint | None = None
+    server: subprocess.Popen | None = None
+    worker: subprocess.Popen | None = None
+    pools: tuple[str, ...] = ()  # all pools by default (tbench.pools.POOLS); only the cpu pool gets a worker
+
+    @property
+    def api_url(self) -> str:
+        return f"http://127.0.0.1:{self.api_port}/api"
+
+    @property
+    def artifact_root(self) -> str:
+        return f"s3://{BUCKET}/runs"
+
+    def prefect_env(self) -> dict[str, str]:
+        env = {"PREFECT_HOME": str(self.root / "prefect"), "PREFECT_API_URL": self.api_url, "DO_NOT_TRACK": "1",
+               "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_CLI_PROMPT": "false"}
+        if self.database_url:
+            env["PREFECT_API_DATABASE_CONNECTION_URL"] = self.database_url
+        return env
+
+    def client_env(self) -> dict[str, str]:
+        """What a client (tests, `tbench submit`, a shell) needs to use the stack."""
+        return {**self.prefect_env(), **(self.s3.env() if self.s3 else {}), "TBENCH_ARTIFACT_ROOT": self.artifact_root}
+
+    def _env(self, **extra) -> dict[str, str]:
+        return {**os.environ, **self.client_env(), **extra}
+
+    def start_server(self, timeout_s: float = 240) -> float:
+        (self.root / "prefect").mkdir(parents=True, exist_ok=True)
+        log = self.root / "prefect-server.log"
+        self.server = procs.start([_bin("prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(self.api_port)],
+                                  log, env=self._env())
+        return wait_http(f"{self.api_url}/health", timeout_s, self.server, "the Prefect server", log)
+
+    def setup_pools_and_deploy(self) -> None:
+        from tbench.pool_setup import create_pools
+
+        create_pools(api_url=self.api_url, pool_type="process", names=self.pools or None, env=self._env())
+        deployed = procs.run([_bin("prefect"), "--no-prompt", "deploy", "--all", "--prefect-file",
+                              str(PROJECT / "deployments" / "prefect.yaml")],
+                             self.root / "deploy.log", timeout=600, env=self._env(TBENCH_PROJECT_DIR=str(PROJECT)), cwd=PROJECT)
+        if deployed.returncode != 0:
+            raise StackError(f"prefect deploy failed (log: {deployed.log_path}): {procs.tail(deployed.log_path, 5)}")
+
+    def start_worker(self, pool: str = "cpu") -> None:
+        staging = self.root / "staging"
+        staging.mkdir(parents=True, exist_ok=True)
+        self.worker = procs.start([_bin("prefect"), "worker", "start", "--pool", pool, "--type", "process"],
+                                  self.root / f"worker-{pool}.log",
+                                  env=self._env(PREFECT_WORKER_QUERY_SECONDS="1", TBENCH_STAGING_DIR=str(staging),
+                                                PYTHONPATH=str(PROJECT)))
+
+    def up(self) -> "Stack":
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.s3 = S3Endpoint(self.root / "s3.log").start()
+        self.s3.create_bucket()
+        self.start_server()
+        self.setup_pools_and_deploy()
+        self.start_worker()
+        self.save()
+        return self
+
+    def save(self) -> None:
+        state = {"api_url": self.api_url, "s3_url": self.s3.url if self.s3 else None, "artifact_root": self.artifact_root,
+                 "pids": {name: p.pid for name, p in (("s3", self.s3.proc if self.s3 else None), ("server", self.server),
+                                                      ("worker", self.worker)) if p is not None},
+                 "env": self.client_env(), "logs": str(self.root)}
+        (self.root / "stack.json").write_text(json.dumps(state, indent=2))
+
+    def down(self) -> None:
+        for proc in (self.worker, self.server):
+            if proc is not None:
+                stop_process(proc.pid)
+        if self.s3 is not None:
+            self.s3.stop()
+        self.worker = self.server = None
+
+
+def load_state(root: Path = DEFAULT_DIR) -> dict:
+    path = Path(root) / "stack.json"
+    if not path.is_file():
+        raise StackError(f"no local stack in {root} (start one with: tbench stack up)")
+    return json.loads(path.read_text())
+
+
+def down_from_state(root: Path = DEFAULT_DIR) -> list[str]:
+    state = load_state(root)
+    stopped = []
+    for name in ("worker", "server", "s3"):
+        pid = state["pids"].get(name)
+        if pid:
+            stop_process(pid)
+            stopped.append(name)
+    (Path(root) / "stack.json").unlink(missing_ok=True)
+    return stopped

@@ -1,0 +1,55 @@
+"""The artifact root as an fsspec filesystem, with credentials from the environment or a Prefect block.
+
+Credentials are never part of a URL, a log line or a manifest:
+- the environment: s3fs/botocore read ``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY`` (or a profile, or the node's
+  role) and ``AWS_ENDPOINT_URL`` for an S3-compatible endpoint (MinIO, moto, Ceph...);
+- a Prefect block: ``TBENCH_STORAGE_BLOCK=<name>`` names a Prefect ``Secret`` block whose value is a JSON object of
+  fsspec storage options (e.g. ``{"key": ..., "secret": ..., "endpoint_url": ...}``), so workers of a pool share
+  credentials kept in the Prefect server rather than in their environment.
+"""
+
+from __future__ import annotations
+
+import os
+from functools import lru_cache
+
+import fsspec
+
+from tbench.errors import StorageError
+
+STORAGE_BLOCK_ENV = "TBENCH_STORAGE_BLOCK"
+
+
+@lru_cache(maxsize=4)
+def _block_options(name: str) -> tuple[tuple[str, object], ...]:
+    from prefect.blocks.system import Secret
+
+    try:
+        value = Secret.load(name).get()
+    except Exception as err:  # the error names the block, never its value
+        raise StorageError(f"cannot read the storage credentials block {name!r} ({STORAGE_BLOCK_ENV}): "
+                           f"{type(err).__name__}") from None
+    if not isinstance(value, dict):
+        raise StorageError(f"the storage credentials block {name!r} must hold a JSON object of fsspec options")
+    return tuple(sorted(value.items()))
+
+
+def storage_options(url: str) -> dict:
+    """fsspec options for a remote URL: the Prefect block's when TBENCH_STORAGE_BLOCK is set, else none (the
+    backend reads the environment itself)."""
+    name = os.environ.get(STORAGE_BLOCK_ENV)
+    if not name or "://" not in url or url.startswith("file://"):
+        return {}
+    return dict(_block_options(name))
+
+
+def url_to_fs(url: str):
+    """(filesystem, path) for a local folder or any fsspec URL; a clear StorageError for what fsspec cannot open."""
+    try:
+        return fsspec.core.url_to_fs(url, **storage_options(url))
+    except (ValueError, ImportError) as err:  # unknown protocol, or its fsspec backend is not installed
+        raise StorageError(f"cannot use artifact root {url!r}: {err}") from err
+
+
+def join(root: str, *parts: str) -> str:
+    return "/".join([root.rstrip("/"), *(p.strip("/") for p in parts)])

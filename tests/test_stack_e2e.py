@@ -1,0 +1,153 @@
+"""The local stack for real: a Prefect server, the pools and deployments, a process worker for the cpu pool and moto's
+S3 server over HTTP. Runs are submitted through the API (`tbench submit`, a subprocess), picked up by the worker,
+executed on the embedded tritonserver with the real perf_analyzer, and their artifacts and results read back from the
+S3 endpoint by other processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tbench.stack import Stack
+
+pytestmark = pytest.mark.e2e
+
+TBENCH = str(Path(sys.executable).with_name("tbench"))
+SMALL_RUN = ["resnet50", "--size", "small", "--formats", "onnx", "--batch-sizes", "1,4", "--concurrency", "2",
+             "--images-per-window", "16"]
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    s = Stack(root=tmp_path_factory.mktemp("stack"))
+    try:
+        s.up()
+        yield s
+    finally:
+        s.down()
+
+
+def in_stack(stack: Stack, argv: list[str], timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run(argv, env={**os.environ, **stack.client_env()}, capture_output=True, text=True, timeout=timeout)
+
+
+READ_BACK = """
+import json, sys, fsspec, pandas as pd
+root = sys.argv[1]
+fs, path = fsspec.core.url_to_fs(root)
+manifest = json.loads(fs.cat_file(path + "/manifest.json"))
+with fs.open(path + "/results.parquet", "rb") as f:
+    results = pd.read_parquet(f)
+present = {p[len(path) + 1:]: fs.size(p) for p in fs.find(path)}
+print(json.dumps({"manifest": manifest, "points": len(results), "ok": int((results["status"] == "ok").sum()),
+                  "present": present, "html": fs.cat_file(path + "/report.html")[:200].decode(errors="replace")}))
+"""
+
+
+def read_back(stack: Stack, run_url: str) -> dict:
+    """Another process, with nothing but the stack's environment, reads the stored run from S3."""
+    done = in_stack(stack, [sys.executable, "-c", READ_BACK, run_url], timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout)
+
+
+def test_a_submitted_run_is_picked_up_and_its_artifacts_read_back_from_s3(stack):
+    done = in_stack(stack, [TBENCH, "submit", *SMALL_RUN, "--pool", "cpu"])
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    output = done.stdout + done.stderr
+    assert "state: Running" in output and "state: Completed" in output
+    report = next(line.split("report:", 1)[1].strip() for line in output.splitlines() if "report:" in line)
+    assert report.startswith("s3://tbench/runs/resnet50-") and report.endswith("/report.html")
+    stored = read_back(stack, report.rsplit("/", 1)[0])
+    manifest = stored["manifest"]
+    assert manifest["status"] == "completed" and stored["points"] == stored["ok"] == 3
+    # every file the manifest lists is in the bucket with its size, and nothing half-written is left behind
+    assert {e["path"]: e["bytes"] for e in manifest["files"]}.items() <= stored["present"].items()
+    assert not [p for p in stored["present"] if ".tmp-" in p]
+    assert "<html" in stored["html"].lower()
+    assert manifest["hardware"]["hostname"] and manifest["request"]["model"] == "resnet50"
+    # the results dataset across runs, queried by yet another process
+    results = in_stack(stack, [TBENCH, "results", "--model", "resnet50"])
+    assert results.returncode == 0 and manifest["run_id"] in results.stdout, results.stdout + results.stderr
+
+
+def test_the_deployment_form_shows_our_fields_with_their_descriptions(stack):
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with temporary_settings({PREFECT_API_URL: stack.api_url}), get_client(sync_client=True) as client:
+        deployment = client.read_deployment_by_name("triton-benchmark/benchmark-a100")
+        pools = {p.name: p for p in client.read_work_pools()}
+    schema = deployment.parameter_openapi_schema
+    request = schema["definitions"]["BenchmarkRequest"]["properties"]
+    assert "Registered model adapter name" in request["model"]["description"]
+    assert "p99" not in request["model"]["description"] and "batch_sizes" in request
+    assert deployment.work_pool_name == "a100" and not any(s.active for s in deployment.schedules)
+    assert pools["a100"].base_job_template["variables"]["properties"]["env"]["default"]["TBENCH_POOL_GPU"] == "A100"
+    assert {"cpu", "a100", "v100", "t4", "a30", "a40", "h100"} <= set(pools)
+
+
+def test_a_worker_without_the_pools_gpu_refuses_the_run(stack):
+    from prefect.client.orchestration import get_client
+    from prefect.deployments import run_deployment
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from tbench.submit import follow
+
+    with temporary_settings({PREFECT_API_URL: stack.api_url}):
+        # the cpu pool's worker, told by the run's job variables that it serves the A100 pool
+        run = run_deployment("triton-benchmark/benchmark-cpu", parameters={"request": {"model": "resnet50", "size": "small"}},
+                             job_variables={"env": {"TBENCH_POOL_GPU": "A100"}}, timeout=0)
+        lines: list[str] = []
+        result = follow(run.id, lines.append, timeout_s=300)
+        with get_client(sync_client=True) as client:
+            message = client.read_flow_run(run.id).state.message
+    assert result.state == "FAILED", lines
+    assert "promises A100 GPUs but the machine has none" in (message + "\n".join(lines))
+
+
+def test_stopping_s3_mid_run_loses_nothing_and_a_retry_finishes_the_upload(stack):
+    staging = stack.root / "staging"
+    before = set(staging.glob("resnet50-*"))
+    submitted = in_stack(stack, [TBENCH, "submit", *SMALL_RUN, "--pool", "cpu", "--no-follow"])
+    assert submitted.returncode == 0, submitted.stderr[-2000:]
+    run_id = submitted.stdout.strip().splitlines()[-1]
+    deadline = time.monotonic() + 300
+    measured = None
+    while time.monotonic() < deadline:  # the first measured point is on the worker's disk: take the store away
+        measured = next((p / "results.csv" for p in set(staging.glob("resnet50-*")) - before
+                         if (p / "results.csv").exists()), None)
+        if measured is not None:
+            break
+        time.sleep(0.2)
+    assert measured is not None, "no point was measured"
+    stack.s3.stop()
+    try:
+        from prefect.settings import PREFECT_API_URL, temporary_settings
+
+        from tbench.submit import follow
+
+        with temporary_settings({PREFECT_API_URL: stack.api_url}):
+            result = follow(__import__("uuid").UUID(run_id), lambda line: None, timeout_s=400)
+        assert result.state == "FAILED" and "could not upload the run" in result.message, result
+        run_dir = measured.parent
+        manifest = json.loads((run_dir / "manifest.json").read_text())
+        import pandas as pd
+
+        results = pd.read_parquet(run_dir / "results.parquet")
+        assert len(results) == 3 and (results["status"] == "ok").all()  # every point measured is kept locally
+        assert str(run_dir) in result.message and f"tbench upload {run_dir}" in result.message
+    finally:
+        stack.s3.start()
+        stack.s3.create_bucket()
+    uploaded = in_stack(stack, [TBENCH, "upload", str(run_dir)])
+    assert uploaded.returncode == 0, uploaded.stderr[-2000:]
+    stored = read_back(stack, uploaded.stdout.strip().splitlines()[-1])
+    assert stored["manifest"]["run_id"] == manifest["run_id"] and stored["ok"] == 3
+    assert {e["path"] for e in manifest["files"]} <= set(stored["present"])

@@ -1,0 +1,67 @@
+"""s3:// artifact roots against a real S3 endpoint (moto's server over HTTP): credentials from the environment or
+from a Prefect Secret block, never in what the run writes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tasks.results_dataset import query_results
+from tasks.store import upload_run, write_manifest
+from tbench.errors import StorageError
+from tbench.layout import RunLayout
+from tbench.stack import S3_CREDENTIALS, S3Endpoint
+from tbench.storage import url_to_fs
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory):
+    endpoint = S3Endpoint(tmp_path_factory.mktemp("s3") / "moto.log").start()
+    endpoint.create_bucket("results")
+    yield endpoint
+    endpoint.stop()
+
+
+def a_run(tmp_path, run_id="m-1"):
+    import pandas as pd
+
+    layout = RunLayout(tmp_path / "staging", run_id).create()
+    layout.report_md.write_text("# report")
+    pd.DataFrame([{"model": "resnet50", "gpu": "CPU", "format": "onnx", "scenario": "offline", "batch_size": 1,
+                   "throughput_infer_per_s": 10.0, "status": "ok"}]).to_parquet(layout.results_parquet, index=False)
+    write_manifest(layout.run_dir, {"run_id": run_id, "started_at": "2026-11-22T00:00:00+00:00"})
+    return layout
+
+
+def test_upload_with_credentials_from_the_environment(s3, tmp_path, monkeypatch):
+    for key, value in s3.env().items():
+        monkeypatch.setenv(key, value)
+    layout = a_run(tmp_path)
+    url = upload_run(layout.run_dir, "s3://results/runs", "m-1")
+    fs, path = url_to_fs(url)
+    assert json.loads(fs.cat_file(f"{path}/manifest.json"))["run_id"] == "m-1"
+    assert fs.cat_file(f"{path}/report.md") == b"# report"
+    # nothing the run wrote carries the credentials
+    stored = b"".join(fs.cat_file(p) for p in fs.find(path))
+    assert S3_CREDENTIALS["AWS_SECRET_ACCESS_KEY"].encode() not in stored
+
+
+def test_credentials_from_a_prefect_secret_block(s3, tmp_path, monkeypatch, prefect_harness):
+    from prefect.blocks.system import Secret
+
+    for key in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.delenv(key, raising=False)
+    Secret(value={"key": S3_CREDENTIALS["AWS_ACCESS_KEY_ID"], "secret": S3_CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
+                  "endpoint_url": s3.url}).save("tbench-test-s3", overwrite=True)
+    monkeypatch.setenv("TBENCH_STORAGE_BLOCK", "tbench-test-s3")
+    layout = a_run(tmp_path, "m-2")
+    from tasks.results_dataset import add_run_to_dataset
+
+    upload_run(layout.run_dir, "s3://results/runs", "m-2")
+    add_run_to_dataset(layout.run_dir, "s3://results/runs", "m-2")
+    assert list(query_results("s3://results/runs", model="resnet50")["run_id"]) == ["m-2"]
+
+    monkeypatch.setenv("TBENCH_STORAGE_BLOCK", "no-such-block")
+    with pytest.raises(StorageError, match="cannot read the storage credentials block 'no-such-block'"):
+        url_to_fs("s3://results/runs")
