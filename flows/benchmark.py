@@ -16,6 +16,7 @@ from tasks.export import ConversionOptions, export_task
 from tasks.metrics import metrics_task
 from tasks.monitor import PointMonitor
 from tasks.perf import perf_task, plan_points, prepare_inputs
+from tasks.point_cache import PointCache, file_digest, tool_versions
 from tasks.report import report_task
 from model_adapters.ensemble import part_adapters
 from tasks.repository import (ACCELERATOR_LABELS, ServingConfig, backend_label, repository_task, serves_natively,
@@ -55,6 +56,9 @@ def benchmark_flow(request: BenchmarkRequest = BenchmarkRequest()) -> str:
                 part_artifacts = [export_task(p, p.part.module, [Format.parse(f) for f in p.part.formats],
                                               layout.models_dir / p.part.name, options) for p in parts]
                 tracker.save_json(layout.iospec_json, adapter.io_spec().model_dump())
+                # what was converted and what came from the conversion cache (cached: no conversion ran)
+                tracker.save_json(layout.run_dir / "artifacts.json",
+                                  [x.model_dump(mode="json") for x in artifacts + [a for arts in part_artifacts for a in arts]])
             with tracker.stage("correctness"):
                 tracker.correctness = correctness_task(adapter, module, artifacts, req.tolerance_atol, req.tolerance_rtol)
                 for p, arts in zip(parts, part_artifacts):
@@ -95,6 +99,7 @@ def benchmark_flow(request: BenchmarkRequest = BenchmarkRequest()) -> str:
                     tracker.accuracy.append(result)
                     tracker.save_json(layout.accuracy_json, [r.model_dump(mode="json") for r in tracker.accuracy])
                     require_same_answers(result, name)
+            cache = point_cache(req, hardware, served + [a for _, a in composing], perf_inputs) if req.reuse_measurements else None
             for fmt, spec in measured:
                 name = req.triton_name(fmt)
                 model_format = fmt.label if fmt is not Format.ENSEMBLE else f"{fmt.label} ({' + '.join(a.format.label for _, a in composing)})"
@@ -112,7 +117,8 @@ def benchmark_flow(request: BenchmarkRequest = BenchmarkRequest()) -> str:
                                   layout=layout, static=static, on_row=lambda t, k=key: tracker.save_points(k, t),
                                   server_alive=server.alive, inputs=perf_inputs, on_composing=tracker.save_composing,
                                   monitor=PointMonitor(server.endpoints.grpc_url, name, server.processes,
-                                                       server.endpoints.metrics_url, gpu=hardware.has_gpu))
+                                                       server.endpoints.metrics_url, gpu=hardware.has_gpu),
+                                  cache=cache.for_model(static) if cache else None)
         except BaseException:
             _finish(tracker, req, hardware, server, raise_errors=False)
             raise
@@ -131,6 +137,19 @@ def serving_config(req, hardware, fmt, name: str | None = None) -> ServingConfig
                          max_queue_delay_us=req.max_queue_delay_us, instances=req.model_instances,
                          kind="KIND_GPU" if hardware.has_gpu else "KIND_CPU",
                          intra_op_threads=max(1, hardware.cpu_cores // req.model_instances))
+
+
+def point_cache(req, hardware, artifacts, perf_inputs) -> PointCache:
+    """The point cache's context: what decides a point's numbers besides the point (see tasks/point_cache.py)."""
+    return PointCache({
+        "artifacts": [{"source": a.source_hash, "format": a.format.value, "precision": a.precision.value,
+                       "io": a.io_spec.model_dump()} for a in artifacts],
+        "serving": {k: getattr(req, k) for k in ("max_batch_size", "model_instances", "preferred_batch_sizes",
+                                                 "max_queue_delay_us", "accelerators", "online_batch_size")},
+        "server": req.server, "machine": {k: getattr(hardware, k) for k in ("cpu_model", "cpu_cores", "gpus", "gpu_uuids")},
+        "measurement": req.measurement.model_dump(), "inputs": file_digest(perf_inputs.data_file),
+        "shapes": perf_inputs.shapes, "shared_memory": perf_inputs.shared_memory, "tools": tool_versions(),
+    })
 
 
 def offline_shared_memory(req, hardware) -> str:

@@ -172,6 +172,11 @@ def parse_perf_csv(path: Path) -> dict[str, float]:
     return values
 
 
+def cache_key(point: Point, model: str) -> dict:
+    return {"model": model, "scenario": point.scenario.value, "batch_size": point.batch_size,
+            "concurrency": point.concurrency, "rate": point.rate, "distribution": point.distribution}
+
+
 def empty_row() -> dict:
     return {c: np.nan for c in RESULT_COLUMNS}
 
@@ -252,18 +257,28 @@ def warm_up(grpc_url: str, model: str, spec: IoSpec, batch_sizes: list[int], req
 def run_sweep(points: list[Point], *, model: str, grpc_url: str, spec: IoSpec, m: Measurement, layout: RunLayout,
               static: dict, on_row: Callable[[pd.DataFrame], None] | None = None,
               server_alive: Callable[[], bool] | None = None, inputs: PerfInputs = PerfInputs(),
-              on_composing: Callable[[list[dict]], None] | None = None, monitor=None) -> pd.DataFrame:
+              on_composing: Callable[[list[dict]], None] | None = None, monitor=None, cache=None) -> pd.DataFrame:
     """Measure every point in order; `on_row` gets the table after each point so nothing measured is lost, and
-    `on_composing` an ensemble's per composing model rows of the point."""
+    `on_composing` an ensemble's per composing model rows of the point. With a `cache` (tasks.point_cache), points
+    it holds are taken from it and the others are kept in it as soon as they are measured."""
     binary = tools.perf_analyzer_binary()
     env = tools.perf_analyzer_env()
     rows: list[dict] = []
     table = pd.DataFrame(columns=RESULT_COLUMNS)
     progress.emit("sweep_start", total=len(points))
-    warm_up(grpc_url, model, spec, sorted({p.batch_size for p in points}), m.warmup_requests, inputs.shapes)
-    for i, point in enumerate(measurement_order(points, m)):
-        row = measure_point(point, model=model, grpc_url=grpc_url, spec=spec, m=m, layout=layout, binary=binary, env=env,
-                            inputs=inputs, monitor=monitor)
+    order = measurement_order(points, m)
+    reused = {i: r for i, p in enumerate(order) if cache is not None and (r := cache.get(cache_key(p, model), layout.run_dir))}
+    to_measure = [p for i, p in enumerate(order) if i not in reused]
+    if to_measure:
+        warm_up(grpc_url, model, spec, sorted({p.batch_size for p in to_measure}), m.warmup_requests, inputs.shapes)
+    for i, point in enumerate(order):
+        if i in reused:
+            row = {**empty_row(), **reused[i], "composing": cache.composing(cache_key(point, model))}
+        else:
+            row = measure_point(point, model=model, grpc_url=grpc_url, spec=spec, m=m, layout=layout, binary=binary,
+                                env=env, inputs=inputs, monitor=monitor)
+            if cache is not None:
+                cache.put(cache_key(point, model), row, layout.run_dir, layout.run_id)
         row.update(static, point_index=i)
         composing = row.pop("composing", [])
         if composing and on_composing:

@@ -172,6 +172,8 @@ def run(
     output: str = typer.Option(None, "--output", "-o", help="Artifact root: a folder or an fsspec URL (default: "
                                "$TBENCH_ARTIFACT_ROOT, else ./runs)."),
     baseline: str = typer.Option(None, help="A run folder or URL to compare with: deltas and a noise-aware verdict in the report."),
+    reuse: bool = typer.Option(False, "--reuse", help="Take points this machine already measured with the same inputs "
+                               "from the point cache (an interrupted run resumes)."),
     server: str = typer.Option("embedded", help="embedded, local (tritonserver on PATH), docker (NGC image) or remote."),
     server_url: str = typer.Option(None, help="remote: 'host:grpc_port,host:http_port' (explicit model control)."),
     docker_image: str = typer.Option(None, help="docker: the Triton image."),
@@ -199,7 +201,7 @@ def run(
             request_rates=parse_float_list(request_rates, "request rates"), request_distribution=distribution,
             max_batch_size=max_batch_size, model_instances=instances,
             preferred_batch_sizes=parse_int_list(preferred_batch_sizes, "preferred batch sizes"),
-            max_queue_delay_us=queue_delay_us, profile=profile, **_given(output=output), baseline=baseline, server=server, server_url=server_url,
+            max_queue_delay_us=queue_delay_us, profile=profile, **_given(output=output), baseline=baseline, reuse_measurements=reuse, server=server, server_url=server_url,
             docker_image=docker_image, gpus=gpus, http_port=http_port,
             grpc_port=grpc_port, measurement=measurement)
         from tbench import hardware

@@ -52,6 +52,7 @@ PUBLISHED_COLUMNS = [
 MEASUREMENT_COLUMNS = [
     "format", "request_rate", "request_distribution", "status", "error", "attempts", "measurement_request_count", "stability_percentage", "max_trials",
     "shared_memory", "protocol", "measure_seconds", "point_index",
+    "reused_from",  # the run that measured the point when a re-run took it from the point cache (tasks/point_cache.py)
 ]
 # What the server did during the point (tasks/monitor.py): Triton's statistics API per request, its largest relative
 # difference from perf_analyzer's server breakdown, the server's CPU (100 = one core) and memory, and GPU metrics.

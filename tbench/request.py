@@ -88,6 +88,9 @@ class BenchmarkRequest(BaseModel):
     output: str = Field(default_factory=lambda: os.environ.get("TBENCH_ARTIFACT_ROOT", "runs"),
                         description="Artifact root: a local folder or any fsspec URL (s3://bucket/prefix); the worker's "
                                     "TBENCH_ARTIFACT_ROOT, else 'runs'.")
+    reuse_measurements: bool = Field(False, description="Take points this machine already measured with the same model, "
+                                     "configuration, settings and inputs from the point cache instead of measuring them "
+                                     "again (an interrupted run resumes; the results' reused_from says which run measured them).")
     baseline: str | None = Field(None, description="A run folder or URL to compare this run with: per-point deltas and a "
                                  "noise-aware regression verdict in the report and the manifest.")
     server: Literal["embedded", "local", "docker", "remote"] = Field(
@@ -216,6 +219,7 @@ class ResolvedRequest(BaseModel):
     measurement: Measurement
     output: str
     baseline: str | None
+    reuse_measurements: bool
     server: str
     server_url: str | None
     docker_image: str | None

@@ -79,7 +79,8 @@ def test_pool_templates_carry_the_pools_gpu(kind):
 def test_deployments_file_has_every_flow_on_every_pool():
     spec = yaml.safe_load((PROJECT / "deployments" / "prefect.yaml").read_text())
     deployments = {d["name"]: d for d in spec["deployments"]}
-    assert set(deployments) == {f"{flow}-{pool}" for flow in ("benchmark", "search") for pool in POOLS}
+    assert set(deployments) == {f"{flow}-{pool}" for flow in ("benchmark", "search") for pool in POOLS} | {"matrix-cpu"}
+    assert deployments.pop("matrix-cpu")["entrypoint"] == "flows/matrix.py:matrix_flow"
     for name, d in deployments.items():
         flow, pool = name.split("-")
         assert d["work_pool"]["name"] == pool

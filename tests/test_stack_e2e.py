@@ -151,3 +151,62 @@ def test_stopping_s3_mid_run_loses_nothing_and_a_retry_finishes_the_upload(stack
     stored = read_back(stack, uploaded.stdout.strip().splitlines()[-1])
     assert stored["manifest"]["run_id"] == manifest["run_id"] and stored["ok"] == 3
     assert {e["path"] for e in manifest["files"]} <= set(stored["present"])
+
+
+def test_the_matrix_fans_out_through_the_deployments_and_compares(stack, monkeypatch):
+    from flows.matrix import MatrixRequest, matrix_flow
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    for key, value in stack.client_env().items():
+        monkeypatch.setenv(key, value)
+    matrix = MatrixRequest(models=["resnet50"], formats=["onnx", "ts-trace"], pools=["cpu"],
+                           request={"size": "small", "batch_sizes": [1, 4], "concurrency": [2], "scenarios": ["offline"],
+                                    "measurement": {"images_per_window": 16}})
+    with temporary_settings({PREFECT_API_URL: stack.api_url}):
+        url = matrix_flow(matrix)
+    assert url.startswith("s3://tbench/runs/matrix-")
+    import fsspec
+
+    fs, path = fsspec.core.url_to_fs(url)
+    manifest = json.loads(fs.cat_file(path + "/manifest.json"))
+    assert [r["state"] for r in manifest["runs"]] == ["COMPLETED", "COMPLETED"]
+    assert {r["format"] for r in manifest["runs"]} == {"onnx", "ts-trace"}
+    report = fs.cat_file(path + "/report.md").decode()
+    assert "## Best points per GPU" in report and "CPU: best infer/s" in report
+    assert "| onnx " in report and "| ts-trace " in report
+    assert fs.exists(path + "/plots/resnet50_onnx_FP32_offline_gpus.png") and fs.exists(path + "/report.html")
+
+
+CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
+
+
+@pytest.mark.skipif(not (CHROMIUM.exists() and CHROMEDRIVER.exists()),
+                    reason="Debian's chromium and chromium-driver are not installed (scripts/setup.sh installs them as root)")
+def test_the_prefect_ui_shows_the_deployment_form_with_our_fields(stack):
+    from selenium import webdriver
+    from selenium.webdriver.chrome.options import Options
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    options = Options()
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1400,2000"):
+        options.add_argument(arg)
+    options.binary_location = str(CHROMIUM)
+    browser = webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=options)
+    ui = stack.api_url.removesuffix("/api")
+    try:
+        def page() -> str:
+            return browser.find_element(By.TAG_NAME, "body").text
+
+        browser.get(f"{ui}/deployments")  # the deployments list, as a user opens it
+        WebDriverWait(browser, 90).until(lambda _: "benchmark-a100" in page())
+        link = next(a for a in browser.find_elements(By.TAG_NAME, "a") if a.text.strip() == "benchmark-a100")
+        browser.get(link.get_attribute("href").rstrip("/") + "/run")  # its custom run form
+        WebDriverWait(browser, 90).until(lambda _: "Registered model adapter name" in page())
+        form = page()
+        for text in ("Batch Sizes", "Offline scenario batch sizes (concurrency 1).", "Online scenario concurrency values.",
+                     "Artifact root: a local folder or any fsspec URL", "Reuse Measurements"):
+            assert text in form, text
+    finally:
+        browser.quit()

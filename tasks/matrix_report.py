@@ -1,0 +1,69 @@
+"""The cross-GPU comparison report of a matrix of runs: per model, format and precision, the guides' tables with one
+column group per GPU side by side (best offline throughput and its batch, best online throughput under each GPU's
+grid and its p99), and throughput-vs-batch curves of every GPU on one plot."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+TPUT = "throughput_infer_per_s"
+
+
+def _best(rows: pd.DataFrame) -> pd.Series | None:
+    ok = rows[(rows["status"] == "ok") & rows[TPUT].notna()]
+    return ok.loc[ok[TPUT].idxmax()] if not ok.empty else None
+
+
+def side_by_side(results: pd.DataFrame) -> pd.DataFrame:
+    """One row per model x format x precision x scenario, one column pair per GPU."""
+    rows = []
+    for (model, fmt, precision, scenario), group in results.groupby(["model", "format", "precision", "scenario"], sort=True):
+        row = {"Model": model, "Format": fmt, "Precision": precision, "Scenario": scenario}
+        for gpu, per_gpu in group.groupby("gpu", sort=True):
+            best = _best(per_gpu)
+            where = "" if best is None else (f"b{best['batch_size']:g}" if scenario == "offline" else f"c{best['concurrency']:g}")
+            row[f"{gpu}: best infer/s"] = "-" if best is None else f"{best[TPUT]:.1f} ({where})"
+            row[f"{gpu}: p99 ms"] = "-" if best is None else f"{best['p99_ms']:.2f}"
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def plot_gpus(results: pd.DataFrame, model: str, fmt: str, precision: str, path: Path) -> Path | None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    offline = results[(results["model"] == model) & (results["format"] == fmt) & (results["precision"] == precision)
+                      & (results["scenario"] == "offline") & (results["status"] == "ok")]
+    if offline.empty:
+        return None
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    for gpu, rows in offline.groupby("gpu", sort=True):
+        rows = rows.sort_values("batch_size")
+        ax.plot(rows["batch_size"], rows[TPUT], marker="o", label=gpu)
+    ax.set(xscale="log", xlabel="Batch size", ylabel="Inferences/second", title=f"{model} {fmt} {precision}: offline, per GPU")
+    ax.set_xscale("log", base=2)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def matrix_markdown(results: pd.DataFrame, runs: pd.DataFrame, out_dir: Path) -> str:
+    """The whole report; plots go to out_dir/plots."""
+    lines = ["# Triton benchmark matrix: GPUs side by side", "",
+             f"{len(runs)} runs; {int((runs['state'] == 'COMPLETED').sum())} completed.", "", "## Runs", "",
+             runs.fillna('').to_markdown(index=False), ""]
+    if results.empty:
+        return "\n".join(lines + ["No run stored results.", ""])
+    lines += ["## Best points per GPU", "", side_by_side(results).to_markdown(index=False), ""]
+    for (model, fmt, precision), _ in results.groupby(["model", "format", "precision"], sort=True):
+        plot = plot_gpus(results, model, fmt, precision, out_dir / "plots" / f"{model}_{fmt}_{precision}_offline_gpus.png")
+        if plot is not None:
+            lines += [f"### {model} {fmt} {precision}", "", f"![offline throughput per GPU]({plot.relative_to(out_dir).as_posix()})", ""]
+    return "\n".join(lines)
