@@ -45,8 +45,13 @@ def storage_options(url: str) -> dict:
 
 def url_to_fs(url: str):
     """(filesystem, path) for a local folder or any fsspec URL; a clear StorageError for what fsspec cannot open."""
+    options = storage_options(url)
+    if "://" in url and not url.startswith("file://"):
+        # fsspec reuses a filesystem made with the same arguments, but s3fs reads the endpoint and credentials from
+        # the environment when it is made: a cached one would keep talking to yesterday's endpoint
+        options.setdefault("skip_instance_cache", True)
     try:
-        return fsspec.core.url_to_fs(url, **storage_options(url))
+        return fsspec.core.url_to_fs(url, **options)
     except (ValueError, ImportError) as err:  # unknown protocol, or its fsspec backend is not installed
         raise StorageError(f"cannot use artifact root {url!r}: {err}") from err
 

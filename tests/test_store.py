@@ -30,17 +30,17 @@ def test_manifest_lists_every_file_with_its_hash(tmp_path):
     assert not list(layout.run_dir.glob(".*.tmp"))
 
 
-def test_upload_through_fsspec_writes_the_manifest_last(tmp_path):
+def test_upload_through_fsspec_writes_the_manifest_last(tmp_path, monkeypatch):
+    from fsspec.implementations.memory import MemoryFileSystem
+
     layout = make_run(tmp_path)
     write_manifest(layout.run_dir, {"run_id": "m-1"})
     fs = fsspec.filesystem("memory")
     order = []
-    put = fs.put_file
-    fs.put_file = lambda lpath, rpath, **kw: (order.append(lpath), put(lpath, rpath, **kw))[1]
-    try:
-        url = upload_run(layout.run_dir, "memory://bucket/runs", "m-1")
-    finally:
-        del fs.put_file
+    put = MemoryFileSystem.put_file
+    monkeypatch.setattr(MemoryFileSystem, "put_file",
+                        lambda self, lpath, rpath, **kw: (order.append(lpath), put(self, lpath, rpath, **kw))[1])
+    url = upload_run(layout.run_dir, "memory://bucket/runs", "m-1")
     assert url == "memory://bucket/runs/m-1"
     assert order[-1].endswith("manifest.json")
     assert fs.cat_file("/bucket/runs/m-1/report.md") == b"# report"
@@ -56,31 +56,31 @@ def test_unreachable_storage_keeps_the_local_copy_and_says_where(tmp_path):
     assert layout.report_md.exists()
 
 
-def test_a_retried_upload_sends_only_what_is_missing_and_the_manifest_last(tmp_path):
+def test_a_retried_upload_sends_only_what_is_missing_and_the_manifest_last(tmp_path, monkeypatch):
+    from fsspec.implementations.memory import MemoryFileSystem
+
     from tasks.store import retry_upload
 
     layout = make_run(tmp_path)
     write_manifest(layout.run_dir, {"run_id": "m-1", "artifact_url": "memory://retry/runs/m-1"})
     fs = fsspec.filesystem("memory")
     sent = []
-    put = fs.put_file
+    put = MemoryFileSystem.put_file
 
-    def failing_put(lpath, rpath, **kw):
+    def failing_put(self, lpath, rpath, **kw):
         if len(sent) == 1:  # the store goes away after the first file
             raise ConnectionError("endpoint gone")
         sent.append(lpath)
-        return put(lpath, rpath, **kw)
+        return put(self, lpath, rpath, **kw)
 
-    fs.put_file = failing_put
-    try:
-        with pytest.raises(StorageError, match="tbench upload"):
-            upload_run(layout.run_dir, "memory://retry/runs", "m-1")
-        assert not fs.exists("/retry/runs/m-1/manifest.json")  # an incomplete folder has no manifest
-        first = list(sent)
-        fs.put_file = lambda lpath, rpath, **kw: (sent.append(lpath), put(lpath, rpath, **kw))[1]
-        assert retry_upload(layout.run_dir) == "memory://retry/runs/m-1"  # where the manifest says it was going
-    finally:
-        del fs.put_file
+    monkeypatch.setattr(MemoryFileSystem, "put_file", failing_put)
+    with pytest.raises(StorageError, match="tbench upload"):
+        upload_run(layout.run_dir, "memory://retry/runs", "m-1")
+    assert not fs.exists("/retry/runs/m-1/manifest.json")  # an incomplete folder has no manifest
+    first = list(sent)
+    monkeypatch.setattr(MemoryFileSystem, "put_file",
+                        lambda self, lpath, rpath, **kw: (sent.append(lpath), put(self, lpath, rpath, **kw))[1])
+    assert retry_upload(layout.run_dir) == "memory://retry/runs/m-1"  # where the manifest says it was going
     again = sent[len(first):]
     assert first[0] not in again and again[-1].endswith("manifest.json")  # the uploaded file was not sent twice
     assert fs.cat_file("/retry/runs/m-1/plots/p.png") == b"png" and fs.exists("/retry/runs/m-1/manifest.json")
