@@ -38,91 +38,96 @@ def benchmark_flow(request: BenchmarkRequest = BenchmarkRequest()) -> str:
     hardware = hw.detect()
     check_worker_hardware(hardware)  # a worker of the A100 pool must have an A100
     req = request.resolve(hardware.has_gpu)
+    with device_lock(hardware):  # one run measures on a GPU (or CPU machine) at a time
+        return _benchmark(req, hardware)
+
+
+def _benchmark(req, hardware) -> str:
+    """The run itself, under the device lock; a failed run still leaves its results, logs, report and manifest."""
     adapter = adapter_for(req)
     layout = RunLayout(staging_root(req.output), new_run_id(req.model)).create()
     tracker = RunTracker(layout)
     tracker.capture_logs()
     tracker.save_json(layout.request_json, req.model_dump(mode="json"))
     progress.emit("run_start", run_id=layout.run_id, run_dir=str(layout.run_dir))
-    with device_lock(hardware):  # one run measures on a GPU (or CPU machine) at a time
-        server = None
-        try:
-            with tracker.stage("export"):
-                module = adapter.build()
-                options = ConversionOptions(precision=req.precision, max_batch_size=req.max_batch_size)
-                artifacts = export_task(adapter, module, req.formats, layout.models_dir, options)
-                # an ensemble's composing models, each exported in its own formats (the first one is served)
-                parts = part_adapters(adapter, module) if adapter.is_ensemble else []
-                part_artifacts = [export_task(p, p.part.module, [Format.parse(f) for f in p.part.formats],
-                                              layout.models_dir / p.part.name, options) for p in parts]
-                tracker.save_json(layout.iospec_json, adapter.io_spec().model_dump())
-                # what was converted and what came from the conversion cache (cached: no conversion ran)
-                tracker.save_json(layout.run_dir / "artifacts.json",
-                                  [x.model_dump(mode="json") for x in artifacts + [a for arts in part_artifacts for a in arts]])
-            with tracker.stage("correctness"):
-                tracker.correctness = correctness_task(adapter, module, artifacts, req.tolerance_atol, req.tolerance_rtol)
-                for p, arts in zip(parts, part_artifacts):
-                    checked = correctness_task(p, p.part.module, arts, req.tolerance_atol, req.tolerance_rtol)
-                    tracker.correctness += [c.model_copy(update={"model": req.part_name(p.part.name)}) for c in checked]
-                tracker.save_json(layout.correctness_json, [c.model_dump(mode="json") for c in tracker.correctness])
-                require_passed(tracker.correctness)
-                perf_inputs = prepare_inputs(adapter, module, layout.run_dir / "perf_input.json",
-                                             shared_memory=offline_shared_memory(req, hardware))
-            served = [a for fmt in req.serve_formats for a in artifacts if a.format is fmt]
-            composing = [(req.part_name(p.part.name), arts[0]) for p, arts in zip(parts, part_artifacts)]
-            with tracker.stage("server"):  # what the server can run decides how the repository serves each format
-                server = make_server(req.server, layout.repository_dir, layout.server_log, http_port=req.http_port,
-                                     grpc_port=req.grpc_port, url=req.server_url, **server_options(req))
-                backends = server.backends()
-                native = {a.format: serves_natively(a.format, backends) for a in served + [a for _, a in composing]}
-            tracker.served_by = {a.format.value: backend_label(a.format, native[a.format]) for a in served}
+    server = None
+    try:
+        with tracker.stage("export"):
+            module = adapter.build()
+            options = ConversionOptions(precision=req.precision, max_batch_size=req.max_batch_size)
+            artifacts = export_task(adapter, module, req.formats, layout.models_dir, options)
+            # an ensemble's composing models, each exported in its own formats (the first one is served)
+            parts = part_adapters(adapter, module) if adapter.is_ensemble else []
+            part_artifacts = [export_task(p, p.part.module, [Format.parse(f) for f in p.part.formats],
+                                          layout.models_dir / p.part.name, options) for p in parts]
+            tracker.save_json(layout.iospec_json, adapter.io_spec().model_dump())
+            # what was converted and what came from the conversion cache (cached: no conversion ran)
+            tracker.save_json(layout.run_dir / "artifacts.json",
+                              [x.model_dump(mode="json") for x in artifacts + [a for arts in part_artifacts for a in arts]])
+        with tracker.stage("correctness"):
+            tracker.correctness = correctness_task(adapter, module, artifacts, req.tolerance_atol, req.tolerance_rtol)
+            for p, arts in zip(parts, part_artifacts):
+                checked = correctness_task(p, p.part.module, arts, req.tolerance_atol, req.tolerance_rtol)
+                tracker.correctness += [c.model_copy(update={"model": req.part_name(p.part.name)}) for c in checked]
+            tracker.save_json(layout.correctness_json, [c.model_dump(mode="json") for c in tracker.correctness])
+            require_passed(tracker.correctness)
+            perf_inputs = prepare_inputs(adapter, module, layout.run_dir / "perf_input.json",
+                                         shared_memory=offline_shared_memory(req, hardware))
+        served = [a for fmt in req.serve_formats for a in artifacts if a.format is fmt]
+        composing = [(req.part_name(p.part.name), arts[0]) for p, arts in zip(parts, part_artifacts)]
+        with tracker.stage("server"):  # what the server can run decides how the repository serves each format
+            server = make_server(req.server, layout.repository_dir, layout.server_log, http_port=req.http_port,
+                                 grpc_port=req.grpc_port, url=req.server_url, **server_options(req))
+            backends = server.backends()
+            native = {a.format: serves_natively(a.format, backends) for a in served + [a for _, a in composing]}
+        tracker.served_by = {a.format.value: backend_label(a.format, native[a.format]) for a in served}
+        if composing:
+            tracker.served_by[Format.ENSEMBLE.value] = "ensemble of " + ", ".join(
+                f"{name} ({backend_label(a.format, native[a.format])})" for name, a in composing)
+        with tracker.stage("repository"):
+            for artifact in served:
+                repository_task(layout.repository_dir, serving_config(req, hardware, artifact.format), artifact, native[artifact.format])
+            for name, artifact in composing:
+                repository_task(layout.repository_dir, serving_config(req, hardware, artifact.format, name), artifact, native[artifact.format])
             if composing:
-                tracker.served_by[Format.ENSEMBLE.value] = "ensemble of " + ", ".join(
-                    f"{name} ({backend_label(a.format, native[a.format])})" for name, a in composing)
-            with tracker.stage("repository"):
-                for artifact in served:
-                    repository_task(layout.repository_dir, serving_config(req, hardware, artifact.format), artifact, native[artifact.format])
-                for name, artifact in composing:
-                    repository_task(layout.repository_dir, serving_config(req, hardware, artifact.format, name), artifact, native[artifact.format])
-                if composing:
-                    write_ensemble(layout.repository_dir, req.model, req.max_batch_size, adapter.io_spec(),
-                                   [(name, a.io_spec) for name, a in composing])
-            with tracker.stage("server-start"):
-                server_task(server)
-            # what Triton serves, as (format, io spec): each served format, or the ensemble over the composing models
-            measured = [(a.format, a.io_spec) for a in served] + ([(Format.ENSEMBLE, adapter.io_spec())] if composing else [])
-            for fmt, _ in measured:
-                name = req.triton_name(fmt)
-                with tracker.stage(f"accuracy-{fmt.value}"):
-                    result = accuracy_task(adapter, module, server.endpoints.grpc_url, name, req.accuracy_samples,
-                                           req.accuracy_batch_size, req.tolerance_atol, req.tolerance_rtol, fmt)
-                    tracker.accuracy.append(result)
-                    tracker.save_json(layout.accuracy_json, [r.model_dump(mode="json") for r in tracker.accuracy])
-                    require_same_answers(result, name)
-            cache = point_cache(req, hardware, served + [a for _, a in composing], perf_inputs) if req.reuse_measurements else None
-            for fmt, spec in measured:
-                name = req.triton_name(fmt)
-                model_format = fmt.label if fmt is not Format.ENSEMBLE else f"{fmt.label} ({' + '.join(a.format.label for _, a in composing)})"
-                static = {"model": req.model, "model_size": req.size, "gpu": hardware.gpu_label, "format": fmt.value,
-                          "backend": tracker.served_by[fmt.value], "model_format": model_format,
-                          "backend_accelerator": accelerator_label(req, hardware, fmt, native), "precision": req.precision.value.upper(),
-                          "max_batch_size": req.max_batch_size, "model_instances": req.model_instances}
-                for scenario in req.scenarios:
-                    key = f"perf-{scenario.value}-{fmt.value}"
-                    with tracker.stage(key):
-                        points = plan_points([scenario], req.batch_sizes, req.concurrency, req.request_rates,
-                                             req.request_distribution, req.online_batch_size)
-                        perf_task(scenario, points,
-                                  model=name, grpc_url=server.endpoints.grpc_url, spec=spec, m=req.measurement,
-                                  layout=layout, static=static, on_row=lambda t, k=key: tracker.save_points(k, t),
-                                  server_alive=server.alive, inputs=perf_inputs, on_composing=tracker.save_composing,
-                                  monitor=PointMonitor(server.endpoints.grpc_url, name, server.processes,
-                                                       server.endpoints.metrics_url, gpu=hardware.has_gpu),
-                                  cache=cache.for_model(static) if cache else None)
-        except BaseException:
-            _finish(tracker, req, hardware, server, raise_errors=False)
-            raise
-        return _finish(tracker, req, hardware, server, raise_errors=True)
+                write_ensemble(layout.repository_dir, req.model, req.max_batch_size, adapter.io_spec(),
+                               [(name, a.io_spec) for name, a in composing])
+        with tracker.stage("server-start"):
+            server_task(server)
+        # what Triton serves, as (format, io spec): each served format, or the ensemble over the composing models
+        measured = [(a.format, a.io_spec) for a in served] + ([(Format.ENSEMBLE, adapter.io_spec())] if composing else [])
+        for fmt, _ in measured:
+            name = req.triton_name(fmt)
+            with tracker.stage(f"accuracy-{fmt.value}"):
+                result = accuracy_task(adapter, module, server.endpoints.grpc_url, name, req.accuracy_samples,
+                                       req.accuracy_batch_size, req.tolerance_atol, req.tolerance_rtol, fmt)
+                tracker.accuracy.append(result)
+                tracker.save_json(layout.accuracy_json, [r.model_dump(mode="json") for r in tracker.accuracy])
+                require_same_answers(result, name)
+        cache = point_cache(req, hardware, served + [a for _, a in composing], perf_inputs) if req.reuse_measurements else None
+        for fmt, spec in measured:
+            name = req.triton_name(fmt)
+            model_format = fmt.label if fmt is not Format.ENSEMBLE else f"{fmt.label} ({' + '.join(a.format.label for _, a in composing)})"
+            static = {"model": req.model, "model_size": req.size, "gpu": hardware.gpu_label, "format": fmt.value,
+                      "backend": tracker.served_by[fmt.value], "model_format": model_format,
+                      "backend_accelerator": accelerator_label(req, hardware, fmt, native), "precision": req.precision.value.upper(),
+                      "max_batch_size": req.max_batch_size, "model_instances": req.model_instances}
+            for scenario in req.scenarios:
+                key = f"perf-{scenario.value}-{fmt.value}"
+                with tracker.stage(key):
+                    points = plan_points([scenario], req.batch_sizes, req.concurrency, req.request_rates,
+                                         req.request_distribution, req.online_batch_size)
+                    perf_task(scenario, points,
+                              model=name, grpc_url=server.endpoints.grpc_url, spec=spec, m=req.measurement,
+                              layout=layout, static=static, on_row=lambda t, k=key: tracker.save_points(k, t),
+                              server_alive=server.alive, inputs=perf_inputs, on_composing=tracker.save_composing,
+                              monitor=PointMonitor(server.endpoints.grpc_url, name, server.processes,
+                                                   server.endpoints.metrics_url, gpu=hardware.has_gpu),
+                              cache=cache.for_model(static) if cache else None)
+    except BaseException:
+        _finish(tracker, req, hardware, server, raise_errors=False)
+        raise
+    return _finish(tracker, req, hardware, server, raise_errors=True)
 
 
 def accelerator_label(req, hardware, fmt, native: dict) -> str:
