@@ -32,10 +32,8 @@ def pool_template(pool: str, pool_type: str) -> dict:
     props["env"]["default"] = {**props["env"].get("default", {}), POOL_GPU_ENV: spec.gpu}
     if pool_type == "kubernetes" and spec.product_label:
         props["gpu_product"]["default"] = spec.product_label
-    if spec.gpu == "cpu":  # the cpu pool asks for no GPU
-        for key in ("gpu_count",):
-            if key in props:
-                props[key]["default"] = 0
+    if spec.gpu == "cpu" and "gpu_count" in props:  # the cpu pool asks for no GPU
+        props["gpu_count"]["default"] = 0
     return template
 
 
