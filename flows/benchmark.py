@@ -20,12 +20,12 @@ from tasks.point_cache import PointCache, file_digest, tool_versions
 from tasks.report import report_task
 from model_adapters.ensemble import part_adapters
 from tasks.repository import (ACCELERATOR_LABELS, ServingConfig, backend_label, repository_task, serves_natively,
-                              write_ensemble)
-from tasks.server import make_server, server_task
+                              write_ensemble, write_offline_configs)
+from tasks.server import configs_loaded, make_server, server_task
 from tasks.store import run_url, staging_root, store_task
 from tbench import hardware as hw
 from tbench import progress
-from tbench.enums import Format
+from tbench.enums import Format, Scenario
 from tbench.layout import RunLayout, new_run_id
 from tbench.pools import check_worker_hardware, device_lock
 from tbench.request import BenchmarkRequest, adapter_for
@@ -84,14 +84,16 @@ def _benchmark(req, hardware) -> str:
         if composing:
             tracker.served_by[Format.ENSEMBLE.value] = "ensemble of " + ", ".join(
                 f"{name} ({backend_label(a.format, native[a.format])})" for name, a in composing)
+        # what each Triton model is served with: (config, artifact, native); an ensemble's batching is its parts'
+        configs = ([(serving_config(req, hardware, a.format), a, native[a.format]) for a in served]
+                   + [(serving_config(req, hardware, a.format, name), a, native[a.format]) for name, a in composing])
         with tracker.stage("repository"):
-            for artifact in served:
-                repository_task(layout.repository_dir, serving_config(req, hardware, artifact.format), artifact, native[artifact.format])
-            for name, artifact in composing:
-                repository_task(layout.repository_dir, serving_config(req, hardware, artifact.format, name), artifact, native[artifact.format])
+            for cfg, artifact, is_native in configs:
+                repository_task(layout.repository_dir, cfg, artifact, is_native)
             if composing:
                 write_ensemble(layout.repository_dir, req.model, req.max_batch_size, adapter.io_spec(),
                                [(name, a.io_spec) for name, a in composing])
+            offline_configs = write_offline_configs(layout.offline_configs_dir, configs) if Scenario.OFFLINE in req.scenarios else {}
         with tracker.stage("server-start"):
             server_task(server)
         # what Triton serves, as (format, io spec): each served format, or the ensemble over the composing models
@@ -112,14 +114,18 @@ def _benchmark(req, hardware) -> str:
                       "backend": tracker.served_by[fmt.value], "model_format": model_format,
                       "backend_accelerator": accelerator_label(req, hardware, fmt, native), "precision": req.precision.value.upper(),
                       "max_batch_size": req.max_batch_size, "model_instances": req.model_instances}
+            # the models behind this one: itself, or an ensemble's composing models
+            behind = [n for n, _ in composing] if fmt is Format.ENSEMBLE else [name]
             for scenario in req.scenarios:
                 key = f"perf-{scenario.value}-{fmt.value}"
-                with tracker.stage(key):
+                offline = scenario is Scenario.OFFLINE
+                batching = {"batching": "static" if offline else "dynamic", "max_queue_delay_us": 0 if offline else req.max_queue_delay_us}
+                with tracker.stage(key), configs_loaded(server, {n: offline_configs[n] for n in behind} if offline else {}):
                     points = plan_points([scenario], req.batch_sizes, req.concurrency, req.request_rates,
                                          req.request_distribution, req.online_batch_size)
                     perf_task(scenario, points,
                               model=name, grpc_url=server.endpoints.grpc_url, spec=spec, m=req.measurement,
-                              layout=layout, static=static, on_row=lambda t, k=key: tracker.save_points(k, t),
+                              layout=layout, static={**static, **batching}, on_row=lambda t, k=key: tracker.save_points(k, t),
                               server_alive=server.alive, inputs=perf_inputs, on_composing=tracker.save_composing,
                               monitor=PointMonitor(server.endpoints.grpc_url, name, server.processes,
                                                    server.endpoints.metrics_url, gpu=hardware.has_gpu),
@@ -151,6 +157,7 @@ def point_cache(req, hardware, artifacts, perf_inputs) -> PointCache:
                        "io": a.io_spec.model_dump()} for a in artifacts],
         "serving": {k: getattr(req, k) for k in ("max_batch_size", "model_instances", "preferred_batch_sizes",
                                                  "max_queue_delay_us", "accelerators", "online_batch_size")},
+        "offline_batching": "static",  # offline points measured before static batching are not these
         "server": req.server, "machine": {k: getattr(hardware, k) for k in ("cpu_model", "cpu_cores", "gpus", "gpu_uuids")},
         "measurement": req.measurement.model_dump(), "inputs": file_digest(perf_inputs.data_file),
         "shapes": perf_inputs.shapes, "shared_memory": perf_inputs.shared_memory, "tools": tool_versions(),

@@ -24,7 +24,7 @@ class ServingDefaults:
     accuracy_samples: int = 64
     accuracy_batch_size: int = 8  # samples per request of the accuracy stage (recommenders: thousands)
     formats: list[str] = field(default_factory=lambda: ["onnx", "ts-trace"])
-    images_per_window: int | None = None  # perf_analyzer window size when the profile's default is too long for the model
+    measurement: dict = field(default_factory=dict)  # Measurement fields this model changes on this profile
     gpu_accelerators: dict[str, str] = field(default_factory=dict)  # format -> Triton GPU execution accelerator
     online_batch_size: int = 1  # samples per request in the online scenario (recommenders send thousands)
     scenarios: list[str] = field(default_factory=lambda: ["offline", "online"])  # what the guide measures

@@ -154,7 +154,6 @@ class _Recommender(ModelAdapter):
     metric_name = "AUC"
     sizes = ("tiny", "small", "4B", "22B")
     default_size = "small"
-    _cpu_window: int  # perf_analyzer samples per window on the CPU profile: about 1 s of the small preset
     options = {"memory_threshold_gb": "GPU memory for embedding tables in GB; the smallest tables that fit go to "
                                       "the GPU (default 16 with a GPU, 0 without)"}
 
@@ -317,7 +316,6 @@ class _Recommender(ModelAdapter):
                 accuracy_samples=16384,
                 accuracy_batch_size=4096,
                 formats=["tf-savedmodel"],  # the whole model, the framework reference; the ensemble uses parts()
-                images_per_window=262144,
                 online_batch_size=1024,  # only if a user asks for the online scenario
                 scenarios=["offline"],
             )
@@ -331,7 +329,6 @@ class _Recommender(ModelAdapter):
             accuracy_samples=4096,
             accuracy_batch_size=512,
             formats=["tf-savedmodel"],
-            images_per_window=self._cpu_window,
             online_batch_size=256,
             scenarios=["offline"],
         )
@@ -342,7 +339,6 @@ class DLRM(_Recommender):
     name = "dlrm"
     # the small preset's Keras forward pass at batch 1024 took 55 ms (~18.6k samples/s) on the 2-core development
     # CPU (batch 2048: 70 ms): a perf_analyzer window of 16384 samples is about 1 s there
-    _cpu_window = 16384
 
     def _dense_model(self, keras, seeds):
         preset = self.preset
@@ -364,7 +360,6 @@ class DCNv2(_Recommender):
     name = "dcnv2"
     # the small preset's Keras forward pass at batch 1024 took 170 ms (~6k samples/s; the 1677-wide cross layers
     # dominate) on the 2-core development CPU (batch 2048: 233 ms): a window of 6144 samples is about 1 s there
-    _cpu_window = 6144
 
     def _dense_model(self, keras, seeds):
         preset = self.preset

@@ -286,6 +286,5 @@ class FastPitch(ModelAdapter):
             online_concurrency=grid,
             accuracy_samples=16 if self.size == "full" else 32,
             formats=["ts-trace", "onnx"],
-            images_per_window=8 if self.size == "full" else None,
         )
 

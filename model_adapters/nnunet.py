@@ -261,7 +261,6 @@ class NnUNet(ModelAdapter):
                 online_concurrency=[1],
                 accuracy_samples=2,
                 formats=formats,
-                images_per_window=2,  # ~4-8 s a 64^3 volume: windows of the minimum 4 requests keep a point near a minute
             )
         return ServingDefaults(
             max_batch_size=4,

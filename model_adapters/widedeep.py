@@ -203,13 +203,11 @@ class WideDeep(ModelAdapter):
                 accuracy_batch_size=2048,  # the guide's online request size
                 formats=["tf-savedmodel", "onnx"],
                 gpu_accelerators={"tf-savedmodel": "auto_mixed_precision"},  # the guide's "Automatic FP16"
-                images_per_window=262144,
             )
         # cpu: measured on 2 cores, the full model's forward pass (Keras, eager) takes ~180 ms at batch 1024 and ~100 ms
         # at batch 1 (per-call overhead); as a graph (what the SavedModel serves) ~3 ms at batch 1, ~33 ms at 256,
-        # ~110 ms at 1024 and ~420 ms at 4096 (~0.1 ms per sample). A window is max(4, images_per_window / batch,
-        # 2 x concurrency) requests, so 1024 inferences keep the batch-1 point near 1024 x ~6 ms served per window
-        # (4096 would make it ~25 s a window, ~1.5 min for that point alone) and the big batches at 4 requests.
+        # ~110 ms at 1024 and ~420 ms at 4096 (~0.1 ms per sample); windows are sized by time (tbench.request.Measurement),
+        # so the big batches get the minimum 4 requests a window and batch 1 about a second's worth.
         # ONNX only for the small size here: tf2onnx 1.17 freezes and deep-copies the graph with its 370 MB of
         # embedding tables inlined many times over and needed more than the 23 GB this machine has (OOM-killed);
         # a request's formats can still ask for it where memory allows.
@@ -224,5 +222,4 @@ class WideDeep(ModelAdapter):
             accuracy_samples=2048,
             accuracy_batch_size=256,
             formats=["tf-savedmodel", "onnx"] if self.size == "small" else ["tf-savedmodel"],
-            images_per_window=1024,
         )

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +27,7 @@ from tbench.enums import Scenario
 from tbench.errors import PerfAnalyzerError
 from tbench.iospec import IoSpec
 from tbench.layout import RunLayout
-from tbench.metrics import AVG, BREAKDOWN, METRICS, RESULT_COLUMNS
+from tbench.metrics import AVG, BREAKDOWN, METRICS, RESULT_COLUMNS, THROUGHPUT
 from tbench.request import Measurement
 
 UNSTABLE_MARK = "Failed to obtain stable measurement"
@@ -181,18 +182,29 @@ def empty_row() -> dict:
     return {c: np.nan for c in RESULT_COLUMNS}
 
 
+PASS_LINE = re.compile(r"Pass \[\d+\] throughput: ([0-9.eE+-]+) infer/sec")
+
+
+def pass_throughputs(log: str) -> list[float]:
+    """Each window's throughput (infer/s) from perf_analyzer's -v log."""
+    return [float(x) for x in PASS_LINE.findall(log)]
+
+
 def measure_point(point: Point, *, model: str, grpc_url: str, spec: IoSpec, m: Measurement, layout: RunLayout,
-                  binary: Path, env: dict[str, str], inputs: PerfInputs = PerfInputs(), monitor=None) -> dict:
+                  binary: Path, env: dict[str, str], inputs: PerfInputs = PerfInputs(), monitor=None,
+                  latency_s: float | None = None) -> dict:
     """Measure one point, retrying with longer windows; always returns a row (status ok | unstable | error), with
-    what the server did during the attempt that counted when a monitor watches it."""
+    what the server did during the attempt that counted when a monitor watches it. `latency_s` is the calibrated
+    single-request latency at this batch size: windows are sized from it (Measurement.requests_per_window)."""
     monitor = monitor or NoMonitor()
+    measured_rate = None  # requests/s a failed attempt saw: the next attempt's windows are sized from it
     row = empty_row()
     row.update(scenario=point.scenario.value, batch_size=point.batch_size, concurrency=point.concurrency,
                request_rate=point.rate, request_distribution=point.distribution if point.rate is not None else "",
                stability_percentage=m.stability_percentage, max_trials=m.max_trials, protocol="grpc",
                shared_memory=inputs.shared_memory if point.scenario is Scenario.OFFLINE else "none", measure_seconds=0.0)
     for attempt in range(1 + m.retries):
-        request_count = m.requests_per_window(point.batch_size, point.concurrency or 1, attempt)
+        request_count = m.requests_per_window(latency_s, point.concurrency or 1, attempt, measured_rate)
         csv_path = layout.perf_csv(model, point.scenario, point.label, attempt)
         argv = perf_argv(binary, model, grpc_url, point, m, request_count, csv_path, spec, inputs)
         log_path = layout.perf_log(model, point.scenario, point.label, attempt)
@@ -205,6 +217,7 @@ def measure_point(point: Point, *, model: str, grpc_url: str, spec: IoSpec, m: M
         if done.returncode == 0 and csv_path.exists():
             try:
                 row.update(parse_perf_csv(csv_path), status="ok", error="", source_file=str(csv_path.relative_to(layout.run_dir)))
+                row["window_s"] = window_seconds(log_path.read_text(errors="replace"), point.batch_size, row[THROUGHPUT.column])
                 row["composing"] = parse_composing(log_path.read_text(errors="replace"))  # an ensemble's steps; else []
                 row.update(observed, stats_max_rel_diff=cross_check({**row, **observed}))
                 return row
@@ -214,12 +227,29 @@ def measure_point(point: Point, *, model: str, grpc_url: str, spec: IoSpec, m: M
             row.update(status="error", error=f"perf_analyzer timed out after {m.timeout_s:.0f} s")
             return row
         if UNSTABLE_MARK in log or done.returncode == 0:
-            row.update(status="unstable", error=f"not stable within {m.max_trials} windows of {request_count} requests")
+            passes = pass_throughputs(log_path.read_text(errors="replace"))
+            measured_rate = float(np.median(passes)) / point.batch_size if passes else None
+            spread = f", throughput spread {100 * (max(passes) - min(passes)) / max(passes):.0f}%" if passes and max(passes) > 0 else ""
+            row.update(status="unstable", error=f"not stable within {m.max_trials} windows of {request_count}+ requests{spread}")
             continue
         last = [ln for ln in log.splitlines() if ln.strip()]
         row.update(status="error", error=last[-1].strip() if last else f"perf_analyzer exited {done.returncode}")
         return row
     return row
+
+
+REQUEST_COUNT_LINE = re.compile(r"Client:\s*\n\s*Request count: (\d+)")
+STABILITY_WINDOWS = 3  # perf_analyzer's result merges its last 3 (stable) windows
+
+
+def window_seconds(log: str, batch_size: int, throughput: float) -> float:
+    """How long one of the point's windows lasted: the requests of the merged stable windows (from the -v log) at
+    the measured throughput (infer/s), per window. In count_windows mode perf_analyzer closes a window after at
+    least 1 s and at least the requested count, so this is what the point actually measured over."""
+    found = REQUEST_COUNT_LINE.search(log)
+    if not found or not throughput or throughput <= 0:
+        return float("nan")
+    return int(found.group(1)) * batch_size / throughput / STABILITY_WINDOWS
 
 
 def measurement_order(points: list[Point], m: Measurement) -> list[Point]:
@@ -232,15 +262,16 @@ def measurement_order(points: list[Point], m: Measurement) -> list[Point]:
 
 
 def warm_up(grpc_url: str, model: str, spec: IoSpec, batch_sizes: list[int], requests: int,
-            shapes: dict[str, list[int]] | None = None) -> None:
-    """A few requests at every batch size of the sweep before anything is measured: runtimes allocate and optimise
-    per input shape on their first calls, which would otherwise land in the first windows of each point."""
-    if requests <= 0:
-        return
+            shapes: dict[str, list[int]] | None = None, calibrate_s: float = 0.25, max_timed: int = 10) -> dict[int, float]:
+    """Warm up and calibrate: `requests` untimed requests at every batch size of the sweep (runtimes allocate and
+    optimise per input shape on their first calls, which would otherwise land in the first windows), then timed ones
+    (until `calibrate_s` or `max_timed`) whose median is the batch size's single-request latency, in seconds.
+    Returns {batch_size: latency_s}; empty where the model cannot answer zeros (its points will say why)."""
     import tritonclient.grpc as grpcclient
 
     from tasks.accuracy import infer_triton
 
+    latencies: dict[int, float] = {}
     client = grpcclient.InferenceServerClient(grpc_url)
     try:
         for batch in batch_sizes:
@@ -248,10 +279,17 @@ def warm_up(grpc_url: str, model: str, spec: IoSpec, batch_sizes: list[int], req
                       for t in spec.inputs}
             for _ in range(requests):
                 infer_triton(client, model, spec, inputs)
+            timed: list[float] = []
+            while len(timed) < max_timed and sum(timed) < calibrate_s:
+                start = time.perf_counter()
+                infer_triton(client, model, spec, inputs)
+                timed.append(time.perf_counter() - start)
+            latencies[batch] = float(np.median(timed))
     except Exception as err:  # a model that cannot answer zeros still gets measured; its point will say why
         progress.emit("warmup_failed", model=model, error=str(err))
     finally:
         client.close()
+    return latencies
 
 
 def run_sweep(points: list[Point], *, model: str, grpc_url: str, spec: IoSpec, m: Measurement, layout: RunLayout,
@@ -269,14 +307,14 @@ def run_sweep(points: list[Point], *, model: str, grpc_url: str, spec: IoSpec, m
     order = measurement_order(points, m)
     reused = {i: r for i, p in enumerate(order) if cache is not None and (r := cache.get(cache_key(p, model), layout.run_dir))}
     to_measure = [p for i, p in enumerate(order) if i not in reused]
-    if to_measure:
-        warm_up(grpc_url, model, spec, sorted({p.batch_size for p in to_measure}), m.warmup_requests, inputs.shapes)
+    latency = warm_up(grpc_url, model, spec, sorted({p.batch_size for p in to_measure}), m.warmup_requests,
+                      inputs.shapes) if to_measure else {}
     for i, point in enumerate(order):
         if i in reused:
             row = {**empty_row(), **reused[i], "composing": cache.composing(cache_key(point, model))}
         else:
             row = measure_point(point, model=model, grpc_url=grpc_url, spec=spec, m=m, layout=layout, binary=binary,
-                                env=env, inputs=inputs, monitor=monitor)
+                                env=env, inputs=inputs, monitor=monitor, latency_s=latency.get(point.batch_size))
             if cache is not None:
                 cache.put(cache_key(point, model), row, layout.run_dir, layout.run_id)
         row.update(static, point_index=i)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from prefect import task
@@ -34,6 +34,17 @@ class ServingConfig:
     intra_op_threads: int = 0  # python-backend runtime threads; 0: the runtime's own default
     accelerator: str | None = None  # a GPU execution accelerator (auto_mixed_precision, tensorrt) for a native GPU model
     precision: str = "FP32"  # the TensorRT accelerator's precision_mode
+    # "dynamic": the dynamic batcher under test (online, rate); "static": none, each request runs as sent (offline),
+    # so a small batch does not wait max_queue_delay for requests that never come
+    batching: str = "dynamic"
+
+    def static(self) -> "ServingConfig":
+        return replace(self, batching="static")
+
+    @property
+    def queue_delay_us(self) -> int:
+        """The delay a request may wait for others: the batcher's under dynamic batching, none under static."""
+        return self.max_queue_delay_us if self.batching == "dynamic" else 0
 
     def applied_accelerator(self, native: bool) -> str | None:
         """The accelerator the config carries: native backends on GPU instances only (the python runtime has none)."""
@@ -63,7 +74,8 @@ def config_spec(cfg: ServingConfig, artifact: ModelArtifact) -> ModelConfigSpec:
     return ModelConfigSpec(
         name=cfg.name, io=artifact.io_spec, max_batch_size=cfg.max_batch_size,
         dynamic_batching=DynamicBatching(preferred_batch_sizes=cfg.preferred_batch_sizes,
-                                         max_queue_delay_us=cfg.max_queue_delay_us) if cfg.max_batch_size > 0 else None,
+                                         max_queue_delay_us=cfg.max_queue_delay_us)
+        if cfg.max_batch_size > 0 and cfg.batching == "dynamic" else None,
         instance_groups=[InstanceGroup(count=cfg.instances, kind=cfg.kind)])
 
 
@@ -90,6 +102,17 @@ def _link_or_copy(src: Path, dst: Path) -> None:
         os.link(src, dst)  # the same bytes twice in one run folder are not worth a copy
     except OSError:
         shutil.copy2(src, dst)
+
+
+def write_offline_configs(config_dir: Path, configs: list[tuple[ServingConfig, ModelArtifact, bool]]) -> dict[str, mc.ModelConfig]:
+    """The static-batching configs the offline scenario loads in place of the repository's (kept in the run folder as
+    `<name>.pbtxt`, what was served): {triton name: config}."""
+    config_dir.mkdir(parents=True, exist_ok=True)
+    built = {}
+    for cfg, artifact, native in configs:
+        built[cfg.name] = build_config(cfg.static(), artifact, native)
+        (config_dir / f"{cfg.name}.pbtxt").write_text(to_pbtxt(built[cfg.name]))
+    return built
 
 
 def write_repository(repo_dir: Path, cfg: ServingConfig, artifact: ModelArtifact, native: bool = False) -> Path:

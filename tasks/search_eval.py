@@ -19,7 +19,7 @@ from prefect import task
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
 from prefect.cache_policies import NO_CACHE
 
-from tasks.perf import PerfInputs, Point, measure_point
+from tasks.perf import PerfInputs, Point, measure_point, warm_up
 from tasks.repository import ServingConfig, write_repository
 from tasks.server import RemoteServer, TritonServer, one_line
 from tbench import progress, tools
@@ -154,8 +154,11 @@ class TritonEvaluator:
         try:
             layout = RunLayout(self.work_dir, candidate.key).create()
             point = Point(Scenario.ONLINE, self.online_batch_size, self.concurrency)
-            row = measure_point(point, model=self.name, grpc_url=self.server.endpoints.grpc_url, spec=variant.artifact.io_spec,
-                                m=self.measurement, layout=layout, binary=self.binary, env=self.env, inputs=self.inputs)
+            grpc_url, spec = self.server.endpoints.grpc_url, variant.artifact.io_spec
+            # a freshly loaded candidate: warm it up and size its windows from its own latency
+            latency = warm_up(grpc_url, self.name, spec, [point.batch_size], self.measurement.warmup_requests, self.inputs.shapes)
+            row = measure_point(point, model=self.name, grpc_url=grpc_url, spec=spec, m=self.measurement, layout=layout,
+                                binary=self.binary, env=self.env, inputs=self.inputs, latency_s=latency.get(point.batch_size))
         finally:
             self.unload()
         if row["status"] == "error" and not self.server.alive():

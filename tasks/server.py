@@ -24,12 +24,14 @@ import time
 import uuid
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from contextlib import contextmanager
 from pathlib import Path
 
 import psutil
 from google.protobuf import json_format
 from prefect import task
 from prefect.cache_policies import NO_CACHE
+from tritonclient.grpc import model_config_pb2 as mc
 
 from tbench import procs, tools
 from tbench.errors import ServerStartError
@@ -108,12 +110,35 @@ class TritonServer(ABC):
         """The server's processes on this machine, for CPU and memory per point; none where it runs elsewhere."""
         return []
 
+    def load(self, name: str, config: mc.ModelConfig | None = None) -> None:
+        """(Re)load a model of the repository, with `config` in place of its config.pbtxt when given (Triton's load
+        API with a config override): how the offline scenario serves the model with static batching. Triton swaps
+        the new version in once it is ready; an ensemble that uses the model is reloaded with it."""
+        from tritonclient.utils import InferenceServerException
+
+        client = self._client()
+        try:
+            client.load_model(name, **self._load_args(name, config), client_timeout=self.start_timeout_s)
+        except InferenceServerException as err:
+            raise ServerStartError(f"{self.mode} Triton could not load {name}"
+                                   f"{' with its offline config' if config is not None else ''}: {one_line(err.message() or '')}") from None
+        finally:
+            client.close()
+
+    def _load_args(self, name: str, config: mc.ModelConfig | None) -> dict:
+        return {"config": config_json(config)} if config is not None else {}
+
+    def _client(self):
+        import tritonclient.grpc as grpcclient
+
+        return grpcclient.InferenceServerClient(self.endpoints.grpc_url)
+
     def _wait_ready(self, what: str) -> None:
         """Poll until the server and every model in the repository are ready, or fail with the log's errors.
         In explicit model-control mode the server starts with no model loaded: only the server is waited for."""
         import tritonclient.http as httpclient
 
-        expected = [] if getattr(self, "model_control", "none") == "explicit" else self.models()
+        expected = [] if getattr(self, "model_control", "all") == "explicit" else self.models()
         client = httpclient.InferenceServerClient(self.endpoints.http_url)
         deadline = time.monotonic() + self.start_timeout_s
         try:
@@ -147,9 +172,11 @@ class ProcessServer(TritonServer):
     """A tritonserver process we start (embedded, local) or a `docker run` in the foreground (docker)."""
 
     def __init__(self, repository: Path, log_path: Path, http_port: int | None = None, grpc_port: int | None = None,
-                 start_timeout_s: float = 180.0, model_control: str = "none"):
+                 start_timeout_s: float = 180.0, model_control: str = "all"):
         super().__init__(repository, log_path, start_timeout_s)
-        self.model_control = model_control  # "explicit": models are loaded through the client
+        # "all": every model of the repository loaded at start; "explicit": none (loaded through the client). Both
+        # run Triton in explicit model-control mode, so a model can be reloaded with another config (offline points).
+        self.model_control = model_control
         for port in (http_port, grpc_port):
             if port is not None and port_in_use(port):
                 raise ServerStartError(f"port {port} on 127.0.0.1 is already in use; pick another or leave it unset for a free one")
@@ -173,7 +200,7 @@ class ProcessServer(TritonServer):
             f"--http-address={address}", f"--http-port={ports['http']}",
             f"--grpc-address={address}", f"--grpc-port={ports['grpc']}",
             f"--metrics-address={address}", f"--metrics-port={ports['metrics']}",
-            f"--model-control-mode={self.model_control}",
+            "--model-control-mode=explicit", *(["--load-model=*"] if self.model_control == "all" else []),
             "--exit-on-error=true", "--strict-readiness=true", "--log-verbose=0",
         ]
 
@@ -388,11 +415,6 @@ class RemoteServer(TritonServer):
     def endpoints(self) -> ServerEndpoints:
         return self._endpoints
 
-    def _client(self):
-        import tritonclient.grpc as grpcclient
-
-        return grpcclient.InferenceServerClient(self.endpoints.grpc_url)
-
     def alive(self) -> bool:
         try:
             client = self._client()
@@ -444,10 +466,15 @@ class RemoteServer(TritonServer):
             client.close()
         return found
 
+    def _load_args(self, name: str, config: mc.ModelConfig | None) -> dict:
+        """A remote server has none of our files: they travel with every load, with the override or our config."""
+        own, files = self.upload(self.repository / name)
+        return {"config": config_json(config) if config is not None else own, "files": files}
+
     @staticmethod
     def upload(model_dir: Path) -> tuple[str, dict[str, bytes]]:
         """A model directory as load_model's config JSON and `file:` overrides."""
-        config = json_format.MessageToJson(parse_pbtxt((model_dir / "config.pbtxt").read_text()), preserving_proto_field_name=True)
+        config = config_json(parse_pbtxt((model_dir / "config.pbtxt").read_text()))
         files = {f"file:{p.relative_to(model_dir).as_posix()}": p.read_bytes()
                  for p in sorted(model_dir.rglob("*")) if p.is_file() and p.name != "config.pbtxt" and "__pycache__" not in p.parts}
         return config, files
@@ -487,6 +514,27 @@ class RemoteServer(TritonServer):
         finally:
             self.loaded = []
             client.close()
+
+
+def config_json(config: mc.ModelConfig) -> str:
+    """A model config as the JSON Triton's load API takes."""
+    return json_format.MessageToJson(config, preserving_proto_field_name=True)
+
+
+@contextmanager
+def configs_loaded(server: TritonServer, configs: dict[str, mc.ModelConfig]):
+    """Serve models with other configs for a while (the offline scenario's static batching), then with the
+    repository's own again, also when the body fails (unless the server is gone)."""
+    loaded = []
+    try:
+        for name, config in configs.items():
+            server.load(name, config)
+            loaded.append(name)
+        yield
+    finally:
+        if loaded and server.alive():
+            for name in loaded:
+                server.load(name)
 
 
 def make_server(mode: str, repository: Path, log_path: Path, *, http_port: int | None = None, grpc_port: int | None = None,

@@ -104,6 +104,14 @@ def validation_line(err: ValueError) -> str:
     return str(err).splitlines()[0]
 
 
+def measurement_overrides(window_s: float | None = None, stability: float | None = None, max_trials: int | None = None):
+    """The measurement fields the user set; the profile's and the model's settings hold for the others."""
+    from tbench.request import MeasurementOverrides
+
+    given = _given(window_s=window_s, stability_percentage=stability, max_trials=max_trials)
+    return MeasurementOverrides(**given) if given else None
+
+
 class RichProgress:
     """Listens to progress events: a line per stage, a bar over the perf_analyzer points."""
 
@@ -180,18 +188,18 @@ def run(
     gpus: str = typer.Option(None, help="docker: 'all' (the default), '0,1' or 'none'."),
     http_port: int = typer.Option(None, help="Triton HTTP port (a free one by default)."),
     grpc_port: int = typer.Option(None, help="Triton gRPC port (a free one by default)."),
-    images_per_window: int = typer.Option(None, help="Inferences per perf_analyzer measurement window."),
-    stability: float = typer.Option(None, help="perf_analyzer stability percentage."),
+    window_s: float = typer.Option(None, "--window-s", help="Target seconds per perf_analyzer measurement window (the profile's by default)."),
+    stability: float = typer.Option(None, help="perf_analyzer stability percentage (10 by default)."),
+    max_trials: int = typer.Option(None, "--max-trials", help="Windows perf_analyzer tries per point before giving up."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Also show Prefect's logs in the terminal."),
 ) -> None:
     """Export, check, serve and measure MODEL; prints the run folder."""
-    from tbench.request import BenchmarkRequest, Measurement
+    from tbench.request import BenchmarkRequest
 
     try:
         if not model and not model_file:
             raise ConfigError("name a model (see `tbench models`) or give --model-file PATH")
-        tuned = {"images_per_window": images_per_window, "stability_percentage": stability}
-        measurement = Measurement(**{k: v for k, v in tuned.items() if v is not None}) if any(tuned.values()) else None
+        measurement = measurement_overrides(window_s, stability, max_trials)
         request = BenchmarkRequest(
             model=model or "resnet50", size=size, model_options=parse_options(option), checkpoint=checkpoint, dataset=dataset, formats=_split(formats), serve_formats=_split(serve),
             framework=framework, model_file=model_file, shapes=parse_named(shape, "shape", _dims),
@@ -261,22 +269,22 @@ def search(
                                "$TBENCH_ARTIFACT_ROOT, else ./runs)."),
     server: str = typer.Option("embedded", help="embedded, local, docker or remote."),
     server_url: str = typer.Option(None, help="remote: 'host:grpc_port,host:http_port'."),
-    images_per_window: int = typer.Option(None, help="Inferences per perf_analyzer measurement window."),
-    stability: float = typer.Option(None, help="perf_analyzer stability percentage."),
+    window_s: float = typer.Option(None, "--window-s", help="Target seconds per perf_analyzer measurement window (the profile's by default)."),
+    stability: float = typer.Option(None, help="perf_analyzer stability percentage (10 by default)."),
+    max_trials: int = typer.Option(None, "--max-trials", help="Windows perf_analyzer tries per point before giving up."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Also show Prefect's logs in the terminal."),
 ) -> None:
     """Search MODEL's Triton configuration grid for the best throughput under a p99 budget (or the lowest p99 above a
     throughput floor); prints the run folder, whose search.md names the best configuration."""
     if not verbose:  # before anything imports Prefect: its console handler reads this once
         os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "CRITICAL")
-    from tbench.request import BenchmarkRequest, Measurement
+    from tbench.request import BenchmarkRequest
     from tbench.search import Objective, SearchSpace
 
     try:
         if throughput_floor is not None and p99_budget_ms is not None:
             raise ConfigError("give a p99 budget or a throughput floor, not both")
-        tuned = {"images_per_window": images_per_window, "stability_percentage": stability}
-        measurement = Measurement(**{k: v for k, v in tuned.items() if v is not None}) if any(tuned.values()) else None
+        measurement = measurement_overrides(window_s, stability, max_trials)
         space = SearchSpace(instances=parse_int_list(instances, "instances"),
                             max_batch_sizes=parse_int_list(max_batch_sizes, "max batch sizes"),
                             preferred=_split(preferred), queue_delays_us=parse_int_list(queue_delays_us, "queue delays"),
@@ -342,7 +350,7 @@ def submit(
     batch_sizes: str = typer.Option(None, "--batch-sizes", help="Offline batch sizes, e.g. 1,2,4,8."),
     concurrency: str = typer.Option(None, help="Online concurrency values, e.g. 1,2,4,8 or 1:8:1."),
     scenarios: str = typer.Option(None, help="offline, online, rate."),
-    images_per_window: int = typer.Option(None, help="Inferences per perf_analyzer measurement window."),
+    window_s: float = typer.Option(None, "--window-s", help="Target seconds per perf_analyzer measurement window."),
     output: str = typer.Option(None, "--output", "-o", help="Artifact root (default: the worker's TBENCH_ARTIFACT_ROOT)."),
     follow: bool = typer.Option(True, "--follow/--no-follow", help="Follow the run to its end (states and logs)."),
     timeout: float = typer.Option(3600, help="Stop following after this many seconds (the run goes on)."),
@@ -350,7 +358,7 @@ def submit(
     """Send a benchmark run to a pool of the Prefect server at PREFECT_API_URL and follow it; `tbench run` runs here."""
     from tbench import submit as remote
     from tbench.pools import POOLS
-    from tbench.request import BenchmarkRequest, Measurement
+    from tbench.request import BenchmarkRequest
 
     try:
         if pool not in POOLS:
@@ -361,7 +369,7 @@ def submit(
             size=size, framework=framework, formats=_split(formats), precision=precision,
             batch_sizes=parse_int_list(batch_sizes, "batch sizes"), concurrency=parse_int_list(concurrency, "concurrency"),
             scenarios=_split(scenarios), output=output,
-            measurement=Measurement(images_per_window=images_per_window) if images_per_window else None))
+            measurement=measurement_overrides(window_s)))
         import model_adapters
 
         model_adapters.get(request.model, request.size)  # an unknown model fails here, not on the worker

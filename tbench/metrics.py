@@ -50,8 +50,11 @@ PUBLISHED_COLUMNS = [
 # What a run adds per point: the format (our mnemonic; model_format is the guides' wording), how it was measured
 # and whether it held.
 MEASUREMENT_COLUMNS = [
-    "format", "request_rate", "request_distribution", "status", "error", "attempts", "measurement_request_count", "stability_percentage", "max_trials",
-    "shared_memory", "protocol", "measure_seconds", "point_index",
+    "format", "request_rate", "request_distribution", "status", "error", "attempts", "measurement_request_count",
+    "window_s",  # how long one of the point's measurement windows lasted (its requests at the measured throughput)
+    "stability_percentage", "max_trials", "shared_memory", "protocol", "measure_seconds", "point_index",
+    "batching",  # what the server did with the point's requests: static (offline) or dynamic (the batcher under test)
+    "max_queue_delay_us",  # the dynamic batcher's delay the point was served with (0 for static batching)
     "reused_from",  # the run that measured the point when a re-run took it from the point cache (tasks/point_cache.py)
 ]
 # What the server did during the point (tasks/monitor.py): Triton's statistics API per request, its largest relative

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import math
 import os
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 from tbench.enums import Format, Precision, Scenario
 from tbench.errors import ConfigError
@@ -18,30 +19,70 @@ PYTHON_BACKEND_RUNTIMES = {Format.ONNX: "onnxruntime", Format.TS_TRACE: "torchsc
 
 
 class Measurement(BaseModel):
-    """perf_analyzer's stability settings (count_windows mode); an unstable point is retried with a longer window."""
+    """How perf_analyzer measures a point (count_windows mode), sized by time rather than by a fixed request count.
 
-    images_per_window: int = Field(24, ge=1, description="Inferences per measurement window; requests = this / batch size.")
+    The rule: before a sweep, timed warm-up requests give each batch size's single-request latency L (calibration).
+    A window then asks for max(min_requests, 2 x concurrency, ceil(window_s / L)) requests, and perf_analyzer's
+    count_windows mode closes a window once it has that many and has lasted at least 1 s. So a fast model gets windows
+    of about max(1 s, window_s) holding thousands of requests, a slow one windows of min_requests requests (seconds
+    each) rather than a handful of fractions of one. perf_analyzer measures windows until the last 3 agree within
+    `stability_percentage` (at most `max_trials`); each point records how long its windows lasted (`window_s`). An
+    unstable point is measured again with windows sized from the throughput its failed attempt saw, twice as long."""
+
+    window_s: float = Field(1.0, gt=0, description="Target duration of one measurement window, in seconds.")
     min_requests: int = Field(4, ge=1, description="Fewest requests in a window (and at least 2 x concurrency).")
-    stability_percentage: float = Field(20.0, gt=0, description="Max spread of the last 3 windows' throughput and latency, in %.")
-    max_trials: int = Field(5, ge=3, description="Windows perf_analyzer tries before giving up on a point.")
+    stability_percentage: float = Field(10.0, gt=0, description="Max spread of the last 3 windows' throughput and latency, in %.")
+    max_trials: int = Field(10, ge=3, description="Windows perf_analyzer tries before giving up on a point.")
     retries: int = Field(1, ge=0, description="Retries of an unstable point, each with windows twice as long.")
     timeout_s: float = Field(300.0, gt=0, description="Hard limit per perf_analyzer call, in seconds.")
-    warmup_requests: int = Field(2, ge=0, description="Requests per batch size sent before a sweep measures anything.")
+    warmup_requests: int = Field(2, ge=0, description="Untimed requests per batch size before a sweep measures anything "
+                                 "(timed calibration requests follow them).")
     order: Literal["shuffled", "ascending"] = Field(
         "shuffled", description="Point order within a sweep: shuffled (seeded) so drift over time does not line up with the grid.")
     seed: int = Field(0, description="Seed of the shuffled order (the order is recorded per point).")
 
-    def requests_per_window(self, batch_size: int, concurrency: int, attempt: int = 0) -> int:
-        """Windows of about the same number of inferences whatever the batch, doubled on each retry."""
-        base = max(self.min_requests, -(-self.images_per_window // batch_size), 2 * concurrency)
-        return base * 2**attempt
+    def requests_per_window(self, latency_s: float | None, concurrency: int, attempt: int = 0,
+                            measured_rate: float | None = None) -> int:
+        """Requests per window for a point: `window_s` worth at the calibrated single-request latency (or, on a retry,
+        at the request rate the failed attempt measured), never fewer than min_requests or 2 x concurrency; retries
+        double the target duration."""
+        floor = max(self.min_requests, 2 * concurrency)
+        target_s = self.window_s * 2**attempt
+        if measured_rate:
+            return max(floor, math.ceil(target_s * measured_rate))
+        if latency_s:
+            return max(floor, math.ceil(target_s / latency_s))
+        return floor * 2**attempt
+
+
+class MeasurementOverrides(BaseModel):
+    """Single measurement fields a user sets; the profile's (and the model's) settings hold for the rest."""
+
+    window_s: float | None = Field(None, gt=0, description="Target duration of one measurement window, in seconds.")
+    min_requests: int | None = Field(None, ge=1, description="Fewest requests in a window.")
+    stability_percentage: float | None = Field(None, gt=0, description="Max spread of the last 3 windows, in % (10 by default).")
+    max_trials: int | None = Field(None, ge=3, description="Windows perf_analyzer tries before giving up on a point.")
+    retries: int | None = Field(None, ge=0, description="Retries of an unstable point.")
+    timeout_s: float | None = Field(None, gt=0, description="Hard limit per perf_analyzer call, in seconds.")
+    warmup_requests: int | None = Field(None, ge=0, description="Untimed warm-up requests per batch size.")
+    order: Literal["shuffled", "ascending"] | None = Field(None, description="Point order within a sweep.")
+    seed: int | None = Field(None, description="Seed of the shuffled order.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_measurement(cls, value):
+        """A full Measurement given here overrides only the fields that were set on it."""
+        return value.model_dump(exclude_unset=True) if isinstance(value, Measurement) else value
+
+    def apply(self, base: Measurement) -> Measurement:
+        return base.model_copy(update=self.model_dump(exclude_none=True))
 
 
 # Correctness tolerances (atol, rtol) by precision: reduced precision legitimately moves outputs further.
 DEFAULT_TOLERANCES = {Precision.FP32: (1e-3, 1e-3), Precision.FP16: (1e-2, 1e-2), Precision.INT8: (5e-2, 5e-2)}
 
-# A GPU serves thousands of inferences per second: longer windows and the tighter stability perf_analyzer defaults to.
-PROFILE_MEASUREMENT = {"cpu": Measurement(), "gpu": Measurement(images_per_window=2048, min_requests=50, stability_percentage=10.0, max_trials=10)}
+# A GPU node: longer windows (perf_analyzer's own default is 5 s) and at least 50 requests in each.
+PROFILE_MEASUREMENT = {"cpu": Measurement(), "gpu": Measurement(window_s=2.0, min_requests=50)}
 
 
 def adapter_for(req: "BenchmarkRequest | ResolvedRequest"):
@@ -84,7 +125,8 @@ class BenchmarkRequest(BaseModel):
     request_distribution: Literal["constant", "poisson"] = Field("poisson", description="Rate scenario: request arrivals.")
     accuracy_samples: int | None = Field(None, ge=1)
     accuracy_batch_size: int | None = Field(None, ge=1, description="Samples per request of the accuracy stage; the model's default, at most max_batch_size.")
-    measurement: Measurement | None = Field(None, description="perf_analyzer stability settings; the profile's by default.")
+    measurement: MeasurementOverrides | None = Field(None, description="perf_analyzer measurement settings to change; "
+                                                     "the profile's and the model's hold for every field not given.")
     output: str = Field(default_factory=lambda: os.environ.get("TBENCH_ARTIFACT_ROOT", "runs"),
                         description="Artifact root: a local folder or any fsspec URL (s3://bucket/prefix); the worker's "
                                     "TBENCH_ARTIFACT_ROOT, else 'runs'.")
@@ -107,10 +149,10 @@ class BenchmarkRequest(BaseModel):
     tolerance_atol: float | None = Field(None, description="Correctness: absolute tolerance (plus rtol x max|ref|); by precision.")
     tolerance_rtol: float | None = Field(None, description="Correctness: tolerance relative to the output's max magnitude; by precision.")
 
-    @staticmethod
-    def _default_measurement(profile: str, images_per_window: int | None) -> Measurement:
-        base = PROFILE_MEASUREMENT[profile]
-        return base.model_copy(update={"images_per_window": images_per_window}) if images_per_window else base
+    def _measurement(self, profile: str, model_settings: dict) -> Measurement:
+        """The profile's settings, then the model's (a slow model's shorter windows), then each field the user set."""
+        base = PROFILE_MEASUREMENT[profile].model_copy(update=model_settings)
+        return self.measurement.apply(base) if self.measurement else base
 
     def resolve(self, has_gpu: bool) -> "ResolvedRequest":
         adapter = adapter_for(self)
@@ -179,7 +221,7 @@ class BenchmarkRequest(BaseModel):
             concurrency=concurrency,
             accuracy_samples=self.accuracy_samples or d.accuracy_samples,
             accuracy_batch_size=min(self.accuracy_batch_size or d.accuracy_batch_size, max_batch),
-            measurement=self.measurement or self._default_measurement(profile, d.images_per_window),
+            measurement=self._measurement(profile, d.measurement),
             tolerance_atol=DEFAULT_TOLERANCES[precision][0] if self.tolerance_atol is None else self.tolerance_atol,
             tolerance_rtol=DEFAULT_TOLERANCES[precision][1] if self.tolerance_rtol is None else self.tolerance_rtol,
         )

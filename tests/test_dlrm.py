@@ -333,10 +333,10 @@ def test_defaults():
         assert (gpu.max_batch_size, gpu.model_instances, gpu.preferred_batch_sizes) == (32768, 1, [32768])
         assert gpu.offline_batch_sizes == [256, 512, 1024, 2048, 4096, 8192, 16384, 32768]
         assert gpu.scenarios == ["offline"] and gpu.online_concurrency == [1] and gpu.accuracy_samples == 16384
-        assert gpu.formats == ["tf-savedmodel"] and gpu.images_per_window >= 32768
+        assert gpu.formats == ["tf-savedmodel"]
         cpu = cls("small").defaults("cpu")
         assert (cpu.max_batch_size, cpu.offline_batch_sizes, cpu.scenarios) == (2048, [64, 256, 1024, 2048], ["offline"])
-        assert cpu.accuracy_samples == 4096 and cpu.formats == ["tf-savedmodel"] and cpu.images_per_window >= 2048
+        assert cpu.accuracy_samples == 4096 and cpu.formats == ["tf-savedmodel"]
         assert max(cpu.preferred_batch_sizes) <= cpu.max_batch_size and cpu.online_batch_size <= cpu.max_batch_size
 
 

@@ -17,9 +17,9 @@ import pytest
 from tasks.accuracy import infer_triton, measure_accuracy
 from tasks.monitor import PointMonitor
 from tbench.runtimes import run_pytorch
-from tasks.perf import Point, plan_points, run_sweep
-from tasks.repository import ServingConfig, write_repository
-from tasks.server import EmbeddedServer, LocalServer, RemoteServer
+from tasks.perf import Point, pass_throughputs, plan_points, run_sweep
+from tasks.repository import ServingConfig, build_config, write_repository
+from tasks.server import EmbeddedServer, LocalServer, RemoteServer, configs_loaded
 from tbench.enums import Scenario
 from tbench.errors import ServerStartError
 from tbench.layout import RunLayout
@@ -83,7 +83,7 @@ def test_sweep_keeps_measured_points_and_flags_an_unstable_one(served_small, sma
     points = [Point(Scenario.OFFLINE, 1, 1), Point(Scenario.OFFLINE, 4, 1), Point(Scenario.ONLINE, 1, 2)]
     monitor = PointMonitor(served_small.endpoints.grpc_url, "resnet50", served_small.processes, interval_s=0.2)
     table = run_sweep(points, model="resnet50", grpc_url=served_small.endpoints.grpc_url, spec=small_artifacts[0].io_spec,
-                      m=Measurement(images_per_window=64, stability_percentage=50, max_trials=8), layout=layout,
+                      m=Measurement(stability_percentage=50, max_trials=8), layout=layout,
                       static={"model": "resnet50"}, on_row=lambda t: seen.append(len(t)), monitor=monitor)
     assert list(table.columns) == RESULT_COLUMNS and seen == [1, 2, 3]
     assert sorted(table["point_index"]) == [0, 1, 2]  # measured in a shuffled order, each point once
@@ -97,24 +97,29 @@ def test_sweep_keeps_measured_points_and_flags_an_unstable_one(served_small, sma
     assert (layout.run_dir / table.iloc[0]["source_file"]).exists()
     # the server's own account of the same requests: Triton's statistics API agrees with perf_analyzer's breakdown
     assert (table["triton_requests"] >= table["measurement_request_count"]).all()
+    # windows sized by time: at least perf_analyzer's 1 s floor, a fast model's holding many requests
+    assert (table["window_s"] > 0.9).all() and (table["measurement_request_count"] > 20).all(), table[["window_s", "measurement_request_count"]]
     assert (table["triton_compute_infer_ms"] > 0).all() and (table["stats_max_rel_diff"] < 0.5).all(), table[SERVER_COLUMNS]
     assert (table["server_cpu_pct"] > 0).all() and (table["server_rss_mb"] > 10).all()  # the server's processes, sampled
     assert table["gpu_util_pct"].isna().all()  # no GPU here: nothing is made up
 
     # an impossible stability target: retried with a longer window, then recorded as unstable; nothing else lost
     unstable = run_sweep([Point(Scenario.ONLINE, 1, 2)], model="resnet50", grpc_url=served_small.endpoints.grpc_url,
-                         spec=small_artifacts[0].io_spec, m=Measurement(images_per_window=8, stability_percentage=0.001,
+                         spec=small_artifacts[0].io_spec, m=Measurement(min_requests=8, stability_percentage=0.001,
                                                                         max_trials=3, retries=1), layout=layout, static={})
     row = unstable.iloc[0]
     assert row["status"] == "unstable" and row["attempts"] == 2 and pd.isna(row["throughput_infer_per_s"])
-    assert row["measurement_request_count"] == 2 * 8
+    # the retry's windows are sized from the throughput the failed attempt saw: twice the target duration
+    first_log = (layout.logs_dir / "perf_analyzer" / "resnet50_online_b1_c2_try0.log").read_text()
+    rate = np.median(pass_throughputs(first_log))
+    assert row["measurement_request_count"] == max(8, int(np.ceil(2 * 1.0 * rate)))
 
 
 def test_open_loop_rate_points_measure_what_the_server_keeps_up_with(served_small, small_artifacts, tmp_path):
     layout = RunLayout(tmp_path, "rate").create()
     points = plan_points([Scenario.RATE], [], [], rates=[20.0, 40.0], distribution="poisson")
     table = run_sweep(points, model="resnet50", grpc_url=served_small.endpoints.grpc_url, spec=small_artifacts[0].io_spec,
-                      m=Measurement(images_per_window=60, stability_percentage=50, max_trials=8), layout=layout, static={})
+                      m=Measurement(min_requests=60, stability_percentage=50, max_trials=8), layout=layout, static={})
     assert (table["status"] == "ok").all(), table[["status", "error"]]
     assert table["request_rate"].tolist() == [20.0, 40.0] and set(table["request_distribution"]) == {"poisson"}
     assert table["concurrency"].isna().all()
@@ -135,7 +140,7 @@ def test_dynamic_batching_runs_concurrent_requests_in_one_runtime_call(served_sm
 
     inferences0, executions0 = counts()
     run_sweep([Point(Scenario.ONLINE, 1, 8)], model="resnet50", grpc_url=served_small.endpoints.grpc_url,
-              spec=small_artifacts[0].io_spec, m=Measurement(images_per_window=64, stability_percentage=80),
+              spec=small_artifacts[0].io_spec, m=Measurement(stability_percentage=80),
               layout=RunLayout(tmp_path, "batching").create(), static={})
     inferences1, executions1 = counts()
     client.close()
@@ -214,6 +219,12 @@ def test_flow_run_serves_every_pytorch_format_and_reports_each(prefect_harness, 
         assert sorted(zip(mine["scenario"], mine["batch_size"], mine["concurrency"])) == [
             ("offline", 1, 1), ("offline", 4, 1), ("online", 1, 1), ("online", 1, 4)], fmt
     assert set(results["gpu"]) == {"CPU"} and set(results["model_format"]) == {"ONNX", "TorchScript"}
+    # offline: static batching (the model's own speed, not the batcher's queue delay); online: the config under test
+    offline, online = results[results["scenario"] == "offline"], results[results["scenario"] == "online"]
+    assert set(offline["batching"]) == {"static"} and (offline["max_queue_delay_us"] == 0).all()
+    assert (offline["server_queue_ms"] < 0.5).all(), offline[["format", "batch_size", "server_queue_ms"]]
+    assert set(online["batching"]) == {"dynamic"} and (online["max_queue_delay_us"] == manifest["request"]["max_queue_delay_us"]).all()
+    assert "offline_configs/resnet50_onnx.pbtxt" in listed
     # the embedded server has only the python backend
     assert set(results["backend"]) == {"python (onnxruntime)", "python (torchscript)"}
     accuracy = json.loads((run / "accuracy.json").read_text())
@@ -365,6 +376,12 @@ def test_remote_mode_uploads_loads_and_unloads_through_the_client(small_artifact
         assert client.is_model_ready("resnet50")
         out = infer_triton(client, "resnet50", small_adapter.io_spec(), small_adapter.sample_batch(2))
         assert out["output__0"].shape == (2, 10)
+        # the offline scenario's reload with a static-batching config, then back to the repository's own
+        static = build_config(ServingConfig("resnet50", 8, [8], 100, 1, batching="static"), small_artifacts[0])
+        with configs_loaded(remote, {"resnet50": static}):
+            assert not client.get_model_config("resnet50").config.HasField("dynamic_batching")
+            assert infer_triton(client, "resnet50", small_adapter.io_spec(), small_adapter.sample_batch(2))["output__0"].shape == (2, 10)
+        assert client.get_model_config("resnet50").config.dynamic_batching.max_queue_delay_microseconds == 100
         remote.stop()
         assert not client.is_model_ready("resnet50")
         client.close()

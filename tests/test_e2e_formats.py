@@ -15,7 +15,7 @@ from conftest import run_flow
 
 pytestmark = pytest.mark.e2e
 
-QUICK = dict(batch_sizes=[1, 2], concurrency=[2], measurement=Measurement(stability_percentage=50, images_per_window=16))
+QUICK = dict(batch_sizes=[1, 2], concurrency=[2], measurement=Measurement(stability_percentage=50))
 
 
 def test_tensorflow_run_serves_the_savedmodel_and_its_onnx(prefect_harness, tmp_path):

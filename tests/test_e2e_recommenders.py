@@ -15,7 +15,7 @@ from conftest import run_flow
 
 pytestmark = pytest.mark.e2e
 
-QUICK = Measurement(stability_percentage=50, images_per_window=512)
+QUICK = Measurement(stability_percentage=50)
 
 
 @pytest.mark.parametrize("model", ["dlrm", "dcnv2"])

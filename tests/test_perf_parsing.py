@@ -95,13 +95,23 @@ def test_offline_uses_system_shared_memory_sized_for_the_output(tmp_path):
     assert online[online.index("--concurrency-range") + 1] == "4"
 
 
-def test_windows_hold_about_the_same_inferences_and_double_on_retry():
-    m = Measurement(images_per_window=24, min_requests=4)
-    assert m.requests_per_window(1, 1) == 24
-    assert m.requests_per_window(4, 1) == 6
-    assert m.requests_per_window(64, 1) == 4  # never fewer than min_requests
-    assert m.requests_per_window(1, 32) == 64  # at least 2 x concurrency
-    assert m.requests_per_window(4, 1, attempt=1) == 12
+def test_windows_are_sized_by_time_from_the_calibrated_latency_and_double_on_retry():
+    m = Measurement(window_s=1.0, min_requests=4)
+    assert m.requests_per_window(0.001, 1) == 1000  # a fast model: a second's worth of requests
+    assert m.requests_per_window(0.5, 1) == 4  # a slow one: never fewer than min_requests
+    assert m.requests_per_window(0.001, 1000) == 2000  # at least 2 x concurrency
+    assert m.requests_per_window(0.001, 1, attempt=1) == 2000  # a retry: twice as long
+    assert m.requests_per_window(0.001, 1, attempt=1, measured_rate=300.0) == 600  # sized from what the attempt saw
+    assert m.requests_per_window(None, 2) == 4  # no calibration: the floor
+
+
+def test_window_duration_comes_from_the_merged_windows_in_the_log():
+    from tasks.perf import pass_throughputs, window_seconds
+
+    log = (GOLDEN / "perf_analyzer" / "resnet50_online_b1_c4.log").read_text()
+    assert pass_throughputs(log) == [21.9536, 23.9791, 23.8697]
+    assert window_seconds(log, 1, 22.9395) == pytest.approx(92 / 22.9395 / 3)
+    assert np.isnan(window_seconds("no summary", 1, 22.9))
 
 
 def test_perf_input_data_holds_real_samples_and_skips_huge_float_ones(small_adapter, small_module, tmp_path, monkeypatch):

@@ -16,7 +16,7 @@ from tbench.request import BenchmarkRequest, Measurement
 
 pytestmark = pytest.mark.e2e
 
-QUICK = Measurement(images_per_window=32, stability_percentage=50, max_trials=8)
+QUICK = Measurement(stability_percentage=50, max_trials=8)
 
 
 def test_a_sweep_takes_cached_points_and_measures_only_the_rest(served_small, small_artifacts, tmp_path):
@@ -35,7 +35,7 @@ def test_a_sweep_takes_cached_points_and_measures_only_the_rest(served_small, sm
     assert (second.run_dir / by_batch.loc[1, "source_file"]).is_file()
     assert list((second.run_dir / "logs" / "perf_analyzer").glob("*b1_c1*.log"))
     # other settings are another key: nothing reused
-    other = PointCache({**context, "measurement": {"images_per_window": 64}}, tmp_path / "cache")
+    other = PointCache({**context, "measurement": {"window_s": 2.0}}, tmp_path / "cache")
     third = RunLayout(tmp_path, "third").create()
     table = run_sweep([Point(Scenario.OFFLINE, 1, 1)], layout=third, cache=other, **sweep)
     assert table["reused_from"].isna().all()

@@ -2,7 +2,7 @@
 
 import pytest
 
-from tasks.repository import ServingConfig, build_config, write_repository
+from tasks.repository import ServingConfig, build_config, write_offline_configs, write_repository
 from tbench.triton_config import parse_pbtxt, to_pbtxt, validate
 from tbench.artifacts import ModelArtifact
 from tbench.enums import Format, Precision
@@ -101,3 +101,15 @@ def test_tensorrt_accelerator_carries_the_precision():
     (acc,) = build_config(gpu, artifact(Format.TF_SAVEDMODEL, "/m/model.savedmodel"), native=True) \
         .optimization.execution_accelerators.gpu_execution_accelerator
     assert acc.name == "tensorrt" and acc.parameters["precision_mode"] == "FP16"
+
+
+def test_offline_configs_serve_static_batching_and_keep_everything_else(tmp_path):
+    """The offline scenario's config: no dynamic batcher (so no queue delay), the rest as under test."""
+    built = write_offline_configs(tmp_path / "offline", [(CFG, artifact(), False)])
+    static, dynamic = built["resnet50"], build_config(CFG, artifact())
+    assert dynamic.HasField("dynamic_batching") and not static.HasField("dynamic_batching")
+    assert CFG.static().queue_delay_us == 0 and CFG.queue_delay_us == 2000
+    static.ClearField("dynamic_batching")
+    dynamic.ClearField("dynamic_batching")
+    assert static == dynamic
+    assert parse_pbtxt((tmp_path / "offline" / "resnet50.pbtxt").read_text()) == built["resnet50"]

@@ -73,10 +73,10 @@ def test_profiles_scale_what_a_model_needs_on_the_cpu():
     from tbench.request import adapter_for
 
     nnunet = BenchmarkRequest(model="nnunet").resolve(has_gpu=False)
-    assert nnunet.measurement.images_per_window == 2 and nnunet.batch_sizes == [1]
+    assert nnunet.measurement.min_requests == 4 and nnunet.batch_sizes == [1]
     assert adapter_for(nnunet).io_spec().inputs[0].shape == [4, 64, 64, 64]  # the guide's 128^3 on GPU nodes
     on_gpu = BenchmarkRequest(model="nnunet").resolve(has_gpu=True)
-    assert adapter_for(on_gpu).io_spec().inputs[0].shape == [4, 128, 128, 128] and on_gpu.measurement.images_per_window == 2048
+    assert adapter_for(on_gpu).io_spec().inputs[0].shape == [4, 128, 128, 128] and on_gpu.measurement.window_s == 2.0
 
 
 def test_an_ensemble_model_is_served_as_its_parts():
@@ -104,3 +104,15 @@ def test_online_batch_size_is_checked_against_max_batch():
     assert req.online_batch_size == 4
     with pytest.raises(ConfigError, match="online batch size 64 is above max_batch_size"):
         BenchmarkRequest(model="resnet50", size="small", online_batch_size=64).resolve(has_gpu=False)
+
+
+def test_measurement_options_override_single_fields_of_the_profile():
+    from tbench.request import Measurement, MeasurementOverrides
+
+    r = BenchmarkRequest(model="resnet50", measurement=MeasurementOverrides(stability_percentage=25)).resolve(has_gpu=True)
+    assert r.measurement.stability_percentage == 25
+    assert (r.measurement.window_s, r.measurement.min_requests) == (2.0, 50)  # the GPU profile's, not the CPU defaults
+    # a full Measurement given as the override changes only the fields set on it (as tests and old callers pass it)
+    r = BenchmarkRequest(model="resnet50", measurement=Measurement(max_trials=4)).resolve(has_gpu=True)
+    assert r.measurement.max_trials == 4 and r.measurement.window_s == 2.0
+    assert BenchmarkRequest(model="resnet50").resolve(has_gpu=False).measurement.stability_percentage == 10.0

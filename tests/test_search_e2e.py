@@ -19,7 +19,7 @@ def test_search_flow_measures_every_candidate_and_resumes(prefect_harness, tmp_p
     from flows.search import SearchRequest, search_flow
 
     request = BenchmarkRequest(model="resnet50", size="small", formats=["onnx"], output=str(tmp_path),
-                               measurement=Measurement(images_per_window=16, stability_percentage=50, max_trials=6))
+                               measurement=Measurement(stability_percentage=50, max_trials=6))
     space = SearchSpace(instances=[1], max_batch_sizes=[2, 4], preferred=["max"], queue_delays_us=[0, 500])
     search = SearchRequest(space=space, objective=Objective(p99_budget_ms=2000), strategy="exhaustive", concurrency=2)
     run = tmp_path / search_flow(request, search).rsplit("/", 1)[-1]

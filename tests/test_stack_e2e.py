@@ -161,7 +161,7 @@ def test_the_matrix_fans_out_through_the_deployments_and_compares(stack, monkeyp
         monkeypatch.setenv(key, value)
     matrix = MatrixRequest(models=["resnet50"], formats=["onnx", "ts-trace"], pools=["cpu"],
                            request={"size": "small", "batch_sizes": [1, 4], "concurrency": [2], "scenarios": ["offline"],
-                                    "measurement": {"images_per_window": 16}})
+                                    "measurement": {"stability_percentage": 50}})
     with temporary_settings({PREFECT_API_URL: stack.api_url}):
         url = matrix_flow(matrix)
     assert url.startswith("s3://tbench/runs/matrix-")

@@ -78,6 +78,8 @@ class TritonPythonModel:
     def execute(self, requests):
         """Requests whose non-batch shapes agree run as one batch; others (dynamic dims) run in their own groups."""
         feeds = [{n: pb_utils.get_input_tensor_by_name(r, n).as_numpy() for n in self.inputs} for r in requests]
+        if len(feeds) == 1:  # static batching (offline) and an idle batcher: no grouping, concatenation or slicing
+            return self._run_group(feeds)
         groups = {}
         for i, f in enumerate(feeds):
             groups.setdefault(tuple(f[n].shape[1:] for n in self.inputs), []).append(i)
@@ -95,6 +97,10 @@ class TritonPythonModel:
         except Exception as err:  # one failed runtime call fails the requests of that batch, not the model
             message = f"{self.runtime} failed: {err}"  # one error object per response: the stub must not share them
             return [pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(message)) for _ in feeds]
+        if len(feeds) == 1:
+            return [pb_utils.InferenceResponse(output_tensors=[
+                pb_utils.Tensor(name, np.ascontiguousarray(value, dtype=self.output_dtypes[name]))
+                for name, value in zip(self.outputs, results)])]
         responses, offset = [], 0
         for size in sizes:
             tensors = [pb_utils.Tensor(name, np.ascontiguousarray(value[offset:offset + size]).astype(self.output_dtypes[name], copy=False))
