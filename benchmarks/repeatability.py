@@ -7,14 +7,14 @@ stability rule and the runtime's intra-op threads (on 2 cores, perf_analyzer and
 the runtime's), which is what they trade against time; each setting's wall time per sweep is reported beside it. By
 default the sweep is the small model's best offline point only (batch 8), so more settings fit in a few minutes.
 
-Usage: .venv/bin/python benchmarks/repeatability.py [--size small] [--repeats 3] [--batch-sizes 8]
-Writes benchmarks/results/repeatability.json.
+Usage: .venv/bin/python benchmarks/repeatability.py [--size small|full] [--repeats 3] [--batch-sizes 8]
+Writes benchmarks/results/repeatability.json, whole, with its provenance (benchmarks/provenance.py); after every
+setting an interim copy marked "complete": false, so an interrupted run keeps what it measured and says so.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import tempfile
@@ -30,6 +30,8 @@ from tbench.enums import Format, Scenario
 from tbench.layout import RunLayout
 from tbench.request import Measurement
 from tbench.runtimes import source_digest
+
+from provenance import RESULTS, Record, recorded
 
 # name -> (perf_analyzer settings, the runtime's intra-op threads; 0 = all cores)
 SETTINGS = {
@@ -59,24 +61,15 @@ def one_sweep(work: Path, tag: str, m: Measurement, batch_sizes: list[int], thre
     return float(ok["throughput_infer_per_s"].max()), time.monotonic() - start, len(ok)
 
 
-def main() -> None:
+def measure(report: Record, work: Path, size: str, repeats: int, batch_sizes: list[int], threads: int) -> None:
     global ARTIFACT
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--size", default="small")
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--batch-sizes", default="8")
-    args = parser.parse_args()
-    batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
-    threads = len(os.sched_getaffinity(0))
-    work = Path(tempfile.mkdtemp(prefix="tbench-repeat-"))
-    adapter = model_adapters.get("resnet50", args.size)
+    adapter = model_adapters.get("resnet50", size)
     module = adapter.build()
     ARTIFACT = export_model(adapter, module, Format.ONNX, work / "models", source_digest("pytorch", module))
-    report = {"model": f"resnet50 {args.size} onnx (python backend, embedded server)", "batch_sizes": batch_sizes,
-              "cores": threads, "settings": []}
-    out = Path(__file__).parent / "results" / "repeatability.json"
+    report.update({"model": f"resnet50 {size} onnx (python backend, embedded server)", "batch_sizes": batch_sizes,
+                   "cores": threads, "settings": []})
     for k, (name, (m, runtime_threads)) in enumerate(SETTINGS.items()):
-        runs = [one_sweep(work, f"setting{k}-run{i}", m, batch_sizes, runtime_threads or threads) for i in range(args.repeats)]
+        runs = [one_sweep(work, f"setting{k}-run{i}", m, batch_sizes, runtime_threads or threads) for i in range(repeats)]
         best = [r[0] for r in runs if r[2]]  # a repetition without a stable point has no best; it is counted, not hidden
         cv = statistics.stdev(best) / statistics.mean(best) if len(best) > 1 else float("nan")
         row = {"setting": name, "measurement": m.model_dump(), "runtime_threads": runtime_threads or threads,
@@ -86,8 +79,20 @@ def main() -> None:
         report["settings"].append(row)
         print(f"{name:45s} best {row['best_throughput']} infer/s  CV {row['cv_pct']:5.2f}%  "
               f"{row['seconds_per_sweep']:6.1f} s/sweep  stable {row['stable_points']}", flush=True)
-        out.write_text(json.dumps(report, indent=2))  # after every setting, so an interrupted run keeps what it measured
-    print(f"written {out}")
+        report.save()  # after every setting, so an interrupted run keeps what it measured ("complete": false)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--size", default="small")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--batch-sizes", default="8")
+    args = parser.parse_args()
+    batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
+    threads = len(os.sched_getaffinity(0))
+    work = Path(tempfile.mkdtemp(prefix="tbench-repeat-"))
+    with recorded(RESULTS / "repeatability.json", model_sizes=[f"resnet50 {args.size}"]) as report:
+        measure(report, work, args.size, args.repeats, batch_sizes, threads)
 
 
 if __name__ == "__main__":

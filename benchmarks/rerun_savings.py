@@ -3,7 +3,7 @@
 Runs the benchmark flow twice with the same request, with fresh conversion and point caches (temporary folders):
 the first run converts and measures everything, the second should convert nothing (artifacts.json: cached) and
 measure nothing (results: reused_from). Prints and writes both wall times, stage by stage, to
-benchmarks/results/rerun_savings.json.
+benchmarks/results/rerun_savings.json, whole, with its provenance (benchmarks/provenance.py).
 
 Usage: .venv/bin/python benchmarks/rerun_savings.py [--model resnet50] [--size small]
 """
@@ -19,6 +19,8 @@ from pathlib import Path
 
 from tbench.settings import configure_prefect_env
 
+from provenance import RESULTS, recorded
+
 configure_prefect_env()
 
 
@@ -27,6 +29,11 @@ def main() -> None:
     parser.add_argument("--model", default="resnet50")
     parser.add_argument("--size", default="small")
     args = parser.parse_args()
+    with recorded(RESULTS / "rerun_savings.json", model_sizes=[f"{args.model} {args.size}"]) as record:
+        record.update(measure(args.model, args.size))
+
+
+def measure(model: str, size: str) -> dict:
     work = Path(tempfile.mkdtemp(prefix="tbench-rerun-"))
     os.environ["TBENCH_CACHE_DIR"] = str(work / "conversions")
     os.environ["TBENCH_POINT_CACHE_DIR"] = str(work / "points")
@@ -35,7 +42,7 @@ def main() -> None:
     from flows.benchmark import benchmark_flow
     from tbench.request import BenchmarkRequest
 
-    request = BenchmarkRequest(model=args.model, size=args.size, output=str(work / "runs"), reuse_measurements=True)
+    request = BenchmarkRequest(model=model, size=size, output=str(work / "runs"), reuse_measurements=True)
     runs = []
     for attempt in ("first", "second"):
         started = time.monotonic()
@@ -52,13 +59,11 @@ def main() -> None:
         print(f"{attempt}: {wall:.1f} s, {runs[-1]['points_reused']}/{len(results)} points reused, "
               f"{runs[-1]['conversions_run']} conversions run", flush=True)
     saved = runs[0]["wall_s"] - runs[1]["wall_s"]
-    out = {"model": args.model, "size": args.size, "runs": runs, "saved_s": round(saved, 1),
+    out = {"model": model, "size": size, "runs": runs, "saved_s": round(saved, 1),
            "saved_pct": round(100 * saved / runs[0]["wall_s"], 1)}
     print(f"the second identical run took {runs[1]['wall_s']:.1f} s instead of {runs[0]['wall_s']:.1f} s: "
           f"{saved:.1f} s ({out['saved_pct']:.0f}%) saved")
-    path = Path(__file__).parent / "results" / "rerun_savings.json"
-    path.write_text(json.dumps(out, indent=2))
-    print(f"written {path}")
+    return out
 
 
 if __name__ == "__main__":

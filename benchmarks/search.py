@@ -11,18 +11,20 @@ throughput under the same p99 budget while measuring <= 10% of a grid of >= 60 c
     instances {1,2} x max batch {1,2,4,8,16} x preferred {none,[max]} x delay {0,500,2000} us = 60 candidates at
     concurrency 8: exhaustive once, then the smart search measured for real (its own measurements, same server).
     On a real machine the exhaustive best is the largest of 60 noisy numbers (biased upwards), so both choices are
-    then re-measured, alternating, 3 times each, and compared on those means too ("confirmed"). Measurements are
-    checkpointed under --work; a rerun with the same --work measures only what is missing.
+    then re-measured, alternating, 3 times each, and compared on those means too ("confirmed"). Everything reported
+    is measured by this invocation: --work must be a new or empty folder. (Measurements are still appended to
+    checkpoints under --work as they are taken, for a look afterwards, but never read back: a rerun with the same
+    --work used to resume from them, and search_real.json then reported an earlier invocation's searches, with no
+    load averages and a wall time shorter than its own exhaustive search.)
 
-Usage: .venv/bin/python benchmarks/search.py [--part simulated|real|all] [--concurrency 8]
-Writes benchmarks/results/search_simulated.json and/or search_real.json.
+Usage: .venv/bin/python benchmarks/search.py [--part simulated|real|all] [--size small] [--concurrency 8] [--work DIR]
+Writes benchmarks/results/search_simulated.json and/or search_real.json, each whole, with its provenance
+(benchmarks/provenance.py).
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import json
 import os
 import tempfile
 import time
@@ -34,7 +36,7 @@ from tbench.search import (Candidate, Checkpoint, Objective, Observation, Search
                            smart_search)
 from tbench.search_surface import SimulatedSurface, calibrated, published_surfaces
 
-RESULTS = Path(__file__).parent / "results"
+from provenance import RESULTS, recorded
 
 
 def compare(space: SearchSpace, exhaustive: SearchResult, objective: Objective, smart: SearchResult) -> dict:
@@ -162,7 +164,29 @@ def confirm(evaluator, space: SearchSpace, row: dict, objective: Objective, repe
     return out
 
 
-def real(concurrency: int, work: Path) -> dict:
+def fresh_work_dir(path: str | None) -> Path:
+    """Where the real part keeps its files: a new temporary folder, or --work if it is new or empty. A folder with an
+    earlier invocation's checkpoints is refused: resuming from them would report searches this invocation did not
+    measure."""
+    if path is None:
+        return Path(tempfile.mkdtemp(prefix="tbench-search-"))
+    work = Path(path)
+    if work.exists() and any(work.iterdir()):
+        raise SystemExit(f"--work {work} is not empty (an earlier invocation's measurements?); every figure in "
+                         "search_real.json is measured by one invocation: give a new or empty folder")
+    work.mkdir(parents=True, exist_ok=True)
+    return work
+
+
+def measured_here(name: str, result: SearchResult, loads: list) -> None:
+    """Every observation reported was measured by this invocation (none read back from a checkpoint; one load
+    average noted per evaluation)."""
+    if not result.new_measurements == result.measured == len(loads):
+        raise RuntimeError(f"{name}: {result.measured} observations, {result.new_measurements} new, {len(loads)} "
+                           "evaluated by this invocation; results from an earlier invocation must not be reported")
+
+
+def real(concurrency: int, work: Path, size: str = "small") -> dict:
     import model_adapters
     from tasks.export import export_model
     from tasks.perf import prepare_inputs
@@ -173,7 +197,7 @@ def real(concurrency: int, work: Path) -> dict:
     from tbench.runtimes import source_digest
 
     t0 = time.monotonic()
-    adapter = model_adapters.get("resnet50", "small")
+    adapter = model_adapters.get("resnet50", size)
     module = adapter.build()
     artifact = export_model(adapter, module, Format.ONNX, work / "models", source_digest("pytorch", module))
     inputs = prepare_inputs(adapter, module, work / "perf_input.json")
@@ -196,6 +220,7 @@ def real(concurrency: int, work: Path) -> dict:
         print("exhaustive:")
         ex_eval = evaluator("exhaustive")
         exhaustive = exhaustive_search(space, Objective(), ex_eval, Checkpoint(work / "exhaustive.jsonl"))
+        measured_here("exhaustive", exhaustive, ex_eval.loads)
         start_obs = next(o for o in exhaustive.observations if o.candidate == space.at(space.nearest(
             start.instances, start.max_batch_size, start.preferred_batch_sizes, start.queue_delay_us)))
         results = {}
@@ -204,6 +229,7 @@ def real(concurrency: int, work: Path) -> dict:
             print(f"smart ({name}: {objective.describe()}):")
             sm_eval = evaluator(f"smart-{name}")
             smart = smart_search(space, objective, sm_eval, Checkpoint(work / f"smart-{name}.jsonl"), start=start)
+            measured_here(f"smart ({name})", smart, sm_eval.loads)
             results[name] = {**compare(space, exhaustive, objective, smart),
                              "seconds": round(sum(o.seconds for o in smart.observations), 1),
                              "loads": sm_eval.loads,
@@ -218,13 +244,14 @@ def real(concurrency: int, work: Path) -> dict:
     finally:
         server.stop()
     ok = [o for o in exhaustive.observations if o.ok]
-    out = {"grid": len(space.grid()), "concurrency": concurrency, "measurement": measurement.model_dump(),
+    out = {"model": f"resnet50 {size} onnx (python backend, embedded server)", "grid": len(space.grid()),
+           "concurrency": concurrency, "measurement": measurement.model_dump(),
            "exhaustive_seconds": round(sum(o.seconds for o in exhaustive.observations), 1), "exhaustive_ok": len(ok),
            "exhaustive_best_unconstrained": max(ok, key=lambda o: o.throughput).model_dump(mode="json"),
            "exhaustive_loads": ex_eval.loads, "load_before": load_before, "load_after": os.getloadavg(),
            "smart": results, "exhaustive_observations": [o.model_dump(mode="json") for o in exhaustive.observations],
            "work_dir": str(work), "wall_seconds": round(time.monotonic() - t0, 1)}
-    print(f"\nreal CPU, small ResNet-50, {out['grid']} candidates, concurrency {concurrency}: exhaustive "
+    print(f"\nreal CPU, {size} ResNet-50, {out['grid']} candidates, concurrency {concurrency}: exhaustive "
           f"{out['exhaustive_seconds']:.0f} s ({len(ok)} stable), load average {np.mean(ex_eval.loads):.2f} during it")
     print(f"{'objective':10s} {'exhaustive best':36s} {'smart best':36s} {'smart/exh':>9s} {'measured':>11s} {'smart s':>8s}")
     for name, r in results.items():
@@ -245,18 +272,21 @@ def real(concurrency: int, work: Path) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--part", choices=["simulated", "real", "all"], default="all")
+    parser.add_argument("--size", default="small",
+                        help="real: the ResNet-50 size measured (simulated: the published models)")
     parser.add_argument("--concurrency", type=int, default=8)
-    parser.add_argument("--work", default=None, help="real: where runs keep their files (a temporary folder by default)")
+    parser.add_argument("--work", default=None,
+                        help="real: a new or empty folder for the run's files (a temporary folder by default)")
     args = parser.parse_args()
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    stamp = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    work = fresh_work_dir(args.work) if args.part in ("real", "all") else None  # refused before anything runs
     if args.part in ("simulated", "all"):
-        out = {"when": stamp, **simulated()}
-        (RESULTS / "search_simulated.json").write_text(json.dumps(out, indent=2))
+        models = sorted({m for m, _, _ in published_surfaces()})
+        sizes = [f"{model} full (published results, simulated)" for model in models]
+        with recorded(RESULTS / "search_simulated.json", model_sizes=sizes) as record:
+            record.update(simulated())
     if args.part in ("real", "all"):
-        work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="tbench-search-"))
-        out = {"when": stamp, **real(args.concurrency, work)}
-        (RESULTS / "search_real.json").write_text(json.dumps(out, indent=2))
+        with recorded(RESULTS / "search_real.json", model_sizes=[f"resnet50 {args.size}"]) as record:
+            record.update(real(args.concurrency, work, args.size))
 
 
 if __name__ == "__main__":

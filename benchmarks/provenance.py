@@ -1,0 +1,203 @@
+"""Provenance of the figures in benchmarks/results/: every results file is written whole by one invocation of one
+command, and says which.
+
+    from provenance import RESULTS, recorded
+
+    with recorded(RESULTS / "repeatability.json", model_sizes=["resnet50 small"]) as record:
+        record["settings"] = [...]      # the results of this invocation, nothing else
+        record.save()                   # optional: an interim copy (marked "complete": false) in case it is killed
+
+On a normal exit the file is replaced, atomically (a temporary file in the same folder, then a rename), by
+{"provenance": {...}, **record}. The provenance block holds `command` (the interpreter and sys.argv, shell-quoted, as
+typed from the repository root), `commit` and `dirty` (the git tree at the start, benchmarks/results/ left out),
+`machine` (tbench.hardware.detect(): CPU model, cores, memory, GPUs, plus the Python version), `started` and `ended`
+(UTC, ISO 8601), `wall_s`, `model_sizes` ("MODEL SIZE" strings, at least one), and `complete`.
+
+Nothing here reads an existing results file: there is no merge and no append. A record starts empty, so what the file
+says was measured by the invocation named in it; a re-run replaces the file whole. If the body raises, the file is left
+as it was, unless the invocation already saved an interim copy; then that copy is rewritten with "complete": false and
+the error.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import json
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Iterator
+
+BENCHMARKS_DIR = Path(__file__).resolve().parent
+REPO = BENCHMARKS_DIR.parent
+RESULTS = BENCHMARKS_DIR / "results"
+
+# the fields every provenance block has; tests/test_benchmark_provenance.py checks the files against it
+FIELDS = ("command", "commit", "dirty", "machine", "started", "ended", "wall_s", "model_sizes", "complete")
+
+# results file -> the one command that writes it, from the repository root (README "Benchmarks" lists the same)
+COMMANDS = {
+    "deployment_latency.json": ".venv/bin/python benchmarks/deployment_latency.py --size small --runs 3",
+    "main_job.json": ".venv/bin/python benchmarks/main_job.py --size full --repeat 1",
+    "repeatability.json": ".venv/bin/python benchmarks/repeatability.py --size small --repeats 3 --batch-sizes 8",
+    "rerun_savings.json": ".venv/bin/python benchmarks/rerun_savings.py --model resnet50 --size small",
+    "search_real.json": ".venv/bin/python benchmarks/search.py --part real --size small --concurrency 8",
+    "search_simulated.json": ".venv/bin/python benchmarks/search.py --part simulated",
+    "serving_overhead.json": ".venv/bin/python benchmarks/serving_overhead.py --size full --rounds 2",
+}
+
+_open: set[Path] = set()  # results files a `recorded` block of this process is writing
+
+
+def utc_now() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="milliseconds")
+
+
+def _shown(path: str, cwd: Path, root: Path) -> str:
+    """A path as typed from the repository root: relative when it lies under it, absolute otherwise. Symlinks are
+    kept (a virtualenv's python is a link to the system's, and the link is what was run)."""
+    full = os.path.abspath(os.path.join(cwd, path))
+    rel = os.path.relpath(full, root)
+    return full if rel == ".." or rel.startswith(".." + os.sep) else rel
+
+
+def command_line(argv: list[str] | None = None, orig_argv: list[str] | None = None, executable: str | None = None,
+                 cwd: str | Path | None = None, root: str | Path = REPO) -> str:
+    """The invocation as one shell-quoted string a user would type in the repository root, e.g.
+    `.venv/bin/python benchmarks/repeatability.py --size full`: the interpreter, its own options (from
+    sys.orig_argv: -u, -X ..., -m MODULE), the script and sys.argv[1:] as given."""
+    if orig_argv is None:  # sys.orig_argv describes sys.argv, not an argv given here
+        orig_argv = getattr(sys, "orig_argv", []) if argv is None else []
+    argv, orig = list(sys.argv if argv is None else argv), list(orig_argv)
+    cwd, root = Path(cwd or os.getcwd()), Path(root)
+    python = _shown(executable or sys.executable, cwd, root)
+    args = argv[1:]
+    head = orig[1:len(orig) - len(args)] if orig and orig[len(orig) - len(args):] == args else []
+    if len(head) >= 2 and head[-2] == "-m":  # python -m benchmarks.search: argv[0] is the module's file
+        words = [python, *head, *args]
+    else:  # python [options] SCRIPT: the options as typed, the script from the repository root
+        words = [python, *head[:-1], _shown(argv[0], cwd, root), *args] if argv else [python]
+    return shlex.join(words)
+
+
+def git_state(root: str | Path = REPO) -> tuple[str | None, bool | None, list[str]]:
+    """(commit, dirty, changed paths) of the tree `root` is in; benchmarks/results/ does not count (a previous
+    benchmark's output is not code). (None, None, []) where there is no git."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=30,
+                              check=True).stdout
+    try:
+        commit = git("rev-parse", "HEAD").strip()
+        status = git("status", "--porcelain", "--untracked-files=normal", "--", ":/",
+                     ":(top,exclude)benchmarks/results")
+    except (OSError, subprocess.SubprocessError):
+        return None, None, []
+    changed = [line[3:] for line in status.splitlines() if line.strip()]
+    return commit, bool(changed), changed
+
+
+def machine() -> dict:
+    """tbench.hardware.detect() (CPU model, cores, memory, GPUs, driver, OS, host) and the Python version."""
+    from tbench.hardware import detect
+
+    return {**detect().model_dump(), "python": platform.python_version()}
+
+
+def _plain(value):
+    """json's fallback: numpy scalars and arrays as Python numbers and lists, anything else as its str()."""
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    return str(value)
+
+
+def write_atomic(path: str | Path, data: dict) -> Path:
+    """`data` as JSON at `path`, replacing the file whole: a temporary file in the same folder, fsync'ed, renamed over
+    it. A reader sees the old file or the new one, never a mixture; a failure leaves the old one as it was."""
+    path = Path(path)
+    text = json.dumps(data, indent=2, default=_plain) + "\n"  # before touching the disk: a bad value changes nothing
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return path
+
+
+class Record(dict):
+    """The results of one invocation (a dict the script fills), with the provenance taken when it began."""
+
+    def __init__(self, path: Path, model_sizes: list[str], command: str):
+        super().__init__()
+        self.path, self.model_sizes, self.command = path, list(model_sizes), command
+        self.started, self._t0 = utc_now(), time.monotonic()
+        self.commit, self.dirty, self.changed = git_state()
+        self.machine = machine()
+        self.saved = False
+
+    def provenance(self, complete: bool) -> dict:
+        sizes = [str(s) for s in self.model_sizes if str(s).strip()]
+        if not sizes:
+            raise ValueError(f"{self.path.name}: no model size recorded; every figure names the model size(s) "
+                             "it measured")
+        out = {"command": self.command, "commit": self.commit, "dirty": self.dirty, "machine": self.machine,
+               "started": self.started, "ended": utc_now(), "wall_s": round(time.monotonic() - self._t0, 3),
+               "model_sizes": sizes, "complete": complete}
+        if self.changed:
+            out["dirty_paths"] = self.changed[:50]
+        return out
+
+    def _write(self, complete: bool, error: str | None = None) -> Path:
+        if "provenance" in self:
+            raise ValueError(f"{self.path.name}: 'provenance' is written by benchmarks/provenance.py, not by the script")
+        block = self.provenance(complete)
+        if error:
+            block["error"] = error
+        return write_atomic(self.path, {"provenance": block, **self})
+
+    def save(self) -> Path:
+        """An interim copy of what this invocation measured so far (`"complete": false`), replacing the file whole;
+        the end of the `recorded` block writes the final one."""
+        self.saved = True
+        return self._write(complete=False)
+
+
+@contextlib.contextmanager
+def recorded(path: str | Path, model_sizes: list[str] | tuple[str, ...] = (), *,
+             argv: list[str] | None = None) -> Iterator[Record]:
+    """Collect one invocation's results and write them, with their provenance, to `path` (replacing it whole).
+
+    `model_sizes`: "MODEL SIZE" strings (e.g. "resnet50 small"); may also be set or extended on the record inside the
+    block (`record.model_sizes`), but the file is not written without one. `argv` stands in for sys.argv (tests).
+    A second `recorded` block for the same file in the same process is refused: one result set per file.
+    """
+    path = Path(path).resolve()
+    if path in _open:
+        raise RuntimeError(f"{path} is already being recorded by this invocation; results are never merged")
+    _open.add(path)
+    try:
+        sizes = [model_sizes] if isinstance(model_sizes, str) else list(model_sizes)  # one "MODEL SIZE" string
+        record = Record(path, sizes, command_line(argv))
+        try:
+            yield record
+        except BaseException as e:
+            if record.saved:  # the interim copy stays, saying the invocation did not finish
+                with contextlib.suppress(Exception):  # the body's error is the one to see
+                    record._write(complete=False, error=f"{type(e).__name__}: {e}")
+            raise
+        written = record._write(complete=True)
+        print(f"written {written} ({record.command})", flush=True)
+    finally:
+        _open.discard(path)
