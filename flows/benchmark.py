@@ -28,6 +28,7 @@ from tbench import progress
 from tbench.enums import Format, Scenario
 from tbench.layout import RunLayout, new_run_id
 from tbench.pools import check_worker_hardware, device_lock
+from tbench.precision import results_precision
 from tbench.request import BenchmarkRequest, adapter_for
 from tbench.run import RunTracker
 
@@ -112,7 +113,10 @@ def _benchmark(req, hardware) -> str:
             model_format = fmt.label if fmt is not Format.ENSEMBLE else f"{fmt.label} ({' + '.join(a.format.label for _, a in composing)})"
             static = {"model": req.model, "model_size": req.size, "gpu": hardware.gpu_label, "format": fmt.value,
                       "backend": tracker.served_by[fmt.value], "model_format": model_format,
-                      "backend_accelerator": accelerator_label(req, hardware, fmt, native), "precision": req.precision.value.upper(),
+                      "backend_accelerator": accelerator_label(req, hardware, fmt, native),
+                      "precision": results_precision(  # what ran (tbench/precision.py), not what was asked
+                          [a for a in served if a.format is fmt] or [a for _, a in composing], req.precision,
+                          lambda f: accelerator_label(req, hardware, f, native)),
                       "max_batch_size": req.max_batch_size, "model_instances": req.model_instances}
             # the models behind this one: itself, or an ensemble's composing models
             behind = [n for n, _ in composing] if fmt is Format.ENSEMBLE else [name]

@@ -28,7 +28,8 @@ class MatrixRequest(BaseModel):
 
     models: list[str] = Field(["resnet50"], description="Model adapters to run.")
     formats: list[str] | None = Field(None, description="Formats to serve, one run each; the model's first format by default.")
-    precisions: list[str] = Field(["fp32"], description="Precisions to serve, one run each (fp16 needs GPU pools).")
+    precisions: list[str] = Field(["fp32"], description="Precisions to serve, one run each (what each format can carry: "
+                                  "tbench/precision.py; int8 needs trt or tf-trt on GPU pools).")
     pools: list[str] = Field(["cpu"], description="Work pools (GPU kinds) to run on: " + ", ".join(POOLS) + ".")
     request: dict = Field(default_factory=dict, description="Other BenchmarkRequest fields for every run, e.g. "
                           "{'size': 'small', 'batch_sizes': [1, 8]}.")

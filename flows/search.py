@@ -29,6 +29,7 @@ from tbench.enums import Format, Precision
 from tbench.errors import ConfigError
 from tbench.layout import RunLayout, new_run_id
 from tbench.pools import check_worker_hardware, device_lock
+from tbench.precision import refusal
 from tbench.request import DEFAULT_TOLERANCES, BenchmarkRequest, adapter_for
 from tbench.run import RunTracker
 from tbench.search import Candidate, Checkpoint, Objective, SearchSpace
@@ -66,7 +67,8 @@ def resume_checkpoint(resume_from: str | None) -> Path | None:
 
 def variant_plan(space: SearchSpace, req, has_gpu: bool) -> dict[str, tuple[Format, Precision]]:
     """Each SearchSpace.formats entry as (format, precision); '' is the request's first served format. Refuses what
-    cannot be served: an ensemble, a reduced precision on a local server without a GPU."""
+    cannot be served: an ensemble, a precision the format cannot carry here (tbench/precision.py; the search's
+    configs apply no GPU accelerator, so no fp16 tf-savedmodel)."""
     plan = {}
     for entry in space.formats:
         fmt, _, precision = entry.partition(":")
@@ -75,8 +77,8 @@ def variant_plan(space: SearchSpace, req, has_gpu: bool) -> dict[str, tuple[Form
         if fmt is Format.ENSEMBLE:
             raise ConfigError("the configuration search serves one model; ensembles are not searched")
     for entry, (fmt, precision) in plan.items():
-        if precision is not Precision.FP32 and not has_gpu and req.server in ("embedded", "local"):
-            raise ConfigError(f"variant {entry!r}: precision {precision.value} needs a GPU; this machine has none")
+        if reason := refusal(fmt, precision, has_gpu=has_gpu, server=req.server, accelerator=None):
+            raise ConfigError(f"variant {entry!r}: {reason}")
     return plan
 
 

@@ -104,6 +104,11 @@ class ModelAdapter(ABC):
         """An ensemble's composing models, built from (and sharing weights with) `module`; None: a single model."""
         return None
 
+    def part_formats(self) -> dict[str, list[str]]:
+        """An ensemble's parts' formats by part name (the first is served), known before the model is built (the
+        request's precision is checked against them); {} for a single model."""
+        return {}
+
     def check_resources(self) -> None:
         """Refuse, with one line and before anything is built, a model this machine cannot hold."""
 

@@ -277,11 +277,14 @@ class _Recommender(ModelAdapter):
         return IoSpec(inputs=[self._numerical_spec(), self._embeddings_spec()],
                       outputs=[TensorSpec(name="output", dtype="float32", shape=[1])])
 
+    def part_formats(self) -> dict[str, list[str]]:
+        return {"sparse": ["tf-savedmodel"], "dense": ["onnx", "trt"] if self.profile == "gpu" else ["onnx"]}
+
     def parts(self, module) -> list[ModelPart]:
         """The sparse and dense sub-models of `module` (the same layer objects, so the same weights)."""
-        dense_formats = ["onnx", "trt"] if self.profile == "gpu" else ["onnx"]
-        return [ModelPart("sparse", module.get_layer("sparse"), self.sparse_io_spec(), ["tf-savedmodel"]),
-                ModelPart("dense", module.get_layer("dense"), self.dense_io_spec(), dense_formats)]
+        formats = self.part_formats()
+        return [ModelPart("sparse", module.get_layer("sparse"), self.sparse_io_spec(), formats["sparse"]),
+                ModelPart("dense", module.get_layer("dense"), self.dense_io_spec(), formats["dense"])]
 
     # -- data and metric --------------------------------------------------------------------------------------------
 

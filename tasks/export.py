@@ -1,10 +1,16 @@
 """Stage 1: export and convert. Converters are plain functions registered by (source, target); a chain such as
 PyTorch -> ONNX -> TensorRT is planned over the registry, not hard-coded. Each step leaves its log and a reproduce
-script next to its output and is cached by content: same source, same options, same tool versions -> no rerun."""
+script next to its output and is cached by content: same source, same options, same tool versions -> no rerun.
+
+Precision (what each format can hold: tbench/precision.py): the step that makes the target applies the requested
+precision where it can (TensorRT's builders, TF-TRT, the TorchScript exporters); otherwise a precision step registered
+as (format, format) converts the FP32 file (FP32 ONNX -> FP16 ONNX, also for other teams' files) into
+`<format>-<precision>/`. Steps before the last run at FP32. The artifact's precision is what its file holds."""
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import hashlib
 import importlib
 import importlib.metadata
@@ -20,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 from pydantic import BaseModel
@@ -56,14 +63,16 @@ class Converter:
     run: Callable  # (source, out_path, io_spec, options): source is the framework module or the previous file
     tools: tuple[str, ...]  # distributions whose versions make the cache key; the first must import
     where: str = ""  # where to run it when its tool is missing here
+    precisions: tuple[Precision, ...] = (Precision.FP32,)  # what its output holds when options.precision asks for it
 
 
 REGISTRY: dict[tuple[str, Format], Converter] = {}
 
 
-def converter(source: str, target: Format, tools: tuple[str, ...], where: str = ""):
+def converter(source: str, target: Format, tools: tuple[str, ...], where: str = "",
+              precisions: tuple[Precision, ...] = (Precision.FP32,)):
     def register(fn):
-        REGISTRY[(source, target)] = Converter(source, target, fn, tools, where)
+        REGISTRY[(source, target)] = Converter(source, target, fn, tools, where, precisions)
         return fn
     return register
 
@@ -99,21 +108,98 @@ def pytorch_to_onnx(module, out: Path, spec: IoSpec, options: ConversionOptions,
                       output_names=spec.output_names(), dynamic_axes=dynamic, opset_version=options.onnx_opset, dynamo=False)
 
 
-@converter("pytorch", Format.TS_TRACE, tools=("torch",))
+_HALF = (Precision.FP32, Precision.FP16)
+
+
+@converter("pytorch", Format.TS_TRACE, tools=("torch",), precisions=_HALF)
 def pytorch_to_ts_trace(module, out: Path, spec: IoSpec, options: ConversionOptions, sample: dict) -> None:
     import torch
 
+    if options.precision is Precision.FP16:  # traced in half precision, so the dtypes the trace bakes in are FP16 ones
+        module = _half_boundary(copy.deepcopy(module).half(), spec)
     torch.jit.trace(module, _example(spec, sample), check_trace=False).save(str(out))
 
 
-@converter("pytorch", Format.TS_SCRIPT, tools=("torch",))
+@converter("pytorch", Format.TS_SCRIPT, tools=("torch",), precisions=_HALF)
 def pytorch_to_ts_script(module, out: Path, spec: IoSpec, options: ConversionOptions, sample: dict) -> None:
     import torch
 
+    if options.precision is Precision.FP16:  # the model scripted in half; only the io casts around it are traced
+        boundary = _half_boundary(torch.jit.script(copy.deepcopy(module).half()), spec)
+        torch.jit.trace(boundary, _example(spec, sample), check_trace=False).save(str(out))
+        return
     torch.jit.script(module).save(str(out))
 
 
-@converter(Format.ONNX.value, Format.TRT, tools=("tensorrt",), where="run it on a GPU node with TensorRT (e.g. the NGC Triton image)")
+def _half_boundary(half_module, spec: IoSpec):
+    """`half_module` (FP16 weights) behind the io spec's dtypes: FP32 inputs cast to FP16 on the way in, outputs cast
+    back to the spec's dtypes on the way out, so Triton's config, perf_analyzer and the clients keep FP32 io. Its
+    forward takes the io spec's input names (Triton's libtorch backend and model files match inputs by them)."""
+    import keyword
+
+    import torch
+
+    class HalfBoundary(torch.nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+            self.cast_in = [t.dtype == "float32" for t in spec.inputs]
+            self.out_dtypes = [getattr(torch, t.dtype) for t in spec.outputs]
+
+        def forward(self, *inputs):
+            return self.run(*inputs)
+
+        def run(self, *inputs):
+            out = self.inner(*(x.half() if cast else x for x, cast in zip(inputs, self.cast_in)))
+            if isinstance(out, (tuple, list)):
+                return tuple(o.to(d) for o, d in zip(out, self.out_dtypes))
+            return out.to(self.out_dtypes[0])
+
+    names = spec.input_names()
+    if all(n.isidentifier() and not keyword.iskeyword(n) and n != "self" for n in names):
+        scope: dict = {}  # forward(self, <names>): the traced module's argument names are the io spec's
+        exec(f"def named(self, {', '.join(names)}):\n    return self.run({', '.join(names)})\n", {}, scope)
+        HalfBoundary.forward = scope["named"]
+    return HalfBoundary(half_module).eval()
+
+
+@converter(Format.TS_TRACE.value, Format.TS_TRACE, tools=("torch",), precisions=_HALF)
+def torchscript_trace_to_fp16(path: Path, out: Path, spec: IoSpec, options: ConversionOptions, sample: dict) -> None:
+    _torchscript_to_fp16(path, out, spec, sample)
+
+
+@converter(Format.TS_SCRIPT.value, Format.TS_SCRIPT, tools=("torch",), precisions=_HALF)
+def torchscript_script_to_fp16(path: Path, out: Path, spec: IoSpec, options: ConversionOptions, sample: dict) -> None:
+    _torchscript_to_fp16(path, out, spec, sample)
+
+
+def _torchscript_to_fp16(path: Path, out: Path, spec: IoSpec, sample: dict) -> None:
+    """A TorchScript file (another team's) in FP16: its module's weights in half, the io casts traced around it (its own
+    code stays as it is; dtypes a traced file baked in as FP32 constants fail here or in the correctness check)."""
+    import torch
+
+    from tbench.model_file import TS_IO_SPEC
+
+    extra = {TS_IO_SPEC: ""}
+    module = torch.jit.load(str(path), map_location="cpu", _extra_files=extra).eval().half()
+    boundary = torch.jit.trace(_half_boundary(module, spec), _example(spec, sample), check_trace=False)
+    torch.jit.save(boundary, str(out), _extra_files={k: v for k, v in extra.items() if v})
+
+
+@converter(Format.ONNX.value, Format.ONNX, tools=("onnxruntime", "onnx"), precisions=_HALF)
+def onnx_to_fp16(path: Path, out: Path, spec: IoSpec, options: ConversionOptions, sample: dict) -> None:
+    """An FP32 ONNX file (ours or another team's) in FP16: ONNX Runtime's float16 converter (onnxconverter-common's,
+    maintained inside onnxruntime), keeping the io FP32 with Cast nodes at the graph's edges; ops without FP16 support
+    (its block list) stay FP32 behind casts."""
+    import onnx
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    model = convert_float_to_float16(onnx.load(str(path)), keep_io_types=True)
+    onnx.save(model, str(out))
+
+
+@converter(Format.ONNX.value, Format.TRT, tools=("tensorrt",), where="run it on a GPU node with TensorRT (e.g. the NGC Triton image)",
+           precisions=tuple(Precision))
 def onnx_to_tensorrt(onnx_path: Path, out: Path, spec: IoSpec, options: ConversionOptions, sample: dict) -> None:
     """TensorRT's own builder: one optimisation profile over batch 1..max_batch_size, FP16 when asked."""
     import tensorrt as trt
@@ -228,7 +314,8 @@ def _rename_onnx_io(path: Path, spec: IoSpec) -> None:
 
 
 @converter(Format.TF_SAVEDMODEL.value, Format.TF_TRT, tools=("tensorrt", "tensorflow"),
-           where="run it on a GPU node whose TensorFlow is built with TensorRT (e.g. NGC's TensorFlow image)")
+           where="run it on a GPU node whose TensorFlow is built with TensorRT (e.g. NGC's TensorFlow image)",
+           precisions=tuple(Precision))
 def savedmodel_to_tftrt(saved: Path, out: Path, spec: IoSpec, options: ConversionOptions, sample: dict) -> None:
     """TF-TRT's converter with dynamic shapes; engines built for batch 1, half and max; INT8 calibrates on the sample."""
     import numpy as np
@@ -288,11 +375,12 @@ def _reproduce_script(adapter: ModelAdapter, conv: Converter, source_path: Path 
 
 
 def run_step(adapter: ModelAdapter, conv: Converter, source, source_hash: str, out_dir: Path,
-             options: ConversionOptions) -> tuple[Path, str, bool]:
-    """One conversion into out_dir/<target>/, from the cache when it has it; returns (path, content hash, cached)."""
+             options: ConversionOptions, folder: str | None = None) -> tuple[Path, str, bool]:
+    """One conversion into out_dir/<folder or target>/, from the cache when it has it; returns (path, content hash, cached).
+    The key holds the options, the precision among them."""
     versions = tool_versions(conv)
     key = cache_key(source_hash, conv, options, versions, adapter.io_spec())
-    target_dir = out_dir / conv.target.value
+    target_dir = out_dir / (folder or conv.target.value)
     out = target_dir / FILE_NAMES[conv.target]
     cached = cache_root() / key
     if (cached / out.name).exists():
@@ -335,26 +423,57 @@ def _copy_source_file(adapter: ModelAdapter, path: Path, fmt: Format, out_dir: P
 
 def export_model(adapter: ModelAdapter, module, fmt: Format, out_dir: Path, source_hash: str,
                  options: ConversionOptions | None = None) -> ModelArtifact:
-    """The source model to `fmt` through the planned chain of conversions (none when the source is already `fmt`)."""
+    """The source model to `fmt` through the planned chain of conversions (none when the source is already `fmt`), in
+    options.precision where `fmt` can hold it: the last step applies it, or the format's precision step converts the
+    FP32 file. A format that cannot hold it (a SavedModel: FP16 is an accelerator there) stays FP32: the artifact's
+    precision is always what its file holds (the request's check refuses what cannot be served)."""
     options = options or ConversionOptions()
+    fp32 = options.model_copy(update={"precision": Precision.FP32})
     start = time.monotonic()
     if adapter.framework == fmt.value:
-        path = _copy_source_file(adapter, Path(module), fmt, out_dir)
-        return ModelArtifact(format=fmt, precision=Precision.FP32, path=str(path), io_spec=adapter.io_spec(),
-                             source_hash=source_hash, seconds=time.monotonic() - start, cached=False)
-    source, digest, all_cached = module, source_hash, True
-    with _no_grad(adapter.framework):
-        for conv in plan(adapter.framework, fmt):
-            source, digest, cached = run_step(adapter, conv, source, digest, out_dir, options)
-            all_cached = all_cached and cached
-    # only TensorRT builders apply the precision; the other exporters keep the source's FP32 weights
-    precision = options.precision if fmt in (Format.TRT, Format.TF_TRT) else Precision.FP32
-    return ModelArtifact(format=fmt, precision=precision, path=str(source), io_spec=adapter.io_spec(),
+        source, digest, all_cached = _copy_source_file(adapter, Path(module), fmt, out_dir), source_hash, False
+        held = file_precision(fmt, source)
+    else:
+        source, digest, all_cached, held = module, source_hash, True, Precision.FP32
+        steps = plan(adapter.framework, fmt)
+        with _no_grad(adapter.framework):
+            for i, conv in enumerate(steps):
+                applies = i == len(steps) - 1 and options.precision in conv.precisions
+                source, digest, cached = run_step(adapter, conv, source, digest, out_dir, options if applies else fp32)
+                all_cached, held = all_cached and cached, options.precision if applies else Precision.FP32
+    step = REGISTRY.get((fmt.value, fmt))  # the format's own precision step: FP32 file -> reduced-precision file
+    if held is Precision.FP32 and held is not options.precision and step and options.precision in step.precisions:
+        with _no_grad(fmt.value):
+            source, digest, cached = run_step(adapter, step, Path(source), digest, out_dir, options,
+                                              folder=f"{fmt.value}-{options.precision.value}")
+        all_cached, held = all_cached and cached, options.precision
+    return ModelArtifact(format=fmt, precision=held, path=str(source), io_spec=adapter.io_spec(),
                          source_hash=source_hash, seconds=time.monotonic() - start, cached=all_cached)
 
 
+def file_precision(fmt: Format, path: Path) -> Precision:
+    """The precision a model file holds, by the larger share of its floating-point weights: FP16 or FP32 (ONNX and
+    TorchScript; other formats are taken as FP32)."""
+    counts = {Precision.FP16: 0, Precision.FP32: 0}
+    if fmt is Format.ONNX:
+        import onnx
+
+        kinds = {onnx.TensorProto.FLOAT16: Precision.FP16, onnx.TensorProto.FLOAT: Precision.FP32}
+        for init in onnx.load(str(path), load_external_data=False).graph.initializer:
+            if init.data_type in kinds:
+                counts[kinds[init.data_type]] += int(np.prod(init.dims)) if len(init.dims) else 1
+    elif fmt in (Format.TS_TRACE, Format.TS_SCRIPT):
+        import torch
+
+        module = torch.jit.load(str(path), map_location="cpu")
+        for tensor in [*module.parameters(), *module.buffers()]:
+            if tensor.dtype in (torch.float16, torch.float32):
+                counts[Precision.FP16 if tensor.dtype == torch.float16 else Precision.FP32] += tensor.numel()
+    return Precision.FP16 if counts[Precision.FP16] > counts[Precision.FP32] else Precision.FP32
+
+
 def _no_grad(framework: str):
-    if framework == "pytorch":
+    if framework in ("pytorch", Format.TS_TRACE.value, Format.TS_SCRIPT.value):
         import torch
 
         return torch.inference_mode()

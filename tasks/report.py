@@ -14,7 +14,7 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact  #
 from prefect.cache_policies import NO_CACHE  # noqa: E402
 
 from tasks.html_report import write_html_report  # noqa: E402
-from tasks.published import PUBLISHED_GPUS, compare_with_published  # noqa: E402
+from tasks.published import PUBLISHED_GPUS, PUBLISHED_SIZE, compare_with_published, load_published, published_sizes  # noqa: E402
 from tbench.metrics import AVG, BREAKDOWN, PERCENTILES, THROUGHPUT  # noqa: E402
 
 OFFLINE_COLUMNS = {"precision": "Precision", "backend_accelerator": "Backend Accelerator", "batch_size": "Client Batch Size",
@@ -229,20 +229,24 @@ def format_section(fmt: str, served_by: str, correctness, accuracy, results: pd.
 
 
 def published_lines(results: pd.DataFrame) -> list[str]:
-    """The guides' published numbers beside ours where the same model, scenario, GPU, precision and format exist."""
+    """The guides' published numbers beside ours where the same model, size, scenario, GPU, precision and format exist."""
     lines = ["## Compared with the published results", ""]
     both = compare_with_published(results) if not results.empty else pd.DataFrame()
     if both.empty:
         gpus = ", ".join(sorted({str(g) for g in results.get("gpu", pd.Series(dtype=str)).dropna()})) or "this hardware"
-        return lines + [f"The reference guides publish no results for this model on {gpus} at this precision and format "
-                        f"(they cover {', '.join(PUBLISHED_GPUS)}).", ""]
+        published = load_published()
+        sizes = sorted(set(published_sizes(published)[published["model"].isin(set(results.get("model", [])))]))
+        return lines + [f"The reference guides publish no results for this model on {gpus} at this size, precision and format "
+                        f"(they cover {', '.join(PUBLISHED_GPUS)}; published sizes of this model: {', '.join(sizes) or 'none'}).", ""]
     table = both.rename(columns={"format": "Format", "scenario": "Scenario", "batch_size": "Batch", "concurrency": "Concurrency",
                                  THROUGHPUT.column: "Inferences/second", f"{THROUGHPUT.column}_published": "Published",
                                  "throughput_ratio": "Ratio", "p99_ms": "P99 (ms)", "p99_ms_published": "Published P99",
                                  "p99_ratio": "P99 ratio"})
     columns = ["Format", "Scenario", "Batch", "Concurrency", "Inferences/second", "Published", "Ratio", "P99 (ms)",
                "Published P99", "P99 ratio"]
-    return lines + ["Ratios are ours / published: above 1 is more throughput, or a longer P99.", "",
+    return lines + ["Matched on model, size, scenario, GPU, precision and format (published rows without a size are the "
+                    f"published dimensions, size \"{PUBLISHED_SIZE}\"). Ratios are ours / published: above 1 is more "
+                    "throughput, or a longer P99.", "",
                     table[columns].round(3).to_markdown(index=False), ""]
 
 
@@ -260,7 +264,7 @@ def render_report(*, run_id: str, request, hardware, correctness, accuracy, resu
         ("Exported formats", ", ".join(f.value for f in request.formats)),
         ("Served formats", ", ".join(f"{f.value} ({served_by.get(f.value, 'not served: the run stopped before')})"
                                      for f in request.serve_formats)),
-        ("Precision", request.precision.value.upper()),
+        ("Requested precision", request.precision.value.upper()),  # the tables: what each format served
         ("Max Batch Size", request.max_batch_size),
         ("Number of model instances", request.model_instances),
         ("Triton Max Queue Delay (us)", request.max_queue_delay_us),

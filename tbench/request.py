@@ -10,6 +10,7 @@ from pydantic import BaseModel, Field, model_validator
 
 from tbench.enums import Format, Precision, Scenario
 from tbench.errors import ConfigError
+from tbench.precision import check_precision
 
 PROFILES = ("cpu", "gpu")
 
@@ -177,9 +178,9 @@ class BenchmarkRequest(BaseModel):
             if self.server == "embedded" and fmt not in PYTHON_BACKEND_RUNTIMES:
                 known = ", ".join(f.value for f in PYTHON_BACKEND_RUNTIMES)
                 raise ConfigError(f"format {fmt.value!r} cannot be served by the embedded server (python backend); use one of: {known}")
-        precision = Precision.parse(self.precision)
-        if precision is not Precision.FP32 and not has_gpu and self.server in ("embedded", "local"):
-            raise ConfigError(f"precision {precision.value} needs a GPU; this machine has none (use fp32)")
+        precision = Precision.parse(self.precision)  # what each format can carry: tbench/precision.py
+        accelerators = check_precision(precision, serve, self.accelerators if self.accelerators is not None else (
+            d.gpu_accelerators if profile == "gpu" else {}), has_gpu=has_gpu, server=self.server, parts=adapter.part_formats())
         max_batch = self.max_batch_size or d.max_batch_size
         batch_sizes = sorted(set(self.batch_sizes or d.offline_batch_sizes))
         preferred = sorted(set(self.preferred_batch_sizes or [b for b in d.preferred_batch_sizes if b <= max_batch]))
@@ -209,7 +210,7 @@ class BenchmarkRequest(BaseModel):
             formats=formats,
             serve_formats=list(dict.fromkeys(serve)),
             precision=precision,
-            accelerators=self.accelerators if self.accelerators is not None else (d.gpu_accelerators if profile == "gpu" else {}),
+            accelerators=accelerators,
             scenarios=scenarios,
             online_batch_size=online_batch,
             request_rates=rates,

@@ -28,7 +28,7 @@ runner = CliRunner()
     (["search", "resnet50", "--p99-budget-ms", "5", "--throughput-floor", "10"], "error: give a p99 budget or a throughput floor, not both"),
     (["search", "resnet50", "--preferred", "most"], "error: invalid option: preferred: Value error, unknown preferred batch size rule 'most'"),
     (["search", "resnet50", "--strategy", "random"], "error: invalid option: strategy: Input should be 'smart' or 'exhaustive'"),
-    (["search", "resnet50", "--variants", "onnx:fp16"], "error: variant 'onnx:fp16': precision fp16 needs a GPU"),
+    (["search", "resnet50", "--variants", "onnx:int8"], "error: variant 'onnx:int8': precision int8 cannot be carried by onnx"),
     (["search", "resnet50", "--variants", "ensemble"], "error: model 'resnet50' is not an ensemble"),
     (["search", "dlrm", "--size", "tiny"], "error: the configuration search serves one model; ensembles are not searched"),
     (["search", "resnet50", "--resume", "/nonexistent"], "error: resume_from '/nonexistent': no search checkpoint there"),

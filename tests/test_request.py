@@ -43,7 +43,7 @@ def test_tensorflow_variant_defaults_to_savedmodel_and_onnx():
     ({"serve_formats": ["trt"]}, "cannot be served by the embedded server"),
     ({"framework": "jax"}, "model 'resnet50' has no jax implementation; it has: pytorch, tensorflow"),
     ({"model_file": "/nonexistent/model.onnx"}, "/nonexistent/model.onnx"),
-    ({"precision": "fp16"}, "needs a GPU"),
+    ({"precision": "int8"}, "precision int8 cannot be carried by onnx: int8 is carried by trt, tf-trt only"),
     ({"profile": "laptop"}, "unknown profile"),
     ({"scenarios": ["rate"]}, "the rate scenario needs request rates"),
     ({"scenarios": ["rate"], "request_rates": [10, 0]}, "request rates must be > 0"),
