@@ -23,7 +23,7 @@ from tbench.stack import Stack
 from provenance import RESULTS, recorded
 
 PARAMETERS = {"request": {"model": "resnet50", "size": "small", "formats": ["onnx"], "batch_sizes": [1, 4],
-                          "concurrency": [2], "measurement": {"images_per_window": 16}}}
+                          "concurrency": [2], "measurement": {"stability_percentage": 50}}}
 
 
 def main() -> None:

@@ -3,7 +3,7 @@ command, and says which.
 
     from provenance import RESULTS, recorded
 
-    with recorded(RESULTS / "repeatability.json", model_sizes=["resnet50 small"]) as record:
+    with recorded(RESULTS / "default_runs.json", model_sizes=["resnet50 full"]) as record:
         record["settings"] = [...]      # the results of this invocation, nothing else
         record.save()                   # optional: an interim copy (marked "complete": false) in case it is killed
 
@@ -44,12 +44,11 @@ FIELDS = ("command", "commit", "dirty", "machine", "started", "ended", "wall_s",
 # results file -> the one command that writes it, from the repository root (README "Benchmarks" lists the same)
 COMMANDS = {
     "deployment_latency.json": ".venv/bin/python benchmarks/deployment_latency.py --size small --runs 3",
-    "main_job.json": ".venv/bin/python benchmarks/main_job.py --size full --repeat 1",
-    "repeatability.json": ".venv/bin/python benchmarks/repeatability.py --size small --repeats 3 --batch-sizes 8",
+    "default_runs.json": ".venv/bin/python benchmarks/default_runs.py",
     "rerun_savings.json": ".venv/bin/python benchmarks/rerun_savings.py --model resnet50 --size small",
     "search_real.json": ".venv/bin/python benchmarks/search.py --part real --size small --concurrency 8",
     "search_simulated.json": ".venv/bin/python benchmarks/search.py --part simulated",
-    "serving_overhead.json": ".venv/bin/python benchmarks/serving_overhead.py --size full --rounds 2",
+    "serving_overhead.json": ".venv/bin/python benchmarks/serving_overhead.py --sizes small,full --rounds 2",
 }
 
 _open: set[Path] = set()  # results files a `recorded` block of this process is writing

@@ -205,7 +205,7 @@ def real(concurrency: int, work: Path, size: str = "small") -> dict:
     d = adapter.defaults("cpu")
     start = Candidate(instances=d.model_instances, max_batch_size=d.max_batch_size, preferred_batch_sizes=tuple(d.preferred_batch_sizes),
                       queue_delay_us=d.max_queue_delay_us)
-    measurement = Measurement(images_per_window=32, stability_percentage=30)
+    measurement = Measurement(stability_percentage=30)
     (work / "repo").mkdir(parents=True, exist_ok=True)
     server = EmbeddedServer(work / "repo", work / "tritonserver.log", model_control="explicit")
     server.start()

@@ -84,6 +84,10 @@ class PerfInputs:
 # more when they are small (a recommender's sample is ~40 values: hundreds of real samples, as its guide sends)
 MAX_INPUT_VALUES = 1_000_000
 SMALL_SAMPLES_VALUES = 100_000
+# the framework model runs the samples to size the outputs: in chunks, and only as many as fit this time budget (a
+# speech model's 256 token sequences took 105 s on 2 cores in one call; 8 of them take about 2 s)
+OUTPUT_PROBE_CHUNK = 8
+OUTPUT_PROBE_BUDGET_S = 5.0
 
 
 def prepare_inputs(adapter, module, path: Path, samples: int | None = None, shared_memory: str = "system") -> PerfInputs:
@@ -98,16 +102,25 @@ def prepare_inputs(adapter, module, path: Path, samples: int | None = None, shar
     if samples is None:
         samples = max(4, min(256, SMALL_SAMPLES_VALUES // max(per_sample, 1)))
     batch = adapter.sample_batch(max(1, min(samples, MAX_INPUT_VALUES // max(per_sample, 1))))
+    # outputs of the very samples perf_analyzer sends (padded to the longest where lengths vary), per sample; the
+    # framework runs them in chunks, and a model too slow to run them all within OUTPUT_PROBE_BUDGET_S sends fewer
     n = len(next(iter(batch.values())))
+    per_sample_bytes, done, started = 0, 0, time.perf_counter()
+    while done < n:
+        chunk = {name: a[done:done + OUTPUT_PROBE_CHUNK] for name, a in batch.items()}
+        size = len(next(iter(chunk.values())))
+        outputs = run_source(adapter.framework, module, adapter.io_spec(), chunk)
+        per_sample_bytes = max(per_sample_bytes, *(v.nbytes // size for v in outputs.values()))
+        done += size
+        if (time.perf_counter() - started) / done * min(n, done + OUTPUT_PROBE_CHUNK) > OUTPUT_PROBE_BUDGET_S:
+            break
+    n = done
     data_file = None
     if per_sample <= MAX_INPUT_VALUES or not all_float:
         entries = [{name: {"content": (a[i].round(6) if a.dtype.kind == "f" else a[i]).ravel().tolist(), "shape": list(a.shape[1:])}
                     for name, a in batch.items()} for i in range(n)]
         path.write_text(json.dumps({"data": entries}))
         data_file = path
-    # outputs of the very samples perf_analyzer sends (padded to the longest where lengths vary), per sample
-    outputs = run_source(adapter.framework, module, adapter.io_spec(), batch)
-    per_sample_bytes = max(v.nbytes // n for v in outputs.values())
     return PerfInputs(data_file=data_file, shapes=adapter.input_shapes(), sample_output_bytes=per_sample_bytes,
                       shared_memory=shared_memory)
 

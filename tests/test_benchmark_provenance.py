@@ -28,7 +28,7 @@ def _load(name: str, path: Path):
 
 # the scripts import it as `provenance` (run as scripts, benchmarks/ is their sys.path[0])
 provenance = sys.modules.get("provenance") or _load("provenance", BENCHMARKS / "provenance.py")
-SCRIPTS = sorted(p for p in BENCHMARKS.glob("*.py") if p.name != "provenance.py")
+SCRIPTS = sorted(p for p in BENCHMARKS.glob("*.py") if p.name not in ("provenance.py", "tiny_model.py"))  # tiny_model: a model, no figure
 ISO_UTC = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?\+00:00$")
 
 
@@ -154,7 +154,7 @@ def test_refusals(tmp_path):
     assert not path.exists()
     with pytest.raises(RuntimeError, match="never merged"):
         _run(path, body=lambda record: _run(path))  # a second result set for the same file in one invocation
-    # sizes may be known only inside the block (main_job.py reads them from the run's manifest)
+    # sizes may be known only inside the block (default_runs.py reads them from the run's manifest)
     data = _run(path, sizes=(), body=lambda record: record.model_sizes.append("resnet50 full"))
     assert data["provenance"]["model_sizes"] == ["resnet50 full"]
 
@@ -207,7 +207,7 @@ def test_every_benchmark_writes_through_provenance(script):
     other way, and has its command in provenance.COMMANDS (the README's Benchmarks section lists the same)."""
     source = script.read_text()
     assert "from provenance import" in source and "recorded(RESULTS / " in source
-    assert "model_sizes" in source and '"--size"' in source
+    assert "model_sizes" in source and ('"--size' in source or '"--plan"' in source)
     assert "write_text(json.dumps" not in source and "json.dump(" not in source
     outputs = [name for name, command in provenance.COMMANDS.items() if f" benchmarks/{script.name} " in command + " "]
     assert outputs, f"{script.name} has no command in provenance.COMMANDS"

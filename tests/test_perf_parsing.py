@@ -129,6 +129,12 @@ def test_perf_input_data_holds_real_samples_and_skips_huge_float_ones(small_adap
     monkeypatch.setattr(perf, "MAX_INPUT_VALUES", 100)  # a 3x32x32 image is now "too big": random data
     assert prepare_inputs(small_adapter, small_module, tmp_path / "big.json").data_file is None
     assert not (tmp_path / "big.json").exists()
+    # a model too slow to run every sample within the budget sends the samples it ran: one chunk here
+    monkeypatch.setattr(perf, "MAX_INPUT_VALUES", 1_000_000)
+    monkeypatch.setattr(perf, "OUTPUT_PROBE_CHUNK", 2)
+    monkeypatch.setattr(perf, "OUTPUT_PROBE_BUDGET_S", 0.0)
+    prepare_inputs(small_adapter, small_module, tmp_path / "slow.json", samples=6)
+    assert len(json.loads((tmp_path / "slow.json").read_text())["data"]) == 2
 
 
 def test_offline_shared_memory_follows_the_node(tmp_path):
