@@ -61,8 +61,7 @@ def served(work: Path, tag: str, artifact, batch: int, instances: int, threads: 
     repo = work / f"repo_{tag}"
     write_repository(repo, ServingConfig("model", batch, [], 0, instances, intra_op_threads=threads, batching="static"), artifact)
     layout = RunLayout(work, tag).create()
-    with EmbeddedServer(repo, layout.server_log) as server:
-        server.start()
+    with EmbeddedServer(repo, layout.server_log) as server:  # started on entering, stopped on leaving
         return run_sweep([Point(Scenario.OFFLINE, batch, c) for c in concurrency], model="model",
                          grpc_url=server.endpoints.grpc_url, spec=artifact.io_spec, m=MEASUREMENT, layout=layout, static={})
 

@@ -195,6 +195,15 @@ def server_lines(rows: pd.DataFrame) -> list[str]:
             "server's processes sampled during the point.", "", table.to_markdown(index=False), ""]
 
 
+def how_measured(rows: pd.DataFrame) -> str:
+    """What a quoted figure rests on: window length, stability rule, precision served."""
+    windows = rows["window_s"].dropna()
+    span = f"{windows.min():.1f}-{windows.max():.1f} s" if len(windows) and windows.min() != windows.max() else (
+        f"{windows.iloc[0]:.1f} s" if len(windows) else "unknown")
+    return (f"Measured over windows of {span}, the last 3 within {rows['stability_percentage'].iloc[0]:g}%; "
+            f"precision served: {', '.join(sorted(set(rows['precision'].astype(str))))}.")
+
+
 def format_section(fmt: str, served_by: str, correctness, accuracy, results: pd.DataFrame, plots_dir: Path,
                    composing: pd.DataFrame | None = None, online_batch_size: int = 1) -> list[str]:
     """One served format: how it is served, its correctness and accuracy, and the guides' tables and plots."""
@@ -208,18 +217,20 @@ def format_section(fmt: str, served_by: str, correctness, accuracy, results: pd.
     offline = scenario_rows(rows, "offline") if not rows.empty else rows
     if not offline.empty:
         left, right = (p.relative_to(run_dir).as_posix() for p in plot_offline(offline, plots_dir, f"{fmt}_"))
-        lines += ["### Offline scenario", "", "Static batching: one client (concurrency 1), system shared memory.", "",
+        lines += ["### Offline scenario", "", "Static batching (the model reloaded without its dynamic batcher, so no "
+                  f"queue delay): one client (concurrency 1), {offline['shared_memory'].iloc[0]} shared memory. {how_measured(offline)}", "",
                   f"| ![]({left}) | ![]({right}) |", "|-----|-----|", "", guide_table(offline, OFFLINE_COLUMNS), ""]
     online = scenario_rows(rows, "online") if not rows.empty else rows
     if not online.empty:
         (plot,) = (p.relative_to(run_dir).as_posix() for p in plot_online(online, plots_dir, f"{fmt}_"))
-        lines += ["### Online scenario", "", f"Dynamic batching on the server; each client sends batch {online_batch_size} over gRPC.", "",
+        lines += ["### Online scenario", "", f"Dynamic batching on the server (max queue delay "
+                  f"{online['max_queue_delay_us'].iloc[0]:g} us); each client sends batch {online_batch_size} over gRPC. {how_measured(online)}", "",
                   f"![]({plot})", "", guide_table(online, ONLINE_COLUMNS), ""]
     rate = scenario_rows(rows, "rate") if not rows.empty else rows
     if not rate.empty:
         plot = plot_rate(rate, plots_dir, f"{fmt}_").relative_to(run_dir).as_posix()
         lines += ["### Rate scenario", "", f"Open loop: requests sent at a fixed rate whatever the answers, batch {online_batch_size}, "
-                  "dynamic batching on the server; throughput below the offered rate means the server fell behind.", "",
+                  f"dynamic batching on the server; throughput below the offered rate means the server fell behind. {how_measured(rate)}", "",
                   f"![]({plot})", "", guide_table(rate, RATE_COLUMNS), ""]
     if not rows.empty:
         lines += server_lines(rows)

@@ -211,6 +211,8 @@ class ProcessServer(TritonServer):
         return dict(os.environ)
 
     def start(self) -> ServerEndpoints:
+        if self.alive():  # a second start would orphan the first server (and its stubs and shared memory)
+            raise ServerStartError(f"this {self.mode} tritonserver is already running (pid {self.proc.pid})")
         self.proc = procs.start(self.argv(), self.log_path, env=self.env())
         try:
             self._wait_ready(f"{self.mode} tritonserver")
@@ -299,7 +301,8 @@ class EmbeddedServer(ProcessServer):
         shutil.copy2(stub, backends / "python" / stub.name)
 
     def start(self) -> ServerEndpoints:
-        self._prepare_backends()
+        if not self.alive():  # else the base class refuses a second start
+            self._prepare_backends()
         return super().start()
 
     def argv(self) -> list[str]:

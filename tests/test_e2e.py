@@ -188,6 +188,13 @@ def test_a_model_that_fails_to_load_names_the_reason(small_artifacts, tmp_path):
     assert "\n" not in message and "server.log" in message and "resnet50" in message
 
 
+def test_a_second_start_is_refused_instead_of_orphaning_the_first_server(served_small):
+    pid = served_small.proc.pid
+    with pytest.raises(ServerStartError, match="already running"):
+        served_small.start()
+    assert served_small.proc.pid == pid and served_small.alive()
+
+
 def test_a_port_in_use_is_refused():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
