@@ -230,7 +230,9 @@ def measure_point(point: Point, *, model: str, grpc_url: str, spec: IoSpec, m: M
         if done.returncode == 0 and csv_path.exists():
             try:
                 row.update(parse_perf_csv(csv_path), status="ok", error="", source_file=str(csv_path.relative_to(layout.run_dir)))
-                row["window_s"] = window_seconds(log_path.read_text(errors="replace"), point.batch_size, row[THROUGHPUT.column])
+                merged = merged_requests(log_path.read_text(errors="replace"))
+                row["window_requests"] = merged / STABILITY_WINDOWS if merged else np.nan
+                row["window_s"] = window_seconds(merged, point.batch_size, row[THROUGHPUT.column])
                 row["composing"] = parse_composing(log_path.read_text(errors="replace"))  # an ensemble's steps; else []
                 row.update(observed, stats_max_rel_diff=cross_check({**row, **observed}))
                 return row
@@ -255,14 +257,19 @@ REQUEST_COUNT_LINE = re.compile(r"Client:\s*\n\s*Request count: (\d+)")
 STABILITY_WINDOWS = 3  # perf_analyzer's result merges its last 3 (stable) windows
 
 
-def window_seconds(log: str, batch_size: int, throughput: float) -> float:
-    """How long one of the point's windows lasted: the requests of the merged stable windows (from the -v log) at
-    the measured throughput (infer/s), per window. In count_windows mode perf_analyzer closes a window after at
-    least 1 s and at least the requested count, so this is what the point actually measured over."""
+def merged_requests(log: str) -> int | None:
+    """The requests of the merged stable windows, from perf_analyzer's -v log."""
     found = REQUEST_COUNT_LINE.search(log)
-    if not found or not throughput or throughput <= 0:
+    return int(found.group(1)) if found else None
+
+
+def window_seconds(merged: int | None, batch_size: int, throughput: float) -> float:
+    """How long one of the point's windows lasted: the merged windows' requests at the measured throughput (infer/s),
+    per window. perf_analyzer closes a count window at the first whole second by which it has the requested count,
+    so this is what the point actually measured over."""
+    if not merged or not throughput or throughput <= 0:
         return float("nan")
-    return int(found.group(1)) * batch_size / throughput / STABILITY_WINDOWS
+    return merged * batch_size / throughput / STABILITY_WINDOWS
 
 
 def measurement_order(points: list[Point], m: Measurement) -> list[Point]:

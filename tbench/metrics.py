@@ -52,6 +52,7 @@ PUBLISHED_COLUMNS = [
 MEASUREMENT_COLUMNS = [
     "format", "request_rate", "request_distribution", "status", "error", "attempts", "measurement_request_count",
     "window_s",  # how long one of the point's measurement windows lasted (its requests at the measured throughput)
+    "window_requests",  # requests per stable window: one more or less at a window's edge is the throughput's resolution
     "stability_percentage", "max_trials", "shared_memory", "protocol", "measure_seconds", "point_index",
     "batching",  # what the server did with the point's requests: static (offline) or dynamic (the batcher under test)
     "max_queue_delay_us",  # the dynamic batcher's delay the point was served with (0 for static batching)

@@ -24,14 +24,17 @@ class Measurement(BaseModel):
 
     The rule: before a sweep, timed warm-up requests give each batch size's single-request latency L (calibration).
     A window then asks for max(min_requests, 2 x concurrency, ceil(window_s / L)) requests, and perf_analyzer's
-    count_windows mode closes a window once it has that many and has lasted at least 1 s. So a fast model gets windows
-    of about max(1 s, window_s) holding thousands of requests, a slow one windows of min_requests requests (seconds
-    each) rather than a handful of fractions of one. perf_analyzer measures windows until the last 3 agree within
+    count_windows mode closes a window at the first whole second by which it has that many. So a fast model gets
+    windows of about max(1 s, window_s) holding thousands of requests, a slow one windows of min_requests requests
+    (seconds each), which bounds the throughput's resolution (one request at a window's edge) at about 1/(3 x
+    min_requests) over the 3 windows merged. perf_analyzer measures windows until the last 3 agree within
     `stability_percentage` (at most `max_trials`); each point records how long its windows lasted (`window_s`). An
     unstable point is measured again with windows sized from the throughput its failed attempt saw, twice as long."""
 
     window_s: float = Field(1.0, gt=0, description="Target duration of one measurement window, in seconds.")
-    min_requests: int = Field(4, ge=1, description="Fewest requests in a window (and at least 2 x concurrency).")
+    # perf_analyzer's throughput counts the requests that end inside a window: one request more or less at a window's
+    # edge is 1/N of it, so a slow model's windows need enough requests for the figure to resolve a few percent
+    min_requests: int = Field(8, ge=1, description="Fewest requests in a window (and at least 2 x concurrency).")
     stability_percentage: float = Field(10.0, gt=0, description="Max spread of the last 3 windows' throughput and latency, in %.")
     max_trials: int = Field(10, ge=3, description="Windows perf_analyzer tries before giving up on a point.")
     retries: int = Field(1, ge=0, description="Retries of an unstable point, each with windows twice as long.")

@@ -97,6 +97,7 @@ def test_offline_uses_system_shared_memory_sized_for_the_output(tmp_path):
 
 def test_windows_are_sized_by_time_from_the_calibrated_latency_and_double_on_retry():
     m = Measurement(window_s=1.0, min_requests=4)
+    assert Measurement().min_requests == 8
     assert m.requests_per_window(0.001, 1) == 1000  # a fast model: a second's worth of requests
     assert m.requests_per_window(0.5, 1) == 4  # a slow one: never fewer than min_requests
     assert m.requests_per_window(0.001, 1000) == 2000  # at least 2 x concurrency
@@ -106,12 +107,13 @@ def test_windows_are_sized_by_time_from_the_calibrated_latency_and_double_on_ret
 
 
 def test_window_duration_comes_from_the_merged_windows_in_the_log():
-    from tasks.perf import pass_throughputs, window_seconds
+    from tasks.perf import merged_requests, pass_throughputs, window_seconds
 
     log = (GOLDEN / "perf_analyzer" / "resnet50_online_b1_c4.log").read_text()
     assert pass_throughputs(log) == [21.9536, 23.9791, 23.8697]
-    assert window_seconds(log, 1, 22.9395) == pytest.approx(92 / 22.9395 / 3)
-    assert np.isnan(window_seconds("no summary", 1, 22.9))
+    assert merged_requests(log) == 92 and merged_requests("no summary") is None
+    assert window_seconds(92, 1, 22.9395) == pytest.approx(92 / 22.9395 / 3)
+    assert np.isnan(window_seconds(None, 1, 22.9))
 
 
 def test_perf_input_data_holds_real_samples_and_skips_huge_float_ones(small_adapter, small_module, tmp_path, monkeypatch):
