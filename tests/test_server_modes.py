@@ -24,7 +24,7 @@ def test_docker_run_command_line(tmp_path):
         "-v", f"{(tmp_path / 'repo').resolve()}:/models:ro", "nvcr.io/nvidia/tritonserver:24.10-py3", "tritonserver",
         "--model-repository=/models", "--allow-gpu-metrics=true",
         "--http-address=0.0.0.0", "--http-port=8000", "--grpc-address=0.0.0.0", "--grpc-port=8001",
-        "--metrics-address=0.0.0.0", "--metrics-port=8002", "--model-control-mode=none",
+        "--metrics-address=0.0.0.0", "--metrics-port=8002", "--model-control-mode=explicit", "--load-model=*",
         "--exit-on-error=true", "--strict-readiness=true", "--log-verbose=0",
     ]
     assert server.stop_argv(30) == ["docker", "stop", "-t", "30", "tbench-triton-test"]
@@ -45,7 +45,7 @@ def test_local_command_line(tmp_path):
         "/opt/tritonserver/bin/tritonserver", f"--model-repository={tmp_path / 'repo'}",
         "--backend-directory=/opt/tritonserver/backends", "--allow-gpu-metrics=true",
         "--http-address=127.0.0.1", "--http-port=18000", "--grpc-address=127.0.0.1", "--grpc-port=18001",
-        "--metrics-address=127.0.0.1", "--metrics-port=18002", "--model-control-mode=none",
+        "--metrics-address=127.0.0.1", "--metrics-port=18002", "--model-control-mode=explicit", "--load-model=*",
         "--exit-on-error=true", "--strict-readiness=true", "--log-verbose=0",
     ]
 
