@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -57,6 +58,12 @@ class ModelAdapter(ABC):
     sizes: tuple[str, ...] = ("full", "small")
     default_size: str = "full"
     options: dict[str, str] = {}  # model-specific options this adapter takes: name -> description
+    given_samples = None  # tbench.input_data.InputSamples (--input-data): what every stage draws from instead
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if "batches" in cls.__dict__:  # each adapter's own batches, with the user's input data first when given
+            cls.batches = _given_samples_first(cls.__dict__["batches"])
 
     def __init__(self, size: str | None = None, checkpoint: str | None = None, data_dir: str | None = None,
                  options: dict | None = None):
@@ -123,7 +130,34 @@ class ModelAdapter(ABC):
     def reproduce_expr(self) -> str:
         """Python that rebuilds this adapter, for the reproduce scripts next to each conversion."""
         return (f"model_adapters.get({self.name!r}, {self.size!r}, {self.checkpoint!r}, framework={self.framework!r}, "
-                f"data_dir={self.data_dir!r}, profile={self.profile!r}, options={self.model_options or None!r})")
+                f"data_dir={self.data_dir!r}, profile={self.profile!r}, options={self.model_options or None!r})"
+                + (f".use_input_data({self.given_samples.path!r})" if self.given_samples is not None else ""))
+
+    def use_input_data(self, path: str) -> "ModelAdapter":
+        """Draw every batch from the user's samples at `path` (see tbench/input_data.py), checked against the io spec
+        here; they have no labels, so the accuracy stage compares outputs only. Returns the adapter."""
+        from tbench.input_data import load_input_data
+
+        self.given_samples = load_input_data(path, self.io_spec(), default_shapes=self.input_shapes)
+        return self
+
+    def rejected_inputs(self, what: str, error_line: str, inputs: dict[str, np.ndarray]) -> str:
+        """One line for a model that failed on `inputs` (from sample_batch) in its own runtime: what failed, on which
+        data, the runtime's error, and what to try."""
+        if self.given_samples is not None:
+            return f"{what} failed on the input data from {self.given_samples.path}: {error_line}"
+        return f"{what} failed on its sample inputs: {error_line}"
 
     def sample_batch(self, batch_size: int, seed: int = 1234) -> dict[str, np.ndarray]:
         return next(self.batches(batch_size, batch_size, seed=seed)).inputs
+
+
+def _given_samples_first(batches):
+    @functools.wraps(batches)
+    def wrapper(self, n_samples: int, batch_size: int, seed: int = 0) -> Iterator[Batch]:
+        if self.given_samples is None:
+            return batches(self, n_samples, batch_size, seed)
+        # the same samples from the first one on, whatever the seed: every stage sends the user's data in order
+        return (Batch(inputs=inputs) for inputs in self.given_samples.batches(n_samples, batch_size))
+
+    return wrapper

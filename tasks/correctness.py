@@ -8,7 +8,7 @@ from prefect.cache_policies import NO_CACHE
 
 from model_adapters.base import ModelAdapter
 from tbench.artifacts import CorrectnessResult, ModelArtifact, OutputError
-from tbench.errors import CorrectnessError
+from tbench.errors import BenchError, CorrectnessError, error_line
 from tbench.runtimes import run_file, run_source
 
 
@@ -31,10 +31,25 @@ def check_artifacts(adapter: ModelAdapter, module, artifacts: list[ModelArtifact
                     batch_size: int = 4) -> list[CorrectnessResult]:
     spec = adapter.io_spec()
     inputs = adapter.sample_batch(batch_size, seed=7)
-    reference = run_source(adapter.framework, module, spec, inputs)
+    try:
+        reference = run_source(adapter.framework, module, spec, inputs)
+    except BenchError:
+        raise
+    except Exception as err:  # the runtime rejects the inputs (an index out of an embedding table's range, a shape)
+        raise CorrectnessError(adapter.rejected_inputs(f"{adapter.name} ({adapter.framework})", error_line(err), inputs)) from err
     return [CorrectnessResult(format=a.format, batch_size=batch_size,
-                              outputs=compare(reference, run_file(a.format, a.path, a.io_spec, inputs), atol, rtol))
+                              outputs=compare(reference, _run_export(a, inputs), atol, rtol))
             for a in artifacts]
+
+
+def _run_export(artifact: ModelArtifact, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    try:
+        return run_file(artifact.format, artifact.path, artifact.io_spec, inputs)
+    except BenchError:
+        raise
+    except Exception as err:
+        raise CorrectnessError(f"the exported {artifact.format.value} model failed on inputs its source ran: "
+                               f"{error_line(err)}") from err
 
 
 def require_passed(results: list[CorrectnessResult]) -> None:

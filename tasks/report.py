@@ -272,6 +272,9 @@ def render_report(*, run_id: str, request, hardware, correctness, accuracy, resu
     lines += ["## Configuration", "", _kv_table([
         ("Model", title),
         ("Checkpoint", request.checkpoint or ("the file's weights" if request.model_file else "random weights")),
+        *([("Input data", request.input_data)] if getattr(request, "input_data", None) else []),
+        *([("Synthetic value ranges", ", ".join(f"{n}: {lo:g}..{hi:g}" for n, (lo, hi) in request.value_ranges.items()))]
+          if getattr(request, "value_ranges", None) else []),
         ("Exported formats", ", ".join(f.value for f in request.formats)),
         ("Served formats", ", ".join(f"{f.value} ({served_by.get(f.value, 'not served: the run stopped before')})"
                                      for f in request.serve_formats)),

@@ -84,6 +84,11 @@ def _dims(text: str) -> list[int]:
     return [int(d) for d in text.split(",")]
 
 
+def _bounds(text: str) -> list[float]:
+    low, high = text.split(",")  # anything but two numbers is a ValueError: parse_named says which option
+    return [float(low), float(high)]
+
+
 def _given(**values) -> dict:
     """Only the options the user gave, so the request's own defaults apply to the rest."""
     return {k: v for k, v in values.items() if v is not None}
@@ -158,6 +163,10 @@ def run(
     model_file: str = typer.Option(None, "--model-file", help="An ONNX file, a TorchScript file or a TF SavedModel folder."),
     shape: list[str] = typer.Option(None, "--shape", help="--model-file: an input's non-batch shape, NAME:D1,D2 (repeat per input)."),
     dtype: list[str] = typer.Option(None, "--dtype", help="--model-file: an input's numpy dtype, NAME:int64 (TorchScript)."),
+    value_range: list[str] = typer.Option(None, "--value-range", help="--model-file: an input's synthetic values in LO..HI, "
+                                          "NAME:LO,HI (repeat per input); integers inclusive, floats uniform."),
+    input_data: str = typer.Option(None, "--input-data", help="Samples to send instead of synthetic data: perf_analyzer's "
+                                   "JSON input data, an .npz (one array per input) or a folder of NAME.npy (samples on axis 0)."),
     framework: str = typer.Option(None, help="The model's implementation: pytorch or tensorflow (the adapter's first by default)."),
     size: str = typer.Option(None, help="Model size: full, small, or the model's presets (dlrm: tiny, small, 4B, 22B)."),
     option: list[str] = typer.Option(None, "--option", help="A model-specific option, NAME=VALUE (repeat), e.g. memory_threshold_gb=16."),
@@ -203,7 +212,8 @@ def run(
         request = BenchmarkRequest(
             model=model or "resnet50", size=size, model_options=parse_options(option), checkpoint=checkpoint, dataset=dataset, formats=_split(formats), serve_formats=_split(serve),
             framework=framework, model_file=model_file, shapes=parse_named(shape, "shape", _dims),
-            input_dtypes=parse_named(dtype, "dtype", str),
+            input_dtypes=parse_named(dtype, "dtype", str), input_data=input_data,
+            value_ranges=parse_named(value_range, "--value-range (NAME:LO,HI)", _bounds),
             precision=precision, batch_sizes=parse_int_list(batch_sizes, "batch sizes"),
             concurrency=parse_int_list(concurrency, "concurrency"), scenarios=_split(scenarios), online_batch_size=online_batch_size,
             request_rates=parse_float_list(request_rates, "request rates"), request_distribution=distribution,
@@ -224,11 +234,22 @@ def run(
 
     if not verbose:  # Prefect's console logs (tracebacks too) still go to the run's logs/prefect.log
         os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "CRITICAL")
+        _quiet_onnxruntime()
     from flows.benchmark import benchmark_flow
 
     url = _run_with_progress(lambda: benchmark_flow(request))
     console.print(f"[green]report:[/] {url}/report.md")
     typer.echo(url)
+
+
+def _quiet_onnxruntime() -> None:
+    """ONNX Runtime logs a failed run to stderr before it raises; the error it raises is what the CLI reports."""
+    try:
+        import onnxruntime
+
+        onnxruntime.set_default_logger_severity(4)  # fatal only
+    except ImportError:
+        pass
 
 
 def _run_with_progress(start_flow) -> str:

@@ -33,3 +33,12 @@ class AccuracyError(BenchError):
 
 class StorageError(BenchError):
     """The artifact store could not be written."""
+
+
+def error_line(err: BaseException, limit: int = 300) -> str:
+    """A framework's error as one line: its first (TorchScript's first line is a header; its cause is the last one)."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    if not lines:
+        return type(err).__name__
+    line = lines[-1] if lines[0].startswith("The following operation failed in the TorchScript interpreter") else lines[0]
+    return line if len(line) <= limit else line[: limit - 3] + "..."

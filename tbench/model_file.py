@@ -6,8 +6,10 @@ run on an ONNX file should not pay for it.
 
 from __future__ import annotations
 
+import math
 import os
 import zipfile
+from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +24,7 @@ from tbench.runtimes import cached, run_file
 DEFAULT_DYNAMIC_DIM = 16  # the size a dynamic non-batch dim gets when the user names none
 ACCEPTED = "an .onnx file, a TensorFlow SavedModel directory (with saved_model.pb) or a TorchScript archive (torch.jit.save)"
 SHAPE_FLAG = "--shape NAME:D1,D2,..."
+RANGE_FLAG = "--value-range NAME:LO,HI"
 TS_IO_SPEC = "io_spec.json"  # optional extra file of a TorchScript archive holding IoSpec JSON
 _PROBE_BATCHES = (2, 3)  # TorchScript outputs are found by running the module at these batch sizes
 
@@ -32,7 +35,9 @@ class ModelFile(BaseModel):
     io_spec: IoSpec  # shapes exclude the batch axis when `batching`, else they are the full shapes
     input_shapes: dict[str, list[int]]  # concrete non-batch shape per input: synthetic data, perf_analyzer --shape
     batching: bool  # dim 0 of every input and output is dynamic
-    int_high: int  # integer inputs are drawn from [0, int_high)
+    int_high: int  # integer inputs are drawn from [0, int_high) unless a range below says otherwise
+    value_ranges: dict[str, list[float]] = {}  # the user's [LO, HI] per input (--value-range): synthetic data in it
+    table_rows: dict[str, int] = {}  # ONNX: rows of the embedding table(s) an integer input indexes (the fewest)
 
 
 # ---------------------------------------------------------------- format
@@ -89,6 +94,7 @@ def read_model_file(
     shapes: dict[str, list[int]] | None = None,
     dtypes: dict[str, str] | None = None,
     int_high: int = 16,
+    value_ranges: dict[str, list[float]] | None = None,
 ) -> ModelFile:
     path = Path(path).resolve()
     fmt = detect_format(path)
@@ -96,18 +102,24 @@ def read_model_file(
     dtypes = {name: _dtype_name(value, f"--dtype {name}") for name, value in (dtypes or {}).items()}
     if int_high < 1:
         raise ConfigError(f"int_high must be at least 1, got {int_high}")
+    ranges = {name: list(bounds) for name, bounds in (value_ranges or {}).items()}
+    table_rows: dict[str, int] = {}
     if fmt is Format.TS_SCRIPT:
-        spec, batching, shapes_are_spec = _read_torchscript(path, shapes, dtypes, int_high)
+        spec, batching, shapes_are_spec = _read_torchscript(path, shapes, dtypes, int_high, ranges)
+    elif fmt is Format.ONNX:
+        spec, batching, table_rows = _read_onnx(path)
+        shapes_are_spec = False
     else:
-        spec, batching = _read_onnx(path) if fmt is Format.ONNX else _read_savedmodel(path)
+        spec, batching = _read_savedmodel(path)
         shapes_are_spec = False
     _check_names(spec.input_names(), shapes, "--shape")
     _check_names(spec.input_names(), dtypes, "--dtype")
     _check_dtypes(spec, dtypes, path)
+    _check_ranges(spec, ranges)
     overrides = {} if shapes_are_spec else shapes  # then their -1 dims get the default like any dynamic dim
     input_shapes = {t.name: _fill_shape(t, overrides.get(t.name)) for t in spec.inputs}
     return ModelFile(path=str(path), format=fmt, io_spec=spec, input_shapes=input_shapes, batching=batching,
-                     int_high=int_high)
+                     int_high=int_high, value_ranges=ranges, table_rows=table_rows)
 
 
 def _dtype_name(value: str, what: str) -> str:
@@ -131,6 +143,28 @@ def _check_dtypes(spec: IoSpec, dtypes: dict[str, str], path: Path) -> None:
     for t in spec.inputs:
         if t.name in dtypes and dtypes[t.name] != t.dtype:
             raise ConfigError(f"--dtype {t.name}:{dtypes[t.name]} contradicts {path}, which declares {t.dtype}")
+
+
+def _check_ranges(spec: IoSpec, ranges: dict[str, list[float]]) -> None:
+    """Each --value-range: two numbers LO <= HI that hold at least one value of the input's dtype."""
+    _check_names(spec.input_names(), ranges, "--value-range")
+    dtypes = {t.name: t.np_dtype for t in spec.inputs}
+    for name, bounds in ranges.items():
+        given = f"--value-range {name}:{','.join(f'{b:g}' for b in bounds)}"
+        if len(bounds) != 2 or not all(math.isfinite(b) for b in bounds) or bounds[0] > bounds[1]:
+            raise ConfigError(f"{given} needs two finite numbers LO,HI with LO <= HI")
+        if dtypes[name].kind in "biu":
+            low, high = _int_bounds(bounds)
+            limits = (0, 1) if dtypes[name].kind == "b" else (int(np.iinfo(dtypes[name]).min), int(np.iinfo(dtypes[name]).max))
+            if low > high:
+                raise ConfigError(f"{given} holds no integer, and {name} is {dtypes[name].name}")
+            if low < limits[0] or high > limits[1]:
+                raise ConfigError(f"{given} does not fit {name}'s {dtypes[name].name} ({limits[0]}..{limits[1]})")
+
+
+def _int_bounds(bounds: list[float]) -> tuple[int, int]:
+    """An integer input's inclusive range from [LO, HI]: the integers within it."""
+    return math.ceil(bounds[0]), math.floor(bounds[1])
 
 
 def _fill_shape(spec: TensorSpec, override: list[int] | None) -> list[int]:
@@ -170,7 +204,8 @@ def _tensor(name: str, dtype: Any, shape: list[int], path: Path) -> TensorSpec:
 # ---------------------------------------------------------------- ONNX
 
 
-def _read_onnx(path: Path) -> tuple[IoSpec, bool]:
+def _read_onnx(path: Path) -> tuple[IoSpec, bool, dict[str, int]]:
+    """(spec, batching, the embedding-table rows each integer input indexes)."""
     import onnx
 
     try:
@@ -180,7 +215,45 @@ def _read_onnx(path: Path) -> tuple[IoSpec, bool]:
     initializers = {i.name for i in graph.initializer}  # old exporters list weights as graph inputs
     inputs = [_onnx_tensor(v, path) for v in graph.input if v.name not in initializers]
     outputs = [_onnx_tensor(v, path) for v in graph.output]
-    return _split_batch(inputs, outputs)
+    rows = _onnx_table_rows(graph, [t.name for t in inputs if np.dtype(t.dtype).kind in "iu"])
+    return *_split_batch(inputs, outputs), rows
+
+
+# ops that pass an index tensor on unchanged in value (input 0 to output 0)
+_VALUE_PRESERVING = {"Identity", "Cast", "Reshape", "Unsqueeze", "Squeeze", "Flatten", "Expand", "Transpose"}
+
+
+def _onnx_table_rows(graph: Any, names: list[str]) -> dict[str, int]:
+    """Per integer input that indexes a constant table (Gather(table, ids), as an exported embedding lookup is), the
+    table's size along the gathered axis: its valid indices are 0..rows-1. Followed through value-preserving ops only;
+    the fewest rows when it indexes several tables; inputs not seen indexing a table are left out."""
+    tables = {i.name: list(i.dims) for i in graph.initializer}
+    for node in graph.node:
+        if node.op_type == "Constant":
+            tables.update({node.output[0]: list(a.t.dims) for a in node.attribute if a.name == "value"})
+    consumers: dict[str, list[tuple[Any, int]]] = defaultdict(list)
+    for node in graph.node:
+        for slot, name in enumerate(node.input):
+            consumers[name].append((node, slot))
+    found = {}
+    for name in names:
+        rows, frontier, seen = [], [name], set()
+        while frontier:
+            tensor = frontier.pop()
+            if tensor in seen:
+                continue
+            seen.add(tensor)
+            for node, slot in consumers.get(tensor, []):
+                if node.op_type in _VALUE_PRESERVING and slot == 0 and node.output:
+                    frontier.append(node.output[0])
+                elif node.op_type == "Gather" and slot == 1 and node.input[0] in tables:
+                    dims = tables[node.input[0]]
+                    axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
+                    if -len(dims) <= axis < len(dims) and dims[axis] > 0:
+                        rows.append(int(dims[axis]))
+        if rows:
+            found[name] = min(rows)
+    return found
 
 
 def _onnx_tensor(value: Any, path: Path) -> TensorSpec:
@@ -243,7 +316,7 @@ def _load_savedmodel(path: Path) -> Any:
 
 
 def _read_torchscript(
-    path: Path, shapes: dict[str, list[int]], dtypes: dict[str, str], int_high: int,
+    path: Path, shapes: dict[str, list[int]], dtypes: dict[str, str], int_high: int, ranges: dict[str, list[float]],
 ) -> tuple[IoSpec, bool, bool]:
     """(spec, batching, shapes_are_spec): without io_spec.json the user's --shape values declare the inputs."""
     module, extra = _torchscript(path)
@@ -263,7 +336,8 @@ def _read_torchscript(
         raise ConfigError(f"TorchScript {path} declares no input shapes: give {SHAPE_FLAG} (without the batch axis) "
                           f"for {', '.join(missing)}")
     inputs = [TensorSpec(name=n, dtype=dtypes.get(n, "float32"), shape=_positive(n, shapes[n])) for n in names]
-    return IoSpec(inputs=inputs, outputs=_probe_outputs(module, inputs, path, int_high)), True, True
+    _check_ranges(IoSpec(inputs=inputs, outputs=[]), ranges)  # before the probe draws its inputs from them
+    return IoSpec(inputs=inputs, outputs=_probe_outputs(module, inputs, path, int_high, ranges)), True, True
 
 
 def _torchscript(path: Path) -> tuple[Any, str]:
@@ -304,12 +378,13 @@ def _positive(name: str, shape: list[int]) -> list[int]:
     return list(shape)
 
 
-def _probe_outputs(module: Any, inputs: list[TensorSpec], path: Path, int_high: int) -> list[TensorSpec]:
+def _probe_outputs(module: Any, inputs: list[TensorSpec], path: Path, int_high: int,
+                   ranges: dict[str, list[float]]) -> list[TensorSpec]:
     """Output count, dtypes and shapes, from two runs; dims that move with the inputs are dynamic."""
     runs = []
     for grow, batch in enumerate(_PROBE_BATCHES):
-        feeds = {t.name: _random(t.dtype, [batch] + [_probe_dim(d, grow) for d in t.shape], int_high,
-                                 np.random.default_rng(grow)) for t in inputs}
+        feeds = {t.name: _random(t.dtype, [batch] + [_probe_dim(d, grow) for d in t.shape], np.random.default_rng(grow),
+                                 ranges.get(t.name), int_high) for t in inputs}
         runs.append(_run_torchscript_module(module, inputs, feeds, path))
     first, second = runs
     outputs = []
@@ -333,8 +408,10 @@ def _run_torchscript_module(module: Any, inputs: list[TensorSpec], feeds: dict, 
         raise
     except Exception as err:
         shapes = ", ".join(f"{n}:{_dims(list(a.shape))}" for n, a in feeds.items())
+        ints = [t.name for t in inputs if t.np_dtype.kind in "iu"]
+        ranges = f" and, for the integers of {', '.join(ints)}, {RANGE_FLAG}" if ints else ""
         raise ConfigError(f"TorchScript {path} failed on synthetic inputs ({shapes}, batch axis included): "
-                          f"{_last_line(err)}; check {SHAPE_FLAG} and --dtype") from None
+                          f"{_last_line(err)}; check {SHAPE_FLAG}, --dtype{ranges}") from None
 
 
 def _torchscript_outputs(module: Any, arrays: list[np.ndarray]) -> list[np.ndarray]:
@@ -352,18 +429,47 @@ def _torchscript_outputs(module: Any, arrays: list[np.ndarray]) -> list[np.ndarr
 
 
 def synthetic_inputs(mf: ModelFile, batch_size: int, seed: int = 0) -> dict[str, np.ndarray]:
+    """Integers in the input's --value-range (inclusive), else below its embedding table's rows (ONNX), else in
+    [0, int_high); floats uniform in the --value-range, else standard normal; booleans either value."""
     rng = np.random.default_rng(seed)
     lead = [batch_size] if mf.batching else []
-    return {t.name: _random(t.dtype, lead + mf.input_shapes[t.name], mf.int_high, rng) for t in mf.io_spec.inputs}
+    return {t.name: _random(t.dtype, lead + mf.input_shapes[t.name], rng, synthetic_range(mf, t.name), mf.int_high)
+            for t in mf.io_spec.inputs}
 
 
-def _random(dtype: str, shape: list[int], int_high: int, rng: np.random.Generator) -> np.ndarray:
+def synthetic_range(mf: ModelFile, name: str) -> list[float] | None:
+    """The [LO, HI] synthetic values of an input are drawn from: the user's, else the embedding table's 0..rows-1;
+    None: the default (integers in [0, int_high), floats standard normal)."""
+    if name in mf.value_ranges:
+        return mf.value_ranges[name]
+    if name in mf.table_rows:
+        return [0, mf.table_rows[name] - 1]
+    return None
+
+
+def describe_range(mf: ModelFile, t: TensorSpec) -> str:
+    """An integer input's synthetic values as 'LO..HI'."""
+    bounds = synthetic_range(mf, t.name)
+    if bounds is None:
+        return f"0..{min(mf.int_high, int(np.iinfo(t.np_dtype).max) + 1) - 1}"
+    low, high = _int_bounds(bounds)
+    return f"{low}..{high}"
+
+
+def _random(dtype: str, shape: list[int], rng: np.random.Generator, bounds: list[float] | None = None,
+            int_high: int = 16) -> np.ndarray:
     np_dtype = np.dtype(dtype)
+    if np_dtype.kind in "biu" and bounds is not None:
+        low, high = _int_bounds(bounds)
+        return rng.integers(low, high, shape, dtype=np.int8 if np_dtype == np.bool_ else np_dtype,
+                            endpoint=True).astype(np_dtype)
     if np_dtype == np.bool_:
         return rng.integers(0, 2, shape).astype(np.bool_)
     if np_dtype.kind in "iu":
         high = min(int_high, int(np.iinfo(np_dtype).max) + 1)  # int_high may not fit a narrow dtype
         return rng.integers(0, high, shape, dtype=np_dtype)
+    if bounds is not None:
+        return rng.uniform(bounds[0], bounds[1], shape).astype(np_dtype)
     return rng.standard_normal(shape).astype(np_dtype)
 
 

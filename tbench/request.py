@@ -96,8 +96,17 @@ def adapter_for(req: "BenchmarkRequest | ResolvedRequest"):
     if req.model_file:
         from model_adapters.file_model import ModelFileAdapter
 
-        return ModelFileAdapter(req.model_file, req.shapes, req.input_dtypes)
-    return model_adapters.get(req.model, req.size, req.checkpoint, req.framework, req.dataset, req.profile, req.model_options)
+        adapter = ModelFileAdapter(req.model_file, req.shapes, req.input_dtypes, req.value_ranges)
+    else:
+        if req.value_ranges:
+            raise ConfigError(f"--value-range shapes a model file's synthetic data; model {req.model!r} makes its own "
+                              "(give --input-data PATH or --dataset DIR instead)")
+        adapter = model_adapters.get(req.model, req.size, req.checkpoint, req.framework, req.dataset, req.profile, req.model_options)
+    if req.input_data:
+        if req.dataset:
+            raise ConfigError("give --dataset or --input-data, not both")
+        adapter.use_input_data(req.input_data)
+    return adapter
 
 
 class BenchmarkRequest(BaseModel):
@@ -106,6 +115,10 @@ class BenchmarkRequest(BaseModel):
     model_file: str | None = Field(None, description="Benchmark this ONNX file, TorchScript file or TF SavedModel folder instead of an adapter.")
     shapes: dict[str, list[int]] | None = Field(None, description="model_file: non-batch shape per input, for dynamic dims (or TorchScript).")
     input_dtypes: dict[str, str] | None = Field(None, description="model_file: numpy dtype per input where the file does not say (TorchScript).")
+    input_data: str | None = Field(None, description="Samples every stage sends instead of synthetic data: perf_analyzer's JSON "
+                                   "input data, an .npz with one array per input or a folder of NAME.npy files (samples on axis 0).")
+    value_ranges: dict[str, list[float]] | None = Field(None, description="model_file: [LO, HI] per input for its synthetic "
+                                                        "data (integers LO..HI inclusive, floats uniform), e.g. {'token_type_ids': [0, 1]}.")
     size: str | None = Field(None, description="Model size: 'full' (published dimensions), 'small', or the model's presets; the model's default when empty.")
     model_options: dict[str, str | float | int] | None = Field(None, description="Model-specific options, e.g. {'memory_threshold_gb': 16} for dlrm.")
     checkpoint: str | None = Field(None, description="Weights to load; random weights when empty.")
@@ -243,6 +256,8 @@ class ResolvedRequest(BaseModel):
     model_file: str | None
     shapes: dict[str, list[int]] | None
     input_dtypes: dict[str, str] | None
+    input_data: str | None = None
+    value_ranges: dict[str, list[float]] | None = None
     checkpoint: str | None
     dataset: str | None
     profile: str
