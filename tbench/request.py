@@ -31,10 +31,10 @@ class Measurement(BaseModel):
     `stability_percentage` (at most `max_trials`); each point records how long its windows lasted (`window_s`). An
     unstable point is measured again with windows sized from the throughput its failed attempt saw, twice as long."""
 
-    window_s: float = Field(1.0, gt=0, description="Target duration of one measurement window, in seconds.")
+    window_s: float = Field(2.0, gt=0, description="Target duration of one measurement window, in seconds.")
     # perf_analyzer's throughput counts the requests that end inside a window: one request more or less at a window's
     # edge is 1/N of it, so a slow model's windows need enough requests for the figure to resolve a few percent
-    min_requests: int = Field(8, ge=1, description="Fewest requests in a window (and at least 2 x concurrency).")
+    min_requests: int = Field(16, ge=1, description="Fewest requests in a window (and at least 2 x concurrency).")
     stability_percentage: float = Field(10.0, gt=0, description="Max spread of the last 3 windows' throughput and latency, in %.")
     max_trials: int = Field(10, ge=3, description="Windows perf_analyzer tries before giving up on a point.")
     retries: int = Field(1, ge=0, description="Retries of an unstable point, each with windows twice as long.")
@@ -85,8 +85,8 @@ class MeasurementOverrides(BaseModel):
 # Correctness tolerances (atol, rtol) by precision: reduced precision legitimately moves outputs further.
 DEFAULT_TOLERANCES = {Precision.FP32: (1e-3, 1e-3), Precision.FP16: (1e-2, 1e-2), Precision.INT8: (5e-2, 5e-2)}
 
-# A GPU node: longer windows (perf_analyzer's own default is 5 s) and at least 50 requests in each.
-PROFILE_MEASUREMENT = {"cpu": Measurement(), "gpu": Measurement(window_s=2.0, min_requests=50)}
+# A GPU node serves thousands of requests a second: at least 50 in each window.
+PROFILE_MEASUREMENT = {"cpu": Measurement(), "gpu": Measurement(min_requests=50)}
 
 
 def adapter_for(req: "BenchmarkRequest | ResolvedRequest"):

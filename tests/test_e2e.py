@@ -97,7 +97,7 @@ def test_sweep_keeps_measured_points_and_flags_an_unstable_one(served_small, sma
     assert (layout.run_dir / table.iloc[0]["source_file"]).exists()
     # the server's own account of the same requests: Triton's statistics API agrees with perf_analyzer's breakdown
     assert (table["triton_requests"] >= table["measurement_request_count"]).all()
-    # windows sized by time: at least perf_analyzer's 1 s floor, a fast model's holding many requests
+    # windows sized by time: about window_s (2 s), a fast model's holding many requests
     assert (table["window_s"] > 0.9).all() and (table["measurement_request_count"] > 20).all(), table[["window_s", "measurement_request_count"]]
     assert (table["triton_compute_infer_ms"] > 0).all() and (table["stats_max_rel_diff"] < 0.5).all(), table[SERVER_COLUMNS]
     assert (table["server_cpu_pct"] > 0).all() and (table["server_rss_mb"] > 10).all()  # the server's processes, sampled
@@ -112,7 +112,7 @@ def test_sweep_keeps_measured_points_and_flags_an_unstable_one(served_small, sma
     # the retry's windows are sized from the throughput the failed attempt saw: twice the target duration
     first_log = (layout.logs_dir / "perf_analyzer" / "resnet50_online_b1_c2_try0.log").read_text()
     rate = np.median(pass_throughputs(first_log))
-    assert row["measurement_request_count"] == max(8, int(np.ceil(2 * 1.0 * rate)))
+    assert row["measurement_request_count"] == max(8, int(np.ceil(2 * 2.0 * rate)))
 
 
 def test_open_loop_rate_points_measure_what_the_server_keeps_up_with(served_small, small_artifacts, tmp_path):

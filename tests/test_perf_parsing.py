@@ -97,7 +97,7 @@ def test_offline_uses_system_shared_memory_sized_for_the_output(tmp_path):
 
 def test_windows_are_sized_by_time_from_the_calibrated_latency_and_double_on_retry():
     m = Measurement(window_s=1.0, min_requests=4)
-    assert Measurement().min_requests == 8
+    assert (Measurement().window_s, Measurement().min_requests) == (2.0, 16)
     assert m.requests_per_window(0.001, 1) == 1000  # a fast model: a second's worth of requests
     assert m.requests_per_window(0.5, 1) == 4  # a slow one: never fewer than min_requests
     assert m.requests_per_window(0.001, 1000) == 2000  # at least 2 x concurrency
