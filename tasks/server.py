@@ -527,17 +527,13 @@ def config_json(config: mc.ModelConfig) -> str:
 @contextmanager
 def configs_loaded(server: TritonServer, configs: dict[str, mc.ModelConfig]):
     """Serve models with other configs for a while (the offline scenario's static batching), then with the
-    repository's own again, also when the body fails (unless the server is gone)."""
-    loaded = []
-    try:
-        for name, config in configs.items():
-            server.load(name, config)
-            loaded.append(name)
-        yield
-    finally:
-        if loaded and server.alive():
-            for name in loaded:
-                server.load(name)
+    repository's own again. A body that fails ends the run, whose server is stopped next: nothing is reloaded then
+    (an interrupted run must not wait for a model load)."""
+    for name, config in configs.items():
+        server.load(name, config)
+    yield
+    for name in configs:
+        server.load(name)
 
 
 def make_server(mode: str, repository: Path, log_path: Path, *, http_port: int | None = None, grpc_port: int | None = None,
