@@ -6,7 +6,7 @@ import math
 import os
 from typing import Literal
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tbench.enums import Format, Precision, Scenario
 from tbench.errors import ConfigError
@@ -30,6 +30,8 @@ class Measurement(BaseModel):
     min_requests) over the 3 windows merged. perf_analyzer measures windows until the last 3 agree within
     `stability_percentage` (at most `max_trials`); each point records how long its windows lasted (`window_s`). An
     unstable point is measured again with windows sized from the throughput its failed attempt saw, twice as long."""
+
+    model_config = ConfigDict(extra="forbid")  # a misspelt or retired setting is an error, not silently ignored
 
     window_s: float = Field(2.0, gt=0, description="Target duration of one measurement window, in seconds.")
     # perf_analyzer's throughput counts the requests that end inside a window: one request more or less at a window's
@@ -61,6 +63,8 @@ class Measurement(BaseModel):
 
 class MeasurementOverrides(BaseModel):
     """Single measurement fields a user sets; the profile's (and the model's) settings hold for the rest."""
+
+    model_config = ConfigDict(extra="forbid")
 
     window_s: float | None = Field(None, gt=0, description="Target duration of one measurement window, in seconds.")
     min_requests: int | None = Field(None, ge=1, description="Fewest requests in a window.")

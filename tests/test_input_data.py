@@ -321,7 +321,7 @@ def test_a_bert_like_model_file_with_input_data_runs_end_to_end(prefect_harness,
     data = write_input_data(tmp_path, samples(4), "json")
     run, results, report = run_flow(tmp_path, BenchmarkRequest(
         model_file=str(model), input_data=str(data), output=str(tmp_path), batch_sizes=[1, 2], concurrency=[1],
-        measurement=Measurement(stability_percentage=50, images_per_window=16)))
+        measurement=Measurement(stability_percentage=50)))
     assert len(results) == 3 and (results["status"] == "ok").all(), results[["scenario", "batch_size", "status", "error"]]
     (accuracy,) = json.loads((run / "accuracy.json").read_text())
     assert all(o["passed"] for o in accuracy["outputs"])

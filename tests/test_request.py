@@ -116,3 +116,10 @@ def test_measurement_options_override_single_fields_of_the_profile():
     r = BenchmarkRequest(model="resnet50", measurement=Measurement(max_trials=4)).resolve(has_gpu=True)
     assert r.measurement.max_trials == 4 and r.measurement.window_s == 2.0
     assert BenchmarkRequest(model="resnet50").resolve(has_gpu=False).measurement.stability_percentage == 10.0
+
+
+def test_a_retired_or_misspelt_measurement_setting_is_refused():
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="images_per_window"):
+        BenchmarkRequest(model="resnet50", measurement={"images_per_window": 16})

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.e2e
 
 TBENCH = str(Path(sys.executable).with_name("tbench"))
 SMALL_RUN = ["resnet50", "--size", "small", "--formats", "onnx", "--batch-sizes", "1,4", "--concurrency", "2",
-             "--images-per-window", "16"]
+             "--window-s", "1"]
 
 
 @pytest.fixture(scope="module")
