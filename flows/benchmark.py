@@ -123,7 +123,8 @@ def _benchmark(req, hardware) -> str:
             for scenario in req.scenarios:
                 key = f"perf-{scenario.value}-{fmt.value}"
                 offline = scenario is Scenario.OFFLINE
-                batching = {"batching": "static" if offline else "dynamic", "max_queue_delay_us": 0 if offline else req.max_queue_delay_us}
+                served_as = serving_config(req, hardware, fmt).static() if offline else serving_config(req, hardware, fmt)
+                batching = {"batching": served_as.batching, "max_queue_delay_us": served_as.queue_delay_us}
                 with tracker.stage(key), configs_loaded(server, {n: offline_configs[n] for n in behind} if offline else {}):
                     points = plan_points([scenario], req.batch_sizes, req.concurrency, req.request_rates,
                                          req.request_distribution, req.online_batch_size)

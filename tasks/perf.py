@@ -230,10 +230,11 @@ def measure_point(point: Point, *, model: str, grpc_url: str, spec: IoSpec, m: M
         if done.returncode == 0 and csv_path.exists():
             try:
                 row.update(parse_perf_csv(csv_path), status="ok", error="", source_file=str(csv_path.relative_to(layout.run_dir)))
-                merged = merged_requests(log_path.read_text(errors="replace"))
+                full_log = log_path.read_text(errors="replace")
+                merged = merged_requests(full_log)
                 row["window_requests"] = merged / STABILITY_WINDOWS if merged else np.nan
                 row["window_s"] = window_seconds(merged, point.batch_size, row[THROUGHPUT.column])
-                row["composing"] = parse_composing(log_path.read_text(errors="replace"))  # an ensemble's steps; else []
+                row["composing"] = parse_composing(full_log)  # an ensemble's steps; else []
                 row.update(observed, stats_max_rel_diff=cross_check({**row, **observed}))
                 return row
             except ValueError:
