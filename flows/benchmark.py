@@ -9,6 +9,7 @@ from pathlib import Path
 
 from prefect import flow, get_run_logger
 
+from flows.lifecycle import finishing, run_lifecycle
 from tasks.accuracy import accuracy_task, require_same_answers
 from tasks.baseline import baseline_task
 from tasks.correctness import correctness_task, require_passed
@@ -22,15 +23,15 @@ from model_adapters.ensemble import part_adapters
 from tasks.repository import (ACCELERATOR_LABELS, ServingConfig, backend_label, repository_task, serves_natively,
                               write_ensemble, write_offline_configs)
 from tasks.server import configs_loaded, make_server, server_task
-from tasks.store import run_url, staging_root, store_task
+from tasks.store import run_url, store_task
 from tbench import hardware as hw
 from tbench import progress
 from tbench.enums import Format, Scenario
-from tbench.layout import RunLayout, new_run_id
-from tbench.pools import check_worker_hardware, device_lock
+from tbench.pools import check_worker_hardware
 from tbench.precision import results_precision
 from tbench.request import BenchmarkRequest, adapter_for
-from tbench.run import RunTracker
+from tbench.errors import PerfAnalyzerError
+from tbench.run import FAILED, RunTracker
 
 
 @flow(name="triton-benchmark")
@@ -39,18 +40,15 @@ def benchmark_flow(request: BenchmarkRequest = BenchmarkRequest()) -> str:
     hardware = hw.detect()
     check_worker_hardware(hardware)  # a worker of the A100 pool must have an A100
     req = request.resolve(hardware.has_gpu)
-    with device_lock(hardware):  # one run measures on a GPU (or CPU machine) at a time
-        return _benchmark(req, hardware)
-
-
-def _benchmark(req, hardware) -> str:
-    """The run itself, under the device lock; a failed run still leaves its results, logs, report and manifest."""
     adapter = adapter_for(req)
-    layout = RunLayout(staging_root(req.output), new_run_id(req.model)).create()
-    tracker = RunTracker(layout)
-    tracker.capture_logs()
-    tracker.save_json(layout.request_json, req.model_dump(mode="json"))
-    progress.emit("run_start", run_id=layout.run_id, run_dir=str(layout.run_dir))
+    with run_lifecycle(req, hardware, req.model, req.model_dump(mode="json")) as tracker:
+        return _benchmark(req, hardware, adapter, tracker)
+
+
+def _benchmark(req, hardware, adapter, tracker: RunTracker) -> str:
+    """The run itself, under the device lock; a failed or interrupted run still leaves its results, logs, report and
+    a manifest that says where it stopped."""
+    layout = tracker.layout
     server = None
     try:
         with tracker.stage("export"):
@@ -135,10 +133,13 @@ def _benchmark(req, hardware) -> str:
                               monitor=PointMonitor(server.endpoints.grpc_url, name, server.processes,
                                                    server.endpoints.metrics_url, gpu=hardware.has_gpu),
                               cache=cache.for_model(static) if cache else None)
-    except BaseException:
-        _finish(tracker, req, hardware, server, raise_errors=False)
+    except BaseException as err:
+        _finish(tracker, req, hardware, server, error=err)
         raise
-    return _finish(tracker, req, hardware, server, raise_errors=True)
+    url = _finish(tracker, req, hardware, server)
+    if tracker.status == FAILED:  # every point failed: the flow run fails too, after its folder is stored
+        raise PerfAnalyzerError(f"{tracker.status_line}; the run folder is {url}")
+    return url
 
 
 def accelerator_label(req, hardware, fmt, native: dict) -> str:
@@ -192,40 +193,43 @@ def server_options(req) -> dict:
     return {k: v for k, v in options.items() if v is not None}
 
 
-def _finish(tracker: RunTracker, req, hardware, server, raise_errors: bool) -> str:
-    """Stop the server, then report and store whatever the run has; with a stage error already in flight, a
-    failure here is logged instead of hiding the first error."""
+def _finish(tracker: RunTracker, req, hardware, server, error: BaseException | None = None) -> str:
+    """Stop the server, then report and store whatever the run has. The manifest is written first and again after any
+    failure here; with an error already in flight, a failure here is logged instead of hiding the first error."""
     layout = tracker.layout
     url = str(layout.run_dir)
+    manifest = {"request": req.model_dump(mode="json"), "hardware": hardware.model_dump(),
+                "artifact_url": run_url(req.output, layout.run_id), "local_dir": str(layout.run_dir)}
     try:
-        if server is not None:
-            with tracker.stage("server-stop"):
-                server.stop()
-        with tracker.stage("metrics"):
-            summary = metrics_task(tracker.results)
-        comparison_lines, comparison = [], None
-        if req.baseline:  # after metrics: the results files it reads are complete
-            with tracker.stage("compare-baseline"):
-                comparison_lines, comparison = baseline_task(req.baseline, layout.run_dir, layout.plots_dir)
-        with tracker.stage("report"):
-            report_task(layout.report_md, tracker.results, run_id=layout.run_id, request=req, hardware=hardware,
-                        correctness=tracker.correctness, accuracy=tracker.accuracy, summary=summary,
-                        served_by=tracker.served_by, composing=tracker.composing, model_notes=adapter_notes(req),
-                        stage_seconds=dict(tracker.stage_seconds), plots_dir=layout.plots_dir,
-                        status=tracker.status, error=tracker.error, comparison_lines=comparison_lines)
-        tracker.release_logs()
-        with tracker.stage("store"):
-            url = store_task(layout.run_dir, req.output, layout.run_id,
-                             tracker.manifest(request=req.model_dump(mode="json"), hardware=hardware.model_dump(),
-                                              summary=summary, comparison=comparison, artifact_url=run_url(req.output, layout.run_id),
-                                              local_dir=str(layout.run_dir)))
+        with finishing(tracker, error, **manifest):
+            if server is not None:
+                with tracker.stage("server-stop"):
+                    server.stop()
+            with tracker.stage("metrics"):
+                manifest["summary"] = summary = metrics_task(tracker.results)
+            comparison_lines = []
+            if req.baseline:  # after metrics: the results files it reads are complete
+                with tracker.stage("compare-baseline"):
+                    comparison_lines, manifest["comparison"] = baseline_task(req.baseline, layout.run_dir, layout.plots_dir)
+            with tracker.stage("report"):
+                report_task(layout.report_md, tracker.results, run_id=layout.run_id, request=req, hardware=hardware,
+                            correctness=tracker.correctness, accuracy=tracker.accuracy, summary=summary,
+                            served_by=tracker.served_by, composing=tracker.composing, model_notes=adapter_notes(req),
+                            stage_seconds=dict(tracker.stage_seconds), plots_dir=layout.plots_dir,
+                            status=tracker.status, error=tracker.error or tracker.status_line, comparison_lines=comparison_lines)
+            tracker.release_logs()
+            with tracker.stage("store"):
+                url = store_task(layout.run_dir, req.output, layout.run_id, tracker.manifest(**manifest))
     except Exception as err:
-        if raise_errors:
+        tracker.record_error(err)  # a no-op when the run had failed already
+        tracker.write_manifest(**manifest)
+        if error is None:
             raise
         get_run_logger().error(f"while finishing a failed run: {err}; the run folder is {layout.run_dir}")
     finally:
         tracker.release_logs()
-        progress.emit("run_end", run_id=layout.run_id, url=url, status=tracker.status)
+        progress.emit("run_end", run_id=layout.run_id, url=url, status=tracker.status, detail=tracker.status_line,
+                      stage=tracker.failed_stage)
     return url
 
 

@@ -15,6 +15,7 @@ from prefect.artifacts import create_markdown_artifact
 from pydantic import BaseModel, Field
 
 from flows.benchmark import request_from_argv, server_options
+from flows.lifecycle import finishing, run_lifecycle
 from tasks.correctness import correctness_task, require_passed
 from tasks.export import ConversionOptions, export_task
 from tasks.html_report import write_html_report
@@ -22,13 +23,13 @@ from tasks.perf import prepare_inputs
 from tasks.repository import serves_natively
 from tasks.search_eval import ServedVariant, TritonEvaluator, artifact_key, search_task
 from tasks.server import make_server, server_task
-from tasks.store import run_url, staging_root, store_task
+from tasks.store import run_url, store_task
 from tbench import hardware as hw
 from tbench import progress
 from tbench.enums import Format, Precision
 from tbench.errors import ConfigError
-from tbench.layout import RunLayout, new_run_id
-from tbench.pools import check_worker_hardware, device_lock
+from tbench.layout import RunLayout
+from tbench.pools import check_worker_hardware
 from tbench.precision import refusal
 from tbench.request import DEFAULT_TOLERANCES, BenchmarkRequest, adapter_for
 from tbench.run import RunTracker
@@ -91,16 +92,13 @@ def search_flow(request: BenchmarkRequest = BenchmarkRequest(), search: SearchRe
     adapter = adapter_for(req)
     plan = variant_plan(search.space, req, hardware.has_gpu)
     resume = resume_checkpoint(search.resume_from)
-    layout = RunLayout(staging_root(req.output), new_run_id(f"{req.model}-search")).create()
-    layout.repository_dir.mkdir(parents=True, exist_ok=True)
-    checkpoint = Checkpoint(layout.run_dir / CHECKPOINT)
-    if resume is not None:  # the new run starts from a copy: the interrupted run's folder stays as it was
-        shutil.copyfile(resume, checkpoint.path)
-    tracker = RunTracker(layout)
-    tracker.capture_logs()
-    tracker.save_json(layout.request_json, {"request": req.model_dump(mode="json"), "search": search.model_dump(mode="json")})
-    progress.emit("run_start", run_id=layout.run_id, run_dir=str(layout.run_dir))
-    with device_lock(hardware):  # one run measures on a GPU (or CPU machine) at a time
+    request_json = {"request": req.model_dump(mode="json"), "search": search.model_dump(mode="json")}
+    with run_lifecycle(req, hardware, f"{req.model}-search", request_json) as tracker:
+        layout = tracker.layout
+        layout.repository_dir.mkdir(parents=True, exist_ok=True)
+        checkpoint = Checkpoint(layout.run_dir / CHECKPOINT)
+        if resume is not None:  # the new run starts from a copy: the interrupted run's folder stays as it was
+            shutil.copyfile(resume, checkpoint.path)
         server, result = None, None
         concurrency = search.concurrency or max(req.concurrency)
         try:
@@ -139,10 +137,10 @@ def search_flow(request: BenchmarkRequest = BenchmarkRequest(), search: SearchRe
             with tracker.stage("search"):
                 result = search_task(search.strategy, search.space, search.objective, evaluator, checkpoint,
                                      budget_fraction=search.budget_fraction, start=start, label=layout.run_id)
-        except BaseException:
-            _finish(tracker, req, search, hardware, server, result, concurrency, raise_errors=False)
+        except BaseException as err:
+            _finish(tracker, req, search, hardware, server, result, concurrency, error=err)
             raise
-        return _finish(tracker, req, search, hardware, server, result, concurrency, raise_errors=True)
+        return _finish(tracker, req, search, hardware, server, result, concurrency)
 
 
 def search_server_options(req) -> dict:
@@ -166,38 +164,44 @@ def write_search_files(layout: RunLayout, result, title: str) -> str:
 
 
 def _finish(tracker: RunTracker, req, search: SearchRequest, hardware, server, result, concurrency: int,
-            raise_errors: bool) -> str:
-    """Stop the server, write what the search found (whatever it got to) and store the run folder."""
+            error: BaseException | None = None) -> str:
+    """Stop the server, write what the search found (whatever it got to) and store the run folder; the manifest is
+    written first and again after any failure here."""
     layout = tracker.layout
     url = str(layout.run_dir)
+    manifest = {"request": req.model_dump(mode="json"), "search": search.model_dump(mode="json"),
+                "hardware": hardware.model_dump(), "artifact_url": run_url(req.output, layout.run_id),
+                "local_dir": str(layout.run_dir)}
     try:
-        if server is not None:
-            with tracker.stage("server-stop"):
-                server.stop()
-        with tracker.stage("report"):
-            if result is None and tracker.layout.run_dir.joinpath(CHECKPOINT).exists():
-                result = partial_result(layout, search)
-            if result is not None:
-                text = write_search_files(layout, result, f"Configuration search: {req.model} ({req.size}), "
-                                                          f"concurrency {concurrency}, {hardware.gpu_label}")
-                create_markdown_artifact(text, key=artifact_key(f"search-report-{req.model}"),
-                                         description="Configuration search result (the plot is in the run folder)")
-        tracker.release_logs()
-        with tracker.stage("store"):
-            best = result.best if result is not None else None
-            summary = {"measured": result.measured if result else 0, "grid_size": result.grid_size if result else None,
-                       "best": best.candidate.key if best else None}
-            url = store_task(layout.run_dir, req.output, layout.run_id,
-                             tracker.manifest(request=req.model_dump(mode="json"), search=search.model_dump(mode="json"),
-                                              hardware=hardware.model_dump(), summary=summary,
-                                              artifact_url=run_url(req.output, layout.run_id), local_dir=str(layout.run_dir)))
+        with finishing(tracker, error, **manifest):
+            if server is not None:
+                with tracker.stage("server-stop"):
+                    server.stop()
+            with tracker.stage("report"):
+                if result is None and tracker.layout.run_dir.joinpath(CHECKPOINT).exists():
+                    result = partial_result(layout, search)
+                if result is not None:
+                    text = write_search_files(layout, result, f"Configuration search: {req.model} ({req.size}), "
+                                                              f"concurrency {concurrency}, {hardware.gpu_label}")
+                    create_markdown_artifact(text, key=artifact_key(f"search-report-{req.model}"),
+                                             description="Configuration search result (the plot is in the run folder)")
+            tracker.release_logs()
+            with tracker.stage("store"):
+                best = result.best if result is not None else None
+                manifest["summary"] = {"measured": result.measured if result else 0,
+                                       "grid_size": result.grid_size if result else None,
+                                       "best": best.candidate.key if best else None}
+                url = store_task(layout.run_dir, req.output, layout.run_id, tracker.manifest(**manifest))
     except Exception as err:
-        if raise_errors:
+        tracker.record_error(err)
+        tracker.write_manifest(**manifest)
+        if error is None:
             raise
         get_run_logger().error(f"while finishing a failed search: {err}; the run folder is {layout.run_dir}")
     finally:
         tracker.release_logs()
-        progress.emit("run_end", run_id=layout.run_id, url=url, status=tracker.status)
+        progress.emit("run_end", run_id=layout.run_id, url=url, status=tracker.status, detail=tracker.status_line,
+                      stage=tracker.failed_stage)
     return url
 
 

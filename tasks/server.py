@@ -33,11 +33,10 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 from tritonclient.grpc import model_config_pb2 as mc
 
-from tbench import procs, tools
+from tbench import procs, shm, tools
 from tbench.errors import ServerStartError
 from tbench.triton_config import parse_pbtxt
 
-SHM_PREFIX = "triton_python_backend_shm_region_"
 NGC_IMAGE = "nvcr.io/nvidia/tritonserver:24.10-py3"  # Triton 2.51, the release of our perf_analyzer
 LOCAL_BACKENDS = Path("/opt/tritonserver/backends")  # where the NGC image and Triton's packages put them
 CONTAINER_PORTS = {"http": 8000, "grpc": 8001, "metrics": 8002}
@@ -229,24 +228,7 @@ class ProcessServer(TritonServer):
 
     def _group(self) -> list[psutil.Process]:
         """The server and every process it started (stubs stay in its process group, orphaned or not)."""
-        members = []
-        for p in psutil.process_iter():
-            try:
-                if os.getpgid(p.pid) == self.proc.pid:
-                    members.append(p)
-            except (ProcessLookupError, psutil.Error):
-                pass
-        return members
-
-    @staticmethod
-    def _mapped_shm(processes: list[psutil.Process]) -> set[Path]:
-        regions = set()
-        for p in processes:
-            try:
-                regions |= {Path(m.path) for m in p.memory_maps() if Path(m.path).name.startswith(SHM_PREFIX)}
-            except psutil.Error:
-                pass
-        return regions
+        return shm.group_members(self.proc.pid)
 
     def _terminate(self, timeout_s: float) -> None:
         self.proc.send_signal(signal.SIGTERM)
@@ -256,18 +238,19 @@ class ProcessServer(TritonServer):
             pass
 
     def stop(self, timeout_s: float = 30.0) -> None:
-        """SIGTERM lets Triton unload models and stop its stubs; the group kill reaps whatever did not exit;
-        the python backend's shared-memory regions that this server's processes mapped are removed."""
+        """SIGTERM lets Triton unload models and stop its stubs; the group kill reaps whatever did not exit; the shared
+        memory this server's processes mapped (the python backend's, and perf_analyzer's registered regions, which a
+        killed perf_analyzer leaves behind) is removed."""
         if self.proc is None:
             return
-        regions = self._mapped_shm(self._group())
+        regions = shm.mapped_regions(self._group())
         if self.proc.poll() is None:
             self._terminate(timeout_s)
         procs.kill_group(self.proc)
         self.proc.wait()
+        procs.forget(self.proc)
         self.proc = None
-        for region in regions:  # Triton removes them on a clean exit; a killed stub leaves them behind
-            region.unlink(missing_ok=True)
+        shm.remove(regions)  # Triton removes its own on a clean exit; killed processes leave theirs behind
 
 
 def backends_in(backend_dir: Path) -> set[str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from pathlib import Path
@@ -16,7 +17,7 @@ from rich.console import Console  # noqa: E402
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn  # noqa: E402
 
 from tbench import progress  # noqa: E402
-from tbench.errors import BenchError, ConfigError  # noqa: E402
+from tbench.errors import BenchError, ConfigError, error_line  # noqa: E402
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Benchmark models on NVIDIA Triton Inference Server.")
 console = Console(stderr=True, soft_wrap=True)
@@ -123,18 +124,26 @@ class RichProgress:
     def __init__(self, bar: Progress):
         self.bar = bar
         self.stage = self.sweep = None
+        self.stage_name: str | None = None  # the stage running now: where an interrupt landed
         self.run_url: str | None = None
+        self.status, self.detail = None, ""
 
     def __call__(self, event: str, **data) -> None:
         if event == "run_end":
-            self.run_url = data["url"]
+            self.run_url, self.status, self.detail = data["url"], data["status"], data.get("detail", "")
+            self.stage_name = data.get("stage") or self.stage_name
+        elif event == "lock_wait":
+            self.bar.console.print(f"  [yellow]waiting[/] {data['waited_s']:.0f} s for the device lock: held by {data['holder']}")
+        elif event == "lock_reclaimed":
+            self.bar.console.print(f"  [yellow]reclaimed[/] the device lock from {data['holder']} (its lease is stale)")
         elif event == "run_start":
             self.bar.console.print(f"run [bold]{data['run_id']}[/] in {data['run_dir']}")
         elif event == "stage_start":
+            self.stage_name = data["stage"]
             self.stage = self.bar.add_task(f"{data['stage']}", total=None)
         elif event == "stage_end":
             self.bar.remove_task(self.stage)
-            mark = "[green]done[/]" if data["status"] == "completed" else "[red]failed[/]"
+            mark = "[green]done[/]" if data["status"] == "completed" else f"[red]{data['status']}[/]"
             self.bar.console.print(f"  {data['stage']:<24} {mark} in {data['seconds']:.1f} s")
         elif event == "sweep_start":
             self.sweep = self.bar.add_task("perf_analyzer points", total=data["total"])
@@ -237,9 +246,7 @@ def run(
         _quiet_onnxruntime()
     from flows.benchmark import benchmark_flow
 
-    url = _run_with_progress(lambda: benchmark_flow(request))
-    console.print(f"[green]report:[/] {url}/report.md")
-    typer.echo(url)
+    _run_with_progress(lambda: benchmark_flow(request), "report.md", verbose)
 
 
 def _quiet_onnxruntime() -> None:
@@ -252,21 +259,55 @@ def _quiet_onnxruntime() -> None:
         pass
 
 
-def _run_with_progress(start_flow) -> str:
-    """Run a flow with a rich progress bar; a BenchError is one red line and exit 1, with where the partial run is."""
+# exit codes of `run` and `search`
+EXIT_FAILED, EXIT_BAD_OPTIONS, EXIT_FAILED_POINTS = 1, 2, 3
+
+
+def _run_with_progress(start_flow, done: str, verbose: bool = False) -> None:
+    """Run a flow with a rich progress bar in the CLI's own Prefect API; print `done` (a file of the run folder) and the
+    run folder. Every way a run can end is one line and an exit code: completed 0, completed with failed points 3,
+    failed 1 (a BenchError's message, or the type and first line of anything else; the traceback is in the run's
+    logs, and on the terminal with -v), interrupted 130 (Ctrl-C or SIGTERM)."""
+    from tbench.interrupts import EXIT_INTERRUPTED, cli_signal_handlers, is_interrupt, signal_name
+    from tbench.prefect_api import prefect_api
+
     columns = [SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
-    with Progress(*columns, console=console, transient=True) as bar:
-        listener = RichProgress(bar)
-        progress.subscribe(listener)
-        try:
-            return start_flow()
-        except BenchError as err:
+    listener = None
+    logging.raiseExceptions = False  # a log file on a full disk: the run's own error says so, not a logging traceback
+    try:
+        with cli_signal_handlers(), Progress(*columns, console=console, transient=True) as bar:
+            listener = RichProgress(bar)
+            progress.subscribe(listener)
+            with prefect_api():
+                url = start_flow()
+    except BaseException as err:
+        where = listener.run_url if listener else None
+        stage = f" during {listener.stage_name}" if listener and listener.stage_name else ""
+        if is_interrupt(err):
+            console.print(f"[red]interrupted[/] by {signal_name(err)}{stage}; the server is stopped and every point "
+                          "measured so far is kept")
+            code = EXIT_INTERRUPTED
+        elif isinstance(err, BenchError):
             console.print(f"[red]error:[/] {err}")
-            if listener.run_url:
-                console.print(f"partial results, logs and manifest: {listener.run_url}")
-            raise typer.Exit(1) from None
-        finally:
+            code = EXIT_FAILED
+        else:  # a bug or an environment problem: one line here, the traceback in the run's logs (and here with -v)
+            if verbose:
+                console.print_exception()
+            console.print(f"[red]error:[/] {type(err).__name__}{stage}: {error_line(err)}"
+                          + (f" (traceback: {where}/logs/prefect.log)" if where else ""))
+            code = EXIT_FAILED
+        if where:
+            console.print(f"partial results, logs and manifest: {where}")
+        raise typer.Exit(code) from None
+    finally:
+        if listener:
             progress.unsubscribe(listener)
+    console.print(f"[green]{done}:[/] {url}/{done}")
+    if listener.status == "completed_with_failures":
+        console.print(f"[yellow]completed with failed points:[/] {listener.detail}")
+        typer.echo(url)
+        raise typer.Exit(EXIT_FAILED_POINTS)
+    typer.echo(url)
 
 
 @app.command()
@@ -331,9 +372,7 @@ def search(
         raise typer.Exit(2) from None
     from flows.search import search_flow
 
-    url = _run_with_progress(lambda: search_flow(request, search_request))
-    console.print(f"[green]search:[/] {url}/search.md")
-    typer.echo(url)
+    _run_with_progress(lambda: search_flow(request, search_request), "search.md", verbose)
 
 
 @app.command()
@@ -373,6 +412,8 @@ def submit(
     scenarios: str = typer.Option(None, help="offline, online, rate."),
     window_s: float = typer.Option(None, "--window-s", help="Target seconds per perf_analyzer measurement window."),
     output: str = typer.Option(None, "--output", "-o", help="Artifact root (default: the worker's TBENCH_ARTIFACT_ROOT)."),
+    reuse: bool = typer.Option(False, "--reuse", help="Take points the worker's machine already measured with the same "
+                               "inputs from its point cache (a run whose worker was killed resumes)."),
     follow: bool = typer.Option(True, "--follow/--no-follow", help="Follow the run to its end (states and logs)."),
     timeout: float = typer.Option(3600, help="Stop following after this many seconds (the run goes on)."),
 ) -> None:
@@ -389,7 +430,7 @@ def submit(
         request = BenchmarkRequest(model=model, **_given(
             size=size, framework=framework, formats=_split(formats), precision=precision,
             batch_sizes=parse_int_list(batch_sizes, "batch sizes"), concurrency=parse_int_list(concurrency, "concurrency"),
-            scenarios=_split(scenarios), output=output,
+            scenarios=_split(scenarios), output=output, reuse_measurements=reuse or None,
             measurement=measurement_overrides(window_s)))
         import model_adapters
 

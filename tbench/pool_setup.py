@@ -4,7 +4,7 @@ Each pool gets the base job template of its type with the pool's GPU kind in the
 (TBENCH_POOL_GPU, checked by every run) and, for Kubernetes, the GPU product node selector. Two queues per pool:
 `default` (UI and laptop runs, priority 1) and `nightly` (scheduled sweeps, priority 2, so an engineer's run goes
 first). GPU locks: a run takes the global concurrency limit named after its GPU's UUID and creates it when missing
-(`tbench.pools.device_lock`); `--gpu-uuid` creates them ahead, e.g. to see them in the UI before the first run.
+(`tbench.device_lock`); `--gpu-uuid` creates them ahead, e.g. to see them in the UI before the first run.
 
 Usage: python -m tbench.pool_setup [--type docker|kubernetes|process] [--pool a100 ...] [--gpu-uuid GPU-... ...]
 (PREFECT_API_URL names the server). Re-running updates the pools' templates; nothing is deleted.

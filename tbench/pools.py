@@ -1,5 +1,5 @@
-"""GPU pools: which GPU each work pool promises, the check a run makes against the worker's hardware, and the lock that
-keeps two runs from measuring on the same GPU (or the same CPU machine) at once.
+"""GPU pools: which GPU each work pool promises and the check a run makes against the worker's hardware (the lock that
+keeps two runs from measuring on the same GPU or CPU machine at once is `tbench.device_lock`).
 
 A deployment's job variables set ``TBENCH_POOL_GPU`` (the pool's GPU kind, e.g. ``A100``; ``cpu`` for the cpu pool).
 A run started by a worker compares it with what nvidia-smi reports and refuses a mismatch before it does anything:
@@ -8,11 +8,8 @@ numbers measured on a T4 must never be filed under A100.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
-import socket
-from collections.abc import Iterator
 
 from pydantic import BaseModel
 
@@ -56,35 +53,3 @@ def check_worker_hardware(hardware: Hardware, expected: str | None = None) -> No
     if not gpu_matches(expected, hardware.gpus[0]):
         raise ConfigError(f"this worker's pool promises {expected} GPUs but the machine has {hardware.gpus[0]}; "
                           "the run was refused so its numbers are not filed under the wrong GPU")
-
-
-def lock_name(hardware: Hardware) -> str:
-    """One global concurrency limit per GPU (its UUID: unique across the fleet), or per CPU machine."""
-    if hardware.gpu_uuids:
-        return f"tbench-gpu-{hardware.gpu_uuids[0]}"
-    return f"tbench-cpu-{re.sub(r'[^A-Za-z0-9-]+', '-', socket.gethostname())}"
-
-
-def ensure_limit(name: str, limit: int = 1) -> None:
-    """Create the global concurrency limit if the server does not have it yet (two workers may race: fine)."""
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
-    from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
-
-    with get_client(sync_client=True) as client:
-        try:
-            client.read_global_concurrency_limit_by_name(name)
-        except ObjectNotFound:
-            with contextlib.suppress(ObjectAlreadyExists):
-                client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=name, limit=limit))
-
-
-@contextlib.contextmanager
-def device_lock(hardware: Hardware, timeout_s: float | None = None) -> Iterator[str]:
-    """Hold this machine's GPU (or CPU) for the run: a second run on the same device waits for the first."""
-    from prefect.concurrency.sync import concurrency
-
-    name = lock_name(hardware)
-    ensure_limit(name)
-    with concurrency(name, occupy=1, timeout_seconds=timeout_s, strict=True):
-        yield name

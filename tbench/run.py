@@ -14,10 +14,14 @@ import pandas as pd
 from tbench import progress
 from tbench.artifacts import AccuracyResult, CorrectnessResult
 from tbench.composing import COMPOSING_COLUMNS
-from tbench.errors import BenchError
+from tbench.errors import BenchError, error_line
+from tbench.interrupts import is_interrupt, signal_name
 from tbench.layout import RunLayout
 from tbench.metrics import RESULT_COLUMNS
-from tasks.store import write_local_atomic
+from tasks.store import write_local_atomic, write_manifest
+
+# A run's status, as the manifest, the report, the results dataset and the CLI's exit code say it.
+COMPLETED, COMPLETED_WITH_FAILURES, FAILED, INTERRUPTED = "completed", "completed_with_failures", "failed", "interrupted"
 
 
 class _RunLogFormatter(logging.Formatter):
@@ -35,6 +39,7 @@ class RunTracker:
         self.stage_seconds: dict[str, float] = {}
         self.stage_status: dict[str, str] = {}
         self.failed_stage: str | None = None
+        self.interrupted = False  # by Ctrl-C or SIGTERM, in failed_stage
         self.error: str | None = None
         self.results = pd.DataFrame(columns=RESULT_COLUMNS)
         self._tables: dict[str, pd.DataFrame] = {}
@@ -51,9 +56,8 @@ class RunTracker:
         try:
             yield
         except BaseException as err:
-            self.stage_status[name] = "failed"
-            self.failed_stage = self.failed_stage or name
-            self.error = self.error or (str(err) if isinstance(err, BenchError) else f"{type(err).__name__}: {err}")
+            self.stage_status[name] = "interrupted" if is_interrupt(err) else "failed"
+            self.record_error(err, name)
             raise
         else:
             self.stage_status[name] = "completed"
@@ -80,22 +84,61 @@ class RunTracker:
     def save_json(self, path: Path, value) -> None:
         write_local_atomic(path, json.dumps(value, indent=2, default=str))
 
+    def record_error(self, err: BaseException, stage: str | None = None) -> None:
+        """The first error (or interrupt) of the run and where it happened; later ones are only logged."""
+        if self.error is not None:
+            return
+        self.failed_stage = self.failed_stage or stage
+        self.interrupted = is_interrupt(err)
+        if self.interrupted:
+            self.error = f"interrupted by {signal_name(err)}" + (f" during {stage}" if stage else "")
+        else:
+            self.error = str(err) if isinstance(err, BenchError) else f"{type(err).__name__}: {error_line(err)}"
+
+    @property
+    def failed_points(self) -> int:
+        return int((self.results["status"] == "error").sum()) if "status" in self.results else 0
+
     @property
     def status(self) -> str:
-        return "failed" if self.failed_stage else "completed"
+        if self.interrupted:
+            return INTERRUPTED
+        if self.error is not None:
+            return FAILED
+        if self.failed_points and self.failed_points == len(self.results):
+            return FAILED  # every point failed: nothing was measured
+        return COMPLETED_WITH_FAILURES if self.failed_points else COMPLETED
+
+    @property
+    def status_line(self) -> str:
+        """Why the run is not `completed`, in one line (empty when it is)."""
+        if self.error is not None:
+            return self.error
+        if self.failed_points:
+            return f"{self.failed_points} of {len(self.results)} perf_analyzer points failed (see the report's Flagged points)"
+        return ""
 
     def manifest(self, **extra) -> dict:
         return {
             "run_id": self.layout.run_id,
             "status": self.status,
             "failed_stage": self.failed_stage,
-            "error": self.error,
+            "error": self.error or self.status_line or None,
+            "points": {"measured": len(self.results), "failed": self.failed_points},
             "started_at": self.started.isoformat(),
             "finished_at": dt.datetime.now(dt.timezone.utc).isoformat(),
             "stages": {k: {"status": self.stage_status.get(k), "seconds": round(v, 3)} for k, v in self.stage_seconds.items()},
             "logs": "logs/",
             **extra,
         }
+
+    def write_manifest(self, **extra) -> None:
+        """The manifest in the local run folder, now: whatever fails or interrupts next, the run says where it got.
+        Never raises (a full disk must not keep the server from being stopped next); a failure is logged."""
+        try:
+            write_manifest(self.layout.run_dir, self.manifest(**extra))
+        except OSError as err:
+            logging.getLogger("prefect.tbench").error(f"could not write {self.layout.run_dir}/manifest.json: {err}")
 
     def capture_logs(self) -> None:
         """Prefect's run logs also go to logs/prefect.log in the run folder."""

@@ -101,7 +101,7 @@ class S3Endpoint:
         return {"AWS_ENDPOINT_URL": self.url, **S3_CREDENTIALS}
 
     def start(self, timeout_s: float = 60) -> "S3Endpoint":
-        self.proc = procs.start([_bin("moto_server"), "-H", "127.0.0.1", "-p", str(self.port)], self.log)
+        self.proc = procs.start([_bin("moto_server"), "-H", "127.0.0.1", "-p", str(self.port)], self.log, outlives_caller=True)
         wait_http(self.url, timeout_s, self.proc, "the S3 endpoint (moto_server)", self.log)
         return self
 
@@ -159,7 +159,7 @@ class Stack:
         (self.root / "prefect").mkdir(parents=True, exist_ok=True)
         log = self.root / "prefect-server.log"
         self.server = procs.start([_bin("prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(self.api_port)],
-                                  log, env=self._env())
+                                  log, env=self._env(), outlives_caller=True)
         return wait_http(f"{self.api_url}/health", timeout_s, self.server, "the Prefect server", log)
 
     def setup_pools_and_deploy(self) -> None:
@@ -178,7 +178,7 @@ class Stack:
         self.worker = procs.start([_bin("prefect"), "worker", "start", "--pool", pool, "--type", "process"],
                                   self.root / f"worker-{pool}.log",
                                   env=self._env(PREFECT_WORKER_QUERY_SECONDS="1", TBENCH_STAGING_DIR=str(staging),
-                                                PYTHONPATH=str(PROJECT)))
+                                                PYTHONPATH=str(PROJECT)), outlives_caller=True)
 
     def up(self) -> "Stack":
         self.root.mkdir(parents=True, exist_ok=True)

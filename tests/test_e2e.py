@@ -20,6 +20,7 @@ from tbench.runtimes import run_pytorch
 from tasks.perf import Point, pass_throughputs, plan_points, run_sweep
 from tasks.repository import ServingConfig, build_config, write_repository
 from tasks.server import EmbeddedServer, LocalServer, RemoteServer, configs_loaded
+from tbench import shm
 from tbench.enums import Scenario
 from tbench.errors import ServerStartError
 from tbench.layout import RunLayout
@@ -161,13 +162,13 @@ def test_golden_config_loads_in_the_real_server(small_artifacts, tmp_path):
 
 @pytest.mark.parametrize("how", ["sigterm", "server killed"])
 def test_stop_leaves_no_stub_process_or_shared_memory_and_spares_other_servers(how, served_small, small_artifacts, tmp_path):
-    others = EmbeddedServer._mapped_shm(served_small._group())  # a server running beside ours
+    others = shm.mapped_regions(served_small._group())  # a server running beside ours
     assert others
     write_repository(tmp_path / "repo", ServingConfig("resnet50", 8, [8], 100, 1), small_artifacts[0])
     server = EmbeddedServer(tmp_path / "repo", tmp_path / "server.log")
     server.start()
     pid = server.proc.pid
-    ours = server._mapped_shm(server._group())
+    ours = shm.mapped_regions(server._group())
     assert ours and not ours & others and stubs(pgid=pid)
     if how == "server killed":  # the worst case: the stubs lose their parent
         os.kill(pid, signal.SIGKILL)

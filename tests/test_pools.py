@@ -10,7 +10,8 @@ import yaml
 from tbench.errors import ConfigError
 from tbench.hardware import Hardware, parse_cuda_version, parse_gpu_query
 from tbench.pool_setup import INFRA, pool_template
-from tbench.pools import POOLS, check_worker_hardware, gpu_matches, lock_name
+from tbench.device_lock import lock_name
+from tbench.pools import POOLS, check_worker_hardware, gpu_matches
 from tbench.stack import PROJECT
 
 from conftest import GOLDEN

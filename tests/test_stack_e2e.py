@@ -153,6 +153,39 @@ def test_stopping_s3_mid_run_loses_nothing_and_a_retry_finishes_the_upload(stack
     assert {e["path"] for e in manifest["files"]} <= set(stored["present"])
 
 
+def test_a_killed_worker_loses_nothing_and_a_rerun_with_reuse_measures_only_the_rest(stack):
+    import pandas as pd
+    import psutil
+
+    staging = stack.root / "staging"
+    before = set(staging.glob("resnet50-*"))
+    run = SMALL_RUN + ["--batch-sizes", "1,2,4,8"]
+    submitted = in_stack(stack, [TBENCH, "submit", *run, "--pool", "cpu", "--no-follow", "--reuse"])
+    assert submitted.returncode == 0, submitted.stderr[-2000:]
+    deadline, killed_dir = time.monotonic() + 300, None
+    while time.monotonic() < deadline and killed_dir is None:  # one point measured: the worker's machine goes down
+        killed_dir = next((p for p in set(staging.glob("resnet50-*")) - before if (p / "results.csv").exists()), None)
+        time.sleep(0.2)
+    assert killed_dir is not None, "no point was measured"
+    worker = psutil.Process(stack.worker.pid)
+    python = [p for p in [worker, *worker.children(recursive=True)] if p.name() in ("python", "python3", "prefect")]
+    for p in python:  # the worker and the flow run's process; the tritonserver they started is orphaned
+        p.kill()
+    stack.worker.wait()
+    kept = pd.read_csv(killed_dir / "results.csv")
+    assert (kept["status"] == "ok").any()
+    stack.start_worker()
+    rerun = in_stack(stack, [TBENCH, "submit", *run, "--pool", "cpu", "--reuse"])
+    assert rerun.returncode == 0, (rerun.stdout + rerun.stderr)[-3000:]
+    rerun_dir = next(iter(set(staging.glob("resnet50-*")) - before - {killed_dir}))
+    results = pd.read_csv(rerun_dir / "results.csv")
+    reused = results[results["reused_from"] == killed_dir.name]
+    assert len(results) == 5 and (results["status"] == "ok").all()
+    assert len(reused) == int((kept["status"] == "ok").sum())  # nothing measured before the kill is measured again
+    orphans = [p for p in psutil.process_iter(["cmdline"]) if any(str(killed_dir) in a for a in p.info["cmdline"] or [])]
+    assert not orphans  # the re-run stopped the killed run's server before it started its own
+
+
 def test_the_matrix_fans_out_through_the_deployments_and_compares(stack, monkeypatch):
     from flows.matrix import MatrixRequest, matrix_flow
     from prefect.settings import PREFECT_API_URL, temporary_settings

@@ -1,0 +1,61 @@
+"""What every run does around its stages, in one place: clean up after a killed run, make the run folder, capture the
+logs, take the device lock (a stage of its own: a run that waits says so), and at the end, whatever happened, leave
+a manifest that says how the run ended."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator
+
+from tasks.store import staging_root
+from tbench import procs, progress
+from tbench.device_lock import device_lock
+from tbench.interrupts import second_signal_exits
+from tbench.layout import RunLayout, new_run_id
+from tbench.errors import BenchError
+from tbench.run import RunTracker
+
+log = logging.getLogger("prefect.tbench.lifecycle")
+
+
+def clean_up_after_killed_runs() -> None:
+    """Servers and perf_analyzers whose run was killed (SIGKILL, a crash), with the shared memory they mapped."""
+    for what in procs.reap_orphans():
+        log.warning(f"stopped {what}, left running by a run that was killed")
+
+
+@contextlib.contextmanager
+def run_lifecycle(req, hardware, name: str, request_json) -> Iterator[RunTracker]:
+    """Set-up and lock; the body runs the stages and calls `finishing()` before its own finish."""
+    clean_up_after_killed_runs()
+    layout = RunLayout(staging_root(req.output), new_run_id(name)).create()
+    tracker = RunTracker(layout)
+    tracker.capture_logs()
+    tracker.save_json(layout.request_json, request_json)
+    progress.emit("run_start", run_id=layout.run_id, run_dir=str(layout.run_dir))
+    with contextlib.ExitStack() as held:
+        held.callback(tracker.release_logs)
+        try:
+            with tracker.stage("device-lock"):
+                held.enter_context(device_lock(hardware, layout.run_id))
+        except BaseException as err:  # interrupted (or refused) while waiting: nothing ran, and the folder says so
+            tracker.record_error(err, "device-lock")
+            tracker.write_manifest(request=req.model_dump(mode="json"), local_dir=str(layout.run_dir))
+            progress.emit("run_end", run_id=layout.run_id, url=str(layout.run_dir), status=tracker.status,
+                          detail=tracker.status_line, stage=tracker.failed_stage)
+            raise
+        yield tracker  # the lock is released first, then the log capture
+
+
+@contextlib.contextmanager
+def finishing(tracker: RunTracker, error: BaseException | None, **manifest) -> Iterator[None]:
+    """The start of a run's finish: the error is recorded, the manifest written at once (a second Ctrl-C or a failing
+    report still leaves one), its traceback logged, and a second signal during the clean-up exits promptly."""
+    if error is not None:
+        tracker.record_error(error)
+        if not tracker.interrupted and not isinstance(error, BenchError):
+            log.error("unexpected error", exc_info=error)  # the full traceback, in logs/prefect.log
+    tracker.write_manifest(**manifest)
+    with second_signal_exits() if tracker.interrupted else contextlib.nullcontext():
+        yield

@@ -1,0 +1,59 @@
+"""POSIX shared memory that a process group leaves behind.
+
+Triton's python backend and perf_analyzer (offline points: `--shared-memory system`) create regions under /dev/shm and
+remove them on a clean exit; a killed process leaves them, and they hold memory until the machine reboots. Every
+region is mapped by the server that uses it (perf_analyzer registers its regions with the server), so the regions
+to remove are the ones a server's process group maps, removed once the group is gone.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import psutil
+
+SHM_DIR = Path("/dev/shm")
+
+
+def group_members(pgid: int) -> list[psutil.Process]:
+    """The processes of one process group (a server and the stubs it started, orphaned or not)."""
+    members = []
+    for p in psutil.process_iter():
+        try:
+            if os.getpgid(p.pid) == pgid:
+                members.append(p)
+        except (ProcessLookupError, psutil.Error):
+            pass
+    return members
+
+
+def mapped_regions(processes: list[psutil.Process]) -> set[Path]:
+    regions = set()
+    for p in processes:
+        try:
+            regions |= {Path(m.path) for m in p.memory_maps() if Path(m.path).parent == SHM_DIR}
+        except psutil.Error:
+            pass
+    return regions
+
+
+def remove(regions: set[Path]) -> list[Path]:
+    """Unlink the names (a process that still maps one keeps its memory until it unmaps it)."""
+    removed = []
+    for region in regions:
+        try:
+            region.unlink()
+            removed.append(region)
+        except OSError:
+            pass
+    return removed
+
+
+def unmapped_regions() -> list[Path]:
+    """Shared memory files no live process maps: what killed processes left behind (a region being created right
+    now is unmapped for a moment, so callers look twice or only after their processes are gone)."""
+    if not SHM_DIR.is_dir():
+        return []
+    mapped = mapped_regions(list(psutil.process_iter()))
+    return sorted(p for p in SHM_DIR.iterdir() if p.is_file() and p not in mapped)
