@@ -1,6 +1,17 @@
 """The matrix flow: wiring only. Fans a benchmark out over models x formats x precisions x GPU pools through the
 pools' deployments (one child flow run each, in parallel), gathers every run's stored results and writes one cross-GPU
-comparison report (report.md and report.html) next to the runs in the artifact store."""
+comparison report (report.md and report.html) next to the runs in the artifact store.
+
+Children that do not finish do not stop the matrix. Each child is watched within two limits (`start_timeout_s` while
+its pool has no online worker, `child_timeout_s` in all) and cancelled past them (tasks/matrix_runs.py); a failed,
+crashed, cancelled or timed-out child becomes a row with its state and a one-line reason. The report compares the
+children that completed (points that failed inside a completed run show as such) and lists the others in its section
+"Runs that did not finish"; a failed child's partial results stay in its own run folder, out of the comparison.
+
+The flow's final state: Completed (returning the report folder's URL) when every child completed. Otherwise, once the
+report and manifest are stored, it fails with a one-line `MatrixIncomplete` naming how many children did not finish
+and where the report is, so the UI, `tbench submit` and a caller see a matrix that is not whole.
+"""
 
 from __future__ import annotations
 
@@ -8,19 +19,23 @@ import itertools
 import os
 
 import pandas as pd
-from prefect import flow, task
+from prefect import flow
 from prefect.artifacts import create_markdown_artifact
-from prefect.cache_policies import NO_CACHE
 from pydantic import BaseModel, Field
 
 from tasks.html_report import write_html_report
 from tasks.matrix_report import matrix_markdown
+from tasks.matrix_runs import ChildRun, matrix_run, one_line
 from tasks.store import run_url, staging_root, store_task
+from tbench.errors import BenchError
 from tbench.layout import RunLayout, new_run_id
 from tbench.pools import POOLS
 from tbench.run import RunTracker
 from tbench.storage import url_to_fs
-from tbench.submit import deployment_name, report_link
+
+
+class MatrixIncomplete(BenchError):
+    """Some children did not finish; the report of the others is stored."""
 
 
 class MatrixRequest(BaseModel):
@@ -35,6 +50,12 @@ class MatrixRequest(BaseModel):
                           "{'size': 'small', 'batch_sizes': [1, 8]}.")
     output: str | None = Field(None, description="Artifact root of the runs and the matrix report; the workers' "
                                "TBENCH_ARTIFACT_ROOT by default.")
+    child_timeout_s: float = Field(4 * 3600, gt=0, description="Longest a child run may take from its submission to "
+                                   "its end (waiting for a worker and for its GPU included); it is then cancelled and "
+                                   "reported as not finished.")
+    start_timeout_s: float = Field(600, gt=0, description="Longest a child may stay scheduled on a pool that has no "
+                                   "online worker; it is then cancelled, so a worker that comes later does not run it. "
+                                   "A child queued on a pool whose worker is alive waits on, up to child_timeout_s.")
 
 
 def child_parameters(matrix: MatrixRequest, model: str, fmt: str | None, precision: str) -> dict:
@@ -46,24 +67,20 @@ def child_parameters(matrix: MatrixRequest, model: str, fmt: str | None, precisi
     return {"request": request}
 
 
-@task(name="matrix-run", task_run_name="{pool}-{model}-{fmt}-{precision}", cache_policy=NO_CACHE)
-def matrix_run(pool: str, model: str, fmt: str | None, precision: str, parameters: dict) -> dict:
-    """One benchmark run through the pool's deployment, waited for; where its results are stored."""
-    from prefect.client.orchestration import get_client
-    from prefect.deployments import run_deployment
-
-    run = run_deployment(deployment_name("benchmark", pool), parameters=parameters, timeout=None, tags=["matrix"])
-    with get_client(sync_client=True) as client:
-        link = report_link(client, run.id)
-    return {"pool": pool, "model": model, "format": fmt or "(default)", "precision": precision,
-            "state": run.state.type.value if run.state else "UNKNOWN", "flow_run": str(run.id),
-            "run_url": link.rsplit("/", 1)[0] if link else None}
+def settled(future, pool: str, model: str, fmt: str | None, precision: str) -> dict:
+    """The child's row; a matrix-run task that itself broke (it catches everything it expects) is a row too."""
+    outcome = future.result(raise_on_failure=False)
+    if isinstance(outcome, dict):
+        return outcome
+    return ChildRun(pool=pool, model=model, format=fmt or "(default)", precision=precision, state="UNKNOWN",
+                    reason=one_line(f"the matrix-run task broke: {outcome}")).model_dump()
 
 
 def load_results(runs: list[dict]) -> pd.DataFrame:
+    """The stored results of the children that completed (a failed child's partial results stay out)."""
     frames = []
     for r in runs:
-        if not r["run_url"]:
+        if r["state"] != "COMPLETED" or not r["run_url"]:
             continue
         fs, path = url_to_fs(r["run_url"] + "/results.parquet")
         if fs.exists(path):
@@ -80,9 +97,11 @@ def matrix_flow(matrix: MatrixRequest = MatrixRequest()) -> str:
     tracker = RunTracker(layout)
     combos = list(itertools.product(matrix.models, matrix.formats or [None], matrix.precisions, matrix.pools))
     with tracker.stage("runs"):
-        futures = [matrix_run.submit(pool, model, fmt, precision, child_parameters(matrix, model, fmt, precision))
+        futures = [matrix_run.submit(pool, model, fmt, precision, child_parameters(matrix, model, fmt, precision),
+                                     matrix.start_timeout_s, matrix.child_timeout_s)
                    for model, fmt, precision, pool in combos]
-        runs = [f.result() for f in futures]
+        runs = [settled(f, pool, model, fmt, precision) for f, (model, fmt, precision, pool) in zip(futures, combos)]
+    unfinished = [r for r in runs if r["state"] != "COMPLETED"]
     with tracker.stage("report"):
         results = load_results(runs)
         if not results.empty:
@@ -94,5 +113,15 @@ def matrix_flow(matrix: MatrixRequest = MatrixRequest()) -> str:
     with tracker.stage("store"):
         url = store_task(layout.run_dir, root, layout.run_id,
                          tracker.manifest(matrix=matrix.model_dump(mode="json"), runs=runs,
+                                          not_finished=len(unfinished),
                                           artifact_url=run_url(root, layout.run_id), local_dir=str(layout.run_dir)))
+    if unfinished:  # after the store: the report of the children that finished is there
+        raise MatrixIncomplete(incomplete_message(unfinished, len(runs), url))
     return url
+
+
+def incomplete_message(unfinished: list[dict], total: int, url: str) -> str:
+    named = ", ".join(f"{r['pool']}/{r['model']}/{r['format']}/{r['precision']} {r['state']}" for r in unfinished[:3])
+    more = f" and {len(unfinished) - 3} more" if len(unfinished) > 3 else ""
+    return (f"{len(unfinished)} of {total} child runs did not finish ({named}{more}); "
+            f"the report of the others, with the reasons, is at {url}")

@@ -1,6 +1,7 @@
 """The cross-GPU comparison report of a matrix of runs: per model, format and precision, the guides' tables with one
 column group per GPU side by side (best offline throughput and its batch, best online throughput under each GPU's
-grid and its p99), and throughput-vs-batch curves of every GPU on one plot."""
+grid and its p99), and throughput-vs-batch curves of every GPU on one plot. The tables hold the runs that completed;
+the runs that did not finish are listed with their state and why (flows/matrix.py decides which are which)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from pathlib import Path
 import pandas as pd
 
 TPUT = "throughput_infer_per_s"
+NOT_FINISHED_COLUMNS = {"pool": "Pool", "model": "Model", "format": "Format", "precision": "Precision", "state": "State",
+                        "reason": "Reason", "flow_run": "Flow run", "run_url": "Run folder"}
 
 
 def _best(rows: pd.DataFrame) -> pd.Series | None:
@@ -54,11 +57,27 @@ def plot_gpus(results: pd.DataFrame, model: str, fmt: str, precision: str, path:
     return path
 
 
+def _cells(table: pd.DataFrame) -> pd.DataFrame:
+    """Text cells a markdown table keeps whole: a `|` in a message would end its cell."""
+    return table.fillna("").astype(str).apply(lambda col: col.str.replace("|", "\\|", regex=False))
+
+
+def not_finished(runs: pd.DataFrame) -> pd.DataFrame:
+    """The runs that did not complete, with the columns a reader needs to find out why."""
+    missing = runs[runs["state"] != "COMPLETED"]
+    return _cells(missing.reindex(columns=list(NOT_FINISHED_COLUMNS))).rename(columns=NOT_FINISHED_COLUMNS)
+
+
 def matrix_markdown(results: pd.DataFrame, runs: pd.DataFrame, out_dir: Path) -> str:
-    """The whole report; plots go to out_dir/plots."""
-    lines = ["# Triton benchmark matrix: GPUs side by side", "",
-             f"{len(runs)} runs; {int((runs['state'] == 'COMPLETED').sum())} completed.", "", "## Runs", "",
-             runs.fillna('').to_markdown(index=False), ""]
+    """The whole report; plots go to out_dir/plots. `results` holds the completed runs' points only."""
+    missing = not_finished(runs)
+    summary = f"{len(runs)} runs; {len(runs) - len(missing)} completed."
+    if len(missing):
+        summary += f" {len(missing)} did not finish (see Runs that did not finish): the tables below compare the others."
+    lines = ["# Triton benchmark matrix: GPUs side by side", "", summary, "", "## Runs", "",
+             _cells(runs.drop(columns=["reason"], errors="ignore")).to_markdown(index=False), ""]
+    if len(missing):
+        lines += ["## Runs that did not finish", "", missing.to_markdown(index=False), ""]
     if results.empty:
         return "\n".join(lines + ["No run stored results.", ""])
     lines += ["## Best points per GPU", "", side_by_side(results).to_markdown(index=False), ""]

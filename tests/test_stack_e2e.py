@@ -210,6 +210,32 @@ def test_the_matrix_fans_out_through_the_deployments_and_compares(stack, monkeyp
     assert fs.exists(path + "/plots/resnet50_onnx_FP32_offline_gpus.png") and fs.exists(path + "/report.html")
 
 
+def test_a_matrix_child_past_its_limit_is_cancelled_on_its_worker(stack, monkeypatch):
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from flows.matrix import MatrixRequest, matrix_flow
+
+    for key, value in stack.client_env().items():
+        monkeypatch.setenv(key, value)
+    # long enough for the worker to start the child (it is then exporting or serving), far too short to finish it
+    matrix = MatrixRequest(models=["resnet50"], formats=["onnx"], pools=["cpu"], child_timeout_s=30,
+                           request={"size": "small", "batch_sizes": [1, 2, 4, 8], "concurrency": [1, 2]})
+    with temporary_settings({PREFECT_API_URL: stack.api_url}):
+        state = matrix_flow(matrix, return_state=True)
+        assert state.is_failed() and "1 of 1 child runs did not finish" in state.message, state.message
+        url = state.message.rsplit(" is at ", 1)[1]
+        import fsspec
+
+        fs, path = fsspec.core.url_to_fs(url)
+        child = json.loads(fs.cat_file(path + "/manifest.json"))["runs"][0]
+        assert child["state"] == "CANCELLED", child
+        assert child["reason"] == "did not finish within 30 s (state RUNNING); cancelled", child
+        assert child["flow_run"] in fs.cat_file(path + "/report.md").decode().split("## Runs that did not finish", 1)[1]
+        with get_client(sync_client=True) as client:  # Cancelled comes from the worker, once it killed the run's process
+            assert client.read_flow_run(child["flow_run"]).state.type.value == "CANCELLED"
+
+
 CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
 
 
