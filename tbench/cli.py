@@ -483,7 +483,10 @@ app.add_typer(stack_app, name="stack")
 @stack_app.command("up")
 def stack_up(
     folder: str = typer.Option(None, help="Where the stack keeps its database, logs and state (~/.cache/tbench/stack)."),
-    database_url: str = typer.Option(None, help="PostgreSQL instead of SQLite: postgresql+asyncpg://user:pass@host/db."),
+    database_url: str = typer.Option(None, envvar="TBENCH_STACK_DATABASE_URL", help="PostgreSQL instead of SQLite: "
+                                     "postgresql+asyncpg://user:pass@host/db. Better set TBENCH_STACK_DATABASE_URL (a "
+                                     "command line is seen by ps and kept in shell history); only the Prefect server "
+                                     "gets the password: stack.json and what is printed show the URL with ***."),
     port: int = typer.Option(4200, help="The Prefect server's port (its UI too)."),
 ) -> None:
     """Start the stack and deploy; prints the environment a shell needs (also: tbench stack env)."""
@@ -496,7 +499,8 @@ def stack_up(
         s.down()
         console.print(f"[red]error:[/] {err}")
         raise typer.Exit(1) from None
-    console.print(f"Prefect UI: {s.api_url[:-4]}   S3 endpoint: {s.s3.url}   artifacts: {s.artifact_root}")
+    console.print(f"Prefect UI: {s.api_url[:-4]}   S3 endpoint: {s.s3.url}   artifacts: {s.artifact_root}"
+                  + (f"   database: {stack.masked_url(database_url)}" if database_url else ""))
     for key, value in s.client_env().items():
         typer.echo(f"export {key}={value}")
 
@@ -512,7 +516,8 @@ def stack_env(folder: str = typer.Option(None, help="The stack's folder.")) -> N
         console.print(f"[red]error:[/] {err}")
         raise typer.Exit(1) from None
     for key, value in state["env"].items():
-        typer.echo(f"export {key}={value}")
+        if key not in stack.SECRET_ENV:  # a stack.json from before the URL was kept out of it
+            typer.echo(f"export {key}={value}")
 
 
 @stack_app.command("down")
