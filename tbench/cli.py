@@ -442,27 +442,34 @@ def results(
     since: str = typer.Option(None, help="Only runs from this date on (YYYY-MM-DD)."),
     all_points: bool = typer.Option(False, "--all", help="Every point, not the best per run, format and scenario."),
     csv: str = typer.Option(None, "--csv", help="Also write the rows to this CSV file."),
+    include_incomplete: bool = typer.Option(False, "--include-incomplete", help="Also runs that failed or were "
+                                            "interrupted (by default: completed runs, with or without failed points)."),
 ) -> None:
     """Query the results of every stored run (the partitioned Parquet dataset under the artifact root)."""
     from rich.table import Table
 
     from tasks.results_dataset import best_per_run, query_results
+    from tbench.storage import error_cause, store_errors
 
     root = root or os.environ.get("TBENCH_ARTIFACT_ROOT", "runs")
     try:
-        table = query_results(root, model=model, gpu=gpu, since=since)
-    except (BenchError, OSError) as err:
+        table = query_results(root, model=model, gpu=gpu, since=since, include_incomplete=include_incomplete)
+    except BenchError as err:
         console.print(f"[red]error:[/] cannot read the results dataset under {root}: {err}")
         raise typer.Exit(1) from None
+    except store_errors() as err:  # an S3 endpoint that is down raises botocore's own errors, not OSErrors
+        console.print(f"[red]error:[/] cannot read the results dataset under {root}: {error_cause(err)}")
+        raise typer.Exit(1) from None
     if table.empty:
-        console.print(f"no stored results under {root}/results match")
+        console.print(f"no stored results under {root}/results match"
+                      + ("" if include_incomplete else " (runs that failed or were interrupted need --include-incomplete)"))
         raise typer.Exit(0)
     rows = table if all_points else best_per_run(table)
     if csv:
         rows.to_csv(csv, index=False)
     headers = {"date": "date", "run_id": "run", "model": "model", "gpu": "gpu", "format": "format", "precision": "precision",
                "scenario": "scenario", "batch_size": "batch", "concurrency": "conc.", "throughput_infer_per_s": "infer/s",
-               "p99_ms": "p99 ms"}
+               "p99_ms": "p99 ms", "run_status": "run status"}
     shown = [c for c in headers if c in rows.columns]
     out = Table(*(headers[c] for c in shown), title=f"{len(rows)} rows from {table['run_id'].nunique()} runs")
     for _, r in rows[shown].iterrows():
