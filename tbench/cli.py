@@ -17,6 +17,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn
 
 from tbench import progress  # noqa: E402
 from tbench.errors import BenchError, ConfigError  # noqa: E402
+from tbench.preflight import preflight  # noqa: E402
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Benchmark models on NVIDIA Triton Inference Server.")
 console = Console(stderr=True, soft_wrap=True)
@@ -225,6 +226,7 @@ def run(
         from tbench import hardware
 
         request.resolve(hardware.detect().has_gpu)  # fail fast, before Prefect starts
+        preflight(request)  # ports, paths, output root, artifact store: before anything starts
     except BenchError as err:
         console.print(f"[red]error:[/] {err}")
         raise typer.Exit(2) from None
@@ -322,6 +324,7 @@ def search(
                                        concurrency=concurrency, resume_from=resume)
         has_gpu = hardware.detect().has_gpu
         variant_plan(space, request.resolve(has_gpu), has_gpu)  # fail fast, before Prefect starts
+        preflight(request)  # ports, paths, output root, artifact store: before anything starts
         resume_checkpoint(resume)
     except BenchError as err:
         console.print(f"[red]error:[/] {err}")
