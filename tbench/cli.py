@@ -465,7 +465,7 @@ def results(
         raise typer.Exit(1) from None
     if table.empty:
         console.print(f"no stored results under {root}/results match"
-                      + ("" if include_incomplete else " (runs that failed or were interrupted need --include-incomplete)"))
+                      + ("" if include_incomplete else " (failed and interrupted runs are left out: --include-incomplete)"))
         raise typer.Exit(0)
     rows = table if all_points else best_per_run(table)
     if csv:
