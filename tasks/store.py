@@ -113,7 +113,7 @@ def retry_upload(run_dir: Path, root_url: str | None = None) -> str:
             raise StorageError(f"{manifest_path} does not say where the run was going; give the artifact root")
         root_url = target[: -len(run_id) - 1]
     url = upload_run(Path(run_dir), root_url, run_id)
-    add_run_to_dataset(Path(run_dir), root_url, run_id)
+    add_run_to_dataset(Path(run_dir), root_url, run_id, manifest.get("status"))
     return url
 
 
@@ -128,7 +128,7 @@ def write_manifest(run_dir: Path, manifest: dict) -> Path:
 def store_task(run_dir: Path, root_url: str, run_id: str, manifest: dict) -> str:
     write_manifest(run_dir, manifest)
     url = upload_run(run_dir, root_url, run_id)
-    add_run_to_dataset(run_dir, root_url, run_id)
+    add_run_to_dataset(run_dir, root_url, run_id, manifest.get("status"))  # queries can leave out incomplete runs
     if (run_dir / "report.html").exists():  # where the stored report is, one click from the flow run's page
         create_link_artifact(f"{url}/report.html", link_text=f"HTML report of {run_id}", key=REPORT_LINK_KEY,
                              description="The run's self-contained HTML report in the artifact store")

@@ -18,6 +18,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn
 
 from tbench import progress  # noqa: E402
 from tbench.errors import BenchError, ConfigError, error_line  # noqa: E402
+from tbench.preflight import preflight  # noqa: E402
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Benchmark models on NVIDIA Triton Inference Server.")
 console = Console(stderr=True, soft_wrap=True)
@@ -234,6 +235,7 @@ def run(
         from tbench import hardware
 
         request.resolve(hardware.detect().has_gpu)  # fail fast, before Prefect starts
+        preflight(request)  # ports, paths, output root, artifact store: before anything starts
     except BenchError as err:
         console.print(f"[red]error:[/] {err}")
         raise typer.Exit(2) from None
@@ -363,6 +365,7 @@ def search(
                                        concurrency=concurrency, resume_from=resume)
         has_gpu = hardware.detect().has_gpu
         variant_plan(space, request.resolve(has_gpu), has_gpu)  # fail fast, before Prefect starts
+        preflight(request)  # ports, paths, output root, artifact store: before anything starts
         resume_checkpoint(resume)
     except BenchError as err:
         console.print(f"[red]error:[/] {err}")
@@ -483,27 +486,34 @@ def results(
     since: str = typer.Option(None, help="Only runs from this date on (YYYY-MM-DD)."),
     all_points: bool = typer.Option(False, "--all", help="Every point, not the best per run, format and scenario."),
     csv: str = typer.Option(None, "--csv", help="Also write the rows to this CSV file."),
+    include_incomplete: bool = typer.Option(False, "--include-incomplete", help="Also runs that failed or were "
+                                            "interrupted (by default: completed runs, with or without failed points)."),
 ) -> None:
     """Query the results of every stored run (the partitioned Parquet dataset under the artifact root)."""
     from rich.table import Table
 
     from tasks.results_dataset import best_per_run, query_results
+    from tbench.storage import error_cause, store_errors
 
     root = root or os.environ.get("TBENCH_ARTIFACT_ROOT", "runs")
     try:
-        table = query_results(root, model=model, gpu=gpu, since=since)
-    except (BenchError, OSError) as err:
+        table = query_results(root, model=model, gpu=gpu, since=since, include_incomplete=include_incomplete)
+    except BenchError as err:
         console.print(f"[red]error:[/] cannot read the results dataset under {root}: {err}")
         raise typer.Exit(1) from None
+    except store_errors() as err:  # an S3 endpoint that is down raises botocore's own errors, not OSErrors
+        console.print(f"[red]error:[/] cannot read the results dataset under {root}: {error_cause(err)}")
+        raise typer.Exit(1) from None
     if table.empty:
-        console.print(f"no stored results under {root}/results match")
+        console.print(f"no stored results under {root}/results match"
+                      + ("" if include_incomplete else " (failed and interrupted runs are left out: --include-incomplete)"))
         raise typer.Exit(0)
     rows = table if all_points else best_per_run(table)
     if csv:
         rows.to_csv(csv, index=False)
     headers = {"date": "date", "run_id": "run", "model": "model", "gpu": "gpu", "format": "format", "precision": "precision",
                "scenario": "scenario", "batch_size": "batch", "concurrency": "conc.", "throughput_infer_per_s": "infer/s",
-               "p99_ms": "p99 ms"}
+               "p99_ms": "p99 ms", "run_status": "run status"}
     shown = [c for c in headers if c in rows.columns]
     out = Table(*(headers[c] for c in shown), title=f"{len(rows)} rows from {table['run_id'].nunique()} runs")
     for _, r in rows[shown].iterrows():
@@ -524,7 +534,10 @@ app.add_typer(stack_app, name="stack")
 @stack_app.command("up")
 def stack_up(
     folder: str = typer.Option(None, help="Where the stack keeps its database, logs and state (~/.cache/tbench/stack)."),
-    database_url: str = typer.Option(None, help="PostgreSQL instead of SQLite: postgresql+asyncpg://user:pass@host/db."),
+    database_url: str = typer.Option(None, envvar="TBENCH_STACK_DATABASE_URL", help="PostgreSQL instead of SQLite: "
+                                     "postgresql+asyncpg://user:pass@host/db. Better set TBENCH_STACK_DATABASE_URL (a "
+                                     "command line is seen by ps and kept in shell history); only the Prefect server "
+                                     "gets the password: stack.json and what is printed show the URL with ***."),
     port: int = typer.Option(4200, help="The Prefect server's port (its UI too)."),
 ) -> None:
     """Start the stack and deploy; prints the environment a shell needs (also: tbench stack env)."""
@@ -537,7 +550,8 @@ def stack_up(
         s.down()
         console.print(f"[red]error:[/] {err}")
         raise typer.Exit(1) from None
-    console.print(f"Prefect UI: {s.api_url[:-4]}   S3 endpoint: {s.s3.url}   artifacts: {s.artifact_root}")
+    console.print(f"Prefect UI: {s.api_url[:-4]}   S3 endpoint: {s.s3.url}   artifacts: {s.artifact_root}"
+                  + (f"   database: {stack.masked_url(database_url)}" if database_url else ""))
     for key, value in s.client_env().items():
         typer.echo(f"export {key}={value}")
 
@@ -553,7 +567,8 @@ def stack_env(folder: str = typer.Option(None, help="The stack's folder.")) -> N
         console.print(f"[red]error:[/] {err}")
         raise typer.Exit(1) from None
     for key, value in state["env"].items():
-        typer.echo(f"export {key}={value}")
+        if key not in stack.SECRET_ENV:  # a stack.json from before the URL was kept out of it
+            typer.echo(f"export {key}={value}")
 
 
 @stack_app.command("down")

@@ -6,7 +6,7 @@ import math
 import os
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from tbench.enums import Format, Precision, Scenario
 from tbench.errors import ConfigError
@@ -93,6 +93,16 @@ DEFAULT_TOLERANCES = {Precision.FP32: (1e-3, 1e-3), Precision.FP16: (1e-2, 1e-2)
 PROFILE_MEASUREMENT = {"cpu": Measurement(), "gpu": Measurement(min_requests=50)}
 
 
+def has_credentials(url: str) -> bool:
+    """True when a URL (or each of a comma-separated list of host:port, as server_url is) holds user:password@."""
+    for part in url.split(","):
+        authority = part.split("://", 1)[1] if "://" in part else part
+        userinfo, at, _ = authority.split("/", 1)[0].rpartition("@")
+        if at and ":" in userinfo:
+            return True
+    return False
+
+
 def adapter_for(req: "BenchmarkRequest | ResolvedRequest"):
     """The model adapter a request names: a registered one, or one over a user's model file."""
     import model_adapters
@@ -165,10 +175,20 @@ class BenchmarkRequest(BaseModel):
     gpus: str | None = Field(None, description="docker: GPUs for the container: 'all' (the default), '0,1', or 'none'.")
     tritonserver: str | None = Field(None, description="local: the tritonserver binary (the one on PATH by default).")
     backend_dir: str | None = Field(None, description="local: the server's backend directory (/opt/tritonserver/backends).")
-    http_port: int | None = Field(None, description="Fixed HTTP port for Triton; a free one by default.")
-    grpc_port: int | None = Field(None, description="Fixed gRPC port for Triton; a free one by default.")
+    http_port: int | None = Field(None, ge=1, le=65535, description="Fixed HTTP port for Triton; a free one by default.")
+    grpc_port: int | None = Field(None, ge=1, le=65535, description="Fixed gRPC port for Triton; a free one by default.")
     tolerance_atol: float | None = Field(None, description="Correctness: absolute tolerance (plus rtol x max|ref|); by precision.")
     tolerance_rtol: float | None = Field(None, description="Correctness: tolerance relative to the output's max magnitude; by precision.")
+
+    @field_validator("output", "baseline", "server_url")
+    @classmethod
+    def _no_credentials(cls, value: str | None) -> str | None:
+        # these land in request.json, the manifest and Prefect's parameters; credentials come from the environment
+        # or TBENCH_STORAGE_BLOCK (tbench.storage). The message does not repeat the value.
+        if value and has_credentials(value):
+            raise ValueError("a URL with a user:password@ part; give credentials through the environment "
+                             "(AWS_ACCESS_KEY_ID...) or TBENCH_STORAGE_BLOCK, never in a URL that is written down")
+        return value
 
     def _measurement(self, profile: str, model_settings: dict) -> Measurement:
         """The profile's settings, then the model's (a slow model's shorter windows), then each field the user set."""

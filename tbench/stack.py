@@ -4,12 +4,16 @@ HTTP), the work pools with their deployments, and a process worker for the `cpu`
 `tbench stack up` starts it and writes `<stack dir>/stack.json` (URLs, process ids, the environment a client needs);
 `tbench stack env` prints that environment as shell exports; `tbench stack down` stops it. The tests start their
 own stack in a temporary folder through the same `Stack` class.
+
+The database URL's password reaches the Prefect server process through its environment and nothing else: stack.json,
+the printed environment, the worker's and the flow runs' environments and the terminal show the URL with `***`.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -25,12 +29,45 @@ from tbench.errors import BenchError
 PROJECT = Path(__file__).resolve().parents[1]
 DEFAULT_DIR = Path(os.environ.get("TBENCH_STACK_DIR", Path.home() / ".cache" / "tbench" / "stack"))
 BUCKET = "tbench"
+# moto accepts any credentials: these fixed, fake ones are printed and saved on purpose (a shell needs them). A real
+# store's credentials come from the environment or TBENCH_STORAGE_BLOCK (tbench.storage) and are never printed.
 S3_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "tbench-local", "AWS_SECRET_ACCESS_KEY": "tbench-local-secret",
                   "AWS_DEFAULT_REGION": "us-east-1"}
+DATABASE_URL_ENV = "TBENCH_STACK_DATABASE_URL"  # where `tbench stack up` reads the real URL (better than argv: ps sees that)
+DATABASE_ENV = "PREFECT_API_DATABASE_CONNECTION_URL"
+SECRET_ENV = (DATABASE_URL_ENV, DATABASE_ENV)  # only the Prefect server's environment may hold these
 
 
 class StackError(BenchError):
     """A part of the local stack would not start."""
+
+
+def masked_url(url: str | None) -> str | None:
+    """A database URL with its password as ***, for files and the terminal; one that does not parse shows its scheme
+    only (SQLAlchemy's parse error would echo the whole string)."""
+    if not url:
+        return url
+    try:
+        from sqlalchemy.engine import make_url
+
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:
+        scheme = url.split("://", 1)[0] if "://" in url else ""
+        return f"{scheme}://***" if re.fullmatch(r"[\w+.-]+", scheme) else "***"
+
+
+def redact(text: str, url: str | None) -> str:
+    """`text` with the URL's password (and the URL itself) masked: for messages that quote a log."""
+    if not url:
+        return text
+    text = text.replace(url, masked_url(url))
+    try:
+        from sqlalchemy.engine import make_url
+
+        password = make_url(url).password
+    except Exception:
+        password = None
+    return text.replace(password, "***") if password else text
 
 
 def free_port() -> int:
@@ -126,7 +163,7 @@ class Stack:
     """The whole local stack in one folder; see the module docstring."""
 
     root: Path = DEFAULT_DIR
-    database_url: str | None = None  # PostgreSQL: postgresql+asyncpg://user:pass@host/db; SQLite in root by default
+    database_url: str | None = None  # PostgreSQL: postgresql+asyncpg://user:pass@host/db (the server's env only); SQLite in root by default
     api_port: int = field(default_factory=free_port)
     s3: S3Endpoint | None = None
     server: subprocess.Popen | None = None
@@ -142,25 +179,35 @@ class Stack:
         return f"s3://{BUCKET}/runs"
 
     def prefect_env(self) -> dict[str, str]:
-        env = {"PREFECT_HOME": str(self.root / "prefect"), "PREFECT_API_URL": self.api_url, "DO_NOT_TRACK": "1",
-               "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_CLI_PROMPT": "false"}
-        if self.database_url:
-            env["PREFECT_API_DATABASE_CONNECTION_URL"] = self.database_url
-        return env
+        return {"PREFECT_HOME": str(self.root / "prefect"), "PREFECT_API_URL": self.api_url, "DO_NOT_TRACK": "1",
+                "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_CLI_PROMPT": "false"}
 
     def client_env(self) -> dict[str, str]:
         """What a client (tests, `tbench submit`, a shell) needs to use the stack."""
         return {**self.prefect_env(), **(self.s3.env() if self.s3 else {}), "TBENCH_ARTIFACT_ROOT": self.artifact_root}
 
     def _env(self, **extra) -> dict[str, str]:
-        return {**os.environ, **self.client_env(), **extra}
+        """A child's environment: clients (deploy, the worker, its flow runs) never inherit the database URL."""
+        inherited = {k: v for k, v in os.environ.items() if k not in SECRET_ENV}
+        return {**inherited, **self.client_env(), **extra}
+
+    def server_env(self) -> dict[str, str]:
+        """The Prefect server's environment: the only place the real database URL goes."""
+        env = {**os.environ, **self.client_env()}
+        env.pop(DATABASE_URL_ENV, None)
+        if self.database_url:
+            env[DATABASE_ENV] = self.database_url
+        return env
 
     def start_server(self, timeout_s: float = 240) -> float:
         (self.root / "prefect").mkdir(parents=True, exist_ok=True)
         log = self.root / "prefect-server.log"
         self.server = procs.start([_bin("prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(self.api_port)],
-                                  log, env=self._env(), outlives_caller=True)
-        return wait_http(f"{self.api_url}/health", timeout_s, self.server, "the Prefect server", log)
+                                  log, env=self.server_env(), outlives_caller=True)
+        try:
+            return wait_http(f"{self.api_url}/health", timeout_s, self.server, "the Prefect server", log)
+        except StackError as err:  # its message quotes the log: a driver's error could echo the URL
+            raise StackError(redact(str(err), self.database_url)) from None
 
     def setup_pools_and_deploy(self) -> None:
         from tbench.pool_setup import create_pools
@@ -192,6 +239,7 @@ class Stack:
 
     def save(self) -> None:
         state = {"api_url": self.api_url, "s3_url": self.s3.url if self.s3 else None, "artifact_root": self.artifact_root,
+                 "database": masked_url(self.database_url) or "sqlite (in prefect/)",
                  "pids": {name: p.pid for name, p in (("s3", self.s3.proc if self.s3 else None), ("server", self.server),
                                                       ("worker", self.worker)) if p is not None},
                  "env": self.client_env(), "logs": str(self.root)}

@@ -43,9 +43,10 @@ def storage_options(url: str) -> dict:
     return dict(_block_options(name))
 
 
-def url_to_fs(url: str):
-    """(filesystem, path) for a local folder or any fsspec URL; a clear StorageError for what fsspec cannot open."""
-    options = storage_options(url)
+def url_to_fs(url: str, **extra):
+    """(filesystem, path) for a local folder or any fsspec URL; a clear StorageError for what fsspec cannot open.
+    `extra` are backend options the caller needs (a credentials block's options win over them)."""
+    options = {**extra, **storage_options(url)}
     if "://" in url and not url.startswith("file://"):
         # fsspec reuses a filesystem made with the same arguments, but s3fs reads the endpoint and credentials from
         # the environment when it is made: a cached one would keep talking to yesterday's endpoint
@@ -58,3 +59,30 @@ def url_to_fs(url: str):
 
 def join(root: str, *parts: str) -> str:
     return "/".join([root.rstrip("/"), *(p.strip("/") for p in parts)])
+
+
+def store_errors() -> tuple[type[BaseException], ...]:
+    """What reading or writing a store can raise: OSError (s3fs translates S3's answers into FileNotFoundError,
+    PermissionError...; timeouts are OSErrors too) and what s3fs lets through as it is: botocore's own errors
+    (EndpointConnectionError when the endpoint is down, ConnectTimeoutError, NoCredentialsError) and aiohttp's."""
+    errors: list[type[BaseException]] = [OSError]
+    try:
+        from botocore.exceptions import BotoCoreError
+
+        errors.append(BotoCoreError)
+    except ImportError:
+        pass
+    try:
+        from aiohttp import ClientError
+
+        errors.append(ClientError)
+    except ImportError:
+        pass
+    return tuple(errors)
+
+
+def error_cause(err: BaseException, limit: int = 300) -> str:
+    """An error as one line: its type and message (a botocore or aiohttp message can span lines)."""
+    text = " ".join(str(err).split()) or type(err).__name__
+    line = f"{type(err).__name__}: {text}" if text != type(err).__name__ else text
+    return line if len(line) <= limit else line[: limit - 3] + "..."

@@ -53,3 +53,38 @@ def test_a_run_without_results_adds_nothing(tmp_path):
     run.mkdir()
     assert add_run_to_dataset(run, str(tmp_path / "store"), "r") == []
     assert partition_value("NVIDIA A100/80GB") == "NVIDIA%20A100%2F80GB" and partition_value(None) == "__HIVE_DEFAULT_PARTITION__"
+
+
+def test_the_run_status_is_stored_and_incomplete_runs_are_left_out_by_default(tmp_path):
+    store = tmp_path / "store"
+    statuses = {"done": "completed", "partly": "completed_with_failures", "broken": "failed", "stopped": "interrupted"}
+    for run_id, status in statuses.items():
+        run = fake_run(tmp_path, run_id, "resnet50", "CPU", "2026-11-22", [(1, 10.0), (8, 40.0)])
+        manifest = json.loads((run / "manifest.json").read_text())
+        (run / "manifest.json").write_text(json.dumps({**manifest, "status": status}))
+        add_run_to_dataset(run, str(store), run_id)  # the status from the manifest, as `tbench upload` stores it
+    # a run stored by store_task: the status it is given wins over a manifest that says nothing
+    given = fake_run(tmp_path, "given", "resnet50", "CPU", "2026-11-22", [(1, 5.0)])
+    add_run_to_dataset(given, str(store), "given", status="failed")
+    # a file from before runs carried a status: no run_status column at all
+    old = store / "results/model=resnet50/gpu=CPU/date=2026-11-21/old.parquet"
+    old.parent.mkdir(parents=True)
+    pd.DataFrame([{"format": "onnx", "scenario": "offline", "batch_size": 1, "throughput_infer_per_s": 7.0,
+                   "status": "ok", "run_id": "old"}]).to_parquet(old, index=False)
+
+    one = pd.read_parquet(store / "results/model=resnet50/gpu=CPU/date=2026-11-22/broken.parquet")
+    assert set(one["run_status"]) == {"failed"}
+
+    kept = query_results(str(store))
+    assert dict(kept.groupby("run_id")["run_status"].first()) == {
+        "done": "completed", "partly": "completed_with_failures", "old": "unknown"}
+    everything = query_results(str(store), include_incomplete=True)
+    assert dict(everything.groupby("run_id")["run_status"].first()) == {**statuses, "given": "failed", "old": "unknown"}
+    best = best_per_run(everything)
+    assert dict(zip(best["run_id"], best["run_status"])) == {**statuses, "given": "failed", "old": "unknown"}
+
+
+def test_a_run_folder_without_a_status_stores_unknown(tmp_path):
+    run = fake_run(tmp_path, "r", "resnet50", "CPU", "2026-11-22", [(1, 10.0)])
+    add_run_to_dataset(run, str(tmp_path / "store"), "r")
+    assert list(query_results(str(tmp_path / "store"))["run_status"]) == ["unknown"]

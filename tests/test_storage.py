@@ -65,3 +65,30 @@ def test_credentials_from_a_prefect_secret_block(s3, tmp_path, monkeypatch, pref
     monkeypatch.setenv("TBENCH_STORAGE_BLOCK", "no-such-block")
     with pytest.raises(StorageError, match="cannot read the storage credentials block 'no-such-block'"):
         url_to_fs("s3://results/runs")
+
+
+def test_results_with_the_s3_endpoint_down_is_one_line_and_exit_1(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from tasks.results_dataset import add_run_to_dataset
+    from tbench.cli import app
+
+    endpoint = S3Endpoint(tmp_path / "moto.log").start()
+    try:
+        endpoint.create_bucket("down")
+        for key, value in endpoint.env().items():
+            monkeypatch.setenv(key, value)
+        layout = a_run(tmp_path, "m-3")
+        add_run_to_dataset(layout.run_dir, "s3://down/runs", "m-3")
+        runner = CliRunner()
+        up = runner.invoke(app, ["results", "--root", "s3://down/runs"])
+        assert up.exit_code == 0 and "m-3" in up.output, up.output
+    finally:
+        endpoint.stop()
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")  # one attempt: the test need not wait through botocore's retries
+    down = runner.invoke(app, ["results", "--root", "s3://down/runs"])
+    lines = [line for line in down.output.splitlines() if line.strip()]
+    assert down.exit_code == 1 and isinstance(down.exception, SystemExit), down.exception
+    assert len(lines) == 1, down.output
+    assert lines[0].startswith("error: cannot read the results dataset under s3://down/runs: EndpointConnectionError: "
+                               f"Could not connect to the endpoint URL: \"{endpoint.url}/")

@@ -1,0 +1,127 @@
+"""Check a run's options against this machine before anything starts: each problem is one ConfigError line.
+
+`request.resolve()` checks what the options mean (a known model, batch sizes under the max...); `preflight` checks
+what the run will touch: the ports it binds, the output root it writes, the files it reads and the artifact store it
+uploads to, so that a typo fails in a second rather than after an export, or as a traceback from bind or mkdir.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import tempfile
+from pathlib import Path
+
+from tbench.errors import ConfigError
+from tbench.storage import error_cause, store_errors, url_to_fs
+
+BINDING_MODES = ("embedded", "local", "docker")  # the server modes that bind http_port/grpc_port on this machine
+STORE_TIMEOUT_S = 5.0
+
+# Paths a request names that must exist here, with the option a user gave them by.
+INPUT_PATHS = {"model_file": "--model-file", "input_data": "--input-data", "checkpoint": "--checkpoint",
+               "dataset": "--dataset", "baseline": "--baseline"}
+
+
+def preflight(request) -> None:
+    """Every check below, in the order a user would fix them; `request` is a BenchmarkRequest or ResolvedRequest."""
+    check_ports(request)
+    check_input_paths(request)
+    check_local_server(request)
+    check_output(request.output)
+
+
+def is_url(value: str) -> bool:
+    return "://" in value and not value.startswith("file://")
+
+
+def port_in_use(port: int) -> bool:
+    """Whether binding 127.0.0.1:port fails, with SO_REUSEADDR as servers bind (a port in TIME_WAIT is free)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return True
+    return False
+
+
+def check_ports(request) -> None:
+    ports = {name: getattr(request, name) for name in ("http_port", "grpc_port") if getattr(request, name) is not None}
+    for name, port in ports.items():  # the request model bounds them too; this holds for one built without it
+        if not 1 <= port <= 65535:
+            raise ConfigError(f"--{name.replace('_', '-')} {port} is not a port (1..65535)")
+    if len(ports) == 2 and ports["http_port"] == ports["grpc_port"]:
+        raise ConfigError(f"--http-port and --grpc-port are both {ports['http_port']}; give two different ports")
+    if request.server not in BINDING_MODES:
+        return
+    for name, port in ports.items():
+        if port_in_use(port):
+            raise ConfigError(f"--{name.replace('_', '-')} {port} is already in use on 127.0.0.1; "
+                              "pick another or leave it out for a free one")
+
+
+def check_input_paths(request) -> None:
+    for field, option in INPUT_PATHS.items():
+        value = getattr(request, field, None)
+        if value and not is_url(value) and not Path(value).expanduser().exists():
+            raise ConfigError(f"{option} {value} does not exist")
+
+
+def check_local_server(request) -> None:
+    """local mode: the tritonserver binary and backend directory the request names (when it names them)."""
+    if request.server != "local":
+        return
+    binary = getattr(request, "tritonserver", None)
+    if binary and not (shutil.which(binary) or (Path(binary).is_file() and os.access(binary, os.X_OK))):
+        raise ConfigError(f"tritonserver {binary} is not an executable file (local server mode)")
+    backend_dir = getattr(request, "backend_dir", None)
+    if backend_dir and not Path(backend_dir).is_dir():
+        raise ConfigError(f"backend_dir {backend_dir} is not a folder (local server mode)")
+
+
+def check_output(root: str) -> None:
+    if is_url(root):
+        check_store(root)
+    else:
+        check_local_output(root)
+
+
+def check_local_output(root: str) -> None:
+    """The folder can be made and written: made here (the run would make it) and a file written and removed."""
+    path = Path(root.removeprefix("file://")).expanduser()
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".tbench-preflight-"):
+            pass
+    except OSError as err:
+        raise ConfigError(f"cannot write the output folder {root}: {err.strerror or error_cause(err)}") from None
+
+
+def quick_options(url: str) -> dict:
+    """Backend options that fail fast: one attempt with short timeouts rather than botocore's retries (~10 s)."""
+    if url.split("://", 1)[0] in ("s3", "s3a"):
+        return {"config_kwargs": {"connect_timeout": STORE_TIMEOUT_S, "read_timeout": STORE_TIMEOUT_S,
+                                  "retries": {"max_attempts": 1, "mode": "standard"}}}
+    return {}
+
+
+def check_store(url: str) -> None:
+    """One look at the root in the artifact store: reachable, and its bucket (top folder) there. A root that does not
+    exist yet is fine: the first upload makes it."""
+    fs, path = url_to_fs(url, **quick_options(url))
+    if hasattr(fs, "retries"):  # s3fs repeats a failed call itself (5 times) on top of botocore's attempts
+        fs.retries = 1
+    top = path.strip("/").split("/", 1)[0]
+    try:
+        try:
+            fs.info(path)
+        except FileNotFoundError:
+            if top == path.strip("/"):
+                raise
+            fs.info(top)
+    except FileNotFoundError:
+        raise ConfigError(f"the artifact store {url}: {url.split('://', 1)[0]}://{top} does not exist") from None
+    except store_errors() as err:
+        raise ConfigError(f"cannot reach the artifact store {url}: {error_cause(err)}") from None
