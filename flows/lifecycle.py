@@ -13,6 +13,7 @@ from tbench import procs, progress
 from tbench.device_lock import device_lock
 from tbench.interrupts import second_signal_exits
 from tbench.layout import RunLayout, new_run_id
+from tbench.preflight import preflight
 from tbench.errors import BenchError
 from tbench.run import RunTracker
 
@@ -28,6 +29,7 @@ def clean_up_after_killed_runs() -> None:
 @contextlib.contextmanager
 def run_lifecycle(req, hardware, name: str, request_json) -> Iterator[RunTracker]:
     """Set-up and lock; the body runs the stages and calls `finishing()` before its own finish."""
+    preflight(req)  # a worker checks what the CLI checked on the user's machine: its ports, paths and store
     clean_up_after_killed_runs()
     layout = RunLayout(staging_root(req.output), new_run_id(name)).create()
     tracker = RunTracker(layout)
