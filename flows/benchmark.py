@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from prefect import flow, get_run_logger
+from prefect.states import Completed
 
 from flows.lifecycle import finishing, run_lifecycle
 from tasks.accuracy import accuracy_task, require_same_answers
@@ -31,7 +32,7 @@ from tbench.pools import check_worker_hardware
 from tbench.precision import results_precision
 from tbench.request import BenchmarkRequest, adapter_for
 from tbench.errors import PerfAnalyzerError
-from tbench.run import FAILED, RunTracker
+from tbench.run import COMPLETED_WITH_FAILURES, FAILED, STATE_COMPLETED_WITH_FAILURES, RunTracker
 
 
 @flow(name="triton-benchmark")
@@ -139,6 +140,8 @@ def _benchmark(req, hardware, adapter, tracker: RunTracker) -> str:
     url = _finish(tracker, req, hardware, server)
     if tracker.status == FAILED:  # every point failed: the flow run fails too, after its folder is stored
         raise PerfAnalyzerError(f"{tracker.status_line}; the run folder is {url}")
+    if tracker.status == COMPLETED_WITH_FAILURES:  # the UI and `tbench submit` see it; a direct call still gets the URL
+        return Completed(message=tracker.status_line, name=STATE_COMPLETED_WITH_FAILURES, data=url)
     return url
 
 

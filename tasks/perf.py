@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ from prefect.artifacts import create_progress_artifact, update_progress_artifact
 from prefect.cache_policies import NO_CACHE
 
 from tbench import procs, progress, tools
+from tbench.shm import SHM_DIR
 from tasks.monitor import NoMonitor, cross_check
 from tbench.composing import parse_composing
 from tbench.enums import Scenario
@@ -221,6 +223,8 @@ def measure_point(point: Point, *, model: str, grpc_url: str, spec: IoSpec, m: M
         csv_path = layout.perf_csv(model, point.scenario, point.label, attempt)
         argv = perf_argv(binary, model, grpc_url, point, m, request_count, csv_path, spec, inputs)
         log_path = layout.perf_log(model, point.scenario, point.label, attempt)
+        if row["shared_memory"] != "none":
+            release_shared_memory(grpc_url, row["shared_memory"])
         monitor.start()
         done = procs.run(argv, log_path, m.timeout_s, env)
         observed = monitor.stop()
@@ -249,9 +253,38 @@ def measure_point(point: Point, *, model: str, grpc_url: str, spec: IoSpec, m: M
             row.update(status="unstable", error=f"not stable within {m.max_trials} windows of {request_count}+ requests{spread}")
             continue
         last = [ln for ln in log.splitlines() if ln.strip()]
-        row.update(status="error", error=last[-1].strip() if last else f"perf_analyzer exited {done.returncode}")
+        if done.returncode < 0:  # killed from outside: its last log line is not the reason
+            row.update(status="error", error=f"perf_analyzer was killed by {signal.Signals(-done.returncode).name}")
+        else:
+            row.update(status="error", error=last[-1].strip() if last else f"perf_analyzer exited {done.returncode}")
         return row
     return row
+
+
+def release_shared_memory(grpc_url: str, kind: str) -> list[str]:
+    """Unregister the regions an earlier perf_analyzer left registered with the server, and unlink their files.
+
+    perf_analyzer unregisters its regions when it ends cleanly, but not when it is killed or stops on an unstable point.
+    The server then still maps the old region, and the next perf_analyzer re-creates a region of the same name with
+    another size: the server read past its end and died (SIGBUS) in our fault tests. Our server is private to the run,
+    so every region registered with it is ours. Returns the names released."""
+    import tritonclient.grpc as grpcclient
+
+    try:
+        with grpcclient.InferenceServerClient(grpc_url) as client:
+            if kind == "cuda":
+                regions = client.get_cuda_shared_memory_status(as_json=True).get("regions", {})
+                if regions:
+                    client.unregister_cuda_shared_memory()
+                return list(regions)
+            regions = client.get_system_shared_memory_status(as_json=True).get("regions", {})
+            if regions:
+                client.unregister_system_shared_memory()
+    except Exception:  # a server that cannot answer fails the point itself, with perf_analyzer's own error
+        return []
+    for region in regions.values():
+        (SHM_DIR / region.get("key", "").lstrip("/")).unlink(missing_ok=True)
+    return list(regions)
 
 
 REQUEST_COUNT_LINE = re.compile(r"Client:\s*\n\s*Request count: (\d+)")

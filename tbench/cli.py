@@ -457,8 +457,11 @@ def submit(
         console.print(f"[green]report:[/] {result.report_url}")
     if result.state != "COMPLETED":
         console.print(f"[red]error:[/] the run ended {result.state_name}: {result.message}")
-        raise typer.Exit(1)
+        raise typer.Exit(EXIT_FAILED)
     typer.echo(str(run_id))
+    if result.state_name == "CompletedWithFailures":  # flows/benchmark.py's state for a run with failed points
+        console.print(f"[yellow]completed with failed points:[/] {result.message}")
+        raise typer.Exit(EXIT_FAILED_POINTS)
 
 
 @app.command()

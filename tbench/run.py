@@ -22,6 +22,7 @@ from tasks.store import write_local_atomic, write_manifest
 
 # A run's status, as the manifest, the report, the results dataset and the CLI's exit code say it.
 COMPLETED, COMPLETED_WITH_FAILURES, FAILED, INTERRUPTED = "completed", "completed_with_failures", "failed", "interrupted"
+STATE_COMPLETED_WITH_FAILURES = "CompletedWithFailures"  # the flow run's state name (type COMPLETED) in Prefect
 
 
 class _RunLogFormatter(logging.Formatter):

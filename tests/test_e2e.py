@@ -403,3 +403,22 @@ def test_remote_mode_uploads_loads_and_unloads_through_the_client(small_artifact
         assert "\n" not in str(err.value)
     finally:
         theirs.stop()
+
+
+def test_regions_a_killed_perf_analyzer_left_registered_are_released(served_small):
+    import tritonclient.grpc as grpcclient
+
+    from tasks.perf import release_shared_memory
+
+    region = shm.SHM_DIR / "tbench_test_input_0_0"  # as perf_analyzer makes one: a file under /dev/shm, registered
+    fd = os.open(region, os.O_CREAT | os.O_RDWR, 0o600)
+    try:
+        os.ftruncate(fd, 1024)
+        with grpcclient.InferenceServerClient(served_small.endpoints.grpc_url) as client:
+            client.register_system_shared_memory("input_0_0", "/" + region.name, 1024)
+            assert release_shared_memory(served_small.endpoints.grpc_url, "system") == ["input_0_0"]
+            assert not client.get_system_shared_memory_status(as_json=True).get("regions")
+        assert not region.exists()
+    finally:
+        os.close(fd)
+        region.unlink(missing_ok=True)
