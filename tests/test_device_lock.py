@@ -1,0 +1,93 @@
+"""The device lock against a real Prefect server (the test harness's): waiting says for whom, a stale holder's slot is
+reclaimed, and a holder on another host is only reclaimed once its lease stops being renewed."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+
+from tbench import progress
+from tbench.device_lock import DeviceLock, Holder, LockTimeout
+
+
+@pytest.fixture
+def name() -> str:
+    return f"tbench-test-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+def events():
+    seen = []
+    listener = lambda event, **data: seen.append((event, data))  # noqa: E731
+    progress.subscribe(listener)
+    yield seen
+    progress.unsubscribe(listener)
+
+
+def lock(name: str, run: str, lease_s: float = 3.0) -> DeviceLock:
+    taken = DeviceLock(name, run, lease_s=lease_s, poll_s=0.2, report_every_s=0.5)
+    taken._ensure_limit()  # a limit that does not exist yet takes any increment without counting it
+    return taken
+
+
+def test_a_second_run_waits_saying_for_whom_then_takes_the_freed_slot(prefect_harness, name, events):
+    first, second = lock(name, "run-a"), lock(name, "run-b")
+    first.acquire()
+    with pytest.raises(LockTimeout, match=r"still held by run run-a on .* \(pid \d+\) since .* after \d+ s of waiting"):
+        second.acquire(timeout_s=4)  # past the lease: the holder renews, so it is not stale
+    waits = [d for e, d in events if e == "lock_wait"]
+    assert waits and "run run-a" in waits[0]["holder"] and waits[-1]["waited_s"] >= 3
+    first.release()
+    started = time.monotonic()
+    second.acquire(timeout_s=10)
+    assert time.monotonic() - started < 2
+    assert second._read_record().run == "run-b"
+    second.release()
+    assert second._read_record() is None and second._try_take()  # released: the slot is free
+    second._reset_slot()
+
+
+def test_a_holder_whose_process_is_gone_is_reclaimed_at_once(prefect_harness, name, events):
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead = lock(name, "killed-run")
+    assert dead._try_take()  # a run that took the slot, wrote its lease and was killed
+    dead.holder = dead.holder.model_copy(update={"pid": int(gone.stdout), "pid_started": 1.0})
+    dead._write_record()
+    started = time.monotonic()
+    waiter = lock(name, "next-run", lease_s=600)  # a long lease: only the dead process can explain a quick reclaim
+    waiter.acquire(timeout_s=30)
+    assert time.monotonic() - started < 5
+    assert [d["holder"] for e, d in events if e == "lock_reclaimed"][0].startswith("run killed-run")
+    waiter.release()
+
+
+def test_a_holder_elsewhere_is_reclaimed_only_when_its_lease_lapses(prefect_harness, name):
+    elsewhere = lock(name, "remote-run")
+    assert elsewhere._try_take()
+    elsewhere.holder = elsewhere.holder.model_copy(update={"host": "another-host"})  # its pid cannot be checked here
+    elsewhere._write_record()
+    started = time.monotonic()
+    waiter = lock(name, "next-run", lease_s=3)
+    waiter.acquire(timeout_s=30)
+    assert 3 <= time.monotonic() - started < 10  # one lease without renewal
+    waiter.release()
+
+
+def test_a_slot_taken_without_a_lease_record_is_reclaimed_after_one_lease(prefect_harness, name):
+    leaked = lock(name, "old-tbench")
+    assert leaked._try_take()  # what a run of a version without leases left behind
+    started = time.monotonic()
+    waiter = lock(name, "next-run", lease_s=2)
+    waiter.acquire(timeout_s=30)
+    assert 2 <= time.monotonic() - started < 8
+    waiter.release()
+
+
+def test_lease_records_are_read_back_as_written():
+    holder = Holder(run="r", host="h", pid=1, since="2026-11-23T08:00:00Z", renewed="2026-11-23T08:00:20Z")
+    assert Holder.model_validate(holder.model_dump(mode="json")) == holder
+    assert "run r on h (pid 1) since 2026-11-23 08:00:00 UTC" == holder.describe()

@@ -1,0 +1,54 @@
+"""Child processes are recorded with their owner: a child whose owner died is reaped by the next run, others never."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import psutil
+
+from tbench import procs
+
+OWNER = """
+import sys
+from pathlib import Path
+from tbench import procs
+child = procs.start(["sleep", "300"], Path(sys.argv[1]))
+print(child.pid)
+"""  # exits without stopping its child: what a SIGKILL'd run leaves
+
+
+def test_a_child_whose_owner_died_is_reaped_and_one_whose_owner_lives_is_not(tmp_path, monkeypatch):
+    monkeypatch.setenv("TBENCH_PROCS_DIR", str(tmp_path / "procs"))
+    owner = subprocess.run([sys.executable, "-c", OWNER, str(tmp_path / "orphan.log")], capture_output=True, text=True,
+                           env={**__import__("os").environ}, timeout=60)
+    orphan = int(owner.stdout.strip())
+    ours = procs.start(["sleep", "300"], tmp_path / "ours.log")
+    try:
+        assert psutil.pid_exists(orphan)
+        assert json.loads((tmp_path / "procs" / f"{orphan}.json").read_text())["argv0"] == "sleep"
+        assert procs.reap_orphans() == [f"sleep (pid {orphan})"]
+        deadline = time.monotonic() + 10
+        while psutil.pid_exists(orphan) and psutil.Process(orphan).status() != psutil.STATUS_ZOMBIE:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert ours.poll() is None and procs.reap_orphans() == []  # our own child stays
+    finally:
+        procs.stop(ours, timeout_s=1)
+    assert not list((tmp_path / "procs").glob("*.json"))  # stopped and reaped children leave no record
+
+
+def test_a_record_of_a_pid_now_used_by_another_process_is_dropped_not_killed(tmp_path, monkeypatch):
+    monkeypatch.setenv("TBENCH_PROCS_DIR", str(tmp_path / "procs"))
+    (tmp_path / "procs").mkdir()
+    bystander = subprocess.Popen(["sleep", "300"], start_new_session=True)
+    try:  # a record naming a live pid with another start time: the pid was reused, the orphan is long gone
+        (tmp_path / "procs" / f"{bystander.pid}.json").write_text(json.dumps(
+            {"pid": bystander.pid, "started": 1.0, "owner": 1, "owner_started": 1.0, "argv0": "tritonserver"}))
+        assert procs.reap_orphans() == []
+        assert bystander.poll() is None and not list((tmp_path / "procs").glob("*.json"))
+    finally:
+        bystander.kill()
+        bystander.wait()
