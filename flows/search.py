@@ -129,7 +129,8 @@ def search_flow(request: BenchmarkRequest = BenchmarkRequest(), search: SearchRe
                 variants = {entry: ServedVariant(artifacts[key], serves_natively(key[0], backends)) for entry, key in plan.items()}
             with tracker.stage("server-start"):
                 server_task(server)
-            evaluator = TritonEvaluator(server=server, repository=layout.repository_dir, name=req.model, variants=variants,
+            evaluator = TritonEvaluator(server=server, repository=layout.repository_dir, variants=variants,
+                                        name=req.model + req.triton_suffix,  # a remote run's own name
                                         concurrency=concurrency, measurement=req.measurement, work_dir=layout.run_dir / "search",
                                         inputs=perf_inputs, online_batch_size=req.online_batch_size,
                                         kind="KIND_GPU" if hardware.has_gpu else "KIND_CPU", cpu_cores=hardware.cpu_cores)
