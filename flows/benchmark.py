@@ -21,7 +21,7 @@ from tasks.perf import perf_task, plan_points, prepare_inputs
 from tasks.point_cache import PointCache, file_digest, tool_versions
 from tasks.report import report_task
 from model_adapters.ensemble import part_adapters
-from tasks.repository import (ACCELERATOR_LABELS, ServingConfig, backend_label, repository_task, serves_natively,
+from tasks.repository import (ACCELERATOR_LABELS, RUNTIME_MODEL, ServingConfig, backend_label, repository_task, serves_natively,
                               write_ensemble, write_offline_configs)
 from tasks.server import configs_loaded, make_server, server_task
 from tasks.store import run_url, store_task
@@ -30,8 +30,8 @@ from tbench import progress
 from tbench.enums import Format, Scenario
 from tbench.pools import check_worker_hardware
 from tbench.precision import results_precision
-from tbench.request import BenchmarkRequest, adapter_for
 from tbench.errors import PerfAnalyzerError
+from tbench.request import BenchmarkRequest, adapter_for, plain_name
 from tbench.run import COMPLETED_WITH_FAILURES, FAILED, STATE_COMPLETED_WITH_FAILURES, RunTracker
 
 
@@ -68,7 +68,7 @@ def _benchmark(req, hardware, adapter, tracker: RunTracker) -> str:
             tracker.correctness = correctness_task(adapter, module, artifacts, req.tolerance_atol, req.tolerance_rtol)
             for p, arts in zip(parts, part_artifacts):
                 checked = correctness_task(p, p.part.module, arts, req.tolerance_atol, req.tolerance_rtol)
-                tracker.correctness += [c.model_copy(update={"model": req.part_name(p.part.name)}) for c in checked]
+                tracker.correctness += [c.model_copy(update={"model": plain_name(req.part_name(p.part.name))}) for c in checked]
             tracker.save_json(layout.correctness_json, [c.model_dump(mode="json") for c in tracker.correctness])
             require_passed(tracker.correctness)
             perf_inputs = prepare_inputs(adapter, module, layout.run_dir / "perf_input.json",
@@ -83,7 +83,7 @@ def _benchmark(req, hardware, adapter, tracker: RunTracker) -> str:
         tracker.served_by = {a.format.value: backend_label(a.format, native[a.format]) for a in served}
         if composing:
             tracker.served_by[Format.ENSEMBLE.value] = "ensemble of " + ", ".join(
-                f"{name} ({backend_label(a.format, native[a.format])})" for name, a in composing)
+                f"{plain_name(name)} ({backend_label(a.format, native[a.format])})" for name, a in composing)
         # what each Triton model is served with: (config, artifact, native); an ensemble's batching is its parts'
         configs = ([(serving_config(req, hardware, a.format), a, native[a.format]) for a in served]
                    + [(serving_config(req, hardware, a.format, name), a, native[a.format]) for name, a in composing])
@@ -91,7 +91,7 @@ def _benchmark(req, hardware, adapter, tracker: RunTracker) -> str:
             for cfg, artifact, is_native in configs:
                 repository_task(layout.repository_dir, cfg, artifact, is_native)
             if composing:
-                write_ensemble(layout.repository_dir, req.model, req.max_batch_size, adapter.io_spec(),
+                write_ensemble(layout.repository_dir, req.triton_name(Format.ENSEMBLE), req.max_batch_size, adapter.io_spec(),
                                [(name, a.io_spec) for name, a in composing])
             offline_configs = write_offline_configs(layout.offline_configs_dir, configs) if Scenario.OFFLINE in req.scenarios else {}
         with tracker.stage("server-start"):
@@ -106,7 +106,7 @@ def _benchmark(req, hardware, adapter, tracker: RunTracker) -> str:
                 tracker.accuracy.append(result)
                 tracker.save_json(layout.accuracy_json, [r.model_dump(mode="json") for r in tracker.accuracy])
                 require_same_answers(result, name)
-        cache = point_cache(req, hardware, served + [a for _, a in composing], perf_inputs) if req.reuse_measurements else None
+        cache = point_cache(req, hardware, server.identity(), served + [a for _, a in composing], perf_inputs) if req.reuse_measurements else None
         for fmt, spec in measured:
             name = req.triton_name(fmt)
             model_format = fmt.label if fmt is not Format.ENSEMBLE else f"{fmt.label} ({' + '.join(a.format.label for _, a in composing)})"
@@ -159,17 +159,19 @@ def serving_config(req, hardware, fmt, name: str | None = None) -> ServingConfig
                          intra_op_threads=max(1, hardware.cpu_cores // req.model_instances))
 
 
-def point_cache(req, hardware, artifacts, perf_inputs) -> PointCache:
-    """The point cache's context: what decides a point's numbers besides the point (see tasks/point_cache.py)."""
+def point_cache(req, hardware, server: dict, artifacts, perf_inputs) -> PointCache:
+    """The point cache's context: what decides a point's numbers besides the point (see tasks/point_cache.py);
+    `server` is the server's identity (TritonServer.identity: mode, binary, image or address, reported id and version)."""
     return PointCache({
         "artifacts": [{"source": a.source_hash, "format": a.format.value, "precision": a.precision.value,
                        "io": a.io_spec.model_dump()} for a in artifacts],
         "serving": {k: getattr(req, k) for k in ("max_batch_size", "model_instances", "preferred_batch_sizes",
                                                  "max_queue_delay_us", "accelerators", "online_batch_size")},
         "offline_batching": "static",  # offline points measured before static batching are not these
-        "server": req.server, "machine": {k: getattr(hardware, k) for k in ("cpu_model", "cpu_cores", "gpus", "gpu_uuids")},
+        "server": server, "machine": {k: getattr(hardware, k) for k in ("cpu_model", "cpu_cores", "gpus", "gpu_uuids", "driver", "cuda")},
         "measurement": req.measurement.model_dump(), "inputs": file_digest(perf_inputs.data_file),
         "shapes": perf_inputs.shapes, "shared_memory": perf_inputs.shared_memory, "tools": tool_versions(),
+        "runtime_model": file_digest(RUNTIME_MODEL),  # the python backend's model.py runs every request it serves
     })
 
 

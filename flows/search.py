@@ -36,6 +36,7 @@ from tbench.run import RunTracker
 from tbench.search import Candidate, Checkpoint, Objective, SearchSpace
 
 CHECKPOINT = "search.jsonl"
+CONTEXT = "search_context.json"  # beside the checkpoint: what its measurements were taken for (search_context)
 
 
 class SearchRequest(BaseModel):
@@ -54,8 +55,9 @@ class SearchRequest(BaseModel):
                                     "its run folder; measured candidates are read back, not measured again.")
 
 
-def resume_checkpoint(resume_from: str | None) -> Path | None:
-    """The checkpoint file a `resume_from` names (a file, or a run folder holding search.jsonl)."""
+def resume_checkpoint(resume_from: str | None, context: dict | None = None) -> Path | None:
+    """The checkpoint file a `resume_from` names (a file, or a run folder holding search.jsonl); with a `context`,
+    one measured for anything else is refused (check_resumable)."""
     if not resume_from:
         return None
     path = Path(resume_from).expanduser()
@@ -63,7 +65,51 @@ def resume_checkpoint(resume_from: str | None) -> Path | None:
         path = path / CHECKPOINT
     if not path.is_file():
         raise ConfigError(f"resume_from {resume_from!r}: no search checkpoint there (expected a {CHECKPOINT} file or a run folder holding one)")
+    if context is not None:
+        check_resumable(path, context)
     return path
+
+
+def search_context(req, search: "SearchRequest", plan: dict, hardware) -> dict:
+    """What a search's measurements were taken for, besides the server (added once it runs: TritonServer.identity),
+    as JSON reads it back. A resume must match it: another model, grid or setting would mix numbers."""
+    context = {
+        "model": req.model, "size": req.size, "framework": req.framework, "model_file": req.model_file,
+        "checkpoint": req.checkpoint, "model_options": req.model_options,
+        "inputs": {k: getattr(req, k) for k in ("input_data", "dataset", "shapes", "input_dtypes", "value_ranges")},
+        "variants": {entry: f"{fmt.value}:{precision.value}" for entry, (fmt, precision) in plan.items()},
+        "space": search.space.model_dump(mode="json"), "objective": search.objective.model_dump(mode="json"),
+        "concurrency": search.concurrency or max(req.concurrency), "online_batch_size": req.online_batch_size,
+        "measurement": req.measurement.model_dump(mode="json"),
+        "machine": {k: getattr(hardware, k) for k in ("cpu_model", "cpu_cores", "gpus", "gpu_uuids", "driver", "cuda")},
+    }
+    return json.loads(json.dumps(context))
+
+
+def context_differences(recorded: dict, current: dict) -> list[str]:
+    """The fields of `current` that `recorded` differs in (a field it lacks differs), a dict's by its keys."""
+    differing = []
+    for key, value in current.items():
+        there = recorded.get(key)
+        if there == value:
+            continue
+        if isinstance(value, dict) and isinstance(there, dict):
+            differing += [f"{key}.{k}" for k in sorted(set(value) | set(there)) if value.get(k) != there.get(k)]
+        else:
+            differing.append(key)
+    return differing
+
+
+def check_resumable(checkpoint: Path, context: dict) -> None:
+    """Refuse, in one line, a checkpoint whose recorded context differs from the new search's in any field `context`
+    has (before the server runs it has no `server`), or one that recorded none (from before tbench recorded it)."""
+    recorded = checkpoint.with_name(CONTEXT)
+    if not recorded.is_file():
+        raise ConfigError(f"cannot resume from {checkpoint}: it has no {CONTEXT} beside it to say which model, grid and "
+                          "server it measured (a checkpoint from an older tbench); start a new search")
+    if differing := context_differences(json.loads(recorded.read_text()), context):
+        raise ConfigError(f"cannot resume from {checkpoint}: it was measured with another {', '.join(differing)} "
+                          f"(see {recorded}); start a new search or resume with the same settings")
 
 
 def variant_plan(space: SearchSpace, req, has_gpu: bool) -> dict[str, tuple[Format, Precision]]:
@@ -91,7 +137,8 @@ def search_flow(request: BenchmarkRequest = BenchmarkRequest(), search: SearchRe
     req = request.resolve(hardware.has_gpu)
     adapter = adapter_for(req)
     plan = variant_plan(search.space, req, hardware.has_gpu)
-    resume = resume_checkpoint(search.resume_from)
+    context = search_context(req, search, plan, hardware)
+    resume = resume_checkpoint(search.resume_from, context)
     request_json = {"request": req.model_dump(mode="json"), "search": search.model_dump(mode="json")}
     with run_lifecycle(req, hardware, f"{req.model}-search", request_json) as tracker:
         layout = tracker.layout
@@ -99,6 +146,7 @@ def search_flow(request: BenchmarkRequest = BenchmarkRequest(), search: SearchRe
         checkpoint = Checkpoint(layout.run_dir / CHECKPOINT)
         if resume is not None:  # the new run starts from a copy: the interrupted run's folder stays as it was
             shutil.copyfile(resume, checkpoint.path)
+            shutil.copyfile(resume.with_name(CONTEXT), layout.run_dir / CONTEXT)
         server, result = None, None
         concurrency = search.concurrency or max(req.concurrency)
         try:
@@ -127,7 +175,12 @@ def search_flow(request: BenchmarkRequest = BenchmarkRequest(), search: SearchRe
                 variants = {entry: ServedVariant(artifacts[key], serves_natively(key[0], backends)) for entry, key in plan.items()}
             with tracker.stage("server-start"):
                 server_task(server)
-            evaluator = TritonEvaluator(server=server, repository=layout.repository_dir, name=req.model, variants=variants,
+                context["server"] = server.identity()
+                if resume is not None:  # the same server as well: its address, binary or image, and version
+                    check_resumable(resume, context)
+                (layout.run_dir / CONTEXT).write_text(json.dumps(context, indent=2))  # before the first measurement
+            evaluator = TritonEvaluator(server=server, repository=layout.repository_dir, variants=variants,
+                                        name=req.model + req.triton_suffix,  # a remote run's own name
                                         concurrency=concurrency, measurement=req.measurement, work_dir=layout.run_dir / "search",
                                         inputs=perf_inputs, online_batch_size=req.online_batch_size,
                                         kind="KIND_GPU" if hardware.has_gpu else "KIND_CPU", cpu_cores=hardware.cpu_cores)

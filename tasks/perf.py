@@ -30,7 +30,7 @@ from tbench.errors import PerfAnalyzerError
 from tbench.iospec import IoSpec
 from tbench.layout import RunLayout
 from tbench.metrics import AVG, BREAKDOWN, METRICS, RESULT_COLUMNS, THROUGHPUT
-from tbench.request import Measurement
+from tbench.request import Measurement, plain_name
 
 UNSTABLE_MARK = "Failed to obtain stable measurement"
 
@@ -189,7 +189,8 @@ def parse_perf_csv(path: Path) -> dict[str, float]:
 
 
 def cache_key(point: Point, model: str) -> dict:
-    return {"model": model, "scenario": point.scenario.value, "batch_size": point.batch_size,
+    """A point's key in the point cache: the model by its plain name (a remote run's Triton names are its own)."""
+    return {"model": plain_name(model), "scenario": point.scenario.value, "batch_size": point.batch_size,
             "concurrency": point.concurrency, "rate": point.rate, "distribution": point.distribution}
 
 
@@ -375,7 +376,8 @@ def run_sweep(points: list[Point], *, model: str, grpc_url: str, spec: IoSpec, m
         composing = row.pop("composing", [])
         if composing and on_composing:
             keys = {k: row[k] for k in ("scenario", "format", "batch_size", "concurrency", "request_rate")}
-            on_composing([{"model": model, **keys, **c} for c in composing])
+            on_composing([{"model": plain_name(model), **keys, **c, "composing_model": plain_name(c["composing_model"])}
+                          for c in composing])
         rows.append(row)
         table = pd.DataFrame(rows, columns=RESULT_COLUMNS)
         if on_row:

@@ -3,8 +3,10 @@ measured from here instead of measuring it again, so an interrupted run resumes 
 run costs only what is new.
 
 A point's key holds everything that decides its numbers: the served model (source digest, format, precision, io spec),
-the Triton configuration and server mode, the machine (CPU model and cores, GPUs by UUID), the measurement settings,
-the perf_analyzer input data and version, and the point itself. Only stable (ok) points are kept. An entry is the
+the Triton configuration, the server (mode; its binary, image or address; the id and version it reports), the machine
+(CPU model and cores, GPUs by UUID, driver and CUDA versions), the measurement settings, the perf_analyzer input data,
+the versions of perf_analyzer, the embedded server and the runtimes the python backend runs (onnxruntime, torch,
+tensorflow) and its model.py, and the point itself. Only stable (ok) points are kept. An entry is the
 result row plus the perf_analyzer CSV and log it came from, copied into the new run folder on a hit, so the run
 folder stays complete and `tbench compare` still reads the point's noise. The row's `reused_from` names the run
 that measured it. The cache is a local folder (per worker: the machine is part of the key anyway).
@@ -33,11 +35,12 @@ def digest(value) -> str:
 
 
 def tool_versions() -> dict[str, str]:
-    """perf_analyzer comes with tritonclient; the embedded server with nvidia-pytriton."""
+    """perf_analyzer comes with tritonclient; the embedded server with nvidia-pytriton; the python backend runs this
+    environment's runtimes (embedded and local servers)."""
     import importlib.metadata
 
     versions = {}
-    for dist in ("tritonclient", "nvidia-pytriton"):
+    for dist in ("tritonclient", "nvidia-pytriton", "onnxruntime", "onnxruntime-gpu", "torch", "tensorflow", "tensorflow-cpu"):
         try:
             versions[dist] = importlib.metadata.version(dist)
         except importlib.metadata.PackageNotFoundError:

@@ -102,6 +102,7 @@ class TritonEvaluator:
         client = self._client()
         try:
             if isinstance(self.server, RemoteServer):
+                self.server.claim(client, self.name)  # a shared server: never a name it already has
                 config, files = RemoteServer.upload(model_dir)
                 client.load_model(self.name, config=config, files=files, client_timeout=self.load_timeout_s)
             else:

@@ -24,7 +24,7 @@ import time
 import uuid
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 import psutil
@@ -35,6 +35,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from tbench import procs, shm, tools
 from tbench.errors import ServerStartError
+from tbench.request import run_suffix
 from tbench.triton_config import parse_pbtxt
 
 NGC_IMAGE = "nvcr.io/nvidia/tritonserver:24.10-py3"  # Triton 2.51, the release of our perf_analyzer
@@ -108,6 +109,20 @@ class TritonServer(ABC):
     def processes(self) -> list[psutil.Process]:
         """The server's processes on this machine, for CPU and memory per point; none where it runs elsewhere."""
         return []
+
+    def where(self) -> dict:
+        """Which server this is, as configured: its binary, image or address."""
+        return {}
+
+    def identity(self) -> dict:
+        """Which server measured (mode, binary/image/address, and the id and version it reports), so points measured
+        on one server are not taken for another's. Asks a started server."""
+        client = self._client()
+        try:
+            reported = client.get_server_metadata(as_json=True)
+        finally:
+            client.close()
+        return {"mode": self.mode, **self.where(), "id": reported.get("name"), "version": reported.get("version")}
 
     def load(self, name: str, config: mc.ModelConfig | None = None) -> None:
         """(Re)load a model of the repository, with `config` in place of its config.pbtxt when given (Triton's load
@@ -272,6 +287,9 @@ class EmbeddedServer(ProcessServer):
     def backends(self) -> set[str]:
         return backends_in(tools.pytriton_server_dir() / "backends")
 
+    def where(self) -> dict:
+        return {"binary": str(tools.pytriton_server_dir() / "bin" / "tritonserver")}
+
     def _prepare_backends(self) -> None:
         server_dir = tools.pytriton_server_dir()
         self._work_dir = Path(tempfile.mkdtemp(prefix="tbench-triton-"))
@@ -322,6 +340,9 @@ class LocalServer(ProcessServer):
     def backends(self) -> set[str]:
         return backends_in(self.backend_dir)
 
+    def where(self) -> dict:
+        return {"binary": self.binary, "backend_dir": str(self.backend_dir)}
+
     def argv(self) -> list[str]:
         return [self.binary, *self.server_args(str(self.repository), str(self.backend_dir))]
 
@@ -339,6 +360,9 @@ class DockerServer(ProcessServer):
 
     def processes(self) -> list[psutil.Process]:
         return []  # the server runs inside the container; the local process is only the docker client
+
+    def where(self) -> dict:
+        return {"image": self.image, "gpus": self.gpus}  # the GPUs the container sees decide its numbers too
 
     def argv(self) -> list[str]:
         argv = [self.docker, "run", "--rm", "--name", self.container, f"--shm-size={self.shm_size}",
@@ -376,7 +400,10 @@ class DockerServer(ProcessServer):
 class RemoteServer(TritonServer):
     """A server someone else runs, with --model-control-mode=explicit: each model in our repository is uploaded
     (config + files) and loaded through the client, and unloaded at stop. The server's own log is not ours to keep;
-    the load errors it returns are what the error quotes."""
+    the load errors it returns are what the error quotes.
+
+    The server is shared: a run's models carry names of its own (BenchmarkRequest's triton_suffix), a name the
+    server already has is refused rather than replaced, and only what this object loaded is reloaded or unloaded."""
 
     mode = "remote"
 
@@ -400,6 +427,23 @@ class RemoteServer(TritonServer):
     @property
     def endpoints(self) -> ServerEndpoints:
         return self._endpoints
+
+    def where(self) -> dict:
+        return {"url": self.endpoints.grpc_url}  # where models are loaded and measured
+
+    def taken(self, client, name: str) -> bool:
+        """Whether the server has a model of this name: loaded (by anyone), or in its own repository."""
+        index = client.get_model_repository_index(as_json=True).get("models", [])
+        return any(m.get("name") == name for m in index) or client.is_model_ready(name)
+
+    def claim(self, client, name: str) -> None:
+        """Make `name` ours to load (and unload at stop), refusing one the server already has."""
+        if name in self.loaded:
+            return
+        if self.taken(client, name):
+            raise ServerStartError(f"remote Triton at {self.endpoints.grpc_url} already has a model named {name}; "
+                                   "tbench loads only names of its own and replaces nothing")
+        self.loaded.append(name)
 
     def alive(self) -> bool:
         try:
@@ -426,7 +470,9 @@ class RemoteServer(TritonServer):
         try:
             with self.log_path.open("a") as log:
                 for backend in self.PROBED:
-                    name = f"tbench_probe_{backend}"
+                    name = f"tbench_probe_{backend}{run_suffix()}"
+                    if self.taken(client, name):
+                        continue  # not ours to load or unload (a unique name: does not happen)
                     filename, content = self._PROBE_FILES[backend]
                     config = json.dumps({"backend": backend, "max_batch_size": 0,
                                          "input": [{"name": "x", "data_type": "TYPE_FP32", "dims": [1]}],
@@ -440,7 +486,7 @@ class RemoteServer(TritonServer):
                             raise
                     if self.MISSING_BACKEND not in outcome:
                         found.add(backend)
-                    log.write(f"backend probe {backend}: {'present' if backend in found else 'missing'} ({outcome})\n")
+                    log.write(f"backend probe {backend} as {name}: {'present' if backend in found else 'missing'} ({outcome})\n")
                     try:
                         client.unload_model(name)
                     except InferenceServerException:
@@ -451,6 +497,11 @@ class RemoteServer(TritonServer):
         finally:
             client.close()
         return found
+
+    def load(self, name: str, config: mc.ModelConfig | None = None) -> None:
+        if name not in self.loaded:  # e.g. an offline reload: only a model this run loaded
+            raise ServerStartError(f"remote Triton: {name} was not loaded by this run; tbench reloads only its own models")
+        super().load(name, config)
 
     def _load_args(self, name: str, config: mc.ModelConfig | None) -> dict:
         """A remote server has none of our files: they travel with every load, with the override or our config."""
@@ -475,7 +526,12 @@ class RemoteServer(TritonServer):
             if not self.alive():
                 raise ServerStartError(f"remote Triton at {self.endpoints.grpc_url} is not live")
             log.write(f"server metadata: {json.dumps(client.get_server_metadata(as_json=True))}\n")
-            for name in self.models():
+            names = self.load_order()
+            if taken := [n for n in names if self.taken(client, n)]:  # checked before the first load: nothing to undo
+                raise ServerStartError(f"remote Triton at {self.endpoints.grpc_url} already has a model named "
+                                       f"{', '.join(taken)}; tbench loads only names of its own and replaces nothing")
+            for name in names:
+                self.claim(client, name)  # ours from here: a load that times out is still unloaded at stop
                 config, files = self.upload(self.repository / name)
                 try:
                     client.load_model(name, config=config, files=files, client_timeout=self.start_timeout_s)
@@ -483,23 +539,42 @@ class RemoteServer(TritonServer):
                     log.write(f"load {name}: {err.message()}\n")
                     raise ServerStartError(f"remote Triton could not load {name}: {one_line(err.message() or '')} "
                                            f"(log: {self.log_path})") from None
-                self.loaded.append(name)
                 log.write(f"loaded {name}\n")
+        except BaseException:
+            with suppress(ServerStartError):  # unload what this run loaded so far; the first error is the one to tell
+                self.stop()
+            raise
         finally:
             log.close()
             client.close()
         return self.endpoints
 
+    def load_order(self) -> list[str]:
+        """The repository's models, an ensemble after the models it composes (its steps must be there first)."""
+        def is_ensemble(name: str) -> bool:
+            return parse_pbtxt((self.repository / name / "config.pbtxt").read_text()).platform == "ensemble"
+
+        return sorted(self.models(), key=is_ensemble)
+
     def stop(self) -> None:
+        """Unload what this run loaded, ensembles first (the reverse of the load order), and nothing else."""
+        from tritonclient.utils import InferenceServerException
+
         if not self.loaded:
             return
+        failed = []
         client = self._client()
         try:
-            for name in self.loaded:
-                client.unload_model(name)
+            for name in reversed(self.loaded):
+                try:
+                    client.unload_model(name)
+                except InferenceServerException as err:  # one that fails must not keep the others loaded
+                    failed.append(f"{name} ({one_line(err.message() or '')})")
         finally:
             self.loaded = []
             client.close()
+        if failed:
+            raise ServerStartError(f"remote Triton at {self.endpoints.grpc_url} could not unload {', '.join(failed)}")
 
 
 def config_json(config: mc.ModelConfig) -> str:

@@ -358,15 +358,16 @@ def search(
         request = BenchmarkRequest(model=model, size=size, framework=framework, **_given(output=output), server=server,
                                    server_url=server_url, measurement=measurement,
                                    formats=list(dict.fromkeys(v.partition(":")[0] for v in space.formats if v)) or None)
-        from flows.search import SearchRequest, resume_checkpoint, variant_plan
+        from flows.search import SearchRequest, resume_checkpoint, search_context, variant_plan
         from tbench import hardware
 
         search_request = SearchRequest(space=space, objective=objective, strategy=strategy, budget_fraction=budget_fraction,
                                        concurrency=concurrency, resume_from=resume)
-        has_gpu = hardware.detect().has_gpu
-        variant_plan(space, request.resolve(has_gpu), has_gpu)  # fail fast, before Prefect starts
+        machine = hardware.detect()
+        resolved = request.resolve(machine.has_gpu)
+        plan = variant_plan(space, resolved, machine.has_gpu)  # fail fast, before Prefect starts
         preflight(request)  # ports, paths, output root, artifact store: before anything starts
-        resume_checkpoint(resume)
+        resume_checkpoint(resume, search_context(resolved, search_request, plan, machine))
     except BenchError as err:
         console.print(f"[red]error:[/] {err}")
         raise typer.Exit(2) from None

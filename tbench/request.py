@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 import os
+import re
+import uuid
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -17,6 +19,19 @@ PROFILES = ("cpu", "gpu")
 # What the embedded python-backend runtime can execute, per serving format.
 PYTHON_BACKEND_RUNTIMES = {Format.ONNX: "onnxruntime", Format.TS_TRACE: "torchscript", Format.TS_SCRIPT: "torchscript",
                            Format.TF_SAVEDMODEL: "tensorflow"}
+
+# A remote server is shared: a run loads its models there under names of its own (plain name + this suffix), so it
+# can neither replace nor unload someone else's model of the same name.
+RUN_SUFFIX = re.compile(r"__tb[0-9a-f]{8}$")
+
+
+def run_suffix() -> str:
+    return f"__tb{uuid.uuid4().hex[:8]}"
+
+
+def plain_name(name: str) -> str:
+    """A Triton model name without a run's suffix: what results and reports show."""
+    return RUN_SUFFIX.sub("", name)
 
 
 class Measurement(BaseModel):
@@ -265,6 +280,7 @@ class BenchmarkRequest(BaseModel):
             measurement=self._measurement(profile, d.measurement),
             tolerance_atol=DEFAULT_TOLERANCES[precision][0] if self.tolerance_atol is None else self.tolerance_atol,
             tolerance_rtol=DEFAULT_TOLERANCES[precision][1] if self.tolerance_rtol is None else self.tolerance_rtol,
+            triton_suffix=run_suffix() if self.server == "remote" else "",  # private servers keep plain names
         )
         # fields the user gave as they are (ports, output, tolerances...), the resolved ones over them
         return ResolvedRequest(**{**self.model_dump(exclude=set(resolved)), **resolved})
@@ -315,11 +331,13 @@ class ResolvedRequest(BaseModel):
     grpc_port: int | None
     tolerance_atol: float
     tolerance_rtol: float
+    triton_suffix: str = ""  # remote mode: ends every Triton model name of the run (run_suffix); "" elsewhere
 
     def triton_name(self, fmt: Format) -> str:
         """The Triton model name of a served format: the model's name, suffixed when several formats are served."""
-        return self.model if len(self.serve_formats) == 1 else f"{self.model}_{fmt.value.replace('-', '_')}"
+        name = self.model if len(self.serve_formats) == 1 else f"{self.model}_{fmt.value.replace('-', '_')}"
+        return name + self.triton_suffix
 
     def part_name(self, part: str) -> str:
         """The Triton model name of an ensemble's composing model."""
-        return f"{self.model}_{part}"
+        return f"{self.model}_{part}{self.triton_suffix}"

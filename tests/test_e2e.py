@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -377,8 +378,10 @@ def test_remote_mode_uploads_loads_and_unloads_through_the_client(small_artifact
         remote = RemoteServer(tmp_path / "repo", tmp_path / "remote.log", http_url=ep.http_url, grpc_url=ep.grpc_url)
         assert remote.alive()
         assert remote.backends() == {"python"}  # probed: the embedded binary has only the python backend
-        assert "backend probe onnxruntime: missing" in (tmp_path / "remote.log").read_text()
-        assert not [m for m in client_models(ep.grpc_url) if m.startswith("tbench_probe")]  # probes unloaded
+        log = (tmp_path / "remote.log").read_text()
+        assert re.search(r"backend probe onnxruntime as tbench_probe_onnxruntime__tb[0-9a-f]{8}: missing", log)
+        probe = re.search(r"backend probe python as (\S+): present", log).group(1)
+        assert not grpcclient.InferenceServerClient(ep.grpc_url).is_model_ready(probe)  # loaded, then unloaded
         remote.start()
         client = grpcclient.InferenceServerClient(ep.grpc_url)
         assert client.is_model_ready("resnet50")
@@ -422,3 +425,49 @@ def test_regions_a_killed_perf_analyzer_left_registered_are_released(served_smal
     finally:
         os.close(fd)
         region.unlink(missing_ok=True)
+
+
+def test_a_remote_run_leaves_the_shared_servers_own_model_of_that_name_alone(prefect_harness, small_artifacts, small_adapter, tmp_path):
+    """Someone else's server already serves a `resnet50` of its own: a remote-mode run loads, measures and unloads
+    models under names of its own beside it; theirs stays loaded, configured as it was and unmeasured, and a run whose
+    name the server already has is refused rather than replacing it."""
+    import tritonclient.grpc as grpcclient
+    from conftest import run_flow
+
+    write_repository(tmp_path / "their_repo", ServingConfig("resnet50", 4, [4], 777, 1), small_artifacts[0])
+    theirs = EmbeddedServer(tmp_path / "their_repo", tmp_path / "their.log")
+    theirs.start()
+    try:
+        ep = theirs.endpoints
+        run, results, report = run_flow(tmp_path, BenchmarkRequest(
+            model="resnet50", size="small", formats=["onnx"], output=str(tmp_path), server="remote",
+            server_url=f"{ep.grpc_url},{ep.http_url}", batch_sizes=[1, 2], concurrency=[2],
+            measurement=Measurement(stability_percentage=50, max_trials=8)))
+        suffix = json.loads((run / "request.json").read_text())["triton_suffix"]
+        ours = "resnet50" + suffix
+        assert re.fullmatch(r"__tb[0-9a-f]{8}", suffix) and (run / "model_repository" / ours / "config.pbtxt").is_file()
+        assert (results["status"] == "ok").all() and sorted(zip(results["scenario"], results["batch_size"])) == [
+            ("offline", 1), ("offline", 2), ("online", 1)]
+        assert set(results["model"]) == {"resnet50"} and suffix not in report  # what is shown: the plain name
+        client = grpcclient.InferenceServerClient(ep.grpc_url)
+        # ours: unloaded at the end; theirs: still served, with its own config (not our offline reload's) and no
+        # request of ours (perf_analyzer and the accuracy check measured our model only)
+        assert not client.is_model_ready(ours) and client.is_model_ready("resnet50")
+        config = client.get_model_config("resnet50").config
+        assert config.max_batch_size == 4 and config.dynamic_batching.max_queue_delay_microseconds == 777
+        assert client.get_inference_statistics("resnet50").model_stats[0].inference_count == 0
+        assert infer_triton(client, "resnet50", small_adapter.io_spec(), small_adapter.sample_batch(2))["output__0"].shape == (2, 10)
+        server_log = (tmp_path / "their.log").read_text()
+        assert f"successfully loaded '{ours}'" in server_log and f"successfully unloaded '{ours}'" in server_log
+        assert "successfully unloaded 'resnet50'" not in server_log
+        # a name the server already has is refused before anything is loaded, in one line
+        taken = RemoteServer(tmp_path / "their_repo", tmp_path / "taken.log", http_url=ep.http_url, grpc_url=ep.grpc_url)
+        with pytest.raises(ServerStartError, match="already has a model named resnet50; tbench loads only names of its own") as err:
+            taken.start()
+        assert "\n" not in str(err.value) and taken.loaded == []
+        with pytest.raises(ServerStartError, match="resnet50 was not loaded by this run"):
+            taken.load("resnet50")  # e.g. an offline reload: only a model this run loaded
+        assert client.is_model_ready("resnet50") and "successfully unloaded 'resnet50'" not in (tmp_path / "their.log").read_text()
+        client.close()
+    finally:
+        theirs.stop()

@@ -123,3 +123,17 @@ def test_a_retired_or_misspelt_measurement_setting_is_refused():
 
     with pytest.raises(ValidationError, match="images_per_window"):
         BenchmarkRequest(model="resnet50", measurement={"images_per_window": 16})
+
+
+def test_a_remote_run_names_its_triton_models_its_own_way():
+    """A remote server is shared: every name a run loads there ends with a suffix of its own; results show the plain one."""
+    from tbench.request import plain_name
+
+    first = BenchmarkRequest(model="dlrm", size="tiny", server="remote", server_url="h:8001").resolve(has_gpu=False)
+    second = BenchmarkRequest(model="dlrm", size="tiny", server="remote", server_url="h:8001").resolve(has_gpu=False)
+    ensemble, part = first.triton_name(Format.ENSEMBLE), first.part_name("dense")
+    assert ensemble.startswith("dlrm__tb") and part == "dlrm_dense" + first.triton_suffix
+    assert first.triton_suffix != second.triton_suffix  # two runs on one server never share a name
+    assert plain_name(ensemble) == "dlrm" and plain_name(part) == "dlrm_dense" and plain_name("resnet50") == "resnet50"
+    local = BenchmarkRequest(model="resnet50", formats=["onnx", "ts-trace"], serve_formats=["all"]).resolve(False)
+    assert local.triton_suffix == "" and local.triton_name(Format.ONNX) == "resnet50_onnx"  # a private server: plain

@@ -281,3 +281,43 @@ def test_search_request_and_resume_paths(tmp_path):
     assert resume_checkpoint(str(tmp_path / CHECKPOINT)) == tmp_path / CHECKPOINT and resume_checkpoint(None) is None
     with pytest.raises(ConfigError, match="no search checkpoint"):
         resume_checkpoint(str(tmp_path / "elsewhere"))
+
+
+def test_resume_refuses_a_checkpoint_of_another_search_in_one_line(tmp_path):
+    from flows.search import CHECKPOINT, CONTEXT, SearchRequest, resume_checkpoint, search_context, variant_plan
+    from tbench.errors import ConfigError
+    from tbench.hardware import Hardware
+    from tbench.request import BenchmarkRequest
+
+    machine = Hardware(cpu_model="cpu", cpu_cores=2, memory_gib=8.0, gpus=[], os="linux")
+
+    def context(search=SearchRequest(), **fields):
+        req = BenchmarkRequest(**{"model": "resnet50", "size": "small", **fields}).resolve(False)
+        return search_context(req, search, variant_plan(search.space, req, False), machine)
+
+    recorded = {**context(), "server": {"mode": "embedded", "binary": "/x/tritonserver", "id": "triton", "version": "2.51.0"}}
+    (tmp_path / CHECKPOINT).write_text("")
+    with pytest.raises(ConfigError, match=f"no {CONTEXT} beside it") as err:  # a checkpoint from before the context
+        resume_checkpoint(str(tmp_path), context())
+    assert "\n" not in str(err.value)
+    (tmp_path / CONTEXT).write_text(json.dumps(recorded))
+    assert resume_checkpoint(str(tmp_path), context()) == tmp_path / CHECKPOINT  # the same search: no server yet
+    assert resume_checkpoint(str(tmp_path), recorded) == tmp_path / CHECKPOINT  # ... and once the server runs
+    refused = {
+        "size": context(size="full"),
+        "framework": context(framework="tensorflow"),
+        "variants": context(SearchRequest(space={"formats": ["ts-trace"]})),
+        "space.queue_delays_us": context(SearchRequest(space={"queue_delays_us": [0]})),
+        "objective.p99_budget_ms": context(SearchRequest(objective={"p99_budget_ms": 5})),
+        "concurrency": context(SearchRequest(concurrency=7)),
+        "measurement.window_s": context(measurement={"window_s": 9}),
+        "server.url": {**recorded, "server": {**recorded["server"], "binary": None, "mode": "remote", "url": "h:8001"}},
+    }
+    for field, new in refused.items():
+        with pytest.raises(ConfigError, match="cannot resume from") as err:
+            resume_checkpoint(str(tmp_path), new)
+        message = str(err.value)
+        assert "\n" not in message and field in message.split("another ")[1].split(" (see")[0], (field, message)
+    # a dict field is named by the keys that differ
+    with pytest.raises(ConfigError, match=r"another server\.binary, server\.mode, server\.url \(see"):
+        resume_checkpoint(str(tmp_path), refused["server.url"])

@@ -8,6 +8,7 @@ import re
 
 import pytest
 
+from tbench.errors import ConfigError
 from tbench.request import BenchmarkRequest, Measurement
 from tbench.search import Objective, Observation, SearchSpace
 from tbench.triton_config import parse_pbtxt
@@ -56,3 +57,15 @@ def test_search_flow_measures_every_candidate_and_resumes(prefect_harness, tmp_p
     assert again["measured"] == 4 and again["new_measurements"] == 0
     assert len((resumed / "search.jsonl").read_text().splitlines()) == 4
     assert "successfully loaded 'resnet50'" not in (resumed / "logs" / "tritonserver.log").read_text()
+    # what the checkpoint was measured for is recorded beside it (the server once it ran), and carried by the resume
+    context = json.loads((run / "search_context.json").read_text())
+    assert (context["model"], context["size"], context["concurrency"], context["variants"]) == ("resnet50", "small", 2, {"": "onnx:fp32"})
+    assert context["server"]["mode"] == "embedded" and context["server"]["version"] and context["server"]["binary"].endswith("tritonserver")
+    assert json.loads((resumed / "search_context.json").read_text()) == context
+    # a resume with another setting is refused in one line before anything runs (no new run folder)
+    before = set(tmp_path.iterdir())
+    with pytest.raises(ConfigError, match=r"cannot resume from .*: it was measured with another concurrency, measurement\.window_s \(see") as err:
+        search_flow(BenchmarkRequest(**{**request.model_dump(exclude={"measurement"}),
+                                        "measurement": {"stability_percentage": 50, "max_trials": 6, "window_s": 3}}),
+                    search.model_copy(update={"resume_from": str(run), "concurrency": 3}))
+    assert "\n" not in str(err.value) and set(tmp_path.iterdir()) == before

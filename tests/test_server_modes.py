@@ -84,3 +84,24 @@ def test_remote_upload_is_the_model_directory(tmp_path):
     config, files = RemoteServer.upload(model)
     assert '"backend": "python"' in config and '"max_batch_size": 4' in config
     assert files == {"file:1/model.py": b"code"}
+
+
+def test_the_point_cache_key_holds_the_server_identity():
+    """Points measured on one server are not another's: the key changes with the server's address, mode and version."""
+    from flows.benchmark import point_cache
+    from tasks.perf import PerfInputs
+    from tbench.hardware import Hardware
+    from tbench.request import BenchmarkRequest
+
+    req = BenchmarkRequest(model="resnet50", size="small", server="remote", server_url="a:8001").resolve(False)
+    machine = Hardware(cpu_model="cpu", cpu_cores=2, memory_gib=8.0, gpus=[], os="linux")
+    server = {"mode": "remote", "url": "a:8001", "id": "triton", "version": "2.51.0"}
+
+    def key(**changed):
+        return point_cache(req, machine, {**server, **changed}, [], PerfInputs()).context_key
+
+    assert key() == key()  # the same server: the same key (a re-run takes its points)
+    assert len({key(), key(url="b:8001"), key(version="2.52.0"), key(id="other"), key(mode="embedded")}) == 5
+    # another run's Triton names (its own suffix) do not change the key: only the server does
+    other = req.model_copy(update={"triton_suffix": "__tb00000000"})
+    assert point_cache(other, machine, server, [], PerfInputs()).context_key == key()
