@@ -74,7 +74,7 @@ def _alive(pid: int, started: float | None) -> bool:
 
 def reap_orphans() -> list[str]:
     """Kill the process groups of children whose owner is gone, and remove the shared memory they mapped; returns
-    what was killed, e.g. ['tritonserver (pid 12), 2 shared memory regions']."""
+    what was killed, e.g. ['tritonserver (pid 12) and 2 shared memory regions']."""
     killed = []
     folder = registry_dir()
     for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
@@ -86,14 +86,19 @@ def reap_orphans() -> list[str]:
         if _alive(entry["owner"], entry.get("owner_started")):
             continue  # its owner still runs: not ours to touch
         if _alive(entry["pid"], entry.get("started")):
-            regions = shm.mapped_regions(shm.group_members(entry["pid"]))
-            _kill_pgid(entry["pid"])
-            _wait_gone(entry["pid"])
-            removed = shm.remove(regions)
+            removed = _kill_and_clean(entry["pid"])
             killed.append(f"{entry.get('argv0', '?')} (pid {entry['pid']})"
-                          + (f" and {len(removed)} shared memory regions" if removed else ""))
+                          + (f" and {removed} shared memory regions" if removed else ""))
         path.unlink(missing_ok=True)
     return killed
+
+
+def _kill_and_clean(pgid: int) -> int:
+    """Kill a child's process group and remove the shared memory its processes mapped; how many regions went."""
+    regions = shm.mapped_regions(shm.group_members(pgid))
+    _kill_pgid(pgid)
+    _wait_gone(pgid)
+    return len(shm.remove(regions))
 
 
 def _wait_gone(pid: int, timeout_s: float = 10.0) -> None:
@@ -117,7 +122,7 @@ def kill_own_children() -> None:
         except (OSError, ValueError):
             continue
         if entry.get("owner") == os.getpid() and _alive(entry["pid"], entry.get("started")):
-            _kill_pgid(entry["pid"])
+            _kill_and_clean(entry["pid"])
             path.unlink(missing_ok=True)
 
 

@@ -105,7 +105,7 @@ def _prefect_env() -> dict:
     return {k: os.environ.get(k, v) for k, v in PREFECT_DEFAULTS.items()}
 
 
-def test_ctrl_c_then_a_kill_leave_nothing_behind_and_the_next_run_measures_at_once(tmp_path):
+def test_ctrl_c_once_twice_then_a_kill_leave_nothing_behind_and_the_next_run_measures_at_once(tmp_path):
     # 1. Ctrl-C in the middle of the sweep
     first = CliRun(SWEEP, tmp_path / "runs")
     first.wait_for("offline batch")
@@ -120,7 +120,19 @@ def test_ctrl_c_then_a_kill_leave_nothing_behind_and_the_next_run_measures_at_on
     assert not leftovers(run_dir)
     assert lock_slots() == 0
 
-    # 2. SIGKILL in the middle of the sweep: nothing can clean up, so the server stays until the next run
+    # 2. Ctrl-C twice: the second one does not wait for the clean-up
+    impatient = CliRun(SWEEP, tmp_path / "runs")
+    impatient.wait_for("offline batch")
+    impatient.signal_group(signal.SIGINT)
+    time.sleep(0.5)
+    interrupted_again = time.monotonic()
+    impatient.signal_group(signal.SIGINT)
+    assert impatient.finish(timeout=60) == 130, impatient.output
+    assert time.monotonic() - interrupted_again < 15, impatient.output
+    assert "Traceback" not in impatient.output
+    assert not leftovers(impatient.run_dir())  # its server was killed with its shared memory
+
+    # 3. SIGKILL in the middle of the sweep: nothing can clean up, so the server stays until the next run
     killed = CliRun(SWEEP, tmp_path / "runs")
     killed.wait_for("offline batch")
     killed.signal_group(signal.SIGKILL)
@@ -128,7 +140,7 @@ def test_ctrl_c_then_a_kill_leave_nothing_behind_and_the_next_run_measures_at_on
     orphans = leftovers(killed.run_dir())
     assert any("tritonserver" in o for o in orphans), orphans
 
-    # 3. the next run reclaims the lock at once, stops the orphans and measures within a minute
+    # 4. the next run reclaims the lock at once, stops the orphans and measures within a minute
     after = CliRun(["resnet50", "--size", "small", "--formats", "onnx", "--scenarios", "offline", "--batch-sizes", "1",
                     "--window-s", "0.5"], tmp_path / "runs")
     measuring = after.wait_for("accuracy-onnx")  # the stage right before the first point
