@@ -11,10 +11,10 @@ from collections.abc import Iterator
 from tasks.store import staging_root
 from tbench import procs, progress
 from tbench.device_lock import device_lock
+from tbench.errors import BenchError
 from tbench.interrupts import second_signal_exits
 from tbench.layout import RunLayout, new_run_id
 from tbench.preflight import preflight
-from tbench.errors import BenchError
 from tbench.run import RunTracker
 
 log = logging.getLogger("prefect.tbench.lifecycle")
