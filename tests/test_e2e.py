@@ -254,16 +254,17 @@ def test_flow_run_serves_every_pytorch_format_and_reports_each(prefect_harness, 
 def test_a_failed_run_keeps_its_logs_and_says_where(prefect_harness, tmp_path):
     from flows.benchmark import benchmark_flow
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        s.listen()
-        busy = s.getsockname()[1]
-        with pytest.raises(ServerStartError, match="already in use"):
-            benchmark_flow(BenchmarkRequest(model="resnet50", size="small", output=str(tmp_path), http_port=busy))
-    (run,) = [p for p in tmp_path.iterdir() if p.is_dir()]
+    # a server that passes the preflight (its binary runs, its backend folder has a python backend) and exits at once
+    backends = tmp_path / "backends" / "python"
+    backends.mkdir(parents=True)
+    (backends / "libtriton_python.so").touch()
+    with pytest.raises(ServerStartError, match="exited"):
+        benchmark_flow(BenchmarkRequest(model="resnet50", size="small", output=str(tmp_path / "runs"), server="local",
+                                        tritonserver="/bin/false", backend_dir=str(backends.parent)))
+    (run,) = [p for p in (tmp_path / "runs").iterdir() if p.is_dir()]
     manifest = json.loads((run / "manifest.json").read_text())
-    assert manifest["status"] == "failed" and manifest["failed_stage"] == "server"
-    assert "already in use" in manifest["error"]
+    assert manifest["status"] == "failed" and manifest["failed_stage"] == "server-start"
+    assert "exited" in manifest["error"]
     assert manifest["stages"]["export"]["status"] == "completed"
     assert (run / "correctness.json").exists() and (run / "report.md").exists()
     assert "status **failed**" in (run / "report.md").read_text()
