@@ -159,7 +159,8 @@ def test_a_killed_worker_loses_nothing_and_a_rerun_with_reuse_measures_only_the_
 
     staging = stack.root / "staging"
     before = set(staging.glob("resnet50-*"))
-    run = SMALL_RUN + ["--batch-sizes", "1,2,4,8"]
+    # windows of its own: no point another test measured is in the point cache under this key
+    run = SMALL_RUN + ["--batch-sizes", "1,2,4,8", "--window-s", "1.5"]
     submitted = in_stack(stack, [TBENCH, "submit", *run, "--pool", "cpu", "--no-follow", "--reuse"])
     assert submitted.returncode == 0, submitted.stderr[-2000:]
     deadline, killed_dir = time.monotonic() + 300, None
@@ -168,12 +169,15 @@ def test_a_killed_worker_loses_nothing_and_a_rerun_with_reuse_measures_only_the_
         time.sleep(0.2)
     assert killed_dir is not None, "no point was measured"
     worker = psutil.Process(stack.worker.pid)
-    python = [p for p in [worker, *worker.children(recursive=True)] if p.name() in ("python", "python3", "prefect")]
-    for p in python:  # the worker and the flow run's process; the tritonserver they started is orphaned
-        p.kill()
+    measuring = ("tritonserver", "triton_python_backend_stub", "perf_analyzer")
+    for p in [worker, *worker.children(recursive=True)]:  # the worker and the flow run's process, not what they started
+        if p.name() not in measuring:
+            p.kill()
     stack.worker.wait()
     kept = pd.read_csv(killed_dir / "results.csv")
-    assert (kept["status"] == "ok").any()
+    assert 1 <= len(kept) < 5, kept  # killed in the middle of the sweep
+    orphaned = [p for p in psutil.process_iter(["cmdline"]) if any(str(killed_dir) in a for a in p.info["cmdline"] or [])]
+    assert orphaned  # its server outlived it
     stack.start_worker()
     rerun = in_stack(stack, [TBENCH, "submit", *run, "--pool", "cpu", "--reuse"])
     assert rerun.returncode == 0, (rerun.stdout + rerun.stderr)[-3000:]
@@ -182,8 +186,7 @@ def test_a_killed_worker_loses_nothing_and_a_rerun_with_reuse_measures_only_the_
     reused = results[results["reused_from"] == killed_dir.name]
     assert len(results) == 5 and (results["status"] == "ok").all()
     assert len(reused) == int((kept["status"] == "ok").sum())  # nothing measured before the kill is measured again
-    orphans = [p for p in psutil.process_iter(["cmdline"]) if any(str(killed_dir) in a for a in p.info["cmdline"] or [])]
-    assert not orphans  # the re-run stopped the killed run's server before it started its own
+    assert not [p for p in orphaned if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]  # stopped by the re-run
 
 
 def test_the_matrix_fans_out_through_the_deployments_and_compares(stack, monkeypatch):
