@@ -16,7 +16,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -34,6 +33,7 @@ from prefect.cache_policies import NO_CACHE
 from tritonclient.grpc import model_config_pb2 as mc
 
 from tbench import procs, shm, tools
+from tbench.ports import free_port, port_in_use
 from tbench.errors import ServerStartError
 from tbench.request import run_suffix
 from tbench.triton_config import parse_pbtxt
@@ -41,22 +41,6 @@ from tbench.triton_config import parse_pbtxt
 NGC_IMAGE = "nvcr.io/nvidia/tritonserver:24.10-py3"  # Triton 2.51, the release of our perf_analyzer
 LOCAL_BACKENDS = Path("/opt/tritonserver/backends")  # where the NGC image and Triton's packages put them
 CONTAINER_PORTS = {"http": 8000, "grpc": 8001, "metrics": 8002}
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def port_in_use(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return True
-    return False
 
 
 def load_errors(log_text: str) -> str:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import sys
 import time
 from collections.abc import Iterator
@@ -20,6 +19,7 @@ import httpx
 
 from tbench import procs
 from tbench.errors import BenchError
+from tbench.ports import free_port
 
 
 @contextlib.contextmanager
@@ -56,21 +56,3 @@ def _flush_to_api() -> None:
     for worker in (APILogWorker, EventsWorker):
         with contextlib.suppress(Exception):
             worker.drain_all(timeout=5)
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait_healthy(url: str, server, log: Path, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if server.poll() is not None:
-            raise BenchError(f"the Prefect API server exited with {server.returncode}: {procs.tail(log, 3)}")
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return
-        time.sleep(0.2)
-    raise BenchError(f"the Prefect API server did not answer within {timeout_s:.0f} s (log: {log})")

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import tempfile
 from pathlib import Path
 
 from tbench.errors import ConfigError
+from tbench.ports import port_in_use
 from tbench.storage import error_cause, store_errors, url_to_fs
 
 BINDING_MODES = ("embedded", "local", "docker")  # the server modes that bind http_port/grpc_port on this machine
@@ -34,17 +34,6 @@ def preflight(request) -> None:
 
 def is_url(value: str) -> bool:
     return "://" in value and not value.startswith("file://")
-
-
-def port_in_use(port: int) -> bool:
-    """Whether binding 127.0.0.1:port fails, with SO_REUSEADDR as servers bind (a port in TIME_WAIT is free)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return True
-    return False
 
 
 def check_ports(request) -> None:

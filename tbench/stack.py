@@ -25,6 +25,7 @@ from pathlib import Path
 
 from tbench import procs
 from tbench.errors import BenchError
+from tbench.ports import free_port
 
 PROJECT = Path(__file__).resolve().parents[1]
 DEFAULT_DIR = Path(os.environ.get("TBENCH_STACK_DIR", Path.home() / ".cache" / "tbench" / "stack"))
@@ -68,14 +69,6 @@ def redact(text: str, url: str | None) -> str:
     except Exception:
         password = None
     return text.replace(password, "***") if password else text
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_http(url: str, timeout_s: float, proc: subprocess.Popen | None = None, what: str = "", log: Path | None = None) -> float:
