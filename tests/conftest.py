@@ -56,6 +56,18 @@ def served_small(small_artifacts, tmp_path_factory):
     server.stop()
 
 
+@pytest.fixture
+def s3_to_stop(tmp_path, monkeypatch):
+    """A private S3 endpoint (moto's server) that the test may stop: its environment set, stopped at the end if not."""
+    from tbench.stack import S3Endpoint
+
+    endpoint = S3Endpoint(tmp_path / "moto.log").start()
+    for key, value in endpoint.env().items():
+        monkeypatch.setenv(key, value)
+    yield endpoint
+    endpoint.stop()
+
+
 @pytest.fixture(scope="session")
 def prefect_harness():
     from prefect.testing.utilities import prefect_test_harness

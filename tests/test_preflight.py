@@ -15,7 +15,6 @@ from tbench.cli import app, validation_line
 from tbench.errors import ConfigError
 from tbench.preflight import check_store, preflight
 from tbench.request import BenchmarkRequest, has_credentials
-from tbench.stack import S3Endpoint
 
 
 def request(tmp_path, **fields) -> BenchmarkRequest:
@@ -99,18 +98,14 @@ def test_credentials_in_a_url_are_refused_without_repeating_them():
     assert not has_credentials("https://user@host/x")  # a user name alone is no secret
 
 
-def test_the_artifact_store_is_reached_once_with_a_short_timeout(tmp_path, monkeypatch):
-    endpoint = S3Endpoint(tmp_path / "moto.log").start()
-    try:
-        endpoint.create_bucket("here")
-        for key, value in endpoint.env().items():
-            monkeypatch.setenv(key, value)
-        check_store("s3://here/runs")  # the root need not exist yet: the first upload makes it
-        check_store("s3://here")
-        with pytest.raises(ConfigError, match="^the artifact store s3://nobucket/runs: s3://nobucket does not exist$"):
-            check_store("s3://nobucket/runs")
-    finally:
-        endpoint.stop()
+def test_the_artifact_store_is_reached_once_with_a_short_timeout(s3_to_stop):
+    endpoint = s3_to_stop
+    endpoint.create_bucket("here")
+    check_store("s3://here/runs")  # the root need not exist yet: the first upload makes it
+    check_store("s3://here")
+    with pytest.raises(ConfigError, match="^the artifact store s3://nobucket/runs: s3://nobucket does not exist$"):
+        check_store("s3://nobucket/runs")
+    endpoint.stop()
     started = time.monotonic()
     with pytest.raises(ConfigError) as err:
         check_store("s3://here/runs")

@@ -67,24 +67,20 @@ def test_credentials_from_a_prefect_secret_block(s3, tmp_path, monkeypatch, pref
         url_to_fs("s3://results/runs")
 
 
-def test_results_with_the_s3_endpoint_down_is_one_line_and_exit_1(tmp_path, monkeypatch):
+def test_results_with_the_s3_endpoint_down_is_one_line_and_exit_1(tmp_path, monkeypatch, s3_to_stop):
     from typer.testing import CliRunner
 
     from tasks.results_dataset import add_run_to_dataset
     from tbench.cli import app
 
-    endpoint = S3Endpoint(tmp_path / "moto.log").start()
-    try:
-        endpoint.create_bucket("down")
-        for key, value in endpoint.env().items():
-            monkeypatch.setenv(key, value)
-        layout = a_run(tmp_path, "m-3")
-        add_run_to_dataset(layout.run_dir, "s3://down/runs", "m-3")
-        runner = CliRunner()
-        up = runner.invoke(app, ["results", "--root", "s3://down/runs"])
-        assert up.exit_code == 0 and "m-3" in up.output, up.output
-    finally:
-        endpoint.stop()
+    endpoint = s3_to_stop
+    endpoint.create_bucket("down")
+    layout = a_run(tmp_path, "m-3")
+    add_run_to_dataset(layout.run_dir, "s3://down/runs", "m-3")
+    runner = CliRunner()
+    up = runner.invoke(app, ["results", "--root", "s3://down/runs"])
+    assert up.exit_code == 0 and "m-3" in up.output, up.output
+    endpoint.stop()
     monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")  # one attempt: the test need not wait through botocore's retries
     down = runner.invoke(app, ["results", "--root", "s3://down/runs"])
     lines = [line for line in down.output.splitlines() if line.strip()]
