@@ -425,9 +425,12 @@ class RemoteServer(TritonServer):
         if name in self.loaded:
             return
         if self.taken(client, name):
-            raise ServerStartError(f"remote Triton at {self.endpoints.grpc_url} already has a model named {name}; "
-                                   "tbench loads only names of its own and replaces nothing")
+            self._refuse([name])
         self.loaded.append(name)
+
+    def _refuse(self, names: list[str]) -> None:
+        raise ServerStartError(f"remote Triton at {self.endpoints.grpc_url} already has a model named "
+                               f"{', '.join(names)}; tbench loads only names of its own and replaces nothing")
 
     def alive(self) -> bool:
         try:
@@ -512,10 +515,9 @@ class RemoteServer(TritonServer):
             log.write(f"server metadata: {json.dumps(client.get_server_metadata(as_json=True))}\n")
             names = self.load_order()
             if taken := [n for n in names if self.taken(client, n)]:  # checked before the first load: nothing to undo
-                raise ServerStartError(f"remote Triton at {self.endpoints.grpc_url} already has a model named "
-                                       f"{', '.join(taken)}; tbench loads only names of its own and replaces nothing")
+                self._refuse(taken)
             for name in names:
-                self.claim(client, name)  # ours from here: a load that times out is still unloaded at stop
+                self.loaded.append(name)  # ours from here: a load that times out is still unloaded at stop
                 config, files = self.upload(self.repository / name)
                 try:
                     client.load_model(name, config=config, files=files, client_timeout=self.start_timeout_s)
