@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from prefect import flow, get_run_logger
+from prefect import flow
 from prefect.states import Completed
 
 from flows.lifecycle import finishing, run_lifecycle
@@ -26,7 +26,6 @@ from tasks.repository import (ACCELERATOR_LABELS, RUNTIME_MODEL, ServingConfig, 
 from tasks.server import configs_loaded, make_server, server_task
 from tasks.store import run_url, store_task
 from tbench import hardware as hw
-from tbench import progress
 from tbench.enums import Format, Scenario
 from tbench.pools import check_worker_hardware
 from tbench.precision import results_precision
@@ -199,43 +198,30 @@ def server_options(req) -> dict:
 
 
 def _finish(tracker: RunTracker, req, hardware, server, error: BaseException | None = None) -> str:
-    """Stop the server, then report and store whatever the run has. The manifest is written first and again after any
-    failure here; with an error already in flight, a failure here is logged instead of hiding the first error."""
+    """Stop the server, then report and store whatever the run has (flows/lifecycle.py: finishing)."""
     layout = tracker.layout
-    url = str(layout.run_dir)
     manifest = {"request": req.model_dump(mode="json"), "hardware": hardware.model_dump(),
                 "artifact_url": run_url(req.output, layout.run_id), "local_dir": str(layout.run_dir)}
-    try:
-        with finishing(tracker, error, **manifest):
-            if server is not None:
-                with tracker.stage("server-stop"):
-                    server.stop()
-            with tracker.stage("metrics"):
-                manifest["summary"] = summary = metrics_task(tracker.results)
-            comparison_lines = []
-            if req.baseline:  # after metrics: the results files it reads are complete
-                with tracker.stage("compare-baseline"):
-                    comparison_lines, manifest["comparison"] = baseline_task(req.baseline, layout.run_dir, layout.plots_dir)
-            with tracker.stage("report"):
-                report_task(layout.report_md, tracker.results, run_id=layout.run_id, request=req, hardware=hardware,
-                            correctness=tracker.correctness, accuracy=tracker.accuracy, summary=summary,
-                            served_by=tracker.served_by, composing=tracker.composing, model_notes=adapter_notes(req),
-                            stage_seconds=dict(tracker.stage_seconds), plots_dir=layout.plots_dir,
-                            status=tracker.status, error=tracker.error or tracker.status_line, comparison_lines=comparison_lines)
-            tracker.release_logs()
-            with tracker.stage("store"):
-                url = store_task(layout.run_dir, req.output, layout.run_id, tracker.manifest(**manifest))
-    except Exception as err:
-        tracker.record_error(err)  # a no-op when the run had failed already
-        tracker.write_manifest(**manifest)
-        if error is None:
-            raise
-        get_run_logger().error(f"while finishing a failed run: {err}; the run folder is {layout.run_dir}")
-    finally:
+    with finishing(tracker, error, manifest) as end:
+        if server is not None:
+            with tracker.stage("server-stop"):
+                server.stop()
+        with tracker.stage("metrics"):
+            manifest["summary"] = summary = metrics_task(tracker.results)
+        comparison_lines = []
+        if req.baseline:  # after metrics: the results files it reads are complete
+            with tracker.stage("compare-baseline"):
+                comparison_lines, manifest["comparison"] = baseline_task(req.baseline, layout.run_dir, layout.plots_dir)
+        with tracker.stage("report"):
+            report_task(layout.report_md, tracker.results, run_id=layout.run_id, request=req, hardware=hardware,
+                        correctness=tracker.correctness, accuracy=tracker.accuracy, summary=summary,
+                        served_by=tracker.served_by, composing=tracker.composing, model_notes=adapter_notes(req),
+                        stage_seconds=dict(tracker.stage_seconds), plots_dir=layout.plots_dir,
+                        status=tracker.status, error=tracker.error or tracker.status_line, comparison_lines=comparison_lines)
         tracker.release_logs()
-        progress.emit("run_end", run_id=layout.run_id, url=url, status=tracker.status, detail=tracker.status_line,
-                      stage=tracker.failed_stage)
-    return url
+        with tracker.stage("store"):
+            end["url"] = store_task(layout.run_dir, req.output, layout.run_id, tracker.manifest(**manifest))
+    return end["url"]
 
 
 def request_from_argv(argv: list[str]) -> BenchmarkRequest:

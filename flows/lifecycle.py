@@ -51,13 +51,29 @@ def run_lifecycle(req, hardware, name: str, request_json) -> Iterator[RunTracker
 
 
 @contextlib.contextmanager
-def finishing(tracker: RunTracker, error: BaseException | None, **manifest) -> Iterator[None]:
-    """The start of a run's finish: the error is recorded, the manifest written at once (a second Ctrl-C or a failing
-    report still leaves one), its traceback logged, and a second signal during the clean-up exits promptly."""
+def finishing(tracker: RunTracker, error: BaseException | None, manifest: dict) -> Iterator[dict]:
+    """A run's finish, around the flow's own steps (stop the server, report, store), which put the stored URL in the
+    dict this yields. The error is recorded and the manifest written at once (a second Ctrl-C or a failing report
+    still leaves one), an unexpected error's traceback logged, and a second signal during the clean-up exits
+    promptly. A failure of the steps themselves is recorded, the manifest written again, and raised; with an error
+    already in flight it is only logged, so the first error is the one the user sees."""
+    layout = tracker.layout
+    end = {"url": str(layout.run_dir)}
     if error is not None:
         tracker.record_error(error)
         if not tracker.interrupted and not isinstance(error, BenchError):
             log.error("unexpected error", exc_info=error)  # the full traceback, in logs/prefect.log
     tracker.write_manifest(**manifest)
-    with second_signal_exits() if tracker.interrupted else contextlib.nullcontext():
-        yield
+    try:
+        with second_signal_exits() if tracker.interrupted else contextlib.nullcontext():
+            yield end
+    except Exception as err:
+        tracker.record_error(err)  # a no-op when the run had failed already
+        tracker.write_manifest(**manifest)
+        if error is None:
+            raise
+        log.error(f"while finishing a failed run: {err}; the run folder is {layout.run_dir}")
+    finally:
+        tracker.release_logs()
+        progress.emit("run_end", run_id=layout.run_id, url=end["url"], status=tracker.status,
+                      detail=tracker.status_line, stage=tracker.failed_stage)

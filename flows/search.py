@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Literal
 
-from prefect import flow, get_run_logger
+from prefect import flow
 from prefect.artifacts import create_markdown_artifact
 from pydantic import BaseModel, Field
 
@@ -25,7 +25,6 @@ from tasks.search_eval import ServedVariant, TritonEvaluator, artifact_key, sear
 from tasks.server import make_server, server_task
 from tasks.store import run_url, store_task
 from tbench import hardware as hw
-from tbench import progress
 from tbench.enums import Format, Precision
 from tbench.errors import ConfigError
 from tbench.layout import RunLayout
@@ -218,44 +217,32 @@ def write_search_files(layout: RunLayout, result, title: str) -> str:
 
 def _finish(tracker: RunTracker, req, search: SearchRequest, hardware, server, result, concurrency: int,
             error: BaseException | None = None) -> str:
-    """Stop the server, write what the search found (whatever it got to) and store the run folder; the manifest is
-    written first and again after any failure here."""
+    """Stop the server, write what the search found (whatever it got to) and store the run folder
+    (flows/lifecycle.py: finishing)."""
     layout = tracker.layout
-    url = str(layout.run_dir)
     manifest = {"request": req.model_dump(mode="json"), "search": search.model_dump(mode="json"),
                 "hardware": hardware.model_dump(), "artifact_url": run_url(req.output, layout.run_id),
                 "local_dir": str(layout.run_dir)}
-    try:
-        with finishing(tracker, error, **manifest):
-            if server is not None:
-                with tracker.stage("server-stop"):
-                    server.stop()
-            with tracker.stage("report"):
-                if result is None and tracker.layout.run_dir.joinpath(CHECKPOINT).exists():
-                    result = partial_result(layout, search)
-                if result is not None:
-                    text = write_search_files(layout, result, f"Configuration search: {req.model} ({req.size}), "
-                                                              f"concurrency {concurrency}, {hardware.gpu_label}")
-                    create_markdown_artifact(text, key=artifact_key(f"search-report-{req.model}"),
-                                             description="Configuration search result (the plot is in the run folder)")
-            tracker.release_logs()
-            with tracker.stage("store"):
-                best = result.best if result is not None else None
-                manifest["summary"] = {"measured": result.measured if result else 0,
-                                       "grid_size": result.grid_size if result else None,
-                                       "best": best.candidate.key if best else None}
-                url = store_task(layout.run_dir, req.output, layout.run_id, tracker.manifest(**manifest))
-    except Exception as err:
-        tracker.record_error(err)
-        tracker.write_manifest(**manifest)
-        if error is None:
-            raise
-        get_run_logger().error(f"while finishing a failed search: {err}; the run folder is {layout.run_dir}")
-    finally:
+    with finishing(tracker, error, manifest) as end:
+        if server is not None:
+            with tracker.stage("server-stop"):
+                server.stop()
+        with tracker.stage("report"):
+            if result is None and tracker.layout.run_dir.joinpath(CHECKPOINT).exists():
+                result = partial_result(layout, search)
+            if result is not None:
+                text = write_search_files(layout, result, f"Configuration search: {req.model} ({req.size}), "
+                                                          f"concurrency {concurrency}, {hardware.gpu_label}")
+                create_markdown_artifact(text, key=artifact_key(f"search-report-{req.model}"),
+                                         description="Configuration search result (the plot is in the run folder)")
         tracker.release_logs()
-        progress.emit("run_end", run_id=layout.run_id, url=url, status=tracker.status, detail=tracker.status_line,
-                      stage=tracker.failed_stage)
-    return url
+        with tracker.stage("store"):
+            best = result.best if result is not None else None
+            manifest["summary"] = {"measured": result.measured if result else 0,
+                                   "grid_size": result.grid_size if result else None,
+                                   "best": best.candidate.key if best else None}
+            end["url"] = store_task(layout.run_dir, req.output, layout.run_id, tracker.manifest(**manifest))
+    return end["url"]
 
 
 def partial_result(layout: RunLayout, search: SearchRequest):
