@@ -25,9 +25,9 @@ from pydantic import BaseModel, Field
 
 from tasks.html_report import write_html_report
 from tasks.matrix_report import matrix_markdown
-from tasks.matrix_runs import ChildRun, matrix_run, one_line
+from tasks.matrix_runs import ChildRun, matrix_run
 from tasks.store import run_url, staging_root, store_task
-from tbench.errors import BenchError
+from tbench.errors import BenchError, one_line
 from tbench.layout import RunLayout, new_run_id
 from tbench.pools import POOLS
 from tbench.run import RunTracker

@@ -16,6 +16,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 from pydantic import BaseModel
 
+from tbench.errors import one_line
 from tbench.submit import TERMINAL, deployment_name, report_link
 
 POLL_S = 2.0  # one flow-run and one pool read per child per poll
@@ -37,11 +38,6 @@ class ChildRun(BaseModel):
     @property
     def finished(self) -> bool:
         return self.state == "COMPLETED"
-
-
-def one_line(text: str | None, limit: int = 300) -> str:
-    line = " ".join((text or "").split())
-    return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
 def state_of(run) -> str:

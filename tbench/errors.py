@@ -35,6 +35,12 @@ class StorageError(BenchError):
     """The artifact store could not be written."""
 
 
+def one_line(text: str | None, limit: int = 300) -> str:
+    """Any text as one line (whitespace runs, newlines included, become one space), cut to `limit` with '...'."""
+    line = " ".join((text or "").split())
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
 def error_line(err: BaseException, limit: int = 300) -> str:
     """A framework's error as one line: its first (TorchScript's first line is a header; its cause is the last one)."""
     lines = [line.strip() for line in str(err).splitlines() if line.strip()]

@@ -15,7 +15,7 @@ from functools import lru_cache
 
 import fsspec
 
-from tbench.errors import StorageError
+from tbench.errors import StorageError, one_line
 
 STORAGE_BLOCK_ENV = "TBENCH_STORAGE_BLOCK"
 
@@ -84,5 +84,4 @@ def store_errors() -> tuple[type[BaseException], ...]:
 def error_cause(err: BaseException, limit: int = 300) -> str:
     """An error as one line: its type and message (a botocore or aiohttp message can span lines)."""
     text = " ".join(str(err).split()) or type(err).__name__
-    line = f"{type(err).__name__}: {text}" if text != type(err).__name__ else text
-    return line if len(line) <= limit else line[: limit - 3] + "..."
+    return one_line(f"{type(err).__name__}: {text}" if text != type(err).__name__ else text, limit)
