@@ -8,8 +8,8 @@ other result columns plus ``run_id`` and ``run_status`` (the manifest's status w
 lists only the partitions a filter names and reads file by file, so runs written with other columns (an older version)
 still read: missing columns are empty.
 
-By default a query keeps the runs that completed (`completed`, or `completed_with_failures`: some points failed or
-were unstable, which their own `status` column says), not the ones that `failed` or were `interrupted`, whose points are
+By default a query keeps the runs that completed (`completed`, or `completed_with_failures`: some points failed,
+which their own `status` column says), not the ones that `failed` or were `interrupted`, whose points are
 a partial picture. Files written before runs carried a status read as `unknown` and are kept: they were most runs'
 only record, and the status column shows them for what they are.
 """

@@ -56,3 +56,15 @@ def _flush_to_api() -> None:
     for worker in (APILogWorker, EventsWorker):
         with contextlib.suppress(Exception):
             worker.drain_all(timeout=5)
+
+
+def _wait_healthy(url: str, server, log: Path, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            raise BenchError(f"the Prefect API server exited with {server.returncode}: {procs.tail(log, 3)}")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return
+        time.sleep(0.2)
+    raise BenchError(f"the Prefect API server did not answer within {timeout_s:.0f} s (log: {log})")
