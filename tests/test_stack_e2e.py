@@ -153,13 +153,18 @@ def test_stopping_s3_mid_run_loses_nothing_and_a_retry_finishes_the_upload(stack
     assert {e["path"] for e in manifest["files"]} <= set(stored["present"])
 
 
-def test_a_killed_worker_loses_nothing_and_a_rerun_with_reuse_measures_only_the_rest(stack):
+def test_a_killed_worker_loses_nothing_and_a_rerun_with_reuse_measures_only_the_rest(stack, tmp_path, monkeypatch):
     import pandas as pd
     import psutil
 
+    from tbench.stack import stop_process
+
+    # a worker with an empty point cache of its own: no point of an earlier run can be taken for this one's
+    monkeypatch.setenv("TBENCH_POINT_CACHE_DIR", str(tmp_path / "points"))
+    stop_process(stack.worker.pid)
+    stack.start_worker()
     staging = stack.root / "staging"
     before = set(staging.glob("resnet50-*"))
-    # windows of its own: no point another test measured is in the point cache under this key
     run = SMALL_RUN + ["--batch-sizes", "1,2,4,8", "--window-s", "1.5"]
     submitted = in_stack(stack, [TBENCH, "submit", *run, "--pool", "cpu", "--no-follow", "--reuse"])
     assert submitted.returncode == 0, submitted.stderr[-2000:]
