@@ -193,7 +193,8 @@ def adapter_notes(req) -> list[str]:
 def server_options(req) -> dict:
     """The mode-specific options a request carries, for make_server."""
     options = {"local": {"binary": req.tritonserver, "backend_dir": Path(req.backend_dir) if req.backend_dir else None},
-               "docker": {"image": req.docker_image, "gpus": req.gpus}}.get(req.server, {})
+               "docker": {"image": req.docker_image, "gpus": req.gpus, "network": req.docker_network,
+                          "ulimits": req.docker_ulimits}}.get(req.server, {})
     return {k: v for k, v in options.items() if v is not None}
 
 

@@ -205,6 +205,9 @@ def run(
     server_url: str = typer.Option(None, help="remote: 'host:grpc_port,host:http_port' (explicit model control)."),
     docker_image: str = typer.Option(None, help="docker: the Triton image."),
     gpus: str = typer.Option(None, help="docker: 'all' (the default), '0,1' or 'none'."),
+    docker_network: str = typer.Option("host", help="docker: host (--network=host) or bridge (ports on 127.0.0.1)."),
+    docker_ulimit: list[str] = typer.Option(None, help="docker: a ulimit for the container, NAME=SOFT[:HARD] (repeat; "
+                                           "'none' for none; NGC's memlock=-1 and stack=67108864 by default)."),
     http_port: int = typer.Option(None, help="Triton HTTP port (a free one by default)."),
     grpc_port: int = typer.Option(None, help="Triton gRPC port (a free one by default)."),
     window_s: float = typer.Option(None, "--window-s", help="Target seconds per perf_analyzer measurement window (the profile's by default)."),
@@ -230,7 +233,8 @@ def run(
             max_batch_size=max_batch_size, model_instances=instances,
             preferred_batch_sizes=parse_int_list(preferred_batch_sizes, "preferred batch sizes"),
             max_queue_delay_us=queue_delay_us, profile=profile, **_given(output=output), baseline=baseline, reuse_measurements=reuse, server=server, server_url=server_url,
-            docker_image=docker_image, gpus=gpus, http_port=http_port,
+            docker_image=docker_image, gpus=gpus, docker_network=docker_network,
+            docker_ulimits=None if not docker_ulimit else [u for u in docker_ulimit if u != "none"], http_port=http_port,
             grpc_port=grpc_port, measurement=measurement)
         from tbench import hardware
 

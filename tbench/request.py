@@ -188,6 +188,13 @@ class BenchmarkRequest(BaseModel):
     server_url: str | None = Field(None, description="remote: 'host:grpc_port,host:http_port' of a server in explicit model control mode.")
     docker_image: str | None = Field(None, description="docker: the Triton image (NGC's 24.10 by default).")
     gpus: str | None = Field(None, description="docker: GPUs for the container: 'all' (the default), '0,1', or 'none'.")
+    docker_network: Literal["host", "bridge"] = Field(
+        "host", description="docker: host (the guides' --network=host; the server listens on 127.0.0.1 only) or bridge "
+                            "(Triton's ports published on 127.0.0.1 only, through docker's proxy).")
+    docker_ulimits: list[str] | None = Field(
+        None, description="docker: the container's ulimits as docker takes them (NAME=SOFT[:HARD]); NGC's advice "
+                          "(memlock=-1, stack=67108864) by default; an empty list sets none (for a daemon that may not "
+                          "raise them).")
     tritonserver: str | None = Field(None, description="local: the tritonserver binary (the one on PATH by default).")
     backend_dir: str | None = Field(None, description="local: the server's backend directory (/opt/tritonserver/backends).")
     http_port: int | None = Field(None, ge=1, le=65535, description="Fixed HTTP port for Triton; a free one by default.")
@@ -325,6 +332,8 @@ class ResolvedRequest(BaseModel):
     server_url: str | None
     docker_image: str | None
     gpus: str | None
+    docker_network: str = "host"
+    docker_ulimits: list[str] | None = None
     tritonserver: str | None
     backend_dir: str | None
     http_port: int | None
