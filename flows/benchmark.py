@@ -53,7 +53,7 @@ def _benchmark(req, hardware, adapter, tracker: RunTracker) -> str:
     try:
         with tracker.stage("export"):
             module = adapter.build()
-            options = ConversionOptions(precision=req.precision, max_batch_size=req.max_batch_size)
+            options = ConversionOptions.for_run(req)
             artifacts = export_task(adapter, module, req.formats, layout.models_dir, options)
             # an ensemble's composing models, each exported in its own formats (the first one is served)
             parts = part_adapters(adapter, module) if adapter.is_ensemble else []
