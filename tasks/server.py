@@ -378,7 +378,8 @@ class DockerServer(ProcessServer):
         if self.alive():
             raise ServerStartError(f"this docker tritonserver is already running (container {self.container})")
         self.proc = procs.start(self.argv(), self.log_path, env=self.env(),
-                                container={"docker": self.docker, "name": self.container})
+                                container={"docker": self.docker, "name": self.container,
+                                           "host": os.environ.get("DOCKER_HOST")})
         try:
             self._wait_ready("docker tritonserver")
         except BaseException:

@@ -106,7 +106,7 @@ def _kill_and_clean(entry: dict) -> int:
         _wait_gone(pgid)
     removed = 0
     if container := entry.get("container"):
-        removed = containers.remove(container["docker"], container["name"])
+        removed = containers.remove(container["docker"], container["name"], host=container.get("host"))
     return removed + len(shm.remove(regions))
 
 

@@ -57,9 +57,9 @@ def docker_daemon():
     state = Path(tempfile.mkdtemp(prefix="tbench-dockerd-"))
     env = {"DOCKER_HOST": f"unix://{state}/docker.sock"}
     log = state / "dockerd.log"
-    # no iptables here; vfs works on any filesystem; the images persist in data-root between sessions
+    # no iptables here; vfs works on any filesystem; images and containers go with the state folder at the end
     argv = ["dockerd", "--iptables=false", "--storage-driver=vfs", f"--host={env['DOCKER_HOST']}",
-            "--data-root=/var/lib/tbench-docker", f"--exec-root={state}/exec", f"--pidfile={state}/docker.pid"]
+            f"--data-root={state}/data", f"--exec-root={state}/exec", f"--pidfile={state}/docker.pid"]
     with open(log, "wb") as out:
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:
