@@ -131,7 +131,7 @@ def _benchmark(req, hardware, adapter, tracker: RunTracker) -> str:
                               layout=layout, static={**static, **batching}, on_row=lambda t, k=key: tracker.save_points(k, t),
                               server_alive=server.alive, inputs=perf_inputs, on_composing=tracker.save_composing,
                               monitor=PointMonitor(server.endpoints.grpc_url, name, server.processes,
-                                                   server.endpoints.metrics_url, gpu=hardware.has_gpu),
+                                                   server.endpoints.metrics_url, gpu_uuids=hardware.gpu_uuids[:1]),
                               cache=cache.for_model(static) if cache else None)
     except BaseException as err:
         _finish(tracker, req, hardware, server, error=err)
