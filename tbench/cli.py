@@ -589,12 +589,16 @@ def stack_down(folder: str = typer.Option(None, help="The stack's folder.")) -> 
 
 
 @app.command()
-def doctor(json_output: bool = typer.Option(False, "--json", help="The report as JSON, for scripts.")) -> None:
+def doctor(
+    json_output: bool = typer.Option(False, "--json", help="The report as JSON, for scripts."),
+    image: bool = typer.Option(False, "--image", help="Also check what the GPU worker image must hold (CUDA builds, "
+                               "TensorRT at the image's version, the local server's backends); exit 1 if it lacks any."),
+) -> None:
     """What this node can export (each converter's tools), serve (each server mode) and measure (perf_analyzer, GPUs,
     GPU metrics, CUDA in each framework); `tbench run` refuses what it lacks."""
     from rich.table import Table
 
-    from tbench.doctor import full_report
+    from tbench.doctor import full_report, image_problems
 
     try:
         report = full_report()
@@ -603,12 +607,15 @@ def doctor(json_output: bool = typer.Option(False, "--json", help="The report as
         raise typer.Exit(1) from None
     if json_output:
         typer.echo(report.model_dump_json(indent=2))
-        return
-    marks = {True: "[green]yes[/]", False: "[red]no[/]", None: "-"}
-    table = Table("", "check", "ok", "detail", "where to get it", title=f"tbench doctor: {report.host}")
-    for check in report.checks:
-        table.add_row(check.area, check.name, marks[check.ok], check.detail, check.hint)
-    Console(width=None if console.is_terminal else 200).print(table)
+    else:
+        marks = {True: "[green]yes[/]", False: "[red]no[/]", None: "-"}
+        table = Table("", "check", "ok", "detail", "where to get it", title=f"tbench doctor: {report.host}")
+        for check in report.checks:
+            table.add_row(check.area, check.name, marks[check.ok], check.detail, check.hint)
+        Console(width=None if console.is_terminal else 200).print(table)
+    if image and (problems := image_problems(report)):
+        console.print(f"[red]error:[/] this image lacks what GPU runs need: {' | '.join(problems)}")
+        raise typer.Exit(1)
 
 
 @app.command()

@@ -295,12 +295,71 @@ def full_report() -> NodeReport:
     return NodeReport(host=socket.gethostname(), checks=checks)
 
 
+# --- what the worker image must hold (checked when it is built, where there is no GPU) ---
+
+IMAGE_BACKENDS = ("onnxruntime", "python", "pytorch", "tensorflow", "tensorrt")  # what the gpu profile serves natively
+
+
+def system_tensorrt() -> str | None:
+    """The TensorRT of the image (Triton's tensorrt backend links it): the version in libnvinfer.so.10's file name."""
+    rc, out = _run(["ldconfig", "-p"])
+    for line in out.splitlines() if rc == 0 else []:
+        if line.strip().startswith("libnvinfer.so.") and "=>" in line:
+            name = Path(os.path.realpath(line.split("=>")[1].strip())).name  # libnvinfer.so.10.5.0
+            return name.removeprefix("libnvinfer.so.") if name.count(".") >= 4 else None
+    return None
+
+
+def image_problems(report: NodeReport) -> list[str]:
+    """What the GPU worker image lacks, from a report taken in it: CUDA builds of the runtimes, TensorRT's Python
+    package at the image's TensorRT version, the local server and its backends, perf_analyzer."""
+    problems = []
+    trt = next((t for c in report.checks if c.name == "onnx -> trt" for t in c.data.get("tools", [])), None)
+    if not trt or not trt["ok"]:
+        problems.append(f"tensorrt is not importable ({trt['error'] if trt else 'no onnx -> trt converter'})")
+    elif (image := system_tensorrt()) and not image.startswith(trt["version"]):
+        problems.append(f"tensorrt {trt['version']} (pip) differs from the image's TensorRT {image}: engines it builds "
+                        "would not load in Triton's tensorrt backend")
+    builds = {"torch": lambda m: bool(m.version.cuda),
+              "onnxruntime": lambda m: "CUDAExecutionProvider" in m.get_available_providers(),
+              "tensorflow": lambda m: m.test.is_built_with_cuda()}
+    for name, has_cuda in builds.items():
+        try:
+            if not has_cuda(_import(name)):
+                problems.append(f"{name} is a build without CUDA")
+        except Exception as err:
+            problems.append(f"{name}: {one_line(str(err), 120)}")
+    local = report.get("local")
+    missing = sorted(set(IMAGE_BACKENDS) - set(local.data.get("backends", []))) if local and local.ok else []
+    if not local or not local.ok:
+        problems.append(f"local server: {local.detail if local else 'not checked'}")
+    elif missing:
+        problems.append(f"local server: no {', '.join(missing)} backend")
+    for name in ("perf_analyzer", "embedded"):
+        if (check := report.get(name)) and not check.ok:
+            problems.append(f"{name}: {check.detail}")
+    return problems
+
+
 # --- what a run needs ---
 
 def _formats(request) -> list[Format]:
+    """Every format the run exports: the request's, and an ensemble's parts' (each part is exported in all its own)."""
     listed = list(getattr(request, "formats", None) or []) + list(getattr(request, "serve_formats", None) or [])
     parsed = [Format.parse(f) for f in listed if str(getattr(f, "value", f)).lower() != "all"]
+    if Format.ENSEMBLE in parsed:
+        parsed += _part_formats(request)
     return [f for f in dict.fromkeys(parsed) if f is not Format.ENSEMBLE]
+
+
+def _part_formats(request) -> list[Format]:
+    from tbench.request import adapter_for
+
+    try:
+        parts = adapter_for(request).part_formats()
+    except BenchError:  # an unknown model: resolve() says so
+        return []
+    return [Format.parse(f) for formats in parts.values() for f in formats]
 
 
 def _steps(request, fmt: Format) -> tuple[list, bool]:

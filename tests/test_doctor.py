@@ -178,3 +178,32 @@ def test_doctor_runs_here_and_says_there_is_no_gpu():
     assert checks["GPUs"].ok is False and checks["onnx -> trt"].ok is False and checks["embedded"].ok
     assert checks["perf_analyzer"].ok and checks["remote"].ok is None
     assert {"pytorch -> onnx", "local", "docker", "GPU metrics", "CUDA in torch"} <= set(checks)
+
+
+def test_an_ensembles_parts_formats_are_what_it_needs(machine):
+    """dlrm's gpu profile exports its dense part to trt: refused where TensorRT is missing, like a requested format."""
+    machine.missing.add("tensorrt")
+    machine.hardware = GPU_NODE
+    req = BenchmarkRequest(model="dlrm", size="tiny", profile="gpu").resolve(has_gpu=True)
+    got = missing_for(req, doctor.report_for(req))
+    assert len(got) == 1 and got[0].startswith("trt: onnx -> trt cannot run here: tensorrt is not importable")
+
+
+def test_the_image_check_names_each_runtime_without_cuda(machine, tmp_path):
+    machine.hardware = GPU_NODE
+    machine.modules["tensorrt"] = types.SimpleNamespace(__version__="10.5.0")
+    machine.modules["torch"] = types.SimpleNamespace(__version__="2.13.0", version=types.SimpleNamespace(cuda="12.8"))
+    machine.modules["onnxruntime"] = types.SimpleNamespace(__version__="1.19.2",
+                                                           get_available_providers=lambda: ["CPUExecutionProvider"])
+    machine.modules["tensorflow"] = types.SimpleNamespace(__version__="2.19.1",
+                                                          test=types.SimpleNamespace(is_built_with_cuda=lambda: True))
+    machine.runs[("ldconfig", "-p")] = (0, f"\tlibnvinfer.so.10 (libc6,x86-64) => {tmp_path}/libnvinfer.so.10")
+    (tmp_path / "libnvinfer.so.10.4.0").write_text("")
+    (tmp_path / "libnvinfer.so.10").symlink_to(tmp_path / "libnvinfer.so.10.4.0")
+    local = Check(area="serve", name="local", ok=True, data={"backends": ["onnxruntime", "python", "tensorrt"]})
+    trt = doctor.converter_check(converter("onnx", "trt"))
+    assert doctor.image_problems(report(trt, local)) == [
+        "tensorrt 10.5.0 (pip) differs from the image's TensorRT 10.4.0: engines it builds would not load in Triton's "
+        "tensorrt backend",
+        "onnxruntime is a build without CUDA",
+        "local server: no pytorch, tensorflow backend"]
