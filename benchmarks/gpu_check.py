@@ -54,7 +54,7 @@ class Case:
 
 
 def case(group: str, name: str, model: str, size: str, server: str, **fields) -> Case:
-    flags = [f"--{k.replace('_', '-')}={v}" for k, v in fields.items() if k in ("framework", "formats", "serve", "precision")]
+    flags = [f"--{k}={v}" for k, v in fields.items() if k in ("framework", "formats", "serve", "precision")]
     request = {"model": model, "size": size, "server": server, "profile": "gpu",
                **{k: v for k, v in fields.items() if k in ("framework", "precision")},
                **({"formats": [fields["formats"]], "serve_formats": [fields["serve"]]} if "formats" in fields else {})}
@@ -71,9 +71,11 @@ def plan(report, groups=GROUPS) -> list[Case]:
     cases = []
     if "formats" in groups:
         cases += [case("formats", f"resnet50 {fmt} {p} ({mode})", "resnet50", "small", mode, framework=framework,
-                       formats=fmt, serve=fmt, precision=p) for framework, fmt, precisions in FORMATS for p in precisions]
+                       formats=fmt, serve=fmt, precision=p)
+                  for framework, fmt, precisions in FORMATS for p in precisions]
     if "seeds" in groups:
-        cases += [case("seeds", f"{model} {size} gpu profile ({mode})", model, size, mode) for model, size in SEEDS.items()]
+        cases += [case("seeds", f"{model} {size} gpu profile ({mode})", model, size, mode)
+                  for model, size in SEEDS.items()]
     if "modes" in groups:  # the formats group's onnx fp32 case in each mode; the one it already runs, once
         planned = [c.args for c in cases]
         cases += [c for m in MODES if (c := case("modes", f"resnet50 onnx fp32 ({m})", "resnet50", "small", m,

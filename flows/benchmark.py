@@ -138,7 +138,7 @@ def _benchmark(req, hardware, adapter, tracker: RunTracker) -> str:
                     perf_task(scenario, points,
                               model=name, grpc_url=server.endpoints.grpc_url, spec=spec, m=req.measurement,
                               layout=layout, static={**static, **batching}, on_row=lambda t, k=key: tracker.save_points(k, t),
-                              gpu_env=pinned_env(req.server, hardware),  # perf_analyzer's CUDA memory on the server's GPU
+                              gpu_env=pinned_env(req.server, hardware),  # perf_analyzer's CUDA memory: the server's GPU
                               server_alive=server.alive, inputs=perf_inputs, on_composing=tracker.save_composing,
                               monitor=PointMonitor(server.endpoints.grpc_url, name, server.processes,
                                                    server.endpoints.metrics_url, gpu_uuids=device.gpu_uuids),

@@ -170,11 +170,13 @@ def search_flow(request: BenchmarkRequest = BenchmarkRequest(), search: SearchRe
                 perf_inputs = prepare_inputs(adapter, module, layout.run_dir / "perf_input.json")
             with tracker.stage("server"):
                 server = make_server(req.server, layout.repository_dir, layout.server_log, http_port=req.http_port,
-                                     grpc_port=req.grpc_port, url=req.server_url, **search_server_options(req, hardware))
+                                     grpc_port=req.grpc_port, url=req.server_url,
+                                     **search_server_options(req, hardware))
                 backends = server.backends()
                 variants = {entry: ServedVariant(artifacts[key], serves_natively(key[0], backends)) for entry, key in plan.items()}
                 # one instance kind for every candidate: the GPU only where every variant runs there
-                device = combined(plan_devices(req, hardware, {e: (v.artifact.format, v.native) for e, v in variants.items()}))
+                served = {e: (v.artifact.format, v.native) for e, v in variants.items()}
+                device = combined(plan_devices(req, hardware, served))
             with tracker.stage("server-start"):
                 server_task(server)
                 context["server"] = server.identity()
@@ -185,7 +187,8 @@ def search_flow(request: BenchmarkRequest = BenchmarkRequest(), search: SearchRe
                                         name=req.model + req.triton_suffix,  # a remote run's own name
                                         concurrency=concurrency, measurement=req.measurement, work_dir=layout.run_dir / "search",
                                         inputs=perf_inputs, online_batch_size=req.online_batch_size,
-                                        kind=device.kind, cpu_cores=hardware.cpu_cores, gpu_env=pinned_env(req.server, hardware))
+                                        kind=device.kind, cpu_cores=hardware.cpu_cores,
+                                        gpu_env=pinned_env(req.server, hardware))
             start = Candidate(instances=req.model_instances, max_batch_size=req.max_batch_size,
                               preferred_batch_sizes=tuple(req.preferred_batch_sizes), queue_delay_us=req.max_queue_delay_us,
                               format=search.space.formats[0])

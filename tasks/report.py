@@ -263,7 +263,8 @@ def published_lines(results: pd.DataFrame) -> list[str]:
 
 def served_on_rows(served_on: dict[str, dict]) -> list[tuple[str, str]]:
     """Where each measured format ran (tbench.serving): the results' gpu label, and why it is not the node's GPU."""
-    return [(f"Served on ({fmt})", d["label"] + (f": {d['note']}" if d.get("note") else "")) for fmt, d in served_on.items()]
+    return [(f"Served on ({fmt})", d["label"] + (f": {d['note']}" if d.get("note") else ""))
+            for fmt, d in served_on.items()]
 
 
 def render_report(*, run_id: str, request, hardware, correctness, accuracy, results: pd.DataFrame, summary: dict,
@@ -292,7 +293,8 @@ def render_report(*, run_id: str, request, hardware, correctness, accuracy, resu
         ("Profile", request.profile),
     ]), "", *(model_notes or []), "## Hardware", "", _kv_table([
         ("CPU", hardware.cpu_model), ("CPU cores", hardware.cpu_cores), ("Memory (GiB)", hardware.memory_gib),
-        ("GPUs of the node", ", ".join(hardware.gpus) or "none"), ("Driver", hardware.driver or "-"), ("OS", hardware.os),
+        ("GPUs of the node", ", ".join(hardware.gpus) or "none"), ("Driver", hardware.driver or "-"),
+        ("OS", hardware.os),
         *served_on_rows(served_on or {}),
     ]), ""]
     lines += ["## Summary", "", *summary_lines(summary)]

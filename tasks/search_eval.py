@@ -73,7 +73,7 @@ class TritonEvaluator:
     kind: str = "KIND_CPU"
     cpu_cores: int = 1
     load_timeout_s: float = 300.0
-    gpu_env: dict[str, str] = field(default_factory=dict)  # perf_analyzer sees the server's GPU only (serving.pinned_env)
+    gpu_env: dict[str, str] = field(default_factory=dict)  # perf_analyzer sees the server's GPU only (pinned_env)
 
     def __post_init__(self):
         self.binary = tools.perf_analyzer_binary()

@@ -592,7 +592,8 @@ def stack_down(folder: str = typer.Option(None, help="The stack's folder.")) -> 
 def doctor(
     json_output: bool = typer.Option(False, "--json", help="The report as JSON, for scripts."),
     image: bool = typer.Option(False, "--image", help="Also check what the GPU worker image must hold (CUDA builds, "
-                               "TensorRT at the image's version, the local server's backends); exit 1 if it lacks any."),
+                               "TensorRT at the image's version, the local server's backends); exit 1 if it "
+                               "lacks any."),
 ) -> None:
     """What this node can export (each converter's tools), serve (each server mode) and measure (perf_analyzer, GPUs,
     GPU metrics, CUDA in each framework); `tbench run` refuses what it lacks."""

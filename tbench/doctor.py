@@ -137,11 +137,12 @@ def embedded_check() -> Check:
     backends = sorted(backends_in(server_dir / "backends"))
     version = f"{sys.version_info.major}.{sys.version_info.minor}"
     stub = (server_dir / "python_backend_stubs" / version / "triton_python_backend_stub").exists()
-    why = ([] if "python" in backends else ["no python backend"]) + ([] if stub else [f"no python stub for Python {version}"])
-    detail = (f"{server_dir / 'bin' / 'tritonserver'} (nvidia-pytriton {importlib.metadata.version('nvidia-pytriton')}); "
+    why = ([] if "python" in backends else ["no python backend"]) + ([] if stub else [f"no python {version} stub"])
+    binary = server_dir / "bin" / "tritonserver"
+    detail = (f"{binary} (nvidia-pytriton {importlib.metadata.version('nvidia-pytriton')}); "
               f"backends: {', '.join(backends) or 'none'}; python {version} stub: {'yes' if stub else 'no'}")
-    return Check(area="serve", name="embedded", ok=not why, detail="; ".join(why) or detail, hint=PYTRITON if why else "",
-                 data={"binary": str(server_dir / "bin" / "tritonserver"), "backends": backends, "stub": stub})
+    return Check(area="serve", name="embedded", ok=not why, detail="; ".join(why) or detail,
+                 hint=PYTRITON if why else "", data={"binary": str(binary), "backends": backends, "stub": stub})
 
 
 def local_check(binary: str | None = None, backend_dir: str | None = None) -> Check:
@@ -171,7 +172,8 @@ def docker_check(image: str | None = None) -> Check:
                      hint="install Docker Engine and the NVIDIA Container Toolkit (GPU nodes)")
     rc, out = _run(["docker", "info", "--format", "{{.ServerVersion}}"], timeout=15)
     if rc != 0:
-        return Check(area="serve", name="docker", ok=False, detail=f"the Docker daemon is not reachable: {one_line(out, 160)}",
+        return Check(area="serve", name="docker", ok=False,
+                     detail=f"the Docker daemon is not reachable: {one_line(out, 160)}",
                      hint="start dockerd, or give this user access to its socket (the docker group)")
     present = _run(["docker", "image", "inspect", "--format", "{{.Id}}", image], timeout=15)[0] == 0
     detail = f"daemon {out.splitlines()[-1] if out else '?'}; {image}: {'present' if present else 'not pulled yet'}"
@@ -219,7 +221,8 @@ def gpus_check() -> Check:
                      hint="a GPU node with the NVIDIA driver (and, in containers, the NVIDIA Container Toolkit)")
     listed = ", ".join(f"{n} ({u})" for n, u in zip(machine.gpus, machine.gpu_uuids))
     return Check(area="measure", name="GPUs", ok=True, detail=f"{listed}; driver {machine.driver}, CUDA {machine.cuda}",
-                 data={"gpus": machine.gpus, "uuids": machine.gpu_uuids, "driver": machine.driver, "cuda": machine.cuda})
+                 data={"gpus": machine.gpus, "uuids": machine.gpu_uuids, "driver": machine.driver,
+                       "cuda": machine.cuda})
 
 
 def links_dcgm(binary: Path) -> bool:
@@ -410,7 +413,8 @@ def missing_for(request, report: NodeReport) -> list[str]:
     if server is not None and server.ok is False and not binary_given:  # a given binary: preflight checks it
         missing.append(f"--server {request.server}: {server.detail}" + (f"; {server.hint}" if server.hint else ""))
     gpus = report.get("GPUs")
-    if gpus is not None and gpus.ok is False and request.server != "remote" and getattr(request, "profile", None) == "gpu":
+    profile = getattr(request, "profile", None)
+    if gpus is not None and gpus.ok is False and request.server != "remote" and profile == "gpu":
         missing.append(f"the gpu profile needs a GPU, and this node has {gpus.detail}; use --profile cpu, "
                        "or run on a GPU node")
     return missing

@@ -80,7 +80,8 @@ def served_on(mode: str, hardware: Hardware, runtime: str | None, cuda_runtimes:
         return ServedOn(label=CPU_LABEL)
     uuids = serving_gpus(mode, hardware, docker_gpus)
     if not uuids:
-        return ServedOn(label=CPU_LABEL, note=_not_used(hardware, f"the {mode} server has no GPU (--gpus {docker_gpus})"))
+        why = f"the {mode} server has no GPU (--gpus {docker_gpus})"
+        return ServedOn(label=CPU_LABEL, note=_not_used(hardware, why))
     if runtime is not None and mode in PINNED_MODES and runtime not in set(cuda_runtimes):
         return ServedOn(label=CPU_LABEL, note=_not_used(hardware, f"the {mode} server runs {runtime} in its python "
                                                                   "backend without CUDA"))

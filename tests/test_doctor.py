@@ -86,7 +86,8 @@ def test_docker_cli_daemon_and_image(machine):
     machine.runs[("docker", "info")] = (0, "27.3.1")
     machine.runs[("docker", "image")] = (1, "Error: No such image")
     up = doctor.docker_check("nvcr.io/nvidia/tritonserver:24.10-py3")
-    assert up.ok and "not pulled yet" in up.detail and up.hint.startswith("docker pull nvcr.io/nvidia/tritonserver:24.10")
+    assert up.ok and "not pulled yet" in up.detail
+    assert up.hint.startswith("docker pull nvcr.io/nvidia/tritonserver:24.10")
 
 
 def test_local_server_binary_and_its_backends(machine, tmp_path, monkeypatch):
@@ -97,7 +98,8 @@ def test_local_server_binary_and_its_backends(machine, tmp_path, monkeypatch):
         (tmp_path / backend / f"libtriton_{backend}.so").write_text("")
     monkeypatch.setenv("TRITON_SERVER_VERSION", "2.51.0")
     check = doctor.local_check(backend_dir=str(tmp_path))
-    assert check.ok and "(Triton 2.51.0)" in check.detail and check.data["backends"] == ["onnxruntime", "python", "tensorrt"]
+    assert check.ok and "(Triton 2.51.0)" in check.detail
+    assert check.data["backends"] == ["onnxruntime", "python", "tensorrt"]
 
 
 def test_gpus_from_nvidia_smi_and_cuda_in_each_framework(machine):
