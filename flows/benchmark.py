@@ -54,7 +54,7 @@ def _benchmark(req, hardware, adapter, tracker: RunTracker) -> str:
     try:
         with tracker.stage("export"):
             module = adapter.build()
-            options = ConversionOptions(precision=req.precision, max_batch_size=req.max_batch_size)
+            options = ConversionOptions.for_run(req)
             artifacts = export_task(adapter, module, req.formats, layout.models_dir, options)
             # an ensemble's composing models, each exported in its own formats (the first one is served)
             parts = part_adapters(adapter, module) if adapter.is_ensemble else []
@@ -222,7 +222,8 @@ def server_options(req, hardware=None) -> dict:
     """The mode-specific options a request carries, for make_server; with the hardware, the embedded and local
     servers' view of the GPUs: the run's GPU only (tbench.serving.pinned_env)."""
     options = {"local": {"binary": req.tritonserver, "backend_dir": Path(req.backend_dir) if req.backend_dir else None},
-               "docker": {"image": req.docker_image, "gpus": req.gpus}}.get(req.server, {})
+               "docker": {"image": req.docker_image, "gpus": req.gpus, "network": req.docker_network,
+                          "ulimits": req.docker_ulimits}}.get(req.server, {})
     if hardware is not None and (gpu_env := pinned_env(req.server, hardware)):
         options["gpu_env"] = gpu_env
     return {k: v for k, v in options.items() if v is not None}

@@ -156,7 +156,7 @@ def search_flow(request: BenchmarkRequest = BenchmarkRequest(), search: SearchRe
                 for precision in dict.fromkeys(p for _, p in plan.values()):
                     formats = list(dict.fromkeys(f for f, p in plan.values() if p is precision))
                     out = layout.models_dir if len({p for _, p in plan.values()}) == 1 else layout.models_dir / precision.value
-                    options = ConversionOptions(precision=precision, max_batch_size=max(search.space.max_batch_sizes))
+                    options = ConversionOptions.for_run(req, precision, max(search.space.max_batch_sizes))
                     for artifact in export_task(adapter, module, formats, out, options):
                         artifacts[(artifact.format, precision)] = artifact
                 tracker.save_json(layout.iospec_json, adapter.io_spec().model_dump())

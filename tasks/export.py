@@ -22,7 +22,7 @@ import sys
 import time
 import warnings
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,25 +34,46 @@ from pydantic import BaseModel
 from model_adapters.base import ModelAdapter
 from tbench.artifacts import ModelArtifact
 from tbench.enums import Format, Precision
-from tbench.errors import ConversionError
+from tbench.errors import BenchError, ConversionError, Unavailable
 from tbench.iospec import IoSpec
 from tbench.runtimes import source_digest
+from tbench.trt_profiles import (CALIBRATION_SEED, TrtProfile, calibration_batches, check_calibration_samples,
+                                 default_calibration_samples, describe, opt_batch_size, optimisation_profile,
+                                 shaped_inputs)
+from tbench.trt_runtime import TRT_WHERE
 
 FILE_NAMES = {Format.ONNX: "model.onnx", Format.TS_TRACE: "model.pt", Format.TS_SCRIPT: "model.pt", Format.TRT: "model.plan",
               Format.TF_SAVEDMODEL: "model.savedmodel", Format.TF_TRT: "model.savedmodel"}  # SavedModels are folders
 CACHE_ENV = "TBENCH_CACHE_DIR"
+CONVERSION_JSON = "conversion.json"  # a step's own record next to its output (TensorRT: profile and calibration)
 
 
 class ConversionOptions(BaseModel):
-    """The guides' conversion knobs."""
+    """The guides' conversion knobs. The TensorRT builders' profile and calibration: tbench/trt_profiles.py."""
 
     onnx_opset: int = 17
     precision: Precision = Precision.FP32
     max_batch_size: int = 8  # TensorRT optimisation profile: batch 1 .. max
     max_workspace_bytes: int = 1 << 32
+    opt_batch_size: int | None = None  # the profile's opt batch (trt_profiles.opt_batch_size of the run's grid)
+    trt_shapes: dict[str, list[list[int]]] = {}  # non-batch MIN, OPT, MAX per input with dynamic dims
+    calibration_samples: int | None = None  # INT8: samples calibrated on; trt_profiles.default_calibration_samples
+
+    @classmethod
+    def for_run(cls, req, precision: Precision | None = None, max_batch_size: int | None = None) -> "ConversionOptions":
+        """A resolved request's options: its precision and max batch unless given, the opt batch of its offline grid,
+        its TensorRT shapes and calibration set size."""
+        max_batch = max_batch_size or req.max_batch_size
+        return cls(precision=precision or req.precision, max_batch_size=max_batch,
+                   opt_batch_size=opt_batch_size(req.batch_sizes, max_batch), trt_shapes=req.trt_shapes or {},
+                   calibration_samples=req.calibration_samples)
 
 
-class ConversionUnavailable(ConversionError):
+# Fields only the steps that build TensorRT engines read: other steps' cache keys leave them out.
+ENGINE_FIELDS = {"opt_batch_size", "trt_shapes", "calibration_samples"}
+
+
+class ConversionUnavailable(ConversionError, Unavailable):
     """The tool a conversion needs is not on this machine (TensorRT needs a GPU node with TensorRT)."""
 
 
@@ -64,17 +85,69 @@ class Converter:
     tools: tuple[str, ...]  # distributions whose versions make the cache key; the first must import
     where: str = ""  # where to run it when its tool is missing here
     precisions: tuple[Precision, ...] = (Precision.FP32,)  # what its output holds when options.precision asks for it
+    builds_engine: bool = False  # a TensorRT builder: reads ENGINE_FIELDS and takes `data`, the calibration source
 
 
 REGISTRY: dict[tuple[str, Format], Converter] = {}
 
 
 def converter(source: str, target: Format, tools: tuple[str, ...], where: str = "",
-              precisions: tuple[Precision, ...] = (Precision.FP32,)):
+              precisions: tuple[Precision, ...] = (Precision.FP32,), builds_engine: bool = False):
     def register(fn):
-        REGISTRY[(source, target)] = Converter(source, target, fn, tools, where, precisions)
+        REGISTRY[(source, target)] = Converter(source, target, fn, tools, where, precisions, builds_engine)
         return fn
     return register
+
+
+@dataclass(frozen=True)
+class CalibrationData:
+    """The model's own batches for INT8 calibration: the user's --input-data (from its first sample, cycling) or
+    --dataset when the run gives one, else the adapter's synthetic data, with a seed of their own."""
+
+    adapter: ModelAdapter
+
+    def __call__(self, n_samples: int, batch_size: int) -> Iterator[dict[str, np.ndarray]]:
+        return (b.inputs for b in self.adapter.batches(n_samples, batch_size, seed=CALIBRATION_SEED))
+
+    def describe(self) -> str:
+        whole = getattr(self.adapter, "whole", self.adapter)  # an ensemble's part draws from the whole model's data
+        if whole.given_samples is not None:
+            return f"input data {whole.given_samples.path}"
+        return f"dataset {whole.data_dir}" if whole.data_dir else f"synthetic data (seed {CALIBRATION_SEED})"
+
+
+def engine_profile(spec: IoSpec, options: ConversionOptions, sample: dict) -> TrtProfile:
+    """The optimisation profile a TensorRT builder uses: batch 1 / opt / max, dynamic dims from options.trt_shapes
+    or pinned to the sample's size."""
+    opt = options.opt_batch_size or opt_batch_size([], options.max_batch_size)
+    return optimisation_profile(spec, {t.name: sample[t.name].shape[1:] for t in spec.inputs}, options.max_batch_size,
+                                min(opt, options.max_batch_size), options.trt_shapes)
+
+
+class CalibrationSet:
+    """options.calibration_samples (or the default) drawn from `data` as whole opt-shaped batches; counts the
+    batches a builder actually took, for the conversion's record."""
+
+    def __init__(self, spec: IoSpec, options: ConversionOptions, profile: TrtProfile, data: CalibrationData | None):
+        if data is None:
+            raise ConversionError("INT8 calibration needs the model's data; none was given to this conversion step")
+        self.batch = profile.opt_batch
+        self.requested = options.calibration_samples or default_calibration_samples(self.batch)
+        check_calibration_samples(self.requested, self.batch)
+        whole = self.requested // self.batch
+        self.batches = calibration_batches(data(whole * self.batch, self.batch), spec, profile, self.requested)
+        self.source, self.delivered = data.describe() if hasattr(data, "describe") else "given", 0
+
+    def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
+        for batch in self.batches:
+            self.delivered += 1
+            yield batch
+
+    def record(self) -> dict:
+        if not self.delivered:
+            raise ConversionError(f"INT8 calibration got no batch of {self.batch} samples from {self.source}")
+        return {"requested_samples": self.requested, "samples": self.delivered * self.batch, "batches": self.delivered,
+                "batch_size": self.batch, "remainder_dropped": self.requested % self.batch, "source": self.source}
 
 
 def plan(source: str, target: Format) -> list[Converter]:
@@ -198,10 +271,12 @@ def onnx_to_fp16(path: Path, out: Path, spec: IoSpec, options: ConversionOptions
     onnx.save(model, str(out))
 
 
-@converter(Format.ONNX.value, Format.TRT, tools=("tensorrt",), where="run it on a GPU node with TensorRT (e.g. the NGC Triton image)",
-           precisions=tuple(Precision))
-def onnx_to_tensorrt(onnx_path: Path, out: Path, spec: IoSpec, options: ConversionOptions, sample: dict) -> None:
-    """TensorRT's own builder: one optimisation profile over batch 1..max_batch_size, FP16 when asked."""
+@converter(Format.ONNX.value, Format.TRT, tools=("tensorrt",), where=TRT_WHERE, precisions=tuple(Precision),
+           builds_engine=True)
+def onnx_to_tensorrt(onnx_path: Path, out: Path, spec: IoSpec, options: ConversionOptions, sample: dict,
+                     data: CalibrationData | None = None) -> dict:
+    """TensorRT's own builder: one optimisation profile (engine_profile) over batch 1..max_batch_size, FP16 when
+    asked, INT8 calibrated on the calibration set at the profile's opt shapes. Returns the profile and calibration."""
     import tensorrt as trt
 
     logger = trt.Logger(trt.Logger.WARNING)
@@ -215,44 +290,62 @@ def onnx_to_tensorrt(onnx_path: Path, out: Path, spec: IoSpec, options: Conversi
     config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, options.max_workspace_bytes)
     if options.precision is Precision.FP16:
         config.set_flag(trt.BuilderFlag.FP16)
-    profile = builder.create_optimization_profile()
-    for t in spec.inputs:
-        dims = [max(d, 1) for d in sample[t.name].shape[1:]]  # dynamic non-batch dims: the sample's size
-        profile.set_shape(t.name, [1, *dims], [max(1, options.max_batch_size // 2), *dims], [options.max_batch_size, *dims])
-    config.add_optimization_profile(profile)
+    profile = engine_profile(spec, options, sample)
+    network_inputs = {network.get_input(i).name: network.get_input(i) for i in range(network.num_inputs)}
+    trt_profile = builder.create_optimization_profile()
+    for p in profile.inputs:
+        if p.name in network_inputs:
+            trt_profile.set_shape(p.name, p.min, p.opt, p.max)
+    config.add_optimization_profile(trt_profile)
+    calibration = None
     if options.precision is Precision.INT8:
+        # implicit quantization: deprecated from TensorRT 10.1 in favour of explicit Q/DQ nodes, still built by 10.x
         config.set_flag(trt.BuilderFlag.INT8)
         config.set_flag(trt.BuilderFlag.FP16)  # layers INT8 cannot run fall back to FP16, not FP32
-        config.set_calibration_profile(profile)
-        config.int8_calibrator = _calibrator(trt, spec, sample, out.with_suffix(".calibration.cache"))
+        config.set_calibration_profile(trt_profile)  # TensorRT calibrates at its opt shapes
+        calibration = CalibrationSet(spec, options, profile, data)
+        dtypes = {name: np.dtype(trt.nptype(t.dtype)) for name, t in network_inputs.items()}
+        calibrator = _calibrator(trt, calibration, profile.opt_batch, dtypes, out.with_suffix(".calibration.cache"))
+        config.int8_calibrator = calibrator
     engine = builder.build_serialized_network(network, config)
+    if calibration is not None and calibrator.error is not None:
+        raise ConversionError(f"INT8 calibration failed: {type(calibrator.error).__name__}: {calibrator.error}")
     if engine is None:
         raise ConversionError("TensorRT failed to build the engine (see the conversion log)")
     out.write_bytes(bytes(engine))
+    return {"profile": profile.model_dump(), **({"calibration": calibration.record()} if calibration else {})}
 
 
-def _calibrator(trt, spec: IoSpec, sample: dict, cache: Path):
-    """INT8 entropy calibration on the sample batch, from GPU memory that torch holds (TensorRT reads device pointers)."""
+def _calibrator(trt, batches: Iterable[dict[str, np.ndarray]], batch_size: int, dtypes: dict[str, np.dtype],
+                cache: Path):
+    """INT8 entropy calibration, one batch of the calibration set at a time from GPU memory that torch holds
+    (TensorRT reads device pointers). Never reads a calibration cache: the conversion cache keys the calibration set,
+    a cache file left by another build would not; the one it writes stays next to the plan."""
     import torch
 
     class Calibrator(trt.IInt8EntropyCalibrator2):
         def __init__(self):
             super().__init__()
-            self.batches = [{t.name: torch.from_numpy(sample[t.name]).cuda() for t in spec.inputs}]
-            self.size = len(next(iter(sample.values())))
+            self.batches, self.keep, self.error = iter(batches), {}, None
 
         def get_batch_size(self):
-            return self.size
+            return batch_size  # the profile's opt batch: every batch holds exactly that many samples
 
         def get_batch(self, names):
-            if not self.batches:
+            try:
+                batch = next(self.batches, None)
+                if batch is None:
+                    return None
+                # cast to the network's input dtypes; the device buffers must outlive this call
+                self.keep = {n: torch.from_numpy(np.ascontiguousarray(batch[n], dtype=dtypes.get(n))).cuda()
+                             for n in names}
+                return [int(self.keep[n].data_ptr()) for n in names]
+            except Exception as err:  # TensorRT does not propagate a callback's exception: raised after the build
+                self.error = err
                 return None
-            batch = self.batches.pop()
-            self.keep = batch  # the device buffers must outlive this call
-            return [int(batch[n].data_ptr()) for n in names]
 
         def read_calibration_cache(self):
-            return cache.read_bytes() if cache.exists() else None
+            return None
 
         def write_calibration_cache(self, data):
             cache.write_bytes(bytes(data))
@@ -315,10 +408,12 @@ def _rename_onnx_io(path: Path, spec: IoSpec) -> None:
 
 @converter(Format.TF_SAVEDMODEL.value, Format.TF_TRT, tools=("tensorrt", "tensorflow"),
            where="run it on a GPU node whose TensorFlow is built with TensorRT (e.g. NGC's TensorFlow image)",
-           precisions=tuple(Precision))
-def savedmodel_to_tftrt(saved: Path, out: Path, spec: IoSpec, options: ConversionOptions, sample: dict) -> None:
-    """TF-TRT's converter with dynamic shapes; engines built for batch 1, half and max; INT8 calibrates on the sample."""
-    import numpy as np
+           precisions=tuple(Precision), builds_engine=True)
+def savedmodel_to_tftrt(saved: Path, out: Path, spec: IoSpec, options: ConversionOptions, sample: dict,
+                        data: CalibrationData | None = None) -> dict:
+    """TF-TRT's converter with dynamic shapes over the same profile as TensorRT's (engine_profile): engines built at
+    its min, opt and max shapes plus one over the whole range (Range+Optimal), so any batch 1..max runs on TensorRT;
+    INT8 calibrates on the same calibration set as onnx_to_tensorrt. Returns the profile and calibration."""
     import tensorflow as tf
     from tensorflow.python.compiler.tensorrt import trt_convert as trt
 
@@ -326,15 +421,19 @@ def savedmodel_to_tftrt(saved: Path, out: Path, spec: IoSpec, options: Conversio
     params = trt.TrtConversionParams(precision_mode=modes[options.precision], max_workspace_size_bytes=options.max_workspace_bytes,
                                      use_calibration=options.precision is Precision.INT8)
     conv = trt.TrtGraphConverterV2(input_saved_model_dir=str(saved), conversion_params=params, use_dynamic_shape=True,
-                                   dynamic_shape_profile_strategy="Optimal")
+                                   dynamic_shape_profile_strategy="Range+Optimal")
+    profile = engine_profile(spec, options, sample)
 
-    def batches():
-        for b in sorted({1, max(1, options.max_batch_size // 2), options.max_batch_size}):
-            yield [tf.constant(np.resize(sample[t.name], (b, *sample[t.name].shape[1:]))) for t in spec.inputs]
+    def tensors(arrays: dict[str, np.ndarray]) -> list:
+        return [tf.constant(arrays[t.name]) for t in spec.inputs]  # the signature's inputs in the io spec's order
 
-    conv.convert(calibration_input_fn=batches if options.precision is Precision.INT8 else None)
-    conv.build(input_fn=batches)
+    calibration = CalibrationSet(spec, options, profile, data) if options.precision is Precision.INT8 else None
+    conv.convert(calibration_input_fn=(lambda: (tensors(b) for b in calibration)) if calibration else None)
+    shapes = [profile.shapes(which) for which in ("min", "opt", "max")]
+    shapes = [s for i, s in enumerate(shapes) if s not in shapes[:i]]  # max_batch_size 1: one shape, built once
+    conv.build(input_fn=lambda: (tensors(shaped_inputs(sample, spec, s)) for s in shapes))
     conv.save(str(out))
+    return {"profile": profile.model_dump(), **({"calibration": calibration.record()} if calibration else {})}
 
 
 def tool_versions(conv: Converter) -> dict[str, str]:
@@ -358,8 +457,13 @@ def cache_root() -> Path:
 
 
 def cache_key(source_hash: str, conv: Converter, options: ConversionOptions, versions: dict[str, str], spec: IoSpec) -> str:
-    """Same source, step, options, tool versions and io spec (static shapes are baked into some exports) -> same key."""
-    text = json.dumps({"source": source_hash, "step": [conv.source, conv.target.value], "options": options.model_dump(mode="json"),
+    """Same source, step, options, tool versions and io spec (static shapes are baked into some exports) -> same key.
+    The profile and calibration fields key only TensorRT builders (the calibration set only an INT8 build's)."""
+    unread = set() if conv.builds_engine else set(ENGINE_FIELDS)
+    if options.precision is not Precision.INT8:
+        unread.add("calibration_samples")
+    text = json.dumps({"source": source_hash, "step": [conv.source, conv.target.value],
+                       "options": options.model_dump(mode="json", exclude=unread),
                        "tools": versions, "io": spec.model_dump()}, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:24]
 
@@ -367,11 +471,15 @@ def cache_key(source_hash: str, conv: Converter, options: ConversionOptions, ver
 def _reproduce_script(adapter: ModelAdapter, conv: Converter, source_path: Path | None, out: Path, options: ConversionOptions) -> str:
     source = "adapter.build()" if source_path is None else f"Path({str(source_path)!r})"
     return (f"# Re-runs this conversion step: {conv.source} -> {conv.target.value}\n"
-            "from pathlib import Path\n\nimport model_adapters\nimport model_adapters.ensemble  # noqa: F401\nfrom model_adapters.file_model import ModelFileAdapter  # noqa: F401\nfrom tasks.export import REGISTRY, ConversionOptions\nfrom tbench.enums import Format\n\n"
+            "from pathlib import Path\n\nimport model_adapters\nimport model_adapters.ensemble  # noqa: F401\n"
+            "from model_adapters.file_model import ModelFileAdapter  # noqa: F401\n"
+            "from tasks.export import REGISTRY, CalibrationData, ConversionOptions  # noqa: F401\n"
+            "from tbench.enums import Format\n\n"
             f"adapter = {adapter.reproduce_expr()}\n"
             f"options = ConversionOptions.model_validate_json({options.model_dump_json()!r})\n"
             f"step = REGISTRY[({conv.source!r}, Format({conv.target.value!r}))]\n"
-            f"step.run({source}, Path({str(out)!r}), adapter.io_spec(), options, adapter.sample_batch(2))\n")
+            f"step.run({source}, Path({str(out)!r}), adapter.io_spec(), options, adapter.sample_batch(2)"
+            + (", data=CalibrationData(adapter))\n" if conv.builds_engine else ")\n"))
 
 
 def run_step(adapter: ModelAdapter, conv: Converter, source, source_hash: str, out_dir: Path,
@@ -391,18 +499,24 @@ def run_step(adapter: ModelAdapter, conv: Converter, source, source_hash: str, o
     source_path = source if isinstance(source, Path) else None
     (target_dir / "reproduce.py").write_text(_reproduce_script(adapter, conv, source_path, out, options))
     start = time.monotonic()
+    record = None
+    (target_dir / CONVERSION_JSON).unlink(missing_ok=True)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
-            conv.run(source, out, adapter.io_spec(), options, adapter.sample_batch(2))
-        except ConversionError:
+            extra = {"data": CalibrationData(adapter)} if conv.builds_engine else {}
+            record = conv.run(source, out, adapter.io_spec(), options, adapter.sample_batch(2), **extra)
+        except BenchError:
             raise
         except Exception as err:  # exporters raise many types; one clear line is what users need
             raise ConversionError(f"{conv.source} -> {conv.target.value} failed for {adapter.name}: {type(err).__name__}: {err}") from err
         finally:
             log = [f"{conv.source} -> {conv.target.value} in {time.monotonic() - start:.2f} s", f"tools: {versions}",
-                   f"options: {options.model_dump_json()}", *(f"warning: {w.category.__name__}: {w.message}" for w in caught)]
+                   f"options: {options.model_dump_json()}", *_record_lines(record),
+                   *(f"warning: {w.category.__name__}: {w.message}" for w in caught)]
             (target_dir / "convert.log").write_text("\n".join(log) + "\n")
+    if record:  # what a report says of the build: the TensorRT profile and the INT8 calibration set
+        (target_dir / CONVERSION_JSON).write_text(json.dumps(record, indent=2) + "\n")
     tmp = cache_root() / f".{key}.{os.getpid()}.tmp"  # copied whole, then renamed: a reader never sees half of it
     shutil.copytree(target_dir, tmp, dirs_exist_ok=True)
     try:
@@ -410,6 +524,20 @@ def run_step(adapter: ModelAdapter, conv: Converter, source, source_hash: str, o
     except OSError:  # another run cached the same conversion meanwhile
         shutil.rmtree(tmp, ignore_errors=True)
     return out, key, False
+
+
+def _record_lines(record: dict | None) -> list[str]:
+    """A builder's record as convert.log lines."""
+    if not record:
+        return []
+    profile = record.get("profile")
+    lines = [f"profile {line}" for line in describe(TrtProfile.model_validate(profile))] if profile else []
+    c = record.get("calibration")
+    if c:
+        lines.append(f"calibration: {c['samples']} samples in {c['batches']} batches of {c['batch_size']} "
+                     f"(of {c['requested_samples']} asked; {c['remainder_dropped']} short of a batch dropped) "
+                     f"from {c['source']}")
+    return lines
 
 
 def _copy_source_file(adapter: ModelAdapter, path: Path, fmt: Format, out_dir: Path) -> Path:

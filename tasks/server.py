@@ -34,12 +34,13 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 from tritonclient.grpc import model_config_pb2 as mc
 
-from tbench import procs, shm, tools
+from tbench import containers, procs, shm, tools
 from tbench.ports import free_port, port_in_use
 from tbench.errors import ServerStartError
 from tbench.request import run_suffix
 from tbench.triton_config import parse_pbtxt
 
+NGC_ULIMITS = ("memlock=-1", "stack=67108864")  # NGC's advice for the Triton image
 NGC_IMAGE = "nvcr.io/nvidia/tritonserver:24.10-py3"  # Triton 2.51, the release of our perf_analyzer
 LOCAL_BACKENDS = Path("/opt/tritonserver/backends")  # where the NGC image and Triton's packages put them
 CONTAINER_PORTS = {"http": 8000, "grpc": 8001, "metrics": 8002}
@@ -343,32 +344,58 @@ class LocalServer(ProcessServer):
 
 
 class DockerServer(ProcessServer):
-    """The NGC Triton image through the docker CLI; `docker run` stays in the foreground so its output is the log."""
+    """The NGC Triton image through the docker CLI; `docker run` stays in the foreground so its output is the log.
+
+    The container shares this host's IPC namespace (`--ipc=host`): perf_analyzer's system shared memory regions are
+    in this host's /dev/shm, and the server must open them by name. CUDA shared memory needs `--pid=host` as well
+    (CUDA IPC handles name the exporting process), given whenever the container gets GPUs. Networking: `host` (the reference guides' choice: no proxy
+    between perf_analyzer and the server, which listens on 127.0.0.1 only) or `bridge` (Triton's ports published on
+    127.0.0.1 only). The container is removed on every exit path: a normal stop, a failed start, and, when the CLI
+    was killed, by the next run's orphan reaper (procs records the container's name)."""
 
     mode = "docker"
 
-    def __init__(self, *args, image: str = NGC_IMAGE, gpus: str | None = "all", shm_size: str = "1g",
-                 docker: str = "docker", **kwargs):
+    def __init__(self, *args, image: str = NGC_IMAGE, gpus: str | None = "all", network: str = "host",
+                 ulimits: list[str] | tuple[str, ...] = NGC_ULIMITS, docker: str = "docker", **kwargs):
         super().__init__(*args, **kwargs)
-        self.image, self.gpus, self.shm_size, self.docker = image, gpus, shm_size, docker
+        if network not in ("host", "bridge"):
+            raise ServerStartError(f"docker mode: unknown network {network!r}; use host or bridge")
+        self.image, self.gpus, self.network, self.ulimits, self.docker = image, gpus, network, list(ulimits), docker
         self.container = f"tbench-triton-{uuid.uuid4().hex[:8]}"
 
     def processes(self) -> list[psutil.Process]:
-        return []  # the server runs inside the container; the local process is only the docker client
+        """The container's processes as this host sees them (for CPU and memory readings)."""
+        return containers.processes(self.docker, self.container) if self.alive() else []
 
     def where(self) -> dict:
         return {"image": self.image, "gpus": self.gpus}  # the GPUs the container sees decide its numbers too
 
     def argv(self) -> list[str]:
-        argv = [self.docker, "run", "--rm", "--name", self.container, f"--shm-size={self.shm_size}",
-                "--ulimit", "memlock=-1", "--ulimit", "stack=67108864"]
-        if self.gpus and self.gpus != "none":
-            argv += ["--gpus", self.gpus if self.gpus == "all" else f'"device={self.gpus}"']
+        argv = [self.docker, "run", "--rm", "--name", self.container, "--ipc=host"]
+        for limit in self.ulimits:
+            argv += ["--ulimit", limit]
+        if self.gpus and self.gpus != "none":  # with GPUs, offline points use CUDA shared memory
+            argv += ["--pid=host", "--gpus", self.gpus if self.gpus == "all" else f'"device={self.gpus}"']
+        if self.network == "host":
+            argv += ["--network=host", "-v", f"{self.repository.resolve()}:/models:ro", self.image, "tritonserver"]
+            return argv + self.server_args("/models", None)
         for name, container_port in CONTAINER_PORTS.items():
             argv += ["-p", f"127.0.0.1:{self.ports[name]}:{container_port}"]
         argv += ["-v", f"{self.repository.resolve()}:/models:ro", self.image, "tritonserver"]
-        # inside the container the server listens on Triton's default ports; -p maps them to ours
+        # inside its own network namespace the server listens on Triton's default ports; -p maps them to ours
         return argv + self.server_args("/models", None, address="0.0.0.0", ports=CONTAINER_PORTS)
+
+    def start(self) -> ServerEndpoints:
+        if self.alive():
+            raise ServerStartError(f"this docker tritonserver is already running (container {self.container})")
+        self.proc = procs.start(self.argv(), self.log_path, env=self.env(),
+                                container={"docker": self.docker, "name": self.container})
+        try:
+            self._wait_ready("docker tritonserver")
+        except BaseException:
+            self.stop()
+            raise
+        return self.endpoints
 
     def backends_argv(self) -> list[str]:
         return [self.docker, "run", "--rm", "--entrypoint", "ls", self.image, str(LOCAL_BACKENDS)]
@@ -390,6 +417,21 @@ class DockerServer(ProcessServer):
             self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             pass
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """`docker stop` (Triton unloads its models), the client's group, then the container itself and the shared
+        memory its processes mapped: a container whose client was killed, or that ignored the stop, is removed too."""
+        if self.proc is None:
+            return
+        regions = shm.mapped_regions(containers.processes(self.docker, self.container))
+        if self.proc.poll() is None:
+            self._terminate(timeout_s)
+        procs.kill_group(self.proc)
+        self.proc.wait()
+        containers.remove(self.docker, self.container)
+        procs.forget(self.proc)
+        self.proc = None
+        shm.remove(regions)
 
 
 class RemoteServer(TritonServer):

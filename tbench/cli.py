@@ -91,6 +91,14 @@ def _bounds(text: str) -> list[float]:
     return [float(low), float(high)]
 
 
+def _shape_range(text: str) -> list[list[int]]:
+    """'16,128,512' or '80x16,80x128,80x512': an input's non-batch MIN,OPT,MAX shapes, dims joined by 'x'."""
+    shapes = [[int(d) for d in part.split("x")] for part in text.split(",")]
+    if len(shapes) != 3:
+        raise ValueError(text)  # parse_named says which option
+    return shapes
+
+
 def _given(**values) -> dict:
     """Only the options the user gave, so the request's own defaults apply to the rest."""
     return {k: v for k, v in values.items() if v is not None}
@@ -177,6 +185,12 @@ def run(
                                           "NAME:LO,HI (repeat per input); integers inclusive, floats uniform."),
     input_data: str = typer.Option(None, "--input-data", help="Samples to send instead of synthetic data: perf_analyzer's "
                                    "JSON input data, an .npz (one array per input) or a folder of NAME.npy (samples on axis 0)."),
+    trt_shape: list[str] = typer.Option(None, "--trt-shape", help="trt, tf-trt: an input's dynamic dims in TensorRT's "
+                                        "profile, NAME:MIN,OPT,MAX non-batch shapes, dims joined by 'x' (repeat per "
+                                        "input), e.g. input_ids:16,128,512; the sample's size otherwise."),
+    calibration_samples: int = typer.Option(None, "--calibration-samples", help="INT8 (trt, tf-trt): samples of the "
+                                            "model's data calibrated on, in batches of the profile's opt batch "
+                                            "(512, or one batch if larger, by default)."),
     framework: str = typer.Option(None, help="The model's implementation: pytorch or tensorflow (the adapter's first by default)."),
     size: str = typer.Option(None, help="Model size: full, small, or the model's presets (dlrm: tiny, small, 4B, 22B)."),
     option: list[str] = typer.Option(None, "--option", help="A model-specific option, NAME=VALUE (repeat), e.g. memory_threshold_gb=16."),
@@ -205,6 +219,9 @@ def run(
     server_url: str = typer.Option(None, help="remote: 'host:grpc_port,host:http_port' (explicit model control)."),
     docker_image: str = typer.Option(None, help="docker: the Triton image."),
     gpus: str = typer.Option(None, help="docker: 'all' (the default), '0,1' or 'none'."),
+    docker_network: str = typer.Option("host", help="docker: host (--network=host) or bridge (ports on 127.0.0.1)."),
+    docker_ulimit: list[str] = typer.Option(None, help="docker: a ulimit for the container, NAME=SOFT[:HARD] (repeat; "
+                                           "'none' for none; NGC's memlock=-1 and stack=67108864 by default)."),
     http_port: int = typer.Option(None, help="Triton HTTP port (a free one by default)."),
     grpc_port: int = typer.Option(None, help="Triton gRPC port (a free one by default)."),
     window_s: float = typer.Option(None, "--window-s", help="Target seconds per perf_analyzer measurement window (the profile's by default)."),
@@ -224,13 +241,16 @@ def run(
             framework=framework, model_file=model_file, shapes=parse_named(shape, "shape", _dims),
             input_dtypes=parse_named(dtype, "dtype", str), input_data=input_data,
             value_ranges=parse_named(value_range, "--value-range (NAME:LO,HI)", _bounds),
+            trt_shapes=parse_named(trt_shape, "--trt-shape (NAME:MIN,OPT,MAX)", _shape_range),
+            calibration_samples=calibration_samples,
             precision=precision, batch_sizes=parse_int_list(batch_sizes, "batch sizes"),
             concurrency=parse_int_list(concurrency, "concurrency"), scenarios=_split(scenarios), online_batch_size=online_batch_size,
             request_rates=parse_float_list(request_rates, "request rates"), request_distribution=distribution,
             max_batch_size=max_batch_size, model_instances=instances,
             preferred_batch_sizes=parse_int_list(preferred_batch_sizes, "preferred batch sizes"),
             max_queue_delay_us=queue_delay_us, profile=profile, **_given(output=output), baseline=baseline, reuse_measurements=reuse, server=server, server_url=server_url,
-            docker_image=docker_image, gpus=gpus, http_port=http_port,
+            docker_image=docker_image, gpus=gpus, docker_network=docker_network,
+            docker_ulimits=None if not docker_ulimit else [u for u in docker_ulimit if u != "none"], http_port=http_port,
             grpc_port=grpc_port, measurement=measurement)
         from tbench import hardware
 

@@ -15,6 +15,14 @@ class ConversionError(BenchError):
     """Export or conversion of the model failed."""
 
 
+class Unavailable(BenchError):
+    """What a step needs (a tool, a GPU) is not on this machine; the message says where to run it."""
+
+
+class RuntimeUnavailable(Unavailable):
+    """An exported model's own runtime is not here (a TensorRT plan runs on a GPU node with TensorRT)."""
+
+
 class CorrectnessError(BenchError):
     """An exported model disagrees with the framework model past the tolerance."""
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import psutil
 
-from tbench import shm
+from tbench import containers, shm
 
 
 @dataclass
@@ -53,9 +53,11 @@ def _started_at(pid: int) -> float | None:
         return None
 
 
-def _register(proc: subprocess.Popen, argv: list[str]) -> None:
+def _register(proc: subprocess.Popen, argv: list[str], container: dict | None = None) -> None:
     entry = {"pid": proc.pid, "started": _started_at(proc.pid), "owner": os.getpid(), "owner_started": _started_at(os.getpid()),
              "argv0": Path(argv[0]).name}
+    if container:  # a `docker run` client: killing it leaves the container running, so it is removed by name
+        entry["container"] = container
     folder = registry_dir()
     try:
         folder.mkdir(parents=True, exist_ok=True)
@@ -85,20 +87,27 @@ def reap_orphans() -> list[str]:
             continue
         if _alive(entry["owner"], entry.get("owner_started")):
             continue  # its owner still runs: not ours to touch
-        if _alive(entry["pid"], entry.get("started")):
-            removed = _kill_and_clean(entry["pid"])
-            killed.append(f"{entry.get('argv0', '?')} (pid {entry['pid']})"
+        if _alive(entry["pid"], entry.get("started")) or entry.get("container"):
+            removed = _kill_and_clean(entry)
+            what = f"container {entry['container']['name']} via " if entry.get("container") else ""
+            killed.append(f"{what}{entry.get('argv0', '?')} (pid {entry['pid']})"
                           + (f" and {removed} shared memory regions" if removed else ""))
         path.unlink(missing_ok=True)
     return killed
 
 
-def _kill_and_clean(pgid: int) -> int:
-    """Kill a child's process group and remove the shared memory its processes mapped; how many regions went."""
-    regions = shm.mapped_regions(shm.group_members(pgid))
-    _kill_pgid(pgid)
-    _wait_gone(pgid)
-    return len(shm.remove(regions))
+def _kill_and_clean(entry: dict) -> int:
+    """Kill a child's process group (and remove its container) and remove the shared memory its processes mapped;
+    how many regions went."""
+    pgid = entry["pid"]
+    regions = shm.mapped_regions(shm.group_members(pgid)) if _alive(pgid, entry.get("started")) else set()
+    if _alive(pgid, entry.get("started")):
+        _kill_pgid(pgid)
+        _wait_gone(pgid)
+    removed = 0
+    if container := entry.get("container"):
+        removed = containers.remove(container["docker"], container["name"])
+    return removed + len(shm.remove(regions))
 
 
 def _wait_gone(pid: int, timeout_s: float = 10.0) -> None:
@@ -121,8 +130,8 @@ def kill_own_children() -> None:
             entry = json.loads(path.read_text())
         except (OSError, ValueError):
             continue
-        if entry.get("owner") == os.getpid() and _alive(entry["pid"], entry.get("started")):
-            _kill_and_clean(entry["pid"])
+        if entry.get("owner") == os.getpid() and (_alive(entry["pid"], entry.get("started")) or entry.get("container")):
+            _kill_and_clean(entry)
             path.unlink(missing_ok=True)
 
 
@@ -151,10 +160,12 @@ def run(argv: list[str], log_path: Path, timeout: float, env: dict[str, str] | N
     return Completed(argv, rc, log_path, time.monotonic() - start, timed_out)
 
 
-def start(argv: list[str], log_path: Path, env: dict[str, str] | None = None, outlives_caller: bool = False) -> subprocess.Popen:
+def start(argv: list[str], log_path: Path, env: dict[str, str] | None = None, outlives_caller: bool = False,
+          container: dict | None = None) -> subprocess.Popen:
     """Start a long-lived process in its own session so that stopping it reaches its children too; the caller stops
     it with `stop()` (or kill_group + forget). `outlives_caller`: a service meant to stay after this process exits
-    (the local stack), which is never reaped as an orphan."""
+    (the local stack), which is never reaped as an orphan. `container` ({"docker": CLI, "name": NAME}): the process
+    is a `docker run` client whose container a reaper removes too."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log = open(log_path, "ab")
     log.write(("$ " + " ".join(argv) + "\n").encode())
@@ -162,7 +173,7 @@ def start(argv: list[str], log_path: Path, env: dict[str, str] | None = None, ou
     proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     log.close()  # the child holds its own descriptor
     if not outlives_caller:
-        _register(proc, argv)
+        _register(proc, argv, container)
     return proc
 
 

@@ -12,7 +12,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from tbench.enums import Format, Precision, Scenario
 from tbench.errors import ConfigError
-from tbench.precision import check_precision
+from tbench.precision import GPU_BUILT, check_precision
+from tbench.trt_profiles import (DEFAULT_CALIBRATION_SAMPLES, check_calibration_samples, check_trt_shapes,
+                                 opt_batch_size)
 
 PROFILES = ("cpu", "gpu")
 
@@ -188,12 +190,30 @@ class BenchmarkRequest(BaseModel):
     server_url: str | None = Field(None, description="remote: 'host:grpc_port,host:http_port' of a server in explicit model control mode.")
     docker_image: str | None = Field(None, description="docker: the Triton image (NGC's 24.10 by default).")
     gpus: str | None = Field(None, description="docker: GPUs for the container: 'all' (the default), '0,1', or 'none'.")
+    docker_network: Literal["host", "bridge"] = Field(
+        "host", description="docker: host (the guides' --network=host; the server listens on 127.0.0.1 only) or bridge "
+                            "(Triton's ports published on 127.0.0.1 only, through docker's proxy).")
+    docker_ulimits: list[str] | None = Field(
+        None, description="docker: the container's ulimits as docker takes them (NAME=SOFT[:HARD]); NGC's advice "
+                          "(memlock=-1, stack=67108864) by default; an empty list sets none (for a daemon that may not "
+                          "raise them).")
     tritonserver: str | None = Field(None, description="local: the tritonserver binary (the one on PATH by default).")
     backend_dir: str | None = Field(None, description="local: the server's backend directory (/opt/tritonserver/backends).")
     http_port: int | None = Field(None, ge=1, le=65535, description="Fixed HTTP port for Triton; a free one by default.")
     grpc_port: int | None = Field(None, ge=1, le=65535, description="Fixed gRPC port for Triton; a free one by default.")
     tolerance_atol: float | None = Field(None, description="Correctness: absolute tolerance (plus rtol x max|ref|); by precision.")
     tolerance_rtol: float | None = Field(None, description="Correctness: tolerance relative to the output's max magnitude; by precision.")
+    trt_shapes: dict[str, list[list[int]]] | None = Field(
+        None, description="TensorRT's optimisation profile for inputs with dynamic non-batch dims: the non-batch MIN, "
+                          "OPT and MAX shapes per input (static dims as the io spec has them), e.g. "
+                          "{'input_ids': [[16], [128], [512]]}; a dynamic dim is pinned to the sample's size "
+                          "otherwise.")
+    calibration_samples: int | None = Field(
+        None, ge=1, description="INT8 (trt, tf-trt): samples of the model's data (--input-data or --dataset when "
+                                "given, else synthetic) calibrated on, in batches of the profile's opt batch (the "
+                                "largest offline batch size <= max_batch_size/2); the remainder short of a batch is "
+                                f"dropped; {DEFAULT_CALIBRATION_SAMPLES}, or one batch where that is larger, by "
+                                "default.")
 
     @field_validator("output", "baseline", "server_url")
     @classmethod
@@ -209,6 +229,22 @@ class BenchmarkRequest(BaseModel):
         """The profile's settings, then the model's (a slow model's shorter windows), then each field the user set."""
         base = PROFILE_MEASUREMENT[profile].model_copy(update=model_settings)
         return self.measurement.apply(base) if self.measurement else base
+
+    def _check_engine_options(self, adapter, formats: list[Format], precision: Precision, batch_sizes: list[int],
+                              max_batch: int) -> None:
+        """trt_shapes against the io spec, and a calibration set of at least one batch, where TensorRT builds."""
+        parts = [Format.parse(f) for fs in adapter.part_formats().values() for f in fs]
+        builds = any(f in GPU_BUILT for f in [*formats, *parts])
+        if self.trt_shapes:
+            if adapter.is_ensemble:
+                raise ConfigError(f"--trt-shape: model {adapter.name!r} is an ensemble; its parts' TensorRT profiles "
+                                  "take their samples' shapes")
+            if not builds:
+                raise ConfigError("--trt-shape shapes TensorRT's optimisation profile; this run builds no trt or "
+                                  "tf-trt model")
+            check_trt_shapes(adapter.io_spec(), self.trt_shapes)
+        if self.calibration_samples and builds and precision is Precision.INT8:
+            check_calibration_samples(self.calibration_samples, opt_batch_size(batch_sizes, max_batch))
 
     def resolve(self, has_gpu: bool) -> "ResolvedRequest":
         adapter = adapter_for(self)
@@ -245,6 +281,7 @@ class BenchmarkRequest(BaseModel):
                 raise ConfigError(f"{label} {too_big[0]} is above max_batch_size {max_batch}")
             if any(b < 1 for b in values):
                 raise ConfigError(f"{label}s must be >= 1, got {values}")
+        self._check_engine_options(adapter, formats, precision, batch_sizes, max_batch)
         scenarios = [Scenario.parse(s) for s in (self.scenarios or d.scenarios)]
         online_batch = self.online_batch_size or d.online_batch_size
         if online_batch > max_batch and (Scenario.ONLINE in scenarios or Scenario.RATE in scenarios):
@@ -325,12 +362,16 @@ class ResolvedRequest(BaseModel):
     server_url: str | None
     docker_image: str | None
     gpus: str | None
+    docker_network: str = "host"
+    docker_ulimits: list[str] | None = None
     tritonserver: str | None
     backend_dir: str | None
     http_port: int | None
     grpc_port: int | None
     tolerance_atol: float
     tolerance_rtol: float
+    trt_shapes: dict[str, list[list[int]]] | None = None
+    calibration_samples: int | None = None  # None: trt_profiles.default_calibration_samples of the build's opt batch
     triton_suffix: str = ""  # remote mode: ends every Triton model name of the run (run_suffix); "" elsewhere
 
     def triton_name(self, fmt: Format) -> str:

@@ -70,12 +70,19 @@ def _load(fmt: Format, path: str):
 
         # the loaded object is what is kept: its signatures lose their variables once it is collected
         return cached("tf", path, lambda: tf.saved_model.load(path)).signatures["serving_default"]
-    raise ValueError(f"no runtime here for {fmt.value}")  # TensorRT plans run on GPU nodes only
+    if fmt is Format.TRT:
+        from tbench.trt_runtime import TrtEngine  # tensorrt and a GPU, or one line saying where to run it
+
+        return cached("tensorrt", path, lambda: TrtEngine(path))
+    raise ValueError(f"no runtime here for {fmt.value}")
 
 
 def run_file(fmt: Format, path: str, spec: IoSpec, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """An exported model file in its own runtime: ONNX Runtime, libtorch (TorchScript) or TensorFlow."""
+    """An exported model file in its own runtime: ONNX Runtime, libtorch (TorchScript), TensorFlow or TensorRT."""
     runtime = _load(fmt, str(path))
+    if fmt is Format.TRT:  # outputs in the io spec's dtypes: an engine may hold int32 where the spec says int64
+        out = runtime.run(inputs)
+        return {t.name: out[t.name].astype(t.np_dtype, copy=False) for t in spec.outputs}
     if fmt is Format.ONNX:
         return dict(zip(spec.output_names(), runtime.run(spec.output_names(), {t.name: inputs[t.name] for t in spec.inputs})))
     if fmt in (Format.TS_TRACE, Format.TS_SCRIPT):

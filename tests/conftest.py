@@ -89,3 +89,41 @@ def run_flow(tmp_path: Path, request) -> tuple[Path, "pd.DataFrame", str]:
     manifest = json.loads((run / "manifest.json").read_text())
     assert manifest["status"] == "completed", manifest["error"]
     return run, pd.read_parquet(run / "results.parquet"), (run / "report.md").read_text()
+
+
+def _service(name: str, context):
+    """A system service as a session fixture: its environment set while the session runs, skipped with the reason
+    when it cannot run here."""
+    from services import Unavailable
+
+    try:
+        value = context.__enter__()
+    except Unavailable as why:
+        pytest.skip(f"{name}: {why}")
+    saved = {k: os.environ.get(k) for k in value} if isinstance(value, dict) else {}
+    os.environ.update(value if isinstance(value, dict) else {})
+    try:
+        yield value
+    finally:
+        for key, old in saved.items():
+            if old is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = old
+        context.__exit__(None, None, None)
+
+
+@pytest.fixture(scope="session")
+def docker_env():
+    """A reachable Docker daemon: {} for the machine's own, else DOCKER_HOST of one this session started."""
+    from services import docker_daemon
+
+    yield from _service("docker", docker_daemon())
+
+
+@pytest.fixture(scope="session")
+def postgres_url():
+    """The SQLAlchemy URL of a PostgreSQL server this session started."""
+    from services import postgres_server
+
+    yield from _service("postgresql", postgres_server())

@@ -24,6 +24,13 @@ runner = CliRunner()
     (["run", "dlrm", "--option", "threshold"], "error: cannot read option 'threshold': use NAME=VALUE"),
     (["run", "dlrm", "--option", "memory_threshold_gb=-1"], "error: option memory_threshold_gb must be a number of GB >= 0"),
     (["run", "widedeep", "--online-batch-size", "100000"], "error: online batch size 100000 is above max_batch_size"),
+    (["run", "resnet50", "--trt-shape", "x:1,2"], "error: cannot read --trt-shape (NAME:MIN,OPT,MAX) 'x:1,2'"),
+    (["run", "resnet50", "--trt-shape", "x:1xa,2,3"], "error: cannot read --trt-shape (NAME:MIN,OPT,MAX) 'x:1xa,2,3'"),
+    (["run", "resnet50", "--formats", "onnx,trt", "--trt-shape", "input__0:3x8x8,3x16x16,3x32x32"],
+     "error: --trt-shape input__0: the input has no dynamic dim"),
+    (["run", "resnet50", "--trt-shape", "input__0:1,2,3"], "error: --trt-shape shapes TensorRT's optimisation profile"),
+    (["run", "resnet50", "--calibration-samples", "0"],
+     "error: invalid option: calibration_samples: Input should be greater than or equal to 1"),
     (["search", "nosuch"], "error: unknown model 'nosuch'"),
     (["search", "resnet50", "--p99-budget-ms", "5", "--throughput-floor", "10"], "error: give a p99 budget or a throughput floor, not both"),
     (["search", "resnet50", "--preferred", "most"], "error: invalid option: preferred: Value error, unknown preferred batch size rule 'most'"),
@@ -64,3 +71,10 @@ def test_named_values_keep_colons_in_names():
     from tbench.cli import _dims, parse_named
 
     assert parse_named(["serving:0:3,224,224", "ids:128"], "shape", _dims) == {"serving:0": [3, 224, 224], "ids": [128]}
+
+
+def test_trt_shapes_read_min_opt_max_with_dims_joined_by_x():
+    from tbench.cli import _shape_range, parse_named
+
+    assert parse_named(["ids:16,128,512", "mel:80x16,80x400,80x1000"], "--trt-shape", _shape_range) == {
+        "ids": [[16], [128], [512]], "mel": [[80, 16], [80, 400], [80, 1000]]}

@@ -137,3 +137,59 @@ def test_a_remote_run_names_its_triton_models_its_own_way():
     assert plain_name(ensemble) == "dlrm" and plain_name(part) == "dlrm_dense" and plain_name("resnet50") == "resnet50"
     local = BenchmarkRequest(model="resnet50", formats=["onnx", "ts-trace"], serve_formats=["all"]).resolve(False)
     assert local.triton_suffix == "" and local.triton_name(Format.ONNX) == "resnet50_onnx"  # a private server: plain
+
+
+@pytest.fixture(scope="module")
+def dynamic_onnx(tmp_path_factory):
+    """An ONNX file whose inputs have a dynamic sequence dim: features [B, S, 8], ids [B, S]."""
+    import torch
+
+    class Tagger(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed, self.proj = torch.nn.Embedding(16, 8), torch.nn.Linear(8, 4)
+
+        def forward(self, features, ids):
+            return self.proj(features + self.embed(ids)).mean(dim=1)
+
+    path = tmp_path_factory.mktemp("onnx") / "tagger.onnx"
+    torch.onnx.export(Tagger().eval(), (torch.randn(2, 5, 8), torch.randint(0, 16, (2, 5))), str(path), dynamo=False,
+                      input_names=["features", "ids"], output_names=["pooled"],
+                      dynamic_axes={"features": {0: "B", 1: "S"}, "ids": {0: "B", 1: "S"}, "pooled": {0: "B"}})
+    return str(path)
+
+
+def test_trt_shapes_are_checked_against_the_io_spec_and_kept(dynamic_onnx):
+    shapes = {"features": [[4, 8], [64, 8], [256, 8]], "ids": [[4], [64], [256]]}
+    r = BenchmarkRequest(model_file=dynamic_onnx, formats=["onnx", "trt"], trt_shapes=shapes).resolve(has_gpu=False)
+    assert r.trt_shapes == shapes and r.calibration_samples is None
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"trt_shapes": {"ids": [[4], [64], [256]]}},
+     "--trt-shape shapes TensorRT's optimisation profile; this run builds no trt"),
+    ({"formats": ["onnx", "trt"], "trt_shapes": {"tokens": [[4], [64], [256]]}}, "--trt-shape tokens: no such input; "
+                                                                                 "the inputs are features, ids"),
+    ({"formats": ["onnx", "trt"], "trt_shapes": {"features": [[4, 8], [64, 9], [256, 8]]}},
+     r"--trt-shape features: axis 2 is static \(8\); give 8 in MIN, OPT and MAX"),
+    ({"formats": ["onnx", "trt"], "trt_shapes": {"ids": [[64], [4], [256]]}},
+     "--trt-shape ids: axis 1 needs 1 <= MIN <= OPT"),
+    ({"formats": ["trt"], "server": "local", "precision": "int8", "batch_sizes": [1, 8, 32], "max_batch_size": 64,
+      "calibration_samples": 16}, r"a calibration set of 16 samples is less than one calibration batch \(32,"),
+])
+def test_impossible_tensorrt_options_fail_with_one_clear_line(dynamic_onnx, kwargs, message):
+    with pytest.raises(ConfigError, match=message) as err:
+        BenchmarkRequest(model_file=dynamic_onnx, **kwargs).resolve(has_gpu=True)
+    assert "\n" not in str(err.value)
+
+
+def test_an_ensemble_takes_no_trt_shapes():
+    with pytest.raises(ConfigError, match="--trt-shape: model 'dlrm' is an ensemble"):
+        BenchmarkRequest(model="dlrm", size="tiny", trt_shapes={"x": [[1], [2], [3]]}).resolve(has_gpu=True)
+
+
+def test_calibration_samples_must_be_positive():
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="calibration_samples"):
+        BenchmarkRequest(calibration_samples=0)

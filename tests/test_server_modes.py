@@ -13,23 +13,52 @@ def fixed_ports(server):
     return server
 
 
-def test_docker_run_command_line(tmp_path):
+def test_docker_run_command_line_on_the_host_network(tmp_path):
+    """The guides' way: the host's network and IPC namespace; the server listens on 127.0.0.1 and our ports."""
     server = fixed_ports(DockerServer(tmp_path / "repo", tmp_path / "s.log", image="nvcr.io/nvidia/tritonserver:24.10-py3",
-                                      gpus="0,1", shm_size="2g"))
+                                      gpus="0,1"))
     server.container = "tbench-triton-test"
     assert server.argv() == [
-        "docker", "run", "--rm", "--name", "tbench-triton-test", "--shm-size=2g",
-        "--ulimit", "memlock=-1", "--ulimit", "stack=67108864", "--gpus", '"device=0,1"',
-        "-p", "127.0.0.1:18000:8000", "-p", "127.0.0.1:18001:8001", "-p", "127.0.0.1:18002:8002",
-        "-v", f"{(tmp_path / 'repo').resolve()}:/models:ro", "nvcr.io/nvidia/tritonserver:24.10-py3", "tritonserver",
-        "--model-repository=/models", "--allow-gpu-metrics=true",
-        "--http-address=0.0.0.0", "--http-port=8000", "--grpc-address=0.0.0.0", "--grpc-port=8001",
-        "--metrics-address=0.0.0.0", "--metrics-port=8002", "--model-control-mode=explicit", "--load-model=*",
+        "docker", "run", "--rm", "--name", "tbench-triton-test", "--ipc=host",
+        "--ulimit", "memlock=-1", "--ulimit", "stack=67108864", "--pid=host", "--gpus", '"device=0,1"',
+        "--network=host", "-v", f"{(tmp_path / 'repo').resolve()}:/models:ro", "nvcr.io/nvidia/tritonserver:24.10-py3",
+        "tritonserver", "--model-repository=/models", "--allow-gpu-metrics=true",
+        "--http-address=127.0.0.1", "--http-port=18000", "--grpc-address=127.0.0.1", "--grpc-port=18001",
+        "--metrics-address=127.0.0.1", "--metrics-port=18002", "--model-control-mode=explicit", "--load-model=*",
         "--exit-on-error=true", "--strict-readiness=true", "--log-verbose=0",
     ]
     assert server.stop_argv(30) == ["docker", "stop", "-t", "30", "tbench-triton-test"]
     assert server.backends_argv() == ["docker", "run", "--rm", "--entrypoint", "ls",
                                       "nvcr.io/nvidia/tritonserver:24.10-py3", "/opt/tritonserver/backends"]
+
+
+def test_docker_run_command_line_on_a_bridge_publishes_on_loopback(tmp_path):
+    server = fixed_ports(DockerServer(tmp_path / "repo", tmp_path / "s.log", image="img:1", gpus=None,
+                                      network="bridge", ulimits=[]))
+    server.container = "tbench-triton-test"
+    assert server.argv() == [
+        "docker", "run", "--rm", "--name", "tbench-triton-test", "--ipc=host",
+        "-p", "127.0.0.1:18000:8000", "-p", "127.0.0.1:18001:8001", "-p", "127.0.0.1:18002:8002",
+        "-v", f"{(tmp_path / 'repo').resolve()}:/models:ro", "img:1", "tritonserver",
+        "--model-repository=/models", "--allow-gpu-metrics=true",
+        "--http-address=0.0.0.0", "--http-port=8000", "--grpc-address=0.0.0.0", "--grpc-port=8001",
+        "--metrics-address=0.0.0.0", "--metrics-port=8002", "--model-control-mode=explicit", "--load-model=*",
+        "--exit-on-error=true", "--strict-readiness=true", "--log-verbose=0",
+    ]
+
+
+def test_docker_refuses_an_unknown_network(tmp_path):
+    with pytest.raises(ServerStartError, match="unknown network 'overlay'"):
+        DockerServer(tmp_path, tmp_path / "s.log", network="overlay")
+
+
+def test_docker_options_of_a_request_reach_the_command_line(tmp_path):
+    from flows.benchmark import server_options
+    from tbench.request import BenchmarkRequest
+
+    options = server_options(BenchmarkRequest(server="docker", gpus="none", docker_network="bridge", docker_ulimits=[]))
+    argv = make_server("docker", tmp_path, tmp_path / "s.log", **options).argv()
+    assert "-p" in argv and "--ulimit" not in argv and "--gpus" not in argv and "--pid=host" not in argv
 
 
 def test_docker_without_gpus_and_with_all_gpus(tmp_path):

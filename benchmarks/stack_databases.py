@@ -1,0 +1,79 @@
+"""The local stack on SQLite beside the same stack on PostgreSQL: start-up and deployment runs, timed alike.
+
+For each database: `Stack.up()` (Prefect server, moto's S3 server, pools, deployments, the cpu pool's process worker),
+then `--runs` small ResNet-50 runs submitted through the API one after the other, each timed from the API call to
+RUNNING and to the end, then `down()`. PostgreSQL is a throwaway cluster started as the tests start it
+(tests/services.py: Debian's server binaries, as root through the postgres user). Writes
+benchmarks/results/stack_databases.json, whole, with its provenance.
+
+Usage: .venv/bin/python benchmarks/stack_databases.py [--runs 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from tbench.stack import Stack
+
+from provenance import RESULTS, recorded
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from services import postgres_server  # noqa: E402  (the tests' way of starting PostgreSQL)
+
+PARAMETERS = {"request": {"model": "resnet50", "size": "small", "formats": ["onnx"], "batch_sizes": [1, 4],
+                          "concurrency": [2], "measurement": {"stability_percentage": 50}}}
+
+
+def one_stack(database_url: str | None, n_runs: int) -> dict:
+    stack = Stack(root=Path(tempfile.mkdtemp(prefix="tbench-stack-")), database_url=database_url)
+    t0 = time.monotonic()
+    stack.up()
+    up_s = time.monotonic() - t0
+    saved = dict(os.environ)
+    os.environ.update(stack.client_env())
+    from tbench.submit import follow, submit
+
+    runs = []
+    try:
+        for _ in range(n_runs):
+            started = time.monotonic()
+            run_id = submit("triton-benchmark/benchmark-cpu", PARAMETERS)
+            result = follow(run_id, lambda line: None, timeout_s=900, poll_s=0.2, submitted_at=started)
+            runs.append({"state": result.state, "to_running_s": round(result.seconds_to_running, 2),
+                         "total_s": round(time.monotonic() - started, 1)})
+    finally:
+        t1 = time.monotonic()
+        stack.down()
+        down_s = time.monotonic() - t1
+        os.environ.clear()
+        os.environ.update(saved)
+    return {"stack_up_s": round(up_s, 1), "stack_down_s": round(down_s, 1), "runs": runs,
+            "to_running_median_s": statistics.median(r["to_running_s"] for r in runs),
+            "total_median_s": statistics.median(r["total_s"] for r in runs)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--runs", type=int, default=2)
+    args = parser.parse_args()
+    with recorded(RESULTS / "stack_databases.json", model_sizes=["resnet50 small"]) as record:
+        out = {"parameters": PARAMETERS, "sqlite": one_stack(None, args.runs)}
+        with postgres_server() as url:
+            out["postgresql"] = one_stack(url, args.runs)
+        for key in ("stack_up_s", "total_median_s"):
+            out[f"{key}_ratio_postgresql_to_sqlite"] = round(out["postgresql"][key] / out["sqlite"][key], 2)
+        record.update(out)
+        for db in ("sqlite", "postgresql"):
+            r = out[db]
+            print(f"{db}: up {r['stack_up_s']} s, trigger to running {r['to_running_median_s']} s, "
+                  f"run {r['total_median_s']} s (median of {len(r['runs'])})")
+
+
+if __name__ == "__main__":
+    main()

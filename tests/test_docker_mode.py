@@ -1,0 +1,101 @@
+"""`--server docker` for real: a Docker daemon (the machine's, or one the session starts as root), a Triton image built
+from this machine's files (infra/build_cpu_image.py: the embedded tritonserver at NGC's paths), the model repository
+mounted read-only, perf_analyzer's system shared memory across the container boundary, and the container removed
+after a normal run, a failed model load and a killed CLI."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+
+import pandas as pd
+import psutil
+import pytest
+from tritonclient.grpc import InferenceServerClient
+
+from tasks.repository import ServingConfig, write_repository
+from tasks.server import DockerServer
+from tbench import procs
+from tbench.errors import ServerStartError
+from test_faults import SWEEP, CliRun, leftovers
+
+pytestmark = pytest.mark.e2e
+
+# this sandbox's daemon cannot raise memlock past the host's limit: no ulimits (NGC's are the default elsewhere)
+DOCKER_ARGS = ["--server", "docker", "--gpus", "none", "--docker-ulimit", "none"]
+
+
+@pytest.fixture(scope="module")
+def image(docker_env):
+    from services import cpu_image
+
+    return cpu_image(docker_env)
+
+
+def containers() -> set[str]:
+    done = subprocess.run(["docker", "ps", "--all", "--filter", "name=tbench-triton-", "--format", "{{.Names}}"],
+                          capture_output=True, text=True, check=True)
+    return set(done.stdout.split())
+
+
+def test_a_docker_run_measures_offline_through_shared_memory_and_removes_its_container(image, tmp_path):
+    before = containers()
+    run = CliRun([*SWEEP[:5], "--scenarios", "offline,online", "--batch-sizes", "1,4", "--concurrency", "1,2",
+                  "--window-s", "0.5", *DOCKER_ARGS, "--docker-image", image], tmp_path / "runs")
+    assert run.finish(timeout=600) == 0, run.output
+    run_dir = run.run_dir()
+    results = pd.read_parquet(run_dir / "results.parquet")
+    offline = results[results["scenario"] == "offline"]
+    assert set(offline["status"]) == {"ok"} and set(offline["shared_memory"]) == {"system"}, offline
+    assert set(results[results["scenario"] == "online"]["status"]) <= {"ok", "unstable"}
+    assert (offline["server_cpu_pct"] > 0).all()  # read from the container's processes, as this host sees them
+    argv = (run_dir / "logs" / "tritonserver.log").read_text().splitlines()[0]
+    assert argv.startswith("$ docker run --rm --name tbench-triton-") and "--ipc=host" in argv
+    assert "--network=host" in argv and "--http-address=127.0.0.1" in argv and f"{run_dir}/model_repository:/models:ro" in argv
+    assert json.loads((run_dir / "manifest.json").read_text())["status"] == "completed"
+    assert containers() == before and not leftovers(run_dir)
+
+
+def test_bridge_networking_publishes_the_ports_on_loopback_only(image, small_artifacts, tmp_path):
+    write_repository(tmp_path / "repo", ServingConfig("resnet50", 8, [8], 100, 1), small_artifacts[0])
+    server = DockerServer(tmp_path / "repo", tmp_path / "server.log", image=image, gpus=None, network="bridge",
+                          ulimits=[], start_timeout_s=120)
+    before = containers()
+    try:
+        endpoints = server.start()
+        assert server.container in containers()
+        listening = {c.laddr for c in psutil.net_connections("tcp") if c.status == psutil.CONN_LISTEN
+                     and c.laddr.port in server.ports.values()}
+        assert {a.port for a in listening} == set(server.ports.values()) and {a.ip for a in listening} == {"127.0.0.1"}
+        with InferenceServerClient(endpoints.grpc_url) as client:
+            assert client.is_model_ready("resnet50")
+        assert server.processes()  # the container's tritonserver and python stub
+    finally:
+        server.stop()
+    assert containers() == before
+
+
+def test_a_model_that_fails_to_load_stops_and_removes_the_container(image, small_artifacts, tmp_path):
+    model_dir = write_repository(tmp_path / "repo", ServingConfig("resnet50", 8, [8], 100, 1), small_artifacts[0])
+    (model_dir / "1" / "model.onnx").write_bytes(b"this is not an onnx file")
+    before = containers()
+    server = DockerServer(tmp_path / "repo", tmp_path / "server.log", image=image, gpus=None, ulimits=[],
+                          start_timeout_s=120)
+    with pytest.raises(ServerStartError) as err:
+        server.start()
+    assert "\n" not in str(err.value) and "resnet50" in str(err.value)
+    assert containers() == before and server.proc is None
+
+
+def test_a_killed_cli_leaves_a_container_that_the_next_run_removes_with_its_shared_memory(image, tmp_path):
+    before = containers()
+    run = CliRun([*SWEEP, *DOCKER_ARGS, "--docker-image", image], tmp_path / "runs")
+    run.wait_for("offline batch")
+    run.signal_group(signal.SIGKILL)  # nothing in the CLI can clean up; the `docker run` client is in its own session
+    run.finish(timeout=60)
+    left = containers() - before
+    assert len(left) == 1, left  # killing the client does not stop its container
+    reaped = procs.reap_orphans()  # what every run does first
+    assert any(f"container {next(iter(left))}" in line for line in reaped), reaped
+    assert containers() == before and not leftovers(run.run_dir())
