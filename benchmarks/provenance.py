@@ -45,6 +45,7 @@ FIELDS = ("command", "commit", "dirty", "machine", "started", "ended", "wall_s",
 COMMANDS = {
     "deployment_latency.json": ".venv/bin/python benchmarks/deployment_latency.py --size small --runs 3",
     "default_runs.json": ".venv/bin/python benchmarks/default_runs.py",
+    "gpu_check.json": ".venv/bin/python benchmarks/gpu_check.py",
     "rerun_savings.json": ".venv/bin/python benchmarks/rerun_savings.py --model resnet50 --size small",
     "search_real.json": ".venv/bin/python benchmarks/search.py --part real --size small --concurrency 8",
     "search_simulated.json": ".venv/bin/python benchmarks/search.py --part simulated",

@@ -30,7 +30,8 @@ from tbench.enums import Format, Scenario
 from tbench.pools import check_worker_hardware
 from tbench.precision import results_precision
 from tbench.errors import PerfAnalyzerError
-from tbench.request import BenchmarkRequest, adapter_for, plain_name
+from tbench.request import PYTHON_BACKEND_RUNTIMES, BenchmarkRequest, adapter_for, plain_name
+from tbench.serving import ServedOn, combined, confirmed, device_reports, pinned_env, served_on
 from tbench.run import COMPLETED_WITH_FAILURES, FAILED, STATE_COMPLETED_WITH_FAILURES, RunTracker
 
 
@@ -76,16 +77,19 @@ def _benchmark(req, hardware, adapter, tracker: RunTracker) -> str:
         composing = [(req.part_name(p.part.name), arts[0]) for p, arts in zip(parts, part_artifacts)]
         with tracker.stage("server"):  # what the server can run decides how the repository serves each format
             server = make_server(req.server, layout.repository_dir, layout.server_log, http_port=req.http_port,
-                                 grpc_port=req.grpc_port, url=req.server_url, **server_options(req))
+                                 grpc_port=req.grpc_port, url=req.server_url, **server_options(req, hardware))
             backends = server.backends()
             native = {a.format: serves_natively(a.format, backends) for a in served + [a for _, a in composing]}
+            # where each Triton model will run (tbench/serving.py), confirmed once the server has loaded them
+            models = {req.triton_name(a.format): a for a in served} | dict(composing)
+            devices = plan_devices(req, hardware, {name: (a.format, native[a.format]) for name, a in models.items()})
         tracker.served_by = {a.format.value: backend_label(a.format, native[a.format]) for a in served}
         if composing:
             tracker.served_by[Format.ENSEMBLE.value] = "ensemble of " + ", ".join(
                 f"{plain_name(name)} ({backend_label(a.format, native[a.format])})" for name, a in composing)
         # what each Triton model is served with: (config, artifact, native); an ensemble's batching is its parts'
-        configs = ([(serving_config(req, hardware, a.format), a, native[a.format]) for a in served]
-                   + [(serving_config(req, hardware, a.format, name), a, native[a.format]) for name, a in composing])
+        configs = [(serving_config(req, hardware, a.format, devices[name], name), a, native[a.format])
+                   for name, a in models.items()]
         with tracker.stage("repository"):
             for cfg, artifact, is_native in configs:
                 repository_task(layout.repository_dir, cfg, artifact, is_native)
@@ -95,6 +99,8 @@ def _benchmark(req, hardware, adapter, tracker: RunTracker) -> str:
             offline_configs = write_offline_configs(layout.offline_configs_dir, configs) if Scenario.OFFLINE in req.scenarios else {}
         with tracker.stage("server-start"):
             server_task(server)
+            devices = confirm_devices(devices, server, hardware)
+            by_format = {a.format: devices[name] for name, a in models.items()}
         # what Triton serves, as (format, io spec): each served format, or the ensemble over the composing models
         measured = [(a.format, a.io_spec) for a in served] + ([(Format.ENSEMBLE, adapter.io_spec())] if composing else [])
         for fmt, _ in measured:
@@ -109,19 +115,22 @@ def _benchmark(req, hardware, adapter, tracker: RunTracker) -> str:
         for fmt, spec in measured:
             name = req.triton_name(fmt)
             model_format = fmt.label if fmt is not Format.ENSEMBLE else f"{fmt.label} ({' + '.join(a.format.label for _, a in composing)})"
-            static = {"model": req.model, "model_size": req.size, "gpu": hardware.gpu_label, "format": fmt.value,
-                      "backend": tracker.served_by[fmt.value], "model_format": model_format,
-                      "backend_accelerator": accelerator_label(req, hardware, fmt, native),
-                      "precision": results_precision(  # what ran (tbench/precision.py), not what was asked
-                          [a for a in served if a.format is fmt] or [a for _, a in composing], req.precision,
-                          lambda f: accelerator_label(req, hardware, f, native)),
-                      "max_batch_size": req.max_batch_size, "model_instances": req.model_instances}
             # the models behind this one: itself, or an ensemble's composing models
             behind = [n for n, _ in composing] if fmt is Format.ENSEMBLE else [name]
+            device = combined({plain_name(n): devices[n] for n in behind})  # the results name no GPU it did not use
+            tracker.served_on[fmt.value] = device.model_dump()
+            static = {"model": req.model, "model_size": req.size, "gpu": device.label, "format": fmt.value,
+                      "backend": tracker.served_by[fmt.value], "model_format": model_format,
+                      "backend_accelerator": accelerator_label(req, hardware, fmt, native, device),
+                      "precision": results_precision(  # what ran (tbench/precision.py), not what was asked
+                          [a for a in served if a.format is fmt] or [a for _, a in composing], req.precision,
+                          lambda f: accelerator_label(req, hardware, f, native, by_format[f])),
+                      "max_batch_size": req.max_batch_size, "model_instances": req.model_instances}
             for scenario in req.scenarios:
                 key = f"perf-{scenario.value}-{fmt.value}"
                 offline = scenario is Scenario.OFFLINE
-                served_as = serving_config(req, hardware, fmt).static() if offline else serving_config(req, hardware, fmt)
+                served_as = serving_config(req, hardware, fmt, device)
+                served_as = served_as.static() if offline else served_as
                 batching = {"batching": served_as.batching, "max_queue_delay_us": served_as.queue_delay_us}
                 with tracker.stage(key), configs_loaded(server, {n: offline_configs[n] for n in behind} if offline else {}):
                     points = plan_points([scenario], req.batch_sizes, req.concurrency, req.request_rates,
@@ -129,9 +138,10 @@ def _benchmark(req, hardware, adapter, tracker: RunTracker) -> str:
                     perf_task(scenario, points,
                               model=name, grpc_url=server.endpoints.grpc_url, spec=spec, m=req.measurement,
                               layout=layout, static={**static, **batching}, on_row=lambda t, k=key: tracker.save_points(k, t),
+                              gpu_env=pinned_env(req.server, hardware),  # perf_analyzer's CUDA memory: the server's GPU
                               server_alive=server.alive, inputs=perf_inputs, on_composing=tracker.save_composing,
                               monitor=PointMonitor(server.endpoints.grpc_url, name, server.processes,
-                                                   server.endpoints.metrics_url, gpu=hardware.has_gpu),
+                                                   server.endpoints.metrics_url, gpu_uuids=device.gpu_uuids),
                               cache=cache.for_model(static) if cache else None)
     except BaseException as err:
         _finish(tracker, req, hardware, server, error=err)
@@ -144,18 +154,36 @@ def _benchmark(req, hardware, adapter, tracker: RunTracker) -> str:
     return url
 
 
-def accelerator_label(req, hardware, fmt, native: dict) -> str:
+def accelerator_label(req, hardware, fmt, native: dict, device: ServedOn) -> str:
     """The results' backend_accelerator: what the served config applies (nothing through the python runtime)."""
-    applied = fmt in native and serving_config(req, hardware, fmt).applied_accelerator(native[fmt])
+    applied = fmt in native and serving_config(req, hardware, fmt, device).applied_accelerator(native[fmt])
     return ACCELERATOR_LABELS.get(applied, applied) if applied else ""
 
 
-def serving_config(req, hardware, fmt, name: str | None = None) -> ServingConfig:
+def serving_config(req, hardware, fmt, device: ServedOn, name: str | None = None) -> ServingConfig:
+    """`device`: where the model runs (tbench.serving.served_on), which decides its instance kind."""
     return ServingConfig(name=name or req.triton_name(fmt), accelerator=req.accelerators.get(fmt.value),
                          precision=req.precision.value.upper(), max_batch_size=req.max_batch_size, preferred_batch_sizes=req.preferred_batch_sizes,
-                         max_queue_delay_us=req.max_queue_delay_us, instances=req.model_instances,
-                         kind="KIND_GPU" if hardware.has_gpu else "KIND_CPU",
+                         max_queue_delay_us=req.max_queue_delay_us, instances=req.model_instances, kind=device.kind,
                          intra_op_threads=max(1, hardware.cpu_cores // req.model_instances))
+
+
+def plan_devices(req, hardware, models: dict[str, tuple[Format, bool]]) -> dict[str, ServedOn]:
+    """{Triton model name: where it will run}, from (format, served natively) per model: a python-backend model runs
+    on the GPU only where its runtime has CUDA here (tbench.doctor.cuda_runtimes)."""
+    from tbench.doctor import cuda_runtimes
+
+    runtimes = {name: None if is_native else PYTHON_BACKEND_RUNTIMES[fmt] for name, (fmt, is_native) in models.items()}
+    cuda = cuda_runtimes({r for r in runtimes.values() if r}) if hardware.has_gpu else set()
+    return {name: served_on(req.server, hardware, runtime, cuda, req.gpus) for name, runtime in runtimes.items()}
+
+
+def confirm_devices(devices: dict[str, ServedOn], server, hardware) -> dict[str, ServedOn]:
+    """The plan, checked against what the python backend's instances report in the server log (a remote server's
+    log is not ours: its plan stands)."""
+    log = Path(server.log_path)
+    reports = device_reports(log.read_text(errors="replace")) if log.is_file() else {}
+    return {name: confirmed(device, reports.get(name, []), hardware) for name, device in devices.items()}
 
 
 def point_cache(req, hardware, server: dict, artifacts, perf_inputs) -> PointCache:
@@ -190,11 +218,14 @@ def adapter_notes(req) -> list[str]:
         return [f"(the model's notes could not be written: {err})", ""]
 
 
-def server_options(req) -> dict:
-    """The mode-specific options a request carries, for make_server."""
+def server_options(req, hardware=None) -> dict:
+    """The mode-specific options a request carries, for make_server; with the hardware, the embedded and local
+    servers' view of the GPUs: the run's GPU only (tbench.serving.pinned_env)."""
     options = {"local": {"binary": req.tritonserver, "backend_dir": Path(req.backend_dir) if req.backend_dir else None},
                "docker": {"image": req.docker_image, "gpus": req.gpus, "network": req.docker_network,
                           "ulimits": req.docker_ulimits}}.get(req.server, {})
+    if hardware is not None and (gpu_env := pinned_env(req.server, hardware)):
+        options["gpu_env"] = gpu_env
     return {k: v for k, v in options.items() if v is not None}
 
 
@@ -202,6 +233,7 @@ def _finish(tracker: RunTracker, req, hardware, server, error: BaseException | N
     """Stop the server, then report and store whatever the run has (flows/lifecycle.py: finishing)."""
     layout = tracker.layout
     manifest = {"request": req.model_dump(mode="json"), "hardware": hardware.model_dump(),
+                "served_on": tracker.served_on,  # per measured format: the results' gpu label, and why
                 "artifact_url": run_url(req.output, layout.run_id), "local_dir": str(layout.run_dir)}
     with finishing(tracker, error, manifest) as end:
         if server is not None:
@@ -216,7 +248,8 @@ def _finish(tracker: RunTracker, req, hardware, server, error: BaseException | N
         with tracker.stage("report"):
             report_task(layout.report_md, tracker.results, run_id=layout.run_id, request=req, hardware=hardware,
                         correctness=tracker.correctness, accuracy=tracker.accuracy, summary=summary,
-                        served_by=tracker.served_by, composing=tracker.composing, model_notes=adapter_notes(req),
+                        served_by=tracker.served_by, served_on=tracker.served_on, composing=tracker.composing,
+                        model_notes=adapter_notes(req),
                         stage_seconds=dict(tracker.stage_seconds), plots_dir=layout.plots_dir,
                         status=tracker.status, error=tracker.error or tracker.status_line, comparison_lines=comparison_lines)
         tracker.release_logs()

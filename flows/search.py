@@ -14,7 +14,7 @@ from prefect import flow
 from prefect.artifacts import create_markdown_artifact
 from pydantic import BaseModel, Field
 
-from flows.benchmark import request_from_argv, server_options
+from flows.benchmark import plan_devices, request_from_argv, server_options
 from flows.lifecycle import finishing, run_lifecycle
 from tasks.correctness import correctness_task, require_passed
 from tasks.export import ConversionOptions, export_task
@@ -32,6 +32,7 @@ from tbench.pools import check_worker_hardware
 from tbench.precision import refusal
 from tbench.request import DEFAULT_TOLERANCES, BenchmarkRequest, adapter_for
 from tbench.run import RunTracker
+from tbench.serving import combined, pinned_env
 from tbench.search import Candidate, Checkpoint, Objective, SearchSpace
 
 CHECKPOINT = "search.jsonl"
@@ -146,7 +147,7 @@ def search_flow(request: BenchmarkRequest = BenchmarkRequest(), search: SearchRe
         if resume is not None:  # the new run starts from a copy: the interrupted run's folder stays as it was
             shutil.copyfile(resume, checkpoint.path)
             shutil.copyfile(resume.with_name(CONTEXT), layout.run_dir / CONTEXT)
-        server, result = None, None
+        server, result, device = None, None, None
         concurrency = search.concurrency or max(req.concurrency)
         try:
             with tracker.stage("export"):
@@ -169,9 +170,13 @@ def search_flow(request: BenchmarkRequest = BenchmarkRequest(), search: SearchRe
                 perf_inputs = prepare_inputs(adapter, module, layout.run_dir / "perf_input.json")
             with tracker.stage("server"):
                 server = make_server(req.server, layout.repository_dir, layout.server_log, http_port=req.http_port,
-                                     grpc_port=req.grpc_port, url=req.server_url, **search_server_options(req))
+                                     grpc_port=req.grpc_port, url=req.server_url,
+                                     **search_server_options(req, hardware))
                 backends = server.backends()
                 variants = {entry: ServedVariant(artifacts[key], serves_natively(key[0], backends)) for entry, key in plan.items()}
+                # one instance kind for every candidate: the GPU only where every variant runs there
+                served = {e: (v.artifact.format, v.native) for e, v in variants.items()}
+                device = combined(plan_devices(req, hardware, served))
             with tracker.stage("server-start"):
                 server_task(server)
                 context["server"] = server.identity()
@@ -182,7 +187,8 @@ def search_flow(request: BenchmarkRequest = BenchmarkRequest(), search: SearchRe
                                         name=req.model + req.triton_suffix,  # a remote run's own name
                                         concurrency=concurrency, measurement=req.measurement, work_dir=layout.run_dir / "search",
                                         inputs=perf_inputs, online_batch_size=req.online_batch_size,
-                                        kind="KIND_GPU" if hardware.has_gpu else "KIND_CPU", cpu_cores=hardware.cpu_cores)
+                                        kind=device.kind, cpu_cores=hardware.cpu_cores,
+                                        gpu_env=pinned_env(req.server, hardware))
             start = Candidate(instances=req.model_instances, max_batch_size=req.max_batch_size,
                               preferred_batch_sizes=tuple(req.preferred_batch_sizes), queue_delay_us=req.max_queue_delay_us,
                               format=search.space.formats[0])
@@ -190,14 +196,14 @@ def search_flow(request: BenchmarkRequest = BenchmarkRequest(), search: SearchRe
                 result = search_task(search.strategy, search.space, search.objective, evaluator, checkpoint,
                                      budget_fraction=search.budget_fraction, start=start, label=layout.run_id)
         except BaseException as err:
-            _finish(tracker, req, search, hardware, server, result, concurrency, error=err)
+            _finish(tracker, req, search, hardware, server, result, concurrency, device, error=err)
             raise
-        return _finish(tracker, req, search, hardware, server, result, concurrency)
+        return _finish(tracker, req, search, hardware, server, result, concurrency, device)
 
 
-def search_server_options(req) -> dict:
+def search_server_options(req, hardware=None) -> dict:
     """The benchmark's server options, in explicit model-control mode (a remote server is explicit already)."""
-    options = server_options(req)
+    options = server_options(req, hardware)
     return options if req.server == "remote" else {**options, "model_control": "explicit"}
 
 
@@ -216,7 +222,7 @@ def write_search_files(layout: RunLayout, result, title: str) -> str:
 
 
 def _finish(tracker: RunTracker, req, search: SearchRequest, hardware, server, result, concurrency: int,
-            error: BaseException | None = None) -> str:
+            device=None, error: BaseException | None = None) -> str:
     """Stop the server, write what the search found (whatever it got to) and store the run folder
     (flows/lifecycle.py: finishing)."""
     layout = tracker.layout
@@ -232,7 +238,8 @@ def _finish(tracker: RunTracker, req, search: SearchRequest, hardware, server, r
                 result = partial_result(layout, search)
             if result is not None:
                 text = write_search_files(layout, result, f"Configuration search: {req.model} ({req.size}), "
-                                                          f"concurrency {concurrency}, {hardware.gpu_label}")
+                                                          f"concurrency {concurrency}, "
+                                                          f"{device.label if device else hardware.gpu_label}")
                 create_markdown_artifact(text, key=artifact_key(f"search-report-{req.model}"),
                                          description="Configuration search result (the plot is in the run folder)")
         tracker.release_logs()

@@ -8,6 +8,7 @@ import re
 import threading
 import time
 import urllib.request
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -20,8 +21,12 @@ STAT_FIELDS = {"queue": "triton_queue_ms", "compute_input": "triton_compute_inpu
 CHECKED_AGAINST = {"triton_queue_ms": "server_queue_ms", "triton_compute_input_ms": "server_compute_input_ms",
                    "triton_compute_infer_ms": "server_compute_infer_ms", "triton_compute_output_ms": "server_compute_output_ms"}
 GPU_METRICS = {"nv_gpu_utilization": "gpu_util_pct", "nv_gpu_memory_used_bytes": "gpu_mem_mb", "nv_gpu_power_usage": "gpu_power_w"}
+# Triton's per-GPU families (DCGM, one series per GPU, labelled gpu_uuid); only the GPUs serving the model are read
+GPU_FAMILIES = ("nv_gpu_utilization", "nv_gpu_memory_total_bytes", "nv_gpu_memory_used_bytes", "nv_gpu_power_usage",
+                "nv_gpu_power_limit", "nv_energy_consumption")
 
-_METRIC_LINE = re.compile(r'^(\w+)\{([^}]*)\}\s+([0-9.eE+-]+)$')
+_METRIC_LINE = re.compile(r'^(\w+)\{([^}]*)\}\s+(\S+)$')
+_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 
 
 def model_statistics(client, model: str) -> dict[str, int]:
@@ -58,21 +63,40 @@ def cross_check(row: dict) -> float:
     return max(diffs) if diffs else float("nan")
 
 
-def parse_gpu_metrics(text: str) -> dict[str, float]:
-    """Triton's Prometheus text -> GPU utilisation (%), memory used (MB) and power (W), summed over GPUs (utilisation
-    averaged)."""
-    values: dict[str, list[float]] = {}
+def gpu_series(text: str) -> dict[str, dict[str, float]]:
+    """Triton's Prometheus text -> {GPU UUID: {family: value}} for the per-GPU families (GPU_FAMILIES)."""
+    series: dict[str, dict[str, float]] = {}
     for line in text.splitlines():
         match = _METRIC_LINE.match(line.strip())
-        if match and match.group(1) in GPU_METRICS:
-            values.setdefault(match.group(1), []).append(float(match.group(3)))
-    out = {}
-    if "nv_gpu_utilization" in values:
-        out["gpu_util_pct"] = 100.0 * float(np.mean(values["nv_gpu_utilization"]))  # Triton reports 0..1
-    if "nv_gpu_memory_used_bytes" in values:
-        out["gpu_mem_mb"] = sum(values["nv_gpu_memory_used_bytes"]) / 2**20
-    if "nv_gpu_power_usage" in values:
-        out["gpu_power_w"] = sum(values["nv_gpu_power_usage"])
+        if not match or match.group(1) not in GPU_FAMILIES:
+            continue
+        uuid = dict(_LABEL.findall(match.group(2))).get("gpu_uuid")
+        try:
+            value = float(match.group(3))
+        except ValueError:
+            continue
+        if uuid:
+            series.setdefault(uuid, {})[match.group(1)] = value
+    return series
+
+
+def parse_gpu_metrics(text: str, gpu_uuids: Collection[str]) -> dict[str, float]:
+    """The serving GPUs' utilisation (%, the mean over them), memory used (MB, their sum) and power (W, their sum).
+    Other GPUs of the node are left out: another run, or nothing, may be using them. A page without the serving GPUs
+    (GPU metrics off, DCGM unavailable) gives nothing rather than some other GPU's numbers."""
+    series = gpu_series(text)
+    chosen = [series[u] for u in dict.fromkeys(gpu_uuids) if u in series]
+    out: dict[str, float] = {}
+
+    def values(family: str) -> list[float]:
+        return [s[family] for s in chosen if family in s]
+
+    if util := values("nv_gpu_utilization"):
+        out["gpu_util_pct"] = 100.0 * float(np.mean(util))  # Triton reports 0..1
+    if used := values("nv_gpu_memory_used_bytes"):
+        out["gpu_mem_mb"] = sum(used) / 2**20
+    if power := values("nv_gpu_power_usage"):
+        out["gpu_power_w"] = sum(power)
     return out
 
 
@@ -87,9 +111,10 @@ class PointMonitor:
     """Start before a point, stop after it: the statistics diff, and samples of the server's CPU, memory and GPUs."""
 
     def __init__(self, grpc_url: str, model: str, processes=lambda: [], metrics_url: str | None = None,
-                 gpu: bool = False, interval_s: float = 0.5):
+                 gpu_uuids: Collection[str] = (), interval_s: float = 0.5):
         self.grpc_url, self.model, self.processes = grpc_url, model, processes
-        self.metrics_url = metrics_url if gpu else None  # the embedded server runs with GPU metrics off
+        self.gpu_uuids = list(gpu_uuids)  # the GPUs serving the model (tbench.serving); none: no GPU columns
+        self.metrics_url = metrics_url if self.gpu_uuids else None
         self.interval_s = interval_s
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -132,7 +157,7 @@ class PointMonitor:
             if self.metrics_url:
                 try:
                     with urllib.request.urlopen(self.metrics_url, timeout=2) as reply:
-                        self._samples.gpu.append(parse_gpu_metrics(reply.read().decode()))
+                        self._samples.gpu.append(parse_gpu_metrics(reply.read().decode(), self.gpu_uuids))
                 except OSError:
                     pass
 

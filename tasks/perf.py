@@ -350,12 +350,14 @@ def warm_up(grpc_url: str, model: str, spec: IoSpec, batch_sizes: list[int], req
 def run_sweep(points: list[Point], *, model: str, grpc_url: str, spec: IoSpec, m: Measurement, layout: RunLayout,
               static: dict, on_row: Callable[[pd.DataFrame], None] | None = None,
               server_alive: Callable[[], bool] | None = None, inputs: PerfInputs = PerfInputs(),
-              on_composing: Callable[[list[dict]], None] | None = None, monitor=None, cache=None) -> pd.DataFrame:
+              on_composing: Callable[[list[dict]], None] | None = None, monitor=None, cache=None,
+              gpu_env: dict[str, str] | None = None) -> pd.DataFrame:
     """Measure every point in order; `on_row` gets the table after each point so nothing measured is lost, and
     `on_composing` an ensemble's per composing model rows of the point. With a `cache` (tasks.point_cache), points
-    it holds are taken from it and the others are kept in it as soon as they are measured."""
+    it holds are taken from it and the others are kept in it as soon as they are measured. `gpu_env` shows
+    perf_analyzer the server's GPU only (tbench.serving.pinned_env): its CUDA shared memory must be there."""
     binary = tools.perf_analyzer_binary()
-    env = tools.perf_analyzer_env()
+    env = {**tools.perf_analyzer_env(), **(gpu_env or {})}
     rows: list[dict] = []
     table = pd.DataFrame(columns=RESULT_COLUMNS)
     progress.emit("sweep_start", total=len(points))

@@ -261,10 +261,17 @@ def published_lines(results: pd.DataFrame) -> list[str]:
                     table[columns].round(3).to_markdown(index=False), ""]
 
 
+def served_on_rows(served_on: dict[str, dict]) -> list[tuple[str, str]]:
+    """Where each measured format ran (tbench.serving): the results' gpu label, and why it is not the node's GPU."""
+    return [(f"Served on ({fmt})", d["label"] + (f": {d['note']}" if d.get("note") else ""))
+            for fmt, d in served_on.items()]
+
+
 def render_report(*, run_id: str, request, hardware, correctness, accuracy, results: pd.DataFrame, summary: dict,
                   stage_seconds: dict[str, float], plots_dir: Path, status: str = "completed", error: str | None = None,
                   served_by: dict[str, str] | None = None, composing: pd.DataFrame | None = None,
-                  model_notes: list[str] | None = None, comparison_lines: list[str] | None = None) -> str:
+                  model_notes: list[str] | None = None, comparison_lines: list[str] | None = None,
+                  served_on: dict[str, dict] | None = None) -> str:
     served_by = served_by or {}
     title = request.model_file or f"{request.model} ({request.size}, {request.framework})"
     lines = [f"# Triton benchmark: {title}", "",
@@ -286,7 +293,9 @@ def render_report(*, run_id: str, request, hardware, correctness, accuracy, resu
         ("Profile", request.profile),
     ]), "", *(model_notes or []), "## Hardware", "", _kv_table([
         ("CPU", hardware.cpu_model), ("CPU cores", hardware.cpu_cores), ("Memory (GiB)", hardware.memory_gib),
-        ("GPU", ", ".join(hardware.gpus) or "none"), ("Driver", hardware.driver or "-"), ("OS", hardware.os),
+        ("GPUs of the node", ", ".join(hardware.gpus) or "none"), ("Driver", hardware.driver or "-"),
+        ("OS", hardware.os),
+        *served_on_rows(served_on or {}),
     ]), ""]
     lines += ["## Summary", "", *summary_lines(summary)]
     if not results.empty and results.loc[results["status"] == "ok", "format"].nunique() > 1:

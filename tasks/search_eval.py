@@ -73,10 +73,11 @@ class TritonEvaluator:
     kind: str = "KIND_CPU"
     cpu_cores: int = 1
     load_timeout_s: float = 300.0
+    gpu_env: dict[str, str] = field(default_factory=dict)  # perf_analyzer sees the server's GPU only (pinned_env)
 
     def __post_init__(self):
         self.binary = tools.perf_analyzer_binary()
-        self.env = tools.perf_analyzer_env()
+        self.env = {**tools.perf_analyzer_env(), **self.gpu_env}
         self.evaluations = 0
 
     def variant(self, candidate: Candidate) -> ServedVariant:

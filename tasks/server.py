@@ -1,7 +1,9 @@
 """Stage 4: a Triton server behind one interface, in four launch modes.
 
-- embedded: the binary bundled in the nvidia-pytriton wheel (python backend only; CPU here, GPU where CUDA is);
+- embedded: the binary bundled in the nvidia-pytriton wheel (python backend only; on a GPU node its runtimes run on
+  the run's GPU where they have CUDA: tbench/serving.py);
 - local: a `tritonserver` on PATH (e.g. inside the NGC Triton container GPU workers run);
+Embedded and local servers see only the run's GPU (`gpu_env`, tbench.serving.pinned_env).
 - docker: the NGC Triton image through the docker CLI, with GPUs, host ports, shm size and the repository mounted;
 - remote: an already running server by URL; models are uploaded and loaded through the client (explicit model
   control), so the server needs no access to our files.
@@ -170,6 +172,8 @@ class TritonServer(ABC):
 class ProcessServer(TritonServer):
     """A tritonserver process we start (embedded, local) or a `docker run` in the foreground (docker)."""
 
+    gpu_metrics = True  # Triton's DCGM metrics (per GPU, by UUID); the embedded server asks for them on a GPU only
+
     def __init__(self, repository: Path, log_path: Path, http_port: int | None = None, grpc_port: int | None = None,
                  start_timeout_s: float = 180.0, model_control: str = "all"):
         super().__init__(repository, log_path, start_timeout_s)
@@ -195,7 +199,7 @@ class ProcessServer(TritonServer):
         if backend_dir:
             args.append(f"--backend-directory={backend_dir}")
         return args + [
-            "--allow-gpu-metrics=false" if self.mode == "embedded" else "--allow-gpu-metrics=true",
+            f"--allow-gpu-metrics={str(self.gpu_metrics).lower()}",
             f"--http-address={address}", f"--http-port={ports['http']}",
             f"--grpc-address={address}", f"--grpc-port={ports['grpc']}",
             f"--metrics-address={address}", f"--metrics-port={ports['metrics']}",
@@ -265,9 +269,11 @@ class EmbeddedServer(ProcessServer):
 
     mode = "embedded"
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args, gpu_env: dict[str, str] | None = None, **kwargs):
         super().__init__(*args, **kwargs)
         self._work_dir: Path | None = None
+        self.gpu_env = dict(gpu_env or {})  # CUDA_VISIBLE_DEVICES: the run's GPU; none on a CPU machine
+        self.gpu_metrics = bool(self.gpu_env)  # off without a GPU: DCGM would only log that it found none
 
     def backends(self) -> set[str]:
         return backends_in(tools.pytriton_server_dir() / "backends")
@@ -299,7 +305,7 @@ class EmbeddedServer(ProcessServer):
 
     def env(self) -> dict[str, str]:
         venv_bin = str(Path(sys.executable).parent)  # so the stub's interpreter finds the venv's packages
-        return {**os.environ, "PATH": venv_bin + ":" + os.environ.get("PATH", ""),
+        return {**os.environ, **self.gpu_env, "PATH": venv_bin + ":" + os.environ.get("PATH", ""),
                 "LD_LIBRARY_PATH": tools.library_path(tools.python_libdir(), tools.pytriton_libs_dir())}
 
     def stop(self, timeout_s: float = 30.0) -> None:
@@ -314,8 +320,10 @@ class LocalServer(ProcessServer):
 
     mode = "local"
 
-    def __init__(self, *args, binary: str | None = None, backend_dir: Path | None = None, **kwargs):
+    def __init__(self, *args, binary: str | None = None, backend_dir: Path | None = None,
+                 gpu_env: dict[str, str] | None = None, **kwargs):
         super().__init__(*args, **kwargs)
+        self.gpu_env = dict(gpu_env or {})  # CUDA_VISIBLE_DEVICES: the run's GPU
         found = binary or shutil.which("tritonserver")
         if not found:
             raise ServerStartError("local mode: no tritonserver on PATH (run inside the NGC Triton image, or use --server embedded)")
@@ -330,6 +338,9 @@ class LocalServer(ProcessServer):
 
     def argv(self) -> list[str]:
         return [self.binary, *self.server_args(str(self.repository), str(self.backend_dir))]
+
+    def env(self) -> dict[str, str]:
+        return {**os.environ, **self.gpu_env}
 
 
 class DockerServer(ProcessServer):

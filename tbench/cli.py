@@ -254,8 +254,8 @@ def run(
             grpc_port=grpc_port, measurement=measurement)
         from tbench import hardware
 
-        request.resolve(hardware.detect().has_gpu)  # fail fast, before Prefect starts
-        preflight(request)  # ports, paths, output root, artifact store: before anything starts
+        resolved = request.resolve(hardware.detect().has_gpu)  # fail fast, before Prefect starts
+        preflight(resolved)  # ports, paths, output root, artifact store, this node's tools: before anything starts
     except BenchError as err:
         console.print(f"[red]error:[/] {err}")
         raise typer.Exit(2) from None
@@ -386,7 +386,7 @@ def search(
         machine = hardware.detect()
         resolved = request.resolve(machine.has_gpu)
         plan = variant_plan(space, resolved, machine.has_gpu)  # fail fast, before Prefect starts
-        preflight(request)  # ports, paths, output root, artifact store: before anything starts
+        preflight(resolved)  # ports, paths, output root, artifact store, this node's tools: before anything starts
         resume_checkpoint(resume, search_context(resolved, search_request, plan, machine))
     except BenchError as err:
         console.print(f"[red]error:[/] {err}")
@@ -606,6 +606,37 @@ def stack_down(folder: str = typer.Option(None, help="The stack's folder.")) -> 
         console.print(f"[red]error:[/] {err}")
         raise typer.Exit(1) from None
     console.print("stopped: " + ", ".join(stopped))
+
+
+@app.command()
+def doctor(
+    json_output: bool = typer.Option(False, "--json", help="The report as JSON, for scripts."),
+    image: bool = typer.Option(False, "--image", help="Also check what the GPU worker image must hold (CUDA builds, "
+                               "TensorRT at the image's version, the local server's backends); exit 1 if it "
+                               "lacks any."),
+) -> None:
+    """What this node can export (each converter's tools), serve (each server mode) and measure (perf_analyzer, GPUs,
+    GPU metrics, CUDA in each framework); `tbench run` refuses what it lacks."""
+    from rich.table import Table
+
+    from tbench.doctor import full_report, image_problems
+
+    try:
+        report = full_report()
+    except BenchError as err:
+        console.print(f"[red]error:[/] {err}")
+        raise typer.Exit(1) from None
+    if json_output:
+        typer.echo(report.model_dump_json(indent=2))
+    else:
+        marks = {True: "[green]yes[/]", False: "[red]no[/]", None: "-"}
+        table = Table("", "check", "ok", "detail", "where to get it", title=f"tbench doctor: {report.host}")
+        for check in report.checks:
+            table.add_row(check.area, check.name, marks[check.ok], check.detail, check.hint)
+        Console(width=None if console.is_terminal else 200).print(table)
+    if image and (problems := image_problems(report)):
+        console.print(f"[red]error:[/] this image lacks what GPU runs need: {' | '.join(problems)}")
+        raise typer.Exit(1)
 
 
 @app.command()

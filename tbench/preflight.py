@@ -2,7 +2,9 @@
 
 `request.resolve()` checks what the options mean (a known model, batch sizes under the max...); `preflight` checks
 what the run will touch: the ports it binds, the output root it writes, the files it reads and the artifact store it
-uploads to, so that a typo fails in a second rather than after an export, or as a traceback from bind or mkdir.
+uploads to, so that a typo fails in a second rather than after an export, or as a traceback from bind or mkdir; and
+what the node must have for the run to mean anything (tbench.doctor.missing_for): the converters its formats need,
+its server mode, a GPU for the gpu profile.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ def preflight(request) -> None:
     check_ports(request)
     check_input_paths(request)
     check_local_server(request)
+    check_node(request)
     check_output(request.output)
 
 
@@ -68,6 +71,14 @@ def check_local_server(request) -> None:
     backend_dir = getattr(request, "backend_dir", None)
     if backend_dir and not Path(backend_dir).is_dir():
         raise ConfigError(f"backend_dir {backend_dir} is not a folder (local server mode)")
+
+
+def check_node(request) -> None:
+    """What the request needs of this node (tbench/doctor.py), all of it in one line."""
+    from tbench import doctor
+
+    if missing := doctor.missing_for(request, doctor.report_for(request)):
+        raise ConfigError("this node cannot run the request: " + " | ".join(missing))
 
 
 def check_output(root: str) -> None:

@@ -2,7 +2,10 @@
 
 import math
 
-from tasks.monitor import cross_check, parse_gpu_metrics, per_request_ms
+import pytest
+
+from tasks.monitor import PointMonitor, cross_check, gpu_series, parse_gpu_metrics, per_request_ms
+from tbench.hardware import parse_gpu_query
 
 from conftest import GOLDEN
 
@@ -23,7 +26,40 @@ def test_cross_check_ignores_stages_too_small_to_compare():
     assert math.isnan(cross_check({"triton_queue_ms": 1.0}))
 
 
+PAGE = (GOLDEN / "triton" / "metrics_4gpu.txt").read_text()
+UUIDS = parse_gpu_query((GOLDEN / "nvidia_smi" / "query_a100x4.csv").read_text())["gpu_uuids"]
+
+
 def test_gpu_metrics_from_tritons_prometheus_text():
-    got = parse_gpu_metrics((GOLDEN / "triton" / "metrics_gpu.txt").read_text())
-    assert got == {"gpu_util_pct": 50.0, "gpu_mem_mb": 3072.0, "gpu_power_w": 273.75}
-    assert parse_gpu_metrics('nv_inference_request_success{model="m",version="1"} 3') == {}
+    got = parse_gpu_metrics((GOLDEN / "triton" / "metrics_gpu.txt").read_text(), ["GPU-5d5b7e6a-0b8a-3b3c-9d5e-2f3c1a7e9b01"])
+    assert got == {"gpu_util_pct": 71.0, "gpu_mem_mb": 2048.0, "gpu_power_w": 212.5}
+    assert parse_gpu_metrics('nv_inference_request_success{model="m",version="1"} 3', ["GPU-x"]) == {}
+
+
+def test_every_gpu_of_a_four_gpu_page_is_read_by_its_uuid():
+    series = gpu_series(PAGE)
+    assert list(series) == UUIDS  # the page's GPUs are nvidia-smi's
+    assert series[UUIDS[3]] == {"nv_gpu_utilization": 0.93, "nv_gpu_memory_total_bytes": 85899345920,
+                                "nv_gpu_memory_used_bytes": 1073741824, "nv_gpu_power_usage": 287.75,
+                                "nv_gpu_power_limit": 400, "nv_energy_consumption": 109334.6}
+
+
+def test_only_the_serving_gpu_is_measured():
+    """GPU 0 holds another process's 41 GiB: summing the page would charge it to the model."""
+    assert parse_gpu_metrics(PAGE, [UUIDS[1]]) == {"gpu_util_pct": 87.0, "gpu_mem_mb": 3072.0, "gpu_power_w": 312.5}
+
+
+def test_several_serving_gpus_mean_utilisation_and_sum_memory_and_power():
+    got = parse_gpu_metrics(PAGE, [UUIDS[1], UUIDS[3]])
+    assert got["gpu_util_pct"] == pytest.approx(90.0)  # the mean: each GPU's share of its own time
+    assert got["gpu_mem_mb"] == 4096.0 and got["gpu_power_w"] == 600.25  # sums: what the model holds and draws
+
+
+def test_a_page_without_the_serving_gpu_gives_nothing_rather_than_another_gpus_numbers():
+    assert parse_gpu_metrics(PAGE, ["GPU-00000000-0000-0000-0000-000000000000"]) == {}
+    assert parse_gpu_metrics(PAGE, []) == {}
+
+
+def test_the_monitor_polls_gpu_metrics_only_for_a_model_on_a_gpu():
+    assert PointMonitor("h:1", "m", metrics_url="http://h:2/metrics").metrics_url is None
+    assert PointMonitor("h:1", "m", metrics_url="http://h:2/metrics", gpu_uuids=[UUIDS[1]]).metrics_url

@@ -134,3 +134,18 @@ def test_the_point_cache_key_holds_the_server_identity():
     # another run's Triton names (its own suffix) do not change the key: only the server does
     other = req.model_copy(update={"triton_suffix": "__tb00000000"})
     assert point_cache(other, machine, server, [], PerfInputs()).context_key == key()
+
+
+def test_embedded_and_local_servers_see_the_runs_gpu_and_report_its_metrics(tmp_path):
+    """On a GPU node the embedded server asks Triton for GPU metrics and, like the local one, sees the run's GPU only."""
+    from tasks.server import EmbeddedServer
+
+    pinned = {"CUDA_VISIBLE_DEVICES": "GPU-5b9e1c44-2a7f-4d3e-8c61-7f0a3b9d2e15"}
+    cpu = EmbeddedServer(tmp_path / "repo", tmp_path / "s.log")
+    gpu = EmbeddedServer(tmp_path / "repo", tmp_path / "s.log", gpu_env=pinned)
+    for server in (cpu, gpu):
+        server._work_dir = tmp_path
+    assert "--allow-gpu-metrics=false" in cpu.argv() and "--allow-gpu-metrics=true" in gpu.argv()
+    assert gpu.env()["CUDA_VISIBLE_DEVICES"] == pinned["CUDA_VISIBLE_DEVICES"]
+    local = LocalServer(tmp_path / "repo", tmp_path / "s.log", binary="/opt/tritonserver/bin/tritonserver", gpu_env=pinned)
+    assert local.env()["CUDA_VISIBLE_DEVICES"] == pinned["CUDA_VISIBLE_DEVICES"]

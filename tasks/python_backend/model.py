@@ -4,6 +4,8 @@ Copied into the model repository as `<model>/1/model.py`. Requests that the dyna
 are concatenated along the batch axis (those with the same non-batch shapes), run in one runtime call, and split
 back per request.
 Parameters come from config.pbtxt: `runtime` (onnxruntime | torchscript | tensorflow), `model_file`, `intra_op_threads`.
+A KIND_GPU instance runs on its GPU where the runtime has CUDA, else on the CPU; each instance prints the device it
+actually got (DEVICE_MARK + JSON, to the server's log), which the run checks before it labels results with a GPU.
 """
 
 import json
@@ -11,6 +13,8 @@ import os
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
+
+DEVICE_MARK = "TBENCH_DEVICE "  # tbench/serving.py reads these lines of the server log
 
 
 class TritonPythonModel:
@@ -36,6 +40,9 @@ class TritonPythonModel:
                 providers.insert(0, ("CUDAExecutionProvider", {"device_id": int(args["model_instance_device_id"])}))
             self.session = ort.InferenceSession(path, sess_options=opts, providers=providers)
             self._run = self._run_onnx
+            # what the session got, not what was asked: a CUDA provider that fails to load falls back to the CPU
+            on_cuda = self.session.get_providers()[0] == "CUDAExecutionProvider"
+            device = f"cuda:{args['model_instance_device_id']}" if on_cuda else "cpu"
         elif self.runtime == "torchscript":
             import torch
 
@@ -44,6 +51,7 @@ class TritonPythonModel:
             self.device = torch.device(f"cuda:{args['model_instance_device_id']}" if use_gpu and torch.cuda.is_available() else "cpu")
             self.module = torch.jit.load(path, map_location=self.device).eval()
             self._run = self._run_torch
+            device = str(self.device)
         elif self.runtime == "tensorflow":
             import tensorflow as tf
 
@@ -55,8 +63,12 @@ class TritonPythonModel:
             self.saved = tf.saved_model.load(path)  # kept: its signatures lose their variables once it is collected
             self.signature = self.saved.signatures["serving_default"]
             self._run = self._run_tf
+            on_gpu = use_gpu and bool(tf.config.list_logical_devices("GPU"))  # TF places ops on its GPU when it has one
+            device = f"cuda:{args['model_instance_device_id']}" if on_gpu else "cpu"
         else:
             raise ValueError(f"unknown runtime {self.runtime!r}")
+        print(DEVICE_MARK + json.dumps({"model": args["model_name"], "instance": args.get("model_instance_name"),
+                                        "runtime": self.runtime, "device": device}), flush=True)
 
     def _run_onnx(self, feeds):
         return self.session.run(self.outputs, feeds)
