@@ -45,11 +45,13 @@ FIELDS = ("command", "commit", "dirty", "machine", "started", "ended", "wall_s",
 COMMANDS = {
     "deployment_latency.json": ".venv/bin/python benchmarks/deployment_latency.py --size small --runs 3",
     "default_runs.json": ".venv/bin/python benchmarks/default_runs.py",
+    "docker_vs_embedded.json": ".venv/bin/python benchmarks/docker_vs_embedded.py --size small --repeats 2",
     "gpu_check.json": ".venv/bin/python benchmarks/gpu_check.py",
     "rerun_savings.json": ".venv/bin/python benchmarks/rerun_savings.py --model resnet50 --size small",
     "search_real.json": ".venv/bin/python benchmarks/search.py --part real --size small --concurrency 8",
     "search_simulated.json": ".venv/bin/python benchmarks/search.py --part simulated",
     "serving_overhead.json": ".venv/bin/python benchmarks/serving_overhead.py --sizes small,full --rounds 2",
+    "stack_databases.json": ".venv/bin/python benchmarks/stack_databases.py --size small --runs 2",
 }
 
 _open: set[Path] = set()  # results files a `recorded` block of this process is writing

@@ -6,7 +6,7 @@ RUNNING and to the end, then `down()`. PostgreSQL is a throwaway cluster started
 (tests/services.py: Debian's server binaries, as root through the postgres user). Writes
 benchmarks/results/stack_databases.json, whole, with its provenance.
 
-Usage: .venv/bin/python benchmarks/stack_databases.py [--runs 2]
+Usage: .venv/bin/python benchmarks/stack_databases.py [--size small] [--runs 2]
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ PARAMETERS = {"request": {"model": "resnet50", "size": "small", "formats": ["onn
                           "concurrency": [2], "measurement": {"stability_percentage": 50}}}
 
 
-def one_stack(database_url: str | None, n_runs: int) -> dict:
+def one_stack(database_url: str | None, n_runs: int, parameters: dict) -> dict:
     stack = Stack(root=Path(tempfile.mkdtemp(prefix="tbench-stack-")), database_url=database_url)
     t0 = time.monotonic()
     stack.up()
@@ -43,7 +43,7 @@ def one_stack(database_url: str | None, n_runs: int) -> dict:
     try:
         for _ in range(n_runs):
             started = time.monotonic()
-            run_id = submit("triton-benchmark/benchmark-cpu", PARAMETERS)
+            run_id = submit("triton-benchmark/benchmark-cpu", parameters)
             result = follow(run_id, lambda line: None, timeout_s=900, poll_s=0.2, submitted_at=started)
             runs.append({"state": result.state, "to_running_s": round(result.seconds_to_running, 2),
                          "total_s": round(time.monotonic() - started, 1)})
@@ -61,11 +61,13 @@ def one_stack(database_url: str | None, n_runs: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=2)
+    parser.add_argument("--size", default="small", help="the ResNet-50 size each run benchmarks")
     args = parser.parse_args()
-    with recorded(RESULTS / "stack_databases.json", model_sizes=["resnet50 small"]) as record:
-        out = {"parameters": PARAMETERS, "sqlite": one_stack(None, args.runs)}
+    parameters = {"request": {**PARAMETERS["request"], "size": args.size}}
+    with recorded(RESULTS / "stack_databases.json", model_sizes=[f"resnet50 {args.size}"]) as record:
+        out = {"parameters": parameters, "sqlite": one_stack(None, args.runs, parameters)}
         with postgres_server() as url:
-            out["postgresql"] = one_stack(url, args.runs)
+            out["postgresql"] = one_stack(url, args.runs, parameters)
         for key in ("stack_up_s", "total_median_s"):
             out[f"{key}_ratio_postgresql_to_sqlite"] = round(out["postgresql"][key] / out["sqlite"][key], 2)
         record.update(out)
