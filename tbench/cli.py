@@ -66,6 +66,21 @@ def parse_named(values: list[str] | None, what: str, convert) -> dict | None:
     return parsed
 
 
+def parse_job_variables(text: str | None) -> dict | None:
+    """A JSON object of the pool's job variables (image, volumes, env...) for one run."""
+    if not text:
+        return None
+    import json
+
+    try:
+        parsed = json.loads(text)
+    except ValueError as err:
+        raise ConfigError(f"cannot read the job variables: {err}") from None
+    if not isinstance(parsed, dict):
+        raise ConfigError("the job variables must be a JSON object, e.g. '{\"image\": \"NAME:TAG\"}'")
+    return parsed
+
+
 def parse_options(values: list[str] | None) -> dict | None:
     """Repeated NAME=VALUE model options; numbers become numbers."""
     if not values:
@@ -440,6 +455,8 @@ def submit(
                                "inputs from its point cache (a run whose worker was killed resumes)."),
     follow: bool = typer.Option(True, "--follow/--no-follow", help="Follow the run to its end (states and logs)."),
     timeout: float = typer.Option(3600, help="Stop following after this many seconds (the run goes on)."),
+    job_variables: str = typer.Option(None, "--job-variables", help="JSON object of the pool's job variables for this "
+                                      "run (its `env` adds to the pool's), e.g. '{\"image\": \"NAME:TAG\"}'."),
 ) -> None:
     """Send a benchmark run to a pool of the Prefect server at PREFECT_API_URL and follow it; `tbench run` runs here."""
     from tbench import submit as remote
@@ -460,8 +477,10 @@ def submit(
 
         model_adapters.get(request.model, request.size)  # an unknown model fails here, not on the worker
         parameters = {"request": request.model_dump(mode="json", exclude_unset=True)}
+        variables = parse_job_variables(job_variables)
         started = time.monotonic()
-        run_id = remote.submit(remote.deployment_name("benchmark", pool), parameters, tags=["submitted"])
+        run_id = remote.submit(remote.deployment_name("benchmark", pool), parameters, tags=["submitted"],
+                               job_variables=variables)
     except BenchError as err:
         console.print(f"[red]error:[/] {err}")
         raise typer.Exit(2) from None

@@ -6,7 +6,8 @@ Each pool gets the base job template of its type with the pool's GPU kind in the
 first). GPU locks: a run takes the global concurrency limit named after its GPU's UUID and creates it when missing
 (`tbench.device_lock`); `--gpu-uuid` creates them ahead, e.g. to see them in the UI before the first run.
 
-Usage: python -m tbench.pool_setup [--type docker|kubernetes|process] [--pool a100 ...] [--gpu-uuid GPU-... ...]
+Usage: python -m tbench.pool_setup [--type docker|kubernetes|process] [--cpu-type process|docker|kubernetes]
+[--pool a100 ...] [--gpu-uuid GPU-... ...]
 (PREFECT_API_URL names the server). Re-running updates the pools' templates; nothing is deleted.
 """
 
@@ -24,22 +25,39 @@ INFRA = Path(__file__).resolve().parents[1] / "infra" / "pools"
 QUEUES = {"default": 1, "nightly": 2}
 
 
-def pool_template(pool: str, pool_type: str) -> dict:
-    """The base job template for one pool: the type's template with the pool's GPU kind (and node selector)."""
+def pool_template(pool: str, pool_type: str, defaults: dict | None = None) -> dict:
+    """The base job template for one pool: the type's template with the pool's GPU kind (and node selector), and
+    `defaults` as its variables' defaults (`env` merged), e.g. the local stack's endpoints for a docker pool."""
     spec = POOLS[pool]
     template = copy.deepcopy(json.loads((INFRA / f"{pool_type}.json").read_text()))
     props = template["variables"]["properties"]
     props["env"]["default"] = {**props["env"].get("default", {}), POOL_GPU_ENV: spec.gpu}
     if pool_type == "kubernetes" and spec.product_label:
         props["gpu_product"]["default"] = spec.product_label
-    if spec.gpu == "cpu" and "gpu_count" in props:  # the cpu pool asks for no GPU
-        props["gpu_count"]["default"] = 0
+    if spec.gpu == "cpu":
+        _no_gpu_request(template)
+    for name, value in (defaults or {}).items():  # env adds to the template's; the rest replace
+        props[name]["default"] = {**props[name]["default"], **value} if name == "env" else value
     return template
 
 
+def _no_gpu_request(template: dict) -> None:
+    """The cpu pool asks for no GPU. Docker refuses any device request, even of 0 GPUs, on a daemon without the NVIDIA
+    runtime ("could not select device driver"), so a docker template loses the request and its gpu_count."""
+    props = template["variables"]["properties"]
+    create = template["job_configuration"].get("container_create_kwargs")
+    if isinstance(create, dict) and "device_requests" in create:
+        del create["device_requests"]
+        props.pop("gpu_count", None)
+    elif "gpu_count" in props:
+        props["gpu_count"]["default"] = 0
+
+
 def create_pools(api_url: str | None = None, pool_type: str = "docker", names: list[str] | None = None,
-                 gpu_uuids: list[str] | None = None, env: dict | None = None) -> list[str]:
-    """Create or update the pools and queues (the cpu pool is always a process pool); returns the pool names."""
+                 gpu_uuids: list[str] | None = None, env: dict | None = None, cpu_type: str = "process",
+                 cpu_defaults: dict | None = None) -> list[str]:
+    """Create or update the pools and queues; returns the pool names. The cpu pool is a process pool unless `cpu_type`
+    says otherwise, with `cpu_defaults` as its variables' defaults (see pool_template)."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate, WorkPoolCreate
     from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
@@ -49,8 +67,9 @@ def create_pools(api_url: str | None = None, pool_type: str = "docker", names: l
     url = api_url or (env or os.environ).get("PREFECT_API_URL")
     with temporary_settings({PREFECT_API_URL: url} if url else {}), get_client(sync_client=True) as client:
         for name in names:
-            kind = "process" if POOLS[name].gpu == "cpu" else pool_type
-            template = pool_template(name, kind)
+            cpu = POOLS[name].gpu == "cpu"
+            kind = cpu_type if cpu else pool_type
+            template = pool_template(name, kind, cpu_defaults if cpu else None)
             description = (f"tbench workers with {POOLS[name].gpu} GPUs" if POOLS[name].gpu != "cpu"
                            else "tbench workers without a GPU requirement (CPU profile, embedded Triton)")
             client.create_work_pool(WorkPoolCreate(name=name, type=kind, base_job_template=template, description=description),
@@ -71,11 +90,14 @@ def create_pools(api_url: str | None = None, pool_type: str = "docker", names: l
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--type", default="docker", choices=["docker", "kubernetes", "process"],
-                        help="Pool type of the GPU pools (the cpu pool is always a process pool).")
+                        help="Pool type of the GPU pools.")
+    parser.add_argument("--cpu-type", default="process", choices=["docker", "kubernetes", "process"],
+                        help="Pool type of the cpu pool (no GPU request).")
     parser.add_argument("--pool", action="append", choices=list(POOLS), help="Only these pools (repeat); all by default.")
     parser.add_argument("--gpu-uuid", action="append", help="Create the lock of this GPU ahead (nvidia-smi -L).")
     args = parser.parse_args()
-    for name in create_pools(pool_type=args.type, names=args.pool, gpu_uuids=args.gpu_uuid):
+    for name in create_pools(pool_type=args.type, names=args.pool, gpu_uuids=args.gpu_uuid,
+                             cpu_type=args.cpu_type):
         print(f"pool {name}: ready")
 
 

@@ -1,5 +1,6 @@
 """The local stack: a Prefect server (SQLite, or PostgreSQL with a database URL), an S3 endpoint (moto's server over
-HTTP), the work pools with their deployments, and a process worker for the `cpu` pool, on this machine.
+HTTP), the work pools with their deployments, and a worker for the `cpu` pool, on this machine: a process worker, or a
+docker worker (prefect-docker) whose runs go into containers from infra/pools/docker.json (`cpu_pool_type`).
 
 `tbench stack up` starts it and writes `<stack dir>/stack.json` (URLs, process ids, the environment a client needs);
 `tbench stack env` prints that environment as shell exports; `tbench stack down` stops it. The tests start their
@@ -162,6 +163,7 @@ class Stack:
     server: subprocess.Popen | None = None
     worker: subprocess.Popen | None = None
     pools: tuple[str, ...] = ()  # all pools by default (tbench.pools.POOLS); only the cpu pool gets a worker
+    cpu_pool_type: str = "process"  # or "docker": the cpu pool's runs go into containers (infra/pools/docker.json)
 
     @property
     def api_url(self) -> str:
@@ -202,11 +204,33 @@ class Stack:
         except StackError as err:  # its message quotes the log: a driver's error could echo the URL
             raise StackError(redact(str(err), self.database_url)) from None
 
+    def cpu_pool_defaults(self) -> dict | None:
+        """A docker cpu pool's containers get what the process worker's runs inherit (the S3 endpoint, the artifact
+        root) and the host's network, where the API and S3 listen on 127.0.0.1. The worker would pass on its
+        PREFECT_HOME, a folder of this machine: a container keeps its own in /tmp."""
+        if self.cpu_pool_type != "docker":
+            return None
+        env = {**(self.s3.env() if self.s3 else {}), "TBENCH_ARTIFACT_ROOT": self.artifact_root,
+               "PREFECT_HOME": "/tmp/prefect"}
+        return {"env": env, "network_mode": "host"}
+
+    def deploy_args(self) -> list[str]:
+        """`prefect deploy` selectors: all deployments, or only those of the stack's pools (one on a missing pool
+        fails the deploy)."""
+        if not self.pools:
+            return ["--all"]
+        import yaml
+
+        spec = yaml.safe_load((PROJECT / "deployments" / "prefect.yaml").read_text())
+        names = [d["name"] for d in spec["deployments"] if d["work_pool"]["name"] in self.pools]
+        return [arg for name in names for arg in ("--name", name)]
+
     def setup_pools_and_deploy(self) -> None:
         from tbench.pool_setup import create_pools
 
-        create_pools(api_url=self.api_url, pool_type="process", names=self.pools or None, env=self._env())
-        deployed = procs.run([_bin("prefect"), "--no-prompt", "deploy", "--all", "--prefect-file",
+        create_pools(api_url=self.api_url, pool_type="process", names=self.pools or None, env=self._env(),
+                     cpu_type=self.cpu_pool_type, cpu_defaults=self.cpu_pool_defaults())
+        deployed = procs.run([_bin("prefect"), "--no-prompt", "deploy", *self.deploy_args(), "--prefect-file",
                               str(PROJECT / "deployments" / "prefect.yaml")],
                              self.root / "deploy.log", timeout=600, env=self._env(TBENCH_PROJECT_DIR=str(PROJECT)), cwd=PROJECT)
         if deployed.returncode != 0:
@@ -215,7 +239,8 @@ class Stack:
     def start_worker(self, pool: str = "cpu") -> None:
         staging = self.root / "staging"
         staging.mkdir(parents=True, exist_ok=True)
-        self.worker = procs.start([_bin("prefect"), "worker", "start", "--pool", pool, "--type", "process"],
+        kind = self.cpu_pool_type if pool == "cpu" else "process"
+        self.worker = procs.start([_bin("prefect"), "worker", "start", "--pool", pool, "--type", kind],
                                   self.root / f"worker-{pool}.log",
                                   env=self._env(PREFECT_WORKER_QUERY_SECONDS="1", TBENCH_STAGING_DIR=str(staging),
                                                 PYTHONPATH=str(PROJECT)), outlives_caller=True)

@@ -37,12 +37,12 @@ def deployment_name(flow: str, pool: str) -> str:
     return {"benchmark": f"triton-benchmark/benchmark-{pool}", "search": f"triton-search/search-{pool}"}[flow]
 
 
-def submit(deployment: str, parameters: dict, tags: list[str] | None = None) -> UUID:
+def submit(deployment: str, parameters: dict, tags: list[str] | None = None, job_variables: dict | None = None) -> UUID:
     from prefect.deployments import run_deployment
     from prefect.exceptions import ObjectNotFound
 
     try:
-        run = run_deployment(deployment, parameters=parameters, timeout=0, tags=tags or [])
+        run = run_deployment(deployment, parameters=parameters, timeout=0, tags=tags or [], job_variables=job_variables)
     except ObjectNotFound:
         raise SubmitError(f"no deployment {deployment!r} on the Prefect server (deploy deployments/prefect.yaml)") from None
     except Exception as err:  # httpx connection errors and the like

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import yaml
@@ -90,3 +91,74 @@ def test_deployments_file_has_every_flow_on_every_pool():
         directory = d["pull"][0]["prefect.deployments.steps.set_working_directory"]["directory"]
         assert directory == ("{{ $TBENCH_PROJECT_DIR }}" if pool == "cpu" else "/opt/tbench")
         assert pool in d["tags"] and d["description"]
+
+
+def rendered(template: dict, job_variables: dict):
+    """The job configuration prefect-docker's worker builds from a pool's template and a run's job variables."""
+    import asyncio
+
+    from prefect.client.orchestration import PrefectClient
+    from prefect_docker.worker import DockerWorkerJobConfiguration
+
+    async def render():
+        async with PrefectClient("http://127.0.0.1:9/api") as client:  # unused: the templates hold no block references
+            return await DockerWorkerJobConfiguration.from_template_and_values(template, job_variables, client=client)
+
+    return asyncio.run(render())
+
+
+def test_docker_gpu_pools_request_gpus_and_the_cpu_pool_none():
+    a100 = rendered(pool_template("a100", "docker"), {"gpu_count": -1})
+    assert a100.container_create_kwargs["device_requests"] == [{"driver": "nvidia", "count": -1,
+                                                                "capabilities": [["gpu"]]}]
+    assert rendered(pool_template("a100", "docker"), {}).container_create_kwargs["device_requests"][0]["count"] == 1
+    # any device request, even of 0 GPUs, fails on a daemon without the NVIDIA runtime: the cpu pool makes none
+    cpu = pool_template("cpu", "docker")
+    assert "gpu_count" not in cpu["variables"]["properties"]
+    assert set(rendered(cpu, {}).container_create_kwargs) == {"shm_size", "ulimits"}
+    assert pool_template("cpu", "kubernetes")["variables"]["properties"]["gpu_count"]["default"] == 0
+
+
+def test_docker_pools_ulimits_auto_remove_and_image_defaults_and_overrides():
+    config = rendered(pool_template("t4", "docker"), {})
+    assert config.container_create_kwargs["ulimits"] == [{"name": "memlock", "soft": -1, "hard": -1},
+                                                          {"name": "stack", "soft": 64 << 20, "hard": 64 << 20}]
+    assert config.container_create_kwargs["shm_size"] == "8g" and config.auto_remove is True
+    # a daemon that may not raise memlock gets a run with other ulimits
+    stack_only = [{"name": "stack", "soft": 64 << 20, "hard": 64 << 20}]
+    config = rendered(pool_template("t4", "docker"), {"ulimits": stack_only})
+    assert config.container_create_kwargs["ulimits"] == stack_only
+    # the templates default to the tag infra/worker.Dockerfile says to build
+    tag = re.search(r"-t (tbench-worker:\S+)", (PROJECT / "infra" / "worker.Dockerfile").read_text())[1]
+    for kind in ("docker", "kubernetes"):
+        assert pool_template("a100", kind)["variables"]["properties"]["image"]["default"] == tag
+
+
+def test_pool_defaults_add_to_env_and_replace_the_rest():
+    template = pool_template("cpu", "docker", {"env": {"AWS_ENDPOINT_URL": "http://127.0.0.1:9000"},
+                                               "network_mode": "host"})
+    config = rendered(template, {"env": {"HOME": "/tmp"}})
+    assert config.env == {"NVIDIA_DRIVER_CAPABILITIES": "compute,utility", "TBENCH_POOL_GPU": "cpu",
+                          "AWS_ENDPOINT_URL": "http://127.0.0.1:9000", "HOME": "/tmp"}
+    assert config.network_mode == "host"
+
+
+def test_a_stack_with_a_docker_cpu_pool_deploys_only_its_pools_and_passes_its_endpoints(tmp_path):
+    from tbench.stack import S3Endpoint, Stack
+
+    stack = Stack(root=tmp_path, pools=("cpu",), cpu_pool_type="docker", s3=S3Endpoint(tmp_path / "s3.log", port=9000))
+    args = stack.deploy_args()
+    assert args[::2] == ["--name"] * 3 and set(args[1::2]) == {"benchmark-cpu", "search-cpu", "matrix-cpu"}
+    defaults = stack.cpu_pool_defaults()
+    assert defaults["network_mode"] == "host" and defaults["env"]["AWS_ENDPOINT_URL"] == "http://127.0.0.1:9000"
+    assert defaults["env"]["TBENCH_ARTIFACT_ROOT"] == "s3://tbench/runs"
+    assert Stack(root=tmp_path).deploy_args() == ["--all"] and Stack(root=tmp_path).cpu_pool_defaults() is None
+
+
+@pytest.mark.parametrize("text, error", [("{", "cannot read the job variables"), ("[1]", "must be a JSON object")])
+def test_submit_job_variables_must_be_a_json_object(text, error):
+    from tbench.cli import parse_job_variables
+
+    assert parse_job_variables('{"image": "x:1", "volumes": ["/a:/a:ro"]}') == {"image": "x:1", "volumes": ["/a:/a:ro"]}
+    with pytest.raises(ConfigError, match=error):
+        parse_job_variables(text)
