@@ -31,28 +31,32 @@ PARAMETERS = {"request": {"model": "resnet50", "size": "small", "formats": ["onn
 
 
 def one_stack(database_url: str | None, n_runs: int, parameters: dict) -> dict:
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from tbench.submit import follow, submit
+
     stack = Stack(root=Path(tempfile.mkdtemp(prefix="tbench-stack-")), database_url=database_url)
     t0 = time.monotonic()
     stack.up()
     up_s = time.monotonic() - t0
-    saved = dict(os.environ)
-    os.environ.update(stack.client_env())
-    from tbench.submit import follow, submit
-
     runs = []
+    saved = dict(os.environ)
+    os.environ.update(stack.client_env())  # S3 and the artifact root, as a shell with `tbench stack env` has them
     try:
-        for _ in range(n_runs):
-            started = time.monotonic()
-            run_id = submit("triton-benchmark/benchmark-cpu", parameters)
-            result = follow(run_id, lambda line: None, timeout_s=900, poll_s=0.2, submitted_at=started)
-            runs.append({"state": result.state, "to_running_s": round(result.seconds_to_running, 2),
-                         "total_s": round(time.monotonic() - started, 1)})
+        # Prefect reads the environment once, at import: each stack's API is set explicitly (the second one too)
+        with temporary_settings(updates={PREFECT_API_URL: stack.api_url}):
+            for _ in range(n_runs):
+                started = time.monotonic()
+                run_id = submit("triton-benchmark/benchmark-cpu", parameters)
+                result = follow(run_id, lambda line: None, timeout_s=900, poll_s=0.2, submitted_at=started)
+                runs.append({"state": result.state, "to_running_s": round(result.seconds_to_running, 2),
+                             "total_s": round(time.monotonic() - started, 1)})
     finally:
+        os.environ.clear()
+        os.environ.update(saved)
         t1 = time.monotonic()
         stack.down()
         down_s = time.monotonic() - t1
-        os.environ.clear()
-        os.environ.update(saved)
     return {"stack_up_s": round(up_s, 1), "stack_down_s": round(down_s, 1), "runs": runs,
             "to_running_median_s": statistics.median(r["to_running_s"] for r in runs),
             "total_median_s": statistics.median(r["total_s"] for r in runs)}
