@@ -245,6 +245,9 @@ def run(
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Also show Prefect's logs in the terminal."),
 ) -> None:
     """Export, check, serve and measure MODEL; prints the run folder."""
+    if not verbose:  # before anything imports Prefect (the preflight does): its console handler reads this once;
+        # Prefect's console logs (tracebacks too) still go to the run's logs/prefect.log
+        os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "CRITICAL")
     from tbench.request import BenchmarkRequest
 
     try:
@@ -278,8 +281,7 @@ def run(
         console.print(f"[red]error:[/] invalid option: {validation_line(err)}")
         raise typer.Exit(2) from None
 
-    if not verbose:  # Prefect's console logs (tracebacks too) still go to the run's logs/prefect.log
-        os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "CRITICAL")
+    if not verbose:
         _quiet_onnxruntime()
     from flows.benchmark import benchmark_flow
 
