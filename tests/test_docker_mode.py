@@ -78,6 +78,7 @@ def test_bridge_networking_publishes_the_ports_on_loopback_only(image, small_art
 
 def test_a_model_that_fails_to_load_stops_and_removes_the_container(image, small_artifacts, tmp_path):
     model_dir = write_repository(tmp_path / "repo", ServingConfig("resnet50", 8, [8], 100, 1), small_artifacts[0])
+    (model_dir / "1" / "model.onnx").unlink()  # a link to the session's artifact: never write through it
     (model_dir / "1" / "model.onnx").write_bytes(b"this is not an onnx file")
     before = containers()
     server = DockerServer(tmp_path / "repo", tmp_path / "server.log", image=image, gpus=None, ulimits=[],
