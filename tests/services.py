@@ -72,7 +72,14 @@ def docker_daemon():
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+        _unmount_under(state)  # dockerd leaves its network namespace mounted in exec-root
         shutil.rmtree(state, ignore_errors=True)
+
+
+def _unmount_under(folder: Path) -> None:
+    mounts = [line.split()[1] for line in Path("/proc/mounts").read_text().splitlines() if len(line.split()) > 1]
+    for mount in sorted((m for m in mounts if m.startswith(f"{folder}/")), reverse=True):
+        subprocess.run(["umount", "--lazy", mount], capture_output=True)
 
 
 def cpu_image(env: dict[str, str]) -> str:
