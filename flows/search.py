@@ -33,7 +33,10 @@ from tbench.precision import refusal
 from tbench.request import DEFAULT_TOLERANCES, BenchmarkRequest, adapter_for
 from tbench.run import RunTracker
 from tbench.serving import combined, pinned_env
-from tbench.search import Candidate, Checkpoint, Objective, SearchSpace
+from tbench.search import STRATEGIES, Candidate, Checkpoint, Objective, SearchSpace
+
+# The registry's strategy names, in its order, as a Literal: the schema and the validation error list them.
+StrategyName = Literal[tuple(STRATEGIES.names())]  # type: ignore[valid-type]
 
 CHECKPOINT = "search.jsonl"
 CONTEXT = "search_context.json"  # beside the checkpoint: what its measurements were taken for (search_context)
@@ -46,8 +49,8 @@ class SearchRequest(BaseModel):
                                "the request's first serve format, else formats or 'format:precision' variants.")
     objective: Objective = Field(default_factory=Objective, description="Best throughput under a p99 budget, or lowest p99 "
                                  "above a throughput floor.")
-    strategy: Literal["smart", "exhaustive"] = Field("smart", description="smart: coordinate search on a budget of "
-                                                     "measurements; exhaustive: every candidate.")
+    strategy: StrategyName = Field("smart", description="smart: coordinate search on a budget of measurements; "
+                                   "exhaustive: every candidate.")
     budget_fraction: float = Field(0.10, gt=0, le=1, description="smart: the largest share of the grid measured.")
     concurrency: int | None = Field(None, ge=1, description="Closed-loop clients per measurement; the largest of the "
                                     "request's online concurrency by default.")

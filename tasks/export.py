@@ -36,6 +36,7 @@ from tbench.artifacts import ModelArtifact
 from tbench.enums import Format, Precision
 from tbench.errors import BenchError, ConversionError, Unavailable
 from tbench.iospec import IoSpec
+from tbench.registry import Registry, qualified_name
 from tbench.runtimes import source_digest
 from tbench.trt_profiles import (CALIBRATION_SEED, TrtProfile, calibration_batches, check_calibration_samples,
                                  default_calibration_samples, describe, opt_batch_size, optimisation_profile,
@@ -88,13 +89,14 @@ class Converter:
     builds_engine: bool = False  # a TensorRT builder: reads ENGINE_FIELDS and takes `data`, the calibration source
 
 
-REGISTRY: dict[tuple[str, Format], Converter] = {}
+# (source, target) -> its converter; a converter is known by its function (a second one for a pair is refused)
+REGISTRY: Registry[tuple[str, Format], Converter] = Registry("converter", describe=lambda c: qualified_name(c.run))
 
 
 def converter(source: str, target: Format, tools: tuple[str, ...], where: str = "",
               precisions: tuple[Precision, ...] = (Precision.FP32,), builds_engine: bool = False):
     def register(fn):
-        REGISTRY[(source, target)] = Converter(source, target, fn, tools, where, precisions, builds_engine)
+        REGISTRY.register((source, target), Converter(source, target, fn, tools, where, precisions, builds_engine))
         return fn
     return register
 
@@ -569,7 +571,8 @@ def export_model(adapter: ModelAdapter, module, fmt: Format, out_dir: Path, sour
                 applies = i == len(steps) - 1 and options.precision in conv.precisions
                 source, digest, cached = run_step(adapter, conv, source, digest, out_dir, options if applies else fp32)
                 all_cached, held = all_cached and cached, options.precision if applies else Precision.FP32
-    step = REGISTRY.get((fmt.value, fmt))  # the format's own precision step: FP32 file -> reduced-precision file
+    own = (fmt.value, fmt)  # the format's own precision step: FP32 file -> reduced-precision file
+    step = REGISTRY[own] if own in REGISTRY else None
     if held is Precision.FP32 and held is not options.precision and step and options.precision in step.precisions:
         with _no_grad(fmt.value):
             source, digest, cached = run_step(adapter, step, Path(source), digest, out_dir, options,

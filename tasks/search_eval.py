@@ -28,8 +28,7 @@ from tbench.enums import Scenario
 from tbench.errors import ConfigError, PerfAnalyzerError, ServerStartError
 from tbench.layout import RunLayout
 from tbench.request import Measurement
-from tbench.search import (Candidate, Checkpoint, Objective, Observation, SearchResult, SearchSpace, exhaustive_search,
-                           smart_search)
+from tbench.search import STRATEGIES, Candidate, Checkpoint, Objective, Observation, SearchResult, SearchSpace
 
 
 def _number(value) -> float | None:
@@ -177,21 +176,17 @@ def artifact_key(text: str) -> str:
 def search_task(strategy: str, space: SearchSpace, objective: Objective, evaluator, checkpoint: Checkpoint,
                 budget_fraction: float = 0.10, start: Candidate | None = None, label: str = "") -> SearchResult:
     """Run one search strategy; a Prefect progress artifact follows every measured candidate."""
-    planned = len(space.grid()) if strategy == "exhaustive" else None
+    search = STRATEGIES.get(strategy)  # an unknown name fails before the progress artifact
     artifact = create_progress_artifact(0.0, key=artifact_key(f"search-{label}"),
                                         description=f"{strategy} configuration search of {label or 'the model'}")
 
     def on_observation(obs: Observation, measured: int, limit: int) -> None:
-        update_progress_artifact(artifact, 100.0 * measured / (planned or limit))
+        # `limit`: what the strategy plans to measure (the whole grid for exhaustive, its budget for smart)
+        update_progress_artifact(artifact, 100.0 * measured / limit)
         progress.emit("search_point", key=obs.candidate.key, status=obs.status, error=obs.error, throughput=obs.throughput,
-                      p99_ms=obs.p99_ms, measured=measured, limit=planned or limit)
+                      p99_ms=obs.p99_ms, measured=measured, limit=limit)
 
-    if strategy == "exhaustive":
-        result = exhaustive_search(space, objective, evaluator, checkpoint, on_observation=on_observation)
-    elif strategy == "smart":
-        result = smart_search(space, objective, evaluator, checkpoint, budget_fraction=budget_fraction, start=start,
-                              on_observation=on_observation)
-    else:
-        raise ConfigError(f"unknown search strategy {strategy!r}; known: smart, exhaustive")
+    result = search(space, objective, evaluator, checkpoint, budget_fraction=budget_fraction, start=start,
+                    on_observation=on_observation)
     update_progress_artifact(artifact, 100.0)
     return result

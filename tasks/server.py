@@ -37,6 +37,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from tbench import containers, procs, shm, tools
 from tbench.ports import free_port, port_in_use
 from tbench.errors import ServerStartError
+from tbench.registry import Registry
 from tbench.request import run_suffix
 from tbench.triton_config import parse_pbtxt
 
@@ -634,17 +635,22 @@ def configs_loaded(server: TritonServer, configs: dict[str, mc.ModelConfig]):
         server.load(name)
 
 
+# The servers by mode: remote is built from its URL, the others from their ports and options.
+SERVER_MODES: Registry[str, type[TritonServer]] = Registry("server mode")
+for _server in (EmbeddedServer, LocalServer, DockerServer, RemoteServer):
+    SERVER_MODES.register(_server.mode, _server)
+
+
 def make_server(mode: str, repository: Path, log_path: Path, *, http_port: int | None = None, grpc_port: int | None = None,
                 url: str | None = None, backends: set[str] | None = None, **options) -> TritonServer:
+    if mode not in SERVER_MODES:
+        raise ServerStartError(f"unknown server mode {mode!r}; known: {', '.join(SERVER_MODES.names())}")
     if mode == "remote":
         if not url:
             raise ServerStartError("remote mode needs the server's address: --server-url HOST:GRPC_PORT,HOST:HTTP_PORT")
         grpc_url, _, http_url = url.partition(",")
         return RemoteServer(repository, log_path, http_url=http_url or grpc_url, grpc_url=grpc_url, backends=backends)
-    kinds = {"embedded": EmbeddedServer, "local": LocalServer, "docker": DockerServer}
-    if mode not in kinds:
-        raise ServerStartError(f"unknown server mode {mode!r}; known: embedded, local, docker, remote")
-    return kinds[mode](repository, log_path, http_port=http_port, grpc_port=grpc_port, **options)
+    return SERVER_MODES.get(mode)(repository, log_path, http_port=http_port, grpc_port=grpc_port, **options)
 
 
 @task(name="server", cache_policy=NO_CACHE)

@@ -21,6 +21,8 @@ from typing import ClassVar, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from tbench.registry import Registry
+
 # Preferred batch size rules, each resolved against a candidate's max batch size B.
 PREFERRED_RULES = {
     "none": lambda b: [],  # no preferred sizes: Triton batches as large as it can, up to B
@@ -468,6 +470,19 @@ def smart_search(space: SearchSpace, objective: Objective, evaluator: Evaluator,
     except BudgetSpent:
         pass
     return session.result("smart", objective, len(grid), started)
+
+
+def _exhaustive(space: SearchSpace, objective: Objective, evaluator: Evaluator, checkpoint: Checkpoint | None = None,
+                budget_fraction: float = 1.0, start: tuple[int, ...] | Candidate | None = None,
+                on_observation: OnObservation | None = None) -> SearchResult:
+    """exhaustive_search called as smart_search is: it has no budget and no start point, so it ignores them."""
+    return exhaustive_search(space, objective, evaluator, checkpoint, on_observation=on_observation)
+
+
+# The strategies by name, all called as smart_search is; their order is the one the search flow's field lists.
+STRATEGIES: Registry[str, Callable[..., SearchResult]] = Registry("search strategy")
+STRATEGIES.register("smart", smart_search)
+STRATEGIES.register("exhaustive", _exhaustive)
 
 
 class _CoordinateSearch:
