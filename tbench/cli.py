@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 from tbench.settings import configure_prefect_env
@@ -22,6 +23,31 @@ from tbench.preflight import preflight  # noqa: E402
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Benchmark models on NVIDIA Triton Inference Server.")
 console = Console(stderr=True, soft_wrap=True)
+
+# exit codes of `run`, `search` and `submit` (130: interrupted, tbench.interrupts.EXIT_INTERRUPTED)
+EXIT_FAILED, EXIT_BAD_OPTIONS, EXIT_FAILED_POINTS = 1, 2, 3
+
+
+@contextmanager
+def cli_errors(exit_code: int, prefix: str = "", options: bool = False,
+               also: tuple[type[BaseException], ...] = (), describe=str):
+    """The CLI's one error handler: an error a user can fix is one line, `error: PREFIX...`, and `exit_code`, never
+    a traceback. Every BenchError shows its message; with `options` (the block builds the request from the options),
+    a ValueError is pydantic's validation: 'invalid option: FIELD: MESSAGE'; `also` adds error types that `describe`
+    turns into the line. Anything else is a bug and goes through with its traceback."""
+    try:
+        yield
+    except Exception as err:
+        if isinstance(err, BenchError):
+            line = str(err)
+        elif options and isinstance(err, ValueError):
+            line = f"invalid option: {validation_line(err)}"
+        elif isinstance(err, also):
+            line = describe(err)
+        else:
+            raise
+        console.print(f"[red]error:[/] {prefix}{line}")
+        raise typer.Exit(exit_code) from None
 
 
 def parse_int_list(text: str | None, what: str) -> list[int] | None:
@@ -250,7 +276,7 @@ def run(
         os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "CRITICAL")
     from tbench.request import BenchmarkRequest
 
-    try:
+    with cli_errors(EXIT_BAD_OPTIONS, options=True):
         if not model and not model_file:
             raise ConfigError("name a model (see `tbench models`) or give --model-file PATH")
         measurement = measurement_overrides(window_s, stability, max_trials)
@@ -274,12 +300,6 @@ def run(
 
         resolved = request.resolve(hardware.detect().has_gpu)  # fail fast, before Prefect starts
         preflight(resolved)  # ports, paths, output root, artifact store, this node's tools: before anything starts
-    except BenchError as err:
-        console.print(f"[red]error:[/] {err}")
-        raise typer.Exit(2) from None
-    except ValueError as err:  # pydantic validation
-        console.print(f"[red]error:[/] invalid option: {validation_line(err)}")
-        raise typer.Exit(2) from None
 
     if not verbose:
         _quiet_onnxruntime()
@@ -296,10 +316,6 @@ def _quiet_onnxruntime() -> None:
         onnxruntime.set_default_logger_severity(4)  # fatal only
     except ImportError:
         pass
-
-
-# exit codes of `run` and `search`
-EXIT_FAILED, EXIT_BAD_OPTIONS, EXIT_FAILED_POINTS = 1, 2, 3
 
 
 def _run_with_progress(start_flow, done: str, verbose: bool = False) -> None:
@@ -382,7 +398,7 @@ def search(
     from tbench.request import BenchmarkRequest
     from tbench.search import Objective, SearchSpace
 
-    try:
+    with cli_errors(EXIT_BAD_OPTIONS, options=True):
         if throughput_floor is not None and p99_budget_ms is not None:
             raise ConfigError("give a p99 budget or a throughput floor, not both")
         measurement = measurement_overrides(window_s, stability, max_trials)
@@ -405,12 +421,6 @@ def search(
         plan = variant_plan(space, resolved, machine.has_gpu)  # fail fast, before Prefect starts
         preflight(resolved)  # ports, paths, output root, artifact store, this node's tools: before anything starts
         resume_checkpoint(resume, search_context(resolved, search_request, plan, machine))
-    except BenchError as err:
-        console.print(f"[red]error:[/] {err}")
-        raise typer.Exit(2) from None
-    except ValueError as err:  # pydantic validation
-        console.print(f"[red]error:[/] invalid option: {validation_line(err)}")
-        raise typer.Exit(2) from None
     from flows.search import search_flow
 
     _run_with_progress(lambda: search_flow(request, search_request), "search.md", verbose)
@@ -427,11 +437,8 @@ def compare(
     """Per-point deltas and a noise-aware verdict; exit 0 (no change or faster), 1 (regression), 2 (not comparable)."""
     from tbench.compare import compare_runs, comparison_markdown, plot_comparison, verdict_exit_code
 
-    try:
+    with cli_errors(2, also=(OSError, ValueError)):  # 2: not comparable (a run that is missing or unreadable)
         result = compare_runs(baseline, candidate, min_effect, k)
-    except (OSError, ValueError) as err:
-        console.print(f"[red]error:[/] {err}")
-        raise typer.Exit(2) from None
     out = Path(output)
     out.mkdir(parents=True, exist_ok=True)
     (out / "comparison.md").write_text(comparison_markdown(result))
@@ -465,7 +472,7 @@ def submit(
     from tbench.pools import POOLS
     from tbench.request import BenchmarkRequest
 
-    try:
+    with cli_errors(EXIT_BAD_OPTIONS, options=True):
         if pool not in POOLS:
             raise ConfigError(f"unknown pool {pool!r}; known: {', '.join(POOLS)}")
         if not os.environ.get("PREFECT_API_URL"):
@@ -483,12 +490,6 @@ def submit(
         started = time.monotonic()
         run_id = remote.submit(remote.deployment_name("benchmark", pool), parameters, tags=["submitted"],
                                job_variables=variables)
-    except BenchError as err:
-        console.print(f"[red]error:[/] {err}")
-        raise typer.Exit(2) from None
-    except ValueError as err:
-        console.print(f"[red]error:[/] invalid option: {validation_line(err)}")
-        raise typer.Exit(2) from None
     console.print(f"submitted flow run {run_id} to pool {pool}")
     if not follow:
         typer.echo(str(run_id))
@@ -514,11 +515,8 @@ def upload(
     """Finish the upload of a kept run folder: files already in the store are skipped, the manifest goes last."""
     from tasks.store import retry_upload
 
-    try:
+    with cli_errors(EXIT_FAILED):
         url = retry_upload(Path(run_folder), to)
-    except BenchError as err:
-        console.print(f"[red]error:[/] {err}")
-        raise typer.Exit(1) from None
     typer.echo(url)
 
 
@@ -541,14 +539,10 @@ def results(
     from tbench.storage import error_cause, store_errors
 
     root = root or os.environ.get("TBENCH_ARTIFACT_ROOT", "runs")
-    try:
+    # store_errors: an S3 endpoint that is down raises botocore's own errors, not OSErrors
+    with cli_errors(EXIT_FAILED, f"cannot read the results dataset under {root}: ", also=store_errors(),
+                    describe=error_cause):
         table = query_results(root, model=model, gpu=gpu, since=since, include_incomplete=include_incomplete)
-    except BenchError as err:
-        console.print(f"[red]error:[/] cannot read the results dataset under {root}: {err}")
-        raise typer.Exit(1) from None
-    except store_errors() as err:  # an S3 endpoint that is down raises botocore's own errors, not OSErrors
-        console.print(f"[red]error:[/] cannot read the results dataset under {root}: {error_cause(err)}")
-        raise typer.Exit(1) from None
     if table.empty:
         console.print(f"no stored results under {root}/results match"
                       + ("" if include_incomplete else " (failed and interrupted runs are left out: --include-incomplete)"))
@@ -589,12 +583,12 @@ def stack_up(
     from tbench import stack
 
     s = stack.Stack(root=Path(folder) if folder else stack.DEFAULT_DIR, database_url=database_url, api_port=port)
-    try:
-        s.up()
-    except BenchError as err:
-        s.down()
-        console.print(f"[red]error:[/] {err}")
-        raise typer.Exit(1) from None
+    with cli_errors(EXIT_FAILED):
+        try:
+            s.up()
+        except BenchError:
+            s.down()  # what did start stops again before the error is shown
+            raise
     console.print(f"Prefect UI: {s.api_url[:-4]}   S3 endpoint: {s.s3.url}   artifacts: {s.artifact_root}"
                   + (f"   database: {stack.masked_url(database_url)}" if database_url else ""))
     for key, value in s.client_env().items():
@@ -606,11 +600,8 @@ def stack_env(folder: str = typer.Option(None, help="The stack's folder.")) -> N
     """Shell exports for the running stack: eval "$(tbench stack env)"."""
     from tbench import stack
 
-    try:
+    with cli_errors(EXIT_FAILED):
         state = stack.load_state(Path(folder) if folder else stack.DEFAULT_DIR)
-    except BenchError as err:
-        console.print(f"[red]error:[/] {err}")
-        raise typer.Exit(1) from None
     for key, value in state["env"].items():
         if key not in stack.SECRET_ENV:  # a stack.json from before the URL was kept out of it
             typer.echo(f"export {key}={value}")
@@ -621,11 +612,8 @@ def stack_down(folder: str = typer.Option(None, help="The stack's folder.")) -> 
     """Stop the worker, the Prefect server and the S3 endpoint."""
     from tbench import stack
 
-    try:
+    with cli_errors(EXIT_FAILED):
         stopped = stack.down_from_state(Path(folder) if folder else stack.DEFAULT_DIR)
-    except BenchError as err:
-        console.print(f"[red]error:[/] {err}")
-        raise typer.Exit(1) from None
     console.print("stopped: " + ", ".join(stopped))
 
 
@@ -642,11 +630,8 @@ def doctor(
 
     from tbench.doctor import full_report, image_problems
 
-    try:
+    with cli_errors(EXIT_FAILED):
         report = full_report()
-    except BenchError as err:
-        console.print(f"[red]error:[/] {err}")
-        raise typer.Exit(1) from None
     if json_output:
         typer.echo(report.model_dump_json(indent=2))
     else:
@@ -657,7 +642,7 @@ def doctor(
         Console(width=None if console.is_terminal else 200).print(table)
     if image and (problems := image_problems(report)):
         console.print(f"[red]error:[/] this image lacks what GPU runs need: {' | '.join(problems)}")
-        raise typer.Exit(1)
+        raise typer.Exit(EXIT_FAILED)
 
 
 @app.command()
