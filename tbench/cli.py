@@ -16,7 +16,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's start-up bann
 
 import typer  # noqa: E402
 from rich.console import Console  # noqa: E402
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn  # noqa: E402
+from rich.progress import (  # noqa: E402
+    BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn)
 
 from tbench import progress  # noqa: E402
 from tbench.cli_options import (  # noqa: E402
@@ -26,7 +27,8 @@ from tbench.cli_options import (  # noqa: E402
 from tbench.errors import BenchError, ConfigError, error_line  # noqa: E402
 from tbench.preflight import preflight  # noqa: E402
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="Benchmark models on NVIDIA Triton Inference Server.")
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="Benchmark models on NVIDIA Triton Inference Server.")
 console = Console(stderr=True, soft_wrap=True)
 
 # exit codes of `run`, `search` and `submit` (130: interrupted, tbench.interrupts.EXIT_INTERRUPTED)
@@ -180,9 +182,11 @@ class RichProgress:
             self.run_url, self.status, self.detail = data["url"], data["status"], data.get("detail", "")
             self.stage_name = data.get("stage") or self.stage_name
         elif event == "lock_wait":
-            self.bar.console.print(f"  [yellow]waiting[/] {data['waited_s']:.0f} s for the device lock: held by {data['holder']}")
+            self.bar.console.print(f"  [yellow]waiting[/] {data['waited_s']:.0f} s for the device lock: "
+                                   f"held by {data['holder']}")
         elif event == "lock_reclaimed":
-            self.bar.console.print(f"  [yellow]reclaimed[/] the device lock from {data['holder']} (its lease is stale)")
+            self.bar.console.print(f"  [yellow]reclaimed[/] the device lock from {data['holder']} "
+                                   "(its lease is stale)")
         elif event == "run_start":
             self.bar.console.print(f"run [bold]{data['run_id']}[/] in {data['run_dir']}")
         elif event == "stage_start":
@@ -198,7 +202,8 @@ class RichProgress:
             row = data["row"]
             self.bar.advance(self.sweep)
             tput = row.get("throughput_infer_per_s")
-            what = f"{tput:.1f} infer/s, p99 {row['p99_ms']:.2f} ms" if row["status"] == "ok" else f"[yellow]{row['status']}[/]: {row['error']}"
+            what = (f"{tput:.1f} infer/s, p99 {row['p99_ms']:.2f} ms" if row["status"] == "ok"
+                    else f"[yellow]{row['status']}[/]: {row['error']}")
             load = (f"rate {row['request_rate']:g}/s {row['request_distribution']}" if row.get("request_distribution")
                     else f"concurrency {row['concurrency']}")
             self.bar.console.print(f"    {row['scenario']} batch {row['batch_size']} {load}: {what}")
@@ -328,7 +333,8 @@ def _run_with_progress(start_flow, done: str, verbose: bool = False) -> None:
     from tbench.interrupts import EXIT_INTERRUPTED, cli_signal_handlers, is_interrupt, signal_name
     from tbench.prefect_api import prefect_api
 
-    columns = [SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
+    columns = [SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+               TimeElapsedColumn()]
     listener = None
     logging.raiseExceptions = False  # a log file on a full disk: the run's own error says so, not a logging traceback
     try:
@@ -525,7 +531,8 @@ def submit(
 @app.command()
 def upload(
     run_folder: str = typer.Argument(..., help="A run folder kept locally after its upload failed."),
-    to: str = typer.Option(None, "--to", help="The artifact root (default: where the run's manifest says it was going)."),
+    to: str = typer.Option(None, "--to", help="The artifact root (default: where the run's manifest says it was "
+                           "going)."),
 ) -> None:
     """Finish the upload of a kept run folder: files already in the store are skipped, the manifest goes last."""
     from tasks.store import retry_upload
@@ -540,7 +547,8 @@ def results(
     root: str = typer.Option(None, "--root", help="The artifact root holding the results dataset (default: "
                              "$TBENCH_ARTIFACT_ROOT, else ./runs)."),
     model: str = typer.Option(None, help="Only this model."),
-    gpu: str = typer.Option(None, help="Only this GPU (as the results name it, e.g. 'CPU' or 'NVIDIA A100-SXM4-80GB')."),
+    gpu: str = typer.Option(None, help="Only this GPU (as the results name it, e.g. 'CPU' or "
+                            "'NVIDIA A100-SXM4-80GB')."),
     since: str = typer.Option(None, help="Only runs from this date on (YYYY-MM-DD)."),
     all_points: bool = typer.Option(False, "--all", help="Every point, not the best per run, format and scenario."),
     csv: str = typer.Option(None, "--csv", help="Also write the rows to this CSV file."),
@@ -559,15 +567,15 @@ def results(
                     describe=error_cause):
         table = query_results(root, model=model, gpu=gpu, since=since, include_incomplete=include_incomplete)
     if table.empty:
-        console.print(f"no stored results under {root}/results match"
-                      + ("" if include_incomplete else " (failed and interrupted runs are left out: --include-incomplete)"))
+        console.print(f"no stored results under {root}/results match" + (
+            "" if include_incomplete else " (failed and interrupted runs are left out: --include-incomplete)"))
         raise typer.Exit(0)
     rows = table if all_points else best_per_run(table)
     if csv:
         rows.to_csv(csv, index=False)
-    headers = {"date": "date", "run_id": "run", "model": "model", "gpu": "gpu", "format": "format", "precision": "precision",
-               "scenario": "scenario", "batch_size": "batch", "concurrency": "conc.", "throughput_infer_per_s": "infer/s",
-               "p99_ms": "p99 ms", "run_status": "run status"}
+    headers = {"date": "date", "run_id": "run", "model": "model", "gpu": "gpu", "format": "format",
+               "precision": "precision", "scenario": "scenario", "batch_size": "batch", "concurrency": "conc.",
+               "throughput_infer_per_s": "infer/s", "p99_ms": "p99 ms", "run_status": "run status"}
     shown = [c for c in headers if c in rows.columns]
     out = Table(*(headers[c] for c in shown), title=f"{len(rows)} rows from {table['run_id'].nunique()} runs")
     for _, r in rows[shown].iterrows():
@@ -581,7 +589,8 @@ def pd_missing(value) -> bool:
     return value is None or (not isinstance(value, str) and bool(pd.isna(value)))
 
 
-stack_app = typer.Typer(help="The local stack: Prefect server, S3 endpoint (moto), pools, deployments and a cpu worker.")
+stack_app = typer.Typer(help="The local stack: Prefect server, S3 endpoint (moto), pools, deployments and a cpu "
+                        "worker.")
 app.add_typer(stack_app, name="stack")
 StackFolder = Annotated[str | None, typer.Option(help="The stack's folder (~/.cache/tbench/stack by default).")]
 
@@ -594,7 +603,8 @@ def _stack_dir(folder: str | None) -> Path:
 
 @stack_app.command("up")
 def stack_up(
-    folder: str = typer.Option(None, help="Where the stack keeps its database, logs and state (~/.cache/tbench/stack)."),
+    folder: str = typer.Option(None, help="Where the stack keeps its database, logs and state "
+                               "(~/.cache/tbench/stack)."),
     database_url: str = typer.Option(None, envvar="TBENCH_STACK_DATABASE_URL", help="PostgreSQL instead of SQLite: "
                                      "postgresql+asyncpg://user:pass@host/db. Better set TBENCH_STACK_DATABASE_URL (a "
                                      "command line is seen by ps and kept in shell history); only the Prefect server "
