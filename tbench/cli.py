@@ -5,7 +5,9 @@ from __future__ import annotations
 import logging
 import os
 import time
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Annotated
 
 from tbench.settings import configure_prefect_env
 
@@ -14,14 +16,45 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's start-up bann
 
 import typer  # noqa: E402
 from rich.console import Console  # noqa: E402
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn  # noqa: E402
+from rich.progress import (  # noqa: E402
+    BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn)
 
 from tbench import progress  # noqa: E402
+from tbench.cli_options import (  # noqa: E402
+    BatchSizes, Concurrency, DockerImage, DockerNetwork, DockerUlimit, Formats, Framework, Gpus, GrpcPort, HttpPort,
+    MaxTrials, ModelName, Output, PrecisionOpt, Reuse, Scenarios, Server, ServerUrl, Size, Stability, Verbose, WindowS,
+    field_help, measurement_overrides, server_fields)
 from tbench.errors import BenchError, ConfigError, error_line  # noqa: E402
 from tbench.preflight import preflight  # noqa: E402
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="Benchmark models on NVIDIA Triton Inference Server.")
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="Benchmark models on NVIDIA Triton Inference Server.")
 console = Console(stderr=True, soft_wrap=True)
+
+# exit codes of `run`, `search` and `submit` (130: interrupted, tbench.interrupts.EXIT_INTERRUPTED)
+EXIT_FAILED, EXIT_BAD_OPTIONS, EXIT_FAILED_POINTS = 1, 2, 3
+
+
+@contextmanager
+def cli_errors(exit_code: int, prefix: str = "", options: bool = False,
+               also: tuple[type[BaseException], ...] = (), describe=str):
+    """The CLI's one error handler: an error a user can fix is one line, `error: PREFIX...`, and `exit_code`, never
+    a traceback. Every BenchError shows its message; with `options` (the block builds the request from the options),
+    a ValueError is pydantic's validation: 'invalid option: FIELD: MESSAGE'; `also` adds error types that `describe`
+    turns into the line. Anything else is a bug and goes through with its traceback."""
+    try:
+        yield
+    except Exception as err:
+        if isinstance(err, BenchError):
+            line = str(err)
+        elif options and isinstance(err, ValueError):
+            line = f"invalid option: {validation_line(err)}"
+        elif isinstance(err, also):
+            line = describe(err)
+        else:
+            raise
+        console.print(f"[red]error:[/] {prefix}{line}")
+        raise typer.Exit(exit_code) from None
 
 
 def parse_int_list(text: str | None, what: str) -> list[int] | None:
@@ -134,14 +167,6 @@ def validation_line(err: ValueError) -> str:
     return str(err).splitlines()[0]
 
 
-def measurement_overrides(window_s: float | None = None, stability: float | None = None, max_trials: int | None = None):
-    """The measurement fields the user set; the profile's and the model's settings hold for the others."""
-    from tbench.request import MeasurementOverrides
-
-    given = _given(window_s=window_s, stability_percentage=stability, max_trials=max_trials)
-    return MeasurementOverrides(**given) if given else None
-
-
 class RichProgress:
     """Listens to progress events: a line per stage, a bar over the perf_analyzer points."""
 
@@ -157,9 +182,11 @@ class RichProgress:
             self.run_url, self.status, self.detail = data["url"], data["status"], data.get("detail", "")
             self.stage_name = data.get("stage") or self.stage_name
         elif event == "lock_wait":
-            self.bar.console.print(f"  [yellow]waiting[/] {data['waited_s']:.0f} s for the device lock: held by {data['holder']}")
+            self.bar.console.print(f"  [yellow]waiting[/] {data['waited_s']:.0f} s for the device lock: "
+                                   f"held by {data['holder']}")
         elif event == "lock_reclaimed":
-            self.bar.console.print(f"  [yellow]reclaimed[/] the device lock from {data['holder']} (its lease is stale)")
+            self.bar.console.print(f"  [yellow]reclaimed[/] the device lock from {data['holder']} "
+                                   "(its lease is stale)")
         elif event == "run_start":
             self.bar.console.print(f"run [bold]{data['run_id']}[/] in {data['run_dir']}")
         elif event == "stage_start":
@@ -175,7 +202,8 @@ class RichProgress:
             row = data["row"]
             self.bar.advance(self.sweep)
             tput = row.get("throughput_infer_per_s")
-            what = f"{tput:.1f} infer/s, p99 {row['p99_ms']:.2f} ms" if row["status"] == "ok" else f"[yellow]{row['status']}[/]: {row['error']}"
+            what = (f"{tput:.1f} infer/s, p99 {row['p99_ms']:.2f} ms" if row["status"] == "ok"
+                    else f"[yellow]{row['status']}[/]: {row['error']}")
             load = (f"rate {row['request_rate']:g}/s {row['request_distribution']}" if row.get("request_distribution")
                     else f"concurrency {row['concurrency']}")
             self.bar.console.print(f"    {row['scenario']} batch {row['batch_size']} {load}: {what}")
@@ -193,99 +221,98 @@ class RichProgress:
 @app.command()
 def run(
     model: str = typer.Argument(None, help="Model adapter name (see `tbench models`); not needed with --model-file."),
-    model_file: str = typer.Option(None, "--model-file", help="An ONNX file, a TorchScript file or a TF SavedModel folder."),
-    shape: list[str] = typer.Option(None, "--shape", help="--model-file: an input's non-batch shape, NAME:D1,D2 (repeat per input)."),
-    dtype: list[str] = typer.Option(None, "--dtype", help="--model-file: an input's numpy dtype, NAME:int64 (TorchScript)."),
-    value_range: list[str] = typer.Option(None, "--value-range", help="--model-file: an input's synthetic values in LO..HI, "
-                                          "NAME:LO,HI (repeat per input); integers inclusive, floats uniform."),
-    input_data: str = typer.Option(None, "--input-data", help="Samples to send instead of synthetic data: perf_analyzer's "
-                                   "JSON input data, an .npz (one array per input) or a folder of NAME.npy (samples on axis 0)."),
+    model_file: str = typer.Option(None, "--model-file", help=field_help("model_file")),
+    shape: list[str] = typer.Option(None, "--shape", help="--model-file: an input's non-batch shape, NAME:D1,D2 "
+                                    "(repeat per input)."),
+    dtype: list[str] = typer.Option(None, "--dtype", help="--model-file: an input's numpy dtype, NAME:int64 "
+                                    "(TorchScript)."),
+    value_range: list[str] = typer.Option(None, "--value-range", help="--model-file: an input's synthetic values in "
+                                          "LO..HI, NAME:LO,HI (repeat per input); integers inclusive, floats uniform."),
+    input_data: str = typer.Option(None, "--input-data", help=field_help("input_data")),
     trt_shape: list[str] = typer.Option(None, "--trt-shape", help="trt, tf-trt: an input's dynamic dims in TensorRT's "
                                         "profile, NAME:MIN,OPT,MAX non-batch shapes, dims joined by 'x' (repeat per "
                                         "input), e.g. input_ids:16,128,512; the sample's size otherwise."),
-    calibration_samples: int = typer.Option(None, "--calibration-samples", help="INT8 (trt, tf-trt): samples of the "
-                                            "model's data calibrated on, in batches of the profile's opt batch "
-                                            "(512, or one batch if larger, by default)."),
-    framework: str = typer.Option(None, help="The model's implementation: pytorch or tensorflow (the adapter's first by default)."),
-    size: str = typer.Option(None, help="Model size: full, small, or the model's presets (dlrm: tiny, small, 4B, 22B)."),
-    option: list[str] = typer.Option(None, "--option", help="A model-specific option, NAME=VALUE (repeat), e.g. memory_threshold_gb=16."),
-    checkpoint: str = typer.Option(None, help="Weights file; random weights when not given."),
-    dataset: str = typer.Option(None, help="Dataset folder (e.g. ImageNet layout for resnet50); synthetic data when not given."),
-    formats: str = typer.Option(None, help="Formats to export and check, e.g. onnx,ts-trace."),
-    serve: str = typer.Option(None, help="Formats to serve and measure, e.g. onnx,ts-script, or 'all' (default: the first format)."),
-    precision: str = typer.Option("fp32", help="Precision of the served model."),
-    batch_sizes: str = typer.Option(None, "--batch-sizes", help="Offline batch sizes, e.g. 1,2,4,8."),
-    concurrency: str = typer.Option(None, help="Online concurrency values, e.g. 1,2,4,8 or 1:8:1."),
-    scenarios: str = typer.Option(None, help="Scenarios to measure: offline, online, rate (the model's guide's by default)."),
-    online_batch_size: int = typer.Option(None, help="Samples per request in the online and rate scenarios (the model's default)."),
-    request_rates: str = typer.Option(None, "--request-rates", help="Rate scenario: requests per second, e.g. 10,20,40."),
-    distribution: str = typer.Option("poisson", help="Rate scenario: request arrivals, poisson or constant."),
+    calibration_samples: int = typer.Option(None, "--calibration-samples", help=field_help("calibration_samples")),
+    framework: Framework = None,
+    size: Size = None,
+    option: list[str] = typer.Option(None, "--option", help="A model-specific option, NAME=VALUE (repeat), e.g. "
+                                     "memory_threshold_gb=16."),
+    checkpoint: str = typer.Option(None, help=field_help("checkpoint")),
+    dataset: str = typer.Option(None, help=field_help("dataset")),
+    formats: Formats = None,
+    serve: str = typer.Option(None, help=field_help("serve_formats", "On the command line: onnx,ts-script or all.")),
+    precision: PrecisionOpt = "fp32",
+    batch_sizes: BatchSizes = None,
+    concurrency: Concurrency = None,
+    scenarios: Scenarios = None,
+    online_batch_size: int = typer.Option(None, help=field_help("online_batch_size")),
+    request_rates: str = typer.Option(None, "--request-rates", help=field_help("request_rates", "On the command "
+                                                                                "line: 10,20,40.")),
+    distribution: str = typer.Option("poisson", help=field_help("request_distribution", "poisson or constant.")),
     max_batch_size: int = typer.Option(None, help="Triton max_batch_size."),
     instances: int = typer.Option(None, help="Model instances (instance_group count)."),
     preferred_batch_sizes: str = typer.Option(None, help="Dynamic batching preferred batch sizes, e.g. 4,8."),
     queue_delay_us: int = typer.Option(None, help="Dynamic batching max queue delay in microseconds."),
-    profile: str = typer.Option(None, help="cpu (quick) or gpu (the guide's grid); by hardware when not given."),
-    output: str = typer.Option(None, "--output", "-o", help="Artifact root: a folder or an fsspec URL (default: "
-                               "$TBENCH_ARTIFACT_ROOT, else ./runs)."),
-    baseline: str = typer.Option(None, help="A run folder or URL to compare with: deltas and a noise-aware verdict in the report."),
-    reuse: bool = typer.Option(False, "--reuse", help="Take points this machine already measured with the same inputs "
-                               "from the point cache (an interrupted run resumes)."),
-    server: str = typer.Option("embedded", help="embedded, local (tritonserver on PATH), docker (NGC image) or remote."),
-    server_url: str = typer.Option(None, help="remote: 'host:grpc_port,host:http_port' (explicit model control)."),
-    docker_image: str = typer.Option(None, help="docker: the Triton image."),
-    gpus: str = typer.Option(None, help="docker: 'all' (the default), '0,1' or 'none'."),
-    docker_network: str = typer.Option("host", help="docker: host (--network=host) or bridge (ports on 127.0.0.1)."),
-    docker_ulimit: list[str] = typer.Option(None, help="docker: a ulimit for the container, NAME=SOFT[:HARD] (repeat; "
-                                           "'none' for none; NGC's memlock=-1 and stack=67108864 by default)."),
-    http_port: int = typer.Option(None, help="Triton HTTP port (a free one by default)."),
-    grpc_port: int = typer.Option(None, help="Triton gRPC port (a free one by default)."),
-    window_s: float = typer.Option(None, "--window-s", help="Target seconds per perf_analyzer measurement window (the profile's by default)."),
-    stability: float = typer.Option(None, help="perf_analyzer stability percentage (10 by default)."),
-    max_trials: int = typer.Option(None, "--max-trials", help="Windows perf_analyzer tries per point before giving up."),
-    verbose: bool = typer.Option(False, "--verbose", "-v", help="Also show Prefect's logs in the terminal."),
+    profile: str = typer.Option(None, help=field_help("profile")),
+    output: Output = None,
+    baseline: str = typer.Option(None, help=field_help("baseline")),
+    reuse: Reuse = False,
+    server: Server = "embedded",
+    server_url: ServerUrl = None,
+    docker_image: DockerImage = None,
+    gpus: Gpus = None,
+    docker_network: DockerNetwork = "host",
+    docker_ulimit: DockerUlimit = None,
+    http_port: HttpPort = None,
+    grpc_port: GrpcPort = None,
+    window_s: WindowS = None,
+    stability: Stability = None,
+    max_trials: MaxTrials = None,
+    verbose: Verbose = False,
 ) -> None:
     """Export, check, serve and measure MODEL; prints the run folder."""
-    if not verbose:  # before anything imports Prefect (the preflight does): its console handler reads this once;
-        # Prefect's console logs (tracebacks too) still go to the run's logs/prefect.log
-        os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "CRITICAL")
+    _quiet_prefect(verbose)
     from tbench.request import BenchmarkRequest
 
-    try:
+    with cli_errors(EXIT_BAD_OPTIONS, options=True):
         if not model and not model_file:
             raise ConfigError("name a model (see `tbench models`) or give --model-file PATH")
-        measurement = measurement_overrides(window_s, stability, max_trials)
         request = BenchmarkRequest(
-            model=model or "resnet50", size=size, model_options=parse_options(option), checkpoint=checkpoint, dataset=dataset, formats=_split(formats), serve_formats=_split(serve),
-            framework=framework, model_file=model_file, shapes=parse_named(shape, "shape", _dims),
+            model=model or "resnet50", size=size, model_options=parse_options(option), checkpoint=checkpoint,
+            dataset=dataset, formats=_split(formats), serve_formats=_split(serve), framework=framework,
+            model_file=model_file, shapes=parse_named(shape, "shape", _dims),
             input_dtypes=parse_named(dtype, "dtype", str), input_data=input_data,
             value_ranges=parse_named(value_range, "--value-range (NAME:LO,HI)", _bounds),
             trt_shapes=parse_named(trt_shape, "--trt-shape (NAME:MIN,OPT,MAX)", _shape_range),
-            calibration_samples=calibration_samples,
-            precision=precision, batch_sizes=parse_int_list(batch_sizes, "batch sizes"),
-            concurrency=parse_int_list(concurrency, "concurrency"), scenarios=_split(scenarios), online_batch_size=online_batch_size,
+            calibration_samples=calibration_samples, precision=precision,
+            batch_sizes=parse_int_list(batch_sizes, "batch sizes"),
+            concurrency=parse_int_list(concurrency, "concurrency"), scenarios=_split(scenarios),
+            online_batch_size=online_batch_size,
             request_rates=parse_float_list(request_rates, "request rates"), request_distribution=distribution,
             max_batch_size=max_batch_size, model_instances=instances,
             preferred_batch_sizes=parse_int_list(preferred_batch_sizes, "preferred batch sizes"),
-            max_queue_delay_us=queue_delay_us, profile=profile, **_given(output=output), baseline=baseline, reuse_measurements=reuse, server=server, server_url=server_url,
-            docker_image=docker_image, gpus=gpus, docker_network=docker_network,
-            docker_ulimits=None if not docker_ulimit else [u for u in docker_ulimit if u != "none"], http_port=http_port,
-            grpc_port=grpc_port, measurement=measurement)
+            max_queue_delay_us=queue_delay_us, profile=profile, **_given(output=output), baseline=baseline,
+            reuse_measurements=reuse, measurement=measurement_overrides(window_s, stability, max_trials),
+            **server_fields(server, server_url, docker_image, gpus, docker_network, docker_ulimit, http_port,
+                            grpc_port))
         from tbench import hardware
 
         resolved = request.resolve(hardware.detect().has_gpu)  # fail fast, before Prefect starts
         preflight(resolved)  # ports, paths, output root, artifact store, this node's tools: before anything starts
-    except BenchError as err:
-        console.print(f"[red]error:[/] {err}")
-        raise typer.Exit(2) from None
-    except ValueError as err:  # pydantic validation
-        console.print(f"[red]error:[/] invalid option: {validation_line(err)}")
-        raise typer.Exit(2) from None
 
     if not verbose:
         _quiet_onnxruntime()
     from flows.benchmark import benchmark_flow
 
     _run_with_progress(lambda: benchmark_flow(request), "report.md", verbose)
+
+
+def _quiet_prefect(verbose: bool) -> None:
+    """Without -v, Prefect's console logs stay off the terminal (tracebacks too: they still go to the run's
+    logs/prefect.log). Set before anything imports Prefect (the preflight's node check does): its console handler
+    reads this once."""
+    if not verbose:
+        os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "CRITICAL")
 
 
 def _quiet_onnxruntime() -> None:
@@ -298,10 +325,6 @@ def _quiet_onnxruntime() -> None:
         pass
 
 
-# exit codes of `run` and `search`
-EXIT_FAILED, EXIT_BAD_OPTIONS, EXIT_FAILED_POINTS = 1, 2, 3
-
-
 def _run_with_progress(start_flow, done: str, verbose: bool = False) -> None:
     """Run a flow with a rich progress bar in the CLI's own Prefect API; print `done` (a file of the run folder) and the
     run folder. Every way a run can end is one line and an exit code: completed 0, completed with failed points 3,
@@ -310,7 +333,8 @@ def _run_with_progress(start_flow, done: str, verbose: bool = False) -> None:
     from tbench.interrupts import EXIT_INTERRUPTED, cli_signal_handlers, is_interrupt, signal_name
     from tbench.prefect_api import prefect_api
 
-    columns = [SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
+    columns = [SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+               TimeElapsedColumn()]
     listener = None
     logging.raiseExceptions = False  # a log file on a full disk: the run's own error says so, not a logging traceback
     try:
@@ -351,9 +375,9 @@ def _run_with_progress(start_flow, done: str, verbose: bool = False) -> None:
 
 @app.command()
 def search(
-    model: str = typer.Argument(..., help="Model adapter name (see `tbench models`)."),
-    size: str = typer.Option(None, help="Model size: full, small, or the model's presets."),
-    framework: str = typer.Option(None, help="The model's implementation: pytorch or tensorflow."),
+    model: ModelName,
+    size: Size = None,
+    framework: Framework = None,
     variants: str = typer.Option(None, help="Served variants to search across: formats or FORMAT:PRECISION, e.g. "
                                  "onnx,ts-trace (the model's first format by default)."),
     instances: str = typer.Option("1,2", help="Instance counts to try."),
@@ -361,56 +385,60 @@ def search(
     preferred: str = typer.Option("none,max", help="Preferred batch size rules to try: none, max, half, quarter."),
     queue_delays_us: str = typer.Option("0,500,2000", "--queue-delays-us", help="Max queue delays to try, in us."),
     p99_budget_ms: float = typer.Option(None, "--p99-budget-ms", help="Best throughput with p99 under this budget."),
-    throughput_floor: float = typer.Option(None, "--throughput-floor", help="Instead: lowest p99 with at least this throughput."),
+    throughput_floor: float = typer.Option(None, "--throughput-floor", help="Instead: lowest p99 with at least this "
+                                           "throughput."),
     strategy: str = typer.Option("smart", help="smart (measures a budget share of the grid) or exhaustive."),
     budget_fraction: float = typer.Option(0.10, help="smart: the largest share of the grid measured."),
-    concurrency: int = typer.Option(None, help="Closed-loop clients per measurement (the model's largest online concurrency by default)."),
-    resume: str = typer.Option(None, help="An interrupted search's run folder (or search.jsonl): measured candidates are not measured again."),
-    output: str = typer.Option(None, "--output", "-o", help="Artifact root: a folder or an fsspec URL (default: "
-                               "$TBENCH_ARTIFACT_ROOT, else ./runs)."),
-    server: str = typer.Option("embedded", help="embedded, local, docker or remote."),
-    server_url: str = typer.Option(None, help="remote: 'host:grpc_port,host:http_port'."),
-    window_s: float = typer.Option(None, "--window-s", help="Target seconds per perf_analyzer measurement window (the profile's by default)."),
-    stability: float = typer.Option(None, help="perf_analyzer stability percentage (10 by default)."),
-    max_trials: int = typer.Option(None, "--max-trials", help="Windows perf_analyzer tries per point before giving up."),
-    verbose: bool = typer.Option(False, "--verbose", "-v", help="Also show Prefect's logs in the terminal."),
+    concurrency: int = typer.Option(None, help="Closed-loop clients per measurement (the model's largest online "
+                                    "concurrency by default)."),
+    resume: str = typer.Option(None, help="An interrupted search's run folder (or search.jsonl): measured candidates "
+                               "are not measured again."),
+    output: Output = None,
+    server: Server = "embedded",
+    server_url: ServerUrl = None,
+    docker_image: DockerImage = None,
+    gpus: Gpus = None,
+    docker_network: DockerNetwork = "host",
+    docker_ulimit: DockerUlimit = None,
+    http_port: HttpPort = None,
+    grpc_port: GrpcPort = None,
+    window_s: WindowS = None,
+    stability: Stability = None,
+    max_trials: MaxTrials = None,
+    verbose: Verbose = False,
 ) -> None:
     """Search MODEL's Triton configuration grid for the best throughput under a p99 budget (or the lowest p99 above a
     throughput floor); prints the run folder, whose search.md names the best configuration."""
-    if not verbose:  # before anything imports Prefect: its console handler reads this once
-        os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "CRITICAL")
+    _quiet_prefect(verbose)
     from tbench.request import BenchmarkRequest
     from tbench.search import Objective, SearchSpace
 
-    try:
+    with cli_errors(EXIT_BAD_OPTIONS, options=True):
         if throughput_floor is not None and p99_budget_ms is not None:
             raise ConfigError("give a p99 budget or a throughput floor, not both")
         measurement = measurement_overrides(window_s, stability, max_trials)
         space = SearchSpace(instances=parse_int_list(instances, "instances"),
                             max_batch_sizes=parse_int_list(max_batch_sizes, "max batch sizes"),
-                            preferred=_split(preferred), queue_delays_us=parse_int_list(queue_delays_us, "queue delays"),
+                            preferred=_split(preferred),
+                            queue_delays_us=parse_int_list(queue_delays_us, "queue delays"),
                             formats=_split(variants) or [""])
         objective = (Objective(goal="min_latency", throughput_floor=throughput_floor) if throughput_floor is not None
                      else Objective(p99_budget_ms=p99_budget_ms))
-        request = BenchmarkRequest(model=model, size=size, framework=framework, **_given(output=output), server=server,
-                                   server_url=server_url, measurement=measurement,
-                                   formats=list(dict.fromkeys(v.partition(":")[0] for v in space.formats if v)) or None)
+        request = BenchmarkRequest(
+            model=model, size=size, framework=framework, **_given(output=output), measurement=measurement,
+            formats=list(dict.fromkeys(v.partition(":")[0] for v in space.formats if v)) or None,
+            **server_fields(server, server_url, docker_image, gpus, docker_network, docker_ulimit, http_port,
+                            grpc_port))
         from flows.search import SearchRequest, resume_checkpoint, search_context, variant_plan
         from tbench import hardware
 
-        search_request = SearchRequest(space=space, objective=objective, strategy=strategy, budget_fraction=budget_fraction,
-                                       concurrency=concurrency, resume_from=resume)
+        search_request = SearchRequest(space=space, objective=objective, strategy=strategy,
+                                       budget_fraction=budget_fraction, concurrency=concurrency, resume_from=resume)
         machine = hardware.detect()
         resolved = request.resolve(machine.has_gpu)
         plan = variant_plan(space, resolved, machine.has_gpu)  # fail fast, before Prefect starts
         preflight(resolved)  # ports, paths, output root, artifact store, this node's tools: before anything starts
         resume_checkpoint(resume, search_context(resolved, search_request, plan, machine))
-    except BenchError as err:
-        console.print(f"[red]error:[/] {err}")
-        raise typer.Exit(2) from None
-    except ValueError as err:  # pydantic validation
-        console.print(f"[red]error:[/] invalid option: {validation_line(err)}")
-        raise typer.Exit(2) from None
     from flows.search import search_flow
 
     _run_with_progress(lambda: search_flow(request, search_request), "search.md", verbose)
@@ -427,11 +455,8 @@ def compare(
     """Per-point deltas and a noise-aware verdict; exit 0 (no change or faster), 1 (regression), 2 (not comparable)."""
     from tbench.compare import compare_runs, comparison_markdown, plot_comparison, verdict_exit_code
 
-    try:
+    with cli_errors(2, also=(OSError, ValueError)):  # 2: not comparable (a run that is missing or unreadable)
         result = compare_runs(baseline, candidate, min_effect, k)
-    except (OSError, ValueError) as err:
-        console.print(f"[red]error:[/] {err}")
-        raise typer.Exit(2) from None
     out = Path(output)
     out.mkdir(parents=True, exist_ok=True)
     (out / "comparison.md").write_text(comparison_markdown(result))
@@ -442,19 +467,21 @@ def compare(
 
 @app.command()
 def submit(
-    model: str = typer.Argument(..., help="Model adapter name (see `tbench models`)."),
+    model: ModelName,
     pool: str = typer.Option("cpu", help="The work pool whose workers run it: a100, v100, t4, a30, a40, h100 or cpu."),
-    size: str = typer.Option(None, help="Model size: full, small, or the model's presets."),
-    framework: str = typer.Option(None, help="pytorch or tensorflow."),
-    formats: str = typer.Option(None, help="Formats to export and check, e.g. onnx,ts-trace."),
-    precision: str = typer.Option(None, help="Precision of the served model."),
-    batch_sizes: str = typer.Option(None, "--batch-sizes", help="Offline batch sizes, e.g. 1,2,4,8."),
-    concurrency: str = typer.Option(None, help="Online concurrency values, e.g. 1,2,4,8 or 1:8:1."),
-    scenarios: str = typer.Option(None, help="offline, online, rate."),
-    window_s: float = typer.Option(None, "--window-s", help="Target seconds per perf_analyzer measurement window."),
-    output: str = typer.Option(None, "--output", "-o", help="Artifact root (default: the worker's TBENCH_ARTIFACT_ROOT)."),
-    reuse: bool = typer.Option(False, "--reuse", help="Take points the worker's machine already measured with the same "
-                               "inputs from its point cache (a run whose worker was killed resumes)."),
+    # no defaults of its own: only the options given are sent, the worker's request fills the rest
+    size: Size = None,
+    framework: Framework = None,
+    formats: Formats = None,
+    precision: PrecisionOpt = None,
+    batch_sizes: BatchSizes = None,
+    concurrency: Concurrency = None,
+    scenarios: Scenarios = None,
+    window_s: WindowS = None,
+    stability: Stability = None,
+    max_trials: MaxTrials = None,
+    output: Output = None,
+    reuse: Reuse = False,
     follow: bool = typer.Option(True, "--follow/--no-follow", help="Follow the run to its end (states and logs)."),
     timeout: float = typer.Option(3600, help="Stop following after this many seconds (the run goes on)."),
     job_variables: str = typer.Option(None, "--job-variables", help="JSON object of the pool's job variables for this "
@@ -465,16 +492,17 @@ def submit(
     from tbench.pools import POOLS
     from tbench.request import BenchmarkRequest
 
-    try:
+    with cli_errors(EXIT_BAD_OPTIONS, options=True):
         if pool not in POOLS:
             raise ConfigError(f"unknown pool {pool!r}; known: {', '.join(POOLS)}")
         if not os.environ.get("PREFECT_API_URL"):
-            raise ConfigError("PREFECT_API_URL is not set: point it at the team's Prefect server (or `tbench stack env`)")
+            raise ConfigError("PREFECT_API_URL is not set: point it at the team's Prefect server "
+                              "(or `tbench stack env`)")
         request = BenchmarkRequest(model=model, **_given(
             size=size, framework=framework, formats=_split(formats), precision=precision,
-            batch_sizes=parse_int_list(batch_sizes, "batch sizes"), concurrency=parse_int_list(concurrency, "concurrency"),
-            scenarios=_split(scenarios), output=output, reuse_measurements=reuse or None,
-            measurement=measurement_overrides(window_s)))
+            batch_sizes=parse_int_list(batch_sizes, "batch sizes"),
+            concurrency=parse_int_list(concurrency, "concurrency"), scenarios=_split(scenarios), output=output,
+            reuse_measurements=reuse or None, measurement=measurement_overrides(window_s, stability, max_trials)))
         import model_adapters
 
         model_adapters.get(request.model, request.size)  # an unknown model fails here, not on the worker
@@ -483,12 +511,6 @@ def submit(
         started = time.monotonic()
         run_id = remote.submit(remote.deployment_name("benchmark", pool), parameters, tags=["submitted"],
                                job_variables=variables)
-    except BenchError as err:
-        console.print(f"[red]error:[/] {err}")
-        raise typer.Exit(2) from None
-    except ValueError as err:
-        console.print(f"[red]error:[/] invalid option: {validation_line(err)}")
-        raise typer.Exit(2) from None
     console.print(f"submitted flow run {run_id} to pool {pool}")
     if not follow:
         typer.echo(str(run_id))
@@ -509,16 +531,14 @@ def submit(
 @app.command()
 def upload(
     run_folder: str = typer.Argument(..., help="A run folder kept locally after its upload failed."),
-    to: str = typer.Option(None, "--to", help="The artifact root (default: where the run's manifest says it was going)."),
+    to: str = typer.Option(None, "--to", help="The artifact root (default: where the run's manifest says it was "
+                           "going)."),
 ) -> None:
     """Finish the upload of a kept run folder: files already in the store are skipped, the manifest goes last."""
     from tasks.store import retry_upload
 
-    try:
+    with cli_errors(EXIT_FAILED):
         url = retry_upload(Path(run_folder), to)
-    except BenchError as err:
-        console.print(f"[red]error:[/] {err}")
-        raise typer.Exit(1) from None
     typer.echo(url)
 
 
@@ -527,7 +547,8 @@ def results(
     root: str = typer.Option(None, "--root", help="The artifact root holding the results dataset (default: "
                              "$TBENCH_ARTIFACT_ROOT, else ./runs)."),
     model: str = typer.Option(None, help="Only this model."),
-    gpu: str = typer.Option(None, help="Only this GPU (as the results name it, e.g. 'CPU' or 'NVIDIA A100-SXM4-80GB')."),
+    gpu: str = typer.Option(None, help="Only this GPU (as the results name it, e.g. 'CPU' or "
+                            "'NVIDIA A100-SXM4-80GB')."),
     since: str = typer.Option(None, help="Only runs from this date on (YYYY-MM-DD)."),
     all_points: bool = typer.Option(False, "--all", help="Every point, not the best per run, format and scenario."),
     csv: str = typer.Option(None, "--csv", help="Also write the rows to this CSV file."),
@@ -541,24 +562,20 @@ def results(
     from tbench.storage import error_cause, store_errors
 
     root = root or os.environ.get("TBENCH_ARTIFACT_ROOT", "runs")
-    try:
+    # store_errors: an S3 endpoint that is down raises botocore's own errors, not OSErrors
+    with cli_errors(EXIT_FAILED, f"cannot read the results dataset under {root}: ", also=store_errors(),
+                    describe=error_cause):
         table = query_results(root, model=model, gpu=gpu, since=since, include_incomplete=include_incomplete)
-    except BenchError as err:
-        console.print(f"[red]error:[/] cannot read the results dataset under {root}: {err}")
-        raise typer.Exit(1) from None
-    except store_errors() as err:  # an S3 endpoint that is down raises botocore's own errors, not OSErrors
-        console.print(f"[red]error:[/] cannot read the results dataset under {root}: {error_cause(err)}")
-        raise typer.Exit(1) from None
     if table.empty:
-        console.print(f"no stored results under {root}/results match"
-                      + ("" if include_incomplete else " (failed and interrupted runs are left out: --include-incomplete)"))
+        console.print(f"no stored results under {root}/results match" + (
+            "" if include_incomplete else " (failed and interrupted runs are left out: --include-incomplete)"))
         raise typer.Exit(0)
     rows = table if all_points else best_per_run(table)
     if csv:
         rows.to_csv(csv, index=False)
-    headers = {"date": "date", "run_id": "run", "model": "model", "gpu": "gpu", "format": "format", "precision": "precision",
-               "scenario": "scenario", "batch_size": "batch", "concurrency": "conc.", "throughput_infer_per_s": "infer/s",
-               "p99_ms": "p99 ms", "run_status": "run status"}
+    headers = {"date": "date", "run_id": "run", "model": "model", "gpu": "gpu", "format": "format",
+               "precision": "precision", "scenario": "scenario", "batch_size": "batch", "concurrency": "conc.",
+               "throughput_infer_per_s": "infer/s", "p99_ms": "p99 ms", "run_status": "run status"}
     shown = [c for c in headers if c in rows.columns]
     out = Table(*(headers[c] for c in shown), title=f"{len(rows)} rows from {table['run_id'].nunique()} runs")
     for _, r in rows[shown].iterrows():
@@ -572,13 +589,22 @@ def pd_missing(value) -> bool:
     return value is None or (not isinstance(value, str) and bool(pd.isna(value)))
 
 
-stack_app = typer.Typer(help="The local stack: Prefect server, S3 endpoint (moto), pools, deployments and a cpu worker.")
+stack_app = typer.Typer(help="The local stack: Prefect server, S3 endpoint (moto), pools, deployments and a cpu "
+                        "worker.")
 app.add_typer(stack_app, name="stack")
+StackFolder = Annotated[str | None, typer.Option(help="The stack's folder (~/.cache/tbench/stack by default).")]
+
+
+def _stack_dir(folder: str | None) -> Path:
+    from tbench import stack
+
+    return Path(folder) if folder else stack.DEFAULT_DIR
 
 
 @stack_app.command("up")
 def stack_up(
-    folder: str = typer.Option(None, help="Where the stack keeps its database, logs and state (~/.cache/tbench/stack)."),
+    folder: str = typer.Option(None, help="Where the stack keeps its database, logs and state "
+                               "(~/.cache/tbench/stack)."),
     database_url: str = typer.Option(None, envvar="TBENCH_STACK_DATABASE_URL", help="PostgreSQL instead of SQLite: "
                                      "postgresql+asyncpg://user:pass@host/db. Better set TBENCH_STACK_DATABASE_URL (a "
                                      "command line is seen by ps and kept in shell history); only the Prefect server "
@@ -588,13 +614,13 @@ def stack_up(
     """Start the stack and deploy; prints the environment a shell needs (also: tbench stack env)."""
     from tbench import stack
 
-    s = stack.Stack(root=Path(folder) if folder else stack.DEFAULT_DIR, database_url=database_url, api_port=port)
-    try:
-        s.up()
-    except BenchError as err:
-        s.down()
-        console.print(f"[red]error:[/] {err}")
-        raise typer.Exit(1) from None
+    s = stack.Stack(root=_stack_dir(folder), database_url=database_url, api_port=port)
+    with cli_errors(EXIT_FAILED):
+        try:
+            s.up()
+        except BenchError:
+            s.down()  # what did start stops again before the error is shown
+            raise
     console.print(f"Prefect UI: {s.api_url[:-4]}   S3 endpoint: {s.s3.url}   artifacts: {s.artifact_root}"
                   + (f"   database: {stack.masked_url(database_url)}" if database_url else ""))
     for key, value in s.client_env().items():
@@ -602,30 +628,24 @@ def stack_up(
 
 
 @stack_app.command("env")
-def stack_env(folder: str = typer.Option(None, help="The stack's folder.")) -> None:
+def stack_env(folder: StackFolder = None) -> None:
     """Shell exports for the running stack: eval "$(tbench stack env)"."""
     from tbench import stack
 
-    try:
-        state = stack.load_state(Path(folder) if folder else stack.DEFAULT_DIR)
-    except BenchError as err:
-        console.print(f"[red]error:[/] {err}")
-        raise typer.Exit(1) from None
+    with cli_errors(EXIT_FAILED):
+        state = stack.load_state(_stack_dir(folder))
     for key, value in state["env"].items():
         if key not in stack.SECRET_ENV:  # a stack.json from before the URL was kept out of it
             typer.echo(f"export {key}={value}")
 
 
 @stack_app.command("down")
-def stack_down(folder: str = typer.Option(None, help="The stack's folder.")) -> None:
+def stack_down(folder: StackFolder = None) -> None:
     """Stop the worker, the Prefect server and the S3 endpoint."""
     from tbench import stack
 
-    try:
-        stopped = stack.down_from_state(Path(folder) if folder else stack.DEFAULT_DIR)
-    except BenchError as err:
-        console.print(f"[red]error:[/] {err}")
-        raise typer.Exit(1) from None
+    with cli_errors(EXIT_FAILED):
+        stopped = stack.down_from_state(_stack_dir(folder))
     console.print("stopped: " + ", ".join(stopped))
 
 
@@ -642,11 +662,8 @@ def doctor(
 
     from tbench.doctor import full_report, image_problems
 
-    try:
+    with cli_errors(EXIT_FAILED):
         report = full_report()
-    except BenchError as err:
-        console.print(f"[red]error:[/] {err}")
-        raise typer.Exit(1) from None
     if json_output:
         typer.echo(report.model_dump_json(indent=2))
     else:
@@ -657,7 +674,7 @@ def doctor(
         Console(width=None if console.is_terminal else 200).print(table)
     if image and (problems := image_problems(report)):
         console.print(f"[red]error:[/] this image lacks what GPU runs need: {' | '.join(problems)}")
-        raise typer.Exit(1)
+        raise typer.Exit(EXIT_FAILED)
 
 
 @app.command()

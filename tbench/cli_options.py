@@ -1,0 +1,83 @@
+"""The options `tbench run`, `search` and `submit` share, declared once.
+
+An option that sets a request field takes its help from that field's description in tbench/request.py, so what a
+field means is written in one place: the CLI, the Python API and Prefect's parameter form say the same. Where the
+command line spells a value differently from the field (a list as '1,2,4'), a short note follows the description.
+Defaults stay in each command's signature: `run` sends every option, `submit` only the ones given.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from tbench.request import BenchmarkRequest, MeasurementOverrides
+
+
+def field_help(name: str, cli: str = "", model: type = BenchmarkRequest) -> str:
+    """The description of `model`'s field `name`, then `cli`: how the command line writes it."""
+    description = model.model_fields[name].description
+    if not description:
+        raise ValueError(f"{model.__name__}.{name} has no description to show as help")
+    return f"{description} {cli}".strip()
+
+
+def _measurement_help(name: str, cli: str = "") -> str:
+    return field_help(name, cli, MeasurementOverrides)
+
+
+_INT_LIST = "On the command line: 1,2,4,8 or an inclusive range start:end[:step], e.g. 1:8:1."
+_LIST = "On the command line: comma-separated, e.g. {}."
+
+# Positional model name of `search` and `submit` (`run`'s is optional: --model-file replaces it).
+ModelName = Annotated[str, typer.Argument(help="Model adapter name (see `tbench models`).")]
+
+# What to benchmark
+Size = Annotated[str | None, typer.Option(help=field_help("size"))]
+Framework = Annotated[str | None, typer.Option(help=field_help("framework"))]
+Formats = Annotated[str | None, typer.Option(help=field_help("formats", _LIST.format("onnx,ts-trace")))]
+PrecisionOpt = Annotated[str | None, typer.Option(help=field_help("precision"))]
+BatchSizes = Annotated[str | None, typer.Option("--batch-sizes", help=field_help("batch_sizes", _INT_LIST))]
+Concurrency = Annotated[str | None, typer.Option(help=field_help("concurrency", _INT_LIST))]
+Scenarios = Annotated[str | None, typer.Option(help=field_help("scenarios", _LIST.format("offline,online")))]
+Output = Annotated[str | None, typer.Option("--output", "-o", help=field_help("output"))]
+Reuse = Annotated[bool, typer.Option("--reuse", help=field_help("reuse_measurements"))]
+
+# Where it is served
+Server = Annotated[str, typer.Option(help=field_help("server"))]
+ServerUrl = Annotated[str | None, typer.Option(help=field_help("server_url"))]
+DockerImage = Annotated[str | None, typer.Option(help=field_help("docker_image"))]
+Gpus = Annotated[str | None, typer.Option(help=field_help("gpus"))]
+DockerNetwork = Annotated[str, typer.Option(help=field_help("docker_network"))]
+DockerUlimit = Annotated[list[str] | None, typer.Option(
+    help=field_help("docker_ulimits", "Repeat the option per ulimit; 'none' for none."))]
+HttpPort = Annotated[int | None, typer.Option(help=field_help("http_port"))]
+GrpcPort = Annotated[int | None, typer.Option(help=field_help("grpc_port"))]
+
+# How perf_analyzer measures (MeasurementOverrides: the profile's and the model's settings hold where not given)
+WindowS = Annotated[float | None, typer.Option(
+    "--window-s", help=_measurement_help("window_s", "The profile's by default."))]
+Stability = Annotated[float | None, typer.Option(help=_measurement_help("stability_percentage"))]
+MaxTrials = Annotated[int | None, typer.Option("--max-trials", help=_measurement_help("max_trials"))]
+
+# The terminal
+Verbose = Annotated[bool, typer.Option("--verbose", "-v", help="Also show Prefect's logs in the terminal.")]
+
+
+def measurement_overrides(window_s: float | None = None, stability: float | None = None, max_trials: int | None = None):
+    """The one way the CLI builds the request's measurement: only the fields the user set (a MeasurementOverrides),
+    so the profile's and the model's settings hold for the others; None when none was set."""
+    given = {k: v for k, v in {"window_s": window_s, "stability_percentage": stability,
+                                "max_trials": max_trials}.items() if v is not None}
+    return MeasurementOverrides(**given) if given else None
+
+
+def server_fields(server: str | None, server_url: str | None, docker_image: str | None = None,
+                  gpus: str | None = None, docker_network: str | None = None, docker_ulimit: list[str] | None = None,
+                  http_port: int | None = None, grpc_port: int | None = None) -> dict:
+    """The request's server fields from the server options, as `run` and `search` both pass them."""
+    return dict(server=server, server_url=server_url, docker_image=docker_image, gpus=gpus,
+                docker_network=docker_network, http_port=http_port, grpc_port=grpc_port,
+                # --docker-ulimit none: the empty list, which sets no ulimit at all
+                docker_ulimits=None if not docker_ulimit else [u for u in docker_ulimit if u != "none"])
