@@ -27,7 +27,6 @@ import time
 from pathlib import Path
 
 import pandas as pd
-
 from provenance import RESULTS, Record, recorded
 from tiny_model import build_tiny_image_onnx
 
@@ -62,12 +61,20 @@ def run_once(model: str, size: str | None, tiny: Path) -> dict:
     b1 = offline[offline["batch_size"] == 1]
     tput = offline["throughput_infer_per_s"].tolist()
     return {
-        "status": m["status"], "run_dir": str(run_dir), "model_size": f"{m['request']['model']} {m['request']['size']}",
-        "wall_s": round(wall, 1), "flow_s": round(flow, 1), "perf_analyzer_s": round(perf, 1),
-        "perf_share_pct": round(100 * perf / flow, 1), "points": len(results), "points_ok": len(ok),
+        "status": m["status"],
+        "run_dir": str(run_dir),
+        "model_size": f"{m['request']['model']} {m['request']['size']}",
+        "wall_s": round(wall, 1),
+        "flow_s": round(flow, 1),
+        "perf_analyzer_s": round(perf, 1),
+        "perf_share_pct": round(100 * perf / flow, 1),
+        "points": len(results),
+        "points_ok": len(ok),
         "best_throughput": round(float(ok["throughput_infer_per_s"].max()), 2) if len(ok) else None,
         "offline_b1_queue_ms": round(float(b1["server_queue_ms"].iloc[0]), 4) if len(b1) else None,
-        "offline_throughput_by_batch": dict(zip(offline["batch_size"].astype(int).astype(str), [round(t, 1) for t in tput])),
+        "offline_throughput_by_batch": dict(
+            zip(offline["batch_size"].astype(int).astype(str), [round(t, 1) for t in tput])
+        ),
         "offline_throughput_monotonic": all(b >= a for a, b in zip(tput, tput[1:])),
         "window_s": [round(w, 2) for w in ok["window_s"].tolist()],
         "stages_s": {k: v["seconds"] for k, v in m["stages"].items()},
@@ -77,10 +84,13 @@ def run_once(model: str, size: str | None, tiny: Path) -> dict:
 def goals(run: dict) -> dict:
     if run["status"] != "completed":
         return {"completed": False}
-    return {"wall_le_180s": run["wall_s"] <= 180, "perf_share_ge_60pct": run["perf_share_pct"] >= 60,
-            "all_points_stable": run["points_ok"] == run["points"],
-            "offline_b1_queue_le_0.1ms": run["offline_b1_queue_ms"] is None or run["offline_b1_queue_ms"] <= 0.1,
-            "offline_throughput_monotonic": run["offline_throughput_monotonic"]}
+    return {
+        "wall_le_180s": run["wall_s"] <= 180,
+        "perf_share_ge_60pct": run["perf_share_pct"] >= 60,
+        "all_points_stable": run["points_ok"] == run["points"],
+        "offline_b1_queue_le_0.1ms": run["offline_b1_queue_ms"] is None or run["offline_b1_queue_ms"] <= 0.1,
+        "offline_throughput_monotonic": run["offline_throughput_monotonic"],
+    }
 
 
 def measure(record: Record, plan: list[tuple[str, str | None, int]], tiny: Path) -> None:
@@ -92,14 +102,34 @@ def measure(record: Record, plan: list[tuple[str, str | None, int]], tiny: Path)
             run = run_once(model, size, tiny)
             run["goals"] = goals(run)
             runs.append(run)
-            print(f"{model} {size or ''} run {i + 1}: " + ", ".join(f"{k}={run.get(k)}" for k in (
-                "status", "wall_s", "perf_share_pct", "points_ok", "points", "best_throughput", "offline_b1_queue_ms",
-                "offline_throughput_by_batch")) + f" goals={run['goals']}", flush=True)
+            print(
+                f"{model} {size or ''} run {i + 1}: "
+                + ", ".join(
+                    f"{k}={run.get(k)}"
+                    for k in (
+                        "status",
+                        "wall_s",
+                        "perf_share_pct",
+                        "points_ok",
+                        "points",
+                        "best_throughput",
+                        "offline_b1_queue_ms",
+                        "offline_throughput_by_batch",
+                    )
+                )
+                + f" goals={run['goals']}",
+                flush=True,
+            )
         best = [r["best_throughput"] for r in runs if r.get("best_throughput")]
         cv = statistics.stdev(best) / statistics.mean(best) if len(best) > 1 else None
-        entry = {"model": model, "size": size, "model_size": runs[0].get("model_size", f"{model} {size or 'default'}"),
-                 "runs": runs, "best_throughput_cv_pct": round(100 * cv, 2) if cv is not None else None,
-                 "cv_le_3pct": cv <= 0.03 if cv is not None else None}
+        entry = {
+            "model": model,
+            "size": size,
+            "model_size": runs[0].get("model_size", f"{model} {size or 'default'}"),
+            "runs": runs,
+            "best_throughput_cv_pct": round(100 * cv, 2) if cv is not None else None,
+            "cv_le_3pct": cv <= 0.03 if cv is not None else None,
+        }
         if cv is not None:
             print(f"{model} {size or ''}: best throughput {best}, CV {100 * cv:.2f}% (goal <= 3%)", flush=True)
         record["models"].append(entry)

@@ -18,12 +18,20 @@ import tempfile
 import time
 from pathlib import Path
 
-from tbench.stack import Stack
-
 from provenance import RESULTS, recorded
 
-PARAMETERS = {"request": {"model": "resnet50", "size": "small", "formats": ["onnx"], "batch_sizes": [1, 4],
-                          "concurrency": [2], "measurement": {"stability_percentage": 50}}}
+from tbench.stack import Stack
+
+PARAMETERS = {
+    "request": {
+        "model": "resnet50",
+        "size": "small",
+        "formats": ["onnx"],
+        "batch_sizes": [1, 4],
+        "concurrency": [2],
+        "measurement": {"stability_percentage": 50},
+    }
+}
 
 
 def main() -> None:
@@ -50,17 +58,33 @@ def measure(n_runs: int, parameters: dict) -> dict:
             started = time.monotonic()
             run_id = submit("triton-benchmark/benchmark-cpu", parameters)
             result = follow(run_id, lambda line: None, timeout_s=900, poll_s=0.2, submitted_at=started)
-            runs.append({"state": result.state, "to_running_s": round(result.seconds_to_running, 2),
-                         "total_s": round(time.monotonic() - started, 1)})
-            print(f"run {i + 1}: {result.state}, running after {result.seconds_to_running:.2f} s, "
-                  f"done after {runs[-1]['total_s']:.1f} s", flush=True)
+            runs.append(
+                {
+                    "state": result.state,
+                    "to_running_s": round(result.seconds_to_running, 2),
+                    "total_s": round(time.monotonic() - started, 1),
+                }
+            )
+            print(
+                f"run {i + 1}: {result.state}, running after {result.seconds_to_running:.2f} s, "
+                f"done after {runs[-1]['total_s']:.1f} s",
+                flush=True,
+            )
     finally:
         stack.down()
     to_running = [r["to_running_s"] for r in runs]
-    out = {"parameters": parameters, "stack_up_s": round(up_s, 1), "worker_poll_s": 1, "runs": runs,
-           "to_running_median_s": statistics.median(to_running), "to_running_max_s": max(to_running)}
-    print(f"stack up in {up_s:.1f} s; trigger to running: median {out['to_running_median_s']:.2f} s, "
-          f"max {out['to_running_max_s']:.2f} s over {len(runs)} runs")
+    out = {
+        "parameters": parameters,
+        "stack_up_s": round(up_s, 1),
+        "worker_poll_s": 1,
+        "runs": runs,
+        "to_running_median_s": statistics.median(to_running),
+        "to_running_max_s": max(to_running),
+    }
+    print(
+        f"stack up in {up_s:.1f} s; trigger to running: median {out['to_running_median_s']:.2f} s, "
+        f"max {out['to_running_max_s']:.2f} s over {len(runs)} runs"
+    )
     return out
 
 

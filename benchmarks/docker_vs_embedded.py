@@ -29,15 +29,28 @@ sys.path.insert(0, str(ROOT / "tests"))
 from services import cpu_image, docker_daemon  # noqa: E402  (the tests' way of reaching Docker)
 
 TBENCH = str(Path(sys.executable).with_name("tbench"))
-GRID = ["resnet50", "--formats", "onnx", "--scenarios", "offline,online", "--batch-sizes", "1,2,4,8",
-        "--concurrency", "1,2,4", "--window-s", "0.5"]
+GRID = [
+    "resnet50",
+    "--formats",
+    "onnx",
+    "--scenarios",
+    "offline,online",
+    "--batch-sizes",
+    "1,2,4,8",
+    "--concurrency",
+    "1,2,4",
+    "--window-s",
+    "0.5",
+]
 # this sandbox's daemon cannot raise memlock past the host's limit; no GPUs here
 DOCKER = ["--server", "docker", "--gpus", "none", "--docker-ulimit", "none"]
 
 
 def one_run(size: str, extra: list[str], output: Path) -> dict:
     started = time.monotonic()
-    done = subprocess.run([TBENCH, "run", *GRID, "--size", size, *extra, "--output", str(output)], capture_output=True, text=True)
+    done = subprocess.run(
+        [TBENCH, "run", *GRID, "--size", size, *extra, "--output", str(output)], capture_output=True, text=True
+    )
     wall = time.monotonic() - started
     run_dir = Path(done.stdout.strip().splitlines()[-1])
     if done.returncode != 0:
@@ -52,8 +65,10 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--size", default="small", help="the ResNet-50 size both modes serve")
     args = parser.parse_args()
-    with recorded(RESULTS / "docker_vs_embedded.json", model_sizes=[f"resnet50 {args.size}"]) as record, \
-            docker_daemon() as env:
+    with (
+        recorded(RESULTS / "docker_vs_embedded.json", model_sizes=[f"resnet50 {args.size}"]) as record,
+        docker_daemon() as env,
+    ):
         os.environ.update(env)
         image = cpu_image(env)
         output = Path(tempfile.mkdtemp(prefix="tbench-docker-bench-"))
@@ -63,10 +78,20 @@ def main() -> None:
                 runs[mode].append(one_run(args.size, extra, output))
                 print(f"{mode} #{i + 1}: {runs[mode][-1]['wall_s']} s", flush=True)
         median = {mode: statistics.median(r["wall_s"] for r in rs) for mode, rs in runs.items()}
-        record.update({"grid": [*GRID, "--size", args.size], "docker_args": DOCKER, "image": image, "runs": runs,
-                       "wall_median_s": median, "ratio_docker_to_embedded": round(median["docker"] / median["embedded"], 2)})
-        print(f"median wall: embedded {median['embedded']} s, docker {median['docker']} s, "
-              f"ratio {median['docker'] / median['embedded']:.2f}")
+        record.update(
+            {
+                "grid": [*GRID, "--size", args.size],
+                "docker_args": DOCKER,
+                "image": image,
+                "runs": runs,
+                "wall_median_s": median,
+                "ratio_docker_to_embedded": round(median["docker"] / median["embedded"], 2),
+            }
+        )
+        print(
+            f"median wall: embedded {median['embedded']} s, docker {median['docker']} s, "
+            f"ratio {median['docker'] / median['embedded']:.2f}"
+        )
 
 
 if __name__ == "__main__":

@@ -30,12 +30,23 @@ GROUPS = ("formats", "seeds", "modes")
 # a point or two per scenario: each path is exercised, not measured for its numbers
 REDUCED = ["--batch-sizes", "1,2", "--concurrency", "1,2", "--window-s", "1", "--max-trials", "5"]
 # the seeds at their smallest size (tbench models; dlrm and dcnv2 are ensembles whose dense part is trt on gpu)
-SEEDS = {"resnet50": "small", "widedeep": "small", "fastpitch": "small", "dlrm": "tiny", "dcnv2": "tiny",
-         "nnunet": "small"}
+SEEDS = {
+    "resnet50": "small",
+    "widedeep": "small",
+    "fastpitch": "small",
+    "dlrm": "tiny",
+    "dcnv2": "tiny",
+    "nnunet": "small",
+}
 # (framework, format, precisions) of ResNet-50, the model with every format
-FORMATS = [("pytorch", "onnx", ("fp32", "fp16")), ("pytorch", "ts-trace", ("fp32", "fp16")),
-           ("pytorch", "ts-script", ("fp32", "fp16")), ("pytorch", "trt", ("fp32", "fp16", "int8")),
-           ("tensorflow", "tf-savedmodel", ("fp32", "fp16")), ("tensorflow", "tf-trt", ("fp32", "fp16", "int8"))]
+FORMATS = [
+    ("pytorch", "onnx", ("fp32", "fp16")),
+    ("pytorch", "ts-trace", ("fp32", "fp16")),
+    ("pytorch", "ts-script", ("fp32", "fp16")),
+    ("pytorch", "trt", ("fp32", "fp16", "int8")),
+    ("tensorflow", "tf-savedmodel", ("fp32", "fp16")),
+    ("tensorflow", "tf-trt", ("fp32", "fp16", "int8")),
+]
 MODES = ("embedded", "local", "docker")
 EXIT_STATUS = {0: "passed", 2: "refused", 3: "failed"}  # tbench run's exit codes (3: some points failed)
 
@@ -55,9 +66,14 @@ class Case:
 
 def case(group: str, name: str, model: str, size: str, server: str, **fields) -> Case:
     flags = [f"--{k}={v}" for k, v in fields.items() if k in ("framework", "formats", "serve", "precision")]
-    request = {"model": model, "size": size, "server": server, "profile": "gpu",
-               **{k: v for k, v in fields.items() if k in ("framework", "precision")},
-               **({"formats": [fields["formats"]], "serve_formats": [fields["serve"]]} if "formats" in fields else {})}
+    request = {
+        "model": model,
+        "size": size,
+        "server": server,
+        "profile": "gpu",
+        **{k: v for k, v in fields.items() if k in ("framework", "precision")},
+        **({"formats": [fields["formats"]], "serve_formats": [fields["serve"]]} if "formats" in fields else {}),
+    }
     return Case(name, group, [model, "--size", size, f"--server={server}", "--profile=gpu", *flags, *REDUCED], request)
 
 
@@ -70,17 +86,45 @@ def plan(report, groups=GROUPS) -> list[Case]:
     mode = serving_mode(report)
     cases = []
     if "formats" in groups:
-        cases += [case("formats", f"resnet50 {fmt} {p} ({mode})", "resnet50", "small", mode, framework=framework,
-                       formats=fmt, serve=fmt, precision=p)
-                  for framework, fmt, precisions in FORMATS for p in precisions]
+        cases += [
+            case(
+                "formats",
+                f"resnet50 {fmt} {p} ({mode})",
+                "resnet50",
+                "small",
+                mode,
+                framework=framework,
+                formats=fmt,
+                serve=fmt,
+                precision=p,
+            )
+            for framework, fmt, precisions in FORMATS
+            for p in precisions
+        ]
     if "seeds" in groups:
-        cases += [case("seeds", f"{model} {size} gpu profile ({mode})", model, size, mode)
-                  for model, size in SEEDS.items()]
+        cases += [
+            case("seeds", f"{model} {size} gpu profile ({mode})", model, size, mode) for model, size in SEEDS.items()
+        ]
     if "modes" in groups:  # the formats group's onnx fp32 case in each mode; the one it already runs, once
         planned = [c.args for c in cases]
-        cases += [c for m in MODES if (c := case("modes", f"resnet50 onnx fp32 ({m})", "resnet50", "small", m,
-                                                 framework="pytorch", formats="onnx", serve="onnx", precision="fp32"))
-                  .args not in planned]
+        cases += [
+            c
+            for m in MODES
+            if (
+                c := case(
+                    "modes",
+                    f"resnet50 onnx fp32 ({m})",
+                    "resnet50",
+                    "small",
+                    m,
+                    framework="pytorch",
+                    formats="onnx",
+                    serve="onnx",
+                    precision="fp32",
+                )
+            ).args
+            not in planned
+        ]
     return cases
 
 
@@ -97,11 +141,12 @@ def skip_reasons(cases: list[Case], report) -> None:
 def doctor_report():
     from tbench.doctor import NodeReport
 
-    done = subprocess.run([sys.executable, "-m", "tbench.cli", "doctor", "--json"], capture_output=True, text=True,
-                          cwd=REPO, timeout=600)
+    done = subprocess.run(
+        [sys.executable, "-m", "tbench.cli", "doctor", "--json"], capture_output=True, text=True, cwd=REPO, timeout=600
+    )
     if done.returncode != 0:
         raise SystemExit(f"tbench doctor --json failed: {done.stderr.strip().splitlines()[-1:]}")
-    return NodeReport.model_validate_json(done.stdout[done.stdout.index("{"):])
+    return NodeReport.model_validate_json(done.stdout[done.stdout.index("{") :])
 
 
 def last_line(text: str) -> str:
@@ -116,8 +161,13 @@ def run_case(c: Case, output: Path, logs: Path, timeout_s: float) -> None:
     c.log = str(log)
     started = time.monotonic()
     with log.open("w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "tbench.cli", "run", *c.args, "-o", str(output)], cwd=REPO,
-                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tbench.cli", "run", *c.args, "-o", str(output)],
+            cwd=REPO,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         try:
             c.exit_code = proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:

@@ -31,8 +31,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 BENCHMARKS_DIR = Path(__file__).resolve().parent
 REPO = BENCHMARKS_DIR.parent
@@ -58,7 +58,7 @@ _open: set[Path] = set()  # results files a `recorded` block of this process is 
 
 
 def utc_now() -> str:
-    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="milliseconds")
+    return dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds")
 
 
 def _shown(path: str, cwd: Path, root: Path) -> str:
@@ -69,8 +69,13 @@ def _shown(path: str, cwd: Path, root: Path) -> str:
     return full if rel == ".." or rel.startswith(".." + os.sep) else rel
 
 
-def command_line(argv: list[str] | None = None, orig_argv: list[str] | None = None, executable: str | None = None,
-                 cwd: str | Path | None = None, root: str | Path = REPO) -> str:
+def command_line(
+    argv: list[str] | None = None,
+    orig_argv: list[str] | None = None,
+    executable: str | None = None,
+    cwd: str | Path | None = None,
+    root: str | Path = REPO,
+) -> str:
     """The invocation as one shell-quoted string a user would type in the repository root, e.g.
     `.venv/bin/python benchmarks/repeatability.py --size full`: the interpreter, its own options (from
     sys.orig_argv: -u, -X ..., -m MODULE), the script and sys.argv[1:] as given."""
@@ -80,7 +85,7 @@ def command_line(argv: list[str] | None = None, orig_argv: list[str] | None = No
     cwd, root = Path(cwd or os.getcwd()), Path(root)
     python = _shown(executable or sys.executable, cwd, root)
     args = argv[1:]
-    head = orig[1:len(orig) - len(args)] if orig and orig[len(orig) - len(args):] == args else []
+    head = orig[1 : len(orig) - len(args)] if orig and orig[len(orig) - len(args) :] == args else []
     if len(head) >= 2 and head[-2] == "-m":  # python -m benchmarks.search: argv[0] is the module's file
         words = [python, *head, *args]
     else:  # python [options] SCRIPT: the options as typed, the script from the repository root
@@ -91,13 +96,17 @@ def command_line(argv: list[str] | None = None, orig_argv: list[str] | None = No
 def git_state(root: str | Path = REPO) -> tuple[str | None, bool | None, list[str]]:
     """(commit, dirty, changed paths) of the tree `root` is in; benchmarks/results/ does not count (a previous
     benchmark's output is not code). (None, None, []) where there is no git."""
+
     def git(*args: str) -> str:
-        return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=30,
-                              check=True).stdout
+        return subprocess.run(
+            ["git", "-C", str(root), *args], capture_output=True, text=True, timeout=30, check=True
+        ).stdout
+
     try:
         commit = git("rev-parse", "HEAD").strip()
-        status = git("status", "--porcelain", "--untracked-files=normal", "--", ":/",
-                     ":(top,exclude)benchmarks/results")
+        status = git(
+            "status", "--porcelain", "--untracked-files=normal", "--", ":/", ":(top,exclude)benchmarks/results"
+        )
     except (OSError, subprocess.SubprocessError):
         return None, None, []
     changed = [line[3:] for line in status.splitlines() if line.strip()]
@@ -152,18 +161,29 @@ class Record(dict):
     def provenance(self, complete: bool) -> dict:
         sizes = [str(s) for s in self.model_sizes if str(s).strip()]
         if not sizes:
-            raise ValueError(f"{self.path.name}: no model size recorded; every figure names the model size(s) "
-                             "it measured")
-        out = {"command": self.command, "commit": self.commit, "dirty": self.dirty, "machine": self.machine,
-               "started": self.started, "ended": utc_now(), "wall_s": round(time.monotonic() - self._t0, 3),
-               "model_sizes": sizes, "complete": complete}
+            raise ValueError(
+                f"{self.path.name}: no model size recorded; every figure names the model size(s) it measured"
+            )
+        out = {
+            "command": self.command,
+            "commit": self.commit,
+            "dirty": self.dirty,
+            "machine": self.machine,
+            "started": self.started,
+            "ended": utc_now(),
+            "wall_s": round(time.monotonic() - self._t0, 3),
+            "model_sizes": sizes,
+            "complete": complete,
+        }
         if self.changed:
             out["dirty_paths"] = self.changed[:50]
         return out
 
     def _write(self, complete: bool, error: str | None = None) -> Path:
         if "provenance" in self:
-            raise ValueError(f"{self.path.name}: 'provenance' is written by benchmarks/provenance.py, not by the script")
+            raise ValueError(
+                f"{self.path.name}: 'provenance' is written by benchmarks/provenance.py, not by the script"
+            )
         block = self.provenance(complete)
         if error:
             block["error"] = error
@@ -177,8 +197,9 @@ class Record(dict):
 
 
 @contextlib.contextmanager
-def recorded(path: str | Path, model_sizes: list[str] | tuple[str, ...] = (), *,
-             argv: list[str] | None = None) -> Iterator[Record]:
+def recorded(
+    path: str | Path, model_sizes: list[str] | tuple[str, ...] = (), *, argv: list[str] | None = None
+) -> Iterator[Record]:
     """Collect one invocation's results and write them, with their provenance, to `path` (replacing it whole).
 
     `model_sizes`: "MODEL SIZE" strings (e.g. "resnet50 small"); may also be set or extended on the record inside the

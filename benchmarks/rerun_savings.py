@@ -17,9 +17,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from tbench.settings import configure_prefect_env
-
 from provenance import RESULTS, recorded
+
+from tbench.settings import configure_prefect_env
 
 configure_prefect_env()
 
@@ -52,17 +52,34 @@ def measure(model: str, size: str) -> dict:
         manifest = json.loads((run / "manifest.json").read_text())
         results = pd.read_parquet(run / "results.parquet")
         artifacts = json.loads((run / "artifacts.json").read_text())
-        runs.append({"run": attempt, "wall_s": round(wall, 1), "status": manifest["status"], "points": len(results),
-                     "points_reused": int(results["reused_from"].notna().sum()),
-                     "conversions_run": sum(not a["cached"] for a in artifacts),
-                     "stages_s": {k: v["seconds"] for k, v in manifest["stages"].items()}})
-        print(f"{attempt}: {wall:.1f} s, {runs[-1]['points_reused']}/{len(results)} points reused, "
-              f"{runs[-1]['conversions_run']} conversions run", flush=True)
+        runs.append(
+            {
+                "run": attempt,
+                "wall_s": round(wall, 1),
+                "status": manifest["status"],
+                "points": len(results),
+                "points_reused": int(results["reused_from"].notna().sum()),
+                "conversions_run": sum(not a["cached"] for a in artifacts),
+                "stages_s": {k: v["seconds"] for k, v in manifest["stages"].items()},
+            }
+        )
+        print(
+            f"{attempt}: {wall:.1f} s, {runs[-1]['points_reused']}/{len(results)} points reused, "
+            f"{runs[-1]['conversions_run']} conversions run",
+            flush=True,
+        )
     saved = runs[0]["wall_s"] - runs[1]["wall_s"]
-    out = {"model": model, "size": size, "runs": runs, "saved_s": round(saved, 1),
-           "saved_pct": round(100 * saved / runs[0]["wall_s"], 1)}
-    print(f"the second identical run took {runs[1]['wall_s']:.1f} s instead of {runs[0]['wall_s']:.1f} s: "
-          f"{saved:.1f} s ({out['saved_pct']:.0f}%) saved")
+    out = {
+        "model": model,
+        "size": size,
+        "runs": runs,
+        "saved_s": round(saved, 1),
+        "saved_pct": round(100 * saved / runs[0]["wall_s"], 1),
+    }
+    print(
+        f"the second identical run took {runs[1]['wall_s']:.1f} s instead of {runs[0]['wall_s']:.1f} s: "
+        f"{saved:.1f} s ({out['saved_pct']:.0f}%) saved"
+    )
     return out
 
 

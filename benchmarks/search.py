@@ -31,12 +31,19 @@ import time
 from pathlib import Path
 
 import numpy as np
-
-from tbench.search import (Candidate, Checkpoint, Objective, Observation, SearchResult, SearchSpace, exhaustive_search,
-                           smart_search)
-from tbench.search_surface import SimulatedSurface, calibrated, published_surfaces
-
 from provenance import RESULTS, recorded
+
+from tbench.search import (
+    Candidate,
+    Checkpoint,
+    Objective,
+    Observation,
+    SearchResult,
+    SearchSpace,
+    exhaustive_search,
+    smart_search,
+)
+from tbench.search_surface import SimulatedSurface, calibrated, published_surfaces
 
 
 def compare(space: SearchSpace, exhaustive: SearchResult, objective: Objective, smart: SearchResult) -> dict:
@@ -51,21 +58,28 @@ def compare(space: SearchSpace, exhaustive: SearchResult, objective: Objective, 
         ratio = sm_best.throughput / ex_best.throughput
     else:
         ratio = ex_best.p99_ms / sm_best.p99_ms
-    return {"objective": objective.describe(), "grid": len(space.grid()), "measured": smart.measured,
-            "measured_fraction": smart.measured / len(space.grid()), "ratio": ratio,
-            "exhaustive_best": ex_best.candidate.key if ex_best else None,
-            "exhaustive_best_throughput": ex_best.throughput if ex_best else None,
-            "exhaustive_best_p99_ms": ex_best.p99_ms if ex_best else None,
-            "smart_best": sm_best.candidate.key if sm_best else None,
-            "smart_best_throughput": sm_best.throughput if sm_best else None,
-            "smart_best_p99_ms": sm_best.p99_ms if sm_best else None}
+    return {
+        "objective": objective.describe(),
+        "grid": len(space.grid()),
+        "measured": smart.measured,
+        "measured_fraction": smart.measured / len(space.grid()),
+        "ratio": ratio,
+        "exhaustive_best": ex_best.candidate.key if ex_best else None,
+        "exhaustive_best_throughput": ex_best.throughput if ex_best else None,
+        "exhaustive_best_p99_ms": ex_best.p99_ms if ex_best else None,
+        "smart_best": sm_best.candidate.key if sm_best else None,
+        "smart_best_throughput": sm_best.throughput if sm_best else None,
+        "smart_best_p99_ms": sm_best.p99_ms if sm_best else None,
+    }
 
 
 def objectives(exhaustive: SearchResult, start: Observation) -> dict[str, Objective]:
     p99 = [o.p99_ms for o in exhaustive.observations if o.ok]
-    return {"median": Objective(p99_budget_ms=round(float(np.median(p99)), 3)),
-            "guide-10%": Objective(p99_budget_ms=round(0.9 * start.p99_ms, 3)),
-            "floor": Objective(goal="min_latency", throughput_floor=round(start.throughput, 3))}
+    return {
+        "median": Objective(p99_budget_ms=round(float(np.median(p99)), 3)),
+        "guide-10%": Objective(p99_budget_ms=round(0.9 * start.p99_ms, 3)),
+        "floor": Objective(goal="min_latency", throughput_floor=round(start.throughput, 3)),
+    }
 
 
 def simulated() -> dict:
@@ -76,15 +90,27 @@ def simulated() -> dict:
         rows = s.online
         predicted = np.array([s.published_state(int(c)).throughput for c in rows["concurrency"]])
         err = predicted / rows["throughput_infer_per_s"].to_numpy() - 1
-        calibration.append({"model": model, "gpu": gpu, "variant": variant, "k": round(s.k, 3), "g": round(s.g, 3),
-                            "eta": round(s.eta, 3), "r0": round(s.r0, 3), "r1": round(s.r1, 3),
-                            "error_at_max_concurrency": round(float(err[-1]), 3),
-                            "median_abs_error": round(float(np.median(np.abs(err))), 3),
-                            "rows_within_30pct": round(float(np.mean(np.abs(err) <= 0.30)), 3)})
-    print(f"calibrated {len(calibration)} published surfaces in {time.monotonic() - started:.0f} s; throughput at the "
-          f"published config vs the published online rows: at the largest concurrency within 30% for "
-          f"{sum(abs(c['error_at_max_concurrency']) <= 0.3 for c in calibration)}/{len(calibration)}, median |error| "
-          f"{np.median([c['median_abs_error'] for c in calibration]):.1%}")
+        calibration.append(
+            {
+                "model": model,
+                "gpu": gpu,
+                "variant": variant,
+                "k": round(s.k, 3),
+                "g": round(s.g, 3),
+                "eta": round(s.eta, 3),
+                "r0": round(s.r0, 3),
+                "r1": round(s.r1, 3),
+                "error_at_max_concurrency": round(float(err[-1]), 3),
+                "median_abs_error": round(float(np.median(np.abs(err))), 3),
+                "rows_within_30pct": round(float(np.mean(np.abs(err) <= 0.30)), 3),
+            }
+        )
+    print(
+        f"calibrated {len(calibration)} published surfaces in {time.monotonic() - started:.0f} s; throughput at the "
+        f"published config vs the published online rows: at the largest concurrency within 30% for "
+        f"{sum(abs(c['error_at_max_concurrency']) <= 0.3 for c in calibration)}/{len(calibration)}, median |error| "
+        f"{np.median([c['median_abs_error'] for c in calibration]):.1%}"
+    )
     rows = []
     header = f"{'model':9s} {'gpu':10s} {'grid':5s} {'size':>4s} {'objective':10s} {'smart/exh':>9s} {'measured':>12s}  smart best / exhaustive best"
     print(header)
@@ -94,27 +120,49 @@ def simulated() -> dict:
         for shape in ("small", "large"):
             space = sim.space(shape)
             exhaustive = exhaustive_search(space, Objective(), sim)
-            start_obs = sim.evaluate(space.at(space.nearest(start.instances, start.max_batch_size, start.preferred_batch_sizes,
-                                                            start.queue_delay_us, start.format)))
+            start_obs = sim.evaluate(
+                space.at(
+                    space.nearest(
+                        start.instances,
+                        start.max_batch_size,
+                        start.preferred_batch_sizes,
+                        start.queue_delay_us,
+                        start.format,
+                    )
+                )
+            )
             for name, objective in objectives(exhaustive, start_obs).items():
                 counting = SimulatedSurface(model, gpu)
                 smart = smart_search(space, objective, counting, start=start)
                 assert counting.evaluations == smart.measured
-                row = {"model": model, "gpu": gpu, "shape": shape, "name": name, **compare(space, exhaustive, objective, smart)}
+                row = {
+                    "model": model,
+                    "gpu": gpu,
+                    "shape": shape,
+                    "name": name,
+                    **compare(space, exhaustive, objective, smart),
+                }
                 rows.append(row)
                 ratio = "n/a" if row["ratio"] is None else f"{100 * row['ratio']:.1f}%"
-                print(f"{model:9s} {gpu:10s} {shape:5s} {row['grid']:4d} {name:10s} {ratio:>9s} "
-                      f"{row['measured']:3d} ({100 * row['measured_fraction']:4.1f}%)  {row['smart_best']} / {row['exhaustive_best']}")
+                print(
+                    f"{model:9s} {gpu:10s} {shape:5s} {row['grid']:4d} {name:10s} {ratio:>9s} "
+                    f"{row['measured']:3d} ({100 * row['measured_fraction']:4.1f}%)  {row['smart_best']} / {row['exhaustive_best']}"
+                )
     goal = [r for r in rows if r["name"] != "floor" and r["ratio"] is not None]
-    summary = {"cases": len(goal), "min_ratio": min(r["ratio"] for r in goal),
-               "mean_ratio": float(np.mean([r["ratio"] for r in goal])),
-               "cases_at_least_95pct": sum(r["ratio"] >= 0.95 for r in goal),
-               "max_measured_fraction": max(r["measured_fraction"] for r in rows),
-               "floor_min_ratio": min(r["ratio"] for r in rows if r["name"] == "floor" and r["ratio"] is not None)}
-    print(f"throughput objectives: {summary['cases_at_least_95pct']}/{summary['cases']} cases >= 95% of exhaustive "
-          f"(min {100 * summary['min_ratio']:.1f}%, mean {100 * summary['mean_ratio']:.1f}%), at most "
-          f"{100 * summary['max_measured_fraction']:.1f}% of a grid measured; latency-floor objective: min "
-          f"{100 * summary['floor_min_ratio']:.1f}% ({time.monotonic() - started:.0f} s)")
+    summary = {
+        "cases": len(goal),
+        "min_ratio": min(r["ratio"] for r in goal),
+        "mean_ratio": float(np.mean([r["ratio"] for r in goal])),
+        "cases_at_least_95pct": sum(r["ratio"] >= 0.95 for r in goal),
+        "max_measured_fraction": max(r["measured_fraction"] for r in rows),
+        "floor_min_ratio": min(r["ratio"] for r in rows if r["name"] == "floor" and r["ratio"] is not None),
+    }
+    print(
+        f"throughput objectives: {summary['cases_at_least_95pct']}/{summary['cases']} cases >= 95% of exhaustive "
+        f"(min {100 * summary['min_ratio']:.1f}%, mean {100 * summary['mean_ratio']:.1f}%), at most "
+        f"{100 * summary['max_measured_fraction']:.1f}% of a grid measured; latency-floor objective: min "
+        f"{100 * summary['floor_min_ratio']:.1f}% ({time.monotonic() - started:.0f} s)"
+    )
     return {"summary": summary, "rows": rows, "calibration": calibration}
 
 
@@ -128,8 +176,11 @@ class LoadRecorder:
     def evaluate(self, candidate: Candidate) -> Observation:
         obs = self.inner.evaluate(candidate)
         self.loads.append(os.getloadavg()[0])
-        print(f"  {candidate.key:24s} {obs.status:8s} {obs.throughput or 0:8.1f} infer/s  p99 {obs.p99_ms or 0:7.2f} ms  "
-              f"{obs.seconds:5.1f} s  load {self.loads[-1]:.2f}", flush=True)
+        print(
+            f"  {candidate.key:24s} {obs.status:8s} {obs.throughput or 0:8.1f} infer/s  p99 {obs.p99_ms or 0:7.2f} ms  "
+            f"{obs.seconds:5.1f} s  load {self.loads[-1]:.2f}",
+            flush=True,
+        )
         return obs
 
 
@@ -172,8 +223,10 @@ def fresh_work_dir(path: str | None) -> Path:
         return Path(tempfile.mkdtemp(prefix="tbench-search-"))
     work = Path(path)
     if work.exists() and any(work.iterdir()):
-        raise SystemExit(f"--work {work} is not empty (an earlier invocation's measurements?); every figure in "
-                         "search_real.json is measured by one invocation: give a new or empty folder")
+        raise SystemExit(
+            f"--work {work} is not empty (an earlier invocation's measurements?); every figure in "
+            "search_real.json is measured by one invocation: give a new or empty folder"
+        )
     work.mkdir(parents=True, exist_ok=True)
     return work
 
@@ -182,8 +235,10 @@ def measured_here(name: str, result: SearchResult, loads: list) -> None:
     """Every observation reported was measured by this invocation (none read back from a checkpoint; one load
     average noted per evaluation)."""
     if not result.new_measurements == result.measured == len(loads):
-        raise RuntimeError(f"{name}: {result.measured} observations, {result.new_measurements} new, {len(loads)} "
-                           "evaluated by this invocation; results from an earlier invocation must not be reported")
+        raise RuntimeError(
+            f"{name}: {result.measured} observations, {result.new_measurements} new, {len(loads)} "
+            "evaluated by this invocation; results from an earlier invocation must not be reported"
+        )
 
 
 def real(concurrency: int, work: Path, size: str = "small") -> dict:
@@ -201,28 +256,53 @@ def real(concurrency: int, work: Path, size: str = "small") -> dict:
     module = adapter.build()
     artifact = export_model(adapter, module, Format.ONNX, work / "models", source_digest("pytorch", module))
     inputs = prepare_inputs(adapter, module, work / "perf_input.json")
-    space = SearchSpace(instances=[1, 2], max_batch_sizes=[1, 2, 4, 8, 16], preferred=["none", "max"], queue_delays_us=[0, 500, 2000])
+    space = SearchSpace(
+        instances=[1, 2], max_batch_sizes=[1, 2, 4, 8, 16], preferred=["none", "max"], queue_delays_us=[0, 500, 2000]
+    )
     d = adapter.defaults("cpu")
-    start = Candidate(instances=d.model_instances, max_batch_size=d.max_batch_size, preferred_batch_sizes=tuple(d.preferred_batch_sizes),
-                      queue_delay_us=d.max_queue_delay_us)
+    start = Candidate(
+        instances=d.model_instances,
+        max_batch_size=d.max_batch_size,
+        preferred_batch_sizes=tuple(d.preferred_batch_sizes),
+        queue_delay_us=d.max_queue_delay_us,
+    )
     measurement = Measurement(stability_percentage=30)
     (work / "repo").mkdir(parents=True, exist_ok=True)
     server = EmbeddedServer(work / "repo", work / "tritonserver.log", model_control="explicit")
     server.start()
     load_before = os.getloadavg()
     try:
+
         def evaluator(name: str) -> LoadRecorder:
-            return LoadRecorder(TritonEvaluator(server=server, repository=work / "repo", name="resnet50",
-                                                variants={"": ServedVariant(artifact, False)}, concurrency=concurrency,
-                                                measurement=measurement, work_dir=work / name, inputs=inputs,
-                                                cpu_cores=len(os.sched_getaffinity(0))))
-        print(f"real CPU grid: {len(space.grid())} candidates at concurrency {concurrency}; set-up {time.monotonic() - t0:.0f} s")
+            return LoadRecorder(
+                TritonEvaluator(
+                    server=server,
+                    repository=work / "repo",
+                    name="resnet50",
+                    variants={"": ServedVariant(artifact, False)},
+                    concurrency=concurrency,
+                    measurement=measurement,
+                    work_dir=work / name,
+                    inputs=inputs,
+                    cpu_cores=len(os.sched_getaffinity(0)),
+                )
+            )
+
+        print(
+            f"real CPU grid: {len(space.grid())} candidates at concurrency {concurrency}; set-up {time.monotonic() - t0:.0f} s"
+        )
         print("exhaustive:")
         ex_eval = evaluator("exhaustive")
         exhaustive = exhaustive_search(space, Objective(), ex_eval, Checkpoint(work / "exhaustive.jsonl"))
         measured_here("exhaustive", exhaustive, ex_eval.loads)
-        start_obs = next(o for o in exhaustive.observations if o.candidate == space.at(space.nearest(
-            start.instances, start.max_batch_size, start.preferred_batch_sizes, start.queue_delay_us)))
+        start_obs = next(
+            o
+            for o in exhaustive.observations
+            if o.candidate
+            == space.at(
+                space.nearest(start.instances, start.max_batch_size, start.preferred_batch_sizes, start.queue_delay_us)
+            )
+        )
         results = {}
         objectives_by_name = objectives(exhaustive, start_obs)
         for name, objective in objectives_by_name.items():
@@ -230,41 +310,62 @@ def real(concurrency: int, work: Path, size: str = "small") -> dict:
             sm_eval = evaluator(f"smart-{name}")
             smart = smart_search(space, objective, sm_eval, Checkpoint(work / f"smart-{name}.jsonl"), start=start)
             measured_here(f"smart ({name})", smart, sm_eval.loads)
-            results[name] = {**compare(space, exhaustive, objective, smart),
-                             "seconds": round(sum(o.seconds for o in smart.observations), 1),
-                             "loads": sm_eval.loads,
-                             "smart_observations": [o.model_dump(mode="json") for o in smart.observations]}
+            results[name] = {
+                **compare(space, exhaustive, objective, smart),
+                "seconds": round(sum(o.seconds for o in smart.observations), 1),
+                "loads": sm_eval.loads,
+                "smart_observations": [o.model_dump(mode="json") for o in smart.observations],
+            }
             ex_obj = exhaustive.model_copy(update={"objective": objective})
             (work / f"smart-{name}.md").write_text(smart.to_markdown(title=f"smart, {name}"))
             (work / f"exhaustive-{name}.md").write_text(ex_obj.to_markdown(title=f"exhaustive, {name}"))
             smart.plot(work / f"smart-{name}.png")
             ex_obj.plot(work / f"exhaustive-{name}.png")
         for name, r in results.items():
-            r["confirmation"] = confirm(evaluator(f"confirm-{name}"), space, r, objectives_by_name[name], CONFIRM_REPEATS)
+            r["confirmation"] = confirm(
+                evaluator(f"confirm-{name}"), space, r, objectives_by_name[name], CONFIRM_REPEATS
+            )
     finally:
         server.stop()
     ok = [o for o in exhaustive.observations if o.ok]
-    out = {"model": f"resnet50 {size} onnx (python backend, embedded server)", "grid": len(space.grid()),
-           "concurrency": concurrency, "measurement": measurement.model_dump(),
-           "exhaustive_seconds": round(sum(o.seconds for o in exhaustive.observations), 1), "exhaustive_ok": len(ok),
-           "exhaustive_best_unconstrained": max(ok, key=lambda o: o.throughput).model_dump(mode="json"),
-           "exhaustive_loads": ex_eval.loads, "load_before": load_before, "load_after": os.getloadavg(),
-           "smart": results, "exhaustive_observations": [o.model_dump(mode="json") for o in exhaustive.observations],
-           "work_dir": str(work), "wall_seconds": round(time.monotonic() - t0, 1)}
-    print(f"\nreal CPU, {size} ResNet-50, {out['grid']} candidates, concurrency {concurrency}: exhaustive "
-          f"{out['exhaustive_seconds']:.0f} s ({len(ok)} stable), load average {np.mean(ex_eval.loads):.2f} during it")
-    print(f"{'objective':10s} {'exhaustive best':36s} {'smart best':36s} {'smart/exh':>9s} {'measured':>11s} {'smart s':>8s}")
+    out = {
+        "model": f"resnet50 {size} onnx (python backend, embedded server)",
+        "grid": len(space.grid()),
+        "concurrency": concurrency,
+        "measurement": measurement.model_dump(),
+        "exhaustive_seconds": round(sum(o.seconds for o in exhaustive.observations), 1),
+        "exhaustive_ok": len(ok),
+        "exhaustive_best_unconstrained": max(ok, key=lambda o: o.throughput).model_dump(mode="json"),
+        "exhaustive_loads": ex_eval.loads,
+        "load_before": load_before,
+        "load_after": os.getloadavg(),
+        "smart": results,
+        "exhaustive_observations": [o.model_dump(mode="json") for o in exhaustive.observations],
+        "work_dir": str(work),
+        "wall_seconds": round(time.monotonic() - t0, 1),
+    }
+    print(
+        f"\nreal CPU, {size} ResNet-50, {out['grid']} candidates, concurrency {concurrency}: exhaustive "
+        f"{out['exhaustive_seconds']:.0f} s ({len(ok)} stable), load average {np.mean(ex_eval.loads):.2f} during it"
+    )
+    print(
+        f"{'objective':10s} {'exhaustive best':36s} {'smart best':36s} {'smart/exh':>9s} {'measured':>11s} {'smart s':>8s}"
+    )
     for name, r in results.items():
         c = r["confirmation"]
         ratio = "n/a" if c["ratio"] is None else f"{100 * c['ratio']:.1f}%"
-        print(f"{name:10s} confirmed, {CONFIRM_REPEATS} alternating re-measurements each: exhaustive's choice "
-              f"{c['exhaustive_mean_throughput']:.1f}/s p99 {c['exhaustive_mean_p99_ms']:.2f} ms, smart's "
-              f"{c['smart_mean_throughput']:.1f}/s p99 {c['smart_mean_p99_ms']:.2f} ms: {ratio}")
+        print(
+            f"{name:10s} confirmed, {CONFIRM_REPEATS} alternating re-measurements each: exhaustive's choice "
+            f"{c['exhaustive_mean_throughput']:.1f}/s p99 {c['exhaustive_mean_p99_ms']:.2f} ms, smart's "
+            f"{c['smart_mean_throughput']:.1f}/s p99 {c['smart_mean_p99_ms']:.2f} ms: {ratio}"
+        )
     for name, r in results.items():
         ex = f"{r['exhaustive_best']} {r['exhaustive_best_throughput'] or 0:.1f}/s {r['exhaustive_best_p99_ms'] or 0:.1f}ms"
         sm = f"{r['smart_best']} {r['smart_best_throughput'] or 0:.1f}/s {r['smart_best_p99_ms'] or 0:.1f}ms"
         ratio = "n/a" if r["ratio"] is None else f"{100 * r['ratio']:.1f}%"
-        print(f"{name:10s} {ex:36s} {sm:36s} {ratio:>9s} {r['measured']:3d} ({100 * r['measured_fraction']:.0f}%) {r['seconds']:8.0f}")
+        print(
+            f"{name:10s} {ex:36s} {sm:36s} {ratio:>9s} {r['measured']:3d} ({100 * r['measured_fraction']:.0f}%) {r['seconds']:8.0f}"
+        )
     print(f"total wall time {out['wall_seconds']:.0f} s")
     return out
 
@@ -272,11 +373,13 @@ def real(concurrency: int, work: Path, size: str = "small") -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--part", choices=["simulated", "real", "all"], default="all")
-    parser.add_argument("--size", default="small",
-                        help="real: the ResNet-50 size measured (simulated: the published models)")
+    parser.add_argument(
+        "--size", default="small", help="real: the ResNet-50 size measured (simulated: the published models)"
+    )
     parser.add_argument("--concurrency", type=int, default=8)
-    parser.add_argument("--work", default=None,
-                        help="real: a new or empty folder for the run's files (a temporary folder by default)")
+    parser.add_argument(
+        "--work", default=None, help="real: a new or empty folder for the run's files (a temporary folder by default)"
+    )
     args = parser.parse_args()
     work = fresh_work_dir(args.work) if args.part in ("real", "all") else None  # refused before anything runs
     if args.part in ("simulated", "all"):

@@ -19,15 +19,23 @@ import tempfile
 import time
 from pathlib import Path
 
-from tbench.stack import Stack
-
 from provenance import RESULTS, recorded
+
+from tbench.stack import Stack
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from services import postgres_server  # noqa: E402  (the tests' way of starting PostgreSQL)
 
-PARAMETERS = {"request": {"model": "resnet50", "size": "small", "formats": ["onnx"], "batch_sizes": [1, 4],
-                          "concurrency": [2], "measurement": {"stability_percentage": 50}}}
+PARAMETERS = {
+    "request": {
+        "model": "resnet50",
+        "size": "small",
+        "formats": ["onnx"],
+        "batch_sizes": [1, 4],
+        "concurrency": [2],
+        "measurement": {"stability_percentage": 50},
+    }
+}
 
 
 def one_stack(database_url: str | None, n_runs: int, parameters: dict) -> dict:
@@ -49,17 +57,26 @@ def one_stack(database_url: str | None, n_runs: int, parameters: dict) -> dict:
                 started = time.monotonic()
                 run_id = submit("triton-benchmark/benchmark-cpu", parameters)
                 result = follow(run_id, lambda line: None, timeout_s=900, poll_s=0.2, submitted_at=started)
-                runs.append({"state": result.state, "to_running_s": round(result.seconds_to_running, 2),
-                             "total_s": round(time.monotonic() - started, 1)})
+                runs.append(
+                    {
+                        "state": result.state,
+                        "to_running_s": round(result.seconds_to_running, 2),
+                        "total_s": round(time.monotonic() - started, 1),
+                    }
+                )
     finally:
         os.environ.clear()
         os.environ.update(saved)
         t1 = time.monotonic()
         stack.down()
         down_s = time.monotonic() - t1
-    return {"stack_up_s": round(up_s, 1), "stack_down_s": round(down_s, 1), "runs": runs,
-            "to_running_median_s": statistics.median(r["to_running_s"] for r in runs),
-            "total_median_s": statistics.median(r["total_s"] for r in runs)}
+    return {
+        "stack_up_s": round(up_s, 1),
+        "stack_down_s": round(down_s, 1),
+        "runs": runs,
+        "to_running_median_s": statistics.median(r["to_running_s"] for r in runs),
+        "total_median_s": statistics.median(r["total_s"] for r in runs),
+    }
 
 
 def main() -> None:
@@ -77,8 +94,10 @@ def main() -> None:
         record.update(out)
         for db in ("sqlite", "postgresql"):
             r = out[db]
-            print(f"{db}: up {r['stack_up_s']} s, trigger to running {r['to_running_median_s']} s, "
-                  f"run {r['total_median_s']} s (median of {len(r['runs'])})")
+            print(
+                f"{db}: up {r['stack_up_s']} s, trigger to running {r['to_running_median_s']} s, "
+                f"run {r['total_median_s']} s (median of {len(r['runs'])})"
+            )
 
 
 if __name__ == "__main__":

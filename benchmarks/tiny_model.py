@@ -20,9 +20,13 @@ def build_tiny_image_onnx(path: Path, seed: int = 0) -> Path:
         def __init__(self):
             super().__init__()
             self.features = nn.Sequential(
-                nn.Conv2d(3, 8, 3, stride=2, padding=1), nn.ReLU(),
-                nn.Conv2d(8, 16, 3, stride=2, padding=1), nn.ReLU(),
-                nn.AdaptiveAvgPool2d(1), nn.Flatten())
+                nn.Conv2d(3, 8, 3, stride=2, padding=1),
+                nn.ReLU(),
+                nn.Conv2d(8, 16, 3, stride=2, padding=1),
+                nn.ReLU(),
+                nn.AdaptiveAvgPool2d(1),
+                nn.Flatten(),
+            )
             self.classes = nn.Linear(16, 10)
             self.embedding = nn.Linear(16, 4)
 
@@ -31,9 +35,16 @@ def build_tiny_image_onnx(path: Path, seed: int = 0) -> Path:
             return self.classes(x).softmax(-1), self.embedding(x)
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    torch.onnx.export(TinyNet().eval(), (torch.zeros(1, 3, 64, 64),), str(path), input_names=["image"],
-                      output_names=["probabilities", "embedding"], opset_version=17, dynamo=False,
-                      dynamic_axes={"image": {0: "batch"}, "probabilities": {0: "batch"}, "embedding": {0: "batch"}})
+    torch.onnx.export(
+        TinyNet().eval(),
+        (torch.zeros(1, 3, 64, 64),),
+        str(path),
+        input_names=["image"],
+        output_names=["probabilities", "embedding"],
+        opset_version=17,
+        dynamo=False,
+        dynamic_axes={"image": {0: "batch"}, "probabilities": {0: "batch"}, "embedding": {0: "batch"}},
+    )
     return path
 
 

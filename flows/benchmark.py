@@ -11,6 +11,7 @@ from prefect import flow
 from prefect.states import Completed
 
 from flows.lifecycle import finishing, run_lifecycle
+from model_adapters.ensemble import part_adapters
 from tasks.accuracy import accuracy_task, require_same_answers
 from tasks.baseline import baseline_task
 from tasks.correctness import correctness_task, require_passed
@@ -20,19 +21,26 @@ from tasks.monitor import PointMonitor
 from tasks.perf import perf_task, plan_points, prepare_inputs
 from tasks.point_cache import PointCache, file_digest, tool_versions
 from tasks.report import report_task
-from model_adapters.ensemble import part_adapters
-from tasks.repository import (ACCELERATOR_LABELS, RUNTIME_MODEL, ServingConfig, backend_label, repository_task, serves_natively,
-                              write_ensemble, write_offline_configs)
+from tasks.repository import (
+    ACCELERATOR_LABELS,
+    RUNTIME_MODEL,
+    ServingConfig,
+    backend_label,
+    repository_task,
+    serves_natively,
+    write_ensemble,
+    write_offline_configs,
+)
 from tasks.server import configs_loaded, make_server, server_task
 from tasks.store import run_url, store_task
 from tbench import hardware as hw
 from tbench.enums import Format, Scenario
+from tbench.errors import PerfAnalyzerError
 from tbench.pools import check_worker_hardware
 from tbench.precision import results_precision
-from tbench.errors import PerfAnalyzerError
 from tbench.request import PYTHON_BACKEND_RUNTIMES, BenchmarkRequest, adapter_for, plain_name
-from tbench.serving import ServedOn, combined, confirmed, device_reports, pinned_env, served_on
 from tbench.run import COMPLETED_WITH_FAILURES, FAILED, STATE_COMPLETED_WITH_FAILURES, RunTracker
+from tbench.serving import ServedOn, combined, confirmed, device_reports, pinned_env, served_on
 
 
 @flow(name="triton-benchmark")
@@ -58,26 +66,46 @@ def _benchmark(req, hardware, adapter, tracker: RunTracker) -> str:
             artifacts = export_task(adapter, module, req.formats, layout.models_dir, options)
             # an ensemble's composing models, each exported in its own formats (the first one is served)
             parts = part_adapters(adapter, module) if adapter.is_ensemble else []
-            part_artifacts = [export_task(p, p.part.module, [Format.parse(f) for f in p.part.formats],
-                                          layout.models_dir / p.part.name, options) for p in parts]
+            part_artifacts = [
+                export_task(
+                    p,
+                    p.part.module,
+                    [Format.parse(f) for f in p.part.formats],
+                    layout.models_dir / p.part.name,
+                    options,
+                )
+                for p in parts
+            ]
             tracker.save_json(layout.iospec_json, adapter.io_spec().model_dump())
             # what was converted and what came from the conversion cache (cached: no conversion ran)
-            tracker.save_json(layout.run_dir / "artifacts.json",
-                              [x.model_dump(mode="json") for x in artifacts + [a for arts in part_artifacts for a in arts]])
+            tracker.save_json(
+                layout.run_dir / "artifacts.json",
+                [x.model_dump(mode="json") for x in artifacts + [a for arts in part_artifacts for a in arts]],
+            )
         with tracker.stage("correctness"):
             tracker.correctness = correctness_task(adapter, module, artifacts, req.tolerance_atol, req.tolerance_rtol)
             for p, arts in zip(parts, part_artifacts):
                 checked = correctness_task(p, p.part.module, arts, req.tolerance_atol, req.tolerance_rtol)
-                tracker.correctness += [c.model_copy(update={"model": plain_name(req.part_name(p.part.name))}) for c in checked]
+                tracker.correctness += [
+                    c.model_copy(update={"model": plain_name(req.part_name(p.part.name))}) for c in checked
+                ]
             tracker.save_json(layout.correctness_json, [c.model_dump(mode="json") for c in tracker.correctness])
             require_passed(tracker.correctness)
-            perf_inputs = prepare_inputs(adapter, module, layout.run_dir / "perf_input.json",
-                                         shared_memory=offline_shared_memory(req, hardware))
+            perf_inputs = prepare_inputs(
+                adapter, module, layout.run_dir / "perf_input.json", shared_memory=offline_shared_memory(req, hardware)
+            )
         served = [a for fmt in req.serve_formats for a in artifacts if a.format is fmt]
         composing = [(req.part_name(p.part.name), arts[0]) for p, arts in zip(parts, part_artifacts)]
         with tracker.stage("server"):  # what the server can run decides how the repository serves each format
-            server = make_server(req.server, layout.repository_dir, layout.server_log, http_port=req.http_port,
-                                 grpc_port=req.grpc_port, url=req.server_url, **server_options(req, hardware))
+            server = make_server(
+                req.server,
+                layout.repository_dir,
+                layout.server_log,
+                http_port=req.http_port,
+                grpc_port=req.grpc_port,
+                url=req.server_url,
+                **server_options(req, hardware),
+            )
             backends = server.backends()
             native = {a.format: serves_natively(a.format, backends) for a in served + [a for _, a in composing]}
             # where each Triton model will run (tbench/serving.py), confirmed once the server has loaded them
@@ -86,63 +114,125 @@ def _benchmark(req, hardware, adapter, tracker: RunTracker) -> str:
         tracker.served_by = {a.format.value: backend_label(a.format, native[a.format]) for a in served}
         if composing:
             tracker.served_by[Format.ENSEMBLE.value] = "ensemble of " + ", ".join(
-                f"{plain_name(name)} ({backend_label(a.format, native[a.format])})" for name, a in composing)
+                f"{plain_name(name)} ({backend_label(a.format, native[a.format])})" for name, a in composing
+            )
         # what each Triton model is served with: (config, artifact, native); an ensemble's batching is its parts'
-        configs = [(serving_config(req, hardware, a.format, devices[name], name), a, native[a.format])
-                   for name, a in models.items()]
+        configs = [
+            (serving_config(req, hardware, a.format, devices[name], name), a, native[a.format])
+            for name, a in models.items()
+        ]
         with tracker.stage("repository"):
             for cfg, artifact, is_native in configs:
                 repository_task(layout.repository_dir, cfg, artifact, is_native)
             if composing:
-                write_ensemble(layout.repository_dir, req.triton_name(Format.ENSEMBLE), req.max_batch_size, adapter.io_spec(),
-                               [(name, a.io_spec) for name, a in composing])
-            offline_configs = write_offline_configs(layout.offline_configs_dir, configs) if Scenario.OFFLINE in req.scenarios else {}
+                write_ensemble(
+                    layout.repository_dir,
+                    req.triton_name(Format.ENSEMBLE),
+                    req.max_batch_size,
+                    adapter.io_spec(),
+                    [(name, a.io_spec) for name, a in composing],
+                )
+            offline_configs = (
+                write_offline_configs(layout.offline_configs_dir, configs) if Scenario.OFFLINE in req.scenarios else {}
+            )
         with tracker.stage("server-start"):
             server_task(server)
             devices = confirm_devices(devices, server, hardware)
             by_format = {a.format: devices[name] for name, a in models.items()}
         # what Triton serves, as (format, io spec): each served format, or the ensemble over the composing models
-        measured = [(a.format, a.io_spec) for a in served] + ([(Format.ENSEMBLE, adapter.io_spec())] if composing else [])
+        measured = [(a.format, a.io_spec) for a in served] + (
+            [(Format.ENSEMBLE, adapter.io_spec())] if composing else []
+        )
         for fmt, _ in measured:
             name = req.triton_name(fmt)
             with tracker.stage(f"accuracy-{fmt.value}"):
-                result = accuracy_task(adapter, module, server.endpoints.grpc_url, name, req.accuracy_samples,
-                                       req.accuracy_batch_size, req.tolerance_atol, req.tolerance_rtol, fmt)
+                result = accuracy_task(
+                    adapter,
+                    module,
+                    server.endpoints.grpc_url,
+                    name,
+                    req.accuracy_samples,
+                    req.accuracy_batch_size,
+                    req.tolerance_atol,
+                    req.tolerance_rtol,
+                    fmt,
+                )
                 tracker.accuracy.append(result)
                 tracker.save_json(layout.accuracy_json, [r.model_dump(mode="json") for r in tracker.accuracy])
                 require_same_answers(result, name)
-        cache = point_cache(req, hardware, server.identity(), served + [a for _, a in composing], perf_inputs) if req.reuse_measurements else None
+        cache = (
+            point_cache(req, hardware, server.identity(), served + [a for _, a in composing], perf_inputs)
+            if req.reuse_measurements
+            else None
+        )
         for fmt, spec in measured:
             name = req.triton_name(fmt)
-            model_format = fmt.label if fmt is not Format.ENSEMBLE else f"{fmt.label} ({' + '.join(a.format.label for _, a in composing)})"
+            model_format = (
+                fmt.label
+                if fmt is not Format.ENSEMBLE
+                else f"{fmt.label} ({' + '.join(a.format.label for _, a in composing)})"
+            )
             # the models behind this one: itself, or an ensemble's composing models
             behind = [n for n, _ in composing] if fmt is Format.ENSEMBLE else [name]
             device = combined({plain_name(n): devices[n] for n in behind})  # the results name no GPU it did not use
             tracker.served_on[fmt.value] = device.model_dump()
-            static = {"model": req.model, "model_size": req.size, "gpu": device.label, "format": fmt.value,
-                      "backend": tracker.served_by[fmt.value], "model_format": model_format,
-                      "backend_accelerator": accelerator_label(req, hardware, fmt, native, device),
-                      "precision": results_precision(  # what ran (tbench/precision.py), not what was asked
-                          [a for a in served if a.format is fmt] or [a for _, a in composing], req.precision,
-                          lambda f: accelerator_label(req, hardware, f, native, by_format[f])),
-                      "max_batch_size": req.max_batch_size, "model_instances": req.model_instances}
+            static = {
+                "model": req.model,
+                "model_size": req.size,
+                "gpu": device.label,
+                "format": fmt.value,
+                "backend": tracker.served_by[fmt.value],
+                "model_format": model_format,
+                "backend_accelerator": accelerator_label(req, hardware, fmt, native, device),
+                "precision": results_precision(  # what ran (tbench/precision.py), not what was asked
+                    [a for a in served if a.format is fmt] or [a for _, a in composing],
+                    req.precision,
+                    lambda f: accelerator_label(req, hardware, f, native, by_format[f]),
+                ),
+                "max_batch_size": req.max_batch_size,
+                "model_instances": req.model_instances,
+            }
             for scenario in req.scenarios:
                 key = f"perf-{scenario.value}-{fmt.value}"
                 offline = scenario is Scenario.OFFLINE
                 served_as = serving_config(req, hardware, fmt, device)
                 served_as = served_as.static() if offline else served_as
                 batching = {"batching": served_as.batching, "max_queue_delay_us": served_as.queue_delay_us}
-                with tracker.stage(key), configs_loaded(server, {n: offline_configs[n] for n in behind} if offline else {}):
-                    points = plan_points([scenario], req.batch_sizes, req.concurrency, req.request_rates,
-                                         req.request_distribution, req.online_batch_size)
-                    perf_task(scenario, points,
-                              model=name, grpc_url=server.endpoints.grpc_url, spec=spec, m=req.measurement,
-                              layout=layout, static={**static, **batching}, on_row=lambda t, k=key: tracker.save_points(k, t),
-                              gpu_env=pinned_env(req.server, hardware),  # perf_analyzer's CUDA memory: the server's GPU
-                              server_alive=server.alive, inputs=perf_inputs, on_composing=tracker.save_composing,
-                              monitor=PointMonitor(server.endpoints.grpc_url, name, server.processes,
-                                                   server.endpoints.metrics_url, gpu_uuids=device.gpu_uuids),
-                              cache=cache.for_model(static) if cache else None)
+                with (
+                    tracker.stage(key),
+                    configs_loaded(server, {n: offline_configs[n] for n in behind} if offline else {}),
+                ):
+                    points = plan_points(
+                        [scenario],
+                        req.batch_sizes,
+                        req.concurrency,
+                        req.request_rates,
+                        req.request_distribution,
+                        req.online_batch_size,
+                    )
+                    perf_task(
+                        scenario,
+                        points,
+                        model=name,
+                        grpc_url=server.endpoints.grpc_url,
+                        spec=spec,
+                        m=req.measurement,
+                        layout=layout,
+                        static={**static, **batching},
+                        on_row=lambda t, k=key: tracker.save_points(k, t),
+                        gpu_env=pinned_env(req.server, hardware),  # perf_analyzer's CUDA memory: the server's GPU
+                        server_alive=server.alive,
+                        inputs=perf_inputs,
+                        on_composing=tracker.save_composing,
+                        monitor=PointMonitor(
+                            server.endpoints.grpc_url,
+                            name,
+                            server.processes,
+                            server.endpoints.metrics_url,
+                            gpu_uuids=device.gpu_uuids,
+                        ),
+                        cache=cache.for_model(static) if cache else None,
+                    )
     except BaseException as err:
         _finish(tracker, req, hardware, server, error=err)
         raise
@@ -162,10 +252,17 @@ def accelerator_label(req, hardware, fmt, native: dict, device: ServedOn) -> str
 
 def serving_config(req, hardware, fmt, device: ServedOn, name: str | None = None) -> ServingConfig:
     """`device`: where the model runs (tbench.serving.served_on), which decides its instance kind."""
-    return ServingConfig(name=name or req.triton_name(fmt), accelerator=req.accelerators.get(fmt.value),
-                         precision=req.precision.value.upper(), max_batch_size=req.max_batch_size, preferred_batch_sizes=req.preferred_batch_sizes,
-                         max_queue_delay_us=req.max_queue_delay_us, instances=req.model_instances, kind=device.kind,
-                         intra_op_threads=max(1, hardware.cpu_cores // req.model_instances))
+    return ServingConfig(
+        name=name or req.triton_name(fmt),
+        accelerator=req.accelerators.get(fmt.value),
+        precision=req.precision.value.upper(),
+        max_batch_size=req.max_batch_size,
+        preferred_batch_sizes=req.preferred_batch_sizes,
+        max_queue_delay_us=req.max_queue_delay_us,
+        instances=req.model_instances,
+        kind=device.kind,
+        intra_op_threads=max(1, hardware.cpu_cores // req.model_instances),
+    )
 
 
 def plan_devices(req, hardware, models: dict[str, tuple[Format, bool]]) -> dict[str, ServedOn]:
@@ -189,17 +286,41 @@ def confirm_devices(devices: dict[str, ServedOn], server, hardware) -> dict[str,
 def point_cache(req, hardware, server: dict, artifacts, perf_inputs) -> PointCache:
     """The point cache's context: what decides a point's numbers besides the point (see tasks/point_cache.py);
     `server` is the server's identity (TritonServer.identity: mode, binary, image or address, reported id and version)."""
-    return PointCache({
-        "artifacts": [{"source": a.source_hash, "format": a.format.value, "precision": a.precision.value,
-                       "io": a.io_spec.model_dump()} for a in artifacts],
-        "serving": {k: getattr(req, k) for k in ("max_batch_size", "model_instances", "preferred_batch_sizes",
-                                                 "max_queue_delay_us", "accelerators", "online_batch_size")},
-        "offline_batching": "static",  # offline points measured before static batching are not these
-        "server": server, "machine": {k: getattr(hardware, k) for k in ("cpu_model", "cpu_cores", "gpus", "gpu_uuids", "driver", "cuda")},
-        "measurement": req.measurement.model_dump(), "inputs": file_digest(perf_inputs.data_file),
-        "shapes": perf_inputs.shapes, "shared_memory": perf_inputs.shared_memory, "tools": tool_versions(),
-        "runtime_model": file_digest(RUNTIME_MODEL),  # the python backend's model.py runs every request it serves
-    })
+    return PointCache(
+        {
+            "artifacts": [
+                {
+                    "source": a.source_hash,
+                    "format": a.format.value,
+                    "precision": a.precision.value,
+                    "io": a.io_spec.model_dump(),
+                }
+                for a in artifacts
+            ],
+            "serving": {
+                k: getattr(req, k)
+                for k in (
+                    "max_batch_size",
+                    "model_instances",
+                    "preferred_batch_sizes",
+                    "max_queue_delay_us",
+                    "accelerators",
+                    "online_batch_size",
+                )
+            },
+            "offline_batching": "static",  # offline points measured before static batching are not these
+            "server": server,
+            "machine": {
+                k: getattr(hardware, k) for k in ("cpu_model", "cpu_cores", "gpus", "gpu_uuids", "driver", "cuda")
+            },
+            "measurement": req.measurement.model_dump(),
+            "inputs": file_digest(perf_inputs.data_file),
+            "shapes": perf_inputs.shapes,
+            "shared_memory": perf_inputs.shared_memory,
+            "tools": tool_versions(),
+            "runtime_model": file_digest(RUNTIME_MODEL),  # the python backend's model.py runs every request it serves
+        }
+    )
 
 
 def offline_shared_memory(req, hardware) -> str:
@@ -221,9 +342,15 @@ def adapter_notes(req) -> list[str]:
 def server_options(req, hardware=None) -> dict:
     """The mode-specific options a request carries, for make_server; with the hardware, the embedded and local
     servers' view of the GPUs: the run's GPU only (tbench.serving.pinned_env)."""
-    options = {"local": {"binary": req.tritonserver, "backend_dir": Path(req.backend_dir) if req.backend_dir else None},
-               "docker": {"image": req.docker_image, "gpus": req.gpus, "network": req.docker_network,
-                          "ulimits": req.docker_ulimits}}.get(req.server, {})
+    options = {
+        "local": {"binary": req.tritonserver, "backend_dir": Path(req.backend_dir) if req.backend_dir else None},
+        "docker": {
+            "image": req.docker_image,
+            "gpus": req.gpus,
+            "network": req.docker_network,
+            "ulimits": req.docker_ulimits,
+        },
+    }.get(req.server, {})
     if hardware is not None and (gpu_env := pinned_env(req.server, hardware)):
         options["gpu_env"] = gpu_env
     return {k: v for k, v in options.items() if v is not None}
@@ -232,9 +359,13 @@ def server_options(req, hardware=None) -> dict:
 def _finish(tracker: RunTracker, req, hardware, server, error: BaseException | None = None) -> str:
     """Stop the server, then report and store whatever the run has (flows/lifecycle.py: finishing)."""
     layout = tracker.layout
-    manifest = {"request": req.model_dump(mode="json"), "hardware": hardware.model_dump(),
-                "served_on": tracker.served_on,  # per measured format: the results' gpu label, and why
-                "artifact_url": run_url(req.output, layout.run_id), "local_dir": str(layout.run_dir)}
+    manifest = {
+        "request": req.model_dump(mode="json"),
+        "hardware": hardware.model_dump(),
+        "served_on": tracker.served_on,  # per measured format: the results' gpu label, and why
+        "artifact_url": run_url(req.output, layout.run_id),
+        "local_dir": str(layout.run_dir),
+    }
     with finishing(tracker, error, manifest) as end:
         if server is not None:
             with tracker.stage("server-stop"):
@@ -246,12 +377,25 @@ def _finish(tracker: RunTracker, req, hardware, server, error: BaseException | N
             with tracker.stage("compare-baseline"):
                 comparison_lines, manifest["comparison"] = baseline_task(req.baseline, layout.run_dir, layout.plots_dir)
         with tracker.stage("report"):
-            report_task(layout.report_md, tracker.results, run_id=layout.run_id, request=req, hardware=hardware,
-                        correctness=tracker.correctness, accuracy=tracker.accuracy, summary=summary,
-                        served_by=tracker.served_by, served_on=tracker.served_on, composing=tracker.composing,
-                        model_notes=adapter_notes(req),
-                        stage_seconds=dict(tracker.stage_seconds), plots_dir=layout.plots_dir,
-                        status=tracker.status, error=tracker.error or tracker.status_line, comparison_lines=comparison_lines)
+            report_task(
+                layout.report_md,
+                tracker.results,
+                run_id=layout.run_id,
+                request=req,
+                hardware=hardware,
+                correctness=tracker.correctness,
+                accuracy=tracker.accuracy,
+                summary=summary,
+                served_by=tracker.served_by,
+                served_on=tracker.served_on,
+                composing=tracker.composing,
+                model_notes=adapter_notes(req),
+                stage_seconds=dict(tracker.stage_seconds),
+                plots_dir=layout.plots_dir,
+                status=tracker.status,
+                error=tracker.error or tracker.status_line,
+                comparison_lines=comparison_lines,
+            )
         tracker.release_logs()
         with tracker.stage("store"):
             end["url"] = store_task(layout.run_dir, req.output, layout.run_id, tracker.manifest(**manifest))

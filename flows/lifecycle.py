@@ -44,8 +44,14 @@ def run_lifecycle(req, hardware, name: str, request_json) -> Iterator[RunTracker
         except BaseException as err:  # interrupted (or refused) while waiting: nothing ran, and the folder says so
             tracker.record_error(err, "device-lock")
             tracker.write_manifest(request=req.model_dump(mode="json"), local_dir=str(layout.run_dir))
-            progress.emit("run_end", run_id=layout.run_id, url=str(layout.run_dir), status=tracker.status,
-                          detail=tracker.status_line, stage=tracker.failed_stage)
+            progress.emit(
+                "run_end",
+                run_id=layout.run_id,
+                url=str(layout.run_dir),
+                status=tracker.status,
+                detail=tracker.status_line,
+                stage=tracker.failed_stage,
+            )
             raise
         yield tracker  # the lock is released first, then the log capture
 
@@ -75,5 +81,11 @@ def finishing(tracker: RunTracker, error: BaseException | None, manifest: dict) 
         log.error(f"while finishing a failed run: {err}; the run folder is {layout.run_dir}")
     finally:
         tracker.release_logs()
-        progress.emit("run_end", run_id=layout.run_id, url=end["url"], status=tracker.status,
-                      detail=tracker.status_line, stage=tracker.failed_stage)
+        progress.emit(
+            "run_end",
+            run_id=layout.run_id,
+            url=end["url"],
+            status=tracker.status,
+            detail=tracker.status_line,
+            stage=tracker.failed_stage,
+        )

@@ -42,20 +42,37 @@ class MatrixRequest(BaseModel):
     """What to run where; every other benchmark setting is shared by all runs (`request`)."""
 
     models: list[str] = Field(["resnet50"], description="Model adapters to run.")
-    formats: list[str] | None = Field(None, description="Formats to serve, one run each; the model's first format by default.")
-    precisions: list[str] = Field(["fp32"], description="Precisions to serve, one run each (what each format can carry: "
-                                  "tbench/precision.py; int8 needs trt or tf-trt on GPU pools).")
+    formats: list[str] | None = Field(
+        None, description="Formats to serve, one run each; the model's first format by default."
+    )
+    precisions: list[str] = Field(
+        ["fp32"],
+        description="Precisions to serve, one run each (what each format can carry: "
+        "tbench/precision.py; int8 needs trt or tf-trt on GPU pools).",
+    )
     pools: list[str] = Field(["cpu"], description="Work pools (GPU kinds) to run on: " + ", ".join(POOLS) + ".")
-    request: dict = Field(default_factory=dict, description="Other BenchmarkRequest fields for every run, e.g. "
-                          "{'size': 'small', 'batch_sizes': [1, 8]}.")
-    output: str | None = Field(None, description="Artifact root of the runs and the matrix report; the workers' "
-                               "TBENCH_ARTIFACT_ROOT by default.")
-    child_timeout_s: float = Field(4 * 3600, gt=0, description="Longest a child run may take from its submission to "
-                                   "its end (waiting for a worker and for its GPU included); it is then cancelled and "
-                                   "reported as not finished.")
-    start_timeout_s: float = Field(600, gt=0, description="Longest a child may stay scheduled on a pool that has no "
-                                   "online worker; it is then cancelled, so a worker that comes later does not run it. "
-                                   "A child queued on a pool whose worker is alive waits on, up to child_timeout_s.")
+    request: dict = Field(
+        default_factory=dict,
+        description="Other BenchmarkRequest fields for every run, e.g. {'size': 'small', 'batch_sizes': [1, 8]}.",
+    )
+    output: str | None = Field(
+        None,
+        description="Artifact root of the runs and the matrix report; the workers' TBENCH_ARTIFACT_ROOT by default.",
+    )
+    child_timeout_s: float = Field(
+        4 * 3600,
+        gt=0,
+        description="Longest a child run may take from its submission to "
+        "its end (waiting for a worker and for its GPU included); it is then cancelled and "
+        "reported as not finished.",
+    )
+    start_timeout_s: float = Field(
+        600,
+        gt=0,
+        description="Longest a child may stay scheduled on a pool that has no "
+        "online worker; it is then cancelled, so a worker that comes later does not run it. "
+        "A child queued on a pool whose worker is alive waits on, up to child_timeout_s.",
+    )
 
 
 def child_parameters(matrix: MatrixRequest, model: str, fmt: str | None, precision: str) -> dict:
@@ -72,8 +89,14 @@ def settled(future, pool: str, model: str, fmt: str | None, precision: str) -> d
     outcome = future.result(raise_on_failure=False)
     if isinstance(outcome, dict):
         return outcome
-    return ChildRun(pool=pool, model=model, format=fmt or "(default)", precision=precision, state="UNKNOWN",
-                    reason=one_line(f"the matrix-run task broke: {outcome}")).model_dump()
+    return ChildRun(
+        pool=pool,
+        model=model,
+        format=fmt or "(default)",
+        precision=precision,
+        state="UNKNOWN",
+        reason=one_line(f"the matrix-run task broke: {outcome}"),
+    ).model_dump()
 
 
 def load_results(runs: list[dict]) -> pd.DataFrame:
@@ -97,24 +120,43 @@ def matrix_flow(matrix: MatrixRequest = MatrixRequest()) -> str:
     tracker = RunTracker(layout)
     combos = list(itertools.product(matrix.models, matrix.formats or [None], matrix.precisions, matrix.pools))
     with tracker.stage("runs"):
-        futures = [matrix_run.submit(pool, model, fmt, precision, child_parameters(matrix, model, fmt, precision),
-                                     matrix.start_timeout_s, matrix.child_timeout_s)
-                   for model, fmt, precision, pool in combos]
+        futures = [
+            matrix_run.submit(
+                pool,
+                model,
+                fmt,
+                precision,
+                child_parameters(matrix, model, fmt, precision),
+                matrix.start_timeout_s,
+                matrix.child_timeout_s,
+            )
+            for model, fmt, precision, pool in combos
+        ]
         runs = [settled(f, pool, model, fmt, precision) for f, (model, fmt, precision, pool) in zip(futures, combos)]
     unfinished = [r for r in runs if r["state"] != "COMPLETED"]
     with tracker.stage("report"):
         results = load_results(runs)
         if not results.empty:
-            results.to_parquet(layout.run_dir / "matrix_results.parquet", index=False)  # not results.parquet: the runs are in the dataset already
+            results.to_parquet(
+                layout.run_dir / "matrix_results.parquet", index=False
+            )  # not results.parquet: the runs are in the dataset already
         text = matrix_markdown(results, pd.DataFrame(runs), layout.run_dir)
         layout.report_md.write_text(text)
         write_html_report(layout.report_md)
         create_markdown_artifact(text, key="matrix-report", description="Cross-GPU comparison of the matrix's runs")
     with tracker.stage("store"):
-        url = store_task(layout.run_dir, root, layout.run_id,
-                         tracker.manifest(matrix=matrix.model_dump(mode="json"), runs=runs,
-                                          not_finished=len(unfinished),
-                                          artifact_url=run_url(root, layout.run_id), local_dir=str(layout.run_dir)))
+        url = store_task(
+            layout.run_dir,
+            root,
+            layout.run_id,
+            tracker.manifest(
+                matrix=matrix.model_dump(mode="json"),
+                runs=runs,
+                not_finished=len(unfinished),
+                artifact_url=run_url(root, layout.run_id),
+                local_dir=str(layout.run_dir),
+            ),
+        )
     if unfinished:  # after the store: the report of the children that finished is there
         raise MatrixIncomplete(incomplete_message(unfinished, len(runs), url))
     return url
@@ -123,5 +165,7 @@ def matrix_flow(matrix: MatrixRequest = MatrixRequest()) -> str:
 def incomplete_message(unfinished: list[dict], total: int, url: str) -> str:
     named = ", ".join(f"{r['pool']}/{r['model']}/{r['format']}/{r['precision']} {r['state']}" for r in unfinished[:3])
     more = f" and {len(unfinished) - 3} more" if len(unfinished) > 3 else ""
-    return (f"{len(unfinished)} of {total} child runs did not finish ({named}{more}); "
-            f"the report of the others, with the reasons, is at {url}")
+    return (
+        f"{len(unfinished)} of {total} child runs did not finish ({named}{more}); "
+        f"the report of the others, with the reasons, is at {url}"
+    )

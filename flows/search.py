@@ -32,8 +32,8 @@ from tbench.pools import check_worker_hardware
 from tbench.precision import refusal
 from tbench.request import DEFAULT_TOLERANCES, BenchmarkRequest, adapter_for
 from tbench.run import RunTracker
-from tbench.serving import combined, pinned_env
 from tbench.search import STRATEGIES, Candidate, Checkpoint, Objective, SearchSpace
+from tbench.serving import combined, pinned_env
 
 # The registry's strategy names, in its order, as a Literal: the schema and the validation error list them.
 StrategyName = Literal[tuple(STRATEGIES.names())]  # type: ignore[valid-type]
@@ -45,17 +45,29 @@ CONTEXT = "search_context.json"  # beside the checkpoint: what its measurements 
 class SearchRequest(BaseModel):
     """What to search; the model, its formats, server and measurement settings come from the BenchmarkRequest."""
 
-    space: SearchSpace = Field(default_factory=SearchSpace, description="The configuration grid; formats: [''] serves "
-                               "the request's first serve format, else formats or 'format:precision' variants.")
-    objective: Objective = Field(default_factory=Objective, description="Best throughput under a p99 budget, or lowest p99 "
-                                 "above a throughput floor.")
-    strategy: StrategyName = Field("smart", description="smart: coordinate search on a budget of measurements; "
-                                   "exhaustive: every candidate.")
+    space: SearchSpace = Field(
+        default_factory=SearchSpace,
+        description="The configuration grid; formats: [''] serves "
+        "the request's first serve format, else formats or 'format:precision' variants.",
+    )
+    objective: Objective = Field(
+        default_factory=Objective,
+        description="Best throughput under a p99 budget, or lowest p99 above a throughput floor.",
+    )
+    strategy: StrategyName = Field(
+        "smart", description="smart: coordinate search on a budget of measurements; exhaustive: every candidate."
+    )
     budget_fraction: float = Field(0.10, gt=0, le=1, description="smart: the largest share of the grid measured.")
-    concurrency: int | None = Field(None, ge=1, description="Closed-loop clients per measurement; the largest of the "
-                                    "request's online concurrency by default.")
-    resume_from: str | None = Field(None, description="Resume an interrupted search: its checkpoint (search.jsonl) or "
-                                    "its run folder; measured candidates are read back, not measured again.")
+    concurrency: int | None = Field(
+        None,
+        ge=1,
+        description="Closed-loop clients per measurement; the largest of the request's online concurrency by default.",
+    )
+    resume_from: str | None = Field(
+        None,
+        description="Resume an interrupted search: its checkpoint (search.jsonl) or "
+        "its run folder; measured candidates are read back, not measured again.",
+    )
 
 
 def resume_checkpoint(resume_from: str | None, context: dict | None = None) -> Path | None:
@@ -67,22 +79,30 @@ def resume_checkpoint(resume_from: str | None, context: dict | None = None) -> P
     if path.is_dir():
         path = path / CHECKPOINT
     if not path.is_file():
-        raise ConfigError(f"resume_from {resume_from!r}: no search checkpoint there (expected a {CHECKPOINT} file or a run folder holding one)")
+        raise ConfigError(
+            f"resume_from {resume_from!r}: no search checkpoint there (expected a {CHECKPOINT} file or a run folder holding one)"
+        )
     if context is not None:
         check_resumable(path, context)
     return path
 
 
-def search_context(req, search: "SearchRequest", plan: dict, hardware) -> dict:
+def search_context(req, search: SearchRequest, plan: dict, hardware) -> dict:
     """What a search's measurements were taken for, besides the server (added once it runs: TritonServer.identity),
     as JSON reads it back. A resume must match it: another model, grid or setting would mix numbers."""
     context = {
-        "model": req.model, "size": req.size, "framework": req.framework, "model_file": req.model_file,
-        "checkpoint": req.checkpoint, "model_options": req.model_options,
+        "model": req.model,
+        "size": req.size,
+        "framework": req.framework,
+        "model_file": req.model_file,
+        "checkpoint": req.checkpoint,
+        "model_options": req.model_options,
         "inputs": {k: getattr(req, k) for k in ("input_data", "dataset", "shapes", "input_dtypes", "value_ranges")},
         "variants": {entry: f"{fmt.value}:{precision.value}" for entry, (fmt, precision) in plan.items()},
-        "space": search.space.model_dump(mode="json"), "objective": search.objective.model_dump(mode="json"),
-        "concurrency": search.concurrency or max(req.concurrency), "online_batch_size": req.online_batch_size,
+        "space": search.space.model_dump(mode="json"),
+        "objective": search.objective.model_dump(mode="json"),
+        "concurrency": search.concurrency or max(req.concurrency),
+        "online_batch_size": req.online_batch_size,
         "measurement": req.measurement.model_dump(mode="json"),
         "machine": {k: getattr(hardware, k) for k in ("cpu_model", "cpu_cores", "gpus", "gpu_uuids", "driver", "cuda")},
     }
@@ -108,11 +128,15 @@ def check_resumable(checkpoint: Path, context: dict) -> None:
     has (before the server runs it has no `server`), or one that recorded none (from before tbench recorded it)."""
     recorded = checkpoint.with_name(CONTEXT)
     if not recorded.is_file():
-        raise ConfigError(f"cannot resume from {checkpoint}: it has no {CONTEXT} beside it to say which model, grid and "
-                          "server it measured (a checkpoint from an older tbench); start a new search")
+        raise ConfigError(
+            f"cannot resume from {checkpoint}: it has no {CONTEXT} beside it to say which model, grid and "
+            "server it measured (a checkpoint from an older tbench); start a new search"
+        )
     if differing := context_differences(json.loads(recorded.read_text()), context):
-        raise ConfigError(f"cannot resume from {checkpoint}: it was measured with another {', '.join(differing)} "
-                          f"(see {recorded}); start a new search or resume with the same settings")
+        raise ConfigError(
+            f"cannot resume from {checkpoint}: it was measured with another {', '.join(differing)} "
+            f"(see {recorded}); start a new search or resume with the same settings"
+        )
 
 
 def variant_plan(space: SearchSpace, req, has_gpu: bool) -> dict[str, tuple[Format, Precision]]:
@@ -122,7 +146,10 @@ def variant_plan(space: SearchSpace, req, has_gpu: bool) -> dict[str, tuple[Form
     plan = {}
     for entry in space.formats:
         fmt, _, precision = entry.partition(":")
-        plan[entry] = (Format.parse(fmt) if fmt else req.serve_formats[0], Precision.parse(precision) if precision else req.precision)
+        plan[entry] = (
+            Format.parse(fmt) if fmt else req.serve_formats[0],
+            Precision.parse(precision) if precision else req.precision,
+        )
     for fmt, _ in plan.values():
         if fmt is Format.ENSEMBLE:
             raise ConfigError("the configuration search serves one model; ensembles are not searched")
@@ -158,25 +185,41 @@ def search_flow(request: BenchmarkRequest = BenchmarkRequest(), search: SearchRe
                 artifacts = {}
                 for precision in dict.fromkeys(p for _, p in plan.values()):
                     formats = list(dict.fromkeys(f for f, p in plan.values() if p is precision))
-                    out = layout.models_dir if len({p for _, p in plan.values()}) == 1 else layout.models_dir / precision.value
+                    out = (
+                        layout.models_dir
+                        if len({p for _, p in plan.values()}) == 1
+                        else layout.models_dir / precision.value
+                    )
                     options = ConversionOptions.for_run(req, precision, max(search.space.max_batch_sizes))
                     for artifact in export_task(adapter, module, formats, out, options):
                         artifacts[(artifact.format, precision)] = artifact
                 tracker.save_json(layout.iospec_json, adapter.io_spec().model_dump())
             with tracker.stage("correctness"):
                 for (fmt, precision), artifact in artifacts.items():
-                    atol, rtol = (DEFAULT_TOLERANCES[precision] if precision is not req.precision
-                                  else (req.tolerance_atol, req.tolerance_rtol))
+                    atol, rtol = (
+                        DEFAULT_TOLERANCES[precision]
+                        if precision is not req.precision
+                        else (req.tolerance_atol, req.tolerance_rtol)
+                    )
                     tracker.correctness += correctness_task(adapter, module, [artifact], atol, rtol)
                 tracker.save_json(layout.correctness_json, [c.model_dump(mode="json") for c in tracker.correctness])
                 require_passed(tracker.correctness)
                 perf_inputs = prepare_inputs(adapter, module, layout.run_dir / "perf_input.json")
             with tracker.stage("server"):
-                server = make_server(req.server, layout.repository_dir, layout.server_log, http_port=req.http_port,
-                                     grpc_port=req.grpc_port, url=req.server_url,
-                                     **search_server_options(req, hardware))
+                server = make_server(
+                    req.server,
+                    layout.repository_dir,
+                    layout.server_log,
+                    http_port=req.http_port,
+                    grpc_port=req.grpc_port,
+                    url=req.server_url,
+                    **search_server_options(req, hardware),
+                )
                 backends = server.backends()
-                variants = {entry: ServedVariant(artifacts[key], serves_natively(key[0], backends)) for entry, key in plan.items()}
+                variants = {
+                    entry: ServedVariant(artifacts[key], serves_natively(key[0], backends))
+                    for entry, key in plan.items()
+                }
                 # one instance kind for every candidate: the GPU only where every variant runs there
                 served = {e: (v.artifact.format, v.native) for e, v in variants.items()}
                 device = combined(plan_devices(req, hardware, served))
@@ -186,18 +229,38 @@ def search_flow(request: BenchmarkRequest = BenchmarkRequest(), search: SearchRe
                 if resume is not None:  # the same server as well: its address, binary or image, and version
                     check_resumable(resume, context)
                 (layout.run_dir / CONTEXT).write_text(json.dumps(context, indent=2))  # before the first measurement
-            evaluator = TritonEvaluator(server=server, repository=layout.repository_dir, variants=variants,
-                                        name=req.model + req.triton_suffix,  # a remote run's own name
-                                        concurrency=concurrency, measurement=req.measurement, work_dir=layout.run_dir / "search",
-                                        inputs=perf_inputs, online_batch_size=req.online_batch_size,
-                                        kind=device.kind, cpu_cores=hardware.cpu_cores,
-                                        gpu_env=pinned_env(req.server, hardware))
-            start = Candidate(instances=req.model_instances, max_batch_size=req.max_batch_size,
-                              preferred_batch_sizes=tuple(req.preferred_batch_sizes), queue_delay_us=req.max_queue_delay_us,
-                              format=search.space.formats[0])
+            evaluator = TritonEvaluator(
+                server=server,
+                repository=layout.repository_dir,
+                variants=variants,
+                name=req.model + req.triton_suffix,  # a remote run's own name
+                concurrency=concurrency,
+                measurement=req.measurement,
+                work_dir=layout.run_dir / "search",
+                inputs=perf_inputs,
+                online_batch_size=req.online_batch_size,
+                kind=device.kind,
+                cpu_cores=hardware.cpu_cores,
+                gpu_env=pinned_env(req.server, hardware),
+            )
+            start = Candidate(
+                instances=req.model_instances,
+                max_batch_size=req.max_batch_size,
+                preferred_batch_sizes=tuple(req.preferred_batch_sizes),
+                queue_delay_us=req.max_queue_delay_us,
+                format=search.space.formats[0],
+            )
             with tracker.stage("search"):
-                result = search_task(search.strategy, search.space, search.objective, evaluator, checkpoint,
-                                     budget_fraction=search.budget_fraction, start=start, label=layout.run_id)
+                result = search_task(
+                    search.strategy,
+                    search.space,
+                    search.objective,
+                    evaluator,
+                    checkpoint,
+                    budget_fraction=search.budget_fraction,
+                    start=start,
+                    label=layout.run_id,
+                )
         except BaseException as err:
             _finish(tracker, req, search, hardware, server, result, concurrency, device, error=err)
             raise
@@ -215,23 +278,45 @@ def write_search_files(layout: RunLayout, result, title: str) -> str:
     plot = result.plot(layout.plots_dir / "search.png")
     text = result.to_markdown(title=title, plot=plot.relative_to(layout.run_dir).as_posix())
     (layout.run_dir / "search.md").write_text(text)
-    write_html_report(layout.run_dir / "search.md", layout.run_dir / "search.html")  # search.html: the same page, self-contained
+    write_html_report(
+        layout.run_dir / "search.md", layout.run_dir / "search.html"
+    )  # search.html: the same page, self-contained
     best = result.best
-    summary = {"strategy": result.strategy, "objective": result.objective.model_dump(), "grid_size": result.grid_size,
-               "budget": result.budget, "measured": result.measured, "new_measurements": result.new_measurements,
-               "seconds": round(result.seconds, 3), "best": best.model_dump(mode="json") if best else None}
+    summary = {
+        "strategy": result.strategy,
+        "objective": result.objective.model_dump(),
+        "grid_size": result.grid_size,
+        "budget": result.budget,
+        "measured": result.measured,
+        "new_measurements": result.new_measurements,
+        "seconds": round(result.seconds, 3),
+        "best": best.model_dump(mode="json") if best else None,
+    }
     (layout.run_dir / "search.json").write_text(json.dumps(summary, indent=2))
     return text
 
 
-def _finish(tracker: RunTracker, req, search: SearchRequest, hardware, server, result, concurrency: int,
-            device=None, error: BaseException | None = None) -> str:
+def _finish(
+    tracker: RunTracker,
+    req,
+    search: SearchRequest,
+    hardware,
+    server,
+    result,
+    concurrency: int,
+    device=None,
+    error: BaseException | None = None,
+) -> str:
     """Stop the server, write what the search found (whatever it got to) and store the run folder
     (flows/lifecycle.py: finishing)."""
     layout = tracker.layout
-    manifest = {"request": req.model_dump(mode="json"), "search": search.model_dump(mode="json"),
-                "hardware": hardware.model_dump(), "artifact_url": run_url(req.output, layout.run_id),
-                "local_dir": str(layout.run_dir)}
+    manifest = {
+        "request": req.model_dump(mode="json"),
+        "search": search.model_dump(mode="json"),
+        "hardware": hardware.model_dump(),
+        "artifact_url": run_url(req.output, layout.run_id),
+        "local_dir": str(layout.run_dir),
+    }
     with finishing(tracker, error, manifest) as end:
         if server is not None:
             with tracker.stage("server-stop"):
@@ -240,17 +325,26 @@ def _finish(tracker: RunTracker, req, search: SearchRequest, hardware, server, r
             if result is None and tracker.layout.run_dir.joinpath(CHECKPOINT).exists():
                 result = partial_result(layout, search)
             if result is not None:
-                text = write_search_files(layout, result, f"Configuration search: {req.model} ({req.size}), "
-                                                          f"concurrency {concurrency}, "
-                                                          f"{device.label if device else hardware.gpu_label}")
-                create_markdown_artifact(text, key=artifact_key(f"search-report-{req.model}"),
-                                         description="Configuration search result (the plot is in the run folder)")
+                text = write_search_files(
+                    layout,
+                    result,
+                    f"Configuration search: {req.model} ({req.size}), "
+                    f"concurrency {concurrency}, "
+                    f"{device.label if device else hardware.gpu_label}",
+                )
+                create_markdown_artifact(
+                    text,
+                    key=artifact_key(f"search-report-{req.model}"),
+                    description="Configuration search result (the plot is in the run folder)",
+                )
         tracker.release_logs()
         with tracker.stage("store"):
             best = result.best if result is not None else None
-            manifest["summary"] = {"measured": result.measured if result else 0,
-                                   "grid_size": result.grid_size if result else None,
-                                   "best": best.candidate.key if best else None}
+            manifest["summary"] = {
+                "measured": result.measured if result else 0,
+                "grid_size": result.grid_size if result else None,
+                "best": best.candidate.key if best else None,
+            }
             end["url"] = store_task(layout.run_dir, req.output, layout.run_id, tracker.manifest(**manifest))
     return end["url"]
 
@@ -261,12 +355,20 @@ def partial_result(layout: RunLayout, search: SearchRequest):
 
     keys = {c.key for c in search.space.grid()}
     observations = [o for o in Checkpoint(layout.run_dir / CHECKPOINT).load() if o.candidate.key in keys]
-    return SearchResult(strategy=f"{search.strategy} (interrupted)", objective=search.objective,
-                        grid_size=len(keys), budget=len(keys), observations=observations, new_measurements=len(observations))
+    return SearchResult(
+        strategy=f"{search.strategy} (interrupted)",
+        objective=search.objective,
+        grid_size=len(keys),
+        budget=len(keys),
+        observations=observations,
+        new_measurements=len(observations),
+    )
 
 
 if __name__ == "__main__":
     # `python -m flows.search resnet50 size=small search='{"strategy": "exhaustive"}'`
     args = [a for a in sys.argv[1:] if not a.startswith("search=")]
     given = [a.partition("=")[2] for a in sys.argv[1:] if a.startswith("search=")]
-    print(search_flow(request_from_argv(args), SearchRequest.model_validate_json(given[0]) if given else SearchRequest()))
+    print(
+        search_flow(request_from_argv(args), SearchRequest.model_validate_json(given[0]) if given else SearchRequest())
+    )

@@ -30,7 +30,13 @@ from pathlib import Path
 
 IMAGE = "tbench-triton-cpu"
 SITE_PACKAGES = ("numpy", "numpy.libs", "onnxruntime", "pytriton/tritonserver", "nvidia_pytriton.libs")
-TOOLS = ("bash", "sh", "env", "ls", "cat")  # the python backend starts its stub through bash; docker mode lists backends
+TOOLS = (
+    "bash",
+    "sh",
+    "env",
+    "ls",
+    "cat",
+)  # the python backend starts its stub through bash; docker mode lists backends
 SKIP = ("test", "tests", "idlelib", "tkinter", "turtledemo", "ensurepip", "lib2to3", "site-packages", "__pycache__")
 
 
@@ -74,8 +80,14 @@ def _linked(path: Path, env: dict[str, str]) -> set[Path]:
 
 
 def _library_path(server: Path) -> str:
-    return ":".join([sysconfig.get_config_var("LIBDIR"), str(server.parents[1] / "nvidia_pytriton.libs"),
-                     "/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu"])
+    return ":".join(
+        [
+            sysconfig.get_config_var("LIBDIR"),
+            str(server.parents[1] / "nvidia_pytriton.libs"),
+            "/lib/x86_64-linux-gnu",
+            "/usr/lib/x86_64-linux-gnu",
+        ]
+    )
 
 
 def assemble(root: Path) -> dict[str, str]:
@@ -99,8 +111,10 @@ def assemble(root: Path) -> dict[str, str]:
         _copy(Path(shutil.which(tool)), root)
     # NGC's layout: /opt/tritonserver/{bin,backends}, with the python backend's stub for this Python beside it
     copied = root / str(server).lstrip("/")
-    shutil.copy2(server / "python_backend_stubs" / version / "triton_python_backend_stub",
-                 copied / "backends" / "python" / "triton_python_backend_stub")
+    shutil.copy2(
+        server / "python_backend_stubs" / version / "triton_python_backend_stub",
+        copied / "backends" / "python" / "triton_python_backend_stub",
+    )
     (root / "opt").mkdir(exist_ok=True)
     os.symlink(str(server), root / "opt" / "tritonserver")
     env = {"PATH": f"/opt/tritonserver/bin:{sys.prefix}/bin:/usr/bin:/bin", "LD_LIBRARY_PATH": _library_path(server)}
@@ -136,7 +150,7 @@ def build(tag: str | None = None, docker: str = "docker", force: bool = False) -
     with tempfile.TemporaryDirectory(prefix="tbench-image-") as tmp:
         root = Path(tmp)
         env = assemble(root)
-        changes = [f"--change=ENV {k}={v}" for k, v in env.items()] + ["--change=CMD [\"tritonserver\"]"]
+        changes = [f"--change=ENV {k}={v}" for k, v in env.items()] + ['--change=CMD ["tritonserver"]']
         tar = subprocess.Popen(["tar", "-C", str(root), "-c", "."], stdout=subprocess.PIPE)
         done = subprocess.run([docker, "import", *changes, "-", tag], stdin=tar.stdout, capture_output=True, text=True)
         tar.stdout.close()

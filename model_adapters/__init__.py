@@ -56,8 +56,15 @@ def frameworks(name: str) -> list[str]:
     return list(_variants(name))
 
 
-def get(name: str, size: str | None = None, checkpoint: str | None = None, framework: str | None = None,
-        data_dir: str | None = None, profile: str | None = None, options: dict | None = None) -> ModelAdapter:
+def get(
+    name: str,
+    size: str | None = None,
+    checkpoint: str | None = None,
+    framework: str | None = None,
+    data_dir: str | None = None,
+    profile: str | None = None,
+    options: dict | None = None,
+) -> ModelAdapter:
     """The adapter of a model; its first registered framework (PyTorch for the built-ins) unless one is named."""
     _load_builtin_and_plugins()
     variants = _variants(name.strip().lower())

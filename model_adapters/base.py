@@ -65,8 +65,13 @@ class ModelAdapter(ABC):
         if "batches" in cls.__dict__:  # each adapter's own batches, with the user's input data first when given
             cls.batches = _given_samples_first(cls.__dict__["batches"])
 
-    def __init__(self, size: str | None = None, checkpoint: str | None = None, data_dir: str | None = None,
-                 options: dict | None = None):
+    def __init__(
+        self,
+        size: str | None = None,
+        checkpoint: str | None = None,
+        data_dir: str | None = None,
+        options: dict | None = None,
+    ):
         from tbench.errors import ConfigError
 
         size = size or self.default_size
@@ -129,11 +134,13 @@ class ModelAdapter(ABC):
 
     def reproduce_expr(self) -> str:
         """Python that rebuilds this adapter, for the reproduce scripts next to each conversion."""
-        return (f"model_adapters.get({self.name!r}, {self.size!r}, {self.checkpoint!r}, framework={self.framework!r}, "
-                f"data_dir={self.data_dir!r}, profile={self.profile!r}, options={self.model_options or None!r})"
-                + (f".use_input_data({self.given_samples.path!r})" if self.given_samples is not None else ""))
+        return (
+            f"model_adapters.get({self.name!r}, {self.size!r}, {self.checkpoint!r}, framework={self.framework!r}, "
+            f"data_dir={self.data_dir!r}, profile={self.profile!r}, options={self.model_options or None!r})"
+            + (f".use_input_data({self.given_samples.path!r})" if self.given_samples is not None else "")
+        )
 
-    def use_input_data(self, path: str) -> "ModelAdapter":
+    def use_input_data(self, path: str) -> ModelAdapter:
         """Draw every batch from the user's samples at `path` (see tbench/input_data.py), checked against the io spec
         here; they have no labels, so the accuracy stage compares outputs only. Returns the adapter."""
         from tbench.input_data import load_input_data

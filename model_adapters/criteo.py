@@ -24,8 +24,34 @@ COLUMNS = [LABEL_COLUMN, *NUMERICAL_COLUMNS, *CATEGORICAL_COLUMNS]
 
 # The 26 vocabulary sizes of Criteo 1TB as MLPerf preprocesses it (ids capped at 40M per feature): the shape the
 # presets below are scaled from.
-CRITEO_1TB_ROWS = (39884406, 39043, 17289, 7420, 20263, 3, 7120, 1543, 63, 38532951, 2953546, 403346, 10, 2208, 11938,
-                   155, 4, 976, 14, 39979771, 25641295, 39664984, 585935, 12972, 108, 36)
+CRITEO_1TB_ROWS = (
+    39884406,
+    39043,
+    17289,
+    7420,
+    20263,
+    3,
+    7120,
+    1543,
+    63,
+    38532951,
+    2953546,
+    403346,
+    10,
+    2208,
+    11938,
+    155,
+    4,
+    976,
+    14,
+    39979771,
+    25641295,
+    39664984,
+    585935,
+    12972,
+    108,
+    36,
+)
 
 
 @dataclass(frozen=True)
@@ -59,8 +85,9 @@ class CriteoPreset:
 
     @property
     def dlrm_dense_params(self) -> int:
-        return (_mlp_params(NUM_NUMERICAL, self.bottom_mlp)
-                + _mlp_params(self.dim + self.interaction_width, self.top_mlp))
+        return _mlp_params(NUM_NUMERICAL, self.bottom_mlp) + _mlp_params(
+            self.dim + self.interaction_width, self.top_mlp
+        )
 
     @property
     def dcnv2_dense_params(self) -> int:
@@ -107,21 +134,73 @@ _BIG_BOTTOM, _BIG_TOP, _BIG_DEEP = (512, 256, 128), (1024, 1024, 512, 256, 1), (
 PRESETS: dict[str, CriteoPreset] = {
     # tests: a few KB of tables, tiny MLPs
     "tiny": CriteoPreset(
-        "tiny", (4, 2000, 1500, 700, 900, 5, 400, 150, 60, 1800, 1200, 600, 10, 220, 500, 155, 4, 97, 14, 1900, 1600,
-                 1750, 580, 130, 108, 36),
-        dim=8, bottom_mlp=(16, 8), top_mlp=(32, 16, 1), cross_layers=2, deep_mlp=(32, 16)),
+        "tiny",
+        (
+            4,
+            2000,
+            1500,
+            700,
+            900,
+            5,
+            400,
+            150,
+            60,
+            1800,
+            1200,
+            600,
+            10,
+            220,
+            500,
+            155,
+            4,
+            97,
+            14,
+            1900,
+            1600,
+            1750,
+            580,
+            130,
+            108,
+            36,
+        ),
+        dim=8,
+        bottom_mlp=(16, 8),
+        top_mlp=(32, 16, 1),
+        cross_layers=2,
+        deep_mlp=(32, 16),
+    ),
     # the CPU default: Criteo's shape with the big tables scaled to at most 200k rows (~1M rows, ~65M parameters)
     "small": CriteoPreset(
-        "small", _scaled_rows(200_000 / max(CRITEO_1TB_ROWS), floor=10_000),
-        dim=64, bottom_mlp=(256, 128, 64), top_mlp=(512, 256, 1), cross_layers=3, deep_mlp=(512, 256)),
+        "small",
+        _scaled_rows(200_000 / max(CRITEO_1TB_ROWS), floor=10_000),
+        dim=64,
+        bottom_mlp=(256, 128, 64),
+        top_mlp=(512, 256, 1),
+        cross_layers=3,
+        deep_mlp=(512, 256),
+    ),
     # The published model sizes (about 4e9 and 22e9 parameters) with the published MLPs (dim 128, DLRM bottom
     # 512-256-128 and top 1024-1024-512-256-1; DCNv2 3 cross layers and deep 1024-1024-512-256). The tables are shaped
     # like Criteo's (the MLPerf 40M-capped vocabularies) and scaled to the published parameter counts: they are not
     # the exact published tables.
-    "4B": CriteoPreset("4B", _rows_for(4e9, 128, floor=100_000), dim=128, bottom_mlp=_BIG_BOTTOM, top_mlp=_BIG_TOP,
-                       cross_layers=3, deep_mlp=_BIG_DEEP),
-    "22B": CriteoPreset("22B", _rows_for(22e9, 128, floor=100_000), dim=128, bottom_mlp=_BIG_BOTTOM, top_mlp=_BIG_TOP,
-                        cross_layers=3, deep_mlp=_BIG_DEEP),
+    "4B": CriteoPreset(
+        "4B",
+        _rows_for(4e9, 128, floor=100_000),
+        dim=128,
+        bottom_mlp=_BIG_BOTTOM,
+        top_mlp=_BIG_TOP,
+        cross_layers=3,
+        deep_mlp=_BIG_DEEP,
+    ),
+    "22B": CriteoPreset(
+        "22B",
+        _rows_for(22e9, 128, floor=100_000),
+        dim=128,
+        bottom_mlp=_BIG_BOTTOM,
+        top_mlp=_BIG_TOP,
+        cross_layers=3,
+        deep_mlp=_BIG_DEEP,
+    ),
 }
 
 
@@ -151,8 +230,13 @@ def synthetic_frame(n: int, preset: CriteoPreset | str, seed: int | np.random.Ge
     for name, rows in zip(CATEGORICAL_COLUMNS, preset.table_rows):
         columns[name] = _power_law_ids(rng, n, rows)
     # clicks depend a little on the features (hot ids and big counts click more) so a trained model has signal
-    logit = (-2.2 + 0.35 * (columns["num_0"] - 1.0) + 0.8 * (columns["cat_0"] == 0) - 0.5 * (columns["cat_1"] > 10)
-             + 0.5 * rng.standard_normal(n))
+    logit = (
+        -2.2
+        + 0.35 * (columns["num_0"] - 1.0)
+        + 0.8 * (columns["cat_0"] == 0)
+        - 0.5 * (columns["cat_1"] > 10)
+        + 0.5 * rng.standard_normal(n)
+    )
     label = (rng.random(n) < 1.0 / (1.0 + np.exp(-logit))).astype(np.int64)
     return pd.DataFrame({LABEL_COLUMN: label, **columns})
 
@@ -164,12 +248,15 @@ def frame_inputs(frame, preset: CriteoPreset) -> tuple[dict[str, np.ndarray], np
     categorical = np.stack([np.asarray(frame[c], dtype=np.int64) for c in CATEGORICAL_COLUMNS], axis=1)
     categorical = np.mod(categorical, np.asarray(preset.table_rows, dtype=np.int64))
     labels = np.asarray(frame[LABEL_COLUMN]).astype(np.int64)
-    return {"numerical_features": np.ascontiguousarray(numerical),
-            "categorical_features": np.ascontiguousarray(categorical)}, labels
+    return {
+        "numerical_features": np.ascontiguousarray(numerical),
+        "categorical_features": np.ascontiguousarray(categorical),
+    }, labels
 
 
-def write_parquet_dataset(folder: str | Path, n: int, preset: CriteoPreset | str, seed: int = 0,
-                          files: int = 2) -> list[Path]:
+def write_parquet_dataset(
+    folder: str | Path, n: int, preset: CriteoPreset | str, seed: int = 0, files: int = 2
+) -> list[Path]:
     """n synthetic samples as `folder/part-00000.parquet`, ... (pyarrow); returns the paths in read order."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
@@ -191,8 +278,9 @@ def parquet_files(folder: str | Path) -> list[Path]:
     return files
 
 
-def parquet_batches(folder: str | Path, preset: CriteoPreset | str, n_samples: int,
-                    batch_size: int) -> Iterator[tuple[dict[str, np.ndarray], np.ndarray]]:
+def parquet_batches(
+    folder: str | Path, preset: CriteoPreset | str, n_samples: int, batch_size: int
+) -> Iterator[tuple[dict[str, np.ndarray], np.ndarray]]:
     """The first n_samples of the parquet files in file-name order, as (inputs, labels) batches of batch_size (the
     last may be smaller; fewer batches when the files hold fewer samples)."""
     import pyarrow as pa
@@ -205,8 +293,10 @@ def parquet_batches(folder: str | Path, preset: CriteoPreset | str, n_samples: i
         missing = [c for c in COLUMNS if c not in names]
         if missing:
             more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
-            raise ConfigError(f"parquet file {path} has no column {missing[0]!r}{more}; "
-                              f"expected label, num_0..num_{NUM_NUMERICAL - 1}, cat_0..cat_{NUM_CATEGORICAL - 1}")
+            raise ConfigError(
+                f"parquet file {path} has no column {missing[0]!r}{more}; "
+                f"expected label, num_0..num_{NUM_NUMERICAL - 1}, cat_0..cat_{NUM_CATEGORICAL - 1}"
+            )
     pending: list = []
     pending_rows, left = 0, n_samples
     for path in files:

@@ -65,7 +65,9 @@ def keras_layers():
         """The embedding of categorical feature `index`: column `index` of the (batch, 26) ids, folded into the
         table's rows, looked up -> (batch, 1, dim). With a device the table and the lookup live there."""
 
-        def __init__(self, index: int, rows: int, dim: int, device: str | None = None, seed: int | None = None, **kwargs):
+        def __init__(
+            self, index: int, rows: int, dim: int, device: str | None = None, seed: int | None = None, **kwargs
+        ):
             super().__init__(**kwargs)
             self.index, self.rows, self.dim, self.device_name, self.seed = index, rows, dim, device, seed
 
@@ -73,20 +75,28 @@ def keras_layers():
             bound = math.sqrt(1.0 / self.rows)  # the DLRM reference's uniform(-sqrt(1/n), sqrt(1/n))
             with device_scope(self.device_name):
                 self.table = self.add_weight(
-                    shape=(self.rows, self.dim), name="table",
-                    initializer=keras.initializers.RandomUniform(-bound, bound, seed=self.seed))
+                    shape=(self.rows, self.dim),
+                    name="table",
+                    initializer=keras.initializers.RandomUniform(-bound, bound, seed=self.seed),
+                )
 
         def call(self, ids):
             with device_scope(self.device_name):
-                column = ops.mod(ids[:, self.index:self.index + 1], self.rows)
+                column = ops.mod(ids[:, self.index : self.index + 1], self.rows)
                 return ops.take(self.table, column, axis=0)
 
         def compute_output_shape(self, input_shape):
             return (input_shape[0], 1, self.dim)
 
         def get_config(self):
-            return {**super().get_config(), "index": self.index, "rows": self.rows, "dim": self.dim,
-                    "device": self.device_name, "seed": self.seed}
+            return {
+                **super().get_config(),
+                "index": self.index,
+                "rows": self.rows,
+                "dim": self.dim,
+                "device": self.device_name,
+                "seed": self.seed,
+            }
 
     @keras.saving.register_keras_serializable(package="tbench_recommenders")
     class DotInteraction(keras.layers.Layer):
@@ -121,9 +131,12 @@ def keras_layers():
         def build(self, input_shapes):
             width = input_shapes[0][-1]
             self.kernel = self.add_weight(
-                shape=(width, width), name="kernel",
-                initializer=keras.initializers.VarianceScaling(1.0, mode="fan_avg", distribution="untruncated_normal",
-                                                               seed=self.seed))
+                shape=(width, width),
+                name="kernel",
+                initializer=keras.initializers.VarianceScaling(
+                    1.0, mode="fan_avg", distribution="untruncated_normal", seed=self.seed
+                ),
+            )
             self.bias = self.add_weight(shape=(width,), name="bias", initializer="zeros")
 
         def call(self, inputs):
@@ -154,11 +167,18 @@ class _Recommender(ModelAdapter):
     metric_name = "AUC"
     sizes = ("tiny", "small", "4B", "22B")
     default_size = "small"
-    options = {"memory_threshold_gb": "GPU memory for embedding tables in GB; the smallest tables that fit go to "
-                                      "the GPU (default 16 with a GPU, 0 without)"}
+    options = {
+        "memory_threshold_gb": "GPU memory for embedding tables in GB; the smallest tables that fit go to "
+        "the GPU (default 16 with a GPU, 0 without)"
+    }
 
-    def __init__(self, size: str | None = None, checkpoint: str | None = None, data_dir: str | None = None,
-                 options: dict | None = None):
+    def __init__(
+        self,
+        size: str | None = None,
+        checkpoint: str | None = None,
+        data_dir: str | None = None,
+        options: dict | None = None,
+    ):
         super().__init__(size=size, checkpoint=checkpoint, data_dir=data_dir, options=options)
         self._threshold_option()  # a bad value fails here, before anything is built
 
@@ -186,15 +206,18 @@ class _Recommender(ModelAdapter):
         threshold = self._threshold_option()
         if threshold is None:
             threshold = DEFAULT_THRESHOLD_GB if gpu else 0.0
-        return place_tables(self.preset.table_rows, self.preset.dim, int(threshold * GIB), bytes_per_value=4,
-                            gpu_available=gpu)
+        return place_tables(
+            self.preset.table_rows, self.preset.dim, int(threshold * GIB), bytes_per_value=4, gpu_available=gpu
+        )
 
     def report_notes(self) -> list[str]:
         """The guide's placement rule as a GPU node applies it under the threshold; what runs where here."""
         decided = self.placement(gpu=True)
         lines = ["### Embedding tables", "", f"{placement_summary(decided)}."]
         if not gpu_visible():
-            lines += ["No GPU is visible here, so every table runs on the CPU; the table shows what a GPU node would place."]
+            lines += [
+                "No GPU is visible here, so every table runs on the CPU; the table shows what a GPU node would place."
+            ]
         return lines + ["", placement_table_md(decided), ""]
 
     def check_resources(self) -> None:
@@ -209,17 +232,22 @@ class _Recommender(ModelAdapter):
             raise ConfigError(
                 f"{self.name} size {self.size} needs {need / GIB:.1f} GiB for its embedding tables and this machine "
                 f"has {total / GIB:.1f} GiB of memory (at most {MEMORY_FRACTION:.0%} of it for tables); "
-                f"use --size {' or '.join(fits) or 'tiny'}, or a node with the memory")
+                f"use --size {' or '.join(fits) or 'tiny'}, or a node with the memory"
+            )
 
     # -- the model --------------------------------------------------------------------------------------------------
 
     def _dense_layer(self, keras, units: int, seeds, name: str, activation: str | None = "relu"):
         # the DLRM reference's init: weights N(0, sqrt(2 / (fan_in + fan_out))), biases N(0, sqrt(1 / fan_out))
         return keras.layers.Dense(
-            units, activation=activation, name=name,
-            kernel_initializer=keras.initializers.VarianceScaling(1.0, mode="fan_avg", distribution="untruncated_normal",
-                                                                  seed=next(seeds)),
-            bias_initializer=keras.initializers.RandomNormal(0.0, math.sqrt(1.0 / units), seed=next(seeds)))
+            units,
+            activation=activation,
+            name=name,
+            kernel_initializer=keras.initializers.VarianceScaling(
+                1.0, mode="fan_avg", distribution="untruncated_normal", seed=next(seeds)
+            ),
+            bias_initializer=keras.initializers.RandomNormal(0.0, math.sqrt(1.0 / units), seed=next(seeds)),
+        )
 
     def _sparse_model(self, keras, seeds):
         custom = keras_layers()
@@ -229,8 +257,10 @@ class _Recommender(ModelAdapter):
             placement = self.placement(gpu=True)
             devices = ["/GPU:0" if t.device == "gpu" else "/CPU:0" for t in placement.tables]
         ids = keras.Input((NUM_CATEGORICAL,), dtype="int64", name="categorical_features")
-        vectors = [custom.TableLookup(i, rows, preset.dim, device=devices[i], seed=next(seeds), name=f"embedding_{i}")(ids)
-                   for i, rows in enumerate(preset.table_rows)]
+        vectors = [
+            custom.TableLookup(i, rows, preset.dim, device=devices[i], seed=next(seeds), name=f"embedding_{i}")(ids)
+            for i, rows in enumerate(preset.table_rows)
+        ]
         embeddings = keras.layers.Concatenate(axis=1, name="embeddings")(vectors)
         return keras.Model(ids, embeddings, name="sparse")
 
@@ -264,18 +294,24 @@ class _Recommender(ModelAdapter):
 
     def io_spec(self) -> IoSpec:
         return IoSpec(
-            inputs=[self._numerical_spec(),
-                    TensorSpec(name="categorical_features", dtype="int64", shape=[NUM_CATEGORICAL])],
+            inputs=[
+                self._numerical_spec(),
+                TensorSpec(name="categorical_features", dtype="int64", shape=[NUM_CATEGORICAL]),
+            ],
             outputs=[TensorSpec(name="output", dtype="float32", shape=[1])],
         )
 
     def sparse_io_spec(self) -> IoSpec:
-        return IoSpec(inputs=[TensorSpec(name="categorical_features", dtype="int64", shape=[NUM_CATEGORICAL])],
-                      outputs=[self._embeddings_spec()])
+        return IoSpec(
+            inputs=[TensorSpec(name="categorical_features", dtype="int64", shape=[NUM_CATEGORICAL])],
+            outputs=[self._embeddings_spec()],
+        )
 
     def dense_io_spec(self) -> IoSpec:
-        return IoSpec(inputs=[self._numerical_spec(), self._embeddings_spec()],
-                      outputs=[TensorSpec(name="output", dtype="float32", shape=[1])])
+        return IoSpec(
+            inputs=[self._numerical_spec(), self._embeddings_spec()],
+            outputs=[TensorSpec(name="output", dtype="float32", shape=[1])],
+        )
 
     def part_formats(self) -> dict[str, list[str]]:
         return {"sparse": ["tf-savedmodel"], "dense": ["onnx", "trt"] if self.profile == "gpu" else ["onnx"]}
@@ -283,8 +319,10 @@ class _Recommender(ModelAdapter):
     def parts(self, module) -> list[ModelPart]:
         """The sparse and dense sub-models of `module` (the same layer objects, so the same weights)."""
         formats = self.part_formats()
-        return [ModelPart("sparse", module.get_layer("sparse"), self.sparse_io_spec(), formats["sparse"]),
-                ModelPart("dense", module.get_layer("dense"), self.dense_io_spec(), formats["dense"])]
+        return [
+            ModelPart("sparse", module.get_layer("sparse"), self.sparse_io_spec(), formats["sparse"]),
+            ModelPart("dense", module.get_layer("dense"), self.dense_io_spec(), formats["dense"]),
+        ]
 
     # -- data and metric --------------------------------------------------------------------------------------------
 
@@ -296,7 +334,9 @@ class _Recommender(ModelAdapter):
             return
         rng = np.random.default_rng(seed)
         for start in range(0, n_samples, batch_size):
-            inputs, labels = frame_inputs(synthetic_frame(min(batch_size, n_samples - start), self.preset, rng), self.preset)
+            inputs, labels = frame_inputs(
+                synthetic_frame(min(batch_size, n_samples - start), self.preset, rng), self.preset
+            )
             yield Batch(inputs=inputs, labels=labels)
 
     def predict(self, outputs: dict[str, np.ndarray]) -> np.ndarray:
@@ -369,7 +409,8 @@ class DCNv2(_Recommender):
         numerical = keras.Input((NUM_NUMERICAL,), dtype="float32", name="numerical_features")
         embeddings = keras.Input((NUM_CATEGORICAL, preset.dim), dtype="float32", name="embeddings")
         x0 = keras.layers.Concatenate(axis=1, name="cross_input")(
-            [numerical, keras.layers.Flatten(name="flat_embeddings")(embeddings)])
+            [numerical, keras.layers.Flatten(name="flat_embeddings")(embeddings)]
+        )
         x = x0
         for k in range(preset.cross_layers):
             x = keras_layers().CrossLayer(seed=next(seeds), name=f"cross_{k}")([x0, x])

@@ -49,8 +49,9 @@ class Placement:
         return [t for t in self.tables if t.device == device]
 
 
-def place_tables(rows: Sequence[int], dim: int, threshold_bytes: int, bytes_per_value: int = 4,
-                 gpu_available: bool = True) -> Placement:
+def place_tables(
+    rows: Sequence[int], dim: int, threshold_bytes: int, bytes_per_value: int = 4, gpu_available: bool = True
+) -> Placement:
     """The placement of tables with `rows[i]` rows of `dim` values each under a GPU memory threshold in bytes."""
     if threshold_bytes < 0:
         raise ValueError(f"memory threshold must be >= 0 bytes, got {threshold_bytes}")
@@ -87,7 +88,10 @@ def placement_table_md(placement: Placement) -> str:
 def placement_summary(placement: Placement) -> str:
     """One line, e.g. '12 of 26 tables (1.2 GiB) on the GPU under a 16 GiB threshold, 14 (83 GiB) on the CPU'."""
     gpu, cpu = placement.on("gpu"), placement.on("cpu")
-    where = (f"under a {placement.threshold_bytes / GIB:g} GiB threshold" if placement.gpu_available
-             else "(no GPU visible)")
-    return (f"{len(gpu)} of {len(placement.tables)} tables ({human_bytes(placement.gpu_bytes)}) on the GPU {where}, "
-            f"{len(cpu)} ({human_bytes(placement.cpu_bytes)}) on the CPU")
+    where = (
+        f"under a {placement.threshold_bytes / GIB:g} GiB threshold" if placement.gpu_available else "(no GPU visible)"
+    )
+    return (
+        f"{len(gpu)} of {len(placement.tables)} tables ({human_bytes(placement.gpu_bytes)}) on the GPU {where}, "
+        f"{len(cpu)} ({human_bytes(placement.cpu_bytes)}) on the CPU"
+    )

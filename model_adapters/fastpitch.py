@@ -38,10 +38,28 @@ INIT_LOG_DURATION = math.log(1.0 + 6.0)
 
 # size -> model dimensions and the fixed input length
 _SIZES = {
-    "full": dict(d_model=384, n_layers=6, n_heads=1, d_head=64, kernel=3, filter=1536, predictor_filter=256,
-                 predictor_layers=2, seq_len=128),
-    "small": dict(d_model=32, n_layers=2, n_heads=1, d_head=16, kernel=3, filter=64, predictor_filter=32,
-                  predictor_layers=2, seq_len=16),
+    "full": dict(
+        d_model=384,
+        n_layers=6,
+        n_heads=1,
+        d_head=64,
+        kernel=3,
+        filter=1536,
+        predictor_filter=256,
+        predictor_layers=2,
+        seq_len=128,
+    ),
+    "small": dict(
+        d_model=32,
+        n_layers=2,
+        n_heads=1,
+        d_head=16,
+        kernel=3,
+        filter=64,
+        predictor_filter=32,
+        predictor_layers=2,
+        seq_len=16,
+    ),
 }
 
 # Our own symbol table for English text (lower-cased first); characters outside it are skipped.
@@ -54,7 +72,7 @@ def text_to_ids(text: str, seq_len: int) -> np.ndarray:
     """Lower-cased text -> symbol ids, unknown characters skipped, truncated or padded with 0 to seq_len."""
     ids = [SYMBOL_IDS[c] for c in text.lower() if c in SYMBOL_IDS and c != PAD][:seq_len]
     out = np.zeros(seq_len, dtype=np.int64)
-    out[:len(ids)] = ids
+    out[: len(ids)] = ids
     return out
 
 
@@ -78,8 +96,18 @@ def read_metadata(data_dir: str) -> list[str]:
     return texts
 
 
-def _build_module(d_model: int, n_layers: int, n_heads: int, d_head: int, kernel: int, filter: int,
-                  predictor_filter: int, predictor_layers: int, seq_len: int, dropout: float = 0.1):
+def _build_module(
+    d_model: int,
+    n_layers: int,
+    n_heads: int,
+    d_head: int,
+    kernel: int,
+    filter: int,
+    predictor_filter: int,
+    predictor_layers: int,
+    seq_len: int,
+    dropout: float = 0.1,
+):
     import torch
     from torch import nn
 
@@ -99,7 +127,9 @@ def _build_module(d_model: int, n_layers: int, n_heads: int, d_head: int, kernel
 
         def forward(self, x, mask):  # x [B, T, D], mask [B, T, 1] (1: valid)
             b, t = x.shape[0], x.shape[1]
-            q, k, v = self.qkv(x).view(b, t, 3, n_heads, d_head).permute(2, 0, 3, 1, 4).unbind(0)  # each [B, H, T, d_head]
+            q, k, v = (
+                self.qkv(x).view(b, t, 3, n_heads, d_head).permute(2, 0, 3, 1, 4).unbind(0)
+            )  # each [B, H, T, d_head]
             scores = torch.matmul(q, k.transpose(2, 3)) * self.scale
             key_valid = mask.transpose(1, 2).unsqueeze(1) > 0  # [B, 1, 1, T]
             scores = scores.masked_fill(~key_valid, -1e9)  # finite: an all-padding row stays NaN-free
@@ -134,7 +164,9 @@ def _build_module(d_model: int, n_layers: int, n_heads: int, d_head: int, kernel
 
         def __init__(self):
             super().__init__()
-            self.register_buffer("inv_freq", 1.0 / (10000 ** (torch.arange(0.0, d_model, 2.0) / d_model)), persistent=False)
+            self.register_buffer(
+                "inv_freq", 1.0 / (10000 ** (torch.arange(0.0, d_model, 2.0) / d_model)), persistent=False
+            )
             self.drop = nn.Dropout(dropout)
             self.layers = nn.ModuleList(FFTBlock() for _ in range(n_layers))
 
@@ -161,7 +193,9 @@ def _build_module(d_model: int, n_layers: int, n_heads: int, d_head: int, kernel
 
         def __init__(self):
             super().__init__()
-            self.layers = nn.Sequential(*(ConvReLUNorm(d_model if i == 0 else predictor_filter) for i in range(predictor_layers)))
+            self.layers = nn.Sequential(
+                *(ConvReLUNorm(d_model if i == 0 else predictor_filter) for i in range(predictor_layers))
+            )
             self.proj = nn.Linear(predictor_filter, 1)
 
         def forward(self, x, mask):  # x [B, T, D] -> [B, T]
@@ -237,8 +271,10 @@ class FastPitch(ModelAdapter):
     def io_spec(self) -> IoSpec:
         return IoSpec(
             inputs=[TensorSpec(name="input__0", dtype="int64", shape=[self.seq_len])],
-            outputs=[TensorSpec(name="output__0", dtype="float32", shape=[N_MELS, -1]),
-                     TensorSpec(name="output__1", dtype="int64", shape=[1])],
+            outputs=[
+                TensorSpec(name="output__0", dtype="float32", shape=[N_MELS, -1]),
+                TensorSpec(name="output__1", dtype="int64", shape=[1]),
+            ],
         )
 
     def batches(self, n_samples: int, batch_size: int, seed: int = 0) -> Iterator[Batch]:
@@ -253,10 +289,12 @@ class FastPitch(ModelAdapter):
             lengths = rng.integers(self.seq_len // 2, self.seq_len + 1, size=n_samples)
             ids[np.arange(self.seq_len)[None, :] >= lengths[:, None]] = 0
         for start in range(0, n_samples, batch_size):
-            yield Batch(inputs={"input__0": ids[start:start + batch_size]}, labels=None)
+            yield Batch(inputs={"input__0": ids[start : start + batch_size]}, labels=None)
 
     def predict(self, outputs: dict[str, np.ndarray]) -> np.ndarray:
-        raise NotImplementedError("FastPitch has no labels to score; its served outputs are compared with the framework's")
+        raise NotImplementedError(
+            "FastPitch has no labels to score; its served outputs are compared with the framework's"
+        )
 
     def metric(self, predictions: np.ndarray, labels: np.ndarray) -> float:
         raise NotImplementedError("FastPitch has no labels")
@@ -287,4 +325,3 @@ class FastPitch(ModelAdapter):
             accuracy_samples=16 if self.size == "full" else 32,
             formats=["ts-trace", "onnx"],
         )
-

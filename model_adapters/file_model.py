@@ -19,16 +19,23 @@ class ModelFileAdapter(ModelAdapter):
     metric_name = None  # no labels: the accuracy stage compares outputs only
     sizes = ("file",)
 
-    def __init__(self, path: str, shapes: dict[str, list[int]] | None = None, dtypes: dict[str, str] | None = None,
-                 value_ranges: dict[str, list[float]] | None = None):
+    def __init__(
+        self,
+        path: str,
+        shapes: dict[str, list[int]] | None = None,
+        dtypes: dict[str, str] | None = None,
+        value_ranges: dict[str, list[float]] | None = None,
+    ):
         from tbench.model_file import read_model_file
 
         super().__init__(size="file")
         self.path, self.shapes, self.dtypes, self.value_ranges = str(path), shapes, dtypes, value_ranges
         self.file = read_model_file(Path(path), shapes=shapes, dtypes=dtypes, value_ranges=value_ranges)
         if not self.file.batching:
-            raise ConfigError(f"{path}: the first dimension of its inputs and outputs is not dynamic; tbench measures models "
-                              "with a batch axis (export the model with a dynamic first dimension)")
+            raise ConfigError(
+                f"{path}: the first dimension of its inputs and outputs is not dynamic; tbench measures models "
+                "with a batch axis (export the model with a dynamic first dimension)"
+            )
         self.framework = self.file.format.value  # the file is its own source: served as it is, or converted onward
         stem = Path(path).name.split(".")[0] or "model"
         self.name = re.sub(r"[^A-Za-z0-9_-]", "_", stem)
@@ -42,15 +49,19 @@ class ModelFileAdapter(ModelAdapter):
     def input_shapes(self) -> dict[str, list[int]]:
         return self.given_samples.shapes() if self.given_samples is not None else self.file.input_shapes
 
-    def use_input_data(self, path: str) -> "ModelFileAdapter":
+    def use_input_data(self, path: str) -> ModelFileAdapter:
         if self.value_ranges:
-            raise ConfigError("--value-range shapes synthetic data, and --input-data replaces it: give one or the other")
+            raise ConfigError(
+                "--value-range shapes synthetic data, and --input-data replaces it: give one or the other"
+            )
         super().use_input_data(path)
         given = self.given_samples.shapes()
         for name, dims in (self.shapes or {}).items():
             if len(dims) != len(given[name]) or any(d not in (-1, g) for d, g in zip(dims, given[name])):
-                raise ConfigError(f"--shape {name}:{','.join(map(str, dims))} contradicts --input-data {path}, whose "
-                                  f"samples of {name} have shape {','.join(map(str, given[name]))}")
+                raise ConfigError(
+                    f"--shape {name}:{','.join(map(str, dims))} contradicts --input-data {path}, whose "
+                    f"samples of {name} have shape {','.join(map(str, given[name]))}"
+                )
         return self
 
     def rejected_inputs(self, what: str, error_line: str, inputs: dict[str, np.ndarray]) -> str:
@@ -104,12 +115,26 @@ class ModelFileAdapter(ModelAdapter):
 
     def defaults(self, profile: str) -> ServingDefaults:
         if profile == "gpu":
-            return ServingDefaults(max_batch_size=64, model_instances=2, preferred_batch_sizes=[32, 64], max_queue_delay_us=1000,
-                                   offline_batch_sizes=[1, 2, 4, 8, 16, 32, 64], online_concurrency=list(range(8, 129, 8)),
-                                   accuracy_samples=256, formats=[self.framework])
-        return ServingDefaults(max_batch_size=8, model_instances=1, preferred_batch_sizes=[4, 8], max_queue_delay_us=2000,
-                               offline_batch_sizes=[1, 2, 4, 8], online_concurrency=[1, 2, 4, 8], accuracy_samples=32,
-                               formats=[self.framework])
+            return ServingDefaults(
+                max_batch_size=64,
+                model_instances=2,
+                preferred_batch_sizes=[32, 64],
+                max_queue_delay_us=1000,
+                offline_batch_sizes=[1, 2, 4, 8, 16, 32, 64],
+                online_concurrency=list(range(8, 129, 8)),
+                accuracy_samples=256,
+                formats=[self.framework],
+            )
+        return ServingDefaults(
+            max_batch_size=8,
+            model_instances=1,
+            preferred_batch_sizes=[4, 8],
+            max_queue_delay_us=2000,
+            offline_batch_sizes=[1, 2, 4, 8],
+            online_concurrency=[1, 2, 4, 8],
+            accuracy_samples=32,
+            formats=[self.framework],
+        )
 
     def reproduce_expr(self) -> str:
         ranges = f", value_ranges={self.value_ranges!r}" if self.value_ranges else ""

@@ -25,7 +25,12 @@ def list_samples(root: str | Path, num_classes: int) -> list[tuple[Path, int]]:
         raise ConfigError(f"dataset {root} has no class subfolders (expected <class>/<image>.JPEG)")
     if len(classes) > num_classes:
         raise ConfigError(f"dataset {root} has {len(classes)} classes; the model predicts {num_classes}")
-    samples = [(p, i) for i, c in enumerate(classes) for p in sorted((root / c).iterdir()) if p.suffix.lower() in IMAGE_SUFFIXES]
+    samples = [
+        (p, i)
+        for i, c in enumerate(classes)
+        for p in sorted((root / c).iterdir())
+        if p.suffix.lower() in IMAGE_SUFFIXES
+    ]
     if not samples:
         raise ConfigError(f"dataset {root} has no images ({', '.join(sorted(IMAGE_SUFFIXES))})")
     return samples
@@ -48,12 +53,13 @@ def preprocess(path: Path, side: int) -> np.ndarray:
     return (pixels - MEAN) / STD
 
 
-def folder_batches(root: str | Path, side: int, num_classes: int, n_samples: int, batch_size: int,
-                   channels_first: bool) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+def folder_batches(
+    root: str | Path, side: int, num_classes: int, n_samples: int, batch_size: int, channels_first: bool
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """The first n_samples images in a fixed order (accuracy compares the same samples on every run)."""
     samples = list_samples(root, num_classes)[:n_samples]
     for start in range(0, len(samples), batch_size):
-        chunk = samples[start:start + batch_size]
+        chunk = samples[start : start + batch_size]
         images = np.stack([preprocess(p, side) for p, _ in chunk])
         if channels_first:
             images = np.ascontiguousarray(images.transpose(0, 3, 1, 2))

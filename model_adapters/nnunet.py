@@ -71,10 +71,14 @@ def _build_module(filters: tuple[int, ...], in_channels: int, num_classes: int):
         def __init__(self):
             super().__init__()
             self.input_block = ConvBlock(in_channels, filters[0], 1)
-            self.downsamples = nn.ModuleList([ConvBlock(filters[i - 1], filters[i], 2) for i in range(1, len(filters) - 1)])
+            self.downsamples = nn.ModuleList(
+                [ConvBlock(filters[i - 1], filters[i], 2) for i in range(1, len(filters) - 1)]
+            )
             self.bottleneck = ConvBlock(filters[-2], filters[-1], 2)
             # deepest first: each takes the level below and the skip of its own level
-            self.upsamples = nn.ModuleList([UpsampleBlock(filters[i + 1], filters[i]) for i in reversed(range(len(filters) - 1))])
+            self.upsamples = nn.ModuleList(
+                [UpsampleBlock(filters[i + 1], filters[i]) for i in reversed(range(len(filters) - 1))]
+            )
             self.output_block = nn.Conv3d(filters[0], num_classes, 1)
             for m in self.modules():  # nnU-Net's He initialisation for LeakyReLU(0.01)
                 if isinstance(m, (nn.Conv3d, nn.ConvTranspose3d)):
@@ -124,7 +128,9 @@ def list_cases(data_dir: str | Path) -> list[tuple[Path, Path | None]]:
         y = x.with_name(x.name[: -len(X_SUFFIX)] + Y_SUFFIX)
         cases.append((x, y if y.exists() else None))
     if not cases:
-        raise ConfigError(f"dataset {root} has no preprocessed cases (<case>{X_SUFFIX} [4,D,H,W] with <case>{Y_SUFFIX})")
+        raise ConfigError(
+            f"dataset {root} has no preprocessed cases (<case>{X_SUFFIX} [4,D,H,W] with <case>{Y_SUFFIX})"
+        )
     labelled = sum(y is not None for _, y in cases)
     if 0 < labelled < len(cases):
         missing = next(x.name for x, y in cases if y is None)
@@ -144,7 +150,9 @@ def load_case(x_path: Path, y_path: Path | None, side: int) -> tuple[np.ndarray,
         if label.ndim == 4 and label.shape[0] == 1:
             label = label[0]
         if label.shape != volume.shape[1:]:
-            raise ConfigError(f"{y_path}: label shape {list(label.shape)} does not match the volume's {list(volume.shape[1:])}")
+            raise ConfigError(
+                f"{y_path}: label shape {list(label.shape)} does not match the volume's {list(volume.shape[1:])}"
+            )
         label = center_crop_or_pad(label.astype(np.uint8), side)
     return center_crop_or_pad(volume.astype(np.float32), side), label
 
@@ -213,7 +221,7 @@ class NnUNet(ModelAdapter):
         if self.data_dir is not None:
             cases = list_cases(self.data_dir)[:n_samples]
             for start in range(0, len(cases), batch_size):
-                loaded = [load_case(x, y, side) for x, y in cases[start:start + batch_size]]
+                loaded = [load_case(x, y, side) for x, y in cases[start : start + batch_size]]
                 labels = None if loaded[0][1] is None else np.stack([y for _, y in loaded])
                 yield Batch(inputs={"input__0": np.stack([x for x, _ in loaded])}, labels=labels)
             return
@@ -274,4 +282,3 @@ class NnUNet(ModelAdapter):
             accuracy_samples=8,
             formats=formats,
         )
-

@@ -22,19 +22,37 @@ import numpy as np
 from tbench.errors import ConfigError
 
 _FULL_ONEHOT = (
-    ("document_id", 300000), ("ad_id", 250000), ("document_id_promo", 100000), ("campaign_id", 5000),
-    ("source_id", 4000), ("source_id_promo", 4000), ("geo_location", 2500), ("advertiser_id", 2500),
-    ("geo_location_state", 2000), ("publisher_id", 1000), ("publisher_id_promo", 1000),
-    ("geo_location_country", 300), ("platform", 4),
+    ("document_id", 300000),
+    ("ad_id", 250000),
+    ("document_id_promo", 100000),
+    ("campaign_id", 5000),
+    ("source_id", 4000),
+    ("source_id_promo", 4000),
+    ("geo_location", 2500),
+    ("advertiser_id", 2500),
+    ("geo_location_state", 2000),
+    ("publisher_id", 1000),
+    ("publisher_id_promo", 1000),
+    ("geo_location_country", 300),
+    ("platform", 4),
 )
 _FULL_MULTIHOT = (("topic_id_list", 350, 3), ("entity_id_list", 10000, 3), ("category_id_list", 100, 3))
 # popularity (click-through rates and log-scaled view counts), event-document/ad-document similarities and
 # log-scaled document ages, all scaled to [0, 1] by the preprocessing
 _NUMERICAL = (
-    "document_id_document_id_promo_sim_categories", "document_id_document_id_promo_sim_topics",
-    "document_id_document_id_promo_sim_entities", "document_id_promo_ctr", "publisher_id_promo_ctr",
-    "source_id_promo_ctr", "document_id_promo_count", "publish_time_days_since_published", "ad_id_ctr",
-    "advertiser_id_ctr", "campaign_id_ctr", "ad_id_count", "publish_time_promo_days_since_published",
+    "document_id_document_id_promo_sim_categories",
+    "document_id_document_id_promo_sim_topics",
+    "document_id_document_id_promo_sim_entities",
+    "document_id_promo_ctr",
+    "publisher_id_promo_ctr",
+    "source_id_promo_ctr",
+    "document_id_promo_count",
+    "publish_time_days_since_published",
+    "ad_id_ctr",
+    "advertiser_id_ctr",
+    "campaign_id_ctr",
+    "ad_id_count",
+    "publish_time_promo_days_since_published",
 )
 # crossed features of the wide part: (feature a, feature b, hash buckets); ad x country and campaign x state are
 # sparse (75M and 10M combinations hashed into far fewer buckets), publisher x platform is dense (4000 combinations)
@@ -130,8 +148,12 @@ def synthetic_frame(n: int, spec: OutbrainSpec, seed: int = 0):
 def _arrow_table(frame, spec: OutbrainSpec):
     import pyarrow as pa
 
-    arrays = [pa.array(list(frame[n]), type=pa.list_(pa.int64())) if n in {m for m, _, _ in spec.multihot}
-              else pa.array(frame[n].to_numpy()) for n in spec.columns]
+    arrays = [
+        pa.array(list(frame[n]), type=pa.list_(pa.int64()))
+        if n in {m for m, _, _ in spec.multihot}
+        else pa.array(frame[n].to_numpy())
+        for n in spec.columns
+    ]
     return pa.Table.from_arrays(arrays, names=spec.columns)
 
 
@@ -174,7 +196,9 @@ def table_batch(table, spec: OutbrainSpec) -> tuple[dict[str, np.ndarray], np.nd
         return table.column(name).fill_null(0).to_numpy().astype(dtype).reshape(-1, 1)
 
     inputs = {name: fold_onehot(plain(name, np.int64), card) for name, card in spec.onehot}
-    inputs |= {name: fold_multihot(_multihot_matrix(table.column(name), hot), card) for name, card, hot in spec.multihot}
+    inputs |= {
+        name: fold_multihot(_multihot_matrix(table.column(name), hot), card) for name, card, hot in spec.multihot
+    }
     inputs |= {name: plain(name, np.float32) for name in spec.numerical}
     labels = np.concatenate([plain(spec.group, np.int64), plain(spec.label, np.int64)], axis=1)
     return inputs, labels
@@ -195,8 +219,9 @@ def parquet_files(folder: str | Path) -> list[Path]:
     return files
 
 
-def parquet_batches(folder: str | Path, spec: OutbrainSpec, n_samples: int,
-                    batch_size: int) -> Iterator[tuple[dict[str, np.ndarray], np.ndarray]]:
+def parquet_batches(
+    folder: str | Path, spec: OutbrainSpec, n_samples: int, batch_size: int
+) -> Iterator[tuple[dict[str, np.ndarray], np.ndarray]]:
     """The first n_samples rows of folder/valid/*.parquet (or folder/*.parquet) in file order, in batches."""
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -208,8 +233,10 @@ def parquet_batches(folder: str | Path, spec: OutbrainSpec, n_samples: int,
         parquet = pq.ParquetFile(path)
         missing = [c for c in spec.columns if c not in parquet.schema_arrow.names]
         if missing:
-            raise ConfigError(f"{path} has no column {missing[0]!r}"
-                              + (f" (nor {len(missing) - 1} more the model needs)" if len(missing) > 1 else ""))
+            raise ConfigError(
+                f"{path} has no column {missing[0]!r}"
+                + (f" (nor {len(missing) - 1} more the model needs)" if len(missing) > 1 else "")
+            )
         for record_batch in parquet.iter_batches(batch_size=max(batch_size, 1024), columns=spec.columns):
             record_batch = record_batch.slice(0, n_samples - have)
             pending.append(record_batch)

@@ -33,7 +33,9 @@ def map_at_k(display_ids, scores, clicked, k: int = 12) -> float:
     scores = np.asarray(scores, dtype=np.float64).ravel()
     clicked = np.asarray(clicked).ravel() != 0
     if not (display.size == scores.size == clicked.size):
-        raise ValueError(f"display_ids, scores and clicked differ in length: {display.size}, {scores.size}, {clicked.size}")
+        raise ValueError(
+            f"display_ids, scores and clicked differ in length: {display.size}, {scores.size}, {clicked.size}"
+        )
     n = display.size
     # by display, then score descending, then row order (lexsort's last key is the primary one)
     order = np.lexsort((np.arange(n), -scores, display))

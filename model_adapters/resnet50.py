@@ -39,7 +39,9 @@ def _build_module(blocks: tuple[int, ...], width: int, num_classes: int):
             self.relu = nn.ReLU(inplace=True)
             self.downsample = None
             if stride != 1 or cin != cout:
-                self.downsample = nn.Sequential(nn.Conv2d(cin, cout, 1, stride=stride, bias=False), nn.BatchNorm2d(cout))
+                self.downsample = nn.Sequential(
+                    nn.Conv2d(cin, cout, 1, stride=stride, bias=False), nn.BatchNorm2d(cout)
+                )
 
         def forward(self, x):
             identity = x if self.downsample is None else self.downsample(x)
@@ -113,7 +115,9 @@ class ResNet50(ModelAdapter):
         """An ImageNet-layout folder with the standard preprocessing (NCHW); synthetic images and labels without one."""
         _, _, side, classes = self._dims
         if self.data_dir:
-            for images, labels in folder_batches(self.data_dir, side, classes, n_samples, batch_size, channels_first=True):
+            for images, labels in folder_batches(
+                self.data_dir, side, classes, n_samples, batch_size, channels_first=True
+            ):
                 yield Batch(inputs={"input__0": images}, labels=labels)
             return
         rng = np.random.default_rng(seed)

@@ -40,7 +40,9 @@ def _build_model(blocks: tuple[int, ...], width: int, side: int, num_classes: in
 
     def he_normal():
         # kaiming_normal_(mode="fan_out", nonlinearity="relu"), as the PyTorch adapter initialises its convs
-        return keras.initializers.VarianceScaling(2.0, mode="fan_out", distribution="untruncated_normal", seed=next(seeds))
+        return keras.initializers.VarianceScaling(
+            2.0, mode="fan_out", distribution="untruncated_normal", seed=next(seeds)
+        )
 
     def conv(x, filters, kernel, stride, name, pad=0):
         if pad:
@@ -89,7 +91,9 @@ def _build_model(blocks: tuple[int, ...], width: int, side: int, num_classes: in
     bound = 1.0 / np.sqrt(cin)
     logits = layers.Dense(
         num_classes,
-        kernel_initializer=keras.initializers.VarianceScaling(1.0 / 3.0, mode="fan_in", distribution="uniform", seed=next(seeds)),
+        kernel_initializer=keras.initializers.VarianceScaling(
+            1.0 / 3.0, mode="fan_in", distribution="uniform", seed=next(seeds)
+        ),
         bias_initializer=keras.initializers.RandomUniform(-bound, bound, seed=next(seeds)),
         name="logits",
     )(x)
@@ -163,7 +167,9 @@ class ResNet50TF(ModelAdapter):
         """An ImageNet-layout folder with the standard preprocessing (NHWC); synthetic images and labels without one."""
         _, _, side, classes = self._dims
         if self.data_dir:
-            for images, labels in folder_batches(self.data_dir, side, classes, n_samples, batch_size, channels_first=False):
+            for images, labels in folder_batches(
+                self.data_dir, side, classes, n_samples, batch_size, channels_first=False
+            ):
                 yield Batch(inputs={"input": images}, labels=labels)
             return
         rng = np.random.default_rng(seed)
@@ -182,5 +188,8 @@ class ResNet50TF(ModelAdapter):
         # the same serving numbers as the PyTorch adapter; only the export formats differ, and on GPU the guide's
         # SavedModel runs with TensorFlow's TensorRT accelerator (TF-TRT inside the TensorFlow backend)
         base = ResNet50(size=self.size).defaults(profile)
-        return dataclasses.replace(base, formats=["tf-savedmodel", "onnx"],
-                                   gpu_accelerators={"tf-savedmodel": "tensorrt"} if profile == "gpu" else {})
+        return dataclasses.replace(
+            base,
+            formats=["tf-savedmodel", "onnx"],
+            gpu_accelerators={"tf-savedmodel": "tensorrt"} if profile == "gpu" else {},
+        )

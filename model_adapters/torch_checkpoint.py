@@ -13,7 +13,14 @@ def load_checkpoint(module, path: str) -> None:
 
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
-    except (OSError, RuntimeError, pickle.UnpicklingError, EOFError, ValueError, KeyError) as err:  # what garbage raises
+    except (
+        OSError,
+        RuntimeError,
+        pickle.UnpicklingError,
+        EOFError,
+        ValueError,
+        KeyError,
+    ) as err:  # what garbage raises
         first = (str(err).strip().splitlines() or [type(err).__name__])[0]
         raise ConfigError(f"cannot read checkpoint {path}: {first}") from err
     if isinstance(state, dict) and isinstance(state.get("state_dict"), dict):

@@ -119,30 +119,49 @@ def _build_model(spec: OutbrainSpec, size: str):
     wide, deep, folded = [], [], {}
     for name, card in spec.onehot:
         ids = folded[name] = fold_ids(inputs[name], card, multihot=False)  # (n, 1)
-        wide.append(layers.Flatten(name=f"wide_{name}_flat")(
-            layers.Embedding(card, 1, embeddings_initializer=wide_init(), name=f"wide_{name}")(ids)))
-        deep.append(layers.Flatten(name=f"deep_{name}_flat")(
-            layers.Embedding(card, embedding_dim(size, card), embeddings_initializer=deep_init(), name=f"deep_{name}")(ids)))
+        wide.append(
+            layers.Flatten(name=f"wide_{name}_flat")(
+                layers.Embedding(card, 1, embeddings_initializer=wide_init(), name=f"wide_{name}")(ids)
+            )
+        )
+        deep.append(
+            layers.Flatten(name=f"deep_{name}_flat")(
+                layers.Embedding(
+                    card, embedding_dim(size, card), embeddings_initializer=deep_init(), name=f"deep_{name}"
+                )(ids)
+            )
+        )
     for name, card, _ in spec.multihot:
         mask = ops.expand_dims(ops.cast(ops.not_equal(inputs[name], np.int64(0)), "float32"), -1)  # (n, hot, 1)
         ids = fold_ids(inputs[name], card, multihot=True)
         weights = layers.Embedding(card, 1, embeddings_initializer=wide_init(), name=f"wide_{name}")(ids)
         wide.append(ops.sum(weights * mask, axis=1))  # (n, 1): a sum over the ids present
-        vectors = layers.Embedding(card, embedding_dim(size, card), embeddings_initializer=deep_init(), name=f"deep_{name}")(ids)
+        vectors = layers.Embedding(
+            card, embedding_dim(size, card), embeddings_initializer=deep_init(), name=f"deep_{name}"
+        )(ids)
         # the mean over the ids present; an all-padding row gives zeros (the count is clamped to 1)
         deep.append(ops.sum(vectors * mask, axis=1) / ops.maximum(ops.sum(mask, axis=1), 1.0))
     cards = spec.cardinalities
     for a, b, buckets in spec.crosses:
         bucket = cross_hash(folded[a], folded[b], cards[a], cards[b], buckets)
-        wide.append(layers.Flatten(name=f"wide_{a}_x_{b}_flat")(
-            layers.Embedding(buckets, 1, embeddings_initializer=wide_init(), name=f"wide_{a}_x_{b}")(bucket)))
+        wide.append(
+            layers.Flatten(name=f"wide_{a}_x_{b}_flat")(
+                layers.Embedding(buckets, 1, embeddings_initializer=wide_init(), name=f"wide_{a}_x_{b}")(bucket)
+            )
+        )
     wide_logit = _wide_sum_class()(name="wide_logit")(layers.Concatenate(name="wide_terms")(wide))
 
     x = layers.Concatenate(name="deep_features")(deep + [inputs[name] for name in spec.numerical])
     for i, units in enumerate(_HIDDEN[size]):
-        x = layers.Dense(units, activation="relu", kernel_initializer=keras.initializers.GlorotUniform(seed=next(seeds)),
-                         name=f"deep_dense_{i}")(x)
-    deep_logit = layers.Dense(1, kernel_initializer=keras.initializers.GlorotUniform(seed=next(seeds)), name="deep_logit")(x)
+        x = layers.Dense(
+            units,
+            activation="relu",
+            kernel_initializer=keras.initializers.GlorotUniform(seed=next(seeds)),
+            name=f"deep_dense_{i}",
+        )(x)
+    deep_logit = layers.Dense(
+        1, kernel_initializer=keras.initializers.GlorotUniform(seed=next(seeds)), name="deep_logit"
+    )(x)
 
     output = layers.Activation("sigmoid", name=OUTPUT)(layers.Add(name="logit")([wide_logit, deep_logit]))
     return keras.Model([inputs[name] for name in spec.feature_names], output, name="wide_deep")
@@ -180,7 +199,7 @@ class WideDeep(ModelAdapter):
             return
         frame = synthetic_frame(n_samples, self.spec, seed)
         for start in range(0, n_samples, batch_size):
-            inputs, labels = frame_batch(frame.iloc[start:start + batch_size], self.spec)
+            inputs, labels = frame_batch(frame.iloc[start : start + batch_size], self.spec)
             yield Batch(inputs=inputs, labels=labels)
 
     def predict(self, outputs: dict[str, np.ndarray]) -> np.ndarray:

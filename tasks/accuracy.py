@@ -40,8 +40,17 @@ def _worst(rows: list[list[OutputError]]) -> list[OutputError]:
     return list(by_output.values())
 
 
-def measure_accuracy(adapter: ModelAdapter, module, grpc_url: str, model_name: str, samples: int, batch_size: int,
-                     atol: float = 1e-3, rtol: float = 1e-3, fmt: Format | None = None) -> AccuracyResult:
+def measure_accuracy(
+    adapter: ModelAdapter,
+    module,
+    grpc_url: str,
+    model_name: str,
+    samples: int,
+    batch_size: int,
+    atol: float = 1e-3,
+    rtol: float = 1e-3,
+    fmt: Format | None = None,
+) -> AccuracyResult:
     import tritonclient.grpc as grpcclient
     from tritonclient.utils import InferenceServerException
 
@@ -67,19 +76,38 @@ def measure_accuracy(adapter: ModelAdapter, module, grpc_url: str, model_name: s
         framework, triton = adapter.metric(fw, lab), adapter.metric(tr, lab)
         # class predictions agree when equal; scores (a click probability) when equal within the tolerance
         same = fw == tr if fw.dtype.kind in "iub" else np.isclose(tr, fw, rtol=rtol, atol=atol)
-        result = result.model_copy(update=dict(metric=adapter.metric_name, samples=len(lab), framework=framework, triton=triton,
-                                               difference=triton - framework, agreement=float(np.mean(same))))
+        result = result.model_copy(
+            update=dict(
+                metric=adapter.metric_name,
+                samples=len(lab),
+                framework=framework,
+                triton=triton,
+                difference=triton - framework,
+                agreement=float(np.mean(same)),
+            )
+        )
     return result
 
 
 def require_same_answers(result: AccuracyResult, model_name: str) -> None:
     for o in result.outputs:
         if not o.passed:
-            raise AccuracyError(f"{model_name} answers differently through Triton: output {o.output} max abs error "
-                                f"{o.max_abs_err:.3g} > tolerance {o.tolerance:.3g}")
+            raise AccuracyError(
+                f"{model_name} answers differently through Triton: output {o.output} max abs error "
+                f"{o.max_abs_err:.3g} > tolerance {o.tolerance:.3g}"
+            )
 
 
 @task(name="accuracy", task_run_name="accuracy-{model_name}", cache_policy=NO_CACHE)
-def accuracy_task(adapter, module, grpc_url: str, model_name: str, samples: int, batch_size: int,
-                  atol: float, rtol: float, fmt: Format) -> AccuracyResult:
+def accuracy_task(
+    adapter,
+    module,
+    grpc_url: str,
+    model_name: str,
+    samples: int,
+    batch_size: int,
+    atol: float,
+    rtol: float,
+    fmt: Format,
+) -> AccuracyResult:
     return measure_accuracy(adapter, module, grpc_url, model_name, samples, batch_size, atol, rtol, fmt)

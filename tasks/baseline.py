@@ -17,8 +17,12 @@ def compare_with_baseline(baseline: str, run_dir: Path, plots_dir: Path) -> tupl
         result = compare_runs(baseline, run_dir)
     except Exception as err:  # unreachable storage, a folder without results: one line in the report
         reason = f"{type(err).__name__}: {err}".splitlines()[0]
-        return ["## Comparison against the baseline", "", f"The baseline `{baseline}` could not be read: {reason}.", ""], \
-            {"baseline": baseline, "verdict": None, "error": reason}
+        return [
+            "## Comparison against the baseline",
+            "",
+            f"The baseline `{baseline}` could not be read: {reason}.",
+            "",
+        ], {"baseline": baseline, "verdict": None, "error": reason}
     plot = plot_comparison(result, plots_dir / "baseline_comparison.png")
     lines = [comparison_markdown(result), "", f"![]({plot.relative_to(run_dir).as_posix()})", ""]
     return lines, {"baseline": baseline, "verdict": result.verdict, "summary": result.summary}

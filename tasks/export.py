@@ -38,13 +38,27 @@ from tbench.errors import BenchError, ConversionError, Unavailable
 from tbench.iospec import IoSpec
 from tbench.registry import Registry, qualified_name
 from tbench.runtimes import source_digest
-from tbench.trt_profiles import (CALIBRATION_SEED, TrtProfile, calibration_batches, check_calibration_samples,
-                                 default_calibration_samples, describe, opt_batch_size, optimisation_profile,
-                                 shaped_inputs)
+from tbench.trt_profiles import (
+    CALIBRATION_SEED,
+    TrtProfile,
+    calibration_batches,
+    check_calibration_samples,
+    default_calibration_samples,
+    describe,
+    opt_batch_size,
+    optimisation_profile,
+    shaped_inputs,
+)
 from tbench.trt_runtime import TRT_WHERE
 
-FILE_NAMES = {Format.ONNX: "model.onnx", Format.TS_TRACE: "model.pt", Format.TS_SCRIPT: "model.pt", Format.TRT: "model.plan",
-              Format.TF_SAVEDMODEL: "model.savedmodel", Format.TF_TRT: "model.savedmodel"}  # SavedModels are folders
+FILE_NAMES = {
+    Format.ONNX: "model.onnx",
+    Format.TS_TRACE: "model.pt",
+    Format.TS_SCRIPT: "model.pt",
+    Format.TRT: "model.plan",
+    Format.TF_SAVEDMODEL: "model.savedmodel",
+    Format.TF_TRT: "model.savedmodel",
+}  # SavedModels are folders
 CACHE_ENV = "TBENCH_CACHE_DIR"
 CONVERSION_JSON = "conversion.json"  # a step's own record next to its output (TensorRT: profile and calibration)
 
@@ -61,13 +75,17 @@ class ConversionOptions(BaseModel):
     calibration_samples: int | None = None  # INT8: samples calibrated on; trt_profiles.default_calibration_samples
 
     @classmethod
-    def for_run(cls, req, precision: Precision | None = None, max_batch_size: int | None = None) -> "ConversionOptions":
+    def for_run(cls, req, precision: Precision | None = None, max_batch_size: int | None = None) -> ConversionOptions:
         """A resolved request's options: its precision and max batch unless given, the opt batch of its offline grid,
         its TensorRT shapes and calibration set size."""
         max_batch = max_batch_size or req.max_batch_size
-        return cls(precision=precision or req.precision, max_batch_size=max_batch,
-                   opt_batch_size=opt_batch_size(req.batch_sizes, max_batch), trt_shapes=req.trt_shapes or {},
-                   calibration_samples=req.calibration_samples)
+        return cls(
+            precision=precision or req.precision,
+            max_batch_size=max_batch,
+            opt_batch_size=opt_batch_size(req.batch_sizes, max_batch),
+            trt_shapes=req.trt_shapes or {},
+            calibration_samples=req.calibration_samples,
+        )
 
 
 # Fields only the steps that build TensorRT engines read: other steps' cache keys leave them out.
@@ -93,11 +111,18 @@ class Converter:
 REGISTRY: Registry[tuple[str, Format], Converter] = Registry("converter", describe=lambda c: qualified_name(c.run))
 
 
-def converter(source: str, target: Format, tools: tuple[str, ...], where: str = "",
-              precisions: tuple[Precision, ...] = (Precision.FP32,), builds_engine: bool = False):
+def converter(
+    source: str,
+    target: Format,
+    tools: tuple[str, ...],
+    where: str = "",
+    precisions: tuple[Precision, ...] = (Precision.FP32,),
+    builds_engine: bool = False,
+):
     def register(fn):
         REGISTRY.register((source, target), Converter(source, target, fn, tools, where, precisions, builds_engine))
         return fn
+
     return register
 
 
@@ -122,8 +147,13 @@ def engine_profile(spec: IoSpec, options: ConversionOptions, sample: dict) -> Tr
     """The optimisation profile a TensorRT builder uses: batch 1 / opt / max, dynamic dims from options.trt_shapes
     or pinned to the sample's size."""
     opt = options.opt_batch_size or opt_batch_size([], options.max_batch_size)
-    return optimisation_profile(spec, {t.name: sample[t.name].shape[1:] for t in spec.inputs}, options.max_batch_size,
-                                min(opt, options.max_batch_size), options.trt_shapes)
+    return optimisation_profile(
+        spec,
+        {t.name: sample[t.name].shape[1:] for t in spec.inputs},
+        options.max_batch_size,
+        min(opt, options.max_batch_size),
+        options.trt_shapes,
+    )
 
 
 class CalibrationSet:
@@ -148,8 +178,14 @@ class CalibrationSet:
     def record(self) -> dict:
         if not self.delivered:
             raise ConversionError(f"INT8 calibration got no batch of {self.batch} samples from {self.source}")
-        return {"requested_samples": self.requested, "samples": self.delivered * self.batch, "batches": self.delivered,
-                "batch_size": self.batch, "remainder_dropped": self.requested % self.batch, "source": self.source}
+        return {
+            "requested_samples": self.requested,
+            "samples": self.delivered * self.batch,
+            "batches": self.delivered,
+            "batch_size": self.batch,
+            "remainder_dropped": self.requested % self.batch,
+            "source": self.source,
+        }
 
 
 def plan(source: str, target: Format) -> list[Converter]:
@@ -177,10 +213,20 @@ def _example(spec: IoSpec, sample: dict):
 def pytorch_to_onnx(module, out: Path, spec: IoSpec, options: ConversionOptions, sample: dict) -> None:
     import torch
 
-    dynamic = {t.name: {0: "batch", **{i + 1: f"{t.name}_{i + 1}" for i, d in enumerate(t.shape) if d == -1}}
-               for t in spec.inputs + spec.outputs}
-    torch.onnx.export(module, _example(spec, sample), str(out), input_names=spec.input_names(),
-                      output_names=spec.output_names(), dynamic_axes=dynamic, opset_version=options.onnx_opset, dynamo=False)
+    dynamic = {
+        t.name: {0: "batch", **{i + 1: f"{t.name}_{i + 1}" for i, d in enumerate(t.shape) if d == -1}}
+        for t in spec.inputs + spec.outputs
+    }
+    torch.onnx.export(
+        module,
+        _example(spec, sample),
+        str(out),
+        input_names=spec.input_names(),
+        output_names=spec.output_names(),
+        dynamic_axes=dynamic,
+        opset_version=options.onnx_opset,
+        dynamo=False,
+    )
 
 
 _HALF = (Precision.FP32, Precision.FP16)
@@ -273,10 +319,17 @@ def onnx_to_fp16(path: Path, out: Path, spec: IoSpec, options: ConversionOptions
     onnx.save(model, str(out))
 
 
-@converter(Format.ONNX.value, Format.TRT, tools=("tensorrt",), where=TRT_WHERE, precisions=tuple(Precision),
-           builds_engine=True)
-def onnx_to_tensorrt(onnx_path: Path, out: Path, spec: IoSpec, options: ConversionOptions, sample: dict,
-                     data: CalibrationData | None = None) -> dict:
+@converter(
+    Format.ONNX.value, Format.TRT, tools=("tensorrt",), where=TRT_WHERE, precisions=tuple(Precision), builds_engine=True
+)
+def onnx_to_tensorrt(
+    onnx_path: Path,
+    out: Path,
+    spec: IoSpec,
+    options: ConversionOptions,
+    sample: dict,
+    data: CalibrationData | None = None,
+) -> dict:
     """TensorRT's own builder: one optimisation profile (engine_profile) over batch 1..max_batch_size, FP16 when
     asked, INT8 calibrated on the calibration set at the profile's opt shapes. Returns the profile and calibration."""
     import tensorrt as trt
@@ -286,8 +339,10 @@ def onnx_to_tensorrt(onnx_path: Path, out: Path, spec: IoSpec, options: Conversi
     network = builder.create_network(0)  # explicit batch is the only mode from TensorRT 10
     parser = trt.OnnxParser(network, logger)
     if not parser.parse(Path(onnx_path).read_bytes()):
-        raise ConversionError("TensorRT could not parse the ONNX model: " +
-                              "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors)))
+        raise ConversionError(
+            "TensorRT could not parse the ONNX model: "
+            + "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors))
+        )
     config = builder.create_builder_config()
     config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, options.max_workspace_bytes)
     if options.precision is Precision.FP16:
@@ -318,8 +373,9 @@ def onnx_to_tensorrt(onnx_path: Path, out: Path, spec: IoSpec, options: Conversi
     return {"profile": profile.model_dump(), **({"calibration": calibration.record()} if calibration else {})}
 
 
-def _calibrator(trt, batches: Iterable[dict[str, np.ndarray]], batch_size: int, dtypes: dict[str, np.dtype],
-                cache: Path):
+def _calibrator(
+    trt, batches: Iterable[dict[str, np.ndarray]], batch_size: int, dtypes: dict[str, np.dtype], cache: Path
+):
     """INT8 entropy calibration, one batch of the calibration set at a time from GPU memory that torch holds
     (TensorRT reads device pointers). Never reads a calibration cache: the conversion cache keys the calibration set,
     a cache file left by another build would not; the one it writes stays next to the plan."""
@@ -339,8 +395,9 @@ def _calibrator(trt, batches: Iterable[dict[str, np.ndarray]], batch_size: int, 
                 if batch is None:
                     return None
                 # cast to the network's input dtypes; the device buffers must outlive this call
-                self.keep = {n: torch.from_numpy(np.ascontiguousarray(batch[n], dtype=dtypes.get(n))).cuda()
-                             for n in names}
+                self.keep = {
+                    n: torch.from_numpy(np.ascontiguousarray(batch[n], dtype=dtypes.get(n))).cuda() for n in names
+                }
                 return [int(self.keep[n].data_ptr()) for n in names]
             except Exception as err:  # TensorRT does not propagate a callback's exception: raised after the build
                 self.error = err
@@ -358,7 +415,10 @@ def _calibrator(trt, batches: Iterable[dict[str, np.ndarray]], batch_size: int, 
 def _tf_signature(spec: IoSpec):
     import tensorflow as tf
 
-    return [tf.TensorSpec([None, *(None if d == -1 else d for d in t.shape)], tf.as_dtype(t.dtype), name=t.name) for t in spec.inputs]
+    return [
+        tf.TensorSpec([None, *(None if d == -1 else d for d in t.shape)], tf.as_dtype(t.dtype), name=t.name)
+        for t in spec.inputs
+    ]
 
 
 @converter("tensorflow", Format.TF_SAVEDMODEL, tools=("tensorflow", "keras"))
@@ -380,8 +440,19 @@ def keras_to_savedmodel(model, out: Path, spec: IoSpec, options: ConversionOptio
 @converter(Format.TF_SAVEDMODEL.value, Format.ONNX, tools=("tf2onnx", "tensorflow", "onnx"))
 def savedmodel_to_onnx(saved: Path, out: Path, spec: IoSpec, options: ConversionOptions, sample: dict) -> None:
     """tf2onnx's own command line (as the guides run it); its output is kept next to the model."""
-    argv = [sys.executable, "-m", "tf2onnx.convert", "--saved-model", str(saved), "--signature_def", "serving_default",
-            "--opset", str(options.onnx_opset), "--output", str(out)]
+    argv = [
+        sys.executable,
+        "-m",
+        "tf2onnx.convert",
+        "--saved-model",
+        str(saved),
+        "--signature_def",
+        "serving_default",
+        "--opset",
+        str(options.onnx_opset),
+        "--output",
+        str(out),
+    ]
     done = subprocess.run(argv, capture_output=True, text=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
     (out.parent / "tf2onnx.log").write_text(" ".join(argv) + "\n" + done.stdout + done.stderr)
     if done.returncode != 0:
@@ -396,8 +467,11 @@ def _rename_onnx_io(path: Path, spec: IoSpec) -> None:
 
     model = onnx.load(str(path))
     wanted = set(spec.input_names() + spec.output_names())
-    renames = {v.name: v.name.split(":")[0] for v in [*model.graph.input, *model.graph.output]
-               if v.name != v.name.split(":")[0] and v.name.split(":")[0] in wanted}
+    renames = {
+        v.name: v.name.split(":")[0]
+        for v in [*model.graph.input, *model.graph.output]
+        if v.name != v.name.split(":")[0] and v.name.split(":")[0] in wanted
+    }
     if not renames:
         return
     for v in [*model.graph.input, *model.graph.output]:
@@ -408,22 +482,39 @@ def _rename_onnx_io(path: Path, spec: IoSpec) -> None:
     onnx.save(model, str(path))
 
 
-@converter(Format.TF_SAVEDMODEL.value, Format.TF_TRT, tools=("tensorrt", "tensorflow"),
-           where="run it on a GPU node whose TensorFlow is built with TensorRT (e.g. NGC's TensorFlow image)",
-           precisions=tuple(Precision), builds_engine=True)
-def savedmodel_to_tftrt(saved: Path, out: Path, spec: IoSpec, options: ConversionOptions, sample: dict,
-                        data: CalibrationData | None = None) -> dict:
+@converter(
+    Format.TF_SAVEDMODEL.value,
+    Format.TF_TRT,
+    tools=("tensorrt", "tensorflow"),
+    where="run it on a GPU node whose TensorFlow is built with TensorRT (e.g. NGC's TensorFlow image)",
+    precisions=tuple(Precision),
+    builds_engine=True,
+)
+def savedmodel_to_tftrt(
+    saved: Path, out: Path, spec: IoSpec, options: ConversionOptions, sample: dict, data: CalibrationData | None = None
+) -> dict:
     """TF-TRT's converter with dynamic shapes over the same profile as TensorRT's (engine_profile): engines built at
     its min, opt and max shapes plus one over the whole range (Range+Optimal), so any batch 1..max runs on TensorRT;
     INT8 calibrates on the same calibration set as onnx_to_tensorrt. Returns the profile and calibration."""
     import tensorflow as tf
     from tensorflow.python.compiler.tensorrt import trt_convert as trt
 
-    modes = {Precision.FP32: trt.TrtPrecisionMode.FP32, Precision.FP16: trt.TrtPrecisionMode.FP16, Precision.INT8: trt.TrtPrecisionMode.INT8}
-    params = trt.TrtConversionParams(precision_mode=modes[options.precision], max_workspace_size_bytes=options.max_workspace_bytes,
-                                     use_calibration=options.precision is Precision.INT8)
-    conv = trt.TrtGraphConverterV2(input_saved_model_dir=str(saved), conversion_params=params, use_dynamic_shape=True,
-                                   dynamic_shape_profile_strategy="Range+Optimal")
+    modes = {
+        Precision.FP32: trt.TrtPrecisionMode.FP32,
+        Precision.FP16: trt.TrtPrecisionMode.FP16,
+        Precision.INT8: trt.TrtPrecisionMode.INT8,
+    }
+    params = trt.TrtConversionParams(
+        precision_mode=modes[options.precision],
+        max_workspace_size_bytes=options.max_workspace_bytes,
+        use_calibration=options.precision is Precision.INT8,
+    )
+    conv = trt.TrtGraphConverterV2(
+        input_saved_model_dir=str(saved),
+        conversion_params=params,
+        use_dynamic_shape=True,
+        dynamic_shape_profile_strategy="Range+Optimal",
+    )
     profile = engine_profile(spec, options, sample)
 
     def tensors(arrays: dict[str, np.ndarray]) -> list:
@@ -444,7 +535,8 @@ def tool_versions(conv: Converter) -> dict[str, str]:
     except ImportError as err:
         hint = f"; {conv.where}" if conv.where else ""
         raise ConversionUnavailable(
-            f"{conv.source} -> {conv.target.value} needs {conv.tools[0]}, which is not installed here ({err}){hint}") from None
+            f"{conv.source} -> {conv.target.value} needs {conv.tools[0]}, which is not installed here ({err}){hint}"
+        ) from None
     versions = {}
     for dist in conv.tools:
         try:
@@ -458,34 +550,54 @@ def cache_root() -> Path:
     return Path(os.environ.get(CACHE_ENV, Path.home() / ".cache" / "tbench" / "conversions"))
 
 
-def cache_key(source_hash: str, conv: Converter, options: ConversionOptions, versions: dict[str, str], spec: IoSpec) -> str:
+def cache_key(
+    source_hash: str, conv: Converter, options: ConversionOptions, versions: dict[str, str], spec: IoSpec
+) -> str:
     """Same source, step, options, tool versions and io spec (static shapes are baked into some exports) -> same key.
     The profile and calibration fields key only TensorRT builders (the calibration set only an INT8 build's)."""
     unread = set() if conv.builds_engine else set(ENGINE_FIELDS)
     if options.precision is not Precision.INT8:
         unread.add("calibration_samples")
-    text = json.dumps({"source": source_hash, "step": [conv.source, conv.target.value],
-                       "options": options.model_dump(mode="json", exclude=unread),
-                       "tools": versions, "io": spec.model_dump()}, sort_keys=True)
+    text = json.dumps(
+        {
+            "source": source_hash,
+            "step": [conv.source, conv.target.value],
+            "options": options.model_dump(mode="json", exclude=unread),
+            "tools": versions,
+            "io": spec.model_dump(),
+        },
+        sort_keys=True,
+    )
     return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
-def _reproduce_script(adapter: ModelAdapter, conv: Converter, source_path: Path | None, out: Path, options: ConversionOptions) -> str:
+def _reproduce_script(
+    adapter: ModelAdapter, conv: Converter, source_path: Path | None, out: Path, options: ConversionOptions
+) -> str:
     source = "adapter.build()" if source_path is None else f"Path({str(source_path)!r})"
-    return (f"# Re-runs this conversion step: {conv.source} -> {conv.target.value}\n"
-            "from pathlib import Path\n\nimport model_adapters\nimport model_adapters.ensemble  # noqa: F401\n"
-            "from model_adapters.file_model import ModelFileAdapter  # noqa: F401\n"
-            "from tasks.export import REGISTRY, CalibrationData, ConversionOptions  # noqa: F401\n"
-            "from tbench.enums import Format\n\n"
-            f"adapter = {adapter.reproduce_expr()}\n"
-            f"options = ConversionOptions.model_validate_json({options.model_dump_json()!r})\n"
-            f"step = REGISTRY[({conv.source!r}, Format({conv.target.value!r}))]\n"
-            f"step.run({source}, Path({str(out)!r}), adapter.io_spec(), options, adapter.sample_batch(2)"
-            + (", data=CalibrationData(adapter))\n" if conv.builds_engine else ")\n"))
+    return (
+        f"# Re-runs this conversion step: {conv.source} -> {conv.target.value}\n"
+        "from pathlib import Path\n\nimport model_adapters\nimport model_adapters.ensemble  # noqa: F401\n"
+        "from model_adapters.file_model import ModelFileAdapter  # noqa: F401\n"
+        "from tasks.export import REGISTRY, CalibrationData, ConversionOptions  # noqa: F401\n"
+        "from tbench.enums import Format\n\n"
+        f"adapter = {adapter.reproduce_expr()}\n"
+        f"options = ConversionOptions.model_validate_json({options.model_dump_json()!r})\n"
+        f"step = REGISTRY[({conv.source!r}, Format({conv.target.value!r}))]\n"
+        f"step.run({source}, Path({str(out)!r}), adapter.io_spec(), options, adapter.sample_batch(2)"
+        + (", data=CalibrationData(adapter))\n" if conv.builds_engine else ")\n")
+    )
 
 
-def run_step(adapter: ModelAdapter, conv: Converter, source, source_hash: str, out_dir: Path,
-             options: ConversionOptions, folder: str | None = None) -> tuple[Path, str, bool]:
+def run_step(
+    adapter: ModelAdapter,
+    conv: Converter,
+    source,
+    source_hash: str,
+    out_dir: Path,
+    options: ConversionOptions,
+    folder: str | None = None,
+) -> tuple[Path, str, bool]:
     """One conversion into out_dir/<folder or target>/, from the cache when it has it; returns (path, content hash, cached).
     The key holds the options, the precision among them."""
     versions = tool_versions(conv)
@@ -511,11 +623,17 @@ def run_step(adapter: ModelAdapter, conv: Converter, source, source_hash: str, o
         except BenchError:
             raise
         except Exception as err:  # exporters raise many types; one clear line is what users need
-            raise ConversionError(f"{conv.source} -> {conv.target.value} failed for {adapter.name}: {type(err).__name__}: {err}") from err
+            raise ConversionError(
+                f"{conv.source} -> {conv.target.value} failed for {adapter.name}: {type(err).__name__}: {err}"
+            ) from err
         finally:
-            log = [f"{conv.source} -> {conv.target.value} in {time.monotonic() - start:.2f} s", f"tools: {versions}",
-                   f"options: {options.model_dump_json()}", *_record_lines(record),
-                   *(f"warning: {w.category.__name__}: {w.message}" for w in caught)]
+            log = [
+                f"{conv.source} -> {conv.target.value} in {time.monotonic() - start:.2f} s",
+                f"tools: {versions}",
+                f"options: {options.model_dump_json()}",
+                *_record_lines(record),
+                *(f"warning: {w.category.__name__}: {w.message}" for w in caught),
+            ]
             (target_dir / "convert.log").write_text("\n".join(log) + "\n")
     if record:  # what a report says of the build: the TensorRT profile and the INT8 calibration set
         (target_dir / CONVERSION_JSON).write_text(json.dumps(record, indent=2) + "\n")
@@ -536,9 +654,11 @@ def _record_lines(record: dict | None) -> list[str]:
     lines = [f"profile {line}" for line in describe(TrtProfile.model_validate(profile))] if profile else []
     c = record.get("calibration")
     if c:
-        lines.append(f"calibration: {c['samples']} samples in {c['batches']} batches of {c['batch_size']} "
-                     f"(of {c['requested_samples']} asked; {c['remainder_dropped']} short of a batch dropped) "
-                     f"from {c['source']}")
+        lines.append(
+            f"calibration: {c['samples']} samples in {c['batches']} batches of {c['batch_size']} "
+            f"(of {c['requested_samples']} asked; {c['remainder_dropped']} short of a batch dropped) "
+            f"from {c['source']}"
+        )
     return lines
 
 
@@ -551,8 +671,14 @@ def _copy_source_file(adapter: ModelAdapter, path: Path, fmt: Format, out_dir: P
     return target
 
 
-def export_model(adapter: ModelAdapter, module, fmt: Format, out_dir: Path, source_hash: str,
-                 options: ConversionOptions | None = None) -> ModelArtifact:
+def export_model(
+    adapter: ModelAdapter,
+    module,
+    fmt: Format,
+    out_dir: Path,
+    source_hash: str,
+    options: ConversionOptions | None = None,
+) -> ModelArtifact:
     """The source model to `fmt` through the planned chain of conversions (none when the source is already `fmt`), in
     options.precision where `fmt` can hold it: the last step applies it, or the format's precision step converts the
     FP32 file. A format that cannot hold it (a SavedModel: FP16 is an accelerator there) stays FP32: the artifact's
@@ -575,11 +701,19 @@ def export_model(adapter: ModelAdapter, module, fmt: Format, out_dir: Path, sour
     step = REGISTRY[own] if own in REGISTRY else None
     if held is Precision.FP32 and held is not options.precision and step and options.precision in step.precisions:
         with _no_grad(fmt.value):
-            source, digest, cached = run_step(adapter, step, Path(source), digest, out_dir, options,
-                                              folder=f"{fmt.value}-{options.precision.value}")
+            source, digest, cached = run_step(
+                adapter, step, Path(source), digest, out_dir, options, folder=f"{fmt.value}-{options.precision.value}"
+            )
         all_cached, held = all_cached and cached, options.precision
-    return ModelArtifact(format=fmt, precision=held, path=str(source), io_spec=adapter.io_spec(),
-                         source_hash=source_hash, seconds=time.monotonic() - start, cached=all_cached)
+    return ModelArtifact(
+        format=fmt,
+        precision=held,
+        path=str(source),
+        io_spec=adapter.io_spec(),
+        source_hash=source_hash,
+        seconds=time.monotonic() - start,
+        cached=all_cached,
+    )
 
 
 def file_precision(fmt: Format, path: Path) -> Precision:
@@ -612,7 +746,8 @@ def _no_grad(framework: str):
 
 
 @task(name="export", cache_policy=NO_CACHE)
-def export_task(adapter: ModelAdapter, module, formats: list[Format], out_dir: Path,
-                options: ConversionOptions | None = None) -> list[ModelArtifact]:
+def export_task(
+    adapter: ModelAdapter, module, formats: list[Format], out_dir: Path, options: ConversionOptions | None = None
+) -> list[ModelArtifact]:
     digest = source_digest(adapter.framework, module)
     return [export_model(adapter, module, fmt, out_dir, digest, options) for fmt in formats]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import base64
 import re
 import xml.etree.ElementTree as etree
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
 from urllib.parse import unquote, urlsplit
 
@@ -22,7 +22,13 @@ from markdown.extensions.toc import TocExtension
 from markdown.treeprocessors import Treeprocessor
 from markupsafe import Markup
 
-IMAGE_TYPES = {".png": "image/png", ".svg": "image/svg+xml", ".jpg": "image/jpeg", ".jpeg": "image/jpeg", ".gif": "image/gif"}
+IMAGE_TYPES = {
+    ".png": "image/png",
+    ".svg": "image/svg+xml",
+    ".jpg": "image/jpeg",
+    ".jpeg": "image/jpeg",
+    ".gif": "image/gif",
+}
 FAILED_CELLS = {"NO", "unstable", "error"}  # a check that did not pass, a point that did not stabilise or failed
 REMOTE_SCHEMES = {"http", "https"}
 SAFE_LINK_SCHEMES = {"", "http", "https", "mailto"}
@@ -189,7 +195,9 @@ class _RunPage(Treeprocessor):
             return
         for cell in table.iter():
             align = re.fullmatch(r"\s*text-align:\s*(left|right|center);?\s*", cell.get("style", ""))
-            if cell.tag in ("th", "td") and align:  # the tables extension's inline alignment, as classes the CSS can style
+            if (
+                cell.tag in ("th", "td") and align
+            ):  # the tables extension's inline alignment, as classes the CSS can style
                 del cell.attrib["style"]
                 if align.group(1) != "left":
                     _add_class(cell, "num" if align.group(1) == "right" else "center")
@@ -208,7 +216,7 @@ class _RunPage(Treeprocessor):
         for i, cells in columns.items():
             values = [_text(c) for c in cells]
             if any(values) and all(_NUMBER.fullmatch(v) for v in values if v):
-                for cell in cells + header[i:i + 1]:
+                for cell in cells + header[i : i + 1]:
                     if "num" not in cell.get("class", "").split():
                         _add_class(cell, "num")
 
@@ -233,23 +241,35 @@ class _RunPageExtension(Extension):
     def extendMarkdown(self, md) -> None:
         md.preprocessors.deregister("html_block")  # raw HTML in the source stays text, escaped on output
         md.inlinePatterns.deregister("html")
-        md.treeprocessors.register(_RunPage(md, self.base_dir, self.title), "run_page", 4)  # after inline (20) and toc (5)
+        md.treeprocessors.register(
+            _RunPage(md, self.base_dir, self.title), "run_page", 4
+        )  # after inline (20) and toc (5)
 
 
 def markdown_to_html(markdown_text: str, base_dir: Path, title: str, run_id: str | None = None) -> str:
     """The report as one HTML page; images relative to base_dir are embedded, raw HTML in the markdown is escaped."""
-    md = markdown.Markdown(extensions=[
-        "tables", "fenced_code",
-        TocExtension(toc_depth="2-4", permalink="¶", permalink_title="Link to this section"),
-        _RunPageExtension(Path(base_dir), title),
-    ], output_format="html")
+    md = markdown.Markdown(
+        extensions=[
+            "tables",
+            "fenced_code",
+            TocExtension(toc_depth="2-4", permalink="¶", permalink_title="Link to this section"),
+            _RunPageExtension(Path(base_dir), title),
+        ],
+        output_format="html",
+    )
     body = md.convert(markdown_text)
     if run_id is None:
         found = _RUN_ID.search(markdown_text)
         run_id = found.group(1) if found else None
     toc = md.toc if getattr(md, "toc_tokens", None) else ""
-    return TEMPLATE.render(title=title, run_id=run_id, css=Markup(CSS), toc=Markup(toc), body=Markup(body),
-                           generated=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"))
+    return TEMPLATE.render(
+        title=title,
+        run_id=run_id,
+        css=Markup(CSS),
+        toc=Markup(toc),
+        body=Markup(body),
+        generated=datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S UTC"),
+    )
 
 
 def report_title(markdown_text: str, fallback: str) -> str:

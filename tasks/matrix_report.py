@@ -10,8 +10,16 @@ from pathlib import Path
 import pandas as pd
 
 TPUT = "throughput_infer_per_s"
-NOT_FINISHED_COLUMNS = {"pool": "Pool", "model": "Model", "format": "Format", "precision": "Precision", "state": "State",
-                        "reason": "Reason", "flow_run": "Flow run", "run_url": "Run folder"}
+NOT_FINISHED_COLUMNS = {
+    "pool": "Pool",
+    "model": "Model",
+    "format": "Format",
+    "precision": "Precision",
+    "state": "State",
+    "reason": "Reason",
+    "flow_run": "Flow run",
+    "run_url": "Run folder",
+}
 
 
 def _best(rows: pd.DataFrame) -> pd.Series | None:
@@ -22,11 +30,17 @@ def _best(rows: pd.DataFrame) -> pd.Series | None:
 def side_by_side(results: pd.DataFrame) -> pd.DataFrame:
     """One row per model x format x precision x scenario, one column pair per GPU."""
     rows = []
-    for (model, fmt, precision, scenario), group in results.groupby(["model", "format", "precision", "scenario"], sort=True):
+    for (model, fmt, precision, scenario), group in results.groupby(
+        ["model", "format", "precision", "scenario"], sort=True
+    ):
         row = {"Model": model, "Format": fmt, "Precision": precision, "Scenario": scenario}
         for gpu, per_gpu in group.groupby("gpu", sort=True):
             best = _best(per_gpu)
-            where = "" if best is None else (f"b{best['batch_size']:g}" if scenario == "offline" else f"c{best['concurrency']:g}")
+            where = (
+                ""
+                if best is None
+                else (f"b{best['batch_size']:g}" if scenario == "offline" else f"c{best['concurrency']:g}")
+            )
             row[f"{gpu}: best infer/s"] = "-" if best is None else f"{best[TPUT]:.1f} ({where})"
             row[f"{gpu}: p99 ms"] = "-" if best is None else f"{best['p99_ms']:.2f}"
         rows.append(row)
@@ -39,15 +53,25 @@ def plot_gpus(results: pd.DataFrame, model: str, fmt: str, precision: str, path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    offline = results[(results["model"] == model) & (results["format"] == fmt) & (results["precision"] == precision)
-                      & (results["scenario"] == "offline") & (results["status"] == "ok")]
+    offline = results[
+        (results["model"] == model)
+        & (results["format"] == fmt)
+        & (results["precision"] == precision)
+        & (results["scenario"] == "offline")
+        & (results["status"] == "ok")
+    ]
     if offline.empty:
         return None
     fig, ax = plt.subplots(figsize=(6.5, 4))
     for gpu, rows in offline.groupby("gpu", sort=True):
         rows = rows.sort_values("batch_size")
         ax.plot(rows["batch_size"], rows[TPUT], marker="o", label=gpu)
-    ax.set(xscale="log", xlabel="Batch size", ylabel="Inferences/second", title=f"{model} {fmt} {precision}: offline, per GPU")
+    ax.set(
+        xscale="log",
+        xlabel="Batch size",
+        ylabel="Inferences/second",
+        title=f"{model} {fmt} {precision}: offline, per GPU",
+    )
     ax.set_xscale("log", base=2)
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -73,16 +97,33 @@ def matrix_markdown(results: pd.DataFrame, runs: pd.DataFrame, out_dir: Path) ->
     missing = not_finished(runs)
     summary = f"{len(runs)} runs; {len(runs) - len(missing)} completed."
     if len(missing):
-        summary += f" {len(missing)} did not finish (see Runs that did not finish): the tables below compare the others."
-    lines = ["# Triton benchmark matrix: GPUs side by side", "", summary, "", "## Runs", "",
-             _cells(runs.drop(columns=["reason"], errors="ignore")).to_markdown(index=False), ""]
+        summary += (
+            f" {len(missing)} did not finish (see Runs that did not finish): the tables below compare the others."
+        )
+    lines = [
+        "# Triton benchmark matrix: GPUs side by side",
+        "",
+        summary,
+        "",
+        "## Runs",
+        "",
+        _cells(runs.drop(columns=["reason"], errors="ignore")).to_markdown(index=False),
+        "",
+    ]
     if len(missing):
         lines += ["## Runs that did not finish", "", missing.to_markdown(index=False), ""]
     if results.empty:
         return "\n".join(lines + ["No run stored results.", ""])
     lines += ["## Best points per GPU", "", side_by_side(results).to_markdown(index=False), ""]
     for (model, fmt, precision), _ in results.groupby(["model", "format", "precision"], sort=True):
-        plot = plot_gpus(results, model, fmt, precision, out_dir / "plots" / f"{model}_{fmt}_{precision}_offline_gpus.png")
+        plot = plot_gpus(
+            results, model, fmt, precision, out_dir / "plots" / f"{model}_{fmt}_{precision}_offline_gpus.png"
+        )
         if plot is not None:
-            lines += [f"### {model} {fmt} {precision}", "", f"![offline throughput per GPU]({plot.relative_to(out_dir).as_posix()})", ""]
+            lines += [
+                f"### {model} {fmt} {precision}",
+                "",
+                f"![offline throughput per GPU]({plot.relative_to(out_dir).as_posix()})",
+                "",
+            ]
     return "\n".join(lines)

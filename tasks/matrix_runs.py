@@ -50,7 +50,9 @@ def pool_status(client, pool: str) -> str:
     return status.value if status else "NOT_READY"
 
 
-def cancel(client, run_id: UUID, why: str, grace_s: float = CANCEL_GRACE_S, poll_s: float = POLL_S) -> tuple[object, str]:
+def cancel(
+    client, run_id: UUID, why: str, grace_s: float = CANCEL_GRACE_S, poll_s: float = POLL_S
+) -> tuple[object, str]:
     """Cancel the run and wait (a little) for it to end; the run as last read, and the reason to record."""
     from prefect.states import Cancelling
 
@@ -66,8 +68,9 @@ def cancel(client, run_id: UUID, why: str, grace_s: float = CANCEL_GRACE_S, poll
     return run, f"{why}; cancelled" if state == "CANCELLED" else f"{why}; cancel requested, still {state}"
 
 
-def watch(client, run_id: UUID, pool: str, start_timeout_s: float, child_timeout_s: float,
-          poll_s: float = POLL_S) -> tuple[object, str]:
+def watch(
+    client, run_id: UUID, pool: str, start_timeout_s: float, child_timeout_s: float, poll_s: float = POLL_S
+) -> tuple[object, str]:
     """Follow the run until it ends; cancel it once it has been scheduled for `start_timeout_s` on a pool without an
     online worker, or once `child_timeout_s` have passed since it was submitted. A run queued behind others on a pool
     whose worker is alive is not "unattended": only `child_timeout_s` bounds it. Returns (run, reason)."""
@@ -85,16 +88,27 @@ def watch(client, run_id: UUID, pool: str, start_timeout_s: float, child_timeout
         elif unattended_since is None:
             unattended_since = now
         if unattended_since is not None and now - unattended_since >= start_timeout_s:
-            return cancel(client, run_id, f"no worker picked it up within {start_timeout_s:g} s "
-                                          f"(state {state}, pool {pool} {status})", poll_s=poll_s)
+            return cancel(
+                client,
+                run_id,
+                f"no worker picked it up within {start_timeout_s:g} s (state {state}, pool {pool} {status})",
+                poll_s=poll_s,
+            )
         if now - submitted >= child_timeout_s:
             return cancel(client, run_id, f"did not finish within {child_timeout_s:g} s (state {state})", poll_s=poll_s)
         time.sleep(poll_s)
 
 
 @task(name="matrix-run", task_run_name="{pool}-{model}-{fmt}-{precision}", cache_policy=NO_CACHE)
-def matrix_run(pool: str, model: str, fmt: str | None, precision: str, parameters: dict,
-               start_timeout_s: float, child_timeout_s: float) -> dict:
+def matrix_run(
+    pool: str,
+    model: str,
+    fmt: str | None,
+    precision: str,
+    parameters: dict,
+    start_timeout_s: float,
+    child_timeout_s: float,
+) -> dict:
     """One benchmark run through the pool's deployment, watched to its end; its ChildRun row (never raises)."""
     from prefect.client.orchestration import get_client
     from prefect.deployments import run_deployment
@@ -107,7 +121,9 @@ def matrix_run(pool: str, model: str, fmt: str | None, precision: str, parameter
     except ObjectNotFound:
         return row.model_copy(update={"reason": f"no deployment {deployment!r} on the Prefect server"}).model_dump()
     except Exception as err:  # the server refused the parameters, or could not be reached
-        return row.model_copy(update={"reason": one_line(f"could not submit: {type(err).__name__}: {err}")}).model_dump()
+        return row.model_copy(
+            update={"reason": one_line(f"could not submit: {type(err).__name__}: {err}")}
+        ).model_dump()
     row.flow_run, row.state = str(run.id), state_of(run)
     try:
         with get_client(sync_client=True) as client:

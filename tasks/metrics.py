@@ -11,8 +11,12 @@ from tbench.metrics import THROUGHPUT
 
 def summarize(results: pd.DataFrame) -> dict:
     """Point counts, and per served format and scenario the best throughput, where, and the lowest latency."""
-    summary: dict = {"points": int(len(results)), "points_ok": int((results["status"] == "ok").sum()),
-                     "points_flagged": int((results["status"] != "ok").sum()), "best": []}
+    summary: dict = {
+        "points": int(len(results)),
+        "points_ok": int((results["status"] == "ok").sum()),
+        "points_flagged": int((results["status"] != "ok").sum()),
+        "best": [],
+    }
     ok = results[results["status"] == "ok"]
     for fmt in dict.fromkeys(ok["format"]):
         for scenario, axis in (("offline", "batch_size"), ("online", "concurrency"), ("rate", "request_rate")):
@@ -20,9 +24,16 @@ def summarize(results: pd.DataFrame) -> dict:
             if rows.empty:
                 continue
             best = rows.loc[rows[THROUGHPUT.column].idxmax()]
-            summary["best"].append({"format": fmt, "scenario": scenario, "best_throughput_infer_per_s": float(best[THROUGHPUT.column]),
-                                    "at": f"{axis.replace('_', ' ')} {best[axis]:g}", "p99_ms_at_best": float(best["p99_ms"]),
-                                    "min_avg_ms": float(rows["avg_ms"].min())})
+            summary["best"].append(
+                {
+                    "format": fmt,
+                    "scenario": scenario,
+                    "best_throughput_infer_per_s": float(best[THROUGHPUT.column]),
+                    "at": f"{axis.replace('_', ' ')} {best[axis]:g}",
+                    "p99_ms_at_best": float(best["p99_ms"]),
+                    "min_avg_ms": float(rows["avg_ms"].min()),
+                }
+            )
     return summary
 
 

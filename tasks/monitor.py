@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import re
 import threading
-import time
 import urllib.request
 from collections.abc import Collection
 from dataclasses import dataclass, field
@@ -15,17 +14,35 @@ import numpy as np
 import psutil
 
 # Triton's per-model statistics (cumulative ns) -> our per-request columns in ms
-STAT_FIELDS = {"queue": "triton_queue_ms", "compute_input": "triton_compute_input_ms",
-               "compute_infer": "triton_compute_infer_ms", "compute_output": "triton_compute_output_ms"}
+STAT_FIELDS = {
+    "queue": "triton_queue_ms",
+    "compute_input": "triton_compute_input_ms",
+    "compute_infer": "triton_compute_infer_ms",
+    "compute_output": "triton_compute_output_ms",
+}
 # the client CSV's server-side breakdown each statistic is checked against
-CHECKED_AGAINST = {"triton_queue_ms": "server_queue_ms", "triton_compute_input_ms": "server_compute_input_ms",
-                   "triton_compute_infer_ms": "server_compute_infer_ms", "triton_compute_output_ms": "server_compute_output_ms"}
-GPU_METRICS = {"nv_gpu_utilization": "gpu_util_pct", "nv_gpu_memory_used_bytes": "gpu_mem_mb", "nv_gpu_power_usage": "gpu_power_w"}
+CHECKED_AGAINST = {
+    "triton_queue_ms": "server_queue_ms",
+    "triton_compute_input_ms": "server_compute_input_ms",
+    "triton_compute_infer_ms": "server_compute_infer_ms",
+    "triton_compute_output_ms": "server_compute_output_ms",
+}
+GPU_METRICS = {
+    "nv_gpu_utilization": "gpu_util_pct",
+    "nv_gpu_memory_used_bytes": "gpu_mem_mb",
+    "nv_gpu_power_usage": "gpu_power_w",
+}
 # Triton's per-GPU families (DCGM, one series per GPU, labelled gpu_uuid); only the GPUs serving the model are read
-GPU_FAMILIES = ("nv_gpu_utilization", "nv_gpu_memory_total_bytes", "nv_gpu_memory_used_bytes", "nv_gpu_power_usage",
-                "nv_gpu_power_limit", "nv_energy_consumption")
+GPU_FAMILIES = (
+    "nv_gpu_utilization",
+    "nv_gpu_memory_total_bytes",
+    "nv_gpu_memory_used_bytes",
+    "nv_gpu_power_usage",
+    "nv_gpu_power_limit",
+    "nv_energy_consumption",
+)
 
-_METRIC_LINE = re.compile(r'^(\w+)\{([^}]*)\}\s+(\S+)$')
+_METRIC_LINE = re.compile(r"^(\w+)\{([^}]*)\}\s+(\S+)$")
 _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 
 
@@ -110,8 +127,15 @@ class _Samples:
 class PointMonitor:
     """Start before a point, stop after it: the statistics diff, and samples of the server's CPU, memory and GPUs."""
 
-    def __init__(self, grpc_url: str, model: str, processes=lambda: [], metrics_url: str | None = None,
-                 gpu_uuids: Collection[str] = (), interval_s: float = 0.5):
+    def __init__(
+        self,
+        grpc_url: str,
+        model: str,
+        processes=lambda: [],
+        metrics_url: str | None = None,
+        gpu_uuids: Collection[str] = (),
+        interval_s: float = 0.5,
+    ):
         self.grpc_url, self.model, self.processes = grpc_url, model, processes
         self.gpu_uuids = list(gpu_uuids)  # the GPUs serving the model (tbench.serving); none: no GPU columns
         self.metrics_url = metrics_url if self.gpu_uuids else None

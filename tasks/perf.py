@@ -21,9 +21,8 @@ from prefect import task
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
 from prefect.cache_policies import NO_CACHE
 
-from tbench import procs, progress, tools
-from tbench.shm import SHM_DIR
 from tasks.monitor import NoMonitor, cross_check
+from tbench import procs, progress, tools
 from tbench.composing import parse_composing
 from tbench.enums import Scenario
 from tbench.errors import PerfAnalyzerError
@@ -31,6 +30,7 @@ from tbench.iospec import IoSpec
 from tbench.layout import RunLayout
 from tbench.metrics import AVG, BREAKDOWN, METRICS, RESULT_COLUMNS, THROUGHPUT
 from tbench.request import Measurement, plain_name
+from tbench.shm import SHM_DIR
 
 UNSTABLE_MARK = "Failed to obtain stable measurement"
 
@@ -51,12 +51,20 @@ class Point:
         return f"b{self.batch_size}_c{self.concurrency}"
 
     def describe(self) -> str:
-        load = f"rate {self.rate:g}/s {self.distribution}" if self.rate is not None else f"concurrency {self.concurrency}"
+        load = (
+            f"rate {self.rate:g}/s {self.distribution}" if self.rate is not None else f"concurrency {self.concurrency}"
+        )
         return f"{self.scenario.value} batch {self.batch_size} {load}"
 
 
-def plan_points(scenarios: list[Scenario], batch_sizes: list[int], concurrency: list[int],
-                rates: list[float] = (), distribution: str = "poisson", online_batch_size: int = 1) -> list[Point]:
+def plan_points(
+    scenarios: list[Scenario],
+    batch_sizes: list[int],
+    concurrency: list[int],
+    rates: list[float] = (),
+    distribution: str = "poisson",
+    online_batch_size: int = 1,
+) -> list[Point]:
     """Offline: batch grid at concurrency 1. Online: concurrency grid at the online batch size (1 for most models;
     recommenders send thousands of samples per request), the server batches further.
     Rate: open-loop requests at each rate, the online batch size, arrivals constant or poisson (the server batches)."""
@@ -92,7 +100,9 @@ OUTPUT_PROBE_CHUNK = 8
 OUTPUT_PROBE_BUDGET_S = 5.0
 
 
-def prepare_inputs(adapter, module, path: Path, samples: int | None = None, shared_memory: str = "system") -> PerfInputs:
+def prepare_inputs(
+    adapter, module, path: Path, samples: int | None = None, shared_memory: str = "system"
+) -> PerfInputs:
     """Samples from the adapter's data (synthetic when it has no dataset) as perf_analyzer JSON, one entry per sample,
     so integer inputs such as token ids stay in range, which perf_analyzer's random data does not. Samples too big
     for JSON (a 4 x 128^3 volume is 8M values) whose inputs are all floats get perf_analyzer's random data instead."""
@@ -109,7 +119,7 @@ def prepare_inputs(adapter, module, path: Path, samples: int | None = None, shar
     n = len(next(iter(batch.values())))
     per_sample_bytes, done, started = 0, 0, time.perf_counter()
     while done < n:
-        chunk = {name: a[done:done + OUTPUT_PROBE_CHUNK] for name, a in batch.items()}
+        chunk = {name: a[done : done + OUTPUT_PROBE_CHUNK] for name, a in batch.items()}
         size = len(next(iter(chunk.values())))
         outputs = run_source(adapter.framework, module, adapter.io_spec(), chunk)
         per_sample_bytes = max(per_sample_bytes, *(v.nbytes // size for v in outputs.values()))
@@ -119,12 +129,24 @@ def prepare_inputs(adapter, module, path: Path, samples: int | None = None, shar
     n = done
     data_file = None
     if per_sample <= MAX_INPUT_VALUES or not all_float:
-        entries = [{name: {"content": (a[i].round(6) if a.dtype.kind == "f" else a[i]).ravel().tolist(), "shape": list(a.shape[1:])}
-                    for name, a in batch.items()} for i in range(n)]
+        entries = [
+            {
+                name: {
+                    "content": (a[i].round(6) if a.dtype.kind == "f" else a[i]).ravel().tolist(),
+                    "shape": list(a.shape[1:]),
+                }
+                for name, a in batch.items()
+            }
+            for i in range(n)
+        ]
         path.write_text(json.dumps({"data": entries}))
         data_file = path
-    return PerfInputs(data_file=data_file, shapes=adapter.input_shapes(), sample_output_bytes=per_sample_bytes,
-                      shared_memory=shared_memory)
+    return PerfInputs(
+        data_file=data_file,
+        shapes=adapter.input_shapes(),
+        sample_output_bytes=per_sample_bytes,
+        shared_memory=shared_memory,
+    )
 
 
 def output_shm_bytes(spec: IoSpec, batch_size: int, sample_output_bytes: int | None = None) -> int:
@@ -142,7 +164,9 @@ def shape_args(spec: IoSpec, shapes: dict[str, list[int]] | None) -> list[str]:
     for t in spec.inputs:
         if -1 in t.shape:
             if not shapes or t.name not in shapes:
-                raise PerfAnalyzerError(f"input {t.name} has dynamic dims {t.shape}; perf_analyzer needs a concrete shape for it")
+                raise PerfAnalyzerError(
+                    f"input {t.name} has dynamic dims {t.shape}; perf_analyzer needs a concrete shape for it"
+                )
             args += ["--shape", f"{t.name}:{','.join(map(str, shapes[t.name]))}"]
     return args
 
@@ -153,22 +177,51 @@ def load_args(point: Point) -> list[str]:
     return ["--concurrency-range", str(point.concurrency)]
 
 
-def perf_argv(binary: Path, model: str, grpc_url: str, point: Point, m: Measurement, request_count: int,
-              csv_path: Path, spec: IoSpec, inputs: PerfInputs = PerfInputs()) -> list[str]:
+def perf_argv(
+    binary: Path,
+    model: str,
+    grpc_url: str,
+    point: Point,
+    m: Measurement,
+    request_count: int,
+    csv_path: Path,
+    spec: IoSpec,
+    inputs: PerfInputs = PerfInputs(),
+) -> list[str]:
     argv = [
-        str(binary), "-m", model, "-u", grpc_url, "-i", "grpc",
-        "-b", str(point.batch_size), *load_args(point),
-        "--measurement-mode", "count_windows", "--measurement-request-count", str(request_count),
-        "--stability-percentage", str(m.stability_percentage), "--max-trials", str(m.max_trials),
-        "-f", str(csv_path), "--verbose-csv",
+        str(binary),
+        "-m",
+        model,
+        "-u",
+        grpc_url,
+        "-i",
+        "grpc",
+        "-b",
+        str(point.batch_size),
+        *load_args(point),
+        "--measurement-mode",
+        "count_windows",
+        "--measurement-request-count",
+        str(request_count),
+        "--stability-percentage",
+        str(m.stability_percentage),
+        "--max-trials",
+        str(m.max_trials),
+        "-f",
+        str(csv_path),
+        "--verbose-csv",
         "-v",  # every window's throughput and latency in the log: why a point did not stabilise
         *shape_args(spec, inputs.shapes),
     ]
     if inputs.data_file:
         argv += ["--input-data", str(inputs.data_file)]
     if point.scenario is Scenario.OFFLINE and inputs.shared_memory != "none":
-        argv += ["--shared-memory", inputs.shared_memory, "--output-shared-memory-size",
-                 str(output_shm_bytes(spec, point.batch_size, inputs.sample_output_bytes))]
+        argv += [
+            "--shared-memory",
+            inputs.shared_memory,
+            "--output-shared-memory-size",
+            str(output_shm_bytes(spec, point.batch_size, inputs.sample_output_bytes)),
+        ]
     return argv
 
 
@@ -179,7 +232,11 @@ def parse_perf_csv(path: Path) -> dict[str, float]:
         raise ValueError(f"{path} has no measurement row")
     row = frame.iloc[0]
     # a concurrency sweep writes the clients; a request-rate one the rate
-    values = {"concurrency": int(row["Concurrency"])} if "Concurrency" in frame.columns else {"request_rate": float(row["Request Rate"])}
+    values = (
+        {"concurrency": int(row["Concurrency"])}
+        if "Concurrency" in frame.columns
+        else {"request_rate": float(row["Request Rate"])}
+    )
     for metric in METRICS:
         if metric.csv_header in frame.columns:
             values[metric.column] = float(row[metric.csv_header]) * metric.scale
@@ -190,8 +247,14 @@ def parse_perf_csv(path: Path) -> dict[str, float]:
 
 def cache_key(point: Point, model: str) -> dict:
     """A point's key in the point cache: the model by its plain name (a remote run's Triton names are its own)."""
-    return {"model": plain_name(model), "scenario": point.scenario.value, "batch_size": point.batch_size,
-            "concurrency": point.concurrency, "rate": point.rate, "distribution": point.distribution}
+    return {
+        "model": plain_name(model),
+        "scenario": point.scenario.value,
+        "batch_size": point.batch_size,
+        "concurrency": point.concurrency,
+        "rate": point.rate,
+        "distribution": point.distribution,
+    }
 
 
 def empty_row() -> dict:
@@ -206,19 +269,38 @@ def pass_throughputs(log: str) -> list[float]:
     return [float(x) for x in PASS_LINE.findall(log)]
 
 
-def measure_point(point: Point, *, model: str, grpc_url: str, spec: IoSpec, m: Measurement, layout: RunLayout,
-                  binary: Path, env: dict[str, str], inputs: PerfInputs = PerfInputs(), monitor=None,
-                  latency_s: float | None = None) -> dict:
+def measure_point(
+    point: Point,
+    *,
+    model: str,
+    grpc_url: str,
+    spec: IoSpec,
+    m: Measurement,
+    layout: RunLayout,
+    binary: Path,
+    env: dict[str, str],
+    inputs: PerfInputs = PerfInputs(),
+    monitor=None,
+    latency_s: float | None = None,
+) -> dict:
     """Measure one point, retrying with longer windows; always returns a row (status ok | unstable | error), with
     what the server did during the attempt that counted when a monitor watches it. `latency_s` is the calibrated
     single-request latency at this batch size: windows are sized from it (Measurement.requests_per_window)."""
     monitor = monitor or NoMonitor()
     measured_rate = None  # requests/s a failed attempt saw: the next attempt's windows are sized from it
     row = empty_row()
-    row.update(scenario=point.scenario.value, batch_size=point.batch_size, concurrency=point.concurrency,
-               request_rate=point.rate, request_distribution=point.distribution if point.rate is not None else "",
-               stability_percentage=m.stability_percentage, max_trials=m.max_trials, protocol="grpc",
-               shared_memory=inputs.shared_memory if point.scenario is Scenario.OFFLINE else "none", measure_seconds=0.0)
+    row.update(
+        scenario=point.scenario.value,
+        batch_size=point.batch_size,
+        concurrency=point.concurrency,
+        request_rate=point.rate,
+        request_distribution=point.distribution if point.rate is not None else "",
+        stability_percentage=m.stability_percentage,
+        max_trials=m.max_trials,
+        protocol="grpc",
+        shared_memory=inputs.shared_memory if point.scenario is Scenario.OFFLINE else "none",
+        measure_seconds=0.0,
+    )
     for attempt in range(1 + m.retries):
         request_count = m.requests_per_window(latency_s, point.concurrency or 1, attempt, measured_rate)
         csv_path = layout.perf_csv(model, point.scenario, point.label, attempt)
@@ -229,12 +311,20 @@ def measure_point(point: Point, *, model: str, grpc_url: str, spec: IoSpec, m: M
         monitor.start()
         done = procs.run(argv, log_path, m.timeout_s, env)
         observed = monitor.stop()
-        row.update(attempts=attempt + 1, measurement_request_count=request_count,
-                   measure_seconds=row["measure_seconds"] + done.seconds)
+        row.update(
+            attempts=attempt + 1,
+            measurement_request_count=request_count,
+            measure_seconds=row["measure_seconds"] + done.seconds,
+        )
         log = done.log_tail(40)
         if done.returncode == 0 and csv_path.exists():
             try:
-                row.update(parse_perf_csv(csv_path), status="ok", error="", source_file=str(csv_path.relative_to(layout.run_dir)))
+                row.update(
+                    parse_perf_csv(csv_path),
+                    status="ok",
+                    error="",
+                    source_file=str(csv_path.relative_to(layout.run_dir)),
+                )
                 full_log = log_path.read_text(errors="replace")
                 merged = merged_requests(full_log)
                 row["window_requests"] = merged / STABILITY_WINDOWS if merged else np.nan
@@ -250,8 +340,15 @@ def measure_point(point: Point, *, model: str, grpc_url: str, spec: IoSpec, m: M
         if UNSTABLE_MARK in log or done.returncode == 0:
             passes = pass_throughputs(log_path.read_text(errors="replace"))
             measured_rate = float(np.median(passes)) / point.batch_size if passes else None
-            spread = f", throughput spread {100 * (max(passes) - min(passes)) / max(passes):.0f}%" if passes and max(passes) > 0 else ""
-            row.update(status="unstable", error=f"not stable within {m.max_trials} windows of {request_count}+ requests{spread}")
+            spread = (
+                f", throughput spread {100 * (max(passes) - min(passes)) / max(passes):.0f}%"
+                if passes and max(passes) > 0
+                else ""
+            )
+            row.update(
+                status="unstable",
+                error=f"not stable within {m.max_trials} windows of {request_count}+ requests{spread}",
+            )
             continue
         last = [ln for ln in log.splitlines() if ln.strip()]
         if done.returncode < 0:  # killed from outside: its last log line is not the reason
@@ -316,8 +413,16 @@ def measurement_order(points: list[Point], m: Measurement) -> list[Point]:
     return [points[i] for i in order]
 
 
-def warm_up(grpc_url: str, model: str, spec: IoSpec, batch_sizes: list[int], requests: int,
-            shapes: dict[str, list[int]] | None = None, calibrate_s: float = 0.25, max_timed: int = 10) -> dict[int, float]:
+def warm_up(
+    grpc_url: str,
+    model: str,
+    spec: IoSpec,
+    batch_sizes: list[int],
+    requests: int,
+    shapes: dict[str, list[int]] | None = None,
+    calibrate_s: float = 0.25,
+    max_timed: int = 10,
+) -> dict[int, float]:
     """Warm up and calibrate: `requests` untimed requests at every batch size of the sweep (runtimes allocate and
     optimise per input shape on their first calls, which would otherwise land in the first windows), then timed ones
     (until `calibrate_s` or `max_timed`) whose median is the batch size's single-request latency, in seconds.
@@ -330,8 +435,10 @@ def warm_up(grpc_url: str, model: str, spec: IoSpec, batch_sizes: list[int], req
     client = grpcclient.InferenceServerClient(grpc_url)
     try:
         for batch in batch_sizes:
-            inputs = {t.name: np.zeros([batch, *((shapes or {}).get(t.name) or [max(d, 1) for d in t.shape])], t.np_dtype)
-                      for t in spec.inputs}
+            inputs = {
+                t.name: np.zeros([batch, *((shapes or {}).get(t.name) or [max(d, 1) for d in t.shape])], t.np_dtype)
+                for t in spec.inputs
+            }
             for _ in range(requests):
                 infer_triton(client, model, spec, inputs)
             timed: list[float] = []
@@ -347,11 +454,23 @@ def warm_up(grpc_url: str, model: str, spec: IoSpec, batch_sizes: list[int], req
     return latencies
 
 
-def run_sweep(points: list[Point], *, model: str, grpc_url: str, spec: IoSpec, m: Measurement, layout: RunLayout,
-              static: dict, on_row: Callable[[pd.DataFrame], None] | None = None,
-              server_alive: Callable[[], bool] | None = None, inputs: PerfInputs = PerfInputs(),
-              on_composing: Callable[[list[dict]], None] | None = None, monitor=None, cache=None,
-              gpu_env: dict[str, str] | None = None) -> pd.DataFrame:
+def run_sweep(
+    points: list[Point],
+    *,
+    model: str,
+    grpc_url: str,
+    spec: IoSpec,
+    m: Measurement,
+    layout: RunLayout,
+    static: dict,
+    on_row: Callable[[pd.DataFrame], None] | None = None,
+    server_alive: Callable[[], bool] | None = None,
+    inputs: PerfInputs = PerfInputs(),
+    on_composing: Callable[[list[dict]], None] | None = None,
+    monitor=None,
+    cache=None,
+    gpu_env: dict[str, str] | None = None,
+) -> pd.DataFrame:
     """Measure every point in order; `on_row` gets the table after each point so nothing measured is lost, and
     `on_composing` an ensemble's per composing model rows of the point. With a `cache` (tasks.point_cache), points
     it holds are taken from it and the others are kept in it as soon as they are measured. `gpu_env` shows
@@ -362,24 +481,44 @@ def run_sweep(points: list[Point], *, model: str, grpc_url: str, spec: IoSpec, m
     table = pd.DataFrame(columns=RESULT_COLUMNS)
     progress.emit("sweep_start", total=len(points))
     order = measurement_order(points, m)
-    reused = {i: r for i, p in enumerate(order) if cache is not None and (r := cache.get(cache_key(p, model), layout.run_dir))}
+    reused = {
+        i: r for i, p in enumerate(order) if cache is not None and (r := cache.get(cache_key(p, model), layout.run_dir))
+    }
     to_measure = [p for i, p in enumerate(order) if i not in reused]
-    latency = warm_up(grpc_url, model, spec, sorted({p.batch_size for p in to_measure}), m.warmup_requests,
-                      inputs.shapes) if to_measure else {}
+    latency = (
+        warm_up(grpc_url, model, spec, sorted({p.batch_size for p in to_measure}), m.warmup_requests, inputs.shapes)
+        if to_measure
+        else {}
+    )
     for i, point in enumerate(order):
         if i in reused:
             row = {**empty_row(), **reused[i], "composing": cache.composing(cache_key(point, model))}
         else:
-            row = measure_point(point, model=model, grpc_url=grpc_url, spec=spec, m=m, layout=layout, binary=binary,
-                                env=env, inputs=inputs, monitor=monitor, latency_s=latency.get(point.batch_size))
+            row = measure_point(
+                point,
+                model=model,
+                grpc_url=grpc_url,
+                spec=spec,
+                m=m,
+                layout=layout,
+                binary=binary,
+                env=env,
+                inputs=inputs,
+                monitor=monitor,
+                latency_s=latency.get(point.batch_size),
+            )
             if cache is not None:
                 cache.put(cache_key(point, model), row, layout.run_dir, layout.run_id)
         row.update(static, point_index=i)
         composing = row.pop("composing", [])
         if composing and on_composing:
             keys = {k: row[k] for k in ("scenario", "format", "batch_size", "concurrency", "request_rate")}
-            on_composing([{"model": plain_name(model), **keys, **c, "composing_model": plain_name(c["composing_model"])}
-                          for c in composing])
+            on_composing(
+                [
+                    {"model": plain_name(model), **keys, **c, "composing_model": plain_name(c["composing_model"])}
+                    for c in composing
+                ]
+            )
         rows.append(row)
         table = pd.DataFrame(rows, columns=RESULT_COLUMNS)
         if on_row:

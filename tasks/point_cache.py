@@ -40,7 +40,15 @@ def tool_versions() -> dict[str, str]:
     import importlib.metadata
 
     versions = {}
-    for dist in ("tritonclient", "nvidia-pytriton", "onnxruntime", "onnxruntime-gpu", "torch", "tensorflow", "tensorflow-cpu"):
+    for dist in (
+        "tritonclient",
+        "nvidia-pytriton",
+        "onnxruntime",
+        "onnxruntime-gpu",
+        "torch",
+        "tensorflow",
+        "tensorflow-cpu",
+    ):
         try:
             versions[dist] = importlib.metadata.version(dist)
         except importlib.metadata.PackageNotFoundError:
@@ -64,7 +72,7 @@ class PointCache:
         self.context_key = digest(context)
         self.root = Path(root) if root is not None else cache_root()
 
-    def for_model(self, static: dict) -> "PointCache":
+    def for_model(self, static: dict) -> PointCache:
         """The same cache narrowed to one served model (its format, backend and config columns)."""
         return PointCache({**self.context, "static": static}, self.root)
 

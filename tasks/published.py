@@ -48,7 +48,9 @@ def compare_with_published(results: pd.DataFrame, published: pd.DataFrame | None
     if "model_size" not in ok:  # a results table without sizes: no point can be matched with a published size
         ok["model_size"] = None
     keys = ["model", "model_size", "scenario", "gpu", "precision", "model_format", "batch_size", "concurrency"]
-    ours = ok.dropna(subset=["gpu", "model_size"])[keys + ["format", THROUGHPUT.column, "p99_ms"]].astype({"model_size": str})
+    ours = ok.dropna(subset=["gpu", "model_size"])[keys + ["format", THROUGHPUT.column, "p99_ms"]].astype(
+        {"model_size": str}
+    )
     theirs = published.assign(model_size=published_sizes(published))[keys + [THROUGHPUT.column, "p99_ms"]]
     both = ours.merge(theirs, on=keys, suffixes=("", "_published"))
     both["throughput_ratio"] = both[THROUGHPUT.column] / both[f"{THROUGHPUT.column}_published"]

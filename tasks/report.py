@@ -17,15 +17,31 @@ from tasks.html_report import write_html_report  # noqa: E402
 from tasks.published import PUBLISHED_GPUS, PUBLISHED_SIZE, compare_with_published, load_published, published_sizes  # noqa: E402
 from tbench.metrics import AVG, BREAKDOWN, PERCENTILES, THROUGHPUT  # noqa: E402
 
-OFFLINE_COLUMNS = {"precision": "Precision", "backend_accelerator": "Backend Accelerator", "batch_size": "Client Batch Size",
-                   THROUGHPUT.column: THROUGHPUT.header,
-                   **{m.column: m.header for m in PERCENTILES if m.column != "p50_ms"}, AVG.column: AVG.header}
-ONLINE_COLUMNS = {"concurrency": "Concurrent client requests", THROUGHPUT.column: THROUGHPUT.header,
-                  **{m.column: m.header for m in BREAKDOWN}, **{m.column: m.header for m in PERCENTILES}, AVG.column: AVG.header}
+OFFLINE_COLUMNS = {
+    "precision": "Precision",
+    "backend_accelerator": "Backend Accelerator",
+    "batch_size": "Client Batch Size",
+    THROUGHPUT.column: THROUGHPUT.header,
+    **{m.column: m.header for m in PERCENTILES if m.column != "p50_ms"},
+    AVG.column: AVG.header,
+}
+ONLINE_COLUMNS = {
+    "concurrency": "Concurrent client requests",
+    THROUGHPUT.column: THROUGHPUT.header,
+    **{m.column: m.header for m in BREAKDOWN},
+    **{m.column: m.header for m in PERCENTILES},
+    AVG.column: AVG.header,
+}
 
 
-RATE_COLUMNS = {"request_rate": "Request rate (1/s)", "request_distribution": "Arrivals", THROUGHPUT.column: THROUGHPUT.header,
-                **{m.column: m.header for m in BREAKDOWN}, **{m.column: m.header for m in PERCENTILES}, AVG.column: AVG.header}
+RATE_COLUMNS = {
+    "request_rate": "Request rate (1/s)",
+    "request_distribution": "Arrivals",
+    THROUGHPUT.column: THROUGHPUT.header,
+    **{m.column: m.header for m in BREAKDOWN},
+    **{m.column: m.header for m in PERCENTILES},
+    AVG.column: AVG.header,
+}
 SORT_BY = {"offline": "batch_size", "online": "concurrency", "rate": "request_rate"}
 
 
@@ -84,7 +100,11 @@ def plot_online(rows: pd.DataFrame, plots_dir: Path, prefix: str = "") -> list[P
         values = rows[m.column].fillna(0.0)
         ax.bar(conc, values, bottom=bottom, label=m.header)
         bottom = bottom + values
-    ax.set(xlabel="Concurrent client requests", ylabel="Latency (ms)", title="Online: latency breakdown and throughput vs concurrency")
+    ax.set(
+        xlabel="Concurrent client requests",
+        ylabel="Latency (ms)",
+        title="Online: latency breakdown and throughput vs concurrency",
+    )
     _throughput_on_twin_axis(ax, conc, rows, marker="o").set_ylim(bottom=0)
     return [_save(fig, plots_dir / f"{prefix}online_latency_breakdown_throughput.png")]
 
@@ -93,8 +113,10 @@ def plot_formats(results: pd.DataFrame, plots_dir: Path) -> Path:
     """Every served format on one chart per scenario: which format to deploy is the first question."""
     ok = results[results["status"] == "ok"]
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for ax, scenario, axis, label in ((axes[0], "offline", "batch_size", "Client batch size"),
-                                      (axes[1], "online", "concurrency", "Concurrent client requests")):
+    for ax, scenario, axis, label in (
+        (axes[0], "offline", "batch_size", "Client batch size"),
+        (axes[1], "online", "concurrency", "Concurrent client requests"),
+    ):
         for fmt, rows in ok[ok["scenario"] == scenario].groupby("format", sort=False):
             rows = rows.sort_values(axis)
             ax.plot(rows[axis], rows[THROUGHPUT.column], marker="o", label=fmt)
@@ -120,42 +142,96 @@ def _kv_table(pairs: list[tuple[str, object]]) -> str:
 
 
 def summary_lines(summary: dict) -> list[str]:
-    rows = [{"Format": b["format"], "Scenario": b["scenario"], "Best inferences/second": round(b["best_throughput_infer_per_s"], 1),
-             "At": b["at"], "P99 latency there (ms)": round(b["p99_ms_at_best"], 3), "Lowest avg latency (ms)": round(b["min_avg_ms"], 3)}
-            for b in summary.get("best", [])]
-    lines = [f"Measured points: {summary.get('points', 0)}, stable: {summary.get('points_ok', 0)}, "
-             f"flagged: {summary.get('points_flagged', 0)}.", ""]
+    rows = [
+        {
+            "Format": b["format"],
+            "Scenario": b["scenario"],
+            "Best inferences/second": round(b["best_throughput_infer_per_s"], 1),
+            "At": b["at"],
+            "P99 latency there (ms)": round(b["p99_ms_at_best"], 3),
+            "Lowest avg latency (ms)": round(b["min_avg_ms"], 3),
+        }
+        for b in summary.get("best", [])
+    ]
+    lines = [
+        f"Measured points: {summary.get('points', 0)}, stable: {summary.get('points_ok', 0)}, "
+        f"flagged: {summary.get('points_flagged', 0)}.",
+        "",
+    ]
     return lines + ([pd.DataFrame(rows).to_markdown(index=False), ""] if rows else [])
 
 
 def correctness_table(results) -> str:
-    rows = [{"Format": c.format.value + (f" ({c.model})" if c.model else ""), "Output": o.output, "Max abs error": f"{o.max_abs_err:.3g}",
-             "Max rel error": f"{o.max_rel_err:.3g}", "Tolerance": f"{o.tolerance:.3g}", "Passed": "yes" if o.passed else "NO"}
-            for c in results for o in c.outputs]
+    rows = [
+        {
+            "Format": c.format.value + (f" ({c.model})" if c.model else ""),
+            "Output": o.output,
+            "Max abs error": f"{o.max_abs_err:.3g}",
+            "Max rel error": f"{o.max_rel_err:.3g}",
+            "Tolerance": f"{o.tolerance:.3g}",
+            "Passed": "yes" if o.passed else "NO",
+        }
+        for c in results
+        for o in c.outputs
+    ]
     return pd.DataFrame(rows).to_markdown(index=False)
 
 
 def accuracy_lines(result) -> list[str]:
-    lines = [f"Through Triton vs the source model on the same {result.samples} samples:", "",
-             pd.DataFrame([{"Output": o.output, "Max abs error": f"{o.max_abs_err:.3g}", "Max rel error": f"{o.max_rel_err:.3g}",
-                            "Tolerance": f"{o.tolerance:.3g}", "Same answers": "yes" if o.passed else "NO"}
-                           for o in result.outputs]).to_markdown(index=False), ""]
+    lines = [
+        f"Through Triton vs the source model on the same {result.samples} samples:",
+        "",
+        pd.DataFrame(
+            [
+                {
+                    "Output": o.output,
+                    "Max abs error": f"{o.max_abs_err:.3g}",
+                    "Max rel error": f"{o.max_rel_err:.3g}",
+                    "Tolerance": f"{o.tolerance:.3g}",
+                    "Same answers": "yes" if o.passed else "NO",
+                }
+                for o in result.outputs
+            ]
+        ).to_markdown(index=False),
+        "",
+    ]
     if result.metric:
-        lines += [pd.DataFrame([{"Metric": result.metric, "Samples": result.samples, "Framework": f"{result.framework:.4f}",
-                                 "Triton": f"{result.triton:.4f}", "Difference": f"{result.difference:+.4f}",
-                                 "Prediction agreement": f"{result.agreement:.4f}"}]).to_markdown(index=False), ""]
+        lines += [
+            pd.DataFrame(
+                [
+                    {
+                        "Metric": result.metric,
+                        "Samples": result.samples,
+                        "Framework": f"{result.framework:.4f}",
+                        "Triton": f"{result.triton:.4f}",
+                        "Difference": f"{result.difference:+.4f}",
+                        "Prediction agreement": f"{result.agreement:.4f}",
+                    }
+                ]
+            ).to_markdown(index=False),
+            "",
+        ]
     return lines
 
 
-COMPOSING_TABLE = {"scenario": "Scenario", "batch_size": "Batch", "concurrency": "Concurrency", "composing_model": "Composing model",
-                   "server_queue_ms": "Server Queue", "server_compute_input_ms": "Server Compute Input",
-                   "server_compute_infer_ms": "Server Compute Infer", "server_compute_output_ms": "Server Compute Output",
-                   "request_latency_ms": "Request latency"}
+COMPOSING_TABLE = {
+    "scenario": "Scenario",
+    "batch_size": "Batch",
+    "concurrency": "Concurrency",
+    "composing_model": "Composing model",
+    "server_queue_ms": "Server Queue",
+    "server_compute_input_ms": "Server Compute Input",
+    "server_compute_infer_ms": "Server Compute Infer",
+    "server_compute_output_ms": "Server Compute Output",
+    "request_latency_ms": "Request latency",
+}
 
 
 def plot_composing(rows: pd.DataFrame, plots_dir: Path, prefix: str = "") -> Path:
     """Where an ensemble's server time goes: each composing model's request latency, stacked, per batch."""
-    table = rows.pivot_table(index="batch_size", columns="composing_model", values="request_latency_ms", aggfunc="mean", sort=False).sort_index()
+    table = rows.pivot_table(
+        index="batch_size", columns="composing_model", values="request_latency_ms", aggfunc="mean", sort=False
+    ).sort_index()
     fig, ax = plt.subplots(figsize=(7, 4))
     table.plot.bar(stacked=True, ax=ax, rot=0)
     ax.set(xlabel="Batch", ylabel="Server request latency (ms)", title="Offline: latency per composing model")
@@ -164,8 +240,13 @@ def plot_composing(rows: pd.DataFrame, plots_dir: Path, prefix: str = "") -> Pat
 
 def composing_lines(composing: pd.DataFrame, plots_dir: Path, prefix: str) -> list[str]:
     """An ensemble's own rows per composing model, as perf_analyzer reports them; latencies in ms."""
-    lines = ["### Composing models", "", "Each step of the ensemble at every measured point: its own queue and compute "
-             "times on the server (perf_analyzer's composing-model statistics).", ""]
+    lines = [
+        "### Composing models",
+        "",
+        "Each step of the ensemble at every measured point: its own queue and compute "
+        "times on the server (perf_analyzer's composing-model statistics).",
+        "",
+    ]
     offline = composing[composing["scenario"] == "offline"]
     if not offline.empty:
         lines += [f"![]({plot_composing(offline, plots_dir, prefix).relative_to(plots_dir.parent).as_posix()})", ""]
@@ -174,10 +255,21 @@ def composing_lines(composing: pd.DataFrame, plots_dir: Path, prefix: str) -> li
     return lines + [composing[columns].rename(columns=COMPOSING_TABLE).round(3).to_markdown(index=False), ""]
 
 
-SERVER_TABLE = {"scenario": "Scenario", "batch_size": "Batch", "concurrency": "Concurrency", "request_rate": "Rate",
-                "triton_requests": "Requests", "triton_queue_ms": "Queue (ms)", "triton_compute_infer_ms": "Compute infer (ms)",
-                "stats_max_rel_diff": "Max diff vs client", "server_cpu_pct": "Server CPU %", "server_rss_mb": "Server RSS (MB)",
-                "gpu_util_pct": "GPU util %", "gpu_mem_mb": "GPU memory (MB)", "gpu_power_w": "GPU power (W)"}
+SERVER_TABLE = {
+    "scenario": "Scenario",
+    "batch_size": "Batch",
+    "concurrency": "Concurrency",
+    "request_rate": "Rate",
+    "triton_requests": "Requests",
+    "triton_queue_ms": "Queue (ms)",
+    "triton_compute_infer_ms": "Compute infer (ms)",
+    "stats_max_rel_diff": "Max diff vs client",
+    "server_cpu_pct": "Server CPU %",
+    "server_rss_mb": "Server RSS (MB)",
+    "gpu_util_pct": "GPU util %",
+    "gpu_mem_mb": "GPU memory (MB)",
+    "gpu_power_w": "GPU power (W)",
+}
 
 
 def server_lines(rows: pd.DataFrame) -> list[str]:
@@ -190,22 +282,42 @@ def server_lines(rows: pd.DataFrame) -> list[str]:
     table = ok[columns].rename(columns=SERVER_TABLE).round(3)
     if "Max diff vs client" in table:
         table["Max diff vs client"] = (100 * ok["stats_max_rel_diff"]).round(1).astype(str) + " %"
-    return ["### Server side", "", "Triton's statistics API over each point (per request), its largest difference from "
-            "perf_analyzer's server-side breakdown (which reads the same API over its measurement windows only), and the "
-            "server's processes sampled during the point.", "", table.to_markdown(index=False), ""]
+    return [
+        "### Server side",
+        "",
+        "Triton's statistics API over each point (per request), its largest difference from "
+        "perf_analyzer's server-side breakdown (which reads the same API over its measurement windows only), and the "
+        "server's processes sampled during the point.",
+        "",
+        table.to_markdown(index=False),
+        "",
+    ]
 
 
 def how_measured(rows: pd.DataFrame) -> str:
     """What a quoted figure rests on: window length, stability rule, precision served."""
     windows = rows["window_s"].dropna()
-    span = f"{windows.min():.1f}-{windows.max():.1f} s" if len(windows) and windows.min() != windows.max() else (
-        f"{windows.iloc[0]:.1f} s" if len(windows) else "unknown")
-    return (f"Measured over windows of {span}, the last 3 within {rows['stability_percentage'].iloc[0]:g}%; "
-            f"precision served: {', '.join(sorted(set(rows['precision'].astype(str))))}.")
+    span = (
+        f"{windows.min():.1f}-{windows.max():.1f} s"
+        if len(windows) and windows.min() != windows.max()
+        else (f"{windows.iloc[0]:.1f} s" if len(windows) else "unknown")
+    )
+    return (
+        f"Measured over windows of {span}, the last 3 within {rows['stability_percentage'].iloc[0]:g}%; "
+        f"precision served: {', '.join(sorted(set(rows['precision'].astype(str))))}."
+    )
 
 
-def format_section(fmt: str, served_by: str, correctness, accuracy, results: pd.DataFrame, plots_dir: Path,
-                   composing: pd.DataFrame | None = None, online_batch_size: int = 1) -> list[str]:
+def format_section(
+    fmt: str,
+    served_by: str,
+    correctness,
+    accuracy,
+    results: pd.DataFrame,
+    plots_dir: Path,
+    composing: pd.DataFrame | None = None,
+    online_batch_size: int = 1,
+) -> list[str]:
     """One served format: how it is served, its correctness and accuracy, and the guides' tables and plots."""
     run_dir = plots_dir.parent
     lines = [f"## Format `{fmt}`", "", f"Served by: {served_by}.", ""]
@@ -217,21 +329,46 @@ def format_section(fmt: str, served_by: str, correctness, accuracy, results: pd.
     offline = scenario_rows(rows, "offline") if not rows.empty else rows
     if not offline.empty:
         left, right = (p.relative_to(run_dir).as_posix() for p in plot_offline(offline, plots_dir, f"{fmt}_"))
-        lines += ["### Offline scenario", "", "Static batching (the model reloaded without its dynamic batcher, so no "
-                  f"queue delay): one client (concurrency 1), {offline['shared_memory'].iloc[0]} shared memory. {how_measured(offline)}", "",
-                  f"| ![]({left}) | ![]({right}) |", "|-----|-----|", "", guide_table(offline, OFFLINE_COLUMNS), ""]
+        lines += [
+            "### Offline scenario",
+            "",
+            "Static batching (the model reloaded without its dynamic batcher, so no "
+            f"queue delay): one client (concurrency 1), {offline['shared_memory'].iloc[0]} shared memory. {how_measured(offline)}",
+            "",
+            f"| ![]({left}) | ![]({right}) |",
+            "|-----|-----|",
+            "",
+            guide_table(offline, OFFLINE_COLUMNS),
+            "",
+        ]
     online = scenario_rows(rows, "online") if not rows.empty else rows
     if not online.empty:
         (plot,) = (p.relative_to(run_dir).as_posix() for p in plot_online(online, plots_dir, f"{fmt}_"))
-        lines += ["### Online scenario", "", f"Dynamic batching on the server (max queue delay "
-                  f"{online['max_queue_delay_us'].iloc[0]:g} us); each client sends batch {online_batch_size} over gRPC. {how_measured(online)}", "",
-                  f"![]({plot})", "", guide_table(online, ONLINE_COLUMNS), ""]
+        lines += [
+            "### Online scenario",
+            "",
+            f"Dynamic batching on the server (max queue delay "
+            f"{online['max_queue_delay_us'].iloc[0]:g} us); each client sends batch {online_batch_size} over gRPC. {how_measured(online)}",
+            "",
+            f"![]({plot})",
+            "",
+            guide_table(online, ONLINE_COLUMNS),
+            "",
+        ]
     rate = scenario_rows(rows, "rate") if not rows.empty else rows
     if not rate.empty:
         plot = plot_rate(rate, plots_dir, f"{fmt}_").relative_to(run_dir).as_posix()
-        lines += ["### Rate scenario", "", f"Open loop: requests sent at a fixed rate whatever the answers, batch {online_batch_size}, "
-                  f"dynamic batching on the server; throughput below the offered rate means the server fell behind. {how_measured(rate)}", "",
-                  f"![]({plot})", "", guide_table(rate, RATE_COLUMNS), ""]
+        lines += [
+            "### Rate scenario",
+            "",
+            f"Open loop: requests sent at a fixed rate whatever the answers, batch {online_batch_size}, "
+            f"dynamic batching on the server; throughput below the offered rate means the server fell behind. {how_measured(rate)}",
+            "",
+            f"![]({plot})",
+            "",
+            guide_table(rate, RATE_COLUMNS),
+            "",
+        ]
     if not rows.empty:
         lines += server_lines(rows)
     if composing is not None and not composing.empty:
@@ -247,56 +384,135 @@ def published_lines(results: pd.DataFrame) -> list[str]:
         gpus = ", ".join(sorted({str(g) for g in results.get("gpu", pd.Series(dtype=str)).dropna()})) or "this hardware"
         published = load_published()
         sizes = sorted(set(published_sizes(published)[published["model"].isin(set(results.get("model", [])))]))
-        return lines + [f"The reference guides publish no results for this model on {gpus} at this size, precision and format "
-                        f"(they cover {', '.join(PUBLISHED_GPUS)}; published sizes of this model: {', '.join(sizes) or 'none'}).", ""]
-    table = both.rename(columns={"format": "Format", "scenario": "Scenario", "batch_size": "Batch", "concurrency": "Concurrency",
-                                 THROUGHPUT.column: "Inferences/second", f"{THROUGHPUT.column}_published": "Published",
-                                 "throughput_ratio": "Ratio", "p99_ms": "P99 (ms)", "p99_ms_published": "Published P99",
-                                 "p99_ratio": "P99 ratio"})
-    columns = ["Format", "Scenario", "Batch", "Concurrency", "Inferences/second", "Published", "Ratio", "P99 (ms)",
-               "Published P99", "P99 ratio"]
-    return lines + ["Matched on model, size, scenario, GPU, precision and format (published rows without a size are the "
-                    f"published dimensions, size \"{PUBLISHED_SIZE}\"). Ratios are ours / published: above 1 is more "
-                    "throughput, or a longer P99.", "",
-                    table[columns].round(3).to_markdown(index=False), ""]
+        return lines + [
+            f"The reference guides publish no results for this model on {gpus} at this size, precision and format "
+            f"(they cover {', '.join(PUBLISHED_GPUS)}; published sizes of this model: {', '.join(sizes) or 'none'}).",
+            "",
+        ]
+    table = both.rename(
+        columns={
+            "format": "Format",
+            "scenario": "Scenario",
+            "batch_size": "Batch",
+            "concurrency": "Concurrency",
+            THROUGHPUT.column: "Inferences/second",
+            f"{THROUGHPUT.column}_published": "Published",
+            "throughput_ratio": "Ratio",
+            "p99_ms": "P99 (ms)",
+            "p99_ms_published": "Published P99",
+            "p99_ratio": "P99 ratio",
+        }
+    )
+    columns = [
+        "Format",
+        "Scenario",
+        "Batch",
+        "Concurrency",
+        "Inferences/second",
+        "Published",
+        "Ratio",
+        "P99 (ms)",
+        "Published P99",
+        "P99 ratio",
+    ]
+    return lines + [
+        "Matched on model, size, scenario, GPU, precision and format (published rows without a size are the "
+        f'published dimensions, size "{PUBLISHED_SIZE}"). Ratios are ours / published: above 1 is more '
+        "throughput, or a longer P99.",
+        "",
+        table[columns].round(3).to_markdown(index=False),
+        "",
+    ]
 
 
 def served_on_rows(served_on: dict[str, dict]) -> list[tuple[str, str]]:
     """Where each measured format ran (tbench.serving): the results' gpu label, and why it is not the node's GPU."""
-    return [(f"Served on ({fmt})", d["label"] + (f": {d['note']}" if d.get("note") else ""))
-            for fmt, d in served_on.items()]
+    return [
+        (f"Served on ({fmt})", d["label"] + (f": {d['note']}" if d.get("note") else "")) for fmt, d in served_on.items()
+    ]
 
 
-def render_report(*, run_id: str, request, hardware, correctness, accuracy, results: pd.DataFrame, summary: dict,
-                  stage_seconds: dict[str, float], plots_dir: Path, status: str = "completed", error: str | None = None,
-                  served_by: dict[str, str] | None = None, composing: pd.DataFrame | None = None,
-                  model_notes: list[str] | None = None, comparison_lines: list[str] | None = None,
-                  served_on: dict[str, dict] | None = None) -> str:
+def render_report(
+    *,
+    run_id: str,
+    request,
+    hardware,
+    correctness,
+    accuracy,
+    results: pd.DataFrame,
+    summary: dict,
+    stage_seconds: dict[str, float],
+    plots_dir: Path,
+    status: str = "completed",
+    error: str | None = None,
+    served_by: dict[str, str] | None = None,
+    composing: pd.DataFrame | None = None,
+    model_notes: list[str] | None = None,
+    comparison_lines: list[str] | None = None,
+    served_on: dict[str, dict] | None = None,
+) -> str:
     served_by = served_by or {}
     title = request.model_file or f"{request.model} ({request.size}, {request.framework})"
-    lines = [f"# Triton benchmark: {title}", "",
-             f"Run `{run_id}`, status **{status}**" + (f": {error}" if error else "") + ".", ""]
-    lines += ["## Configuration", "", _kv_table([
-        ("Model", title),
-        ("Checkpoint", request.checkpoint or ("the file's weights" if request.model_file else "random weights")),
-        *([("Input data", request.input_data)] if getattr(request, "input_data", None) else []),
-        *([("Synthetic value ranges", ", ".join(f"{n}: {lo:g}..{hi:g}" for n, (lo, hi) in request.value_ranges.items()))]
-          if getattr(request, "value_ranges", None) else []),
-        ("Exported formats", ", ".join(f.value for f in request.formats)),
-        ("Served formats", ", ".join(f"{f.value} ({served_by.get(f.value, 'not served: the run stopped before')})"
-                                     for f in request.serve_formats)),
-        ("Requested precision", request.precision.value.upper()),  # the tables: what each format served
-        ("Max Batch Size", request.max_batch_size),
-        ("Number of model instances", request.model_instances),
-        ("Triton Max Queue Delay (us)", request.max_queue_delay_us),
-        ("Triton Preferred Batch Sizes", " ".join(map(str, request.preferred_batch_sizes))),
-        ("Profile", request.profile),
-    ]), "", *(model_notes or []), "## Hardware", "", _kv_table([
-        ("CPU", hardware.cpu_model), ("CPU cores", hardware.cpu_cores), ("Memory (GiB)", hardware.memory_gib),
-        ("GPUs of the node", ", ".join(hardware.gpus) or "none"), ("Driver", hardware.driver or "-"),
-        ("OS", hardware.os),
-        *served_on_rows(served_on or {}),
-    ]), ""]
+    lines = [
+        f"# Triton benchmark: {title}",
+        "",
+        f"Run `{run_id}`, status **{status}**" + (f": {error}" if error else "") + ".",
+        "",
+    ]
+    lines += [
+        "## Configuration",
+        "",
+        _kv_table(
+            [
+                ("Model", title),
+                (
+                    "Checkpoint",
+                    request.checkpoint or ("the file's weights" if request.model_file else "random weights"),
+                ),
+                *([("Input data", request.input_data)] if getattr(request, "input_data", None) else []),
+                *(
+                    [
+                        (
+                            "Synthetic value ranges",
+                            ", ".join(f"{n}: {lo:g}..{hi:g}" for n, (lo, hi) in request.value_ranges.items()),
+                        )
+                    ]
+                    if getattr(request, "value_ranges", None)
+                    else []
+                ),
+                ("Exported formats", ", ".join(f.value for f in request.formats)),
+                (
+                    "Served formats",
+                    ", ".join(
+                        f"{f.value} ({served_by.get(f.value, 'not served: the run stopped before')})"
+                        for f in request.serve_formats
+                    ),
+                ),
+                ("Requested precision", request.precision.value.upper()),  # the tables: what each format served
+                ("Max Batch Size", request.max_batch_size),
+                ("Number of model instances", request.model_instances),
+                ("Triton Max Queue Delay (us)", request.max_queue_delay_us),
+                ("Triton Preferred Batch Sizes", " ".join(map(str, request.preferred_batch_sizes))),
+                ("Profile", request.profile),
+            ]
+        ),
+        "",
+        *(model_notes or []),
+        "## Hardware",
+        "",
+        _kv_table(
+            [
+                ("CPU", hardware.cpu_model),
+                ("CPU cores", hardware.cpu_cores),
+                ("Memory (GiB)", hardware.memory_gib),
+                ("GPUs of the node", ", ".join(hardware.gpus) or "none"),
+                ("Driver", hardware.driver or "-"),
+                ("OS", hardware.os),
+                *served_on_rows(served_on or {}),
+            ]
+        ),
+        "",
+    ]
     lines += ["## Summary", "", *summary_lines(summary)]
     if not results.empty and results.loc[results["status"] == "ok", "format"].nunique() > 1:
         lines += [f"![]({plot_formats(results, plots_dir).relative_to(plots_dir.parent).as_posix()})", ""]
@@ -305,28 +521,52 @@ def render_report(*, run_id: str, request, hardware, correctness, accuracy, resu
     if correctness:
         served = {f.value for f in request.serve_formats}
         exported_only = [c for c in correctness if c.format.value not in served and not c.model]
-        lines += ["## Correctness of the exported models", "",
-                  f"Each format against the source model on one sample batch; pass when max abs error <= "
-                  f"{request.tolerance_atol:g} + {request.tolerance_rtol:g} x max|reference|. Served formats have "
-                  "theirs in their own section" + ("; the formats exported but not served:" if exported_only else "."), ""]
+        lines += [
+            "## Correctness of the exported models",
+            "",
+            f"Each format against the source model on one sample batch; pass when max abs error <= "
+            f"{request.tolerance_atol:g} + {request.tolerance_rtol:g} x max|reference|. Served formats have "
+            "theirs in their own section" + ("; the formats exported but not served:" if exported_only else "."),
+            "",
+        ]
         if exported_only:
             lines += [correctness_table(exported_only), ""]
     by_format_correctness = {c.format.value: [c] for c in correctness or [] if not c.model}
     by_format_correctness["ensemble"] = [c for c in correctness or [] if c.model]  # its composing models' checks
     by_format_accuracy = {a.format.value: a for a in accuracy or [] if a.format}
     for fmt in (f.value for f in request.serve_formats):
-        lines += format_section(fmt, served_by.get(fmt, "not decided (the run stopped before the server stage)"),
-                                by_format_correctness.get(fmt, []), by_format_accuracy.get(fmt), results, plots_dir,
-                                composing, request.online_batch_size)
+        lines += format_section(
+            fmt,
+            served_by.get(fmt, "not decided (the run stopped before the server stage)"),
+            by_format_correctness.get(fmt, []),
+            by_format_accuracy.get(fmt),
+            results,
+            plots_dir,
+            composing,
+            request.online_batch_size,
+        )
     if not results.empty:
         flagged = results[results["status"] != "ok"]
         if not flagged.empty:
-            lines += ["## Flagged points", "", "Measured but not reported above: they did not stabilise or failed.", "",
-                      flagged[["format", "scenario", "batch_size", "concurrency", "request_rate", "status", "attempts", "error"]]
-                      .to_markdown(index=False), ""]
+            lines += [
+                "## Flagged points",
+                "",
+                "Measured but not reported above: they did not stabilise or failed.",
+                "",
+                flagged[
+                    ["format", "scenario", "batch_size", "concurrency", "request_rate", "status", "attempts", "error"]
+                ].to_markdown(index=False),
+                "",
+            ]
     if stage_seconds:
-        lines += ["## Stage timings", "", pd.DataFrame(
-            [{"Stage": k, "Seconds": round(v, 1)} for k, v in stage_seconds.items()]).to_markdown(index=False), ""]
+        lines += [
+            "## Stage timings",
+            "",
+            pd.DataFrame([{"Stage": k, "Seconds": round(v, 1)} for k, v in stage_seconds.items()]).to_markdown(
+                index=False
+            ),
+            "",
+        ]
     lines += [f"Latencies are in milliseconds; {AVG.header} is perf_analyzer's average client latency.", ""]
     return "\n".join(lines)
 
@@ -338,6 +578,9 @@ def report_task(report_path: Path, results: pd.DataFrame, **kwargs) -> Path:
     write_html_report(report_path)  # report.html beside it: the same report as one self-contained page
     create_markdown_artifact(text, key="benchmark-report", description="Benchmark report (plots are in the run folder)")
     if not results.empty:
-        create_table_artifact(results.astype(object).where(results.notna(), "").to_dict(orient="records"),
-                              key="benchmark-results", description="Tidy perf_analyzer results")
+        create_table_artifact(
+            results.astype(object).where(results.notna(), "").to_dict(orient="records"),
+            key="benchmark-results",
+            description="Tidy perf_analyzer results",
+        )
     return report_path

@@ -15,10 +15,22 @@ from tritonclient.grpc import model_config_pb2 as mc
 from tbench.artifacts import ModelArtifact
 from tbench.enums import Format
 from tbench.errors import ConfigError
-from tbench.request import PYTHON_BACKEND_RUNTIMES
 from tbench.iospec import IoSpec
-from tbench.triton_config import (BACKEND_DIRS, MODEL_FILENAMES, PLATFORMS, PYTHON_BACKEND, Accelerator, DynamicBatching, EnsembleStep,
-                                  InstanceGroup, ModelConfigSpec, ensemble_config, model_config, to_pbtxt)
+from tbench.request import PYTHON_BACKEND_RUNTIMES
+from tbench.triton_config import (
+    BACKEND_DIRS,
+    MODEL_FILENAMES,
+    PLATFORMS,
+    PYTHON_BACKEND,
+    Accelerator,
+    DynamicBatching,
+    EnsembleStep,
+    InstanceGroup,
+    ModelConfigSpec,
+    ensemble_config,
+    model_config,
+    to_pbtxt,
+)
 
 RUNTIME_MODEL = Path(__file__).with_name("python_backend") / "model.py"
 
@@ -32,13 +44,15 @@ class ServingConfig:
     instances: int
     kind: str = "KIND_CPU"  # KIND_CPU | KIND_GPU
     intra_op_threads: int = 0  # python-backend runtime threads; 0: the runtime's own default
-    accelerator: str | None = None  # a GPU execution accelerator (auto_mixed_precision, tensorrt) for a native GPU model
+    accelerator: str | None = (
+        None  # a GPU execution accelerator (auto_mixed_precision, tensorrt) for a native GPU model
+    )
     precision: str = "FP32"  # the TensorRT accelerator's precision_mode
     # "dynamic": the dynamic batcher under test (online, rate); "static": none, each request runs as sent (offline),
     # so a small batch does not wait max_queue_delay for requests that never come
     batching: str = "dynamic"
 
-    def static(self) -> "ServingConfig":
+    def static(self) -> ServingConfig:
         return replace(self, batching="static")
 
     @property
@@ -57,12 +71,19 @@ def serves_natively(fmt: Format, backends: set[str]) -> bool:
         return True
     if fmt in PYTHON_BACKEND_RUNTIMES and PYTHON_BACKEND in backends:
         return False
-    raise ConfigError(f"the server can serve {fmt.value} neither natively (no {BACKEND_DIRS[PLATFORMS[fmt]]} backend) "
-                      f"nor through the python backend; it has: {', '.join(sorted(backends)) or 'no backends'}")
+    raise ConfigError(
+        f"the server can serve {fmt.value} neither natively (no {BACKEND_DIRS[PLATFORMS[fmt]]} backend) "
+        f"nor through the python backend; it has: {', '.join(sorted(backends)) or 'no backends'}"
+    )
 
 
 # the published results' `backend_accelerator` wording
-ACCELERATOR_LABELS = {"auto_mixed_precision": "Automatic FP16", "tensorrt": "TensorRT", "openvino": "OpenVINO", "cuda": "CUDA"}
+ACCELERATOR_LABELS = {
+    "auto_mixed_precision": "Automatic FP16",
+    "tensorrt": "TensorRT",
+    "openvino": "OpenVINO",
+    "cuda": "CUDA",
+}
 
 
 def backend_label(fmt: Format, native: bool) -> str:
@@ -72,11 +93,16 @@ def backend_label(fmt: Format, native: bool) -> str:
 
 def config_spec(cfg: ServingConfig, artifact: ModelArtifact) -> ModelConfigSpec:
     return ModelConfigSpec(
-        name=cfg.name, io=artifact.io_spec, max_batch_size=cfg.max_batch_size,
-        dynamic_batching=DynamicBatching(preferred_batch_sizes=cfg.preferred_batch_sizes,
-                                         max_queue_delay_us=cfg.max_queue_delay_us)
-        if cfg.max_batch_size > 0 and cfg.batching == "dynamic" else None,
-        instance_groups=[InstanceGroup(count=cfg.instances, kind=cfg.kind)])
+        name=cfg.name,
+        io=artifact.io_spec,
+        max_batch_size=cfg.max_batch_size,
+        dynamic_batching=DynamicBatching(
+            preferred_batch_sizes=cfg.preferred_batch_sizes, max_queue_delay_us=cfg.max_queue_delay_us
+        )
+        if cfg.max_batch_size > 0 and cfg.batching == "dynamic"
+        else None,
+        instance_groups=[InstanceGroup(count=cfg.instances, kind=cfg.kind)],
+    )
 
 
 def build_config(cfg: ServingConfig, artifact: ModelArtifact, native: bool = False) -> mc.ModelConfig:
@@ -104,7 +130,9 @@ def _link_or_copy(src: Path, dst: Path) -> None:
         shutil.copy2(src, dst)
 
 
-def write_offline_configs(config_dir: Path, configs: list[tuple[ServingConfig, ModelArtifact, bool]]) -> dict[str, mc.ModelConfig]:
+def write_offline_configs(
+    config_dir: Path, configs: list[tuple[ServingConfig, ModelArtifact, bool]]
+) -> dict[str, mc.ModelConfig]:
     """The static-batching configs the offline scenario loads in place of the repository's (kept in the run folder as
     `<name>.pbtxt`, what was served): {triton name: config}."""
     config_dir.mkdir(parents=True, exist_ok=True)
@@ -134,8 +162,14 @@ def write_repository(repo_dir: Path, cfg: ServingConfig, artifact: ModelArtifact
 
 def ensemble_steps(parts: list[tuple[str, IoSpec]]) -> list[EnsembleStep]:
     """Steps in order, every tensor keeping its name: a part reads the ensemble's inputs or earlier parts' outputs."""
-    return [EnsembleStep(model_name=name, input_map={n: n for n in spec.input_names()},
-                         output_map={n: n for n in spec.output_names()}) for name, spec in parts]
+    return [
+        EnsembleStep(
+            model_name=name,
+            input_map={n: n for n in spec.input_names()},
+            output_map={n: n for n in spec.output_names()},
+        )
+        for name, spec in parts
+    ]
 
 
 def write_ensemble(repo_dir: Path, name: str, max_batch_size: int, io: IoSpec, parts: list[tuple[str, IoSpec]]) -> Path:

@@ -54,7 +54,7 @@ def run_date(run_dir: Path) -> str:
     try:
         return dt.datetime.fromisoformat(read_manifest(run_dir)["started_at"]).date().isoformat()
     except (KeyError, ValueError, TypeError):
-        return dt.datetime.now(dt.timezone.utc).date().isoformat()
+        return dt.datetime.now(dt.UTC).date().isoformat()
 
 
 def add_run_to_dataset(run_dir: Path, root_url: str, run_id: str, status: str | None = None) -> list[str]:
@@ -97,8 +97,13 @@ def with_run_status(frame: pd.DataFrame) -> pd.DataFrame:
     return frame.assign(run_status=status)
 
 
-def query_results(root_url: str, model: str | None = None, gpu: str | None = None, since: str | None = None,
-                  include_incomplete: bool = False) -> pd.DataFrame:
+def query_results(
+    root_url: str,
+    model: str | None = None,
+    gpu: str | None = None,
+    since: str | None = None,
+    include_incomplete: bool = False,
+) -> pd.DataFrame:
     """Every stored point of the runs that match, across runs; `since` is an ISO date (inclusive). Runs that failed
     or were interrupted only with `include_incomplete` (see the module's docstring)."""
     fs, root = url_to_fs(join(root_url, DATASET))

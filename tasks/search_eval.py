@@ -42,10 +42,15 @@ def _number(value) -> float | None:
 def observation_from_row(candidate: Candidate, row: dict, seconds: float) -> Observation:
     """A perf_analyzer row (tasks.perf) as an observation: numbers only when the point is ok."""
     ok = row.get("status") == "ok"
-    return Observation(candidate=candidate, status=str(row.get("status") or "error"), error=str(row.get("error") or ""),
-                       throughput=_number(row.get("throughput_infer_per_s")) if ok else None,
-                       p99_ms=_number(row.get("p99_ms")) if ok else None,
-                       avg_ms=_number(row.get("avg_ms")) if ok else None, seconds=seconds)
+    return Observation(
+        candidate=candidate,
+        status=str(row.get("status") or "error"),
+        error=str(row.get("error") or ""),
+        throughput=_number(row.get("throughput_infer_per_s")) if ok else None,
+        p99_ms=_number(row.get("p99_ms")) if ok else None,
+        avg_ms=_number(row.get("avg_ms")) if ok else None,
+        seconds=seconds,
+    )
 
 
 @dataclass
@@ -84,13 +89,20 @@ class TritonEvaluator:
             return self.variants[candidate.format]
         if not candidate.format:
             return next(iter(self.variants.values()))
-        raise ConfigError(f"the search has no converted model for {candidate.format!r}; it has {', '.join(self.variants)}")
+        raise ConfigError(
+            f"the search has no converted model for {candidate.format!r}; it has {', '.join(self.variants)}"
+        )
 
     def serving_config(self, candidate: Candidate) -> ServingConfig:
-        return ServingConfig(name=self.name, max_batch_size=candidate.max_batch_size,
-                             preferred_batch_sizes=list(candidate.preferred_batch_sizes),
-                             max_queue_delay_us=candidate.queue_delay_us, instances=candidate.instances, kind=self.kind,
-                             intra_op_threads=max(1, self.cpu_cores // candidate.instances))
+        return ServingConfig(
+            name=self.name,
+            max_batch_size=candidate.max_batch_size,
+            preferred_batch_sizes=list(candidate.preferred_batch_sizes),
+            max_queue_delay_us=candidate.queue_delay_us,
+            instances=candidate.instances,
+            kind=self.kind,
+            intra_op_threads=max(1, self.cpu_cores // candidate.instances),
+        )
 
     def _client(self):
         import tritonclient.grpc as grpcclient
@@ -139,10 +151,14 @@ class TritonEvaluator:
             return Observation(candidate=candidate, status=status, error=error, seconds=time.monotonic() - started)
 
         if candidate.max_batch_size < self.online_batch_size:
-            return failed("error", f"max batch {candidate.max_batch_size} is below the request's {self.online_batch_size} samples")
+            return failed(
+                "error", f"max batch {candidate.max_batch_size} is below the request's {self.online_batch_size} samples"
+            )
         try:
             variant = self.variant(candidate)
-            model_dir = write_repository(self.repository, self.serving_config(candidate), variant.artifact, variant.native)
+            model_dir = write_repository(
+                self.repository, self.serving_config(candidate), variant.artifact, variant.native
+            )
         except ConfigError as err:
             return failed("error", str(err))
         try:
@@ -150,16 +166,30 @@ class TritonEvaluator:
         except InferenceServerException as err:
             self.unload()
             if not self.server.alive():
-                raise ServerStartError(f"the Triton server stopped while loading {candidate.key}: {one_line(err.message() or '')}") from None
+                raise ServerStartError(
+                    f"the Triton server stopped while loading {candidate.key}: {one_line(err.message() or '')}"
+                ) from None
             return failed("error", f"load failed: {one_line(err.message() or str(err))}")
         try:
             layout = RunLayout(self.work_dir, candidate.key).create()
             point = Point(Scenario.ONLINE, self.online_batch_size, self.concurrency)
             grpc_url, spec = self.server.endpoints.grpc_url, variant.artifact.io_spec
             # a freshly loaded candidate: warm it up and size its windows from its own latency
-            latency = warm_up(grpc_url, self.name, spec, [point.batch_size], self.measurement.warmup_requests, self.inputs.shapes)
-            row = measure_point(point, model=self.name, grpc_url=grpc_url, spec=spec, m=self.measurement, layout=layout,
-                                binary=self.binary, env=self.env, inputs=self.inputs, latency_s=latency.get(point.batch_size))
+            latency = warm_up(
+                grpc_url, self.name, spec, [point.batch_size], self.measurement.warmup_requests, self.inputs.shapes
+            )
+            row = measure_point(
+                point,
+                model=self.name,
+                grpc_url=grpc_url,
+                spec=spec,
+                m=self.measurement,
+                layout=layout,
+                binary=self.binary,
+                env=self.env,
+                inputs=self.inputs,
+                latency_s=latency.get(point.batch_size),
+            )
         finally:
             self.unload()
         if row["status"] == "error" and not self.server.alive():
@@ -173,20 +203,46 @@ def artifact_key(text: str) -> str:
 
 
 @task(name="search", task_run_name="search-{strategy}", cache_policy=NO_CACHE)
-def search_task(strategy: str, space: SearchSpace, objective: Objective, evaluator, checkpoint: Checkpoint,
-                budget_fraction: float = 0.10, start: Candidate | None = None, label: str = "") -> SearchResult:
+def search_task(
+    strategy: str,
+    space: SearchSpace,
+    objective: Objective,
+    evaluator,
+    checkpoint: Checkpoint,
+    budget_fraction: float = 0.10,
+    start: Candidate | None = None,
+    label: str = "",
+) -> SearchResult:
     """Run one search strategy; a Prefect progress artifact follows every measured candidate."""
     search = STRATEGIES.get(strategy)  # an unknown name fails before the progress artifact
-    artifact = create_progress_artifact(0.0, key=artifact_key(f"search-{label}"),
-                                        description=f"{strategy} configuration search of {label or 'the model'}")
+    artifact = create_progress_artifact(
+        0.0,
+        key=artifact_key(f"search-{label}"),
+        description=f"{strategy} configuration search of {label or 'the model'}",
+    )
 
     def on_observation(obs: Observation, measured: int, limit: int) -> None:
         # `limit`: what the strategy plans to measure (the whole grid for exhaustive, its budget for smart)
         update_progress_artifact(artifact, 100.0 * measured / limit)
-        progress.emit("search_point", key=obs.candidate.key, status=obs.status, error=obs.error, throughput=obs.throughput,
-                      p99_ms=obs.p99_ms, measured=measured, limit=limit)
+        progress.emit(
+            "search_point",
+            key=obs.candidate.key,
+            status=obs.status,
+            error=obs.error,
+            throughput=obs.throughput,
+            p99_ms=obs.p99_ms,
+            measured=measured,
+            limit=limit,
+        )
 
-    result = search(space, objective, evaluator, checkpoint, budget_fraction=budget_fraction, start=start,
-                    on_observation=on_observation)
+    result = search(
+        space,
+        objective,
+        evaluator,
+        checkpoint,
+        budget_fraction=budget_fraction,
+        start=start,
+        on_observation=on_observation,
+    )
     update_progress_artifact(artifact, 100.0)
     return result

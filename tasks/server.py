@@ -24,8 +24,8 @@ import tempfile
 import time
 import uuid
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
 from contextlib import contextmanager, suppress
+from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
@@ -35,8 +35,8 @@ from prefect.cache_policies import NO_CACHE
 from tritonclient.grpc import model_config_pb2 as mc
 
 from tbench import containers, procs, shm, tools
-from tbench.ports import free_port, port_in_use
 from tbench.errors import ServerStartError
+from tbench.ports import free_port, port_in_use
 from tbench.registry import Registry
 from tbench.request import run_suffix
 from tbench.triton_config import parse_pbtxt
@@ -122,8 +122,10 @@ class TritonServer(ABC):
         try:
             client.load_model(name, **self._load_args(name, config), client_timeout=self.start_timeout_s)
         except InferenceServerException as err:
-            raise ServerStartError(f"{self.mode} Triton could not load {name}"
-                                   f"{' with its offline config' if config is not None else ''}: {one_line(err.message() or '')}") from None
+            raise ServerStartError(
+                f"{self.mode} Triton could not load {name}"
+                f"{' with its offline config' if config is not None else ''}: {one_line(err.message() or '')}"
+            ) from None
         finally:
             client.close()
 
@@ -162,7 +164,7 @@ class TritonServer(ABC):
         excerpt = load_errors(procs.tail(self.log_path, 200)) or procs.tail(self.log_path, 5)
         raise ServerStartError(f"{what} (log: {self.log_path}): {one_line(excerpt)}")
 
-    def __enter__(self) -> "TritonServer":
+    def __enter__(self) -> TritonServer:
         self.start()
         return self
 
@@ -175,25 +177,38 @@ class ProcessServer(TritonServer):
 
     gpu_metrics = True  # Triton's DCGM metrics (per GPU, by UUID); the embedded server asks for them on a GPU only
 
-    def __init__(self, repository: Path, log_path: Path, http_port: int | None = None, grpc_port: int | None = None,
-                 start_timeout_s: float = 180.0, model_control: str = "all"):
+    def __init__(
+        self,
+        repository: Path,
+        log_path: Path,
+        http_port: int | None = None,
+        grpc_port: int | None = None,
+        start_timeout_s: float = 180.0,
+        model_control: str = "all",
+    ):
         super().__init__(repository, log_path, start_timeout_s)
         # "all": every model of the repository loaded at start; "explicit": none (loaded through the client). Both
         # run Triton in explicit model-control mode, so a model can be reloaded with another config (offline points).
         self.model_control = model_control
         for port in (http_port, grpc_port):
             if port is not None and port_in_use(port):
-                raise ServerStartError(f"port {port} on 127.0.0.1 is already in use; pick another or leave it unset for a free one")
+                raise ServerStartError(
+                    f"port {port} on 127.0.0.1 is already in use; pick another or leave it unset for a free one"
+                )
         self.ports = {"http": http_port or free_port(), "grpc": grpc_port or free_port(), "metrics": free_port()}
         self.proc: subprocess.Popen | None = None
 
     @property
     def endpoints(self) -> ServerEndpoints:
-        return ServerEndpoints(http_url=f"127.0.0.1:{self.ports['http']}", grpc_url=f"127.0.0.1:{self.ports['grpc']}",
-                               metrics_url=f"http://127.0.0.1:{self.ports['metrics']}/metrics")
+        return ServerEndpoints(
+            http_url=f"127.0.0.1:{self.ports['http']}",
+            grpc_url=f"127.0.0.1:{self.ports['grpc']}",
+            metrics_url=f"http://127.0.0.1:{self.ports['metrics']}/metrics",
+        )
 
-    def server_args(self, repository: str, backend_dir: str | None, address: str = "127.0.0.1",
-                    ports: dict[str, int] | None = None) -> list[str]:
+    def server_args(
+        self, repository: str, backend_dir: str | None, address: str = "127.0.0.1", ports: dict[str, int] | None = None
+    ) -> list[str]:
         """The tritonserver options every process mode shares."""
         ports = ports or self.ports
         args = [f"--model-repository={repository}"]
@@ -201,11 +216,17 @@ class ProcessServer(TritonServer):
             args.append(f"--backend-directory={backend_dir}")
         return args + [
             f"--allow-gpu-metrics={str(self.gpu_metrics).lower()}",
-            f"--http-address={address}", f"--http-port={ports['http']}",
-            f"--grpc-address={address}", f"--grpc-port={ports['grpc']}",
-            f"--metrics-address={address}", f"--metrics-port={ports['metrics']}",
-            "--model-control-mode=explicit", *(["--load-model=*"] if self.model_control == "all" else []),
-            "--exit-on-error=true", "--strict-readiness=true", "--log-verbose=0",
+            f"--http-address={address}",
+            f"--http-port={ports['http']}",
+            f"--grpc-address={address}",
+            f"--grpc-port={ports['grpc']}",
+            f"--metrics-address={address}",
+            f"--metrics-port={ports['metrics']}",
+            "--model-control-mode=explicit",
+            *(["--load-model=*"] if self.model_control == "all" else []),
+            "--exit-on-error=true",
+            "--strict-readiness=true",
+            "--log-verbose=0",
         ]
 
     @abstractmethod
@@ -300,14 +321,20 @@ class EmbeddedServer(ProcessServer):
 
     def argv(self) -> list[str]:
         server_dir = tools.pytriton_server_dir()
-        return [str(server_dir / "bin" / "tritonserver"),
-                *self.server_args(str(self.repository), str(self._work_dir / "backends")),
-                f"--cache-directory={server_dir / 'caches'}"]
+        return [
+            str(server_dir / "bin" / "tritonserver"),
+            *self.server_args(str(self.repository), str(self._work_dir / "backends")),
+            f"--cache-directory={server_dir / 'caches'}",
+        ]
 
     def env(self) -> dict[str, str]:
         venv_bin = str(Path(sys.executable).parent)  # so the stub's interpreter finds the venv's packages
-        return {**os.environ, **self.gpu_env, "PATH": venv_bin + ":" + os.environ.get("PATH", ""),
-                "LD_LIBRARY_PATH": tools.library_path(tools.python_libdir(), tools.pytriton_libs_dir())}
+        return {
+            **os.environ,
+            **self.gpu_env,
+            "PATH": venv_bin + ":" + os.environ.get("PATH", ""),
+            "LD_LIBRARY_PATH": tools.library_path(tools.python_libdir(), tools.pytriton_libs_dir()),
+        }
 
     def stop(self, timeout_s: float = 30.0) -> None:
         super().stop(timeout_s)
@@ -321,13 +348,21 @@ class LocalServer(ProcessServer):
 
     mode = "local"
 
-    def __init__(self, *args, binary: str | None = None, backend_dir: Path | None = None,
-                 gpu_env: dict[str, str] | None = None, **kwargs):
+    def __init__(
+        self,
+        *args,
+        binary: str | None = None,
+        backend_dir: Path | None = None,
+        gpu_env: dict[str, str] | None = None,
+        **kwargs,
+    ):
         super().__init__(*args, **kwargs)
         self.gpu_env = dict(gpu_env or {})  # CUDA_VISIBLE_DEVICES: the run's GPU
         found = binary or shutil.which("tritonserver")
         if not found:
-            raise ServerStartError("local mode: no tritonserver on PATH (run inside the NGC Triton image, or use --server embedded)")
+            raise ServerStartError(
+                "local mode: no tritonserver on PATH (run inside the NGC Triton image, or use --server embedded)"
+            )
         self.binary = found
         self.backend_dir = backend_dir or LOCAL_BACKENDS
 
@@ -356,8 +391,16 @@ class DockerServer(ProcessServer):
 
     mode = "docker"
 
-    def __init__(self, *args, image: str = NGC_IMAGE, gpus: str | None = "all", network: str = "host",
-                 ulimits: list[str] | tuple[str, ...] = NGC_ULIMITS, docker: str = "docker", **kwargs):
+    def __init__(
+        self,
+        *args,
+        image: str = NGC_IMAGE,
+        gpus: str | None = "all",
+        network: str = "host",
+        ulimits: list[str] | tuple[str, ...] = NGC_ULIMITS,
+        docker: str = "docker",
+        **kwargs,
+    ):
         super().__init__(*args, **kwargs)
         if network not in ("host", "bridge"):
             raise ServerStartError(f"docker mode: unknown network {network!r}; use host or bridge")
@@ -389,9 +432,12 @@ class DockerServer(ProcessServer):
     def start(self) -> ServerEndpoints:
         if self.alive():
             raise ServerStartError(f"this docker tritonserver is already running (container {self.container})")
-        self.proc = procs.start(self.argv(), self.log_path, env=self.env(),
-                                container={"docker": self.docker, "name": self.container,
-                                           "host": os.environ.get("DOCKER_HOST")})
+        self.proc = procs.start(
+            self.argv(),
+            self.log_path,
+            env=self.env(),
+            container={"docker": self.docker, "name": self.container, "host": os.environ.get("DOCKER_HOST")},
+        )
         try:
             self._wait_ready("docker tritonserver")
         except BaseException:
@@ -406,7 +452,9 @@ class DockerServer(ProcessServer):
         """Listed from the image itself (its backend directory), not assumed."""
         listed = procs.run(self.backends_argv(), self.log_path.with_suffix(".backends.log"), timeout=600)
         if listed.returncode != 0:
-            raise ServerStartError(f"docker mode: cannot list the backends of {self.image}: {one_line(listed.log_tail(3))}")
+            raise ServerStartError(
+                f"docker mode: cannot list the backends of {self.image}: {one_line(listed.log_tail(3))}"
+            )
         # the log starts with the "$ argv" line procs.run writes; the rest is ls's output
         return {ln.strip() for ln in listed.log_path.read_text().splitlines() if ln.strip() and not ln.startswith("$ ")}
 
@@ -451,13 +499,24 @@ class RemoteServer(TritonServer):
     PROBED = ("python", "onnxruntime", "pytorch", "tensorflow", "tensorrt", "openvino")
     MISSING_BACKEND = "unable to find backend library"
     # each under the backend's default file name, so the repository poll gets as far as the backend
-    _PROBE_FILES = {"python": ("model.py", b"class TritonPythonModel:\n    def execute(self, requests):\n        return []\n"),
-                    "onnxruntime": ("model.onnx", b"probe"), "pytorch": ("model.pt", b"probe"),
-                    "tensorflow": ("model.savedmodel/saved_model.pb", b"probe"), "tensorrt": ("model.plan", b"probe"),
-                    "openvino": ("model.xml", b"probe")}
+    _PROBE_FILES = {
+        "python": ("model.py", b"class TritonPythonModel:\n    def execute(self, requests):\n        return []\n"),
+        "onnxruntime": ("model.onnx", b"probe"),
+        "pytorch": ("model.pt", b"probe"),
+        "tensorflow": ("model.savedmodel/saved_model.pb", b"probe"),
+        "tensorrt": ("model.plan", b"probe"),
+        "openvino": ("model.xml", b"probe"),
+    }
 
-    def __init__(self, repository: Path, log_path: Path, http_url: str, grpc_url: str, start_timeout_s: float = 180.0,
-                 backends: set[str] | None = None):
+    def __init__(
+        self,
+        repository: Path,
+        log_path: Path,
+        http_url: str,
+        grpc_url: str,
+        start_timeout_s: float = 180.0,
+        backends: set[str] | None = None,
+    ):
         super().__init__(repository, log_path, start_timeout_s)
         self._endpoints = ServerEndpoints(http_url=http_url, grpc_url=grpc_url, metrics_url="")
         self._backends = set(backends) if backends else None
@@ -484,8 +543,10 @@ class RemoteServer(TritonServer):
         self.loaded.append(name)
 
     def _refuse(self, names: list[str]) -> None:
-        raise ServerStartError(f"remote Triton at {self.endpoints.grpc_url} already has a model named "
-                               f"{', '.join(names)}; tbench loads only names of its own and replaces nothing")
+        raise ServerStartError(
+            f"remote Triton at {self.endpoints.grpc_url} already has a model named "
+            f"{', '.join(names)}; tbench loads only names of its own and replaces nothing"
+        )
 
     def alive(self) -> bool:
         try:
@@ -516,9 +577,14 @@ class RemoteServer(TritonServer):
                     if self.taken(client, name):
                         continue  # not ours to load or unload (a unique name: does not happen)
                     filename, content = self._PROBE_FILES[backend]
-                    config = json.dumps({"backend": backend, "max_batch_size": 0,
-                                         "input": [{"name": "x", "data_type": "TYPE_FP32", "dims": [1]}],
-                                         "output": [{"name": "y", "data_type": "TYPE_FP32", "dims": [1]}]})
+                    config = json.dumps(
+                        {
+                            "backend": backend,
+                            "max_batch_size": 0,
+                            "input": [{"name": "x", "data_type": "TYPE_FP32", "dims": [1]}],
+                            "output": [{"name": "y", "data_type": "TYPE_FP32", "dims": [1]}],
+                        }
+                    )
                     try:
                         client.load_model(name, config=config, files={f"file:1/{filename}": content}, client_timeout=60)
                         outcome = "loaded"
@@ -528,21 +594,27 @@ class RemoteServer(TritonServer):
                             raise
                     if self.MISSING_BACKEND not in outcome:
                         found.add(backend)
-                    log.write(f"backend probe {backend} as {name}: {'present' if backend in found else 'missing'} ({outcome})\n")
+                    log.write(
+                        f"backend probe {backend} as {name}: {'present' if backend in found else 'missing'} ({outcome})\n"
+                    )
                     try:
                         client.unload_model(name)
                     except InferenceServerException:
                         pass
         except InferenceServerException as err:
-            raise ServerStartError(f"cannot ask the remote Triton at {self.endpoints.grpc_url} what it can serve "
-                                   f"(it must run with --model-control-mode=explicit): {one_line(err.message() or '')}") from None
+            raise ServerStartError(
+                f"cannot ask the remote Triton at {self.endpoints.grpc_url} what it can serve "
+                f"(it must run with --model-control-mode=explicit): {one_line(err.message() or '')}"
+            ) from None
         finally:
             client.close()
         return found
 
     def load(self, name: str, config: mc.ModelConfig | None = None) -> None:
         if name not in self.loaded:  # e.g. an offline reload: only a model this run loaded
-            raise ServerStartError(f"remote Triton: {name} was not loaded by this run; tbench reloads only its own models")
+            raise ServerStartError(
+                f"remote Triton: {name} was not loaded by this run; tbench reloads only its own models"
+            )
         super().load(name, config)
 
     def _load_args(self, name: str, config: mc.ModelConfig | None) -> dict:
@@ -554,8 +626,11 @@ class RemoteServer(TritonServer):
     def upload(model_dir: Path) -> tuple[str, dict[str, bytes]]:
         """A model directory as load_model's config JSON and `file:` overrides."""
         config = config_json(parse_pbtxt((model_dir / "config.pbtxt").read_text()))
-        files = {f"file:{p.relative_to(model_dir).as_posix()}": p.read_bytes()
-                 for p in sorted(model_dir.rglob("*")) if p.is_file() and p.name != "config.pbtxt" and "__pycache__" not in p.parts}
+        files = {
+            f"file:{p.relative_to(model_dir).as_posix()}": p.read_bytes()
+            for p in sorted(model_dir.rglob("*"))
+            if p.is_file() and p.name != "config.pbtxt" and "__pycache__" not in p.parts
+        }
         return config, files
 
     def start(self) -> ServerEndpoints:
@@ -578,8 +653,9 @@ class RemoteServer(TritonServer):
                     client.load_model(name, config=config, files=files, client_timeout=self.start_timeout_s)
                 except InferenceServerException as err:
                     log.write(f"load {name}: {err.message()}\n")
-                    raise ServerStartError(f"remote Triton could not load {name}: {one_line(err.message() or '')} "
-                                           f"(log: {self.log_path})") from None
+                    raise ServerStartError(
+                        f"remote Triton could not load {name}: {one_line(err.message() or '')} (log: {self.log_path})"
+                    ) from None
                 log.write(f"loaded {name}\n")
         except BaseException:
             with suppress(ServerStartError):  # unload what this run loaded so far; the first error is the one to tell
@@ -592,6 +668,7 @@ class RemoteServer(TritonServer):
 
     def load_order(self) -> list[str]:
         """The repository's models, an ensemble after the models it composes (its steps must be there first)."""
+
         def is_ensemble(name: str) -> bool:
             return parse_pbtxt((self.repository / name / "config.pbtxt").read_text()).platform == "ensemble"
 
@@ -641,8 +718,17 @@ for _server in (EmbeddedServer, LocalServer, DockerServer, RemoteServer):
     SERVER_MODES.register(_server.mode, _server)
 
 
-def make_server(mode: str, repository: Path, log_path: Path, *, http_port: int | None = None, grpc_port: int | None = None,
-                url: str | None = None, backends: set[str] | None = None, **options) -> TritonServer:
+def make_server(
+    mode: str,
+    repository: Path,
+    log_path: Path,
+    *,
+    http_port: int | None = None,
+    grpc_port: int | None = None,
+    url: str | None = None,
+    backends: set[str] | None = None,
+    **options,
+) -> TritonServer:
     if mode not in SERVER_MODES:
         raise ServerStartError(f"unknown server mode {mode!r}; known: {', '.join(SERVER_MODES.names())}")
     if mode == "remote":

@@ -51,7 +51,9 @@ def file_entries(run_dir: Path) -> list[dict]:
         with open(path, "rb") as f:
             for chunk in iter(lambda: f.read(1 << 20), b""):
                 digest.update(chunk)
-        entries.append({"path": path.relative_to(run_dir).as_posix(), "bytes": path.stat().st_size, "sha256": digest.hexdigest()})
+        entries.append(
+            {"path": path.relative_to(run_dir).as_posix(), "bytes": path.stat().st_size, "sha256": digest.hexdigest()}
+        )
     return entries
 
 
@@ -83,7 +85,9 @@ def upload_run(run_dir: Path, root_url: str, run_id: str) -> str:
         if is_local(root_url):
             return str(run_dir)
         fs, remote_root = url_to_fs(url)
-        files = sorted(p for p in run_dir.rglob("*") if p.is_file() and p.name != MANIFEST and not p.name.endswith(".tmp"))
+        files = sorted(
+            p for p in run_dir.rglob("*") if p.is_file() and p.name != MANIFEST and not p.name.endswith(".tmp")
+        )
         for path in files + [run_dir / MANIFEST]:
             remote = remote_root.rstrip("/") + "/" + path.relative_to(run_dir).as_posix()
             if path.name != MANIFEST and _already_there(fs, remote, path):
@@ -91,8 +95,10 @@ def upload_run(run_dir: Path, root_url: str, run_id: str) -> str:
             fs.makedirs(remote.rsplit("/", 1)[0], exist_ok=True)
             _put_atomic(fs, path, remote)
     except Exception as err:  # any backend error: keep the local copy and say where it is
-        raise StorageError(f"could not upload the run to {url}: {type(err).__name__}: {one_line(err)}; the complete "
-                           f"run is kept at {run_dir} (finish the upload with: tbench upload {run_dir})") from err
+        raise StorageError(
+            f"could not upload the run to {url}: {type(err).__name__}: {one_line(err)}; the complete "
+            f"run is kept at {run_dir} (finish the upload with: tbench upload {run_dir})"
+        ) from err
     return url
 
 
@@ -130,6 +136,10 @@ def store_task(run_dir: Path, root_url: str, run_id: str, manifest: dict) -> str
     url = upload_run(run_dir, root_url, run_id)
     add_run_to_dataset(run_dir, root_url, run_id, manifest.get("status"))  # queries can leave out incomplete runs
     if (run_dir / "report.html").exists():  # where the stored report is, one click from the flow run's page
-        create_link_artifact(f"{url}/report.html", link_text=f"HTML report of {run_id}", key=REPORT_LINK_KEY,
-                             description="The run's self-contained HTML report in the artifact store")
+        create_link_artifact(
+            f"{url}/report.html",
+            link_text=f"HTML report of {run_id}",
+            key=REPORT_LINK_KEY,
+            description="The run's self-contained HTML report in the artifact store",
+        )
     return url

@@ -47,7 +47,9 @@ class AccuracyResult(BaseModel):
     framework: float | None = None
     triton: float | None = None
     difference: float | None = None  # triton - framework
-    agreement: float | None = None  # fraction of samples whose prediction is the same both ways (scores: within tolerance)
+    agreement: float | None = (
+        None  # fraction of samples whose prediction is the same both ways (scores: within tolerance)
+    )
 
     @property
     def passed(self) -> bool:

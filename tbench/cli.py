@@ -17,18 +17,48 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's start-up bann
 import typer  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.progress import (  # noqa: E402
-    BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn)
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    SpinnerColumn,
+    TextColumn,
+    TimeElapsedColumn,
+)
 
 from tbench import progress  # noqa: E402
 from tbench.cli_options import (  # noqa: E402
-    BatchSizes, Concurrency, DockerImage, DockerNetwork, DockerUlimit, Formats, Framework, Gpus, GrpcPort, HttpPort,
-    MaxTrials, ModelName, Output, PrecisionOpt, Reuse, Scenarios, Server, ServerUrl, Size, Stability, Verbose, WindowS,
-    field_help, measurement_overrides, server_fields)
+    BatchSizes,
+    Concurrency,
+    DockerImage,
+    DockerNetwork,
+    DockerUlimit,
+    Formats,
+    Framework,
+    Gpus,
+    GrpcPort,
+    HttpPort,
+    MaxTrials,
+    ModelName,
+    Output,
+    PrecisionOpt,
+    Reuse,
+    Scenarios,
+    Server,
+    ServerUrl,
+    Size,
+    Stability,
+    Verbose,
+    WindowS,
+    field_help,
+    measurement_overrides,
+    server_fields,
+)
 from tbench.errors import BenchError, ConfigError, error_line  # noqa: E402
 from tbench.preflight import preflight  # noqa: E402
 
-app = typer.Typer(add_completion=False, no_args_is_help=True,
-                  help="Benchmark models on NVIDIA Triton Inference Server.")
+app = typer.Typer(
+    add_completion=False, no_args_is_help=True, help="Benchmark models on NVIDIA Triton Inference Server."
+)
 console = Console(stderr=True, soft_wrap=True)
 
 # exit codes of `run`, `search` and `submit` (130: interrupted, tbench.interrupts.EXIT_INTERRUPTED)
@@ -36,8 +66,9 @@ EXIT_FAILED, EXIT_BAD_OPTIONS, EXIT_FAILED_POINTS = 1, 2, 3
 
 
 @contextmanager
-def cli_errors(exit_code: int, prefix: str = "", options: bool = False,
-               also: tuple[type[BaseException], ...] = (), describe=str):
+def cli_errors(
+    exit_code: int, prefix: str = "", options: bool = False, also: tuple[type[BaseException], ...] = (), describe=str
+):
     """The CLI's one error handler: an error a user can fix is one line, `error: PREFIX...`, and `exit_code`, never
     a traceback. Every BenchError shows its message; with `options` (the block builds the request from the options),
     a ValueError is pydantic's validation: 'invalid option: FIELD: MESSAGE'; `also` adds error types that `describe`
@@ -110,7 +141,7 @@ def parse_job_variables(text: str | None) -> dict | None:
     except ValueError as err:
         raise ConfigError(f"cannot read the job variables: {err}") from None
     if not isinstance(parsed, dict):
-        raise ConfigError("the job variables must be a JSON object, e.g. '{\"image\": \"NAME:TAG\"}'")
+        raise ConfigError('the job variables must be a JSON object, e.g. \'{"image": "NAME:TAG"}\'')
     return parsed
 
 
@@ -182,11 +213,11 @@ class RichProgress:
             self.run_url, self.status, self.detail = data["url"], data["status"], data.get("detail", "")
             self.stage_name = data.get("stage") or self.stage_name
         elif event == "lock_wait":
-            self.bar.console.print(f"  [yellow]waiting[/] {data['waited_s']:.0f} s for the device lock: "
-                                   f"held by {data['holder']}")
+            self.bar.console.print(
+                f"  [yellow]waiting[/] {data['waited_s']:.0f} s for the device lock: held by {data['holder']}"
+            )
         elif event == "lock_reclaimed":
-            self.bar.console.print(f"  [yellow]reclaimed[/] the device lock from {data['holder']} "
-                                   "(its lease is stale)")
+            self.bar.console.print(f"  [yellow]reclaimed[/] the device lock from {data['holder']} (its lease is stale)")
         elif event == "run_start":
             self.bar.console.print(f"run [bold]{data['run_id']}[/] in {data['run_dir']}")
         elif event == "stage_start":
@@ -202,10 +233,16 @@ class RichProgress:
             row = data["row"]
             self.bar.advance(self.sweep)
             tput = row.get("throughput_infer_per_s")
-            what = (f"{tput:.1f} infer/s, p99 {row['p99_ms']:.2f} ms" if row["status"] == "ok"
-                    else f"[yellow]{row['status']}[/]: {row['error']}")
-            load = (f"rate {row['request_rate']:g}/s {row['request_distribution']}" if row.get("request_distribution")
-                    else f"concurrency {row['concurrency']}")
+            what = (
+                f"{tput:.1f} infer/s, p99 {row['p99_ms']:.2f} ms"
+                if row["status"] == "ok"
+                else f"[yellow]{row['status']}[/]: {row['error']}"
+            )
+            load = (
+                f"rate {row['request_rate']:g}/s {row['request_distribution']}"
+                if row.get("request_distribution")
+                else f"concurrency {row['concurrency']}"
+            )
             self.bar.console.print(f"    {row['scenario']} batch {row['batch_size']} {load}: {what}")
             if data["index"] == data["total"]:
                 self.bar.remove_task(self.sweep)
@@ -213,8 +250,11 @@ class RichProgress:
             if self.sweep is None:
                 self.sweep = self.bar.add_task("configurations", total=data["limit"])
             self.bar.update(self.sweep, completed=data["measured"])
-            what = (f"{data['throughput']:.1f} infer/s, p99 {data['p99_ms']:.2f} ms" if data["status"] == "ok"
-                    else f"[yellow]{data['status']}[/]: {data['error']}")
+            what = (
+                f"{data['throughput']:.1f} infer/s, p99 {data['p99_ms']:.2f} ms"
+                if data["status"] == "ok"
+                else f"[yellow]{data['status']}[/]: {data['error']}"
+            )
             self.bar.console.print(f"    {data['key']}: {what}")
 
 
@@ -222,21 +262,32 @@ class RichProgress:
 def run(
     model: str = typer.Argument(None, help="Model adapter name (see `tbench models`); not needed with --model-file."),
     model_file: str = typer.Option(None, "--model-file", help=field_help("model_file")),
-    shape: list[str] = typer.Option(None, "--shape", help="--model-file: an input's non-batch shape, NAME:D1,D2 "
-                                    "(repeat per input)."),
-    dtype: list[str] = typer.Option(None, "--dtype", help="--model-file: an input's numpy dtype, NAME:int64 "
-                                    "(TorchScript)."),
-    value_range: list[str] = typer.Option(None, "--value-range", help="--model-file: an input's synthetic values in "
-                                          "LO..HI, NAME:LO,HI (repeat per input); integers inclusive, floats uniform."),
+    shape: list[str] = typer.Option(
+        None, "--shape", help="--model-file: an input's non-batch shape, NAME:D1,D2 (repeat per input)."
+    ),
+    dtype: list[str] = typer.Option(
+        None, "--dtype", help="--model-file: an input's numpy dtype, NAME:int64 (TorchScript)."
+    ),
+    value_range: list[str] = typer.Option(
+        None,
+        "--value-range",
+        help="--model-file: an input's synthetic values in "
+        "LO..HI, NAME:LO,HI (repeat per input); integers inclusive, floats uniform.",
+    ),
     input_data: str = typer.Option(None, "--input-data", help=field_help("input_data")),
-    trt_shape: list[str] = typer.Option(None, "--trt-shape", help="trt, tf-trt: an input's dynamic dims in TensorRT's "
-                                        "profile, NAME:MIN,OPT,MAX non-batch shapes, dims joined by 'x' (repeat per "
-                                        "input), e.g. input_ids:16,128,512; the sample's size otherwise."),
+    trt_shape: list[str] = typer.Option(
+        None,
+        "--trt-shape",
+        help="trt, tf-trt: an input's dynamic dims in TensorRT's "
+        "profile, NAME:MIN,OPT,MAX non-batch shapes, dims joined by 'x' (repeat per "
+        "input), e.g. input_ids:16,128,512; the sample's size otherwise.",
+    ),
     calibration_samples: int = typer.Option(None, "--calibration-samples", help=field_help("calibration_samples")),
     framework: Framework = None,
     size: Size = None,
-    option: list[str] = typer.Option(None, "--option", help="A model-specific option, NAME=VALUE (repeat), e.g. "
-                                     "memory_threshold_gb=16."),
+    option: list[str] = typer.Option(
+        None, "--option", help="A model-specific option, NAME=VALUE (repeat), e.g. memory_threshold_gb=16."
+    ),
     checkpoint: str = typer.Option(None, help=field_help("checkpoint")),
     dataset: str = typer.Option(None, help=field_help("dataset")),
     formats: Formats = None,
@@ -246,8 +297,9 @@ def run(
     concurrency: Concurrency = None,
     scenarios: Scenarios = None,
     online_batch_size: int = typer.Option(None, help=field_help("online_batch_size")),
-    request_rates: str = typer.Option(None, "--request-rates", help=field_help("request_rates", "On the command "
-                                                                                "line: 10,20,40.")),
+    request_rates: str = typer.Option(
+        None, "--request-rates", help=field_help("request_rates", "On the command line: 10,20,40.")
+    ),
     distribution: str = typer.Option("poisson", help=field_help("request_distribution", "poisson or constant.")),
     max_batch_size: int = typer.Option(None, help="Triton max_batch_size."),
     instances: int = typer.Option(None, help="Model instances (instance_group count)."),
@@ -278,23 +330,41 @@ def run(
         if not model and not model_file:
             raise ConfigError("name a model (see `tbench models`) or give --model-file PATH")
         request = BenchmarkRequest(
-            model=model or "resnet50", size=size, model_options=parse_options(option), checkpoint=checkpoint,
-            dataset=dataset, formats=_split(formats), serve_formats=_split(serve), framework=framework,
-            model_file=model_file, shapes=parse_named(shape, "shape", _dims),
-            input_dtypes=parse_named(dtype, "dtype", str), input_data=input_data,
+            model=model or "resnet50",
+            size=size,
+            model_options=parse_options(option),
+            checkpoint=checkpoint,
+            dataset=dataset,
+            formats=_split(formats),
+            serve_formats=_split(serve),
+            framework=framework,
+            model_file=model_file,
+            shapes=parse_named(shape, "shape", _dims),
+            input_dtypes=parse_named(dtype, "dtype", str),
+            input_data=input_data,
             value_ranges=parse_named(value_range, "--value-range (NAME:LO,HI)", _bounds),
             trt_shapes=parse_named(trt_shape, "--trt-shape (NAME:MIN,OPT,MAX)", _shape_range),
-            calibration_samples=calibration_samples, precision=precision,
+            calibration_samples=calibration_samples,
+            precision=precision,
             batch_sizes=parse_int_list(batch_sizes, "batch sizes"),
-            concurrency=parse_int_list(concurrency, "concurrency"), scenarios=_split(scenarios),
+            concurrency=parse_int_list(concurrency, "concurrency"),
+            scenarios=_split(scenarios),
             online_batch_size=online_batch_size,
-            request_rates=parse_float_list(request_rates, "request rates"), request_distribution=distribution,
-            max_batch_size=max_batch_size, model_instances=instances,
+            request_rates=parse_float_list(request_rates, "request rates"),
+            request_distribution=distribution,
+            max_batch_size=max_batch_size,
+            model_instances=instances,
             preferred_batch_sizes=parse_int_list(preferred_batch_sizes, "preferred batch sizes"),
-            max_queue_delay_us=queue_delay_us, profile=profile, **_given(output=output), baseline=baseline,
-            reuse_measurements=reuse, measurement=measurement_overrides(window_s, stability, max_trials),
-            **server_fields(server, server_url, docker_image, gpus, docker_network, docker_ulimit, http_port,
-                            grpc_port))
+            max_queue_delay_us=queue_delay_us,
+            profile=profile,
+            **_given(output=output),
+            baseline=baseline,
+            reuse_measurements=reuse,
+            measurement=measurement_overrides(window_s, stability, max_trials),
+            **server_fields(
+                server, server_url, docker_image, gpus, docker_network, docker_ulimit, http_port, grpc_port
+            ),
+        )
         from tbench import hardware
 
         resolved = request.resolve(hardware.detect().has_gpu)  # fail fast, before Prefect starts
@@ -333,8 +403,13 @@ def _run_with_progress(start_flow, done: str, verbose: bool = False) -> None:
     from tbench.interrupts import EXIT_INTERRUPTED, cli_signal_handlers, is_interrupt, signal_name
     from tbench.prefect_api import prefect_api
 
-    columns = [SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-               TimeElapsedColumn()]
+    columns = [
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+    ]
     listener = None
     logging.raiseExceptions = False  # a log file on a full disk: the run's own error says so, not a logging traceback
     try:
@@ -347,8 +422,10 @@ def _run_with_progress(start_flow, done: str, verbose: bool = False) -> None:
         where = listener.run_url if listener else None
         stage = f" during {listener.stage_name}" if listener and listener.stage_name else ""
         if is_interrupt(err):
-            console.print(f"[red]interrupted[/] by {signal_name(err)}{stage}; the server is stopped and every point "
-                          "measured so far is kept")
+            console.print(
+                f"[red]interrupted[/] by {signal_name(err)}{stage}; the server is stopped and every point "
+                "measured so far is kept"
+            )
             code = EXIT_INTERRUPTED
         elif isinstance(err, BenchError):
             console.print(f"[red]error:[/] {err}")
@@ -356,8 +433,10 @@ def _run_with_progress(start_flow, done: str, verbose: bool = False) -> None:
         else:  # a bug or an environment problem: one line here, the traceback in the run's logs (and here with -v)
             if verbose:
                 console.print_exception()
-            console.print(f"[red]error:[/] {type(err).__name__}{stage}: {error_line(err)}"
-                          + (f" (traceback: {where}/logs/prefect.log)" if where else ""))
+            console.print(
+                f"[red]error:[/] {type(err).__name__}{stage}: {error_line(err)}"
+                + (f" (traceback: {where}/logs/prefect.log)" if where else "")
+            )
             code = EXIT_FAILED
         if where:
             console.print(f"partial results, logs and manifest: {where}")
@@ -378,21 +457,27 @@ def search(
     model: ModelName,
     size: Size = None,
     framework: Framework = None,
-    variants: str = typer.Option(None, help="Served variants to search across: formats or FORMAT:PRECISION, e.g. "
-                                 "onnx,ts-trace (the model's first format by default)."),
+    variants: str = typer.Option(
+        None,
+        help="Served variants to search across: formats or FORMAT:PRECISION, e.g. "
+        "onnx,ts-trace (the model's first format by default).",
+    ),
     instances: str = typer.Option("1,2", help="Instance counts to try."),
     max_batch_sizes: str = typer.Option("1,2,4,8,16", "--max-batch-sizes", help="Max batch sizes to try."),
     preferred: str = typer.Option("none,max", help="Preferred batch size rules to try: none, max, half, quarter."),
     queue_delays_us: str = typer.Option("0,500,2000", "--queue-delays-us", help="Max queue delays to try, in us."),
     p99_budget_ms: float = typer.Option(None, "--p99-budget-ms", help="Best throughput with p99 under this budget."),
-    throughput_floor: float = typer.Option(None, "--throughput-floor", help="Instead: lowest p99 with at least this "
-                                           "throughput."),
+    throughput_floor: float = typer.Option(
+        None, "--throughput-floor", help="Instead: lowest p99 with at least this throughput."
+    ),
     strategy: str = typer.Option("smart", help="smart (measures a budget share of the grid) or exhaustive."),
     budget_fraction: float = typer.Option(0.10, help="smart: the largest share of the grid measured."),
-    concurrency: int = typer.Option(None, help="Closed-loop clients per measurement (the model's largest online "
-                                    "concurrency by default)."),
-    resume: str = typer.Option(None, help="An interrupted search's run folder (or search.jsonl): measured candidates "
-                               "are not measured again."),
+    concurrency: int = typer.Option(
+        None, help="Closed-loop clients per measurement (the model's largest online concurrency by default)."
+    ),
+    resume: str = typer.Option(
+        None, help="An interrupted search's run folder (or search.jsonl): measured candidates are not measured again."
+    ),
     output: Output = None,
     server: Server = "embedded",
     server_url: ServerUrl = None,
@@ -417,23 +502,40 @@ def search(
         if throughput_floor is not None and p99_budget_ms is not None:
             raise ConfigError("give a p99 budget or a throughput floor, not both")
         measurement = measurement_overrides(window_s, stability, max_trials)
-        space = SearchSpace(instances=parse_int_list(instances, "instances"),
-                            max_batch_sizes=parse_int_list(max_batch_sizes, "max batch sizes"),
-                            preferred=_split(preferred),
-                            queue_delays_us=parse_int_list(queue_delays_us, "queue delays"),
-                            formats=_split(variants) or [""])
-        objective = (Objective(goal="min_latency", throughput_floor=throughput_floor) if throughput_floor is not None
-                     else Objective(p99_budget_ms=p99_budget_ms))
+        space = SearchSpace(
+            instances=parse_int_list(instances, "instances"),
+            max_batch_sizes=parse_int_list(max_batch_sizes, "max batch sizes"),
+            preferred=_split(preferred),
+            queue_delays_us=parse_int_list(queue_delays_us, "queue delays"),
+            formats=_split(variants) or [""],
+        )
+        objective = (
+            Objective(goal="min_latency", throughput_floor=throughput_floor)
+            if throughput_floor is not None
+            else Objective(p99_budget_ms=p99_budget_ms)
+        )
         request = BenchmarkRequest(
-            model=model, size=size, framework=framework, **_given(output=output), measurement=measurement,
+            model=model,
+            size=size,
+            framework=framework,
+            **_given(output=output),
+            measurement=measurement,
             formats=list(dict.fromkeys(v.partition(":")[0] for v in space.formats if v)) or None,
-            **server_fields(server, server_url, docker_image, gpus, docker_network, docker_ulimit, http_port,
-                            grpc_port))
+            **server_fields(
+                server, server_url, docker_image, gpus, docker_network, docker_ulimit, http_port, grpc_port
+            ),
+        )
         from flows.search import SearchRequest, resume_checkpoint, search_context, variant_plan
         from tbench import hardware
 
-        search_request = SearchRequest(space=space, objective=objective, strategy=strategy,
-                                       budget_fraction=budget_fraction, concurrency=concurrency, resume_from=resume)
+        search_request = SearchRequest(
+            space=space,
+            objective=objective,
+            strategy=strategy,
+            budget_fraction=budget_fraction,
+            concurrency=concurrency,
+            resume_from=resume,
+        )
         machine = hardware.detect()
         resolved = request.resolve(machine.has_gpu)
         plan = variant_plan(space, resolved, machine.has_gpu)  # fail fast, before Prefect starts
@@ -484,8 +586,12 @@ def submit(
     reuse: Reuse = False,
     follow: bool = typer.Option(True, "--follow/--no-follow", help="Follow the run to its end (states and logs)."),
     timeout: float = typer.Option(3600, help="Stop following after this many seconds (the run goes on)."),
-    job_variables: str = typer.Option(None, "--job-variables", help="JSON object of the pool's job variables for this "
-                                      "run (its `env` adds to the pool's), e.g. '{\"image\": \"NAME:TAG\"}'."),
+    job_variables: str = typer.Option(
+        None,
+        "--job-variables",
+        help="JSON object of the pool's job variables for this "
+        'run (its `env` adds to the pool\'s), e.g. \'{"image": "NAME:TAG"}\'.',
+    ),
 ) -> None:
     """Send a benchmark run to a pool of the Prefect server at PREFECT_API_URL and follow it; `tbench run` runs here."""
     from tbench import submit as remote
@@ -496,27 +602,40 @@ def submit(
         if pool not in POOLS:
             raise ConfigError(f"unknown pool {pool!r}; known: {', '.join(POOLS)}")
         if not os.environ.get("PREFECT_API_URL"):
-            raise ConfigError("PREFECT_API_URL is not set: point it at the team's Prefect server "
-                              "(or `tbench stack env`)")
-        request = BenchmarkRequest(model=model, **_given(
-            size=size, framework=framework, formats=_split(formats), precision=precision,
-            batch_sizes=parse_int_list(batch_sizes, "batch sizes"),
-            concurrency=parse_int_list(concurrency, "concurrency"), scenarios=_split(scenarios), output=output,
-            reuse_measurements=reuse or None, measurement=measurement_overrides(window_s, stability, max_trials)))
+            raise ConfigError(
+                "PREFECT_API_URL is not set: point it at the team's Prefect server (or `tbench stack env`)"
+            )
+        request = BenchmarkRequest(
+            model=model,
+            **_given(
+                size=size,
+                framework=framework,
+                formats=_split(formats),
+                precision=precision,
+                batch_sizes=parse_int_list(batch_sizes, "batch sizes"),
+                concurrency=parse_int_list(concurrency, "concurrency"),
+                scenarios=_split(scenarios),
+                output=output,
+                reuse_measurements=reuse or None,
+                measurement=measurement_overrides(window_s, stability, max_trials),
+            ),
+        )
         import model_adapters
 
         model_adapters.get(request.model, request.size)  # an unknown model fails here, not on the worker
         parameters = {"request": request.model_dump(mode="json", exclude_unset=True)}
         variables = parse_job_variables(job_variables)
         started = time.monotonic()
-        run_id = remote.submit(remote.deployment_name("benchmark", pool), parameters, tags=["submitted"],
-                               job_variables=variables)
+        run_id = remote.submit(
+            remote.deployment_name("benchmark", pool), parameters, tags=["submitted"], job_variables=variables
+        )
     console.print(f"submitted flow run {run_id} to pool {pool}")
     if not follow:
         typer.echo(str(run_id))
         return
-    result = remote.follow(run_id, lambda line: console.print(line, markup=False, highlight=False),
-                           timeout_s=timeout, submitted_at=started)
+    result = remote.follow(
+        run_id, lambda line: console.print(line, markup=False, highlight=False), timeout_s=timeout, submitted_at=started
+    )
     if result.report_url:
         console.print(f"[green]report:[/] {result.report_url}")
     if result.state != "COMPLETED":
@@ -531,8 +650,9 @@ def submit(
 @app.command()
 def upload(
     run_folder: str = typer.Argument(..., help="A run folder kept locally after its upload failed."),
-    to: str = typer.Option(None, "--to", help="The artifact root (default: where the run's manifest says it was "
-                           "going)."),
+    to: str = typer.Option(
+        None, "--to", help="The artifact root (default: where the run's manifest says it was going)."
+    ),
 ) -> None:
     """Finish the upload of a kept run folder: files already in the store are skipped, the manifest goes last."""
     from tasks.store import retry_upload
@@ -544,16 +664,23 @@ def upload(
 
 @app.command()
 def results(
-    root: str = typer.Option(None, "--root", help="The artifact root holding the results dataset (default: "
-                             "$TBENCH_ARTIFACT_ROOT, else ./runs)."),
+    root: str = typer.Option(
+        None,
+        "--root",
+        help="The artifact root holding the results dataset (default: $TBENCH_ARTIFACT_ROOT, else ./runs).",
+    ),
     model: str = typer.Option(None, help="Only this model."),
-    gpu: str = typer.Option(None, help="Only this GPU (as the results name it, e.g. 'CPU' or "
-                            "'NVIDIA A100-SXM4-80GB')."),
+    gpu: str = typer.Option(
+        None, help="Only this GPU (as the results name it, e.g. 'CPU' or 'NVIDIA A100-SXM4-80GB')."
+    ),
     since: str = typer.Option(None, help="Only runs from this date on (YYYY-MM-DD)."),
     all_points: bool = typer.Option(False, "--all", help="Every point, not the best per run, format and scenario."),
     csv: str = typer.Option(None, "--csv", help="Also write the rows to this CSV file."),
-    include_incomplete: bool = typer.Option(False, "--include-incomplete", help="Also runs that failed or were "
-                                            "interrupted (by default: completed runs, with or without failed points)."),
+    include_incomplete: bool = typer.Option(
+        False,
+        "--include-incomplete",
+        help="Also runs that failed or were interrupted (by default: completed runs, with or without failed points).",
+    ),
 ) -> None:
     """Query the results of every stored run (the partitioned Parquet dataset under the artifact root)."""
     from rich.table import Table
@@ -563,19 +690,33 @@ def results(
 
     root = root or os.environ.get("TBENCH_ARTIFACT_ROOT", "runs")
     # store_errors: an S3 endpoint that is down raises botocore's own errors, not OSErrors
-    with cli_errors(EXIT_FAILED, f"cannot read the results dataset under {root}: ", also=store_errors(),
-                    describe=error_cause):
+    with cli_errors(
+        EXIT_FAILED, f"cannot read the results dataset under {root}: ", also=store_errors(), describe=error_cause
+    ):
         table = query_results(root, model=model, gpu=gpu, since=since, include_incomplete=include_incomplete)
     if table.empty:
-        console.print(f"no stored results under {root}/results match" + (
-            "" if include_incomplete else " (failed and interrupted runs are left out: --include-incomplete)"))
+        console.print(
+            f"no stored results under {root}/results match"
+            + ("" if include_incomplete else " (failed and interrupted runs are left out: --include-incomplete)")
+        )
         raise typer.Exit(0)
     rows = table if all_points else best_per_run(table)
     if csv:
         rows.to_csv(csv, index=False)
-    headers = {"date": "date", "run_id": "run", "model": "model", "gpu": "gpu", "format": "format",
-               "precision": "precision", "scenario": "scenario", "batch_size": "batch", "concurrency": "conc.",
-               "throughput_infer_per_s": "infer/s", "p99_ms": "p99 ms", "run_status": "run status"}
+    headers = {
+        "date": "date",
+        "run_id": "run",
+        "model": "model",
+        "gpu": "gpu",
+        "format": "format",
+        "precision": "precision",
+        "scenario": "scenario",
+        "batch_size": "batch",
+        "concurrency": "conc.",
+        "throughput_infer_per_s": "infer/s",
+        "p99_ms": "p99 ms",
+        "run_status": "run status",
+    }
     shown = [c for c in headers if c in rows.columns]
     out = Table(*(headers[c] for c in shown), title=f"{len(rows)} rows from {table['run_id'].nunique()} runs")
     for _, r in rows[shown].iterrows():
@@ -589,8 +730,9 @@ def pd_missing(value) -> bool:
     return value is None or (not isinstance(value, str) and bool(pd.isna(value)))
 
 
-stack_app = typer.Typer(help="The local stack: Prefect server, S3 endpoint (moto), pools, deployments and a cpu "
-                        "worker.")
+stack_app = typer.Typer(
+    help="The local stack: Prefect server, S3 endpoint (moto), pools, deployments and a cpu worker."
+)
 app.add_typer(stack_app, name="stack")
 StackFolder = Annotated[str | None, typer.Option(help="The stack's folder (~/.cache/tbench/stack by default).")]
 
@@ -603,12 +745,17 @@ def _stack_dir(folder: str | None) -> Path:
 
 @stack_app.command("up")
 def stack_up(
-    folder: str = typer.Option(None, help="Where the stack keeps its database, logs and state "
-                               "(~/.cache/tbench/stack)."),
-    database_url: str = typer.Option(None, envvar="TBENCH_STACK_DATABASE_URL", help="PostgreSQL instead of SQLite: "
-                                     "postgresql+asyncpg://user:pass@host/db. Better set TBENCH_STACK_DATABASE_URL (a "
-                                     "command line is seen by ps and kept in shell history); only the Prefect server "
-                                     "gets the password: stack.json and what is printed show the URL with ***."),
+    folder: str = typer.Option(
+        None, help="Where the stack keeps its database, logs and state (~/.cache/tbench/stack)."
+    ),
+    database_url: str = typer.Option(
+        None,
+        envvar="TBENCH_STACK_DATABASE_URL",
+        help="PostgreSQL instead of SQLite: "
+        "postgresql+asyncpg://user:pass@host/db. Better set TBENCH_STACK_DATABASE_URL (a "
+        "command line is seen by ps and kept in shell history); only the Prefect server "
+        "gets the password: stack.json and what is printed show the URL with ***.",
+    ),
     port: int = typer.Option(4200, help="The Prefect server's port (its UI too)."),
 ) -> None:
     """Start the stack and deploy; prints the environment a shell needs (also: tbench stack env)."""
@@ -621,8 +768,10 @@ def stack_up(
         except BenchError:
             s.down()  # what did start stops again before the error is shown
             raise
-    console.print(f"Prefect UI: {s.api_url[:-4]}   S3 endpoint: {s.s3.url}   artifacts: {s.artifact_root}"
-                  + (f"   database: {stack.masked_url(database_url)}" if database_url else ""))
+    console.print(
+        f"Prefect UI: {s.api_url[:-4]}   S3 endpoint: {s.s3.url}   artifacts: {s.artifact_root}"
+        + (f"   database: {stack.masked_url(database_url)}" if database_url else "")
+    )
     for key, value in s.client_env().items():
         typer.echo(f"export {key}={value}")
 
@@ -652,9 +801,13 @@ def stack_down(folder: StackFolder = None) -> None:
 @app.command()
 def doctor(
     json_output: bool = typer.Option(False, "--json", help="The report as JSON, for scripts."),
-    image: bool = typer.Option(False, "--image", help="Also check what the GPU worker image must hold (CUDA builds, "
-                               "TensorRT at the image's version, the local server's backends); exit 1 if it "
-                               "lacks any."),
+    image: bool = typer.Option(
+        False,
+        "--image",
+        help="Also check what the GPU worker image must hold (CUDA builds, "
+        "TensorRT at the image's version, the local server's backends); exit 1 if it "
+        "lacks any.",
+    ),
 ) -> None:
     """What this node can export (each converter's tools), serve (each server mode) and measure (perf_analyzer, GPUs,
     GPU metrics, CUDA in each framework); `tbench run` refuses what it lacks."""

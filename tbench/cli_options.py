@@ -50,14 +50,16 @@ ServerUrl = Annotated[str | None, typer.Option(help=field_help("server_url"))]
 DockerImage = Annotated[str | None, typer.Option(help=field_help("docker_image"))]
 Gpus = Annotated[str | None, typer.Option(help=field_help("gpus"))]
 DockerNetwork = Annotated[str, typer.Option(help=field_help("docker_network"))]
-DockerUlimit = Annotated[list[str] | None, typer.Option(
-    help=field_help("docker_ulimits", "Repeat the option per ulimit; 'none' for none."))]
+DockerUlimit = Annotated[
+    list[str] | None, typer.Option(help=field_help("docker_ulimits", "Repeat the option per ulimit; 'none' for none."))
+]
 HttpPort = Annotated[int | None, typer.Option(help=field_help("http_port"))]
 GrpcPort = Annotated[int | None, typer.Option(help=field_help("grpc_port"))]
 
 # How perf_analyzer measures (MeasurementOverrides: the profile's and the model's settings hold where not given)
-WindowS = Annotated[float | None, typer.Option(
-    "--window-s", help=_measurement_help("window_s", "The profile's by default."))]
+WindowS = Annotated[
+    float | None, typer.Option("--window-s", help=_measurement_help("window_s", "The profile's by default."))
+]
 Stability = Annotated[float | None, typer.Option(help=_measurement_help("stability_percentage"))]
 MaxTrials = Annotated[int | None, typer.Option("--max-trials", help=_measurement_help("max_trials"))]
 
@@ -68,16 +70,33 @@ Verbose = Annotated[bool, typer.Option("--verbose", "-v", help="Also show Prefec
 def measurement_overrides(window_s: float | None = None, stability: float | None = None, max_trials: int | None = None):
     """The one way the CLI builds the request's measurement: only the fields the user set (a MeasurementOverrides),
     so the profile's and the model's settings hold for the others; None when none was set."""
-    given = {k: v for k, v in {"window_s": window_s, "stability_percentage": stability,
-                                "max_trials": max_trials}.items() if v is not None}
+    given = {
+        k: v
+        for k, v in {"window_s": window_s, "stability_percentage": stability, "max_trials": max_trials}.items()
+        if v is not None
+    }
     return MeasurementOverrides(**given) if given else None
 
 
-def server_fields(server: str | None, server_url: str | None, docker_image: str | None = None,
-                  gpus: str | None = None, docker_network: str | None = None, docker_ulimit: list[str] | None = None,
-                  http_port: int | None = None, grpc_port: int | None = None) -> dict:
+def server_fields(
+    server: str | None,
+    server_url: str | None,
+    docker_image: str | None = None,
+    gpus: str | None = None,
+    docker_network: str | None = None,
+    docker_ulimit: list[str] | None = None,
+    http_port: int | None = None,
+    grpc_port: int | None = None,
+) -> dict:
     """The request's server fields from the server options, as `run` and `search` both pass them."""
-    return dict(server=server, server_url=server_url, docker_image=docker_image, gpus=gpus,
-                docker_network=docker_network, http_port=http_port, grpc_port=grpc_port,
-                # --docker-ulimit none: the empty list, which sets no ulimit at all
-                docker_ulimits=None if not docker_ulimit else [u for u in docker_ulimit if u != "none"])
+    return dict(
+        server=server,
+        server_url=server_url,
+        docker_image=docker_image,
+        gpus=gpus,
+        docker_network=docker_network,
+        http_port=http_port,
+        grpc_port=grpc_port,
+        # --docker-ulimit none: the empty list, which sets no ulimit at all
+        docker_ulimits=None if not docker_ulimit else [u for u in docker_ulimit if u != "none"],
+    )

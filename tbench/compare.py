@@ -38,12 +38,27 @@ from tbench.storage import url_to_fs
 
 DEFAULT_NOISE = 0.05  # CV assumed for a point whose perf_analyzer log is missing
 WINDOWS = 3  # perf_analyzer averages the last 3 windows of a stable measurement
-MATCH_KEYS = ["model", "model_size", "format", "scenario", "precision", "gpu", "batch_size", "concurrency", "request_rate"]
+MATCH_KEYS = [
+    "model",
+    "model_size",
+    "format",
+    "scenario",
+    "precision",
+    "gpu",
+    "batch_size",
+    "concurrency",
+    "request_rate",
+]
 NUMERIC_KEYS = {"batch_size", "concurrency", "request_rate"}
 P99 = "p99_ms"
 TPUT = THROUGHPUT.column
 
-REGRESSION, IMPROVEMENT, NO_CHANGE, NOT_COMPARABLE = "regression", "improvement", "no significant change", "not comparable"
+REGRESSION, IMPROVEMENT, NO_CHANGE, NOT_COMPARABLE = (
+    "regression",
+    "improvement",
+    "no significant change",
+    "not comparable",
+)
 SLOWER, FASTER, WITHIN = "slower", "faster", "within noise"
 HIGHER_LATENCY, LOWER_LATENCY = "higher latency", "lower latency"
 EXIT_CODES = {NO_CHANGE: 0, IMPROVEMENT: 0, REGRESSION: 1, NOT_COMPARABLE: 2}
@@ -54,6 +69,7 @@ PASS_RE = re.compile(rf"Pass \[(\d+)\] throughput: ({_NUM}) infer/sec\.\s+(?:Avg
 
 
 # --- noise from the perf_analyzer log ---------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class Window:
@@ -101,6 +117,7 @@ def log_for(source_file: str) -> str:
 
 
 # --- loading a run ----------------------------------------------------------------------------------------------------
+
 
 @dataclass
 class RunResults:
@@ -175,6 +192,7 @@ def load_run(path_or_url: str | Path, default_noise: float = DEFAULT_NOISE) -> R
 
 
 # --- matching and verdicts --------------------------------------------------------------------------------------------
+
 
 def _missing(v) -> bool:
     if v is None or v is pd.NA or v is pd.NaT:
@@ -261,9 +279,23 @@ class Comparison:
         return self.points[self.points["throughput_verdict"] == FASTER]
 
 
-POINT_COLUMNS = [*MATCH_KEYS, "baseline_throughput", "candidate_throughput", "throughput_delta", "throughput_noise",
-                 "throughput_threshold", "throughput_verdict", "baseline_p99_ms", "candidate_p99_ms", "p99_delta",
-                 "latency_noise", "latency_threshold", "latency_verdict", "noise_assumed", "verdict"]
+POINT_COLUMNS = [
+    *MATCH_KEYS,
+    "baseline_throughput",
+    "candidate_throughput",
+    "throughput_delta",
+    "throughput_noise",
+    "throughput_threshold",
+    "throughput_verdict",
+    "baseline_p99_ms",
+    "candidate_p99_ms",
+    "p99_delta",
+    "latency_noise",
+    "latency_threshold",
+    "latency_verdict",
+    "noise_assumed",
+    "verdict",
+]
 UNMATCHED_COLUMNS = [*MATCH_KEYS, "baseline_status", "candidate_status", "reason", "compared"]
 
 
@@ -294,8 +326,9 @@ def _pct(x: float, sign: bool = True) -> str:
     return "n/a" if _missing(x) else (f"{100 * x:+.1f}%" if sign else f"{100 * x:.1f}%")
 
 
-def compare_runs(baseline: RunResults | str | Path, candidate: RunResults | str | Path, min_effect: float = 0.05,
-                 k: float = 3.0) -> Comparison:
+def compare_runs(
+    baseline: RunResults | str | Path, candidate: RunResults | str | Path, min_effect: float = 0.05, k: float = 3.0
+) -> Comparison:
     """Match the two runs' points on `MATCH_KEYS` and judge each against its noise; see the module docstring."""
     base = baseline if isinstance(baseline, RunResults) else load_run(baseline)
     cand = candidate if isinstance(candidate, RunResults) else load_run(candidate)
@@ -309,23 +342,38 @@ def compare_runs(baseline: RunResults | str | Path, candidate: RunResults | str 
         kd = dict(zip(MATCH_KEYS, key))
         for name, idx in (("baseline", bi), ("candidate", ci)):
             if idx and len(idx) > 1:  # the last row counts; the others are listed, not dropped
-                unmatched.append({**kd, "baseline_status": b_status, "candidate_status": c_status,
-                                  "reason": f"{len(idx)} rows for this point in the {name}; the last one compared",
-                                  "compared": True})
+                unmatched.append(
+                    {
+                        **kd,
+                        "baseline_status": b_status,
+                        "candidate_status": c_status,
+                        "reason": f"{len(idx)} rows for this point in the {name}; the last one compared",
+                        "compared": True,
+                    }
+                )
         if b_status != "ok" or c_status != "ok":
             if bi is None:
                 reason = "only in the candidate" + ("" if c_status == "ok" else f" ({c_status})")
             elif ci is None:
                 reason = "only in the baseline" + ("" if b_status == "ok" else f" ({b_status})")
             else:
-                bad = [f"{c_status} in the candidate" if c_status != "ok" else "", f"{b_status} in the baseline" if b_status != "ok" else ""]
+                bad = [
+                    f"{c_status} in the candidate" if c_status != "ok" else "",
+                    f"{b_status} in the baseline" if b_status != "ok" else "",
+                ]
                 reason = ", ".join(x for x in bad if x)
-                errors = [str(r.loc[i[-1], "error"]) for r, i in ((c_res, ci), (b_res, bi))
-                          if str(r.loc[i[-1], "status"]) != "ok" and not _missing(r.loc[i[-1], "error"]) and str(r.loc[i[-1], "error"])]
+                errors = [
+                    str(r.loc[i[-1], "error"])
+                    for r, i in ((c_res, ci), (b_res, bi))
+                    if str(r.loc[i[-1], "status"]) != "ok"
+                    and not _missing(r.loc[i[-1], "error"])
+                    and str(r.loc[i[-1], "error"])
+                ]
                 if errors:
                     reason += f": {errors[0]}"
-            unmatched.append({**kd, "baseline_status": b_status, "candidate_status": c_status, "reason": reason,
-                              "compared": False})
+            unmatched.append(
+                {**kd, "baseline_status": b_status, "candidate_status": c_status, "reason": reason, "compared": False}
+            )
             continue
         b, c = b_res.loc[bi[-1]], c_res.loc[ci[-1]]
         t_noise = math.hypot(b["throughput_cv"], c["throughput_cv"])
@@ -335,12 +383,25 @@ def compare_runs(baseline: RunResults | str | Path, candidate: RunResults | str 
         tv = _verdict(t_delta, t_thr, FASTER, SLOWER)
         lv = _verdict(l_delta, l_thr, HIGHER_LATENCY, LOWER_LATENCY)
         both = [v for v in (tv, lv) if v not in (WITHIN, "n/a")]
-        rows.append({**kd, "baseline_throughput": float(b[TPUT]), "candidate_throughput": float(c[TPUT]),
-                     "throughput_delta": t_delta, "throughput_noise": t_noise, "throughput_threshold": t_thr,
-                     "throughput_verdict": tv, "baseline_p99_ms": float(b[P99]), "candidate_p99_ms": float(c[P99]),
-                     "p99_delta": l_delta, "latency_noise": l_noise, "latency_threshold": l_thr, "latency_verdict": lv,
-                     "noise_assumed": bool(b["noise_assumed"] or c["noise_assumed"]),
-                     "verdict": ", ".join(both) if both else WITHIN})
+        rows.append(
+            {
+                **kd,
+                "baseline_throughput": float(b[TPUT]),
+                "candidate_throughput": float(c[TPUT]),
+                "throughput_delta": t_delta,
+                "throughput_noise": t_noise,
+                "throughput_threshold": t_thr,
+                "throughput_verdict": tv,
+                "baseline_p99_ms": float(b[P99]),
+                "candidate_p99_ms": float(c[P99]),
+                "p99_delta": l_delta,
+                "latency_noise": l_noise,
+                "latency_threshold": l_thr,
+                "latency_verdict": lv,
+                "noise_assumed": bool(b["noise_assumed"] or c["noise_assumed"]),
+                "verdict": ", ".join(both) if both else WITHIN,
+            }
+        )
     points = pd.DataFrame(rows, columns=POINT_COLUMNS)
     unmatched_df = pd.DataFrame(unmatched, columns=UNMATCHED_COLUMNS)
     comparison = Comparison(base.source, cand.source, min_effect, k, NO_CHANGE, "", points, unmatched_df)
@@ -354,9 +415,15 @@ def compare_runs(baseline: RunResults | str | Path, candidate: RunResults | str 
     # the baseline's best matched point per format x scenario: the scenario's headline number
     groups = points.assign(_f=points["format"].fillna(""), _s=points["scenario"].fillna(""))
     groups = groups[groups["baseline_throughput"].notna()]
-    best = points.loc[groups.groupby(["_f", "_s"], sort=True)["baseline_throughput"].idxmax()]  # keeps the points' index
+    best = points.loc[
+        groups.groupby(["_f", "_s"], sort=True)["baseline_throughput"].idxmax()
+    ]  # keeps the points' index
     comparison.best = best
-    n, n_slow, n_fast = len(points), int((points["throughput_verdict"] == SLOWER).sum()), int((points["throughput_verdict"] == FASTER).sum())
+    n, n_slow, n_fast = (
+        len(points),
+        int((points["throughput_verdict"] == SLOWER).sum()),
+        int((points["throughput_verdict"] == FASTER).sum()),
+    )
     if (best["throughput_verdict"] == SLOWER).any() or n_slow > n / 2:
         comparison.verdict = REGRESSION
     elif (best["throughput_verdict"] == FASTER).any() or n_fast > n / 2:
@@ -374,14 +441,18 @@ def _summary(c: Comparison, n_slow: int, n_fast: int) -> str:
         head, shown = "faster than the baseline", best[best["throughput_verdict"] == FASTER]
     else:
         head, shown = "no significant change against the baseline", best
-    if shown.empty and not best.empty:  # the verdict comes from the majority rule: show the largest move among the best points
+    if (
+        shown.empty and not best.empty
+    ):  # the verdict comes from the majority rule: show the largest move among the best points
         shown = best.loc[[best["throughput_delta"].abs().fillna(-1).idxmax()]]
     parts = []
     for _, p in shown.iterrows():
         label = f"{p['format']} {p['scenario']}" if many_formats else f"{p['scenario']}"
-        parts.append(f"{label} best {_fmt_num(p['baseline_throughput'])} -> {_fmt_num(p['candidate_throughput'])} infer/s "
-                     f"({_pct(p['throughput_delta'])}, noise ±{_pct(p['throughput_noise'], sign=False)})")
-    counts = (f"{n_slow} of {n} points slower" if c.verdict != IMPROVEMENT else f"{n_fast} of {n} points faster")
+        parts.append(
+            f"{label} best {_fmt_num(p['baseline_throughput'])} -> {_fmt_num(p['candidate_throughput'])} infer/s "
+            f"({_pct(p['throughput_delta'])}, noise ±{_pct(p['throughput_noise'], sign=False)})"
+        )
+    counts = f"{n_slow} of {n} points slower" if c.verdict != IMPROVEMENT else f"{n_fast} of {n} points faster"
     if c.verdict == NO_CHANGE:
         counts = f"{n_slow} of {n} points slower, {n_fast} faster"
     n_lat = int((c.points["latency_verdict"] == HIGHER_LATENCY).sum())
@@ -399,6 +470,7 @@ def verdict_exit_code(comparison: Comparison) -> int:
 
 # --- markdown and plot ------------------------------------------------------------------------------------------------
 
+
 def _load_label(p) -> str:
     if not _missing(p["request_rate"]):
         return f"rate {p['request_rate']:g}/s"
@@ -406,40 +478,68 @@ def _load_label(p) -> str:
 
 
 def rule_sentence(min_effect: float, k: float) -> str:
-    return (f"A point is significantly slower (faster) when its throughput drops (rises) by more than "
-            f"max({100 * min_effect:g}%, {k:g} × noise), the noise being sqrt(CV_baseline² + CV_candidate²) over the "
-            f"{WINDOWS} windows perf_analyzer averaged (p99 latency likewise, with the avg latency windows' CV); "
-            f"the run regresses when a format × scenario's best-throughput point, or more than half the matched points, "
-            f"are significantly slower.")
+    return (
+        f"A point is significantly slower (faster) when its throughput drops (rises) by more than "
+        f"max({100 * min_effect:g}%, {k:g} × noise), the noise being sqrt(CV_baseline² + CV_candidate²) over the "
+        f"{WINDOWS} windows perf_analyzer averaged (p99 latency likewise, with the avg latency windows' CV); "
+        f"the run regresses when a format × scenario's best-throughput point, or more than half the matched points, "
+        f"are significantly slower."
+    )
 
 
 def comparison_markdown(comparison: Comparison, title: str = "Comparison against the baseline") -> str:
     c = comparison
-    lines = [f"## {title}", "", f"**Verdict: {c.verdict}** — {c.summary}", "",
-             f"Baseline: `{c.baseline}` · Candidate: `{c.candidate}`", "", rule_sentence(c.min_effect, c.k), ""]
+    lines = [
+        f"## {title}",
+        "",
+        f"**Verdict: {c.verdict}** — {c.summary}",
+        "",
+        f"Baseline: `{c.baseline}` · Candidate: `{c.candidate}`",
+        "",
+        rule_sentence(c.min_effect, c.k),
+        "",
+    ]
     if not c.points.empty:
         table = []
         for i, p in c.points.iterrows():
             star = "*" if p["noise_assumed"] else ""
-            table.append({
-                "Format": p["format"], "Scenario": p["scenario"], "Batch": _fmt_num(p["batch_size"]),
-                "Concurrency / rate": _load_label(p),
-                "Baseline infer/s": _fmt_num(p["baseline_throughput"]), "Candidate infer/s": _fmt_num(p["candidate_throughput"]),
-                "Δ throughput": _pct(p["throughput_delta"]), "Noise": f"±{_pct(p['throughput_noise'], sign=False)}{star}",
-                "Threshold": _pct(p["throughput_threshold"], sign=False),
-                "Baseline p99 ms": _fmt_num(p["baseline_p99_ms"]), "Candidate p99 ms": _fmt_num(p["candidate_p99_ms"]),
-                "Δ p99": _pct(p["p99_delta"]), "p99 noise": f"±{_pct(p['latency_noise'], sign=False)}{star}",
-                "Verdict": p["verdict"] + (" (best)" if i in c.best.index else ""),
-            })
+            table.append(
+                {
+                    "Format": p["format"],
+                    "Scenario": p["scenario"],
+                    "Batch": _fmt_num(p["batch_size"]),
+                    "Concurrency / rate": _load_label(p),
+                    "Baseline infer/s": _fmt_num(p["baseline_throughput"]),
+                    "Candidate infer/s": _fmt_num(p["candidate_throughput"]),
+                    "Δ throughput": _pct(p["throughput_delta"]),
+                    "Noise": f"±{_pct(p['throughput_noise'], sign=False)}{star}",
+                    "Threshold": _pct(p["throughput_threshold"], sign=False),
+                    "Baseline p99 ms": _fmt_num(p["baseline_p99_ms"]),
+                    "Candidate p99 ms": _fmt_num(p["candidate_p99_ms"]),
+                    "Δ p99": _pct(p["p99_delta"]),
+                    "p99 noise": f"±{_pct(p['latency_noise'], sign=False)}{star}",
+                    "Verdict": p["verdict"] + (" (best)" if i in c.best.index else ""),
+                }
+            )
         lines += [pd.DataFrame(table).to_markdown(index=False), ""]
         if c.points["noise_assumed"].any():
             lines += ["\\* noise assumed: no perf_analyzer log for the point in one of the runs.", ""]
     if c.verdict == NOT_COMPARABLE:
         lines += [f"Not comparable: {c.reason}.", ""]
     if not c.unmatched.empty:
-        rows = [{"Model": u["model"], "Format": u["format"], "Scenario": u["scenario"], "Batch": _fmt_num(u["batch_size"]),
-                 "Concurrency / rate": _load_label(u), "Baseline": u["baseline_status"], "Candidate": u["candidate_status"],
-                 "Why not compared": u["reason"]} for _, u in c.unmatched.iterrows()]
+        rows = [
+            {
+                "Model": u["model"],
+                "Format": u["format"],
+                "Scenario": u["scenario"],
+                "Batch": _fmt_num(u["batch_size"]),
+                "Concurrency / rate": _load_label(u),
+                "Baseline": u["baseline_status"],
+                "Candidate": u["candidate_status"],
+                "Why not compared": u["reason"],
+            }
+            for _, u in c.unmatched.iterrows()
+        ]
         lines += ["### Points not compared", "", pd.DataFrame(rows).to_markdown(index=False), ""]
     return "\n".join(lines)
 
@@ -468,8 +568,15 @@ def plot_comparison(comparison: Comparison, path: str | Path) -> Path:
     else:
         x = np.arange(len(labels))
         deltas = 100 * c.points["throughput_delta"].fillna(0).to_numpy()
-        bars = ax.bar(x, deltas, yerr=100 * c.points["throughput_threshold"].to_numpy(), capsize=4,
-                      color=[COLOURS.get(v, "#9e9e9e") for v in c.points["throughput_verdict"]], edgecolor="black", linewidth=0.5)
+        bars = ax.bar(
+            x,
+            deltas,
+            yerr=100 * c.points["throughput_threshold"].to_numpy(),
+            capsize=4,
+            color=[COLOURS.get(v, "#9e9e9e") for v in c.points["throughput_verdict"]],
+            edgecolor="black",
+            linewidth=0.5,
+        )
         for bar, assumed in zip(bars, c.points["noise_assumed"]):
             if assumed:
                 bar.set_hatch("//")

@@ -5,16 +5,35 @@ from __future__ import annotations
 
 import re
 
-COMPOSING_COLUMNS = ["model", "composing_model", "scenario", "format", "batch_size", "concurrency", "request_rate",
-                     "inference_count", "execution_count", "request_latency_ms", "overhead_ms", "server_queue_ms",
-                     "server_compute_input_ms", "server_compute_infer_ms", "server_compute_output_ms"]
+COMPOSING_COLUMNS = [
+    "model",
+    "composing_model",
+    "scenario",
+    "format",
+    "batch_size",
+    "concurrency",
+    "request_rate",
+    "inference_count",
+    "execution_count",
+    "request_latency_ms",
+    "overhead_ms",
+    "server_queue_ms",
+    "server_compute_input_ms",
+    "server_compute_infer_ms",
+    "server_compute_output_ms",
+]
 
 _HEADER = re.compile(r"^\s*(\S+), version: *(\S*)\s*$")
 _COUNT = re.compile(r"^\s*(Inference|Execution) count: (\d+)")
 _LATENCY = re.compile(r"Avg request latency: (\d+) usec \((.*)\)")
 _PART = re.compile(r"(overhead|queue|compute input|compute infer|compute output) (\d+) usec")
-_PART_COLUMNS = {"overhead": "overhead_ms", "queue": "server_queue_ms", "compute input": "server_compute_input_ms",
-                 "compute infer": "server_compute_infer_ms", "compute output": "server_compute_output_ms"}
+_PART_COLUMNS = {
+    "overhead": "overhead_ms",
+    "queue": "server_queue_ms",
+    "compute input": "server_compute_input_ms",
+    "compute infer": "server_compute_infer_ms",
+    "compute output": "server_compute_output_ms",
+}
 
 
 def parse_composing(log: str) -> list[dict]:

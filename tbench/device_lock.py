@@ -72,17 +72,31 @@ def lock_name(hardware: Hardware) -> str:
 
 
 def _now() -> dt.datetime:
-    return dt.datetime.now(dt.timezone.utc)
+    return dt.datetime.now(dt.UTC)
 
 
 class DeviceLock:
-    def __init__(self, name: str, run: str, flow_run: str | None = None, lease_s: float = LEASE_S, poll_s: float = 2.0,
-                 report_every_s: float = 15.0):
+    def __init__(
+        self,
+        name: str,
+        run: str,
+        flow_run: str | None = None,
+        lease_s: float = LEASE_S,
+        poll_s: float = 2.0,
+        report_every_s: float = 15.0,
+    ):
         self.name, self.lease_s, self.poll_s, self.report_every_s = name, lease_s, poll_s, report_every_s
         self.record_name = "tbench_lease_" + re.sub(r"[^a-z0-9_-]+", "_", name.lower())
         me = psutil.Process()
-        self.holder = Holder(run=run, flow_run=flow_run, host=socket.gethostname(), pid=me.pid,
-                             pid_started=me.create_time(), since=_now(), renewed=_now())
+        self.holder = Holder(
+            run=run,
+            flow_run=flow_run,
+            host=socket.gethostname(),
+            pid=me.pid,
+            pid_started=me.create_time(),
+            since=_now(),
+            renewed=_now(),
+        )
         self._stop = threading.Event()
         self._renewer: threading.Thread | None = None
         self._taken_at: float | None = None
@@ -167,8 +181,10 @@ class DeviceLock:
                 continue
             waited = time.monotonic() - started
             if timeout_s is not None and waited >= timeout_s:
-                raise LockTimeout(f"the device lock {self.name} is still held by "
-                                  f"{holder.describe() if holder else 'an unknown run'} after {waited:.0f} s of waiting")
+                raise LockTimeout(
+                    f"the device lock {self.name} is still held by "
+                    f"{holder.describe() if holder else 'an unknown run'} after {waited:.0f} s of waiting"
+                )
             if time.monotonic() - reported >= self.report_every_s:
                 reported = time.monotonic()
                 whom = holder.describe() if holder else "a run that has not written its lease yet"
@@ -180,8 +196,9 @@ class DeviceLock:
         self._write_record()
         self._stop.clear()
         # the thread runs in this context: Prefect's settings (the API URL the run uses) live in context variables
-        self._renewer = threading.Thread(target=contextvars.copy_context().run, args=(self._renew,),
-                                         name=f"lease-{self.name}", daemon=True)
+        self._renewer = threading.Thread(
+            target=contextvars.copy_context().run, args=(self._renew,), name=f"lease-{self.name}", daemon=True
+        )
         self._renewer.start()
 
     def _stale(self, holder: Holder | None, unchanged_s: float) -> bool:
@@ -203,7 +220,9 @@ class DeviceLock:
             try:
                 current = self._read_record()
                 if current is not None and (current.pid, current.host) != (self.holder.pid, self.holder.host):
-                    log.error(f"the device lock {self.name} was reclaimed by {current.describe()} while this run held it")
+                    log.error(
+                        f"the device lock {self.name} was reclaimed by {current.describe()} while this run held it"
+                    )
                     return
                 self.holder.renewed = _now()
                 self._write_record()
@@ -224,8 +243,9 @@ class DeviceLock:
             if current is not None and (current.pid, current.host) == (self.holder.pid, self.holder.host):
                 self._delete_record()
                 with self._client() as client:
-                    client.release_concurrency_slots(names=[self.name], slots=1,
-                                                     occupancy_seconds=time.monotonic() - self._taken_at)
+                    client.release_concurrency_slots(
+                        names=[self.name], slots=1, occupancy_seconds=time.monotonic() - self._taken_at
+                    )
         except Exception as err:
             log.warning(f"could not release the device lock {self.name} ({err}); the next run reclaims it")
         finally:

@@ -51,6 +51,7 @@ class NodeReport(BaseModel):
 
 # --- seams: what the checks read of the machine ---
 
+
 def _import(module: str):
     return importlib.import_module(module)
 
@@ -75,6 +76,7 @@ def _hardware() -> hw.Hardware:
 
 
 # --- export ---
+
 
 def tool(name: str) -> dict:
     """One converter tool: importable here (the import itself, not just an installed wheel) and its version."""
@@ -113,9 +115,14 @@ def converter_check(conv) -> Check:
         if not built:
             why.append(f"this TensorFlow is not built with TensorRT ({detail})")
     versions = ", ".join(f"{t['name']} {t['version']}" for t in tools if t["ok"])
-    return Check(area="export", name=f"{conv.source} -> {conv.target.value}", ok=not why,
-                 detail="; ".join(why) or versions, hint=conv.where if why else "",
-                 data={"source": conv.source, "target": conv.target.value, "tools": tools})
+    return Check(
+        area="export",
+        name=f"{conv.source} -> {conv.target.value}",
+        ok=not why,
+        detail="; ".join(why) or versions,
+        hint=conv.where if why else "",
+        data={"source": conv.source, "target": conv.target.value, "tools": tools},
+    )
 
 
 def export_checks(converters: Iterable | None = None) -> list[Check]:
@@ -125,6 +132,7 @@ def export_checks(converters: Iterable | None = None) -> list[Check]:
 
 
 # --- serve ---
+
 
 def embedded_check() -> Check:
     from tasks.server import backends_in
@@ -139,10 +147,18 @@ def embedded_check() -> Check:
     stub = (server_dir / "python_backend_stubs" / version / "triton_python_backend_stub").exists()
     why = ([] if "python" in backends else ["no python backend"]) + ([] if stub else [f"no python {version} stub"])
     binary = server_dir / "bin" / "tritonserver"
-    detail = (f"{binary} (nvidia-pytriton {importlib.metadata.version('nvidia-pytriton')}); "
-              f"backends: {', '.join(backends) or 'none'}; python {version} stub: {'yes' if stub else 'no'}")
-    return Check(area="serve", name="embedded", ok=not why, detail="; ".join(why) or detail,
-                 hint=PYTRITON if why else "", data={"binary": str(binary), "backends": backends, "stub": stub})
+    detail = (
+        f"{binary} (nvidia-pytriton {importlib.metadata.version('nvidia-pytriton')}); "
+        f"backends: {', '.join(backends) or 'none'}; python {version} stub: {'yes' if stub else 'no'}"
+    )
+    return Check(
+        area="serve",
+        name="embedded",
+        ok=not why,
+        detail="; ".join(why) or detail,
+        hint=PYTRITON if why else "",
+        data={"binary": str(binary), "backends": backends, "stub": stub},
+    )
 
 
 def local_check(binary: str | None = None, backend_dir: str | None = None) -> Check:
@@ -153,14 +169,30 @@ def local_check(binary: str | None = None, backend_dir: str | None = None) -> Ch
     backends = sorted(backends_in(folder))
     version = os.environ.get("TRITON_SERVER_VERSION")  # set in NGC's Triton images
     if not found:
-        return Check(area="serve", name="local", ok=False, detail=f"no {binary or 'tritonserver'} on PATH",
-                     hint=f"run inside {WORKER_IMAGE} or NGC's Triton image, or use --server embedded")
+        return Check(
+            area="serve",
+            name="local",
+            ok=False,
+            detail=f"no {binary or 'tritonserver'} on PATH",
+            hint=f"run inside {WORKER_IMAGE} or NGC's Triton image, or use --server embedded",
+        )
     if not backends:
-        return Check(area="serve", name="local", ok=False, detail=f"{found}: no backends in {folder}",
-                     hint="give the server's backend directory (backend_dir)", data={"binary": found})
+        return Check(
+            area="serve",
+            name="local",
+            ok=False,
+            detail=f"{found}: no backends in {folder}",
+            hint="give the server's backend directory (backend_dir)",
+            data={"binary": found},
+        )
     detail = f"{found}{f' (Triton {version})' if version else ''}; backends in {folder}: {', '.join(backends)}"
-    return Check(area="serve", name="local", ok=True, detail=detail,
-                 data={"binary": found, "backend_dir": str(folder), "backends": backends, "version": version})
+    return Check(
+        area="serve",
+        name="local",
+        ok=True,
+        detail=detail,
+        data={"binary": found, "backend_dir": str(folder), "backends": backends, "version": version},
+    )
 
 
 def docker_check(image: str | None = None) -> Check:
@@ -168,23 +200,42 @@ def docker_check(image: str | None = None) -> Check:
 
     image = image or NGC_IMAGE
     if not _which("docker"):
-        return Check(area="serve", name="docker", ok=False, detail="no docker CLI on PATH",
-                     hint="install Docker Engine and the NVIDIA Container Toolkit (GPU nodes)")
+        return Check(
+            area="serve",
+            name="docker",
+            ok=False,
+            detail="no docker CLI on PATH",
+            hint="install Docker Engine and the NVIDIA Container Toolkit (GPU nodes)",
+        )
     rc, out = _run(["docker", "info", "--format", "{{.ServerVersion}}"], timeout=15)
     if rc != 0:
-        return Check(area="serve", name="docker", ok=False,
-                     detail=f"the Docker daemon is not reachable: {one_line(out, 160)}",
-                     hint="start dockerd, or give this user access to its socket (the docker group)")
+        return Check(
+            area="serve",
+            name="docker",
+            ok=False,
+            detail=f"the Docker daemon is not reachable: {one_line(out, 160)}",
+            hint="start dockerd, or give this user access to its socket (the docker group)",
+        )
     present = _run(["docker", "image", "inspect", "--format", "{{.Id}}", image], timeout=15)[0] == 0
     detail = f"daemon {out.splitlines()[-1] if out else '?'}; {image}: {'present' if present else 'not pulled yet'}"
-    return Check(area="serve", name="docker", ok=True, detail=detail,
-                 hint="" if present else f"docker pull {image} (the first docker run pulls it otherwise)",
-                 data={"daemon": out, "image": image, "image_present": present})
+    return Check(
+        area="serve",
+        name="docker",
+        ok=True,
+        detail=detail,
+        hint="" if present else f"docker pull {image} (the first docker run pulls it otherwise)",
+        data={"daemon": out, "image": image, "image_present": present},
+    )
 
 
 def remote_check() -> Check:
-    return Check(area="serve", name="remote", ok=None, detail="nothing to check here: the server is elsewhere",
-                 hint="give its address: --server-url HOST:GRPC_PORT,HOST:HTTP_PORT")
+    return Check(
+        area="serve",
+        name="remote",
+        ok=None,
+        detail="nothing to check here: the server is elsewhere",
+        hint="give its address: --server-url HOST:GRPC_PORT,HOST:HTTP_PORT",
+    )
 
 
 def server_check(mode: str, request=None) -> Check:
@@ -199,30 +250,50 @@ def server_check(mode: str, request=None) -> Check:
 
 # --- measure ---
 
+
 def perf_analyzer_check() -> Check:
     from tbench import tools
 
     try:
         binary, env = tools.perf_analyzer_binary(), tools.perf_analyzer_env()
     except BenchError as err:
-        return Check(area="measure", name="perf_analyzer", ok=False, detail=str(err),
-                     hint="pip install tritonclient[all]==2.51.0 (a dependency of this project)")
+        return Check(
+            area="measure",
+            name="perf_analyzer",
+            ok=False,
+            detail=str(err),
+            hint="pip install tritonclient[all]==2.51.0 (a dependency of this project)",
+        )
     rc, out = _run([str(binary), "--version"], env=env)
     version = out.splitlines()[0] if rc == 0 and out else f"--version failed: {one_line(out, 120)}"
-    return Check(area="measure", name="perf_analyzer", ok=rc == 0, detail=f"{binary}: {version}",
-                 data={"binary": str(binary), "version": version if rc == 0 else None})
+    return Check(
+        area="measure",
+        name="perf_analyzer",
+        ok=rc == 0,
+        detail=f"{binary}: {version}",
+        data={"binary": str(binary), "version": version if rc == 0 else None},
+    )
 
 
 def gpus_check() -> Check:
     machine = _hardware()
     if not machine.has_gpu:
         how = "no nvidia-smi on PATH" if not _which("nvidia-smi") else "nvidia-smi lists no GPU"
-        return Check(area="measure", name="GPUs", ok=False, detail=f"none: {how}",
-                     hint="a GPU node with the NVIDIA driver (and, in containers, the NVIDIA Container Toolkit)")
+        return Check(
+            area="measure",
+            name="GPUs",
+            ok=False,
+            detail=f"none: {how}",
+            hint="a GPU node with the NVIDIA driver (and, in containers, the NVIDIA Container Toolkit)",
+        )
     listed = ", ".join(f"{n} ({u})" for n, u in zip(machine.gpus, machine.gpu_uuids))
-    return Check(area="measure", name="GPUs", ok=True, detail=f"{listed}; driver {machine.driver}, CUDA {machine.cuda}",
-                 data={"gpus": machine.gpus, "uuids": machine.gpu_uuids, "driver": machine.driver,
-                       "cuda": machine.cuda})
+    return Check(
+        area="measure",
+        name="GPUs",
+        ok=True,
+        detail=f"{listed}; driver {machine.driver}, CUDA {machine.cuda}",
+        data={"gpus": machine.gpus, "uuids": machine.gpu_uuids, "driver": machine.driver, "cuda": machine.cuda},
+    )
 
 
 def links_dcgm(binary: Path) -> bool:
@@ -267,8 +338,13 @@ def cuda_check(framework: str) -> Check:
     if framework == "torch":
         built = module.version.cuda
         ok = bool(built) and module.cuda.is_available()
-        detail = f"torch {version}, " + (f"CUDA {built}, {module.cuda.device_count()} devices" if ok
-                                        else "built without CUDA" if not built else "no CUDA device visible")
+        detail = f"torch {version}, " + (
+            f"CUDA {built}, {module.cuda.device_count()} devices"
+            if ok
+            else "built without CUDA"
+            if not built
+            else "no CUDA device visible"
+        )
         hint = "" if ok else "a CUDA build of torch (pytorch.org's cu12x wheels, or NGC's PyTorch image)"
     elif framework == "onnxruntime":
         providers = module.get_available_providers()
@@ -289,8 +365,12 @@ def cuda_runtimes(runtimes: Iterable[str]) -> set[str]:
 
 
 def measure_checks() -> list[Check]:
-    return [perf_analyzer_check(), gpus_check(), gpu_metrics_check(),
-            *(cuda_check(f) for f in dict.fromkeys(RUNTIME_FRAMEWORKS.values()))]
+    return [
+        perf_analyzer_check(),
+        gpus_check(),
+        gpu_metrics_check(),
+        *(cuda_check(f) for f in dict.fromkeys(RUNTIME_FRAMEWORKS.values())),
+    ]
 
 
 def full_report() -> NodeReport:
@@ -321,11 +401,15 @@ def image_problems(report: NodeReport) -> list[str]:
     if not trt or not trt["ok"]:
         problems.append(f"tensorrt is not importable ({trt['error'] if trt else 'no onnx -> trt converter'})")
     elif (image := system_tensorrt()) and not image.startswith(trt["version"]):
-        problems.append(f"tensorrt {trt['version']} (pip) differs from the image's TensorRT {image}: engines it builds "
-                        "would not load in Triton's tensorrt backend")
-    builds = {"torch": lambda m: bool(m.version.cuda),
-              "onnxruntime": lambda m: "CUDAExecutionProvider" in m.get_available_providers(),
-              "tensorflow": lambda m: m.test.is_built_with_cuda()}
+        problems.append(
+            f"tensorrt {trt['version']} (pip) differs from the image's TensorRT {image}: engines it builds "
+            "would not load in Triton's tensorrt backend"
+        )
+    builds = {
+        "torch": lambda m: bool(m.version.cuda),
+        "onnxruntime": lambda m: "CUDAExecutionProvider" in m.get_available_providers(),
+        "tensorflow": lambda m: m.test.is_built_with_cuda(),
+    }
     for name, has_cuda in builds.items():
         try:
             if not has_cuda(_import(name)):
@@ -345,6 +429,7 @@ def image_problems(report: NodeReport) -> list[str]:
 
 
 # --- what a run needs ---
+
 
 def _formats(request) -> list[Format]:
     """Every format the run exports: the request's, and an ensemble's parts' (each part is exported in all its own)."""
@@ -406,8 +491,10 @@ def missing_for(request, report: NodeReport) -> list[str]:
         checked = [c for conv in steps if (c := report.get(f"{conv.source} -> {conv.target.value}")) is not None]
         failed = [c for c in checked if c.ok is False]
         if failed and (known or len(failed) == len(checked)):  # unknown framework: refused when no way is open
-            missing.append(f"{fmt.value}: {failed[0].name} cannot run here: {failed[0].detail}"
-                           + (f"; {failed[0].hint}" if failed[0].hint else ""))
+            missing.append(
+                f"{fmt.value}: {failed[0].name} cannot run here: {failed[0].detail}"
+                + (f"; {failed[0].hint}" if failed[0].hint else "")
+            )
     server = report.get(request.server)
     binary_given = request.server == "local" and getattr(request, "tritonserver", None)
     if server is not None and server.ok is False and not binary_given:  # a given binary: preflight checks it
@@ -415,6 +502,7 @@ def missing_for(request, report: NodeReport) -> list[str]:
     gpus = report.get("GPUs")
     profile = getattr(request, "profile", None)
     if gpus is not None and gpus.ok is False and request.server != "remote" and profile == "gpu":
-        missing.append(f"the gpu profile needs a GPU, and this node has {gpus.detail}; use --profile cpu, "
-                       "or run on a GPU node")
+        missing.append(
+            f"the gpu profile needs a GPU, and this node has {gpus.detail}; use --profile cpu, or run on a GPU node"
+        )
     return missing

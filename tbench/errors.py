@@ -54,5 +54,7 @@ def error_line(err: BaseException, limit: int = 300) -> str:
     lines = [line.strip() for line in str(err).splitlines() if line.strip()]
     if not lines:
         return type(err).__name__
-    line = lines[-1] if lines[0].startswith("The following operation failed in the TorchScript interpreter") else lines[0]
+    line = (
+        lines[-1] if lines[0].startswith("The following operation failed in the TorchScript interpreter") else lines[0]
+    )
     return line if len(line) <= limit else line[: limit - 3] + "..."

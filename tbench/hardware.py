@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 import platform
 import re
-import socket
 import shutil
+import socket
 import subprocess
 
 import psutil
@@ -62,9 +62,14 @@ def parse_gpu_query(csv_text: str) -> dict:
     """nvidia-smi --query-gpu=GPU_QUERY --format=csv,noheader,nounits -> the Hardware GPU fields."""
     rows = [[c.strip() for c in ln.split(",")] for ln in csv_text.strip().splitlines() if ln.strip()]
     rows = [r for r in rows if len(r) >= 6]
-    return {"gpus": [r[0] for r in rows], "driver": rows[0][1] if rows else None, "gpu_uuids": [r[2] for r in rows],
-            "gpu_memory_mib": [_int(r[3]) for r in rows], "gpu_max_sm_clock_mhz": [_int(r[4]) for r in rows],
-            "gpu_max_mem_clock_mhz": [_int(r[5]) for r in rows]}
+    return {
+        "gpus": [r[0] for r in rows],
+        "driver": rows[0][1] if rows else None,
+        "gpu_uuids": [r[2] for r in rows],
+        "gpu_memory_mib": [_int(r[3]) for r in rows],
+        "gpu_max_sm_clock_mhz": [_int(r[4]) for r in rows],
+        "gpu_max_mem_clock_mhz": [_int(r[5]) for r in rows],
+    }
 
 
 def parse_cuda_version(header: str) -> str | None:
@@ -76,8 +81,13 @@ def _gpus() -> dict:
     if not shutil.which("nvidia-smi"):
         return {"gpus": []}
     try:
-        out = subprocess.run(["nvidia-smi", f"--query-gpu={GPU_QUERY}", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=20, check=True).stdout
+        out = subprocess.run(
+            ["nvidia-smi", f"--query-gpu={GPU_QUERY}", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=True,
+        ).stdout
         header = subprocess.run(["nvidia-smi"], capture_output=True, text=True, timeout=20).stdout
     except (subprocess.SubprocessError, OSError):
         return {"gpus": []}
@@ -85,13 +95,21 @@ def _gpus() -> dict:
     fields = parse_gpu_query(out)
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible and fields["gpus"]:
-        keep = [i for i, uuid in enumerate(fields["gpu_uuids"])
-                if str(i) in visible.split(",") or uuid in visible.split(",")]
+        keep = [
+            i
+            for i, uuid in enumerate(fields["gpu_uuids"])
+            if str(i) in visible.split(",") or uuid in visible.split(",")
+        ]
         fields = {k: ([v[i] for i in keep] if isinstance(v, list) else v) for k, v in fields.items()}
     return {**fields, "cuda": parse_cuda_version(header)}
 
 
 def detect() -> Hardware:
-    return Hardware(cpu_model=_cpu_model(), cpu_cores=len(os.sched_getaffinity(0)),
-                    memory_gib=round(psutil.virtual_memory().total / 2**30, 1), os=f"{platform.system()} {platform.release()}",
-                    hostname=socket.gethostname(), **_gpus())
+    return Hardware(
+        cpu_model=_cpu_model(),
+        cpu_cores=len(os.sched_getaffinity(0)),
+        memory_gib=round(psutil.virtual_memory().total / 2**30, 1),
+        os=f"{platform.system()} {platform.release()}",
+        hostname=socket.gethostname(),
+        **_gpus(),
+    )

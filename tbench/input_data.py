@@ -46,8 +46,9 @@ class InputSamples:
             yield self.take(start, min(batch_size, n_samples - start))
 
 
-def load_input_data(path: str | Path, spec: IoSpec,
-                    default_shapes: Callable[[], dict[str, list[int]]] | None = None) -> InputSamples:
+def load_input_data(
+    path: str | Path, spec: IoSpec, default_shapes: Callable[[], dict[str, list[int]]] | None = None
+) -> InputSamples:
     """Read and check `path`: every model input present, values castable to its dtype, its non-batch shape the io
     spec's (dynamic dims free). `default_shapes` gives the shape of JSON samples that carry only their values and
     whose input has several dynamic dims (perf_analyzer's --shape), as perf_analyzer would."""
@@ -64,7 +65,9 @@ def load_input_data(path: str | Path, spec: IoSpec,
     names = spec.input_names()
     unknown = sorted(set(raw) - set(names))
     if unknown:
-        raise ConfigError(f"{where} names unknown input(s) {', '.join(unknown)}; the model's inputs are {', '.join(names)}")
+        raise ConfigError(
+            f"{where} names unknown input(s) {', '.join(unknown)}; the model's inputs are {', '.join(names)}"
+        )
     missing = [n for n in names if n not in raw]
     if missing:
         raise ConfigError(f"{where} lacks input(s) {', '.join(missing)}; the model's inputs are {', '.join(names)}")
@@ -72,7 +75,9 @@ def load_input_data(path: str | Path, spec: IoSpec,
     counts = {name: len(a) for name, a in arrays.items()}
     if len(set(counts.values())) > 1:
         listed = ", ".join(f"{n}: {c}" for n, c in counts.items())
-        raise ConfigError(f"{where}: the inputs hold different numbers of samples ({listed}); give the same number for each")
+        raise ConfigError(
+            f"{where}: the inputs hold different numbers of samples ({listed}); give the same number for each"
+        )
     if not next(iter(counts.values()), 0):
         raise ConfigError(f"{where} holds no samples")
     return InputSamples(str(path), arrays)
@@ -105,16 +110,19 @@ def _read_npy_folder(path: Path, where: str) -> dict[str, np.ndarray]:
 # ---------------------------------------------------------------- perf_analyzer JSON
 
 
-def _read_json(path: Path, spec: IoSpec, where: str,
-               default_shapes: Callable[[], dict[str, list[int]]] | None) -> dict[str, np.ndarray]:
+def _read_json(
+    path: Path, spec: IoSpec, where: str, default_shapes: Callable[[], dict[str, list[int]]] | None
+) -> dict[str, np.ndarray]:
     try:
         doc = json.loads(path.read_text())
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
         raise ConfigError(f"{where} is neither JSON nor .npz ({_line(err)}); give {FORMS}") from None
     entries = doc.get("data") if isinstance(doc, dict) else None
     if not isinstance(entries, list):
-        raise ConfigError(f'{where} is not perf_analyzer input data: it needs a "data" list of samples, '
-                          '{"data": [{"NAME": [values...]}, ...]}')
+        raise ConfigError(
+            f'{where} is not perf_analyzer input data: it needs a "data" list of samples, '
+            '{"data": [{"NAME": [values...]}, ...]}'
+        )
     # sequence models' streams (a list of lists) are read one after the other
     entries = [e for item in entries for e in (item if isinstance(item, list) else [item])]
     tensors = {t.name: t for t in spec.inputs}
@@ -125,12 +133,15 @@ def _read_json(path: Path, spec: IoSpec, where: str,
             raise ConfigError(f'{where}: sample {i} of "data" is not an object of input names')
         unknown = sorted(set(entry) - set(tensors))
         if unknown:
-            raise ConfigError(f"{where} names unknown input(s) {', '.join(unknown)}; "
-                              f"the model's inputs are {', '.join(tensors)}")
+            raise ConfigError(
+                f"{where} names unknown input(s) {', '.join(unknown)}; the model's inputs are {', '.join(tensors)}"
+            )
         missing = [n for n in tensors if n not in entry]
         if missing:
-            raise ConfigError(f"{where}: sample {i} lacks input(s) {', '.join(missing)}; every sample needs every "
-                              f"input ({', '.join(tensors)})")
+            raise ConfigError(
+                f"{where}: sample {i} lacks input(s) {', '.join(missing)}; every sample needs every "
+                f"input ({', '.join(tensors)})"
+            )
         for name, value in entry.items():
             t, what = tensors[name], f"{where}: sample {i} of {name}"
             flat, shape = _json_value(value, t, what)
@@ -139,7 +150,9 @@ def _read_json(path: Path, spec: IoSpec, where: str,
                     defaults = default_shapes()
                 shape = _implied_shape(flat.size, t, (defaults or {}).get(name), what)
             if int(np.prod(shape)) != flat.size:
-                raise ConfigError(f"{what} has {flat.size} values, not the {int(np.prod(shape))} of its shape {list(shape)}")
+                raise ConfigError(
+                    f"{what} has {flat.size} values, not the {int(np.prod(shape))} of its shape {list(shape)}"
+                )
             samples[name].append(flat.reshape(shape))
     if not entries:
         raise ConfigError(f'{where} holds no samples: its "data" list is empty')
@@ -193,16 +206,20 @@ def _implied_shape(size: int, t: TensorSpec, default: list[int] | None, what: st
         shape = list(t.shape)
         shape[dynamic[0]] = size // static
         return shape
-    raise ConfigError(f'{what}: its {size} values fit no single shape of {_dims(t.shape)}; give them as '
-                      '{"content": [...], "shape": [...]}')
+    raise ConfigError(
+        f"{what}: its {size} values fit no single shape of {_dims(t.shape)}; give them as "
+        '{"content": [...], "shape": [...]}'
+    )
 
 
 def _stack(values: list[np.ndarray], name: str, where: str) -> np.ndarray:
     shapes = sorted({v.shape for v in values})
     if len(shapes) > 1:
         listed = ", ".join(_dims(list(s)) for s in shapes[:3])
-        raise ConfigError(f"{where}: the samples of {name} have different shapes ({listed}); tbench batches samples, "
-                          "so every sample of an input needs the same shape")
+        raise ConfigError(
+            f"{where}: the samples of {name} have different shapes ({listed}); tbench batches samples, "
+            "so every sample of an input needs the same shape"
+        )
     return np.stack(values)
 
 
@@ -213,9 +230,11 @@ def _checked(array: np.ndarray, t: TensorSpec, where: str) -> np.ndarray:
     """The samples of one input cast to its dtype, once its shape and values are known to fit."""
     array = np.asarray(array)
     if array.ndim != len(t.shape) + 1 or any(d != -1 and d != a for d, a in zip(t.shape, array.shape[1:])):
-        raise ConfigError(f"{where}: {t.name} has samples of shape {_dims(list(array.shape[1:]))} (array "
-                          f"{_dims(list(array.shape))}, samples on axis 0); the model takes {_dims(t.shape)} "
-                          "(-1 is dynamic)")
+        raise ConfigError(
+            f"{where}: {t.name} has samples of shape {_dims(list(array.shape[1:]))} (array "
+            f"{_dims(list(array.shape))}, samples on axis 0); the model takes {_dims(t.shape)} "
+            "(-1 is dynamic)"
+        )
     if array.dtype == t.np_dtype:
         return array
     if array.dtype.kind not in "biuf":
@@ -226,8 +245,10 @@ def _checked(array: np.ndarray, t: TensorSpec, where: str) -> np.ndarray:
             raise ConfigError(f"{where}: {t.name} holds non-integer values; the model takes {t.dtype}")
         low, high = (0, 1) if target.kind == "b" else (np.iinfo(target).min, np.iinfo(target).max)
         if array.min() < low or array.max() > high:
-            raise ConfigError(f"{where}: {t.name} holds values in {_num(array.min())}..{_num(array.max())}, outside "
-                              f"{t.dtype}'s {low}..{high}")
+            raise ConfigError(
+                f"{where}: {t.name} holds values in {_num(array.min())}..{_num(array.max())}, outside "
+                f"{t.dtype}'s {low}..{high}"
+            )
     return array.astype(target)
 
 

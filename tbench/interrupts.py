@@ -15,12 +15,15 @@ EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for a Ctrl-C'd comm
 
 def is_interrupt(err: BaseException) -> bool:
     """Ctrl-C (KeyboardInterrupt) or a termination signal (Prefect raises its TerminationSignal for SIGTERM)."""
-    return isinstance(err, KeyboardInterrupt) or (not isinstance(err, Exception) and getattr(err, "signal", None) in
-                                                   (signal.SIGINT, signal.SIGTERM))
+    return isinstance(err, KeyboardInterrupt) or (
+        not isinstance(err, Exception) and getattr(err, "signal", None) in (signal.SIGINT, signal.SIGTERM)
+    )
 
 
 def signal_name(err: BaseException) -> str:
-    sigterm = getattr(err, "signal", None) == signal.SIGTERM or (isinstance(err, KeyboardInterrupt) and str(err) == "SIGTERM")
+    sigterm = getattr(err, "signal", None) == signal.SIGTERM or (
+        isinstance(err, KeyboardInterrupt) and str(err) == "SIGTERM"
+    )
     return "SIGTERM" if sigterm else "Ctrl-C (SIGINT)"
 
 
@@ -34,6 +37,7 @@ def _exit_now(signum, frame) -> None:
 def cli_signal_handlers() -> Iterator[None]:
     """For a terminal run: the first SIGINT or SIGTERM raises KeyboardInterrupt (the run stops its server, frees the
     lock and writes its manifest), a second one kills this process's children and exits at once."""
+
     def first(signum, frame):
         for s in (signal.SIGINT, signal.SIGTERM):
             signal.signal(s, _exit_now)

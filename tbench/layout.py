@@ -11,7 +11,7 @@ from tbench.enums import Scenario
 
 
 def new_run_id(model: str, now: dt.datetime | None = None) -> str:
-    now = now or dt.datetime.now(dt.timezone.utc)
+    now = now or dt.datetime.now(dt.UTC)
     return f"{model}-{now:%Y%m%d-%H%M%S}-{uuid.uuid4().hex[:6]}"
 
 
@@ -100,7 +100,7 @@ class RunLayout:
     def perf_log(self, model: str, scenario: Scenario, point: str, attempt: int) -> Path:
         return self.logs_dir / "perf_analyzer" / f"{model}_{scenario.value}_{point}_try{attempt}.log"
 
-    def create(self) -> "RunLayout":
+    def create(self) -> RunLayout:
         for d in (self.run_dir, self.models_dir, self.logs_dir, self.plots_dir, self.perf_dir):
             d.mkdir(parents=True, exist_ok=True)
         return self

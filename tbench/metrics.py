@@ -43,17 +43,40 @@ BY_COLUMN = {m.column: m for m in METRICS}
 
 # The columns of ../shared/reference/published_results.csv (a copy ships as tbench/data/published_results.csv).
 PUBLISHED_COLUMNS = [
-    "source_file", "model", "model_size", "scenario", "gpu", "backend", "model_format", "backend_accelerator",
-    "precision", "max_batch_size", "model_instances", "batch_size", "concurrency", "sequence_length",
+    "source_file",
+    "model",
+    "model_size",
+    "scenario",
+    "gpu",
+    "backend",
+    "model_format",
+    "backend_accelerator",
+    "precision",
+    "max_batch_size",
+    "model_instances",
+    "batch_size",
+    "concurrency",
+    "sequence_length",
     *(m.column for m in METRICS),
 ]
 # What a run adds per point: the format (our mnemonic; model_format is the guides' wording), how it was measured
 # and whether it held.
 MEASUREMENT_COLUMNS = [
-    "format", "request_rate", "request_distribution", "status", "error", "attempts", "measurement_request_count",
+    "format",
+    "request_rate",
+    "request_distribution",
+    "status",
+    "error",
+    "attempts",
+    "measurement_request_count",
     "window_s",  # how long one of the point's measurement windows lasted (its requests at the measured throughput)
     "window_requests",  # requests per stable window: one more or less at a window's edge is the throughput's resolution
-    "stability_percentage", "max_trials", "shared_memory", "protocol", "measure_seconds", "point_index",
+    "stability_percentage",
+    "max_trials",
+    "shared_memory",
+    "protocol",
+    "measure_seconds",
+    "point_index",
     "batching",  # what the server did with the point's requests: static (offline) or dynamic (the batcher under test)
     "max_queue_delay_us",  # the dynamic batcher's delay the point was served with (0 for static batching)
     "reused_from",  # the run that measured the point when a re-run took it from the point cache (tasks/point_cache.py)
@@ -61,7 +84,16 @@ MEASUREMENT_COLUMNS = [
 # What the server did during the point (tasks/monitor.py): Triton's statistics API per request, its largest relative
 # difference from perf_analyzer's server breakdown, the server's CPU (100 = one core) and memory, and GPU metrics.
 SERVER_COLUMNS = [
-    "triton_queue_ms", "triton_compute_input_ms", "triton_compute_infer_ms", "triton_compute_output_ms", "triton_requests",
-    "stats_max_rel_diff", "server_cpu_pct", "server_rss_mb", "gpu_util_pct", "gpu_mem_mb", "gpu_power_w",
+    "triton_queue_ms",
+    "triton_compute_input_ms",
+    "triton_compute_infer_ms",
+    "triton_compute_output_ms",
+    "triton_requests",
+    "stats_max_rel_diff",
+    "server_cpu_pct",
+    "server_rss_mb",
+    "gpu_util_pct",
+    "gpu_mem_mb",
+    "gpu_power_w",
 ]
 RESULT_COLUMNS = PUBLISHED_COLUMNS + MEASUREMENT_COLUMNS + SERVER_COLUMNS

@@ -22,7 +22,9 @@ from tbench.iospec import _TRITON_DTYPES, IoSpec, TensorSpec
 from tbench.runtimes import cached, run_file
 
 DEFAULT_DYNAMIC_DIM = 16  # the size a dynamic non-batch dim gets when the user names none
-ACCEPTED = "an .onnx file, a TensorFlow SavedModel directory (with saved_model.pb) or a TorchScript archive (torch.jit.save)"
+ACCEPTED = (
+    "an .onnx file, a TensorFlow SavedModel directory (with saved_model.pb) or a TorchScript archive (torch.jit.save)"
+)
 SHAPE_FLAG = "--shape NAME:D1,D2,..."
 RANGE_FLAG = "--value-range NAME:LO,HI"
 TS_IO_SPEC = "io_spec.json"  # optional extra file of a TorchScript archive holding IoSpec JSON
@@ -54,8 +56,10 @@ def detect_format(path: Path) -> Format:
     if path.suffix.lower() == ".onnx":
         return Format.ONNX
     if path.suffix.lower() in (".keras", ".h5"):
-        raise ConfigError(f"model file {path} is a Keras file; Triton serves SavedModels: "
-                          "export one with model.export(DIR) and pass DIR")
+        raise ConfigError(
+            f"model file {path} is a Keras file; Triton serves SavedModels: "
+            "export one with model.export(DIR) and pass DIR"
+        )
     if zipfile.is_zipfile(path):
         return _zip_format(path)
     if _is_onnx_protobuf(path):
@@ -70,8 +74,10 @@ def _zip_format(path: Path) -> Format:
     if any("/code/" in n or n.endswith("/constants.pkl") for n in names):
         return Format.TS_SCRIPT
     if any(n.endswith("data.pkl") for n in names):
-        raise ConfigError(f"model file {path} is a torch.save checkpoint, not TorchScript; "
-                          "save it with torch.jit.save(torch.jit.script(model), PATH)")
+        raise ConfigError(
+            f"model file {path} is a torch.save checkpoint, not TorchScript; "
+            "save it with torch.jit.save(torch.jit.script(model), PATH)"
+        )
     raise ConfigError(f"model file {path} is a zip archive but not TorchScript; expected {ACCEPTED}")
 
 
@@ -118,8 +124,16 @@ def read_model_file(
     _check_ranges(spec, ranges)
     overrides = {} if shapes_are_spec else shapes  # then their -1 dims get the default like any dynamic dim
     input_shapes = {t.name: _fill_shape(t, overrides.get(t.name)) for t in spec.inputs}
-    return ModelFile(path=str(path), format=fmt, io_spec=spec, input_shapes=input_shapes, batching=batching,
-                     int_high=int_high, value_ranges=ranges, table_rows=table_rows)
+    return ModelFile(
+        path=str(path),
+        format=fmt,
+        io_spec=spec,
+        input_shapes=input_shapes,
+        batching=batching,
+        int_high=int_high,
+        value_ranges=ranges,
+        table_rows=table_rows,
+    )
 
 
 def _dtype_name(value: str, what: str) -> str:
@@ -135,8 +149,9 @@ def _dtype_name(value: str, what: str) -> str:
 def _check_names(names: list[str], given: dict, flag: str) -> None:
     unknown = sorted(set(given) - set(names))
     if unknown:
-        raise ConfigError(f"{flag} names unknown input(s) {', '.join(unknown)}; "
-                          f"the model's inputs are {', '.join(names)}")
+        raise ConfigError(
+            f"{flag} names unknown input(s) {', '.join(unknown)}; the model's inputs are {', '.join(names)}"
+        )
 
 
 def _check_dtypes(spec: IoSpec, dtypes: dict[str, str], path: Path) -> None:
@@ -155,7 +170,11 @@ def _check_ranges(spec: IoSpec, ranges: dict[str, list[float]]) -> None:
             raise ConfigError(f"{given} needs two finite numbers LO,HI with LO <= HI")
         if dtypes[name].kind in "biu":
             low, high = _int_bounds(bounds)
-            limits = (0, 1) if dtypes[name].kind == "b" else (int(np.iinfo(dtypes[name]).min), int(np.iinfo(dtypes[name]).max))
+            limits = (
+                (0, 1)
+                if dtypes[name].kind == "b"
+                else (int(np.iinfo(dtypes[name]).min), int(np.iinfo(dtypes[name]).max))
+            )
             if low > high:
                 raise ConfigError(f"{given} holds no integer, and {name} is {dtypes[name].name}")
             if low < limits[0] or high > limits[1]:
@@ -171,11 +190,12 @@ def _fill_shape(spec: TensorSpec, override: list[int] | None) -> list[int]:
     """The concrete shape of one input: the user's override, checked against the declared dims."""
     if override is None:
         return [DEFAULT_DYNAMIC_DIM if d == -1 else d for d in spec.shape]
-    fits = len(override) == len(spec.shape) and all(
-        o > 0 and (d == -1 or d == o) for d, o in zip(spec.shape, override))
+    fits = len(override) == len(spec.shape) and all(o > 0 and (d == -1 or d == o) for d, o in zip(spec.shape, override))
     if not fits:
-        raise ConfigError(f"--shape {spec.name}:{_dims(override)} does not fit the model's shape {_dims(spec.shape)} "
-                          f"for {spec.name} (-1 is dynamic; rank and static dims must match)")
+        raise ConfigError(
+            f"--shape {spec.name}:{_dims(override)} does not fit the model's shape {_dims(spec.shape)} "
+            f"for {spec.name} (-1 is dynamic; rank and static dims must match)"
+        )
     return list(override)
 
 
@@ -196,8 +216,10 @@ def _split_batch(inputs: list[TensorSpec], outputs: list[TensorSpec]) -> tuple[I
 def _tensor(name: str, dtype: Any, shape: list[int], path: Path) -> TensorSpec:
     dtype_name = np.dtype(dtype).name
     if dtype_name not in _TRITON_DTYPES:
-        raise ConfigError(f"tensor {name} of {path} has dtype {dtype_name}, which tbench cannot feed or read; "
-                          f"supported: {', '.join(_TRITON_DTYPES)}")
+        raise ConfigError(
+            f"tensor {name} of {path} has dtype {dtype_name}, which tbench cannot feed or read; "
+            f"supported: {', '.join(_TRITON_DTYPES)}"
+        )
     return TensorSpec(name=name, dtype=dtype_name, shape=shape)
 
 
@@ -282,8 +304,9 @@ def _read_savedmodel(path: Path) -> tuple[IoSpec, bool]:
     if not isinstance(outputs, dict):
         raise ConfigError(f"serving_default of {path} does not return a dict of named tensors")
     # The dict KEYS are the signature names Triton's tensorflow backend binds to, not spec.name.
-    return _split_batch([_tf_tensor(k, s, path) for k, s in kwargs.items()],
-                        [_tf_tensor(k, s, path) for k, s in outputs.items()])
+    return _split_batch(
+        [_tf_tensor(k, s, path) for k, s in kwargs.items()], [_tf_tensor(k, s, path) for k, s in outputs.items()]
+    )
 
 
 def _tf_tensor(name: str, spec: Any, path: Path) -> TensorSpec:
@@ -297,8 +320,10 @@ def _savedmodel_signature(path: Path) -> Any:
     loaded = cached("tf", path, lambda: _load_savedmodel(path))
     if "serving_default" not in loaded.signatures:
         known = ", ".join(loaded.signatures) or "none"
-        raise ConfigError(f"SavedModel {path} has no serving_default signature (signatures: {known}); "
-                          "save it with tf.saved_model.save(obj, PATH, signatures=obj.__call__) or keras model.export(PATH)")
+        raise ConfigError(
+            f"SavedModel {path} has no serving_default signature (signatures: {known}); "
+            "save it with tf.saved_model.save(obj, PATH, signatures=obj.__call__) or keras model.export(PATH)"
+        )
     return loaded.signatures["serving_default"]
 
 
@@ -316,7 +341,11 @@ def _load_savedmodel(path: Path) -> Any:
 
 
 def _read_torchscript(
-    path: Path, shapes: dict[str, list[int]], dtypes: dict[str, str], int_high: int, ranges: dict[str, list[float]],
+    path: Path,
+    shapes: dict[str, list[int]],
+    dtypes: dict[str, str],
+    int_high: int,
+    ranges: dict[str, list[float]],
 ) -> tuple[IoSpec, bool, bool]:
     """(spec, batching, shapes_are_spec): without io_spec.json the user's --shape values declare the inputs."""
     module, extra = _torchscript(path)
@@ -333,8 +362,10 @@ def _read_torchscript(
     _check_names(names, dtypes, "--dtype")
     missing = [n for n in names if n not in shapes]
     if missing:
-        raise ConfigError(f"TorchScript {path} declares no input shapes: give {SHAPE_FLAG} (without the batch axis) "
-                          f"for {', '.join(missing)}")
+        raise ConfigError(
+            f"TorchScript {path} declares no input shapes: give {SHAPE_FLAG} (without the batch axis) "
+            f"for {', '.join(missing)}"
+        )
     inputs = [TensorSpec(name=n, dtype=dtypes.get(n, "float32"), shape=_positive(n, shapes[n])) for n in names]
     _check_ranges(IoSpec(inputs=inputs, outputs=[]), ranges)  # before the probe draws its inputs from them
     return IoSpec(inputs=inputs, outputs=_probe_outputs(module, inputs, path, int_high, ranges)), True, True
@@ -378,20 +409,31 @@ def _positive(name: str, shape: list[int]) -> list[int]:
     return list(shape)
 
 
-def _probe_outputs(module: Any, inputs: list[TensorSpec], path: Path, int_high: int,
-                   ranges: dict[str, list[float]]) -> list[TensorSpec]:
+def _probe_outputs(
+    module: Any, inputs: list[TensorSpec], path: Path, int_high: int, ranges: dict[str, list[float]]
+) -> list[TensorSpec]:
     """Output count, dtypes and shapes, from two runs; dims that move with the inputs are dynamic."""
     runs = []
     for grow, batch in enumerate(_PROBE_BATCHES):
-        feeds = {t.name: _random(t.dtype, [batch] + [_probe_dim(d, grow) for d in t.shape], np.random.default_rng(grow),
-                                 ranges.get(t.name), int_high) for t in inputs}
+        feeds = {
+            t.name: _random(
+                t.dtype,
+                [batch] + [_probe_dim(d, grow) for d in t.shape],
+                np.random.default_rng(grow),
+                ranges.get(t.name),
+                int_high,
+            )
+            for t in inputs
+        }
         runs.append(_run_torchscript_module(module, inputs, feeds, path))
     first, second = runs
     outputs = []
     for i, (a, b) in enumerate(zip(first, second)):
         if a.ndim == 0 or a.shape[0] != _PROBE_BATCHES[0] or b.shape[0] != _PROBE_BATCHES[1]:
-            raise ConfigError(f"output {i} of TorchScript {path} does not keep the batch on axis 0 "
-                              f"(shapes {list(a.shape)} at batch {_PROBE_BATCHES[0]}, {list(b.shape)} at batch {_PROBE_BATCHES[1]})")
+            raise ConfigError(
+                f"output {i} of TorchScript {path} does not keep the batch on axis 0 "
+                f"(shapes {list(a.shape)} at batch {_PROBE_BATCHES[0]}, {list(b.shape)} at batch {_PROBE_BATCHES[1]})"
+            )
         shape = [da if da == db else -1 for da, db in zip(a.shape[1:], b.shape[1:])]
         outputs.append(_tensor(f"output__{i}", a.dtype, shape, path))
     return outputs
@@ -410,8 +452,10 @@ def _run_torchscript_module(module: Any, inputs: list[TensorSpec], feeds: dict, 
         shapes = ", ".join(f"{n}:{_dims(list(a.shape))}" for n, a in feeds.items())
         ints = [t.name for t in inputs if t.np_dtype.kind in "iu"]
         ranges = f" and, for the integers of {', '.join(ints)}, {RANGE_FLAG}" if ints else ""
-        raise ConfigError(f"TorchScript {path} failed on synthetic inputs ({shapes}, batch axis included): "
-                          f"{_last_line(err)}; check {SHAPE_FLAG}, --dtype{ranges}") from None
+        raise ConfigError(
+            f"TorchScript {path} failed on synthetic inputs ({shapes}, batch axis included): "
+            f"{_last_line(err)}; check {SHAPE_FLAG}, --dtype{ranges}"
+        ) from None
 
 
 def _torchscript_outputs(module: Any, arrays: list[np.ndarray]) -> list[np.ndarray]:
@@ -433,8 +477,10 @@ def synthetic_inputs(mf: ModelFile, batch_size: int, seed: int = 0) -> dict[str,
     [0, int_high); floats uniform in the --value-range, else standard normal; booleans either value."""
     rng = np.random.default_rng(seed)
     lead = [batch_size] if mf.batching else []
-    return {t.name: _random(t.dtype, lead + mf.input_shapes[t.name], rng, synthetic_range(mf, t.name), mf.int_high)
-            for t in mf.io_spec.inputs}
+    return {
+        t.name: _random(t.dtype, lead + mf.input_shapes[t.name], rng, synthetic_range(mf, t.name), mf.int_high)
+        for t in mf.io_spec.inputs
+    }
 
 
 def synthetic_range(mf: ModelFile, name: str) -> list[float] | None:
@@ -456,13 +502,15 @@ def describe_range(mf: ModelFile, t: TensorSpec) -> str:
     return f"{low}..{high}"
 
 
-def _random(dtype: str, shape: list[int], rng: np.random.Generator, bounds: list[float] | None = None,
-            int_high: int = 16) -> np.ndarray:
+def _random(
+    dtype: str, shape: list[int], rng: np.random.Generator, bounds: list[float] | None = None, int_high: int = 16
+) -> np.ndarray:
     np_dtype = np.dtype(dtype)
     if np_dtype.kind in "biu" and bounds is not None:
         low, high = _int_bounds(bounds)
-        return rng.integers(low, high, shape, dtype=np.int8 if np_dtype == np.bool_ else np_dtype,
-                            endpoint=True).astype(np_dtype)
+        return rng.integers(
+            low, high, shape, dtype=np.int8 if np_dtype == np.bool_ else np_dtype, endpoint=True
+        ).astype(np_dtype)
     if np_dtype == np.bool_:
         return rng.integers(0, 2, shape).astype(np.bool_)
     if np_dtype.kind in "iu":

@@ -53,9 +53,15 @@ def _no_gpu_request(template: dict) -> None:
         props["gpu_count"]["default"] = 0
 
 
-def create_pools(api_url: str | None = None, pool_type: str = "docker", names: list[str] | None = None,
-                 gpu_uuids: list[str] | None = None, env: dict | None = None, cpu_type: str = "process",
-                 cpu_defaults: dict | None = None) -> list[str]:
+def create_pools(
+    api_url: str | None = None,
+    pool_type: str = "docker",
+    names: list[str] | None = None,
+    gpu_uuids: list[str] | None = None,
+    env: dict | None = None,
+    cpu_type: str = "process",
+    cpu_defaults: dict | None = None,
+) -> list[str]:
     """Create or update the pools and queues; returns the pool names. The cpu pool is a process pool unless `cpu_type`
     says otherwise, with `cpu_defaults` as its variables' defaults (see pool_template)."""
     from prefect.client.orchestration import get_client
@@ -70,10 +76,15 @@ def create_pools(api_url: str | None = None, pool_type: str = "docker", names: l
             cpu = POOLS[name].gpu == "cpu"
             kind = cpu_type if cpu else pool_type
             template = pool_template(name, kind, cpu_defaults if cpu else None)
-            description = (f"tbench workers with {POOLS[name].gpu} GPUs" if POOLS[name].gpu != "cpu"
-                           else "tbench workers without a GPU requirement (CPU profile, embedded Triton)")
-            client.create_work_pool(WorkPoolCreate(name=name, type=kind, base_job_template=template, description=description),
-                                    overwrite=True)
+            description = (
+                f"tbench workers with {POOLS[name].gpu} GPUs"
+                if POOLS[name].gpu != "cpu"
+                else "tbench workers without a GPU requirement (CPU profile, embedded Triton)"
+            )
+            client.create_work_pool(
+                WorkPoolCreate(name=name, type=kind, base_job_template=template, description=description),
+                overwrite=True,
+            )
             for queue, priority in QUEUES.items():
                 try:
                     client.read_work_queue_by_name(queue, work_pool_name=name)
@@ -89,15 +100,21 @@ def create_pools(api_url: str | None = None, pool_type: str = "docker", names: l
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--type", default="docker", choices=["docker", "kubernetes", "process"],
-                        help="Pool type of the GPU pools.")
-    parser.add_argument("--cpu-type", default="process", choices=["docker", "kubernetes", "process"],
-                        help="Pool type of the cpu pool (no GPU request).")
-    parser.add_argument("--pool", action="append", choices=list(POOLS), help="Only these pools (repeat); all by default.")
+    parser.add_argument(
+        "--type", default="docker", choices=["docker", "kubernetes", "process"], help="Pool type of the GPU pools."
+    )
+    parser.add_argument(
+        "--cpu-type",
+        default="process",
+        choices=["docker", "kubernetes", "process"],
+        help="Pool type of the cpu pool (no GPU request).",
+    )
+    parser.add_argument(
+        "--pool", action="append", choices=list(POOLS), help="Only these pools (repeat); all by default."
+    )
     parser.add_argument("--gpu-uuid", action="append", help="Create the lock of this GPU ahead (nvidia-smi -L).")
     args = parser.parse_args()
-    for name in create_pools(pool_type=args.type, names=args.pool, gpu_uuids=args.gpu_uuid,
-                             cpu_type=args.cpu_type):
+    for name in create_pools(pool_type=args.type, names=args.pool, gpu_uuids=args.gpu_uuid, cpu_type=args.cpu_type):
         print(f"pool {name}: ready")
 
 

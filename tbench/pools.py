@@ -26,15 +26,18 @@ class Pool(BaseModel):
 
 
 # The GPUs of the reference guides' published results, plus H100; and the cpu pool every machine can serve.
-POOLS = {p.name: p for p in [
-    Pool(name="a100", gpu="A100", product_label="NVIDIA-A100-SXM4-80GB"),
-    Pool(name="v100", gpu="V100", product_label="Tesla-V100-SXM2-32GB"),
-    Pool(name="t4", gpu="T4", product_label="Tesla-T4"),
-    Pool(name="a30", gpu="A30", product_label="NVIDIA-A30"),
-    Pool(name="a40", gpu="A40", product_label="NVIDIA-A40"),
-    Pool(name="h100", gpu="H100", product_label="NVIDIA-H100-80GB-HBM3"),
-    Pool(name="cpu", gpu="cpu"),
-]}
+POOLS = {
+    p.name: p
+    for p in [
+        Pool(name="a100", gpu="A100", product_label="NVIDIA-A100-SXM4-80GB"),
+        Pool(name="v100", gpu="V100", product_label="Tesla-V100-SXM2-32GB"),
+        Pool(name="t4", gpu="T4", product_label="Tesla-T4"),
+        Pool(name="a30", gpu="A30", product_label="NVIDIA-A30"),
+        Pool(name="a40", gpu="A40", product_label="NVIDIA-A40"),
+        Pool(name="h100", gpu="H100", product_label="NVIDIA-H100-80GB-HBM3"),
+        Pool(name="cpu", gpu="cpu"),
+    ]
+}
 
 
 def gpu_matches(expected: str, gpu_name: str) -> bool:
@@ -48,8 +51,12 @@ def check_worker_hardware(hardware: Hardware, expected: str | None = None) -> No
     if not expected or expected.lower() == "cpu":
         return
     if not hardware.gpus:
-        raise ConfigError(f"this worker's pool promises {expected} GPUs but the machine has none (nvidia-smi found no GPU); "
-                          "fix the worker's pool or its GPU driver")
+        raise ConfigError(
+            f"this worker's pool promises {expected} GPUs but the machine has none (nvidia-smi found no GPU); "
+            "fix the worker's pool or its GPU driver"
+        )
     if not gpu_matches(expected, hardware.gpus[0]):
-        raise ConfigError(f"this worker's pool promises {expected} GPUs but the machine has {hardware.gpus[0]}; "
-                          "the run was refused so its numbers are not filed under the wrong GPU")
+        raise ConfigError(
+            f"this worker's pool promises {expected} GPUs but the machine has {hardware.gpus[0]}; "
+            "the run was refused so its numbers are not filed under the wrong GPU"
+        )

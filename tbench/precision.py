@@ -47,21 +47,34 @@ def refusal(fmt: Format, precision: Precision, *, has_gpu: bool, server: str, ac
         return None  # FP16 ONNX and TorchScript run on a CPU too (slowly)
     if fmt is Format.TF_SAVEDMODEL and precision is Precision.FP16:
         if accelerator not in FP16_ACCELERATORS:
-            return (f"precision fp16 of tf-savedmodel is a GPU accelerator over its FP32 weights ({' or '.join(FP16_ACCELERATORS)}); "
-                    f"{'none is applied here' if accelerator is None else f'accelerator {accelerator!r} is neither'} "
-                    f"(fp16 files: {carriers(precision)})")
+            return (
+                f"precision fp16 of tf-savedmodel is a GPU accelerator over its FP32 weights ({' or '.join(FP16_ACCELERATORS)}); "
+                f"{'none is applied here' if accelerator is None else f'accelerator {accelerator!r} is neither'} "
+                f"(fp16 files: {carriers(precision)})"
+            )
         if server == "embedded":
-            return ("precision fp16 of tf-savedmodel is TensorFlow's automatic mixed precision on a GPU, which the embedded "
-                    f"server's python backend does not apply (fp16 files: {carriers(precision)})")
+            return (
+                "precision fp16 of tf-savedmodel is TensorFlow's automatic mixed precision on a GPU, which the embedded "
+                f"server's python backend does not apply (fp16 files: {carriers(precision)})"
+            )
         if not has_gpu:
-            return (f"precision fp16 of tf-savedmodel is TensorFlow's automatic mixed precision on a GPU; this machine has none "
-                    f"(fp16 files: {carriers(precision)})")
+            return (
+                f"precision fp16 of tf-savedmodel is TensorFlow's automatic mixed precision on a GPU; this machine has none "
+                f"(fp16 files: {carriers(precision)})"
+            )
         return None
     return f"precision {p} cannot be carried by {fmt.value}: {p} is carried by {carriers(precision)} only"
 
 
-def check_precision(precision: Precision, serve: Iterable[Format], accelerators: dict[str, str], *, has_gpu: bool,
-                    server: str, parts: dict[str, list[str]] | None = None) -> dict[str, str]:
+def check_precision(
+    precision: Precision,
+    serve: Iterable[Format],
+    accelerators: dict[str, str],
+    *,
+    has_gpu: bool,
+    server: str,
+    parts: dict[str, list[str]] | None = None,
+) -> dict[str, str]:
     """Refuse (ConfigError, one line) a served format that cannot run in `precision`; returns the accelerators, with
     automatic mixed precision for a served tf-savedmodel in fp16 that has none. An ensemble takes the precision part
     by part: parts whose format cannot carry it stay FP32 (the results name each part's precision), and it is refused
@@ -76,10 +89,15 @@ def check_precision(precision: Precision, serve: Iterable[Format], accelerators:
             raise ConfigError(reason)
     if Format.ENSEMBLE in serve and parts and precision is not Precision.FP32:
         served = {name: Format.parse(formats[0]) for name, formats in parts.items()}
-        if all(refusal(f, precision, has_gpu=has_gpu, server=server, accelerator=accelerators.get(f.value)) for f in served.values()):
+        if all(
+            refusal(f, precision, has_gpu=has_gpu, server=server, accelerator=accelerators.get(f.value))
+            for f in served.values()
+        ):
             listed = ", ".join(f"{name} as {f.value}" for name, f in served.items())
-            raise ConfigError(f"precision {precision.value} cannot be carried by any part of the ensemble ({listed}): "
-                              f"{precision.value} is carried by {carriers(precision)}")
+            raise ConfigError(
+                f"precision {precision.value} cannot be carried by any part of the ensemble ({listed}): "
+                f"{precision.value} is carried by {carriers(precision)}"
+            )
     return accelerators
 
 

@@ -33,12 +33,30 @@ def prefect_api() -> Iterator[str | None]:
         return
     port = free_port()
     url = f"http://127.0.0.1:{port}/api"
-    log = Path(os.environ.get("PREFECT_HOME", Path.home() / ".prefect")).expanduser() / "logs" / f"api-{os.getpid()}.log"
+    log = (
+        Path(os.environ.get("PREFECT_HOME", Path.home() / ".prefect")).expanduser() / "logs" / f"api-{os.getpid()}.log"
+    )
     prefect = Path(sys.executable).parent / "prefect"
-    server = procs.start([str(prefect), "server", "start", "--host", "127.0.0.1", "--port", str(port), "--no-services",
-                          "--no-ui", "--log-level", "WARNING"], log)
+    server = procs.start(
+        [
+            str(prefect),
+            "server",
+            "start",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--no-services",
+            "--no-ui",
+            "--log-level",
+            "WARNING",
+        ],
+        log,
+    )
     try:
-        _wait_healthy(url, server, log, float(os.environ.get("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")))
+        _wait_healthy(
+            url, server, log, float(os.environ.get("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180"))
+        )
         with temporary_settings(updates={PREFECT_API_URL: url}):
             yield url
     finally:

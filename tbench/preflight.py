@@ -22,8 +22,13 @@ BINDING_MODES = ("embedded", "local", "docker")  # the server modes that bind ht
 STORE_TIMEOUT_S = 5.0
 
 # Paths a request names that must exist here, with the option a user gave them by.
-INPUT_PATHS = {"model_file": "--model-file", "input_data": "--input-data", "checkpoint": "--checkpoint",
-               "dataset": "--dataset", "baseline": "--baseline"}
+INPUT_PATHS = {
+    "model_file": "--model-file",
+    "input_data": "--input-data",
+    "checkpoint": "--checkpoint",
+    "dataset": "--dataset",
+    "baseline": "--baseline",
+}
 
 
 def preflight(request) -> None:
@@ -50,8 +55,10 @@ def check_ports(request) -> None:
         return
     for name, port in ports.items():
         if port_in_use(port):
-            raise ConfigError(f"--{name.replace('_', '-')} {port} is already in use on 127.0.0.1; "
-                              "pick another or leave it out for a free one")
+            raise ConfigError(
+                f"--{name.replace('_', '-')} {port} is already in use on 127.0.0.1; "
+                "pick another or leave it out for a free one"
+            )
 
 
 def check_input_paths(request) -> None:
@@ -102,8 +109,13 @@ def check_local_output(root: str) -> None:
 def quick_options(url: str) -> dict:
     """Backend options that fail fast: one attempt with short timeouts rather than botocore's retries (~10 s)."""
     if url.split("://", 1)[0] in ("s3", "s3a"):
-        return {"config_kwargs": {"connect_timeout": STORE_TIMEOUT_S, "read_timeout": STORE_TIMEOUT_S,
-                                  "retries": {"max_attempts": 1, "mode": "standard"}}}
+        return {
+            "config_kwargs": {
+                "connect_timeout": STORE_TIMEOUT_S,
+                "read_timeout": STORE_TIMEOUT_S,
+                "retries": {"max_attempts": 1, "mode": "standard"},
+            }
+        }
     return {}
 
 

@@ -54,8 +54,13 @@ def _started_at(pid: int) -> float | None:
 
 
 def _register(proc: subprocess.Popen, argv: list[str], container: dict | None = None) -> None:
-    entry = {"pid": proc.pid, "started": _started_at(proc.pid), "owner": os.getpid(), "owner_started": _started_at(os.getpid()),
-             "argv0": Path(argv[0]).name}
+    entry = {
+        "pid": proc.pid,
+        "started": _started_at(proc.pid),
+        "owner": os.getpid(),
+        "owner_started": _started_at(os.getpid()),
+        "argv0": Path(argv[0]).name,
+    }
     if container:  # a `docker run` client: killing it leaves the container running, so it is removed by name
         entry["container"] = container
     folder = registry_dir()
@@ -90,8 +95,10 @@ def reap_orphans() -> list[str]:
         if _alive(entry["pid"], entry.get("started")) or entry.get("container"):
             removed = _kill_and_clean(entry)
             what = f"container {entry['container']['name']} via " if entry.get("container") else ""
-            killed.append(f"{what}{entry.get('argv0', '?')} (pid {entry['pid']})"
-                          + (f" and {removed} shared memory regions" if removed else ""))
+            killed.append(
+                f"{what}{entry.get('argv0', '?')} (pid {entry['pid']})"
+                + (f" and {removed} shared memory regions" if removed else "")
+            )
         path.unlink(missing_ok=True)
     return killed
 
@@ -135,8 +142,9 @@ def kill_own_children() -> None:
             path.unlink(missing_ok=True)
 
 
-def run(argv: list[str], log_path: Path, timeout: float, env: dict[str, str] | None = None,
-        cwd: str | Path | None = None) -> Completed:
+def run(
+    argv: list[str], log_path: Path, timeout: float, env: dict[str, str] | None = None, cwd: str | Path | None = None
+) -> Completed:
     """Run to completion, stdout+stderr into `log_path`; a timeout, Ctrl-C or any error kills the whole process group."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
@@ -160,8 +168,13 @@ def run(argv: list[str], log_path: Path, timeout: float, env: dict[str, str] | N
     return Completed(argv, rc, log_path, time.monotonic() - start, timed_out)
 
 
-def start(argv: list[str], log_path: Path, env: dict[str, str] | None = None, outlives_caller: bool = False,
-          container: dict | None = None) -> subprocess.Popen:
+def start(
+    argv: list[str],
+    log_path: Path,
+    env: dict[str, str] | None = None,
+    outlives_caller: bool = False,
+    container: dict | None = None,
+) -> subprocess.Popen:
     """Start a long-lived process in its own session so that stopping it reaches its children too; the caller stops
     it with `stop()` (or kill_group + forget). `outlives_caller`: a service meant to stay after this process exits
     (the local stack), which is never reaped as an orphan. `container` ({"docker": CLI, "name": NAME}): the process

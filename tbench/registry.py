@@ -55,8 +55,10 @@ class Registry(Generic[K, T]):
         if name in self._items:
             old = self._items[name]
             if old is not item and self.describe(old) != self.describe(item):
-                raise RegistryError(f"{self.kind} {label(name)} is registered twice: by {self.describe(old)} "
-                                    f"and by {self.describe(item)}")
+                raise RegistryError(
+                    f"{self.kind} {label(name)} is registered twice: by {self.describe(old)} "
+                    f"and by {self.describe(item)}"
+                )
         self._items[name] = item
         return item
 

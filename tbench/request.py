@@ -13,14 +13,17 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from tbench.enums import Format, Precision, Scenario
 from tbench.errors import ConfigError
 from tbench.precision import GPU_BUILT, check_precision
-from tbench.trt_profiles import (DEFAULT_CALIBRATION_SAMPLES, check_calibration_samples, check_trt_shapes,
-                                 opt_batch_size)
+from tbench.trt_profiles import DEFAULT_CALIBRATION_SAMPLES, check_calibration_samples, check_trt_shapes, opt_batch_size
 
 PROFILES = ("cpu", "gpu")
 
 # What the embedded python-backend runtime can execute, per serving format.
-PYTHON_BACKEND_RUNTIMES = {Format.ONNX: "onnxruntime", Format.TS_TRACE: "torchscript", Format.TS_SCRIPT: "torchscript",
-                           Format.TF_SAVEDMODEL: "tensorflow"}
+PYTHON_BACKEND_RUNTIMES = {
+    Format.ONNX: "onnxruntime",
+    Format.TS_TRACE: "torchscript",
+    Format.TS_SCRIPT: "torchscript",
+    Format.TF_SAVEDMODEL: "tensorflow",
+}
 
 # A remote server is shared: a run loads its models there under names of its own (plain name + this suffix), so it
 # can neither replace nor unload someone else's model of the same name.
@@ -54,18 +57,27 @@ class Measurement(BaseModel):
     # perf_analyzer's throughput counts the requests that end inside a window: one request more or less at a window's
     # edge is 1/N of it, so a slow model's windows need enough requests for the figure to resolve a few percent
     min_requests: int = Field(16, ge=1, description="Fewest requests in a window (and at least 2 x concurrency).")
-    stability_percentage: float = Field(10.0, gt=0, description="Max spread of the last 3 windows' throughput and latency, in %.")
+    stability_percentage: float = Field(
+        10.0, gt=0, description="Max spread of the last 3 windows' throughput and latency, in %."
+    )
     max_trials: int = Field(10, ge=3, description="Windows perf_analyzer tries before giving up on a point.")
     retries: int = Field(1, ge=0, description="Retries of an unstable point, each with windows twice as long.")
     timeout_s: float = Field(300.0, gt=0, description="Hard limit per perf_analyzer call, in seconds.")
-    warmup_requests: int = Field(2, ge=0, description="Untimed requests per batch size before a sweep measures anything "
-                                 "(timed calibration requests follow them).")
+    warmup_requests: int = Field(
+        2,
+        ge=0,
+        description="Untimed requests per batch size before a sweep measures anything "
+        "(timed calibration requests follow them).",
+    )
     order: Literal["shuffled", "ascending"] = Field(
-        "shuffled", description="Point order within a sweep: shuffled (seeded) so drift over time does not line up with the grid.")
+        "shuffled",
+        description="Point order within a sweep: shuffled (seeded) so drift over time does not line up with the grid.",
+    )
     seed: int = Field(0, description="Seed of the shuffled order (the order is recorded per point).")
 
-    def requests_per_window(self, latency_s: float | None, concurrency: int, attempt: int = 0,
-                            measured_rate: float | None = None) -> int:
+    def requests_per_window(
+        self, latency_s: float | None, concurrency: int, attempt: int = 0, measured_rate: float | None = None
+    ) -> int:
         """Requests per window for a point: `window_s` worth at the calibrated single-request latency (or, on a retry,
         at the request rate the failed attempt measured), never fewer than min_requests or 2 x concurrency; retries
         double the target duration."""
@@ -85,7 +97,9 @@ class MeasurementOverrides(BaseModel):
 
     window_s: float | None = Field(None, gt=0, description="Target duration of one measurement window, in seconds.")
     min_requests: int | None = Field(None, ge=1, description="Fewest requests in a window.")
-    stability_percentage: float | None = Field(None, gt=0, description="Max spread of the last 3 windows, in % (10 by default).")
+    stability_percentage: float | None = Field(
+        None, gt=0, description="Max spread of the last 3 windows, in % (10 by default)."
+    )
     max_trials: int | None = Field(None, ge=3, description="Windows perf_analyzer tries before giving up on a point.")
     retries: int | None = Field(None, ge=0, description="Retries of an unstable point.")
     timeout_s: float | None = Field(None, gt=0, description="Hard limit per perf_analyzer call, in seconds.")
@@ -120,7 +134,7 @@ def has_credentials(url: str) -> bool:
     return False
 
 
-def adapter_for(req: "BenchmarkRequest | ResolvedRequest"):
+def adapter_for(req: BenchmarkRequest | ResolvedRequest):
     """The model adapter a request names: a registered one, or one over a user's model file."""
     import model_adapters
 
@@ -130,9 +144,13 @@ def adapter_for(req: "BenchmarkRequest | ResolvedRequest"):
         adapter = ModelFileAdapter(req.model_file, req.shapes, req.input_dtypes, req.value_ranges)
     else:
         if req.value_ranges:
-            raise ConfigError(f"--value-range shapes a model file's synthetic data; model {req.model!r} makes its own "
-                              "(give --input-data PATH or --dataset DIR instead)")
-        adapter = model_adapters.get(req.model, req.size, req.checkpoint, req.framework, req.dataset, req.profile, req.model_options)
+            raise ConfigError(
+                f"--value-range shapes a model file's synthetic data; model {req.model!r} makes its own "
+                "(give --input-data PATH or --dataset DIR instead)"
+            )
+        adapter = model_adapters.get(
+            req.model, req.size, req.checkpoint, req.framework, req.dataset, req.profile, req.model_options
+        )
     if req.input_data:
         if req.dataset:
             raise ConfigError("give --dataset or --input-data, not both")
@@ -142,78 +160,155 @@ def adapter_for(req: "BenchmarkRequest | ResolvedRequest"):
 
 class BenchmarkRequest(BaseModel):
     model: str = Field("resnet50", description="Registered model adapter name (ignored with model_file).")
-    framework: str | None = Field(None, description="The model's implementation: 'pytorch' or 'tensorflow'; the adapter's first by default.")
-    model_file: str | None = Field(None, description="Benchmark this ONNX file, TorchScript file or TF SavedModel folder instead of an adapter.")
-    shapes: dict[str, list[int]] | None = Field(None, description="model_file: non-batch shape per input, for dynamic dims (or TorchScript).")
-    input_dtypes: dict[str, str] | None = Field(None, description="model_file: numpy dtype per input where the file does not say (TorchScript).")
-    input_data: str | None = Field(None, description="Samples every stage sends instead of synthetic data: perf_analyzer's JSON "
-                                   "input data, an .npz with one array per input or a folder of NAME.npy files (samples on axis 0).")
-    value_ranges: dict[str, list[float]] | None = Field(None, description="model_file: [LO, HI] per input for its synthetic "
-                                                        "data (integers LO..HI inclusive, floats uniform), e.g. {'token_type_ids': [0, 1]}.")
-    size: str | None = Field(None, description="Model size: 'full' (published dimensions), 'small', or the model's presets; the model's default when empty.")
-    model_options: dict[str, str | float | int] | None = Field(None, description="Model-specific options, e.g. {'memory_threshold_gb': 16} for dlrm.")
+    framework: str | None = Field(
+        None, description="The model's implementation: 'pytorch' or 'tensorflow'; the adapter's first by default."
+    )
+    model_file: str | None = Field(
+        None, description="Benchmark this ONNX file, TorchScript file or TF SavedModel folder instead of an adapter."
+    )
+    shapes: dict[str, list[int]] | None = Field(
+        None, description="model_file: non-batch shape per input, for dynamic dims (or TorchScript)."
+    )
+    input_dtypes: dict[str, str] | None = Field(
+        None, description="model_file: numpy dtype per input where the file does not say (TorchScript)."
+    )
+    input_data: str | None = Field(
+        None,
+        description="Samples every stage sends instead of synthetic data: perf_analyzer's JSON "
+        "input data, an .npz with one array per input or a folder of NAME.npy files (samples on axis 0).",
+    )
+    value_ranges: dict[str, list[float]] | None = Field(
+        None,
+        description="model_file: [LO, HI] per input for its synthetic "
+        "data (integers LO..HI inclusive, floats uniform), e.g. {'token_type_ids': [0, 1]}.",
+    )
+    size: str | None = Field(
+        None,
+        description="Model size: 'full' (published dimensions), 'small', or the model's presets; the model's default when empty.",
+    )
+    model_options: dict[str, str | float | int] | None = Field(
+        None, description="Model-specific options, e.g. {'memory_threshold_gb': 16} for dlrm."
+    )
     checkpoint: str | None = Field(None, description="Weights to load; random weights when empty.")
-    dataset: str | None = Field(None, description="The dataset folder as the guide's preprocessing leaves it; synthetic data when empty.")
-    profile: str | None = Field(None, description="'cpu' (quick, scaled down) or 'gpu' (the guide's grid); auto by hardware.")
+    dataset: str | None = Field(
+        None, description="The dataset folder as the guide's preprocessing leaves it; synthetic data when empty."
+    )
+    profile: str | None = Field(
+        None, description="'cpu' (quick, scaled down) or 'gpu' (the guide's grid); auto by hardware."
+    )
     formats: list[str] | None = Field(None, description="Formats to export and check, e.g. ['onnx', 'ts-trace'].")
-    serve_formats: list[str] | None = Field(None, description="Formats served by Triton and measured, each as its own model; "
-                                            "the first format by default; ['all'] for every exported format.")
+    serve_formats: list[str] | None = Field(
+        None,
+        description="Formats served by Triton and measured, each as its own model; "
+        "the first format by default; ['all'] for every exported format.",
+    )
     precision: str = Field("fp32", description="Precision of the served model.")
-    accelerators: dict[str, str] | None = Field(None, description="GPU execution accelerator per served format where served natively, "
-                                                "e.g. {'tf-savedmodel': 'auto_mixed_precision'}; the guide's by default.")
+    accelerators: dict[str, str] | None = Field(
+        None,
+        description="GPU execution accelerator per served format where served natively, "
+        "e.g. {'tf-savedmodel': 'auto_mixed_precision'}; the guide's by default.",
+    )
     max_batch_size: int | None = Field(None, ge=1)
     model_instances: int | None = Field(None, ge=1)
     preferred_batch_sizes: list[int] | None = None
     max_queue_delay_us: int | None = Field(None, ge=0)
     batch_sizes: list[int] | None = Field(None, description="Offline scenario batch sizes (concurrency 1).")
     concurrency: list[int] | None = Field(None, description="Online scenario concurrency values.")
-    online_batch_size: int | None = Field(None, ge=1, description="Samples per request in the online and rate scenarios; the model's default (1 for most).")
-    scenarios: list[str] | None = Field(None, description="offline, online, and rate (open-loop requests at request_rates); the model's guide's by default.")
-    request_rates: list[float] | None = Field(None, description="Rate scenario: requests per second, e.g. [10, 20, 40].")
-    request_distribution: Literal["constant", "poisson"] = Field("poisson", description="Rate scenario: request arrivals.")
+    online_batch_size: int | None = Field(
+        None,
+        ge=1,
+        description="Samples per request in the online and rate scenarios; the model's default (1 for most).",
+    )
+    scenarios: list[str] | None = Field(
+        None,
+        description="offline, online, and rate (open-loop requests at request_rates); the model's guide's by default.",
+    )
+    request_rates: list[float] | None = Field(
+        None, description="Rate scenario: requests per second, e.g. [10, 20, 40]."
+    )
+    request_distribution: Literal["constant", "poisson"] = Field(
+        "poisson", description="Rate scenario: request arrivals."
+    )
     accuracy_samples: int | None = Field(None, ge=1)
-    accuracy_batch_size: int | None = Field(None, ge=1, description="Samples per request of the accuracy stage; the model's default, at most max_batch_size.")
-    measurement: MeasurementOverrides | None = Field(None, description="perf_analyzer measurement settings to change; "
-                                                     "the profile's and the model's hold for every field not given.")
-    output: str = Field(default_factory=lambda: os.environ.get("TBENCH_ARTIFACT_ROOT", "runs"),
-                        description="Artifact root: a local folder or any fsspec URL (s3://bucket/prefix); the worker's "
-                                    "TBENCH_ARTIFACT_ROOT, else 'runs'.")
-    reuse_measurements: bool = Field(False, description="Take points this machine already measured with the same model, "
-                                     "configuration, settings and inputs from the point cache instead of measuring them "
-                                     "again (an interrupted run resumes; the results' reused_from says which run measured them).")
-    baseline: str | None = Field(None, description="A run folder or URL to compare this run with: per-point deltas and a "
-                                 "noise-aware regression verdict in the report and the manifest.")
+    accuracy_batch_size: int | None = Field(
+        None,
+        ge=1,
+        description="Samples per request of the accuracy stage; the model's default, at most max_batch_size.",
+    )
+    measurement: MeasurementOverrides | None = Field(
+        None,
+        description="perf_analyzer measurement settings to change; "
+        "the profile's and the model's hold for every field not given.",
+    )
+    output: str = Field(
+        default_factory=lambda: os.environ.get("TBENCH_ARTIFACT_ROOT", "runs"),
+        description="Artifact root: a local folder or any fsspec URL (s3://bucket/prefix); the worker's "
+        "TBENCH_ARTIFACT_ROOT, else 'runs'.",
+    )
+    reuse_measurements: bool = Field(
+        False,
+        description="Take points this machine already measured with the same model, "
+        "configuration, settings and inputs from the point cache instead of measuring them "
+        "again (an interrupted run resumes; the results' reused_from says which run measured them).",
+    )
+    baseline: str | None = Field(
+        None,
+        description="A run folder or URL to compare this run with: per-point deltas and a "
+        "noise-aware regression verdict in the report and the manifest.",
+    )
     server: Literal["embedded", "local", "docker", "remote"] = Field(
         default_factory=lambda: os.environ.get("TBENCH_SERVER", "embedded"),
         description="embedded (pytriton's binary), local (tritonserver on PATH), docker (NGC image), remote (by URL); "
-                    "the worker's TBENCH_SERVER (the worker image: local), else embedded.")
-    server_url: str | None = Field(None, description="remote: 'host:grpc_port,host:http_port' of a server in explicit model control mode.")
+        "the worker's TBENCH_SERVER (the worker image: local), else embedded.",
+    )
+    server_url: str | None = Field(
+        None, description="remote: 'host:grpc_port,host:http_port' of a server in explicit model control mode."
+    )
     docker_image: str | None = Field(None, description="docker: the Triton image (NGC's 24.10 by default).")
     gpus: str | None = Field(None, description="docker: GPUs for the container: 'all' (the default), '0,1', or 'none'.")
     docker_network: Literal["host", "bridge"] = Field(
-        "host", description="docker: host (the guides' --network=host; the server listens on 127.0.0.1 only) or bridge "
-                            "(Triton's ports published on 127.0.0.1 only, through docker's proxy).")
+        "host",
+        description="docker: host (the guides' --network=host; the server listens on 127.0.0.1 only) or bridge "
+        "(Triton's ports published on 127.0.0.1 only, through docker's proxy).",
+    )
     docker_ulimits: list[str] | None = Field(
-        None, description="docker: the container's ulimits as docker takes them (NAME=SOFT[:HARD]); NGC's advice "
-                          "(memlock=-1, stack=67108864) by default; an empty list sets none (for a daemon that may not "
-                          "raise them).")
+        None,
+        description="docker: the container's ulimits as docker takes them (NAME=SOFT[:HARD]); NGC's advice "
+        "(memlock=-1, stack=67108864) by default; an empty list sets none (for a daemon that may not "
+        "raise them).",
+    )
     tritonserver: str | None = Field(None, description="local: the tritonserver binary (the one on PATH by default).")
-    backend_dir: str | None = Field(None, description="local: the server's backend directory (/opt/tritonserver/backends).")
-    http_port: int | None = Field(None, ge=1, le=65535, description="Fixed HTTP port for Triton; a free one by default.")
-    grpc_port: int | None = Field(None, ge=1, le=65535, description="Fixed gRPC port for Triton; a free one by default.")
-    tolerance_atol: float | None = Field(None, description="Correctness: absolute tolerance (plus rtol x max|ref|); by precision.")
-    tolerance_rtol: float | None = Field(None, description="Correctness: tolerance relative to the output's max magnitude; by precision.")
+    backend_dir: str | None = Field(
+        None, description="local: the server's backend directory (/opt/tritonserver/backends)."
+    )
+    http_port: int | None = Field(
+        None, ge=1, le=65535, description="Fixed HTTP port for Triton; a free one by default."
+    )
+    grpc_port: int | None = Field(
+        None, ge=1, le=65535, description="Fixed gRPC port for Triton; a free one by default."
+    )
+    tolerance_atol: float | None = Field(
+        None, description="Correctness: absolute tolerance (plus rtol x max|ref|); by precision."
+    )
+    tolerance_rtol: float | None = Field(
+        None, description="Correctness: tolerance relative to the output's max magnitude; by precision."
+    )
     trt_shapes: dict[str, list[list[int]]] | None = Field(
-        None, description="TensorRT's optimisation profile for inputs with dynamic non-batch dims: the non-batch MIN, "
-                          "OPT and MAX shapes per input (static dims as the io spec has them), e.g. "
-                          "{'input_ids': [[16], [128], [512]]}; a dynamic dim is pinned to the sample's size "
-                          "otherwise.")
+        None,
+        description="TensorRT's optimisation profile for inputs with dynamic non-batch dims: the non-batch MIN, "
+        "OPT and MAX shapes per input (static dims as the io spec has them), e.g. "
+        "{'input_ids': [[16], [128], [512]]}; a dynamic dim is pinned to the sample's size "
+        "otherwise.",
+    )
     calibration_samples: int | None = Field(
-        None, ge=1, description="INT8 (trt, tf-trt): samples of the model's data (--input-data or --dataset when "
-                                "given, else synthetic) calibrated on, in batches of the profile's opt batch (the "
-                                "largest offline batch size <= max_batch_size/2); the remainder short of a batch is "
-                                f"dropped; {DEFAULT_CALIBRATION_SAMPLES}, or one batch where that is larger, by "
-                                "default.")
+        None,
+        ge=1,
+        description="INT8 (trt, tf-trt): samples of the model's data (--input-data or --dataset when "
+        "given, else synthetic) calibrated on, in batches of the profile's opt batch (the "
+        "largest offline batch size <= max_batch_size/2); the remainder short of a batch is "
+        f"dropped; {DEFAULT_CALIBRATION_SAMPLES}, or one batch where that is larger, by "
+        "default.",
+    )
 
     @field_validator("output", "baseline", "server_url")
     @classmethod
@@ -221,8 +316,10 @@ class BenchmarkRequest(BaseModel):
         # these land in request.json, the manifest and Prefect's parameters; credentials come from the environment
         # or TBENCH_STORAGE_BLOCK (tbench.storage). The message does not repeat the value.
         if value and has_credentials(value):
-            raise ValueError("a URL with a user:password@ part; give credentials through the environment "
-                             "(AWS_ACCESS_KEY_ID...) or TBENCH_STORAGE_BLOCK, never in a URL that is written down")
+            raise ValueError(
+                "a URL with a user:password@ part; give credentials through the environment "
+                "(AWS_ACCESS_KEY_ID...) or TBENCH_STORAGE_BLOCK, never in a URL that is written down"
+            )
         return value
 
     def _measurement(self, profile: str, model_settings: dict) -> Measurement:
@@ -230,23 +327,27 @@ class BenchmarkRequest(BaseModel):
         base = PROFILE_MEASUREMENT[profile].model_copy(update=model_settings)
         return self.measurement.apply(base) if self.measurement else base
 
-    def _check_engine_options(self, adapter, formats: list[Format], precision: Precision, batch_sizes: list[int],
-                              max_batch: int) -> None:
+    def _check_engine_options(
+        self, adapter, formats: list[Format], precision: Precision, batch_sizes: list[int], max_batch: int
+    ) -> None:
         """trt_shapes against the io spec, and a calibration set of at least one batch, where TensorRT builds."""
         parts = [Format.parse(f) for fs in adapter.part_formats().values() for f in fs]
         builds = any(f in GPU_BUILT for f in [*formats, *parts])
         if self.trt_shapes:
             if adapter.is_ensemble:
-                raise ConfigError(f"--trt-shape: model {adapter.name!r} is an ensemble; its parts' TensorRT profiles "
-                                  "take their samples' shapes")
+                raise ConfigError(
+                    f"--trt-shape: model {adapter.name!r} is an ensemble; its parts' TensorRT profiles "
+                    "take their samples' shapes"
+                )
             if not builds:
-                raise ConfigError("--trt-shape shapes TensorRT's optimisation profile; this run builds no trt or "
-                                  "tf-trt model")
+                raise ConfigError(
+                    "--trt-shape shapes TensorRT's optimisation profile; this run builds no trt or tf-trt model"
+                )
             check_trt_shapes(adapter.io_spec(), self.trt_shapes)
         if self.calibration_samples and builds and precision is Precision.INT8:
             check_calibration_samples(self.calibration_samples, opt_batch_size(batch_sizes, max_batch))
 
-    def resolve(self, has_gpu: bool) -> "ResolvedRequest":
+    def resolve(self, has_gpu: bool) -> ResolvedRequest:
         adapter = adapter_for(self)
         adapter.check_resources()
         profile = self.profile or ("gpu" if has_gpu else "cpu")
@@ -257,21 +358,33 @@ class BenchmarkRequest(BaseModel):
         if adapter.is_ensemble:  # served as its composing models, each in its part's format
             serve = [Format.ENSEMBLE]
             if self.serve_formats and [Format.parse(f) for f in self.serve_formats if f != "all"] not in ([], serve):
-                raise ConfigError(f"model {adapter.name!r} is served as a Triton ensemble of its parts; serve_formats can only be 'ensemble'")
+                raise ConfigError(
+                    f"model {adapter.name!r} is served as a Triton ensemble of its parts; serve_formats can only be 'ensemble'"
+                )
         elif self.serve_formats and [s.strip().lower() for s in self.serve_formats] == ["all"]:
             serve = list(formats)
         else:
             serve = [Format.parse(f) for f in (self.serve_formats or [formats[0]])]
         if Format.ENSEMBLE in formats or (Format.ENSEMBLE in serve and not adapter.is_ensemble):
-            raise ConfigError(f"model {adapter.name!r} is not an ensemble; 'ensemble' is the format of models served as their parts (dlrm, dcnv2)")
+            raise ConfigError(
+                f"model {adapter.name!r} is not an ensemble; 'ensemble' is the format of models served as their parts (dlrm, dcnv2)"
+            )
         formats += [f for f in serve if f not in formats and f is not Format.ENSEMBLE]
         for fmt in (f for f in serve if f is not Format.ENSEMBLE):
             if self.server == "embedded" and fmt not in PYTHON_BACKEND_RUNTIMES:
                 known = ", ".join(f.value for f in PYTHON_BACKEND_RUNTIMES)
-                raise ConfigError(f"format {fmt.value!r} cannot be served by the embedded server (python backend); use one of: {known}")
+                raise ConfigError(
+                    f"format {fmt.value!r} cannot be served by the embedded server (python backend); use one of: {known}"
+                )
         precision = Precision.parse(self.precision)  # what each format can carry: tbench/precision.py
-        accelerators = check_precision(precision, serve, self.accelerators if self.accelerators is not None else (
-            d.gpu_accelerators if profile == "gpu" else {}), has_gpu=has_gpu, server=self.server, parts=adapter.part_formats())
+        accelerators = check_precision(
+            precision,
+            serve,
+            self.accelerators if self.accelerators is not None else (d.gpu_accelerators if profile == "gpu" else {}),
+            has_gpu=has_gpu,
+            server=self.server,
+            parts=adapter.part_formats(),
+        )
         max_batch = self.max_batch_size or d.max_batch_size
         batch_sizes = sorted(set(self.batch_sizes or d.offline_batch_sizes))
         preferred = sorted(set(self.preferred_batch_sizes or [b for b in d.preferred_batch_sizes if b <= max_batch]))
@@ -288,7 +401,9 @@ class BenchmarkRequest(BaseModel):
             raise ConfigError(f"online batch size {online_batch} is above max_batch_size {max_batch}")
         rates = sorted(set(self.request_rates or []))
         if Scenario.RATE in scenarios and not rates:
-            raise ConfigError("the rate scenario needs request rates, e.g. request_rates=[10, 20] (--request-rates 10,20)")
+            raise ConfigError(
+                "the rate scenario needs request rates, e.g. request_rates=[10, 20] (--request-rates 10,20)"
+            )
         if any(r <= 0 for r in rates):
             raise ConfigError(f"request rates must be > 0, got {rates}")
         concurrency = sorted(set(self.concurrency or d.online_concurrency))

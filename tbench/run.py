@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from tasks.store import write_local_atomic, write_manifest
 from tbench import progress
 from tbench.artifacts import AccuracyResult, CorrectnessResult
 from tbench.composing import COMPOSING_COLUMNS
@@ -18,10 +19,14 @@ from tbench.errors import BenchError, error_line
 from tbench.interrupts import is_interrupt, signal_name
 from tbench.layout import RunLayout
 from tbench.metrics import RESULT_COLUMNS
-from tasks.store import write_local_atomic, write_manifest
 
 # A run's status, as the manifest, the report, the results dataset and the CLI's exit code say it.
-COMPLETED, COMPLETED_WITH_FAILURES, FAILED, INTERRUPTED = "completed", "completed_with_failures", "failed", "interrupted"
+COMPLETED, COMPLETED_WITH_FAILURES, FAILED, INTERRUPTED = (
+    "completed",
+    "completed_with_failures",
+    "failed",
+    "interrupted",
+)
 STATE_COMPLETED_WITH_FAILURES = "CompletedWithFailures"  # the flow run's state name (type COMPLETED) in Prefect
 
 
@@ -36,7 +41,7 @@ class _RunLogFormatter(logging.Formatter):
 class RunTracker:
     def __init__(self, layout: RunLayout):
         self.layout = layout
-        self.started = dt.datetime.now(dt.timezone.utc)
+        self.started = dt.datetime.now(dt.UTC)
         self.stage_seconds: dict[str, float] = {}
         self.stage_status: dict[str, str] = {}
         self.failed_stage: str | None = None
@@ -128,8 +133,10 @@ class RunTracker:
             "error": self.error or self.status_line or None,
             "points": {"measured": len(self.results), "failed": self.failed_points},
             "started_at": self.started.isoformat(),
-            "finished_at": dt.datetime.now(dt.timezone.utc).isoformat(),
-            "stages": {k: {"status": self.stage_status.get(k), "seconds": round(v, 3)} for k, v in self.stage_seconds.items()},
+            "finished_at": dt.datetime.now(dt.UTC).isoformat(),
+            "stages": {
+                k: {"status": self.stage_status.get(k), "seconds": round(v, 3)} for k, v in self.stage_seconds.items()
+            },
             "logs": "logs/",
             **extra,
         }

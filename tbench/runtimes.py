@@ -84,7 +84,9 @@ def run_file(fmt: Format, path: str, spec: IoSpec, inputs: dict[str, np.ndarray]
         out = runtime.run(inputs)
         return {t.name: out[t.name].astype(t.np_dtype, copy=False) for t in spec.outputs}
     if fmt is Format.ONNX:
-        return dict(zip(spec.output_names(), runtime.run(spec.output_names(), {t.name: inputs[t.name] for t in spec.inputs})))
+        return dict(
+            zip(spec.output_names(), runtime.run(spec.output_names(), {t.name: inputs[t.name] for t in spec.inputs}))
+        )
     if fmt in (Format.TS_TRACE, Format.TS_SCRIPT):
         return run_pytorch(runtime, spec, inputs)
     import tensorflow as tf

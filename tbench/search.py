@@ -53,7 +53,9 @@ class Candidate(BaseModel):
     max_batch_size: int = Field(ge=1)
     preferred_batch_sizes: tuple[int, ...] = Field((), description="Dynamic batcher preferred sizes; () for none.")
     queue_delay_us: int = Field(0, ge=0, description="Dynamic batcher max_queue_delay_microseconds.")
-    format: str = Field("", description="The served variant: a format, or 'format:precision' when several precisions are converted.")
+    format: str = Field(
+        "", description="The served variant: a format, or 'format:precision' when several precisions are converted."
+    )
 
     @property
     def key(self) -> str:
@@ -73,8 +75,10 @@ class Candidate(BaseModel):
     def describe(self) -> str:
         pref = list(self.preferred_batch_sizes) if self.preferred_batch_sizes else "none"
         fmt = f", format {self.format}" if self.format else ""
-        return (f"instances {self.instances}, max batch {self.max_batch_size}, preferred {pref}, "
-                f"queue delay {self.queue_delay_us} us{fmt}")
+        return (
+            f"instances {self.instances}, max batch {self.max_batch_size}, preferred {pref}, "
+            f"queue delay {self.queue_delay_us} us{fmt}"
+        )
 
 
 class SearchSpace(BaseModel):
@@ -83,10 +87,15 @@ class SearchSpace(BaseModel):
 
     instances: list[int] = Field([1, 2], description="Instance counts to try.")
     max_batch_sizes: list[int] = Field([1, 2, 4, 8, 16], description="Max batch sizes to try.")
-    preferred: list[str | list[int]] = Field(["none", "max"], description="Preferred batch size choices: 'none', 'max' "
-                                             "([B]), 'half' ([B/2, B]), 'quarter' ([B/4, B/2, B]) or explicit sizes.")
+    preferred: list[str | list[int]] = Field(
+        ["none", "max"],
+        description="Preferred batch size choices: 'none', 'max' "
+        "([B]), 'half' ([B/2, B]), 'quarter' ([B/4, B/2, B]) or explicit sizes.",
+    )
     queue_delays_us: list[int] = Field([0, 500, 2000], description="Dynamic batcher max queue delays to try, in us.")
-    formats: list[str] = Field([""], description="Served variants: formats, or 'format:precision'; [''] for the one served model.")
+    formats: list[str] = Field(
+        [""], description="Served variants: formats, or 'format:precision'; [''] for the one served model."
+    )
 
     @field_validator("instances", "max_batch_sizes", "queue_delays_us")
     @classmethod
@@ -102,11 +111,13 @@ class SearchSpace(BaseModel):
             raise ValueError("needs at least one preferred batch size choice")
         for v in values:
             if isinstance(v, str) and v not in PREFERRED_RULES:
-                raise ValueError(f"unknown preferred batch size rule {v!r}; known: {', '.join(PREFERRED_RULES)} or a list of sizes")
+                raise ValueError(
+                    f"unknown preferred batch size rule {v!r}; known: {', '.join(PREFERRED_RULES)} or a list of sizes"
+                )
         return values
 
     @model_validator(mode="after")
-    def _check(self) -> "SearchSpace":
+    def _check(self) -> SearchSpace:
         if min(self.instances) < 1 or min(self.max_batch_sizes) < 1 or min(self.queue_delays_us) < 0:
             raise ValueError("instances and max batch sizes must be >= 1, queue delays >= 0")
         if not self.formats or len(set(self.formats)) != len(self.formats):
@@ -117,8 +128,13 @@ class SearchSpace(BaseModel):
     AXES: ClassVar[tuple[str, ...]] = ("format", "instances", "max_batch_size", "preferred", "queue_delay_us")
 
     def axis_values(self) -> dict[str, list]:
-        return {"format": self.formats, "instances": self.instances, "max_batch_size": self.max_batch_sizes,
-                "preferred": self.preferred, "queue_delay_us": self.queue_delays_us}
+        return {
+            "format": self.formats,
+            "instances": self.instances,
+            "max_batch_size": self.max_batch_sizes,
+            "preferred": self.preferred,
+            "queue_delay_us": self.queue_delays_us,
+        }
 
     def shape(self) -> tuple[int, ...]:
         values = self.axis_values()
@@ -128,9 +144,13 @@ class SearchSpace(BaseModel):
         """The candidate at a grid index (format, instances, max batch, preferred, delay)."""
         f, i, b, p, d = index
         batch = self.max_batch_sizes[b]
-        return Candidate(instances=self.instances[i], max_batch_size=batch,
-                         preferred_batch_sizes=resolve_preferred(self.preferred[p], batch),
-                         queue_delay_us=self.queue_delays_us[d], format=self.formats[f])
+        return Candidate(
+            instances=self.instances[i],
+            max_batch_size=batch,
+            preferred_batch_sizes=resolve_preferred(self.preferred[p], batch),
+            queue_delay_us=self.queue_delays_us[d],
+            format=self.formats[f],
+        )
 
     def indices(self) -> Iterable[tuple[int, ...]]:
         return itertools.product(*(range(n) for n in self.shape()))
@@ -143,18 +163,27 @@ class SearchSpace(BaseModel):
             seen.setdefault(c.key, c)
         return list(seen.values())
 
-    def nearest(self, instances: int, max_batch_size: int, preferred_batch_sizes: Iterable[int] = (),
-                queue_delay_us: int = 0, format: str | None = None) -> tuple[int, ...]:
+    def nearest(
+        self,
+        instances: int,
+        max_batch_size: int,
+        preferred_batch_sizes: Iterable[int] = (),
+        queue_delay_us: int = 0,
+        format: str | None = None,
+    ) -> tuple[int, ...]:
         """The grid index nearest to a configuration (e.g. a guide's default), dimension by dimension: numbers by
         log distance, preferred sizes by the rule that resolves closest, the format by name (else the first)."""
+
         def closest(values: list[int], target: float) -> int:
             return min(range(len(values)), key=lambda i: (abs(math.log1p(values[i]) - math.log1p(target)), values[i]))
 
         b = closest(self.max_batch_sizes, max_batch_size)
         want = set(preferred_batch_sizes)
         batch = self.max_batch_sizes[b]
-        p = min(range(len(self.preferred)), key=lambda i: len(set(resolve_preferred(self.preferred[i], batch)) ^
-                                                                 {s for s in want if s <= batch}))
+        p = min(
+            range(len(self.preferred)),
+            key=lambda i: len(set(resolve_preferred(self.preferred[i], batch)) ^ {s for s in want if s <= batch}),
+        )
         f = self.formats.index(format) if format in self.formats else 0
         return (f, closest(self.instances, instances), b, p, closest(self.queue_delays_us, queue_delay_us))
 
@@ -186,10 +215,12 @@ class Objective(BaseModel):
 
     goal: Literal["max_throughput", "min_latency"] = "max_throughput"
     p99_budget_ms: float | None = Field(None, gt=0, description="max_throughput: the p99 latency budget, in ms.")
-    throughput_floor: float | None = Field(None, ge=0, description="min_latency: the least acceptable throughput, infer/s.")
+    throughput_floor: float | None = Field(
+        None, ge=0, description="min_latency: the least acceptable throughput, infer/s."
+    )
 
     @model_validator(mode="after")
-    def _one_constraint(self) -> "Objective":
+    def _one_constraint(self) -> Objective:
         if self.goal == "max_throughput" and self.throughput_floor is not None:
             raise ValueError("max_throughput takes a p99 budget (p99_budget_ms), not a throughput floor")
         if self.goal == "min_latency" and self.p99_budget_ms is not None:
@@ -226,7 +257,11 @@ class Objective(BaseModel):
         if self.goal == "max_throughput":
             limit = f"p99 <= {self.p99_budget_ms:g} ms" if self.p99_budget_ms is not None else "no latency budget"
             return f"highest throughput with {limit}"
-        limit = f"throughput >= {self.throughput_floor:g} infer/s" if self.throughput_floor is not None else "no throughput floor"
+        limit = (
+            f"throughput >= {self.throughput_floor:g} infer/s"
+            if self.throughput_floor is not None
+            else "no throughput floor"
+        )
         return f"lowest p99 latency with {limit}"
 
 
@@ -255,9 +290,11 @@ class Checkpoint:
                 try:
                     observations.append(Observation.model_validate_json(line))
                 except ValueError:
-                    if any(rest.strip() for rest in lines[i + 1:]):
-                        raise ValueError(f"{self.path}: line {i + 1} is not an observation and is not the last line; "
-                                         "the checkpoint is corrupt") from None
+                    if any(rest.strip() for rest in lines[i + 1 :]):
+                        raise ValueError(
+                            f"{self.path}: line {i + 1} is not an observation and is not the last line; "
+                            "the checkpoint is corrupt"
+                        ) from None
                     break  # a torn last line: keep what came before it
             good_end = offset = end
         if good_end < len(raw) or (good_end and not raw[:good_end].endswith(b"\n")):
@@ -302,7 +339,9 @@ class SearchResult(BaseModel):
 
     def feasible(self) -> list[Observation]:
         """Feasible observations, best first."""
-        return sorted((o for o in self.observations if self.objective.feasible(o)), key=self.objective.rank, reverse=True)
+        return sorted(
+            (o for o in self.observations if self.objective.feasible(o)), key=self.objective.rank, reverse=True
+        )
 
     @property
     def best(self) -> Observation | None:
@@ -315,25 +354,41 @@ class SearchResult(BaseModel):
 
     def to_markdown(self, title: str = "Configuration search", plot: str | None = None) -> str:
         best = self.best
-        lines = [f"## {title}", "",
-                 f"Strategy **{self.strategy}**; objective: {self.objective.describe()}.", "",
-                 f"Measured **{self.measured} of {self.grid_size}** configurations ({100 * self.measured_fraction:.1f}% of the grid; "
-                 f"budget {self.budget}); {self.new_measurements} measured by this run, "
-                 f"{self.measured - self.new_measurements} read back from the checkpoint; {self.seconds:.1f} s.", ""]
+        lines = [
+            f"## {title}",
+            "",
+            f"Strategy **{self.strategy}**; objective: {self.objective.describe()}.",
+            "",
+            f"Measured **{self.measured} of {self.grid_size}** configurations ({100 * self.measured_fraction:.1f}% of the grid; "
+            f"budget {self.budget}); {self.new_measurements} measured by this run, "
+            f"{self.measured - self.new_measurements} read back from the checkpoint; {self.seconds:.1f} s.",
+            "",
+        ]
         if best is not None:
-            lines += [f"**Best configuration**: {best.candidate.describe()}: **{best.throughput:.1f} infer/s**, "
-                      f"p99 {best.p99_ms:.2f} ms.", ""]
+            lines += [
+                f"**Best configuration**: {best.candidate.describe()}: **{best.throughput:.1f} infer/s**, "
+                f"p99 {best.p99_ms:.2f} ms.",
+                "",
+            ]
         else:
             near = self.closest()
-            lines += ["**No measured configuration meets the objective.**" +
-                      (f" Closest: {near.candidate.describe()} ({near.throughput:.1f} infer/s, p99 {near.p99_ms:.2f} ms)."
-                       if near is not None and near.ok else ""), ""]
+            lines += [
+                "**No measured configuration meets the objective.**"
+                + (
+                    f" Closest: {near.candidate.describe()} ({near.throughput:.1f} infer/s, p99 {near.p99_ms:.2f} ms)."
+                    if near is not None and near.ok
+                    else ""
+                ),
+                "",
+            ]
         top = self.feasible()[:10]
         if top:
             lines += ["### Top feasible configurations", "", _table(top), ""]
         infeasible = sum(1 for o in self.observations if o.ok and not self.objective.feasible(o))
         failed = [o for o in self.observations if not o.ok]
-        lines.append(f"Feasible: {len(self.feasible())}; over the limit: {infeasible}; failed or unstable: {len(failed)}.")
+        lines.append(
+            f"Feasible: {len(self.feasible())}; over the limit: {infeasible}; failed or unstable: {len(failed)}."
+        )
         for o in failed[:10]:
             lines.append(f"- {o.candidate.key}: {o.status} {o.error}".rstrip())
         if plot:
@@ -351,20 +406,42 @@ class SearchResult(BaseModel):
         path.parent.mkdir(parents=True, exist_ok=True)
         fig, ax = plt.subplots(figsize=(7, 4.5))
         ok = [o for o in self.observations if o.ok]
-        for feasible, style in ((True, dict(color="#76b900", label="feasible")), (False, dict(color="#999999", label="infeasible"))):
+        for feasible, style in (
+            (True, dict(color="#76b900", label="feasible")),
+            (False, dict(color="#999999", label="infeasible")),
+        ):
             pts = [o for o in ok if self.objective.feasible(o) == feasible]
             if pts:
                 ax.scatter([o.p99_ms for o in pts], [o.throughput for o in pts], s=22, alpha=0.8, **style)
         if self.objective.p99_budget_ms is not None:
-            ax.axvline(self.objective.p99_budget_ms, color="red", linestyle="--", label=f"p99 budget {self.objective.p99_budget_ms:g} ms")
+            ax.axvline(
+                self.objective.p99_budget_ms,
+                color="red",
+                linestyle="--",
+                label=f"p99 budget {self.objective.p99_budget_ms:g} ms",
+            )
         if self.objective.throughput_floor is not None:
-            ax.axhline(self.objective.throughput_floor, color="red", linestyle="--", label=f"floor {self.objective.throughput_floor:g}/s")
+            ax.axhline(
+                self.objective.throughput_floor,
+                color="red",
+                linestyle="--",
+                label=f"floor {self.objective.throughput_floor:g}/s",
+            )
         best = self.best
         if best is not None:
             ax.scatter([best.p99_ms], [best.throughput], marker="*", s=220, color="black", zorder=5, label="chosen")
-            ax.annotate(best.candidate.key, (best.p99_ms, best.throughput), textcoords="offset points", xytext=(6, 6), fontsize=7)
-        ax.set(xlabel="p99 latency (ms)", ylabel="Inferences/second",
-               title=f"{self.strategy} search: {self.measured}/{self.grid_size} measured")
+            ax.annotate(
+                best.candidate.key,
+                (best.p99_ms, best.throughput),
+                textcoords="offset points",
+                xytext=(6, 6),
+                fontsize=7,
+            )
+        ax.set(
+            xlabel="p99 latency (ms)",
+            ylabel="Inferences/second",
+            title=f"{self.strategy} search: {self.measured}/{self.grid_size} measured",
+        )
         ax.set_ylim(bottom=0)
         ax.legend(fontsize=7, loc="best")
         fig.tight_layout()
@@ -379,8 +456,10 @@ def _table(observations: list[Observation]) -> str:
     for i, o in enumerate(observations, 1):
         c = o.candidate
         pref = ",".join(map(str, c.preferred_batch_sizes)) or "none"
-        rows.append(f"| {i} | {c.format or '-'} | {c.instances} | {c.max_batch_size} | {pref} | {c.queue_delay_us} | "
-                    f"{o.throughput:.1f} | {o.p99_ms:.2f} |")
+        rows.append(
+            f"| {i} | {c.format or '-'} | {c.instances} | {c.max_batch_size} | {pref} | {c.queue_delay_us} | "
+            f"{o.throughput:.1f} | {o.p99_ms:.2f} |"
+        )
     return "\n".join(rows)
 
 
@@ -392,7 +471,9 @@ class _Session:
     """Measures candidates for a strategy: from the checkpoint when it holds them, else through the evaluator
     (and appended to the checkpoint at once); counts what the strategy looked at against its budget."""
 
-    def __init__(self, evaluator: Evaluator, checkpoint: Checkpoint | None, limit: int, on_observation: OnObservation | None):
+    def __init__(
+        self, evaluator: Evaluator, checkpoint: Checkpoint | None, limit: int, on_observation: OnObservation | None
+    ):
         self.evaluator, self.checkpoint, self.limit, self.on_observation = evaluator, checkpoint, limit, on_observation
         self.stored = {o.candidate.key: o for o in reversed(checkpoint.load())} if checkpoint else {}
         self.seen: dict[str, Observation] = {}
@@ -418,13 +499,24 @@ class _Session:
         return obs
 
     def result(self, strategy: str, objective: Objective, grid_size: int, started: float) -> SearchResult:
-        return SearchResult(strategy=strategy, objective=objective, grid_size=grid_size, budget=self.limit,
-                            observations=list(self.seen.values()), new_measurements=self.new,
-                            seconds=time.monotonic() - started)
+        return SearchResult(
+            strategy=strategy,
+            objective=objective,
+            grid_size=grid_size,
+            budget=self.limit,
+            observations=list(self.seen.values()),
+            new_measurements=self.new,
+            seconds=time.monotonic() - started,
+        )
 
 
-def exhaustive_search(space: SearchSpace, objective: Objective, evaluator: Evaluator, checkpoint: Checkpoint | None = None,
-                      on_observation: OnObservation | None = None) -> SearchResult:
+def exhaustive_search(
+    space: SearchSpace,
+    objective: Objective,
+    evaluator: Evaluator,
+    checkpoint: Checkpoint | None = None,
+    on_observation: OnObservation | None = None,
+) -> SearchResult:
     """Measure every candidate of the grid in grid order (those already in the checkpoint are read back)."""
     started = time.monotonic()
     grid = space.grid()
@@ -445,9 +537,16 @@ ORDERED_AXES = ("max_batch_size", "instances", "queue_delay_us")  # the others a
 _GROWS_LATENCY = ("max_batch_size", "queue_delay_us")  # dimensions whose larger values batch more: p99 goes up
 
 
-def smart_search(space: SearchSpace, objective: Objective, evaluator: Evaluator, checkpoint: Checkpoint | None = None,
-                 budget_fraction: float = 0.10, start: tuple[int, ...] | Candidate | None = None,
-                 on_observation: OnObservation | None = None, max_measurements: int | None = None) -> SearchResult:
+def smart_search(
+    space: SearchSpace,
+    objective: Objective,
+    evaluator: Evaluator,
+    checkpoint: Checkpoint | None = None,
+    budget_fraction: float = 0.10,
+    start: tuple[int, ...] | Candidate | None = None,
+    on_observation: OnObservation | None = None,
+    max_measurements: int | None = None,
+) -> SearchResult:
     """Coordinate search from the guide's default (`start`, else the middle of the grid): max batch, instances, queue
     delay, preferred sizes and format are line-searched in turn, with steps that start at half the dimension's range
     and halve down to one grid step, moving whenever a point ranks better (feasible first, then throughput or
@@ -464,7 +563,9 @@ def smart_search(space: SearchSpace, objective: Objective, evaluator: Evaluator,
     limit = max_measurements if max_measurements is not None else measurement_budget(len(grid), budget_fraction)
     session = _Session(evaluator, checkpoint, min(limit, len(grid)), on_observation)
     if isinstance(start, Candidate):
-        start = space.nearest(start.instances, start.max_batch_size, start.preferred_batch_sizes, start.queue_delay_us, start.format)
+        start = space.nearest(
+            start.instances, start.max_batch_size, start.preferred_batch_sizes, start.queue_delay_us, start.format
+        )
     try:
         _CoordinateSearch(space, objective, session).run(tuple(start) if start is not None else space.middle())
     except BudgetSpent:
@@ -472,9 +573,15 @@ def smart_search(space: SearchSpace, objective: Objective, evaluator: Evaluator,
     return session.result("smart", objective, len(grid), started)
 
 
-def _exhaustive(space: SearchSpace, objective: Objective, evaluator: Evaluator, checkpoint: Checkpoint | None = None,
-                budget_fraction: float = 1.0, start: tuple[int, ...] | Candidate | None = None,
-                on_observation: OnObservation | None = None) -> SearchResult:
+def _exhaustive(
+    space: SearchSpace,
+    objective: Objective,
+    evaluator: Evaluator,
+    checkpoint: Checkpoint | None = None,
+    budget_fraction: float = 1.0,
+    start: tuple[int, ...] | Candidate | None = None,
+    on_observation: OnObservation | None = None,
+) -> SearchResult:
     """exhaustive_search called as smart_search is: it has no budget and no start point, so it ignores them."""
     return exhaustive_search(space, objective, evaluator, checkpoint, on_observation=on_observation)
 
@@ -506,14 +613,17 @@ class _CoordinateSearch:
         value = index[pos] + delta
         if not 0 <= value < self.shape[axis]:
             return None
-        return index[:pos] + (value,) + index[pos + 1:]
+        return index[:pos] + (value,) + index[pos + 1 :]
 
     # -- pruning
     def is_pruned(self, index: tuple[int, ...]) -> bool:
         """Beyond a step that crossed the limit: the same other coordinates, further along the same direction."""
         for axis, crossed, direction in self.pruned:
             pos = self.axis_pos[axis]
-            if all(index[i] == crossed[i] for i in range(len(index)) if i != pos) and (index[pos] - crossed[pos]) * direction > 0:
+            if (
+                all(index[i] == crossed[i] for i in range(len(index)) if i != pos)
+                and (index[pos] - crossed[pos]) * direction > 0
+            ):
                 return True
         return False
 

@@ -42,7 +42,7 @@ import hashlib
 import math
 import re
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cache, lru_cache
 from importlib.resources import files
 
 import numpy as np
@@ -51,11 +51,25 @@ import pandas as pd
 from tbench.search import Candidate, Observation, SearchSpace
 
 # The guides' dynamic batching (the adapters' gpu-profile defaults): the CSV has instances and max batch, not these.
-PUBLISHED_BATCHING = {"resnet50": ([64, 128], 1000), "fastpitch": ([4, 8], 1), "nnunet": ([2, 4], 1),
-                      "widedeep": ([131072], 1000)}
+PUBLISHED_BATCHING = {
+    "resnet50": ([64, 128], 1000),
+    "fastpitch": ([4, 8], 1),
+    "nnunet": ([2, 4], 1),
+    "widedeep": ([131072], 1000),
+}
 DEFAULT_ETA = 0.5  # instance scaling exponent where the published rows cannot tell (one instance)
 K_GRID = (0.1, 0.25, 0.4, 0.55, 0.7, 0.85, 1.0)  # the server's share of a batch's offline latency
-G_GRID = (0.0, 0.25, 0.5, 1.0, 1.5, 2.0, 3.0, 4.5, 6.0)  # online per-request overhead, in single-request offline latencies
+G_GRID = (
+    0.0,
+    0.25,
+    0.5,
+    1.0,
+    1.5,
+    2.0,
+    3.0,
+    4.5,
+    6.0,
+)  # online per-request overhead, in single-request offline latencies
 ETA_GRID = (0.0, 0.25, 0.5, 0.75, 1.0)
 
 
@@ -134,9 +148,17 @@ class Surface:
     def dispersion(self, batch: float) -> float:
         return max(1.0, self.r0 + self.r1 * math.log(max(batch, 1.0)))
 
-    def steady_state(self, instances: int, max_batch: int, preferred: tuple[int, ...] | list[int], delay_us: int,
-                     concurrency: int, k: float | None = None, g: float | None = None,
-                     eta: float | None = None) -> SteadyState | None:
+    def steady_state(
+        self,
+        instances: int,
+        max_batch: int,
+        preferred: tuple[int, ...] | list[int],
+        delay_us: int,
+        concurrency: int,
+        k: float | None = None,
+        g: float | None = None,
+        eta: float | None = None,
+    ) -> SteadyState | None:
         """The closed loop's fixed point; None when the config cannot serve a request (max batch < request size)."""
         k = self.k if k is None else k
         eta = self.eta if eta is None else eta
@@ -191,10 +213,19 @@ class Surface:
         p99 = self.dispersion(b) * (avg - mean_wait) + w
         return SteadyState(throughput=x * 1000.0 * s, avg_ms=avg, p99_ms=p99, batch=b, wait_ms=w)
 
-    def published_state(self, concurrency: int, k: float | None = None, g: float | None = None,
-                        eta: float | None = None) -> SteadyState:
-        return self.steady_state(self.published_instances, self.published_max_batch, self.published_preferred,
-                                 self.published_delay_us, concurrency, k, g, eta)
+    def published_state(
+        self, concurrency: int, k: float | None = None, g: float | None = None, eta: float | None = None
+    ) -> SteadyState:
+        return self.steady_state(
+            self.published_instances,
+            self.published_max_batch,
+            self.published_preferred,
+            self.published_delay_us,
+            concurrency,
+            k,
+            g,
+            eta,
+        )
 
     # -- calibration
     def _error(self, params: tuple[float, float, float]) -> float:
@@ -203,7 +234,7 @@ class Surface:
         got = np.log([self.published_state(c, *params).throughput for c in conc])
         return float(np.mean((got - want) ** 2))
 
-    def fit(self) -> "Surface":
+    def fit(self) -> Surface:
         """k, g (and eta where the guide ran several instances): a coarse grid, then a pattern search from its best;
         then the dispersion r(b)."""
         etas = ETA_GRID if self.published_instances > 1 else [DEFAULT_ETA]
@@ -236,12 +267,14 @@ class Surface:
 
 def theil_sen(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
     """Intercept and slope, robust to the odd published outlier: the median of pairwise slopes."""
-    slopes = [(y[j] - y[i]) / (x[j] - x[i]) for i in range(len(x)) for j in range(i + 1, len(x)) if abs(x[j] - x[i]) > 1e-9]
+    slopes = [
+        (y[j] - y[i]) / (x[j] - x[i]) for i in range(len(x)) for j in range(i + 1, len(x)) if abs(x[j] - x[i]) > 1e-9
+    ]
     slope = float(np.median(slopes)) if slopes else 0.0
     return float(np.median(y - slope * x)), slope
 
 
-@lru_cache(maxsize=None)
+@cache
 def calibrated(model: str, gpu: str, variant: str) -> Surface:
     table = published()
     rows = table[(table["model"] == model) & (table["gpu"] == gpu)]
@@ -252,20 +285,34 @@ def calibrated(model: str, gpu: str, variant: str) -> Surface:
         raise ValueError(f"no published offline and online rows for {model} on {gpu} ({variant})")
     offline = offline.groupby("batch_size", as_index=False)["avg_ms"].mean()
     preferred, delay = PUBLISHED_BATCHING[model]
-    surface = Surface(model=model, gpu=gpu, variant=variant, batches=offline["batch_size"].to_numpy(float),
-                      latency_ms=offline["avg_ms"].to_numpy(float), request_samples=int(online["batch_size"].iloc[0]),
-                      published_instances=int(online["model_instances"].iloc[0]),
-                      published_max_batch=int(online["max_batch_size"].iloc[0]),
-                      published_preferred=preferred, published_delay_us=delay,
-                      online=online[["concurrency", "throughput_infer_per_s", "avg_ms", "p99_ms"]].reset_index(drop=True))
+    surface = Surface(
+        model=model,
+        gpu=gpu,
+        variant=variant,
+        batches=offline["batch_size"].to_numpy(float),
+        latency_ms=offline["avg_ms"].to_numpy(float),
+        request_samples=int(online["batch_size"].iloc[0]),
+        published_instances=int(online["model_instances"].iloc[0]),
+        published_max_batch=int(online["max_batch_size"].iloc[0]),
+        published_preferred=preferred,
+        published_delay_us=delay,
+        online=online[["concurrency", "throughput_infer_per_s", "avg_ms", "p99_ms"]].reset_index(drop=True),
+    )
     return surface.fit()
 
 
 class SimulatedSurface:
     """An Evaluator over the published surfaces of one (model, gpu): one per variant (format:precision)."""
 
-    def __init__(self, model: str, gpu: str, variants: list[str] | None = None, concurrency: int | None = None,
-                 noise: float = 0.02, seed: int = 0):
+    def __init__(
+        self,
+        model: str,
+        gpu: str,
+        variants: list[str] | None = None,
+        concurrency: int | None = None,
+        noise: float = 0.02,
+        seed: int = 0,
+    ):
         available = [v for m, g, v in published_surfaces() if m == model and g == gpu]
         if not available:
             raise ValueError(f"no published surface for {model} on {gpu}")
@@ -292,8 +339,13 @@ class SimulatedSurface:
         surface = self.surface(candidate)
         if surface is None:
             return None
-        return surface.steady_state(candidate.instances, candidate.max_batch_size, candidate.preferred_batch_sizes,
-                                    candidate.queue_delay_us, self.concurrency)
+        return surface.steady_state(
+            candidate.instances,
+            candidate.max_batch_size,
+            candidate.preferred_batch_sizes,
+            candidate.queue_delay_us,
+            self.concurrency,
+        )
 
     def evaluate(self, candidate: Candidate) -> Observation:
         self.evaluations += 1
@@ -301,18 +353,30 @@ class SimulatedSurface:
             return Observation(candidate=candidate, status="error", error=f"no published variant {candidate.format!r}")
         state = self.truth(candidate)
         if state is None:
-            return Observation(candidate=candidate, status="error",
-                               error=f"max batch {candidate.max_batch_size} is below the request size {self.surface(candidate).request_samples}")
+            return Observation(
+                candidate=candidate,
+                status="error",
+                error=f"max batch {candidate.max_batch_size} is below the request size {self.surface(candidate).request_samples}",
+            )
         nx, np99 = self._noise(candidate)
-        return Observation(candidate=candidate, throughput=state.throughput * nx, p99_ms=state.p99_ms * np99,
-                           avg_ms=state.avg_ms * np99, status="ok")
+        return Observation(
+            candidate=candidate,
+            throughput=state.throughput * nx,
+            p99_ms=state.p99_ms * np99,
+            avg_ms=state.avg_ms * np99,
+            status="ok",
+        )
 
     def default_candidate(self) -> Candidate:
         """The guide's configuration: where a smart search starts."""
         s = self.surfaces[self.default_variant]
-        return Candidate(instances=s.published_instances, max_batch_size=s.published_max_batch,
-                         preferred_batch_sizes=tuple(s.published_preferred), queue_delay_us=s.published_delay_us,
-                         format=self.default_variant if len(self.surfaces) > 1 else "")
+        return Candidate(
+            instances=s.published_instances,
+            max_batch_size=s.published_max_batch,
+            preferred_batch_sizes=tuple(s.published_preferred),
+            queue_delay_us=s.published_delay_us,
+            format=self.default_variant if len(self.surfaces) > 1 else "",
+        )
 
     def space(self, shape: str = "large") -> SearchSpace:
         """A grid around the guide's config. 'small' (60 candidates, the real CPU grid's shape): instances {1, 2} x
@@ -330,7 +394,17 @@ class SimulatedSurface:
         if shape == "small":
             while len(batches) < 5:
                 batches.append(batches[-1] * 2)
-            return SearchSpace(instances=[1, 2], max_batch_sizes=batches[-5:], preferred=["none", "max"],
-                               queue_delays_us=[0, 500, 2000], formats=formats)
-        return SearchSpace(instances=[1, 2, 3, 4], max_batch_sizes=batches, preferred=["none", "max", "half"],
-                           queue_delays_us=[0, 100, 500, 2000], formats=formats)
+            return SearchSpace(
+                instances=[1, 2],
+                max_batch_sizes=batches[-5:],
+                preferred=["none", "max"],
+                queue_delays_us=[0, 500, 2000],
+                formats=formats,
+            )
+        return SearchSpace(
+            instances=[1, 2, 3, 4],
+            max_batch_sizes=batches,
+            preferred=["none", "max", "half"],
+            queue_delays_us=[0, 100, 500, 2000],
+            formats=formats,
+        )

@@ -69,13 +69,21 @@ def _not_used(hardware: Hardware, why: str) -> str:
     return f"{why}, on the CPU ({hardware.cpu_model}); the node's GPU {hardware.gpu_label} was not used"
 
 
-def served_on(mode: str, hardware: Hardware, runtime: str | None, cuda_runtimes: Iterable[str] = (),
-              docker_gpus: str | None = None) -> ServedOn:
+def served_on(
+    mode: str,
+    hardware: Hardware,
+    runtime: str | None,
+    cuda_runtimes: Iterable[str] = (),
+    docker_gpus: str | None = None,
+) -> ServedOn:
     """Where a model will run. `runtime`: None for a native backend, else the python backend's runtime
     (onnxruntime, torchscript, tensorflow); `cuda_runtimes`: those of them that have CUDA in this environment."""
     if mode == "remote":  # KIND_GPU where this node has one, as requested; what the server runs it on is its own
-        return ServedOn(label=REMOTE_LABEL, kind="KIND_GPU" if hardware.has_gpu else "KIND_CPU",
-                        note="a remote server: its hardware is not known here")
+        return ServedOn(
+            label=REMOTE_LABEL,
+            kind="KIND_GPU" if hardware.has_gpu else "KIND_CPU",
+            note="a remote server: its hardware is not known here",
+        )
     if not hardware.has_gpu:
         return ServedOn(label=CPU_LABEL)
     uuids = serving_gpus(mode, hardware, docker_gpus)
@@ -83,8 +91,10 @@ def served_on(mode: str, hardware: Hardware, runtime: str | None, cuda_runtimes:
         why = f"the {mode} server has no GPU (--gpus {docker_gpus})"
         return ServedOn(label=CPU_LABEL, note=_not_used(hardware, why))
     if runtime is not None and mode in PINNED_MODES and runtime not in set(cuda_runtimes):
-        return ServedOn(label=CPU_LABEL, note=_not_used(hardware, f"the {mode} server runs {runtime} in its python "
-                                                                  "backend without CUDA"))
+        return ServedOn(
+            label=CPU_LABEL,
+            note=_not_used(hardware, f"the {mode} server runs {runtime} in its python backend without CUDA"),
+        )
     return ServedOn(label=gpu_label(hardware, uuids), kind="KIND_GPU", gpu_uuids=uuids)
 
 
@@ -128,8 +138,12 @@ def combined(parts: Mapping[str, ServedOn]) -> ServedOn:
         return ServedOn(label=values[0].label, kind=values[0].kind, gpu_uuids=uuids, note=notes)
     elsewhere = [f"{name} on {p.label}" for name, p in parts.items() if not p.on_gpu]
     on_gpu = next(p for p in values if p.on_gpu) if uuids else values[0]
-    return ServedOn(label=on_gpu.label, kind=on_gpu.kind, gpu_uuids=uuids,
-                    note="parts that did not run on the GPU: " + ", ".join(elsewhere))
+    return ServedOn(
+        label=on_gpu.label,
+        kind=on_gpu.kind,
+        gpu_uuids=uuids,
+        note="parts that did not run on the GPU: " + ", ".join(elsewhere),
+    )
 
 
 def pinned_env(mode: str, hardware: Hardware) -> dict[str, str]:

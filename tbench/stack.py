@@ -33,9 +33,14 @@ DEFAULT_DIR = Path(os.environ.get("TBENCH_STACK_DIR", Path.home() / ".cache" / "
 BUCKET = "tbench"
 # moto accepts any credentials: these fixed, fake ones are printed and saved on purpose (a shell needs them). A real
 # store's credentials come from the environment or TBENCH_STORAGE_BLOCK (tbench.storage) and are never printed.
-S3_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "tbench-local", "AWS_SECRET_ACCESS_KEY": "tbench-local-secret",
-                  "AWS_DEFAULT_REGION": "us-east-1"}
-DATABASE_URL_ENV = "TBENCH_STACK_DATABASE_URL"  # where `tbench stack up` reads the real URL (better than argv: ps sees that)
+S3_CREDENTIALS = {
+    "AWS_ACCESS_KEY_ID": "tbench-local",
+    "AWS_SECRET_ACCESS_KEY": "tbench-local-secret",
+    "AWS_DEFAULT_REGION": "us-east-1",
+}
+DATABASE_URL_ENV = (
+    "TBENCH_STACK_DATABASE_URL"  # where `tbench stack up` reads the real URL (better than argv: ps sees that)
+)
 DATABASE_ENV = "PREFECT_API_DATABASE_CONNECTION_URL"
 SECRET_ENV = (DATABASE_URL_ENV, DATABASE_ENV)  # only the Prefect server's environment may hold these
 
@@ -72,7 +77,9 @@ def redact(text: str, url: str | None) -> str:
     return text.replace(password, "***") if password else text
 
 
-def wait_http(url: str, timeout_s: float, proc: subprocess.Popen | None = None, what: str = "", log: Path | None = None) -> float:
+def wait_http(
+    url: str, timeout_s: float, proc: subprocess.Popen | None = None, what: str = "", log: Path | None = None
+) -> float:
     """Poll a URL until it answers (any HTTP status); seconds it took. A process that exits first is an error."""
     start = time.monotonic()
     while time.monotonic() - start < timeout_s:
@@ -131,16 +138,23 @@ class S3Endpoint:
     def env(self) -> dict[str, str]:
         return {"AWS_ENDPOINT_URL": self.url, **S3_CREDENTIALS}
 
-    def start(self, timeout_s: float = 60) -> "S3Endpoint":
-        self.proc = procs.start([_bin("moto_server"), "-H", "127.0.0.1", "-p", str(self.port)], self.log, outlives_caller=True)
+    def start(self, timeout_s: float = 60) -> S3Endpoint:
+        self.proc = procs.start(
+            [_bin("moto_server"), "-H", "127.0.0.1", "-p", str(self.port)], self.log, outlives_caller=True
+        )
         wait_http(self.url, timeout_s, self.proc, "the S3 endpoint (moto_server)", self.log)
         return self
 
     def create_bucket(self, name: str = BUCKET) -> None:
         import boto3
 
-        s3 = boto3.client("s3", endpoint_url=self.url, aws_access_key_id=S3_CREDENTIALS["AWS_ACCESS_KEY_ID"],
-                          aws_secret_access_key=S3_CREDENTIALS["AWS_SECRET_ACCESS_KEY"], region_name="us-east-1")
+        s3 = boto3.client(
+            "s3",
+            endpoint_url=self.url,
+            aws_access_key_id=S3_CREDENTIALS["AWS_ACCESS_KEY_ID"],
+            aws_secret_access_key=S3_CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
+            region_name="us-east-1",
+        )
         try:
             s3.create_bucket(Bucket=name)
         except s3.exceptions.BucketAlreadyOwnedByYou:
@@ -157,7 +171,9 @@ class Stack:
     """The whole local stack in one folder; see the module docstring."""
 
     root: Path = DEFAULT_DIR
-    database_url: str | None = None  # PostgreSQL: postgresql+asyncpg://user:pass@host/db (the server's env only); SQLite in root by default
+    database_url: str | None = (
+        None  # PostgreSQL: postgresql+asyncpg://user:pass@host/db (the server's env only); SQLite in root by default
+    )
     api_port: int = field(default_factory=free_port)
     s3: S3Endpoint | None = None
     server: subprocess.Popen | None = None
@@ -174,8 +190,13 @@ class Stack:
         return f"s3://{BUCKET}/runs"
 
     def prefect_env(self) -> dict[str, str]:
-        return {"PREFECT_HOME": str(self.root / "prefect"), "PREFECT_API_URL": self.api_url, "DO_NOT_TRACK": "1",
-                "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_CLI_PROMPT": "false"}
+        return {
+            "PREFECT_HOME": str(self.root / "prefect"),
+            "PREFECT_API_URL": self.api_url,
+            "DO_NOT_TRACK": "1",
+            "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+            "PREFECT_CLI_PROMPT": "false",
+        }
 
     def client_env(self) -> dict[str, str]:
         """What a client (tests, `tbench submit`, a shell) needs to use the stack."""
@@ -197,8 +218,12 @@ class Stack:
     def start_server(self, timeout_s: float = 240) -> float:
         (self.root / "prefect").mkdir(parents=True, exist_ok=True)
         log = self.root / "prefect-server.log"
-        self.server = procs.start([_bin("prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(self.api_port)],
-                                  log, env=self.server_env(), outlives_caller=True)
+        self.server = procs.start(
+            [_bin("prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(self.api_port)],
+            log,
+            env=self.server_env(),
+            outlives_caller=True,
+        )
         try:
             return wait_http(f"{self.api_url}/health", timeout_s, self.server, "the Prefect server", log)
         except StackError as err:  # its message quotes the log: a driver's error could echo the URL
@@ -210,8 +235,11 @@ class Stack:
         PREFECT_HOME, a folder of this machine: a container keeps its own in /tmp."""
         if self.cpu_pool_type != "docker":
             return None
-        env = {**(self.s3.env() if self.s3 else {}), "TBENCH_ARTIFACT_ROOT": self.artifact_root,
-               "PREFECT_HOME": "/tmp/prefect"}
+        env = {
+            **(self.s3.env() if self.s3 else {}),
+            "TBENCH_ARTIFACT_ROOT": self.artifact_root,
+            "PREFECT_HOME": "/tmp/prefect",
+        }
         return {"env": env, "network_mode": "host"}
 
     def deploy_args(self) -> list[str]:
@@ -228,11 +256,28 @@ class Stack:
     def setup_pools_and_deploy(self) -> None:
         from tbench.pool_setup import create_pools
 
-        create_pools(api_url=self.api_url, pool_type="process", names=self.pools or None, env=self._env(),
-                     cpu_type=self.cpu_pool_type, cpu_defaults=self.cpu_pool_defaults())
-        deployed = procs.run([_bin("prefect"), "--no-prompt", "deploy", *self.deploy_args(), "--prefect-file",
-                              str(PROJECT / "deployments" / "prefect.yaml")],
-                             self.root / "deploy.log", timeout=600, env=self._env(TBENCH_PROJECT_DIR=str(PROJECT)), cwd=PROJECT)
+        create_pools(
+            api_url=self.api_url,
+            pool_type="process",
+            names=self.pools or None,
+            env=self._env(),
+            cpu_type=self.cpu_pool_type,
+            cpu_defaults=self.cpu_pool_defaults(),
+        )
+        deployed = procs.run(
+            [
+                _bin("prefect"),
+                "--no-prompt",
+                "deploy",
+                *self.deploy_args(),
+                "--prefect-file",
+                str(PROJECT / "deployments" / "prefect.yaml"),
+            ],
+            self.root / "deploy.log",
+            timeout=600,
+            env=self._env(TBENCH_PROJECT_DIR=str(PROJECT)),
+            cwd=PROJECT,
+        )
         if deployed.returncode != 0:
             raise StackError(f"prefect deploy failed (log: {deployed.log_path}): {procs.tail(deployed.log_path, 5)}")
 
@@ -240,12 +285,14 @@ class Stack:
         staging = self.root / "staging"
         staging.mkdir(parents=True, exist_ok=True)
         kind = self.cpu_pool_type if pool == "cpu" else "process"
-        self.worker = procs.start([_bin("prefect"), "worker", "start", "--pool", pool, "--type", kind],
-                                  self.root / f"worker-{pool}.log",
-                                  env=self._env(PREFECT_WORKER_QUERY_SECONDS="1", TBENCH_STAGING_DIR=str(staging),
-                                                PYTHONPATH=str(PROJECT)), outlives_caller=True)
+        self.worker = procs.start(
+            [_bin("prefect"), "worker", "start", "--pool", pool, "--type", kind],
+            self.root / f"worker-{pool}.log",
+            env=self._env(PREFECT_WORKER_QUERY_SECONDS="1", TBENCH_STAGING_DIR=str(staging), PYTHONPATH=str(PROJECT)),
+            outlives_caller=True,
+        )
 
-    def up(self) -> "Stack":
+    def up(self) -> Stack:
         self.root.mkdir(parents=True, exist_ok=True)
         self.s3 = S3Endpoint(self.root / "s3.log").start()
         self.s3.create_bucket()
@@ -256,11 +303,23 @@ class Stack:
         return self
 
     def save(self) -> None:
-        state = {"api_url": self.api_url, "s3_url": self.s3.url if self.s3 else None, "artifact_root": self.artifact_root,
-                 "database": masked_url(self.database_url) or "sqlite (in prefect/)",
-                 "pids": {name: p.pid for name, p in (("s3", self.s3.proc if self.s3 else None), ("server", self.server),
-                                                      ("worker", self.worker)) if p is not None},
-                 "env": self.client_env(), "logs": str(self.root)}
+        state = {
+            "api_url": self.api_url,
+            "s3_url": self.s3.url if self.s3 else None,
+            "artifact_root": self.artifact_root,
+            "database": masked_url(self.database_url) or "sqlite (in prefect/)",
+            "pids": {
+                name: p.pid
+                for name, p in (
+                    ("s3", self.s3.proc if self.s3 else None),
+                    ("server", self.server),
+                    ("worker", self.worker),
+                )
+                if p is not None
+            },
+            "env": self.client_env(),
+            "logs": str(self.root),
+        }
         (self.root / "stack.json").write_text(json.dumps(state, indent=2))
 
     def down(self) -> None:

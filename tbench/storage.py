@@ -27,8 +27,9 @@ def _block_options(name: str) -> tuple[tuple[str, object], ...]:
     try:
         value = Secret.load(name).get()
     except Exception as err:  # the error names the block, never its value
-        raise StorageError(f"cannot read the storage credentials block {name!r} ({STORAGE_BLOCK_ENV}): "
-                           f"{type(err).__name__}") from None
+        raise StorageError(
+            f"cannot read the storage credentials block {name!r} ({STORAGE_BLOCK_ENV}): {type(err).__name__}"
+        ) from None
     if not isinstance(value, dict):
         raise StorageError(f"the storage credentials block {name!r} must hold a JSON object of fsspec options")
     return tuple(sorted(value.items()))

@@ -44,7 +44,9 @@ def submit(deployment: str, parameters: dict, tags: list[str] | None = None, job
     try:
         run = run_deployment(deployment, parameters=parameters, timeout=0, tags=tags or [], job_variables=job_variables)
     except ObjectNotFound:
-        raise SubmitError(f"no deployment {deployment!r} on the Prefect server (deploy deployments/prefect.yaml)") from None
+        raise SubmitError(
+            f"no deployment {deployment!r} on the Prefect server (deploy deployments/prefect.yaml)"
+        ) from None
     except Exception as err:  # httpx connection errors and the like
         raise SubmitError(f"cannot submit to the Prefect server: {type(err).__name__}: {err}") from None
     return run.id
@@ -54,8 +56,11 @@ def report_link(client, flow_run_id: UUID) -> str | None:
     """The HTML report's URL, from the link artifact the run's store stage made."""
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, ArtifactFilterKey
 
-    artifacts = client.read_artifacts(artifact_filter=ArtifactFilter(
-        flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id]), key=ArtifactFilterKey(any_=[REPORT_LINK_KEY])))
+    artifacts = client.read_artifacts(
+        artifact_filter=ArtifactFilter(
+            flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id]), key=ArtifactFilterKey(any_=[REPORT_LINK_KEY])
+        )
+    )
     for artifact in artifacts:
         found = re.search(r"\]\(([^)]+)\)", str(artifact.data or ""))  # the link is stored as markdown: [text](url)
         if found:
@@ -68,8 +73,13 @@ def shown(log) -> bool:
     return log.task_run_id is None or log.level >= 30
 
 
-def follow(flow_run_id: UUID, on_line: Callable[[str], None], timeout_s: float = 3600, poll_s: float = 1.0,
-           submitted_at: float | None = None) -> Followed:
+def follow(
+    flow_run_id: UUID,
+    on_line: Callable[[str], None],
+    timeout_s: float = 3600,
+    poll_s: float = 1.0,
+    submitted_at: float | None = None,
+) -> Followed:
     """Print state changes and logs until the run ends (or `timeout_s`)."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
@@ -87,8 +97,12 @@ def follow(flow_run_id: UUID, on_line: Callable[[str], None], timeout_s: float =
                 on_line(f"state: {last_state}")
                 if state == "RUNNING" and to_running is None:
                     to_running = time.monotonic() - submitted_at
-            logs = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])),
-                                    sort=LogSort.TIMESTAMP_ASC, offset=seen_logs, limit=200)
+            logs = client.read_logs(
+                log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])),
+                sort=LogSort.TIMESTAMP_ASC,
+                offset=seen_logs,
+                limit=200,
+            )
             for log in logs:
                 if shown(log):
                     on_line(f"  {log.message}")
@@ -96,10 +110,20 @@ def follow(flow_run_id: UUID, on_line: Callable[[str], None], timeout_s: float =
             if state in TERMINAL or time.monotonic() > deadline:
                 if state in TERMINAL and not logs:  # the last lines may land just after the final state
                     time.sleep(poll_s)
-                    for log in client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])),
-                                                sort=LogSort.TIMESTAMP_ASC, offset=seen_logs, limit=200):
+                    for log in client.read_logs(
+                        log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])),
+                        sort=LogSort.TIMESTAMP_ASC,
+                        offset=seen_logs,
+                        limit=200,
+                    ):
                         if shown(log):
                             on_line(f"  {log.message}")
-                return Followed(flow_run_id, state, run.state.name if run.state else "", (run.state.message or "") if run.state else "",
-                                report_link(client, flow_run_id), to_running)
+                return Followed(
+                    flow_run_id,
+                    state,
+                    run.state.name if run.state else "",
+                    (run.state.message or "") if run.state else "",
+                    report_link(client, flow_run_id),
+                    to_running,
+                )
             time.sleep(poll_s)

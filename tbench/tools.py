@@ -22,7 +22,9 @@ def pytriton_server_dir() -> Path:
     root = _package_dir("pytriton")
     server = root / "tritonserver" if root else None
     if server is None or not (server / "bin" / "tritonserver").exists():
-        raise ServerStartError("embedded tritonserver not found: install the nvidia-pytriton==0.7.0 wheel (it bundles the server)")
+        raise ServerStartError(
+            "embedded tritonserver not found: install the nvidia-pytriton==0.7.0 wheel (it bundles the server)"
+        )
     return server
 
 
@@ -35,7 +37,9 @@ def perf_analyzer_binary() -> Path:
     if not found.exists():
         which = shutil.which("perf_analyzer")
         if not which:
-            raise PerfAnalyzerError("perf_analyzer not found: install tritonclient[all]==2.51.0 (its wheel ships the binary)")
+            raise PerfAnalyzerError(
+                "perf_analyzer not found: install tritonclient[all]==2.51.0 (its wheel ships the binary)"
+            )
         found = Path(which)
     return found
 

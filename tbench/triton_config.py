@@ -137,14 +137,19 @@ def model_config(spec: ModelConfigSpec, fmt: Format | None = None) -> mc.ModelCo
         config.instance_group.add(count=group.count, kind=mc.ModelInstanceGroup.Kind.Value(group.kind), gpus=group.gpus)
     accelerators = config.optimization.execution_accelerators
     for acc in spec.accelerators:
-        added = (accelerators.cpu_execution_accelerator if acc.on_cpu else accelerators.gpu_execution_accelerator).add(name=acc.name)
+        added = (accelerators.cpu_execution_accelerator if acc.on_cpu else accelerators.gpu_execution_accelerator).add(
+            name=acc.name
+        )
         for key, value in acc.parameters.items():
             added.parameters[key] = value
     if spec.cuda_graphs:
         config.optimization.cuda.graphs = True
     if spec.warmup is not None:
-        warm = config.model_warmup.add(name=f"{spec.warmup.data}_batch_{spec.warmup.batch_size}",
-                                       batch_size=spec.warmup.batch_size, count=spec.warmup.count)
+        warm = config.model_warmup.add(
+            name=f"{spec.warmup.data}_batch_{spec.warmup.batch_size}",
+            batch_size=spec.warmup.batch_size,
+            count=spec.warmup.count,
+        )
         for t in spec.io.inputs:
             data = warm.inputs[t.name]
             data.data_type = _dtype(t)
@@ -204,8 +209,10 @@ def validate(config: mc.ModelConfig) -> None:
             raise ConfigError(f"{where}: an instance group with gpus must be KIND_GPU")
     platform = config.platform or config.backend
     accelerators = config.optimization.execution_accelerators
-    for kind, allowed, given in (("GPU", GPU_ACCELERATORS, accelerators.gpu_execution_accelerator),
-                                 ("CPU", CPU_ACCELERATORS, accelerators.cpu_execution_accelerator)):
+    for kind, allowed, given in (
+        ("GPU", GPU_ACCELERATORS, accelerators.gpu_execution_accelerator),
+        ("CPU", CPU_ACCELERATORS, accelerators.cpu_execution_accelerator),
+    ):
         for acc in given:
             if acc.name not in allowed.get(platform, set()):
                 raise ConfigError(f"{where}: {platform} has no {kind} accelerator {acc.name!r}")
@@ -225,7 +232,9 @@ def _validate_ensemble(config: mc.ModelConfig, where: str) -> None:
     for step in config.ensemble_scheduling.step:
         missing = [t for t in step.input_map.values() if t not in available]
         if missing:
-            raise ConfigError(f"{where}: step {step.model_name!r} reads {missing[0]!r}, which no input or earlier step provides")
+            raise ConfigError(
+                f"{where}: step {step.model_name!r} reads {missing[0]!r}, which no input or earlier step provides"
+            )
         available |= set(step.output_map.values())
     unproduced = [t.name for t in config.output if t.name not in available]
     if unproduced:

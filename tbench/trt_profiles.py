@@ -74,14 +74,17 @@ def check_trt_shapes(spec: IoSpec, shapes: dict[str, list[list[int]]] | None) ->
         if t is None:
             raise ConfigError(f"--trt-shape {name}: no such input; the inputs are {', '.join(by_name)}")
         if -1 not in t.shape:
-            raise ConfigError(f"--trt-shape {name}: the input has no dynamic dim (shape {_dims(t.shape)}); "
-                              "its profile is its shape")
+            raise ConfigError(
+                f"--trt-shape {name}: the input has no dynamic dim (shape {_dims(t.shape)}); its profile is its shape"
+            )
         if len(given) != 3:
             raise ConfigError(f"--trt-shape {name}: give three shapes, MIN,OPT,MAX (got {len(given)})")
         for shape in given:
             if len(shape) != len(t.shape):
-                raise ConfigError(f"--trt-shape {name}: {_dims(shape)} has {len(shape)} dims; the input's non-batch "
-                                  f"shape {_dims(t.shape)} (-1: dynamic) has {len(t.shape)}")
+                raise ConfigError(
+                    f"--trt-shape {name}: {_dims(shape)} has {len(shape)} dims; the input's non-batch "
+                    f"shape {_dims(t.shape)} (-1: dynamic) has {len(t.shape)}"
+                )
         for axis, (d, lo, mid, hi) in enumerate(zip(t.shape, *given), start=1):
             if d != -1 and (lo, mid, hi) != (d, d, d):
                 raise ConfigError(f"--trt-shape {name}: axis {axis} is static ({d}); give {d} in MIN, OPT and MAX")
@@ -89,15 +92,21 @@ def check_trt_shapes(spec: IoSpec, shapes: dict[str, list[list[int]]] | None) ->
                 raise ConfigError(f"--trt-shape {name}: axis {axis} needs 1 <= MIN <= OPT <= MAX, got {lo},{mid},{hi}")
 
 
-def optimisation_profile(spec: IoSpec, sample_shapes: dict[str, Sequence[int]], max_batch_size: int, opt_batch: int,
-                         shapes: dict[str, list[list[int]]] | None = None) -> TrtProfile:
+def optimisation_profile(
+    spec: IoSpec,
+    sample_shapes: dict[str, Sequence[int]],
+    max_batch_size: int,
+    opt_batch: int,
+    shapes: dict[str, list[list[int]]] | None = None,
+) -> TrtProfile:
     """Min/opt/max shape per input: batch 1 / opt_batch / max_batch_size; non-batch dims from `shapes` (non-batch
     MIN, OPT, MAX per input) where given, else static dims as the io spec has them and dynamic ones pinned to the
     sample's size (`sample_shapes`: non-batch shape per input)."""
     check_trt_shapes(spec, shapes)
     if not 1 <= opt_batch <= max_batch_size:
-        raise ConfigError(f"the TensorRT profile needs 1 <= opt batch <= max batch, got {opt_batch} and "
-                          f"{max_batch_size}")
+        raise ConfigError(
+            f"the TensorRT profile needs 1 <= opt batch <= max batch, got {opt_batch} and {max_batch_size}"
+        )
     inputs = []
     for t in spec.inputs:
         if shapes and t.name in shapes:
@@ -110,8 +119,10 @@ def optimisation_profile(spec: IoSpec, sample_shapes: dict[str, Sequence[int]], 
 
 def check_calibration_samples(n_samples: int, opt_batch: int) -> None:
     if n_samples < opt_batch:
-        raise ConfigError(f"a calibration set of {n_samples} samples is less than one calibration batch ({opt_batch}, "
-                          f"the TensorRT profile's opt batch); give --calibration-samples {opt_batch} or more")
+        raise ConfigError(
+            f"a calibration set of {n_samples} samples is less than one calibration batch ({opt_batch}, "
+            f"the TensorRT profile's opt batch); give --calibration-samples {opt_batch} or more"
+        )
 
 
 def fit(value: np.ndarray, t: TensorSpec, shape: Sequence[int]) -> np.ndarray:
@@ -119,13 +130,15 @@ def fit(value: np.ndarray, t: TensorSpec, shape: Sequence[int]) -> np.ndarray:
     cut, a shorter one padded with zeros (a sequence model's padding). A static dim must already match."""
     value = np.asarray(value)
     if value.ndim != len(shape) + 1:
-        raise ConversionError(f"calibration data for {t.name} has shape {value.shape}; the input has "
-                              f"{len(shape)} non-batch dims")
+        raise ConversionError(
+            f"calibration data for {t.name} has shape {value.shape}; the input has {len(shape)} non-batch dims"
+        )
     for axis, (d, want) in enumerate(zip(t.shape, shape), start=1):
         have = value.shape[axis]
         if d != -1 and have != d:
-            raise ConversionError(f"calibration data for {t.name} has {have} on axis {axis}, which the io spec fixes "
-                                  f"at {d}")
+            raise ConversionError(
+                f"calibration data for {t.name} has {have} on axis {axis}, which the io spec fixes at {d}"
+            )
         if have > want:
             value = np.take(value, np.arange(want), axis=axis)
         elif have < want:
@@ -135,8 +148,9 @@ def fit(value: np.ndarray, t: TensorSpec, shape: Sequence[int]) -> np.ndarray:
     return np.ascontiguousarray(value, dtype=t.np_dtype)
 
 
-def calibration_batches(source: Iterable[dict[str, np.ndarray]], spec: IoSpec, profile: TrtProfile,
-                        n_samples: int) -> Iterator[dict[str, np.ndarray]]:
+def calibration_batches(
+    source: Iterable[dict[str, np.ndarray]], spec: IoSpec, profile: TrtProfile, n_samples: int
+) -> Iterator[dict[str, np.ndarray]]:
     """The calibration set, `n_samples` // opt batch batches of exactly the profile's opt shape per input (batch axis
     = opt batch; dynamic dims fitted by `fit`), in the io spec's dtypes. Samples are taken from `source` (dicts of
     arrays, samples on axis 0, batched any way) in its order; the remainder short of a whole batch is dropped, and

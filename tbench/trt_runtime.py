@@ -21,8 +21,9 @@ def batch_chunks(n: int, max_batch: int) -> list[slice]:
     return [slice(start, min(start + max_batch, n)) for start in range(0, max(n, 1), max_batch)]
 
 
-def run_chunked(run: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]], inputs: dict[str, np.ndarray],
-                max_batch: int) -> dict[str, np.ndarray]:
+def run_chunked(
+    run: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]], inputs: dict[str, np.ndarray], max_batch: int
+) -> dict[str, np.ndarray]:
     """`run` on chunks of at most max_batch samples of every input, its outputs joined on the batch axis."""
     n = len(next(iter(inputs.values())))
     outs = [run({name: value[s] for name, value in inputs.items()}) for s in batch_chunks(n, max_batch)]
@@ -36,17 +37,20 @@ def _dims(shape: Sequence[int]) -> str:
 def check_in_profile(name: str, shape: Sequence[int], low: Sequence[int], high: Sequence[int]) -> None:
     """One line for an input shape the engine's profile does not cover."""
     if len(shape) != len(low) or any(not lo <= d <= hi for d, lo, hi in zip(shape, low, high)):
-        raise ConfigError(f"input {name} of shape {_dims(shape)} is outside the TensorRT engine's profile "
-                          f"({_dims(low)} to {_dims(high)}); rebuild it with --trt-shape {name}:MIN,OPT,MAX "
-                          "covering it")
+        raise ConfigError(
+            f"input {name} of shape {_dims(shape)} is outside the TensorRT engine's profile "
+            f"({_dims(low)} to {_dims(high)}); rebuild it with --trt-shape {name}:MIN,OPT,MAX "
+            "covering it"
+        )
 
 
 def import_tensorrt():
     try:
         import tensorrt
     except ImportError as err:
-        raise RuntimeUnavailable(f"running a TensorRT plan needs tensorrt, which is not installed here ({err}); "
-                                 f"{TRT_WHERE}") from None
+        raise RuntimeUnavailable(
+            f"running a TensorRT plan needs tensorrt, which is not installed here ({err}); {TRT_WHERE}"
+        ) from None
     return tensorrt
 
 
@@ -54,8 +58,9 @@ def require_cuda():
     import torch
 
     if not torch.cuda.is_available():
-        raise RuntimeUnavailable(f"running a TensorRT plan needs a CUDA GPU, and torch {torch.__version__} sees none "
-                                 f"here; {TRT_WHERE}")
+        raise RuntimeUnavailable(
+            f"running a TensorRT plan needs a CUDA GPU, and torch {torch.__version__} sees none here; {TRT_WHERE}"
+        )
     return torch
 
 
@@ -70,8 +75,10 @@ class TrtEngine:
         self.runtime = trt.Runtime(trt.Logger(trt.Logger.WARNING))
         self.engine = self.runtime.deserialize_cuda_engine(Path(path).read_bytes())
         if self.engine is None:
-            raise RuntimeError(f"TensorRT {trt.__version__} could not deserialize {path} (built by another TensorRT "
-                               "version or for another GPU?)")
+            raise RuntimeError(
+                f"TensorRT {trt.__version__} could not deserialize {path} (built by another TensorRT "
+                "version or for another GPU?)"
+            )
         self.context = self.engine.create_execution_context()
         names = [self.engine.get_tensor_name(i) for i in range(self.engine.num_io_tensors)]
         self.inputs = [n for n in names if self.engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT]
@@ -103,8 +110,9 @@ class TrtEngine:
             for name in self.outputs:
                 shape = tuple(self.context.get_tensor_shape(name))
                 if any(d < 0 for d in shape):
-                    raise RuntimeError(f"output {name} has a data-dependent shape {shape}, which this runner does not "
-                                       "allocate")
+                    raise RuntimeError(
+                        f"output {name} has a data-dependent shape {shape}, which this runner does not allocate"
+                    )
                 device = torch.empty(shape, dtype=torch.from_numpy(np.empty(0, self.dtypes[name])).dtype, device="cuda")
                 outs[name] = device
                 self.context.set_tensor_address(name, device.data_ptr())

@@ -15,6 +15,7 @@ def conversion_cache(tmp_path_factory):
     """A fresh conversion cache per test session, so tests see real conversions first."""
     os.environ["TBENCH_CACHE_DIR"] = str(tmp_path_factory.mktemp("conversion-cache"))
 
+
 GOLDEN = Path(__file__).parent / "golden"
 
 
@@ -34,8 +35,8 @@ def small_module(small_adapter):
 def small_artifacts(small_adapter, small_module, tmp_path_factory):
     """The small ResNet-50 exported once for the session: [onnx, ts-trace]."""
     from tasks.export import export_model
-    from tbench.runtimes import source_digest
     from tbench.enums import Format
+    from tbench.runtimes import source_digest
 
     out = tmp_path_factory.mktemp("models")
     digest = source_digest("pytorch", small_module)
@@ -72,11 +73,13 @@ def s3_to_stop(tmp_path, monkeypatch):
 def prefect_harness():
     from prefect.testing.utilities import prefect_test_harness
 
-    with prefect_test_harness(server_startup_timeout=int(os.environ["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"])):
+    with prefect_test_harness(
+        server_startup_timeout=int(os.environ["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"])
+    ):
         yield
 
 
-def run_flow(tmp_path: Path, request) -> tuple[Path, "pd.DataFrame", str]:
+def run_flow(tmp_path: Path, request) -> tuple[Path, pd.DataFrame, str]:
     """One benchmark flow run into tmp_path that must complete: (run folder, results, report text)."""
     import json
 

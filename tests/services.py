@@ -58,8 +58,15 @@ def docker_daemon():
     env = {"DOCKER_HOST": f"unix://{state}/docker.sock"}
     log = state / "dockerd.log"
     # no iptables here; vfs works on any filesystem; images and containers go with the state folder at the end
-    argv = ["dockerd", "--iptables=false", "--storage-driver=vfs", f"--host={env['DOCKER_HOST']}",
-            f"--data-root={state}/data", f"--exec-root={state}/exec", f"--pidfile={state}/docker.pid"]
+    argv = [
+        "dockerd",
+        "--iptables=false",
+        "--storage-driver=vfs",
+        f"--host={env['DOCKER_HOST']}",
+        f"--data-root={state}/data",
+        f"--exec-root={state}/exec",
+        f"--pidfile={state}/docker.pid",
+    ]
     with open(log, "wb") as out:
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:
@@ -84,8 +91,13 @@ def _unmount_under(folder: Path) -> None:
 
 def cpu_image(env: dict[str, str]) -> str:
     """The Triton image infra/build_cpu_image.py builds from this machine's files (built once per content)."""
-    done = subprocess.run([sys.executable, str(ROOT / "infra" / "build_cpu_image.py")], capture_output=True, text=True,
-                          env={**os.environ, **env}, timeout=900)
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "infra" / "build_cpu_image.py")],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **env},
+        timeout=900,
+    )
     if done.returncode != 0:
         raise RuntimeError(f"building the CPU Triton image failed:\n{done.stderr[-3000:]}")
     return done.stdout.strip().splitlines()[-1]
@@ -125,13 +137,30 @@ def postgres_server(user: str = "tbench", password: str = "s3cret-pw", database:
     if done.returncode != 0:
         shutil.rmtree(folder, ignore_errors=True)
         raise RuntimeError(f"initdb failed: {done.stderr[-2000:]}")
-    started = as_owner([pg_ctl, "-D", str(data), "-l", str(log), "-w", "-t", "60",
-                        "-o", f"-p {port} -k {folder} -c listen_addresses=127.0.0.1", "start"])
+    started = as_owner(
+        [
+            pg_ctl,
+            "-D",
+            str(data),
+            "-l",
+            str(log),
+            "-w",
+            "-t",
+            "60",
+            "-o",
+            f"-p {port} -k {folder} -c listen_addresses=127.0.0.1",
+            "start",
+        ]
+    )
     try:
         if started.returncode != 0:
-            raise RuntimeError(f"pg_ctl start failed: {started.stderr[-2000:]} {log.read_text()[-1500:] if log.exists() else ''}")
-        created = as_owner([_postgres_bin("createdb") or "createdb", "-h", "127.0.0.1", "-p", str(port), "-U", user,
-                            database], env={**os.environ, "PGPASSWORD": password})
+            raise RuntimeError(
+                f"pg_ctl start failed: {started.stderr[-2000:]} {log.read_text()[-1500:] if log.exists() else ''}"
+            )
+        created = as_owner(
+            [_postgres_bin("createdb") or "createdb", "-h", "127.0.0.1", "-p", str(port), "-U", user, database],
+            env={**os.environ, "PGPASSWORD": password},
+        )
         if created.returncode != 0:
             raise RuntimeError(f"createdb failed: {created.stderr[-2000:]}")
         yield f"postgresql+asyncpg://{user}:{password}@127.0.0.1:{port}/{database}"

@@ -28,7 +28,9 @@ def _load(name: str, path: Path):
 
 # the scripts import it as `provenance` (run as scripts, benchmarks/ is their sys.path[0])
 provenance = sys.modules.get("provenance") or _load("provenance", BENCHMARKS / "provenance.py")
-SCRIPTS = sorted(p for p in BENCHMARKS.glob("*.py") if p.name not in ("provenance.py", "tiny_model.py"))  # tiny_model: a model, no figure
+SCRIPTS = sorted(
+    p for p in BENCHMARKS.glob("*.py") if p.name not in ("provenance.py", "tiny_model.py")
+)  # tiny_model: a model, no figure
 ISO_UTC = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?\+00:00$")
 
 
@@ -62,9 +64,9 @@ def test_every_field_is_recorded(tmp_path):
 
 
 def test_times_are_utc_and_ordered(tmp_path):
-    before = dt.datetime.now(dt.timezone.utc)
+    before = dt.datetime.now(dt.UTC)
     p = _run(tmp_path / "out.json", body=lambda record: time.sleep(0.2))["provenance"]
-    after = dt.datetime.now(dt.timezone.utc)
+    after = dt.datetime.now(dt.UTC)
     assert ISO_UTC.match(p["started"]) and ISO_UTC.match(p["ended"])
     started, ended = dt.datetime.fromisoformat(p["started"]), dt.datetime.fromisoformat(p["ended"])
     assert before - dt.timedelta(milliseconds=1) <= started < ended <= after + dt.timedelta(milliseconds=1)
@@ -163,25 +165,48 @@ def test_command_line_as_typed_from_the_repository_root(tmp_path):
     root = tmp_path / "repo"
     python = str(root / ".venv/bin/python")
     cmd = provenance.command_line
-    assert cmd(["benchmarks/repeatability.py", "--size", "full"], executable=python, cwd=root, root=root) == \
-        ".venv/bin/python benchmarks/repeatability.py --size full"
+    assert (
+        cmd(["benchmarks/repeatability.py", "--size", "full"], executable=python, cwd=root, root=root)
+        == ".venv/bin/python benchmarks/repeatability.py --size full"
+    )
     # from another folder, and an absolute script path: still from the root; arguments shell-quoted
-    assert cmd(["repeatability.py", "--note", "a b"], executable=python, cwd=root / "benchmarks", root=root) == \
-        ".venv/bin/python benchmarks/repeatability.py --note 'a b'"
-    assert cmd([str(root / "benchmarks/search.py"), "--part", "real"], orig_argv=["python", "-u", "benchmarks/search.py",
-               "--part", "real"], executable=python, cwd=root, root=root) == \
-        ".venv/bin/python -u benchmarks/search.py --part real"
-    assert cmd([str(root / "benchmarks/search.py"), "--part", "real"], orig_argv=["python", "-m", "benchmarks.search",
-               "--part", "real"], executable=python, cwd=root, root=root) == \
-        ".venv/bin/python -m benchmarks.search --part real"
-    assert cmd(["benchmarks/search.py"], executable="/usr/bin/python3", cwd=root, root=root) == \
-        "/usr/bin/python3 benchmarks/search.py"
+    assert (
+        cmd(["repeatability.py", "--note", "a b"], executable=python, cwd=root / "benchmarks", root=root)
+        == ".venv/bin/python benchmarks/repeatability.py --note 'a b'"
+    )
+    assert (
+        cmd(
+            [str(root / "benchmarks/search.py"), "--part", "real"],
+            orig_argv=["python", "-u", "benchmarks/search.py", "--part", "real"],
+            executable=python,
+            cwd=root,
+            root=root,
+        )
+        == ".venv/bin/python -u benchmarks/search.py --part real"
+    )
+    assert (
+        cmd(
+            [str(root / "benchmarks/search.py"), "--part", "real"],
+            orig_argv=["python", "-m", "benchmarks.search", "--part", "real"],
+            executable=python,
+            cwd=root,
+            root=root,
+        )
+        == ".venv/bin/python -m benchmarks.search --part real"
+    )
+    assert (
+        cmd(["benchmarks/search.py"], executable="/usr/bin/python3", cwd=root, root=root)
+        == "/usr/bin/python3 benchmarks/search.py"
+    )
 
 
 def test_git_state_leaves_the_results_folder_out(tmp_path):
     def git(*args):
-        subprocess.run(["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t", *args], check=True,
-                       capture_output=True)
+        subprocess.run(
+            ["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t", *args],
+            check=True,
+            capture_output=True,
+        )
 
     (tmp_path / "benchmarks/results").mkdir(parents=True)
     (tmp_path / "benchmarks/x.py").write_text("x = 1\n")
@@ -227,8 +252,9 @@ def test_search_measures_what_it_reports_within_the_invocation(tmp_path, capsys)
 
     class Evaluator:
         def evaluate(self, c: Candidate) -> Observation:
-            return Observation(candidate=c, throughput=100.0 * c.max_batch_size, p99_ms=1.0 + c.max_batch_size,
-                               seconds=0.01)
+            return Observation(
+                candidate=c, throughput=100.0 * c.max_batch_size, p99_ms=1.0 + c.max_batch_size, seconds=0.01
+            )
 
     space = SearchSpace(instances=[1], max_batch_sizes=[1, 2], preferred=["none"], queue_delays_us=[0])
     first = search.LoadRecorder(Evaluator())

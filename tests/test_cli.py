@@ -9,37 +9,74 @@ from tbench.errors import ConfigError
 runner = CliRunner()
 
 
-@pytest.mark.parametrize("args, message", [
-    (["run", "nosuch"], "error: unknown model 'nosuch'; known: dcnv2, dlrm, fastpitch, nnunet, resnet50, widedeep"),
-    (["run", "resnet50", "--formats", "onnx,foo"], "error: unknown format 'foo'"),
-    (["run", "resnet50", "--batch-sizes", "1,512"], "error: batch size 512 is above max_batch_size"),
-    (["run", "resnet50", "--concurrency", "x"], "error: cannot read concurrency 'x'"),
-    (["run"], "error: name a model (see `tbench models`) or give --model-file PATH"),
-    (["run", "--model-file", "/nonexistent/m.onnx"], "error: model file /nonexistent/m.onnx does not exist"),
-    (["run", "--model-file", "x.onnx", "--shape", "tokens"], "error: cannot read shape 'tokens': use NAME:VALUE"),
-    (["run", "--model-file", "x.onnx", "--shape", "tokens:a,b"], "error: cannot read shape 'tokens:a,b'"),
-    (["run", "resnet50", "--framework", "jax"], "error: model 'resnet50' has no jax implementation"),
-    (["run", "resnet50", "--serve", "trt"], "error: format 'trt' cannot be served by the embedded server"),
-    (["run", "dlrm", "--size", "22B"], "error: dlrm size 22B needs 82.0 GiB for its embedding tables"),
-    (["run", "dlrm", "--option", "threshold"], "error: cannot read option 'threshold': use NAME=VALUE"),
-    (["run", "dlrm", "--option", "memory_threshold_gb=-1"], "error: option memory_threshold_gb must be a number of GB >= 0"),
-    (["run", "widedeep", "--online-batch-size", "100000"], "error: online batch size 100000 is above max_batch_size"),
-    (["run", "resnet50", "--trt-shape", "x:1,2"], "error: cannot read --trt-shape (NAME:MIN,OPT,MAX) 'x:1,2'"),
-    (["run", "resnet50", "--trt-shape", "x:1xa,2,3"], "error: cannot read --trt-shape (NAME:MIN,OPT,MAX) 'x:1xa,2,3'"),
-    (["run", "resnet50", "--formats", "onnx,trt", "--trt-shape", "input__0:3x8x8,3x16x16,3x32x32"],
-     "error: --trt-shape input__0: the input has no dynamic dim"),
-    (["run", "resnet50", "--trt-shape", "input__0:1,2,3"], "error: --trt-shape shapes TensorRT's optimisation profile"),
-    (["run", "resnet50", "--calibration-samples", "0"],
-     "error: invalid option: calibration_samples: Input should be greater than or equal to 1"),
-    (["search", "nosuch"], "error: unknown model 'nosuch'"),
-    (["search", "resnet50", "--p99-budget-ms", "5", "--throughput-floor", "10"], "error: give a p99 budget or a throughput floor, not both"),
-    (["search", "resnet50", "--preferred", "most"], "error: invalid option: preferred: Value error, unknown preferred batch size rule 'most'"),
-    (["search", "resnet50", "--strategy", "random"], "error: invalid option: strategy: Input should be 'smart' or 'exhaustive'"),
-    (["search", "resnet50", "--variants", "onnx:int8"], "error: variant 'onnx:int8': precision int8 cannot be carried by onnx"),
-    (["search", "resnet50", "--variants", "ensemble"], "error: model 'resnet50' is not an ensemble"),
-    (["search", "dlrm", "--size", "tiny"], "error: the configuration search serves one model; ensembles are not searched"),
-    (["search", "resnet50", "--resume", "/nonexistent"], "error: resume_from '/nonexistent': no search checkpoint there"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["run", "nosuch"], "error: unknown model 'nosuch'; known: dcnv2, dlrm, fastpitch, nnunet, resnet50, widedeep"),
+        (["run", "resnet50", "--formats", "onnx,foo"], "error: unknown format 'foo'"),
+        (["run", "resnet50", "--batch-sizes", "1,512"], "error: batch size 512 is above max_batch_size"),
+        (["run", "resnet50", "--concurrency", "x"], "error: cannot read concurrency 'x'"),
+        (["run"], "error: name a model (see `tbench models`) or give --model-file PATH"),
+        (["run", "--model-file", "/nonexistent/m.onnx"], "error: model file /nonexistent/m.onnx does not exist"),
+        (["run", "--model-file", "x.onnx", "--shape", "tokens"], "error: cannot read shape 'tokens': use NAME:VALUE"),
+        (["run", "--model-file", "x.onnx", "--shape", "tokens:a,b"], "error: cannot read shape 'tokens:a,b'"),
+        (["run", "resnet50", "--framework", "jax"], "error: model 'resnet50' has no jax implementation"),
+        (["run", "resnet50", "--serve", "trt"], "error: format 'trt' cannot be served by the embedded server"),
+        (["run", "dlrm", "--size", "22B"], "error: dlrm size 22B needs 82.0 GiB for its embedding tables"),
+        (["run", "dlrm", "--option", "threshold"], "error: cannot read option 'threshold': use NAME=VALUE"),
+        (
+            ["run", "dlrm", "--option", "memory_threshold_gb=-1"],
+            "error: option memory_threshold_gb must be a number of GB >= 0",
+        ),
+        (
+            ["run", "widedeep", "--online-batch-size", "100000"],
+            "error: online batch size 100000 is above max_batch_size",
+        ),
+        (["run", "resnet50", "--trt-shape", "x:1,2"], "error: cannot read --trt-shape (NAME:MIN,OPT,MAX) 'x:1,2'"),
+        (
+            ["run", "resnet50", "--trt-shape", "x:1xa,2,3"],
+            "error: cannot read --trt-shape (NAME:MIN,OPT,MAX) 'x:1xa,2,3'",
+        ),
+        (
+            ["run", "resnet50", "--formats", "onnx,trt", "--trt-shape", "input__0:3x8x8,3x16x16,3x32x32"],
+            "error: --trt-shape input__0: the input has no dynamic dim",
+        ),
+        (
+            ["run", "resnet50", "--trt-shape", "input__0:1,2,3"],
+            "error: --trt-shape shapes TensorRT's optimisation profile",
+        ),
+        (
+            ["run", "resnet50", "--calibration-samples", "0"],
+            "error: invalid option: calibration_samples: Input should be greater than or equal to 1",
+        ),
+        (["search", "nosuch"], "error: unknown model 'nosuch'"),
+        (
+            ["search", "resnet50", "--p99-budget-ms", "5", "--throughput-floor", "10"],
+            "error: give a p99 budget or a throughput floor, not both",
+        ),
+        (
+            ["search", "resnet50", "--preferred", "most"],
+            "error: invalid option: preferred: Value error, unknown preferred batch size rule 'most'",
+        ),
+        (
+            ["search", "resnet50", "--strategy", "random"],
+            "error: invalid option: strategy: Input should be 'smart' or 'exhaustive'",
+        ),
+        (
+            ["search", "resnet50", "--variants", "onnx:int8"],
+            "error: variant 'onnx:int8': precision int8 cannot be carried by onnx",
+        ),
+        (["search", "resnet50", "--variants", "ensemble"], "error: model 'resnet50' is not an ensemble"),
+        (
+            ["search", "dlrm", "--size", "tiny"],
+            "error: the configuration search serves one model; ensembles are not searched",
+        ),
+        (
+            ["search", "resnet50", "--resume", "/nonexistent"],
+            "error: resume_from '/nonexistent': no search checkpoint there",
+        ),
+    ],
+)
 def test_bad_input_exits_non_zero_with_one_line(args, message):
     result = runner.invoke(app, args)
     assert result.exit_code == 2
@@ -50,7 +87,11 @@ def test_bad_input_exits_non_zero_with_one_line(args, message):
 def test_model_options_are_numbers_where_they_read_as_numbers():
     from tbench.cli import parse_options
 
-    assert parse_options(["memory_threshold_gb=16", "ratio=0.5", "mode=fast"]) == {"memory_threshold_gb": 16, "ratio": 0.5, "mode": "fast"}
+    assert parse_options(["memory_threshold_gb=16", "ratio=0.5", "mode=fast"]) == {
+        "memory_threshold_gb": 16,
+        "ratio": 0.5,
+        "mode": "fast",
+    }
     assert parse_options(None) is None
 
 
@@ -77,4 +118,6 @@ def test_trt_shapes_read_min_opt_max_with_dims_joined_by_x():
     from tbench.cli import _shape_range, parse_named
 
     assert parse_named(["ids:16,128,512", "mel:80x16,80x400,80x1000"], "--trt-shape", _shape_range) == {
-        "ids": [[16], [128], [512]], "mel": [[80, 16], [80, 400], [80, 1000]]}
+        "ids": [[16], [128], [512]],
+        "mel": [[80, 16], [80, 400], [80, 1000]],
+    }

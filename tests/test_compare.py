@@ -16,17 +16,36 @@ import pandas as pd
 import pytest
 
 from tbench import compare
-from tbench.compare import (FASTER, IMPROVEMENT, NO_CHANGE, NOT_COMPARABLE, REGRESSION, SLOWER, WITHIN, compare_runs,
-                            comparison_markdown, load_run, noise_from_log, parse_windows, plot_comparison,
-                            verdict_exit_code)
+from tbench.compare import (
+    FASTER,
+    IMPROVEMENT,
+    NO_CHANGE,
+    NOT_COMPARABLE,
+    REGRESSION,
+    SLOWER,
+    WITHIN,
+    compare_runs,
+    comparison_markdown,
+    load_run,
+    noise_from_log,
+    parse_windows,
+    plot_comparison,
+    verdict_exit_code,
+)
 
 GOLDEN = Path(__file__).parent / "golden"
 BASELINE = GOLDEN / "compare" / "dlrm_cpu_baseline"
 TPUT = "throughput_infer_per_s"
 
 
-def make_run(tmp_path: Path, name: str, edit=None, logs: bool = True, as_parquet: bool = False,
-             windows: dict[str, list[tuple[float, float]]] | None = None) -> Path:
+def make_run(
+    tmp_path: Path,
+    name: str,
+    edit=None,
+    logs: bool = True,
+    as_parquet: bool = False,
+    windows: dict[str, list[tuple[float, float]]] | None = None,
+) -> Path:
     """A copy of the golden run with its results edited, logs kept or removed, or replaced by given windows
     (log stem -> [(throughput, avg latency us), ...])."""
     run = tmp_path / name
@@ -42,7 +61,10 @@ def make_run(tmp_path: Path, name: str, edit=None, logs: bool = True, as_parquet
     if not logs:
         shutil.rmtree(run / "logs")
     for stem, ws in (windows or {}).items():
-        lines = [f"  Pass [{i + 1}] throughput: {t:g} infer/sec. Avg latency: {lat:g} usec (std 100 usec). " for i, (t, lat) in enumerate(ws)]
+        lines = [
+            f"  Pass [{i + 1}] throughput: {t:g} infer/sec. Avg latency: {lat:g} usec (std 100 usec). "
+            for i, (t, lat) in enumerate(ws)
+        ]
         (run / "logs" / "perf_analyzer" / f"{stem}.log").write_text("\n".join(lines) + "\n")
     return run
 
@@ -52,6 +74,7 @@ def scaled(factor: float, column: str = TPUT, where=None):
         rows = df.index if where is None else where(df)
         df.loc[rows, column] = df.loc[rows, column] * factor
         return df
+
     return edit
 
 
@@ -62,7 +85,10 @@ def stems(run: Path = BASELINE) -> list[str]:
 def quiet_windows(cv_pct: float) -> dict[str, list[tuple[float, float]]]:
     """Windows 100-d, 100, 100+d (scaled): sample CV exactly d % for throughput and latency."""
     d = cv_pct
-    return {s: [(1000 * (100 - d), 10 * (100 - d)), (1000 * 100, 10 * 100), (1000 * (100 + d), 10 * (100 + d))] for s in stems()}
+    return {
+        s: [(1000 * (100 - d), 10 * (100 - d)), (1000 * 100, 10 * 100), (1000 * (100 + d), 10 * (100 + d))]
+        for s in stems()
+    }
 
 
 def verdicts(comparison) -> dict[int, str]:
@@ -70,6 +96,7 @@ def verdicts(comparison) -> dict[int, str]:
 
 
 # --- noise from the logs ----------------------------------------------------------------------------------------------
+
 
 def test_noise_from_real_log_lines_by_hand():
     text = (BASELINE / "logs/perf_analyzer/dlrm_offline_b2048_c1_try1.log").read_text()
@@ -96,7 +123,9 @@ def test_noise_uses_last_three_windows_of_the_counting_attempt(tmp_path):
     by_batch = run.results.set_index("batch_size")
     # b1024 counted on try1 (try0 was unstable): its last 3 of 5 windows 60369.7, 65392.2, 64271.4
     assert by_batch.loc[1024, "source_file"].endswith("_try1.csv")
-    assert by_batch.loc[1024, "throughput_cv"] == pytest.approx(np.std([60369.7, 65392.2, 64271.4], ddof=1) / np.mean([60369.7, 65392.2, 64271.4]))
+    assert by_batch.loc[1024, "throughput_cv"] == pytest.approx(
+        np.std([60369.7, 65392.2, 64271.4], ddof=1) / np.mean([60369.7, 65392.2, 64271.4])
+    )
     assert by_batch.loc[1024, "throughput_cv"] == pytest.approx(0.0416207, abs=1e-6)
     assert not run.results["noise_assumed"].any() and (run.results["noise_windows"] == 3).all()
     # results.parquet and fsspec URLs read the same
@@ -119,6 +148,7 @@ def test_missing_logs_fall_back_to_assumed_noise(tmp_path):
 
 # --- verdicts ---------------------------------------------------------------------------------------------------------
 
+
 def test_identical_runs_no_significant_change():
     c = compare_runs(BASELINE, BASELINE)
     assert c.verdict == NO_CHANGE and verdict_exit_code(c) == 0
@@ -134,8 +164,9 @@ def test_throughput_scaled_by_08_is_a_regression_at_the_right_points(tmp_path):
     assert verdicts(c) == {64: WITHIN, 256: WITHIN, 1024: SLOWER, 2048: WITHIN}
     assert c.points["throughput_delta"].tolist() == pytest.approx([-0.2] * 4)
     assert c.best["batch_size"].tolist() == [1024]
-    assert c.summary == ("slower than the baseline: offline best 63346 -> 50677 infer/s (-20.0%, noise ±5.9%); "
-                         "1 of 4 points slower")
+    assert c.summary == (
+        "slower than the baseline: offline best 63346 -> 50677 infer/s (-20.0%, noise ±5.9%); 1 of 4 points slower"
+    )
     # halved: every point beyond its noise
     half = compare_runs(BASELINE, make_run(tmp_path, "half", scaled(0.5)))
     assert set(verdicts(half).values()) == {SLOWER} and half.summary.endswith("4 of 4 points slower")
@@ -144,7 +175,9 @@ def test_throughput_scaled_by_08_is_a_regression_at_the_right_points(tmp_path):
 def test_majority_of_points_slower_regresses_even_if_the_best_point_holds(tmp_path):
     quiet = quiet_windows(1.0)  # 1 % windows: combined 1.4 %, threshold max(5 %, 4.2 %) = 5 %
     base = make_run(tmp_path, "base", windows=quiet)
-    c = compare_runs(base, make_run(tmp_path, "cand", scaled(0.9, where=lambda df: df["batch_size"] != 1024), windows=quiet))
+    c = compare_runs(
+        base, make_run(tmp_path, "cand", scaled(0.9, where=lambda df: df["batch_size"] != 1024), windows=quiet)
+    )
     assert verdicts(c) == {64: SLOWER, 256: SLOWER, 1024: WITHIN, 2048: SLOWER}
     assert c.verdict == REGRESSION and "3 of 4 points slower" in c.summary
 
@@ -167,8 +200,11 @@ def test_two_percent_drop_with_three_percent_noise_is_within_noise(tmp_path):
     assert c.points["throughput_noise"].tolist() == pytest.approx([math.hypot(0.03, 0.03)] * 4)
     # the same drop measured with steady windows (0.1 %) is real
     steady = quiet_windows(0.1)
-    c2 = compare_runs(make_run(tmp_path, "b2", windows=steady), make_run(tmp_path, "c2", scaled(0.98), windows=steady),
-                      min_effect=0.01)
+    c2 = compare_runs(
+        make_run(tmp_path, "b2", windows=steady),
+        make_run(tmp_path, "c2", scaled(0.98), windows=steady),
+        min_effect=0.01,
+    )
     assert set(c2.points["throughput_verdict"]) == {SLOWER} and c2.verdict == REGRESSION
 
 
@@ -234,6 +270,7 @@ def test_nan_safe_matching_across_parquet_and_csv(tmp_path):
 
 # --- outputs ----------------------------------------------------------------------------------------------------------
 
+
 def test_markdown_and_plot(tmp_path):
     c = compare_runs(BASELINE, make_run(tmp_path, "slow", scaled(0.8)))
     md = comparison_markdown(c)
@@ -250,8 +287,9 @@ def test_cli_exit_code(tmp_path):
 
     from tbench.cli import app
 
-    result = CliRunner().invoke(app, ["compare", str(BASELINE), str(make_run(tmp_path, "slow", scaled(0.8))),
-                                      "--output", str(tmp_path / "out")])
+    result = CliRunner().invoke(
+        app, ["compare", str(BASELINE), str(make_run(tmp_path, "slow", scaled(0.8))), "--output", str(tmp_path / "out")]
+    )
     assert result.exit_code == 1 and result.output.startswith("slower than the baseline")
     assert (tmp_path / "out" / "comparison.md").exists() and (tmp_path / "out" / "comparison.png").exists()
 
@@ -270,4 +308,8 @@ def test_the_flows_baseline_stage_reports_a_verdict_or_why_not(tmp_path):
     assert entry["verdict"] == REGRESSION and "**Verdict: regression**" in "\n".join(lines)
     assert "![](plots/baseline_comparison.png)" in lines and (run / "plots" / "baseline_comparison.png").exists()
     lines, entry = compare_with_baseline(str(tmp_path / "nowhere"), run, run / "plots")  # nothing lost: one line why
-    assert entry["verdict"] is None and "could not be read" in lines[2] and "no results.parquet or results.csv" in entry["error"]
+    assert (
+        entry["verdict"] is None
+        and "could not be read" in lines[2]
+        and "no results.parquet or results.csv" in entry["error"]
+    )

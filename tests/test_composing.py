@@ -13,7 +13,11 @@ def test_last_block_per_composing_model():
     a, b = rows
     assert a["inference_count"] == 7286 and a["execution_count"] == 3643
     assert a["request_latency_ms"] == 0.291 and a["server_queue_ms"] == 0.057
-    assert (a["server_compute_input_ms"], a["server_compute_infer_ms"], a["server_compute_output_ms"]) == (0.013, 0.177, 0.042)
+    assert (a["server_compute_input_ms"], a["server_compute_infer_ms"], a["server_compute_output_ms"]) == (
+        0.013,
+        0.177,
+        0.042,
+    )
     assert b["server_compute_output_ms"] == 0.102 and b["overhead_ms"] == 0.001
 
 

@@ -1,11 +1,10 @@
 import numpy as np
+import pytest
 
 from tasks.correctness import check_artifacts, compare, require_passed
 from tbench.artifacts import CorrectnessResult
 from tbench.enums import Format
 from tbench.errors import CorrectnessError
-
-import pytest
 
 
 def test_compare_uses_tolerance_relative_to_the_outputs_magnitude():
@@ -14,7 +13,11 @@ def test_compare_uses_tolerance_relative_to_the_outputs_magnitude():
     far = {"y": ref["y"] + 0.5}
     (ok,) = compare(ref, close, atol=1e-3, rtol=1e-3)  # tolerance 0.001 + 0.1
     (bad,) = compare(ref, far, atol=1e-3, rtol=1e-3)
-    assert ok.passed and ok.max_abs_err == pytest.approx(0.05, rel=1e-3) and ok.max_rel_err == pytest.approx(0.0005, rel=1e-3)
+    assert (
+        ok.passed
+        and ok.max_abs_err == pytest.approx(0.05, rel=1e-3)
+        and ok.max_rel_err == pytest.approx(0.0005, rel=1e-3)
+    )
     assert not bad.passed
 
 
@@ -33,8 +36,11 @@ def test_exported_small_resnet_matches_the_framework(small_adapter, small_module
 
 def test_a_failing_output_fails_the_stage(small_adapter, small_module, small_artifacts):
     (result,) = check_artifacts(small_adapter, small_module, small_artifacts[:1], atol=0.0, rtol=0.0)
-    strict = CorrectnessResult(format=result.format, batch_size=result.batch_size,
-                               outputs=[o.model_copy(update={"passed": False}) for o in result.outputs])
+    strict = CorrectnessResult(
+        format=result.format,
+        batch_size=result.batch_size,
+        outputs=[o.model_copy(update={"passed": False}) for o in result.outputs],
+    )
     with pytest.raises(CorrectnessError, match="onnx output output__0 differs"):
         require_passed([strict])
 

@@ -12,7 +12,7 @@ import pytest
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from model_adapters import criteo  # noqa: E402
-from model_adapters.dlrm import DCNv2, DLRM, keras_layers  # noqa: E402
+from model_adapters.dlrm import DLRM, DCNv2, keras_layers  # noqa: E402
 from model_adapters.embedding_placement import (  # noqa: E402
     GIB,
     human_bytes,
@@ -50,12 +50,19 @@ def test_placement_stops_at_the_first_table_that_does_not_fit():
 
 def test_placement_ties_keep_table_order():
     assert _devices(place_tables([5, 5, 5], dim=1, threshold_bytes=10, bytes_per_value=1)) == ["gpu", "gpu", "cpu"]
-    assert _devices(place_tables([7, 5, 9, 5], dim=1, threshold_bytes=5, bytes_per_value=1)) == ["cpu", "gpu", "cpu", "cpu"]
+    assert _devices(place_tables([7, 5, 9, 5], dim=1, threshold_bytes=5, bytes_per_value=1)) == [
+        "cpu",
+        "gpu",
+        "cpu",
+        "cpu",
+    ]
 
 
 def test_placement_threshold_zero_or_no_gpu_puts_everything_on_the_cpu():
-    for p in (place_tables([10, 1, 5], dim=4, threshold_bytes=0),
-              place_tables([10, 1, 5], dim=4, threshold_bytes=10 * GIB, gpu_available=False)):
+    for p in (
+        place_tables([10, 1, 5], dim=4, threshold_bytes=0),
+        place_tables([10, 1, 5], dim=4, threshold_bytes=10 * GIB, gpu_available=False),
+    ):
         assert _devices(p) == ["cpu"] * 3
         assert [t.bytes for t in p.tables] == [160, 16, 80]  # still computed
         assert (p.gpu_bytes, p.cpu_bytes) == (0, 256)
@@ -85,11 +92,16 @@ def test_placement_summary_and_markdown():
     p = place_tables([1, 2, 3, 80], dim=1, threshold_bytes=16 * GIB, bytes_per_value=GIB)
     assert placement_summary(p) == "3 of 4 tables (6.0 GiB) on the GPU under a 16 GiB threshold, 1 (80 GiB) on the CPU"
     assert placement_summary(place_tables([1, 2], 1, 16 * GIB, GIB, gpu_available=False)) == (
-        "0 of 2 tables (0 B) on the GPU (no GPU visible), 2 (3.0 GiB) on the CPU")
+        "0 of 2 tables (0 B) on the GPU (no GPU visible), 2 (3.0 GiB) on the CPU"
+    )
     md = placement_table_md(place_tables([1000, 1 << 20], dim=64, threshold_bytes=1 << 20)).splitlines()
     assert md[0] == "| table | rows | MiB | device |"
     assert md[2] == "| 0 | 1,000 | 0.24 | GPU |" and md[3] == "| 1 | 1,048,576 | 256.00 | CPU |"
-    assert (human_bytes(int(1.2 * GIB)), human_bytes(83 * GIB), human_bytes(3 << 20)) == ("1.2 GiB", "83 GiB", "3.0 MiB")
+    assert (human_bytes(int(1.2 * GIB)), human_bytes(83 * GIB), human_bytes(3 << 20)) == (
+        "1.2 GiB",
+        "83 GiB",
+        "3.0 MiB",
+    )
 
 
 # -- presets and data -------------------------------------------------------------------------------------------------
@@ -98,7 +110,9 @@ def test_placement_summary_and_markdown():
 def test_published_presets_parameter_counts():
     for name, target in (("4B", 4e9), ("22B", 22e9)):
         preset = criteo.PRESETS[name]
-        assert preset.dim == 128 and preset.bottom_mlp == (512, 256, 128) and preset.top_mlp == (1024, 1024, 512, 256, 1)
+        assert (
+            preset.dim == 128 and preset.bottom_mlp == (512, 256, 128) and preset.top_mlp == (1024, 1024, 512, 256, 1)
+        )
         assert preset.cross_layers == 3 and preset.deep_mlp == (1024, 1024, 512, 256)
         for params in (preset.dlrm_params, preset.dcnv2_params):
             assert abs(params / target - 1) < 0.015
@@ -184,10 +198,14 @@ def test_io_specs():
     adapter = DLRM("tiny")
     spec = adapter.io_spec()
     assert [(t.name, t.dtype, t.shape) for t in spec.inputs] == [
-        ("numerical_features", "float32", [13]), ("categorical_features", "int64", [26])]
+        ("numerical_features", "float32", [13]),
+        ("categorical_features", "int64", [26]),
+    ]
     assert [(t.name, t.dtype, t.shape) for t in spec.outputs] == [("output", "float32", [1])]
     assert [(t.name, t.shape) for t in adapter.sparse_io_spec().inputs] == [("categorical_features", [26])]
-    assert [(t.name, t.dtype, t.shape) for t in adapter.sparse_io_spec().outputs] == [("embeddings", "float32", [26, 8])]
+    assert [(t.name, t.dtype, t.shape) for t in adapter.sparse_io_spec().outputs] == [
+        ("embeddings", "float32", [26, 8])
+    ]
     assert adapter.dense_io_spec().input_names() == ["numerical_features", "embeddings"]
     assert adapter.dense_io_spec().output_names() == ["output"]
     assert DCNv2("4B").dense_io_spec().inputs[1].shape == [26, 128]  # no build needed
@@ -238,9 +256,12 @@ def test_same_weights_on_two_builds(built):
 def test_ids_out_of_range_are_folded_in_the_model(built):
     adapter, model = built
     batch = adapter.sample_batch(4)
-    shifted = dict(batch, categorical_features=batch["categorical_features"] + np.asarray(adapter.preset.table_rows) * 7)
-    np.testing.assert_array_equal(run_keras(model, adapter.io_spec(), shifted)["output"],
-                                  run_keras(model, adapter.io_spec(), batch)["output"])
+    shifted = dict(
+        batch, categorical_features=batch["categorical_features"] + np.asarray(adapter.preset.table_rows) * 7
+    )
+    np.testing.assert_array_equal(
+        run_keras(model, adapter.io_spec(), shifted)["output"], run_keras(model, adapter.io_spec(), batch)["output"]
+    )
 
 
 def test_memory_guard_refuses_22b_without_allocating():
@@ -251,7 +272,9 @@ def test_memory_guard_refuses_22b_without_allocating():
         pytest.skip("this machine has the memory for the 22B tables")
     rss = psutil.Process().memory_info().rss
     start = time.monotonic()
-    with pytest.raises(ConfigError, match=r"dlrm size 22B needs 82\.0 GiB .* GiB of memory.*--size tiny or small") as info:
+    with pytest.raises(
+        ConfigError, match=r"dlrm size 22B needs 82\.0 GiB .* GiB of memory.*--size tiny or small"
+    ) as info:
         adapter.build()
     assert time.monotonic() - start < 1.0
     assert psutil.Process().memory_info().rss - rss < 100 << 20
@@ -335,7 +358,11 @@ def test_defaults():
         assert gpu.scenarios == ["offline"] and gpu.online_concurrency == [1] and gpu.accuracy_samples == 16384
         assert gpu.formats == ["tf-savedmodel"]
         cpu = cls("small").defaults("cpu")
-        assert (cpu.max_batch_size, cpu.offline_batch_sizes, cpu.scenarios) == (2048, [64, 256, 1024, 2048], ["offline"])
+        assert (cpu.max_batch_size, cpu.offline_batch_sizes, cpu.scenarios) == (
+            2048,
+            [64, 256, 1024, 2048],
+            ["offline"],
+        )
         assert cpu.accuracy_samples == 4096 and cpu.formats == ["tf-savedmodel"]
         assert max(cpu.preferred_batch_sizes) <= cpu.max_batch_size and cpu.online_batch_size <= cpu.max_batch_size
 
@@ -382,7 +409,8 @@ def test_checkpoint_round_trip(tmp_path):
     trained.save_weights(path)
     batch = adapter.sample_batch(8)
     loaded = DLRM("tiny", checkpoint=path).build()
-    np.testing.assert_array_equal(run_keras(loaded, adapter.io_spec(), batch)["output"],
-                                  run_keras(trained, adapter.io_spec(), batch)["output"])
+    np.testing.assert_array_equal(
+        run_keras(loaded, adapter.io_spec(), batch)["output"], run_keras(trained, adapter.io_spec(), batch)["output"]
+    )
     with pytest.raises(ConfigError, match="does not fit"):
         DCNv2("tiny", checkpoint=path).build()

@@ -12,13 +12,13 @@ import subprocess
 import pandas as pd
 import psutil
 import pytest
+from test_faults import SWEEP, CliRun, leftovers
 from tritonclient.grpc import InferenceServerClient
 
 from tasks.repository import ServingConfig, write_repository
 from tasks.server import DockerServer
 from tbench import procs
 from tbench.errors import ServerStartError
-from test_faults import SWEEP, CliRun, leftovers
 
 pytestmark = pytest.mark.e2e
 
@@ -34,15 +34,34 @@ def image(docker_env):
 
 
 def containers() -> set[str]:
-    done = subprocess.run(["docker", "ps", "--all", "--filter", "name=tbench-triton-", "--format", "{{.Names}}"],
-                          capture_output=True, text=True, check=True)
+    done = subprocess.run(
+        ["docker", "ps", "--all", "--filter", "name=tbench-triton-", "--format", "{{.Names}}"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return set(done.stdout.split())
 
 
 def test_a_docker_run_measures_offline_through_shared_memory_and_removes_its_container(image, tmp_path):
     before = containers()
-    run = CliRun([*SWEEP[:5], "--scenarios", "offline,online", "--batch-sizes", "1,4", "--concurrency", "1,2",
-                  "--window-s", "0.5", *DOCKER_ARGS, "--docker-image", image], tmp_path / "runs")
+    run = CliRun(
+        [
+            *SWEEP[:5],
+            "--scenarios",
+            "offline,online",
+            "--batch-sizes",
+            "1,4",
+            "--concurrency",
+            "1,2",
+            "--window-s",
+            "0.5",
+            *DOCKER_ARGS,
+            "--docker-image",
+            image,
+        ],
+        tmp_path / "runs",
+    )
     assert run.finish(timeout=600) == 0, run.output
     run_dir = run.run_dir()
     results = pd.read_parquet(run_dir / "results.parquet")
@@ -52,21 +71,35 @@ def test_a_docker_run_measures_offline_through_shared_memory_and_removes_its_con
     assert (offline["server_cpu_pct"] > 0).all()  # read from the container's processes, as this host sees them
     argv = (run_dir / "logs" / "tritonserver.log").read_text().splitlines()[0]
     assert argv.startswith("$ docker run --rm --name tbench-triton-") and "--ipc=host" in argv
-    assert "--network=host" in argv and "--http-address=127.0.0.1" in argv and f"{run_dir}/model_repository:/models:ro" in argv
+    assert (
+        "--network=host" in argv
+        and "--http-address=127.0.0.1" in argv
+        and f"{run_dir}/model_repository:/models:ro" in argv
+    )
     assert json.loads((run_dir / "manifest.json").read_text())["status"] == "completed"
     assert containers() == before and not leftovers(run_dir)
 
 
 def test_bridge_networking_publishes_the_ports_on_loopback_only(image, small_artifacts, tmp_path):
     write_repository(tmp_path / "repo", ServingConfig("resnet50", 8, [8], 100, 1), small_artifacts[0])
-    server = DockerServer(tmp_path / "repo", tmp_path / "server.log", image=image, gpus=None, network="bridge",
-                          ulimits=[], start_timeout_s=120)
+    server = DockerServer(
+        tmp_path / "repo",
+        tmp_path / "server.log",
+        image=image,
+        gpus=None,
+        network="bridge",
+        ulimits=[],
+        start_timeout_s=120,
+    )
     before = containers()
     try:
         endpoints = server.start()
         assert server.container in containers()
-        listening = {c.laddr for c in psutil.net_connections("tcp") if c.status == psutil.CONN_LISTEN
-                     and c.laddr.port in server.ports.values()}
+        listening = {
+            c.laddr
+            for c in psutil.net_connections("tcp")
+            if c.status == psutil.CONN_LISTEN and c.laddr.port in server.ports.values()
+        }
         assert {a.port for a in listening} == set(server.ports.values()) and {a.ip for a in listening} == {"127.0.0.1"}
         with InferenceServerClient(endpoints.grpc_url) as client:
             assert client.is_model_ready("resnet50")
@@ -81,8 +114,9 @@ def test_a_model_that_fails_to_load_stops_and_removes_the_container(image, small
     (model_dir / "1" / "model.onnx").unlink()  # a link to the session's artifact: never write through it
     (model_dir / "1" / "model.onnx").write_bytes(b"this is not an onnx file")
     before = containers()
-    server = DockerServer(tmp_path / "repo", tmp_path / "server.log", image=image, gpus=None, ulimits=[],
-                          start_timeout_s=120)
+    server = DockerServer(
+        tmp_path / "repo", tmp_path / "server.log", image=image, gpus=None, ulimits=[], start_timeout_s=120
+    )
     with pytest.raises(ServerStartError) as err:
         server.start()
     assert "\n" not in str(err.value) and "resnet50" in str(err.value)

@@ -13,18 +13,30 @@ import subprocess
 import sys
 import tarfile
 import time
-from pathlib import Path
 
 import pytest
+from test_stack_e2e import TBENCH, in_stack, read_back
 
 from tbench.stack import PROJECT, Stack
-from test_stack_e2e import TBENCH, in_stack, read_back
 
 pytestmark = pytest.mark.e2e
 
 IMAGE = "tbench-host-base:1"
-SMALL_RUN = ["resnet50", "--size", "small", "--formats", "onnx", "--batch-sizes", "1", "--concurrency", "1",
-             "--scenarios", "offline", "--window-s", "0.5"]
+SMALL_RUN = [
+    "resnet50",
+    "--size",
+    "small",
+    "--formats",
+    "onnx",
+    "--batch-sizes",
+    "1",
+    "--concurrency",
+    "1",
+    "--scenarios",
+    "offline",
+    "--window-s",
+    "0.5",
+]
 
 
 def base_rootfs() -> bytes:
@@ -75,9 +87,13 @@ def job_variables(image: str) -> dict:
     their own paths (the deployment's pull step changes into the checkout); a stack ulimit this daemon can set (it may
     not raise memlock)."""
     mounts = dict.fromkeys(["/usr", sys.base_prefix, sys.prefix, str(PROJECT)])
-    return {"image": image, "image_pull_policy": "Never", "volumes": [f"{m}:{m}:ro" for m in mounts],
-            "ulimits": [{"name": "stack", "soft": 64 << 20, "hard": 64 << 20}],
-            "env": {"HOME": "/tmp", "PATH": f"{sys.prefix}/bin:/usr/bin:/bin", "PYTHONPATH": str(PROJECT)}}
+    return {
+        "image": image,
+        "image_pull_policy": "Never",
+        "volumes": [f"{m}:{m}:ro" for m in mounts],
+        "ulimits": [{"name": "stack", "soft": 64 << 20, "hard": 64 << 20}],
+        "env": {"HOME": "/tmp", "PATH": f"{sys.prefix}/bin:/usr/bin:/bin", "PYTHONPATH": str(PROJECT)},
+    }
 
 
 def docker_lines(*argv: str) -> list[str]:
@@ -89,8 +105,16 @@ def docker_lines(*argv: str) -> list[str]:
 def container_events(flow_run_id: str, since: float) -> list[dict]:
     """The Docker daemon's events for the run's containers (the worker labels them with the flow run's id)."""
     window = ["--since", f"{since:.0f}", "--until", f"{time.time() + 1:.0f}"]
-    lines = docker_lines("events", *window, "--format", "{{json .}}", "--filter", "type=container",
-                         "--filter", f"label=io.prefect.flow-run-id={flow_run_id}")
+    lines = docker_lines(
+        "events",
+        *window,
+        "--format",
+        "{{json .}}",
+        "--filter",
+        "type=container",
+        "--filter",
+        f"label=io.prefect.flow-run-id={flow_run_id}",
+    )
     return [json.loads(line) for line in lines]
 
 
@@ -99,8 +123,10 @@ def test_a_docker_worker_runs_a_submitted_run_in_a_container_from_the_pools_temp
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     started = time.time()
-    done = in_stack(docker_stack, [TBENCH, "submit", *SMALL_RUN, "--pool", "cpu",
-                                   "--job-variables", json.dumps(job_variables(image))])
+    done = in_stack(
+        docker_stack,
+        [TBENCH, "submit", *SMALL_RUN, "--pool", "cpu", "--job-variables", json.dumps(job_variables(image))],
+    )
     worker_log = (docker_stack.root / "worker-cpu.log").read_text(errors="replace")
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:] + "\nworker:\n" + worker_log[-3000:]
     output = done.stdout + done.stderr

@@ -7,6 +7,7 @@ import json
 import types
 
 import pytest
+from conftest import GOLDEN
 from typer.testing import CliRunner
 
 from tbench import doctor
@@ -17,10 +18,14 @@ from tbench.hardware import Hardware, parse_gpu_query
 from tbench.preflight import preflight
 from tbench.request import BenchmarkRequest
 
-from conftest import GOLDEN
-
-GPU_NODE = Hardware(cpu_model="AMD EPYC 7742", cpu_cores=256, memory_gib=2015.5, os="Linux", cuda="12.4",
-                    **parse_gpu_query((GOLDEN / "nvidia_smi" / "query_a100x4.csv").read_text()))
+GPU_NODE = Hardware(
+    cpu_model="AMD EPYC 7742",
+    cpu_cores=256,
+    memory_gib=2015.5,
+    os="Linux",
+    cuda="12.4",
+    **parse_gpu_query((GOLDEN / "nvidia_smi" / "query_a100x4.csv").read_text()),
+)
 CPU_NODE = Hardware(cpu_model="Intel Xeon", cpu_cores=2, memory_gib=8.0, gpus=[], os="Linux")
 
 
@@ -53,8 +58,12 @@ def test_tensorrt_missing_says_where_to_get_it(machine):
     check = doctor.converter_check(converter("onnx", "trt"))
     assert check.ok is False and "tensorrt is not importable (ModuleNotFoundError" in check.detail
     assert check.hint == "run it on a GPU node with TensorRT (e.g. the NGC Triton image)"
-    assert check.data["tools"][0] == {"name": "tensorrt", "ok": False, "version": None,
-                                      "error": "ModuleNotFoundError: No module named 'tensorrt'"}
+    assert check.data["tools"][0] == {
+        "name": "tensorrt",
+        "ok": False,
+        "version": None,
+        "error": "ModuleNotFoundError: No module named 'tensorrt'",
+    }
 
 
 def test_tensorrt_builds_engines_on_a_gpu_only(machine):
@@ -68,8 +77,9 @@ def test_tensorrt_builds_engines_on_a_gpu_only(machine):
 def test_tf_trt_needs_a_tensorflow_built_with_tensorrt(machine):
     machine.hardware = GPU_NODE
     build = {"is_tensorrt_build": False}
-    machine.modules["tensorflow"] = types.SimpleNamespace(__version__="2.17.0",
-                                                          sysconfig=types.SimpleNamespace(get_build_info=lambda: build))
+    machine.modules["tensorflow"] = types.SimpleNamespace(
+        __version__="2.17.0", sysconfig=types.SimpleNamespace(get_build_info=lambda: build)
+    )
     check = doctor.converter_check(converter("tf-savedmodel", "tf-trt"))
     assert check.ok is False and "not built with TensorRT" in check.detail and "NGC's TensorFlow image" in check.hint
     build["is_tensorrt_build"] = True
@@ -79,8 +89,10 @@ def test_tf_trt_needs_a_tensorflow_built_with_tensorrt(machine):
 def test_docker_cli_daemon_and_image(machine):
     assert doctor.docker_check().detail == "no docker CLI on PATH"
     machine.which["docker"] = "/usr/bin/docker"
-    machine.runs[("docker", "info")] = (1, "Cannot connect to the Docker daemon at unix:///var/run/docker.sock. "
-                                           "Is the docker daemon running?")
+    machine.runs[("docker", "info")] = (
+        1,
+        "Cannot connect to the Docker daemon at unix:///var/run/docker.sock. Is the docker daemon running?",
+    )
     down = doctor.docker_check()
     assert down.ok is False and down.detail.startswith("the Docker daemon is not reachable: Cannot connect")
     machine.runs[("docker", "info")] = (0, "27.3.1")
@@ -109,7 +121,8 @@ def test_gpus_from_nvidia_smi_and_cuda_in_each_framework(machine):
     machine.modules["torch"] = types.SimpleNamespace(__version__="2.5.0+cpu", version=types.SimpleNamespace(cuda=None))
     assert "built without CUDA" in doctor.cuda_check("torch").detail
     machine.modules["onnxruntime"] = types.SimpleNamespace(
-        __version__="1.19.2", get_available_providers=lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"])
+        __version__="1.19.2", get_available_providers=lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"]
+    )
     assert doctor.cuda_check("onnxruntime").ok
     assert doctor.cuda_runtimes(["onnxruntime", "torchscript"]) == {"onnxruntime"}
     machine.hardware = CPU_NODE  # a CUDA build of onnxruntime lists its provider with no GPU to run it on
@@ -121,17 +134,31 @@ def report(*checks: Check) -> NodeReport:
 
 
 def test_missing_for_names_what_is_missing_and_where_to_get_it():
-    trt = Check(area="export", name="onnx -> trt", ok=False, detail="tensorrt is not importable",
-                hint="run it on a GPU node with TensorRT (e.g. the NGC Triton image)")
-    docker = Check(area="serve", name="docker", ok=False, detail="the Docker daemon is not reachable: refused",
-                   hint="start dockerd")
+    trt = Check(
+        area="export",
+        name="onnx -> trt",
+        ok=False,
+        detail="tensorrt is not importable",
+        hint="run it on a GPU node with TensorRT (e.g. the NGC Triton image)",
+    )
+    docker = Check(
+        area="serve",
+        name="docker",
+        ok=False,
+        detail="the Docker daemon is not reachable: refused",
+        hint="start dockerd",
+    )
     gpus = Check(area="measure", name="GPUs", ok=False, detail="none: no nvidia-smi on PATH")
-    got = missing_for(BenchmarkRequest(formats=["onnx", "trt"], server="docker", profile="gpu"), report(trt, docker, gpus))
-    assert got == ["trt: onnx -> trt cannot run here: tensorrt is not importable; run it on a GPU node with TensorRT "
-                   "(e.g. the NGC Triton image)",
-                   "--server docker: the Docker daemon is not reachable: refused; start dockerd",
-                   "the gpu profile needs a GPU, and this node has none: no nvidia-smi on PATH; use --profile cpu, "
-                   "or run on a GPU node"]
+    got = missing_for(
+        BenchmarkRequest(formats=["onnx", "trt"], server="docker", profile="gpu"), report(trt, docker, gpus)
+    )
+    assert got == [
+        "trt: onnx -> trt cannot run here: tensorrt is not importable; run it on a GPU node with TensorRT "
+        "(e.g. the NGC Triton image)",
+        "--server docker: the Docker daemon is not reachable: refused; start dockerd",
+        "the gpu profile needs a GPU, and this node has none: no nvidia-smi on PATH; use --profile cpu, "
+        "or run on a GPU node",
+    ]
     # a remote server's GPUs are not this node's; a format is refused only when no converter to it can run here
     assert missing_for(BenchmarkRequest(server="remote", server_url="h:1", profile="gpu"), report(gpus)) == []
     tf2onnx = Check(area="export", name="tf-savedmodel -> onnx", ok=False, detail="tf2onnx is not importable")
@@ -150,21 +177,32 @@ def test_report_for_checks_only_what_the_request_needs(machine):
 
 def test_preflight_refuses_in_one_line(tmp_path, machine):
     machine.missing.add("tensorrt")
-    with pytest.raises(ConfigError, match=r"^this node cannot run the request: trt: onnx -> trt cannot run here: "
-                                          r"tensorrt is not importable .*GPU node with TensorRT"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^this node cannot run the request: trt: onnx -> trt cannot run here: "
+        r"tensorrt is not importable .*GPU node with TensorRT",
+    ):
         preflight(BenchmarkRequest(model="resnet50", formats=["onnx", "trt"], output=str(tmp_path)))
     machine.runs[("docker", "info")] = (1, "Cannot connect to the Docker daemon")
     machine.which["docker"] = "/usr/bin/docker"
-    with pytest.raises(ConfigError, match="^this node cannot run the request: --server docker: the Docker daemon is "
-                                          "not reachable: Cannot connect"):
+    with pytest.raises(
+        ConfigError,
+        match="^this node cannot run the request: --server docker: the Docker daemon is not reachable: Cannot connect",
+    ):
         preflight(BenchmarkRequest(model="resnet50", server="docker", output=str(tmp_path)))
     preflight(BenchmarkRequest(model="resnet50", output=str(tmp_path)))  # a CPU run: nothing missing
 
 
-@pytest.mark.parametrize("args, message", [
-    (["run", "resnet50", "--formats", "onnx,trt"], "error: this node cannot run the request: trt: onnx -> trt"),
-    (["run", "resnet50", "--profile", "gpu"], "error: this node cannot run the request: the gpu profile needs a GPU"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["run", "resnet50", "--formats", "onnx,trt"], "error: this node cannot run the request: trt: onnx -> trt"),
+        (
+            ["run", "resnet50", "--profile", "gpu"],
+            "error: this node cannot run the request: the gpu profile needs a GPU",
+        ),
+    ],
+)
 def test_the_cli_refuses_what_this_node_lacks(args, message, tmp_path):
     """Real checks of this machine (no GPU, no TensorRT), before anything starts."""
     result = CliRunner().invoke(app, [*args, "-o", str(tmp_path)])
@@ -175,7 +213,7 @@ def test_the_cli_refuses_what_this_node_lacks(args, message, tmp_path):
 def test_doctor_runs_here_and_says_there_is_no_gpu():
     result = CliRunner().invoke(app, ["doctor", "--json"])
     assert result.exit_code == 0, result.output
-    got = NodeReport.model_validate(json.loads(result.output[result.output.index("{"):]))
+    got = NodeReport.model_validate(json.loads(result.output[result.output.index("{") :]))
     checks = {c.name: c for c in got.checks}
     assert checks["GPUs"].ok is False and checks["onnx -> trt"].ok is False and checks["embedded"].ok
     assert checks["perf_analyzer"].ok and checks["remote"].ok is None
@@ -195,10 +233,12 @@ def test_the_image_check_names_each_runtime_without_cuda(machine, tmp_path):
     machine.hardware = GPU_NODE
     machine.modules["tensorrt"] = types.SimpleNamespace(__version__="10.5.0")
     machine.modules["torch"] = types.SimpleNamespace(__version__="2.13.0", version=types.SimpleNamespace(cuda="12.8"))
-    machine.modules["onnxruntime"] = types.SimpleNamespace(__version__="1.19.2",
-                                                           get_available_providers=lambda: ["CPUExecutionProvider"])
-    machine.modules["tensorflow"] = types.SimpleNamespace(__version__="2.19.1",
-                                                          test=types.SimpleNamespace(is_built_with_cuda=lambda: True))
+    machine.modules["onnxruntime"] = types.SimpleNamespace(
+        __version__="1.19.2", get_available_providers=lambda: ["CPUExecutionProvider"]
+    )
+    machine.modules["tensorflow"] = types.SimpleNamespace(
+        __version__="2.19.1", test=types.SimpleNamespace(is_built_with_cuda=lambda: True)
+    )
     machine.runs[("ldconfig", "-p")] = (0, f"\tlibnvinfer.so.10 (libc6,x86-64) => {tmp_path}/libnvinfer.so.10")
     (tmp_path / "libnvinfer.so.10.4.0").write_text("")
     (tmp_path / "libnvinfer.so.10").symlink_to(tmp_path / "libnvinfer.so.10.4.0")
@@ -208,4 +248,5 @@ def test_the_image_check_names_each_runtime_without_cuda(machine, tmp_path):
         "tensorrt 10.5.0 (pip) differs from the image's TensorRT 10.4.0: engines it builds would not load in Triton's "
         "tensorrt backend",
         "onnxruntime is a build without CUDA",
-        "local server: no pytorch, tensorflow backend"]
+        "local server: no pytorch, tensorflow backend",
+    ]

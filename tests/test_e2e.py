@@ -14,10 +14,10 @@ import numpy as np
 import pandas as pd
 import psutil
 import pytest
+from conftest import GOLDEN
 
 from tasks.accuracy import infer_triton, measure_accuracy
 from tasks.monitor import PointMonitor
-from tbench.runtimes import run_pytorch
 from tasks.perf import Point, pass_throughputs, plan_points, run_sweep
 from tasks.repository import ServingConfig, build_config, write_repository
 from tasks.server import EmbeddedServer, LocalServer, RemoteServer, configs_loaded
@@ -27,8 +27,7 @@ from tbench.errors import ServerStartError
 from tbench.layout import RunLayout
 from tbench.metrics import RESULT_COLUMNS, SERVER_COLUMNS
 from tbench.request import BenchmarkRequest, Measurement
-
-from conftest import GOLDEN
+from tbench.runtimes import run_pytorch
 
 pytestmark = pytest.mark.e2e
 
@@ -38,7 +37,9 @@ def stubs(pgid: int | None = None) -> list[psutil.Process]:
     found = []
     for p in psutil.process_iter(["cmdline"]):
         try:
-            if "triton_python_backend_stub" in " ".join(p.info["cmdline"] or []) and (pgid is None or os.getpgid(p.pid) == pgid):
+            if "triton_python_backend_stub" in " ".join(p.info["cmdline"] or []) and (
+                pgid is None or os.getpgid(p.pid) == pgid
+            ):
                 found.append(p)
         except ProcessLookupError:
             pass
@@ -57,7 +58,9 @@ def test_served_outputs_match_the_framework(served_small, small_adapter, small_m
 
 
 def test_accuracy_through_triton_agrees_with_the_framework(served_small, small_adapter, small_module):
-    result = measure_accuracy(small_adapter, small_module, served_small.endpoints.grpc_url, "resnet50", samples=20, batch_size=8)
+    result = measure_accuracy(
+        small_adapter, small_module, served_small.endpoints.grpc_url, "resnet50", samples=20, batch_size=8
+    )
     assert result.samples == 20 and result.agreement == 1.0 and result.difference == 0.0
     assert 0.0 <= result.framework <= 1.0
     assert result.passed and [o.output for o in result.outputs] == ["output__0"]
@@ -65,8 +68,9 @@ def test_accuracy_through_triton_agrees_with_the_framework(served_small, small_a
 
 def test_top1_on_an_imagenet_folder_through_triton(served_small, small_module, tmp_path):
     """The guide's accuracy check: labelled JPEGs in class folders, standard preprocessing, top-1 both ways."""
-    import model_adapters
     from PIL import Image
+
+    import model_adapters
 
     rng = np.random.default_rng(3)
     for c in range(3):
@@ -74,7 +78,9 @@ def test_top1_on_an_imagenet_folder_through_triton(served_small, small_module, t
         for i in range(3):
             Image.fromarray(rng.integers(0, 255, (40, 48, 3), dtype=np.uint8)).save(tmp_path / f"n0{c}" / f"{i}.JPEG")
     adapter = model_adapters.get("resnet50", "small", data_dir=str(tmp_path))
-    result = measure_accuracy(adapter, small_module, served_small.endpoints.grpc_url, "resnet50", samples=100, batch_size=4)
+    result = measure_accuracy(
+        adapter, small_module, served_small.endpoints.grpc_url, "resnet50", samples=100, batch_size=4
+    )
     assert result.metric == "top1" and result.samples == 9 and result.agreement == 1.0 and result.passed
     assert result.framework == result.triton
 
@@ -84,9 +90,17 @@ def test_sweep_keeps_measured_points_and_flags_an_unstable_one(served_small, sma
     seen = []
     points = [Point(Scenario.OFFLINE, 1, 1), Point(Scenario.OFFLINE, 4, 1), Point(Scenario.ONLINE, 1, 2)]
     monitor = PointMonitor(served_small.endpoints.grpc_url, "resnet50", served_small.processes, interval_s=0.2)
-    table = run_sweep(points, model="resnet50", grpc_url=served_small.endpoints.grpc_url, spec=small_artifacts[0].io_spec,
-                      m=Measurement(stability_percentage=50, max_trials=8), layout=layout,
-                      static={"model": "resnet50"}, on_row=lambda t: seen.append(len(t)), monitor=monitor)
+    table = run_sweep(
+        points,
+        model="resnet50",
+        grpc_url=served_small.endpoints.grpc_url,
+        spec=small_artifacts[0].io_spec,
+        m=Measurement(stability_percentage=50, max_trials=8),
+        layout=layout,
+        static={"model": "resnet50"},
+        on_row=lambda t: seen.append(len(t)),
+        monitor=monitor,
+    )
     assert list(table.columns) == RESULT_COLUMNS and seen == [1, 2, 3]
     assert sorted(table["point_index"]) == [0, 1, 2]  # measured in a shuffled order, each point once
     table = table.sort_values(["scenario", "batch_size"]).reset_index(drop=True)
@@ -100,15 +114,27 @@ def test_sweep_keeps_measured_points_and_flags_an_unstable_one(served_small, sma
     # the server's own account of the same requests: Triton's statistics API agrees with perf_analyzer's breakdown
     assert (table["triton_requests"] >= table["measurement_request_count"]).all()
     # windows sized by time: about window_s (2 s), a fast model's holding many requests
-    assert (table["window_s"] > 0.9).all() and (table["measurement_request_count"] > 20).all(), table[["window_s", "measurement_request_count"]]
-    assert (table["triton_compute_infer_ms"] > 0).all() and (table["stats_max_rel_diff"] < 0.5).all(), table[SERVER_COLUMNS]
-    assert (table["server_cpu_pct"] > 0).all() and (table["server_rss_mb"] > 10).all()  # the server's processes, sampled
+    assert (table["window_s"] > 0.9).all() and (table["measurement_request_count"] > 20).all(), table[
+        ["window_s", "measurement_request_count"]
+    ]
+    assert (table["triton_compute_infer_ms"] > 0).all() and (table["stats_max_rel_diff"] < 0.5).all(), table[
+        SERVER_COLUMNS
+    ]
+    assert (table["server_cpu_pct"] > 0).all() and (
+        table["server_rss_mb"] > 10
+    ).all()  # the server's processes, sampled
     assert table["gpu_util_pct"].isna().all()  # no GPU here: nothing is made up
 
     # an impossible stability target: retried with a longer window, then recorded as unstable; nothing else lost
-    unstable = run_sweep([Point(Scenario.ONLINE, 1, 2)], model="resnet50", grpc_url=served_small.endpoints.grpc_url,
-                         spec=small_artifacts[0].io_spec, m=Measurement(min_requests=8, stability_percentage=0.001,
-                                                                        max_trials=3, retries=1), layout=layout, static={})
+    unstable = run_sweep(
+        [Point(Scenario.ONLINE, 1, 2)],
+        model="resnet50",
+        grpc_url=served_small.endpoints.grpc_url,
+        spec=small_artifacts[0].io_spec,
+        m=Measurement(min_requests=8, stability_percentage=0.001, max_trials=3, retries=1),
+        layout=layout,
+        static={},
+    )
     row = unstable.iloc[0]
     assert row["status"] == "unstable" and row["attempts"] == 2 and pd.isna(row["throughput_infer_per_s"])
     # the retry's windows are sized from the throughput the failed attempt saw: twice the target duration
@@ -120,14 +146,23 @@ def test_sweep_keeps_measured_points_and_flags_an_unstable_one(served_small, sma
 def test_open_loop_rate_points_measure_what_the_server_keeps_up_with(served_small, small_artifacts, tmp_path):
     layout = RunLayout(tmp_path, "rate").create()
     points = plan_points([Scenario.RATE], [], [], rates=[20.0, 40.0], distribution="poisson")
-    table = run_sweep(points, model="resnet50", grpc_url=served_small.endpoints.grpc_url, spec=small_artifacts[0].io_spec,
-                      m=Measurement(min_requests=60, stability_percentage=50, max_trials=8), layout=layout, static={})
+    table = run_sweep(
+        points,
+        model="resnet50",
+        grpc_url=served_small.endpoints.grpc_url,
+        spec=small_artifacts[0].io_spec,
+        m=Measurement(min_requests=60, stability_percentage=50, max_trials=8),
+        layout=layout,
+        static={},
+    )
     assert (table["status"] == "ok").all(), table[["status", "error"]]
     assert table["request_rate"].tolist() == [20.0, 40.0] and set(table["request_distribution"]) == {"poisson"}
     assert table["concurrency"].isna().all()
     # a small model on 2 cores keeps up with 20-40 requests/s: throughput near the offered rate (poisson arrivals
     # over a 60-request window vary by ~13%, so the bounds are ~3 standard deviations)
-    assert ((table["throughput_infer_per_s"] / table["request_rate"]).between(0.6, 1.4)).all(), table["throughput_infer_per_s"]
+    assert ((table["throughput_infer_per_s"] / table["request_rate"]).between(0.6, 1.4)).all(), table[
+        "throughput_infer_per_s"
+    ]
     assert (layout.perf_dir / "resnet50_rate_b1_r40_poisson_try0.csv").exists()
 
 
@@ -141,9 +176,15 @@ def test_dynamic_batching_runs_concurrent_requests_in_one_runtime_call(served_sm
         return stats.inference_count, stats.execution_count
 
     inferences0, executions0 = counts()
-    run_sweep([Point(Scenario.ONLINE, 1, 8)], model="resnet50", grpc_url=served_small.endpoints.grpc_url,
-              spec=small_artifacts[0].io_spec, m=Measurement(stability_percentage=80),
-              layout=RunLayout(tmp_path, "batching").create(), static={})
+    run_sweep(
+        [Point(Scenario.ONLINE, 1, 8)],
+        model="resnet50",
+        grpc_url=served_small.endpoints.grpc_url,
+        spec=small_artifacts[0].io_spec,
+        m=Measurement(stability_percentage=80),
+        layout=RunLayout(tmp_path, "batching").create(),
+        static={},
+    )
     inferences1, executions1 = counts()
     client.close()
     # batch-1 requests from 8 clients: the dynamic batcher hands several to one execute() call
@@ -151,7 +192,9 @@ def test_dynamic_batching_runs_concurrent_requests_in_one_runtime_call(served_sm
 
 
 def test_golden_config_loads_in_the_real_server(small_artifacts, tmp_path):
-    model_dir = write_repository(tmp_path / "repo", ServingConfig("resnet50", 8, [4, 8], 2000, 2, intra_op_threads=1), small_artifacts[0])
+    model_dir = write_repository(
+        tmp_path / "repo", ServingConfig("resnet50", 8, [4, 8], 2000, 2, intra_op_threads=1), small_artifacts[0]
+    )
     shutil.copy(GOLDEN / "config" / "resnet50_small_onnx.pbtxt", model_dir / "config.pbtxt")
     with EmbeddedServer(tmp_path / "repo", tmp_path / "server.log") as server:
         import tritonclient.http as httpclient
@@ -162,7 +205,9 @@ def test_golden_config_loads_in_the_real_server(small_artifacts, tmp_path):
 
 
 @pytest.mark.parametrize("how", ["sigterm", "server killed"])
-def test_stop_leaves_no_stub_process_or_shared_memory_and_spares_other_servers(how, served_small, small_artifacts, tmp_path):
+def test_stop_leaves_no_stub_process_or_shared_memory_and_spares_other_servers(
+    how, served_small, small_artifacts, tmp_path
+):
     others = shm.mapped_regions(served_small._group())  # a server running beside ours
     assert others
     write_repository(tmp_path / "repo", ServingConfig("resnet50", 8, [8], 100, 1), small_artifacts[0])
@@ -209,35 +254,66 @@ def test_a_port_in_use_is_refused():
 def test_flow_run_serves_every_pytorch_format_and_reports_each(prefect_harness, tmp_path):
     from flows.benchmark import benchmark_flow
 
-    url = benchmark_flow(BenchmarkRequest(model="resnet50", size="small", output=str(tmp_path), batch_sizes=[1, 4],
-                                          concurrency=[1, 4], formats=["onnx", "ts-trace", "ts-script"], serve_formats=["all"],
-                                          measurement=Measurement(stability_percentage=50)))
+    url = benchmark_flow(
+        BenchmarkRequest(
+            model="resnet50",
+            size="small",
+            output=str(tmp_path),
+            batch_sizes=[1, 4],
+            concurrency=[1, 4],
+            formats=["onnx", "ts-trace", "ts-script"],
+            serve_formats=["all"],
+            measurement=Measurement(stability_percentage=50),
+        )
+    )
     run = tmp_path / url.rsplit("/", 1)[-1]
     manifest = json.loads((run / "manifest.json").read_text())
     assert manifest["status"] == "completed" and manifest["failed_stage"] is None
     listed = {f["path"] for f in manifest["files"]}
-    for expected in ("report.md", "results.csv", "results.parquet", "logs/tritonserver.log", "logs/prefect.log",
-                     "plots/onnx_offline_throughput_vs_batch.png", "plots/ts-trace_offline_latency_vs_batch.png", "plots/formats_throughput.png",
-                     "plots/ts-script_online_latency_breakdown_throughput.png", "model_repository/resnet50_onnx/config.pbtxt",
-                     "model_repository/resnet50_ts_script/config.pbtxt", "models/onnx/model.onnx", "models/ts-trace/model.pt",
-                     "models/ts-script/model.pt", "correctness.json", "accuracy.json"):
+    for expected in (
+        "report.md",
+        "results.csv",
+        "results.parquet",
+        "logs/tritonserver.log",
+        "logs/prefect.log",
+        "plots/onnx_offline_throughput_vs_batch.png",
+        "plots/ts-trace_offline_latency_vs_batch.png",
+        "plots/formats_throughput.png",
+        "plots/ts-script_online_latency_breakdown_throughput.png",
+        "model_repository/resnet50_onnx/config.pbtxt",
+        "model_repository/resnet50_ts_script/config.pbtxt",
+        "models/onnx/model.onnx",
+        "models/ts-trace/model.pt",
+        "models/ts-script/model.pt",
+        "correctness.json",
+        "accuracy.json",
+    ):
         assert expected in listed and (run / expected).exists(), expected
     results = pd.read_parquet(run / "results.parquet")
     for fmt in ("onnx", "ts-trace", "ts-script"):
         mine = results[results["format"] == fmt]
         assert sorted(zip(mine["scenario"], mine["batch_size"], mine["concurrency"])) == [
-            ("offline", 1, 1), ("offline", 4, 1), ("online", 1, 1), ("online", 1, 4)], fmt
+            ("offline", 1, 1),
+            ("offline", 4, 1),
+            ("online", 1, 1),
+            ("online", 1, 4),
+        ], fmt
     assert set(results["gpu"]) == {"CPU"} and set(results["model_format"]) == {"ONNX", "TorchScript"}
     # offline: static batching (the model's own speed, not the batcher's queue delay); online: the config under test
     offline, online = results[results["scenario"] == "offline"], results[results["scenario"] == "online"]
     assert set(offline["batching"]) == {"static"} and (offline["max_queue_delay_us"] == 0).all()
     assert (offline["server_queue_ms"] < 0.5).all(), offline[["format", "batch_size", "server_queue_ms"]]
-    assert set(online["batching"]) == {"dynamic"} and (online["max_queue_delay_us"] == manifest["request"]["max_queue_delay_us"]).all()
+    assert (
+        set(online["batching"]) == {"dynamic"}
+        and (online["max_queue_delay_us"] == manifest["request"]["max_queue_delay_us"]).all()
+    )
     assert "offline_configs/resnet50_onnx.pbtxt" in listed
     # the embedded server has only the python backend
     assert set(results["backend"]) == {"python (onnxruntime)", "python (torchscript)"}
     accuracy = json.loads((run / "accuracy.json").read_text())
-    assert [a["format"] for a in accuracy] == ["onnx", "ts-trace", "ts-script"] and all(a["metric"] == "top1" for a in accuracy)
+    assert [a["format"] for a in accuracy] == ["onnx", "ts-trace", "ts-script"] and all(
+        a["metric"] == "top1" for a in accuracy
+    )
     report = (run / "report.md").read_text()
     sections = [line for line in report.splitlines() if line.startswith("## Format")]
     assert sections == ["## Format `onnx`", "## Format `ts-trace`", "## Format `ts-script`"]
@@ -259,8 +335,16 @@ def test_a_failed_run_keeps_its_logs_and_says_where(prefect_harness, tmp_path):
     backends.mkdir(parents=True)
     (backends / "libtriton_python.so").touch()
     with pytest.raises(ServerStartError, match="exited"):
-        benchmark_flow(BenchmarkRequest(model="resnet50", size="small", output=str(tmp_path / "runs"), server="local",
-                                        tritonserver="/bin/false", backend_dir=str(backends.parent)))
+        benchmark_flow(
+            BenchmarkRequest(
+                model="resnet50",
+                size="small",
+                output=str(tmp_path / "runs"),
+                server="local",
+                tritonserver="/bin/false",
+                backend_dir=str(backends.parent),
+            )
+        )
     (run,) = [p for p in (tmp_path / "runs").iterdir() if p.is_dir()]
     manifest = json.loads((run / "manifest.json").read_text())
     assert manifest["status"] == "failed" and manifest["failed_stage"] == "server-start"
@@ -291,25 +375,51 @@ def test_python_runtime_serves_multi_io_integer_and_variable_length_requests(tmp
 
     module = Embed().eval()
     path = tmp_path / "model.onnx"
-    torch.onnx.export(module, (torch.ones(2, 5, dtype=torch.int64), torch.ones(2, 1)), str(path),
-                      input_names=["tokens", "scale"], output_names=["emb", "count"], dynamo=False, opset_version=17,
-                      dynamic_axes={"tokens": {0: "b", 1: "t"}, "scale": {0: "b"}, "emb": {0: "b", 1: "t"}, "count": {0: "b"}})
-    spec = IoSpec(inputs=[TensorSpec(name="tokens", dtype="int64", shape=[-1]), TensorSpec(name="scale", dtype="float32", shape=[1])],
-                  outputs=[TensorSpec(name="emb", dtype="float32", shape=[-1, 4]), TensorSpec(name="count", dtype="int64", shape=[1])])
-    artifact = ModelArtifact(format=Format.ONNX, precision=Precision.FP32, path=str(path), io_spec=spec, source_hash="x", seconds=0)
+    torch.onnx.export(
+        module,
+        (torch.ones(2, 5, dtype=torch.int64), torch.ones(2, 1)),
+        str(path),
+        input_names=["tokens", "scale"],
+        output_names=["emb", "count"],
+        dynamo=False,
+        opset_version=17,
+        dynamic_axes={"tokens": {0: "b", 1: "t"}, "scale": {0: "b"}, "emb": {0: "b", 1: "t"}, "count": {0: "b"}},
+    )
+    spec = IoSpec(
+        inputs=[
+            TensorSpec(name="tokens", dtype="int64", shape=[-1]),
+            TensorSpec(name="scale", dtype="float32", shape=[1]),
+        ],
+        outputs=[
+            TensorSpec(name="emb", dtype="float32", shape=[-1, 4]),
+            TensorSpec(name="count", dtype="int64", shape=[1]),
+        ],
+    )
+    artifact = ModelArtifact(
+        format=Format.ONNX, precision=Precision.FP32, path=str(path), io_spec=spec, source_hash="x", seconds=0
+    )
     write_repository(tmp_path / "repo", ServingConfig("embed", 8, [8], 500_000, 1), artifact)
     rng = np.random.default_rng(0)
-    requests = [(rng.integers(0, 50, (rows, n)), np.full((rows, 1), 0.5 * (i + 1), np.float32))
-                for i, (rows, n) in enumerate([(1, 3), (2, 3), (1, 7), (1, 7), (2, 11)])]
+    requests = [
+        (rng.integers(0, 50, (rows, n)), np.full((rows, 1), 0.5 * (i + 1), np.float32))
+        for i, (rows, n) in enumerate([(1, 3), (2, 3), (1, 7), (1, 7), (2, 11)])
+    ]
     with EmbeddedServer(tmp_path / "repo", tmp_path / "server.log") as server:
         client = grpcclient.InferenceServerClient(server.endpoints.grpc_url)
-        before = client.get_inference_statistics("embed").model_stats[0]  # also opens the connection before timing matters
+        before = client.get_inference_statistics("embed").model_stats[
+            0
+        ]  # also opens the connection before timing matters
         results = {}
         for i, (tokens, scale) in enumerate(requests):  # all in flight together: the 500 ms queue delay gathers them
-            inputs = [grpcclient.InferInput("tokens", list(tokens.shape), "INT64"), grpcclient.InferInput("scale", list(scale.shape), "FP32")]
+            inputs = [
+                grpcclient.InferInput("tokens", list(tokens.shape), "INT64"),
+                grpcclient.InferInput("scale", list(scale.shape), "FP32"),
+            ]
             inputs[0].set_data_from_numpy(tokens)
             inputs[1].set_data_from_numpy(scale)
-            client.async_infer("embed", inputs, callback=lambda result, error, i=i: results.__setitem__(i, (result, error)))
+            client.async_infer(
+                "embed", inputs, callback=lambda result, error, i=i: results.__setitem__(i, (result, error))
+            )
         deadline = time.monotonic() + 30
         while len(results) < len(requests) and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -337,8 +447,10 @@ def test_local_mode_runs_a_tritonserver_found_on_path(small_artifacts, tmp_path,
     bin_dir.mkdir()
     wrapper = bin_dir / "tritonserver"
     env = embedded.env()
-    wrapper.write_text(f"#!/bin/sh\nexport LD_LIBRARY_PATH='{env['LD_LIBRARY_PATH']}'\nexport PATH='{env['PATH']}'\n"
-                       f"exec '{tools.pytriton_server_dir() / 'bin' / 'tritonserver'}' \"$@\"\n")
+    wrapper.write_text(
+        f"#!/bin/sh\nexport LD_LIBRARY_PATH='{env['LD_LIBRARY_PATH']}'\nexport PATH='{env['PATH']}'\n"
+        f"exec '{tools.pytriton_server_dir() / 'bin' / 'tritonserver'}' \"$@\"\n"
+    )
     wrapper.chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
     write_repository(tmp_path / "repo", ServingConfig("resnet50", 8, [8], 100, 1), small_artifacts[0])
@@ -361,7 +473,11 @@ def client_models(grpc_url: str) -> list[str]:
 
     client = grpcclient.InferenceServerClient(grpc_url)
     try:
-        return [m["name"] for m in client.get_model_repository_index(as_json=True).get("models", []) if m.get("state") == "READY"]
+        return [
+            m["name"]
+            for m in client.get_model_repository_index(as_json=True).get("models", [])
+            if m.get("state") == "READY"
+        ]
     finally:
         client.close()
 
@@ -392,7 +508,9 @@ def test_remote_mode_uploads_loads_and_unloads_through_the_client(small_artifact
         static = build_config(ServingConfig("resnet50", 8, [8], 100, 1, batching="static"), small_artifacts[0])
         with configs_loaded(remote, {"resnet50": static}):
             assert not client.get_model_config("resnet50").config.HasField("dynamic_batching")
-            assert infer_triton(client, "resnet50", small_adapter.io_spec(), small_adapter.sample_batch(2))["output__0"].shape == (2, 10)
+            assert infer_triton(client, "resnet50", small_adapter.io_spec(), small_adapter.sample_batch(2))[
+                "output__0"
+            ].shape == (2, 10)
         assert client.get_model_config("resnet50").config.dynamic_batching.max_queue_delay_microseconds == 100
         remote.stop()
         assert not client.is_model_ready("resnet50")
@@ -428,7 +546,9 @@ def test_regions_a_killed_perf_analyzer_left_registered_are_released(served_smal
         region.unlink(missing_ok=True)
 
 
-def test_a_remote_run_leaves_the_shared_servers_own_model_of_that_name_alone(prefect_harness, small_artifacts, small_adapter, tmp_path):
+def test_a_remote_run_leaves_the_shared_servers_own_model_of_that_name_alone(
+    prefect_harness, small_artifacts, small_adapter, tmp_path
+):
     """Someone else's server already serves a `resnet50` of its own: a remote-mode run loads, measures and unloads
     models under names of its own beside it; theirs stays loaded, configured as it was and unmeasured, and a run whose
     name the server already has is refused rather than replacing it."""
@@ -440,15 +560,28 @@ def test_a_remote_run_leaves_the_shared_servers_own_model_of_that_name_alone(pre
     theirs.start()
     try:
         ep = theirs.endpoints
-        run, results, report = run_flow(tmp_path, BenchmarkRequest(
-            model="resnet50", size="small", formats=["onnx"], output=str(tmp_path), server="remote",
-            server_url=f"{ep.grpc_url},{ep.http_url}", batch_sizes=[1, 2], concurrency=[2],
-            measurement=Measurement(stability_percentage=50, max_trials=8)))
+        run, results, report = run_flow(
+            tmp_path,
+            BenchmarkRequest(
+                model="resnet50",
+                size="small",
+                formats=["onnx"],
+                output=str(tmp_path),
+                server="remote",
+                server_url=f"{ep.grpc_url},{ep.http_url}",
+                batch_sizes=[1, 2],
+                concurrency=[2],
+                measurement=Measurement(stability_percentage=50, max_trials=8),
+            ),
+        )
         suffix = json.loads((run / "request.json").read_text())["triton_suffix"]
         ours = "resnet50" + suffix
         assert re.fullmatch(r"__tb[0-9a-f]{8}", suffix) and (run / "model_repository" / ours / "config.pbtxt").is_file()
         assert (results["status"] == "ok").all() and sorted(zip(results["scenario"], results["batch_size"])) == [
-            ("offline", 1), ("offline", 2), ("online", 1)]
+            ("offline", 1),
+            ("offline", 2),
+            ("online", 1),
+        ]
         assert set(results["model"]) == {"resnet50"} and suffix not in report  # what is shown: the plain name
         client = grpcclient.InferenceServerClient(ep.grpc_url)
         # ours: unloaded at the end; theirs: still served, with its own config (not our offline reload's) and no
@@ -457,18 +590,27 @@ def test_a_remote_run_leaves_the_shared_servers_own_model_of_that_name_alone(pre
         config = client.get_model_config("resnet50").config
         assert config.max_batch_size == 4 and config.dynamic_batching.max_queue_delay_microseconds == 777
         assert client.get_inference_statistics("resnet50").model_stats[0].inference_count == 0
-        assert infer_triton(client, "resnet50", small_adapter.io_spec(), small_adapter.sample_batch(2))["output__0"].shape == (2, 10)
+        assert infer_triton(client, "resnet50", small_adapter.io_spec(), small_adapter.sample_batch(2))[
+            "output__0"
+        ].shape == (2, 10)
         server_log = (tmp_path / "their.log").read_text()
         assert f"successfully loaded '{ours}'" in server_log and f"successfully unloaded '{ours}'" in server_log
         assert "successfully unloaded 'resnet50'" not in server_log
         # a name the server already has is refused before anything is loaded, in one line
-        taken = RemoteServer(tmp_path / "their_repo", tmp_path / "taken.log", http_url=ep.http_url, grpc_url=ep.grpc_url)
-        with pytest.raises(ServerStartError, match="already has a model named resnet50; tbench loads only names of its own") as err:
+        taken = RemoteServer(
+            tmp_path / "their_repo", tmp_path / "taken.log", http_url=ep.http_url, grpc_url=ep.grpc_url
+        )
+        with pytest.raises(
+            ServerStartError, match="already has a model named resnet50; tbench loads only names of its own"
+        ) as err:
             taken.start()
         assert "\n" not in str(err.value) and taken.loaded == []
         with pytest.raises(ServerStartError, match="resnet50 was not loaded by this run"):
             taken.load("resnet50")  # e.g. an offline reload: only a model this run loaded
-        assert client.is_model_ready("resnet50") and "successfully unloaded 'resnet50'" not in (tmp_path / "their.log").read_text()
+        assert (
+            client.is_model_ready("resnet50")
+            and "successfully unloaded 'resnet50'" not in (tmp_path / "their.log").read_text()
+        )
         client.close()
     finally:
         theirs.stop()

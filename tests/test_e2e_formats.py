@@ -8,10 +8,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import run_flow
 
 from tbench.request import BenchmarkRequest, Measurement
-
-from conftest import run_flow
 
 pytestmark = pytest.mark.e2e
 
@@ -19,8 +18,12 @@ QUICK = dict(batch_sizes=[1, 2], concurrency=[2], measurement=Measurement(stabil
 
 
 def test_tensorflow_run_serves_the_savedmodel_and_its_onnx(prefect_harness, tmp_path):
-    run, results, report = run_flow(tmp_path, BenchmarkRequest(model="resnet50", framework="tensorflow", size="small",
-                                                           serve_formats=["all"], output=str(tmp_path), **QUICK))
+    run, results, report = run_flow(
+        tmp_path,
+        BenchmarkRequest(
+            model="resnet50", framework="tensorflow", size="small", serve_formats=["all"], output=str(tmp_path), **QUICK
+        ),
+    )
     assert set(results["format"]) == {"tf-savedmodel", "onnx"} and (results["status"] == "ok").sum() >= 4
     assert set(results["backend"]) == {"python (tensorflow)", "python (onnxruntime)"}
     assert set(results["model_format"]) == {"TensorFlow SavedModel", "ONNX"}
@@ -33,6 +36,7 @@ def test_tensorflow_run_serves_the_savedmodel_and_its_onnx(prefect_harness, tmp_
 
 
 # ---- a user's model file: two inputs (features [S, 8] with S dynamic, int64 token ids [S]) and two outputs
+
 
 def _torch_module():
     import torch
@@ -55,9 +59,20 @@ def _write_onnx(path: Path) -> Path:
     import torch
 
     module, out = _torch_module(), path / "scorer.onnx"
-    torch.onnx.export(module, (torch.randn(2, 5, 8), torch.zeros(2, 5, dtype=torch.int64)), str(out), dynamo=False,
-                      input_names=["features", "ids"], output_names=["hidden", "pooled"],
-                      dynamic_axes={"features": {0: "b", 1: "s"}, "ids": {0: "b", 1: "s"}, "hidden": {0: "b", 1: "s"}, "pooled": {0: "b"}})
+    torch.onnx.export(
+        module,
+        (torch.randn(2, 5, 8), torch.zeros(2, 5, dtype=torch.int64)),
+        str(out),
+        dynamo=False,
+        input_names=["features", "ids"],
+        output_names=["hidden", "pooled"],
+        dynamic_axes={
+            "features": {0: "b", 1: "s"},
+            "ids": {0: "b", 1: "s"},
+            "hidden": {0: "b", 1: "s"},
+            "pooled": {0: "b"},
+        },
+    )
     return out
 
 
@@ -78,8 +93,12 @@ def _write_savedmodel(path: Path) -> Path:
             self.emb = tf.Variable(rng.standard_normal((16, 8)).astype("float32"))
             self.w = tf.Variable(rng.standard_normal((8, 4)).astype("float32"))
 
-        @tf.function(input_signature=[tf.TensorSpec([None, None, 8], tf.float32, name="features"),
-                                      tf.TensorSpec([None, None], tf.int64, name="ids")])
+        @tf.function(
+            input_signature=[
+                tf.TensorSpec([None, None, 8], tf.float32, name="features"),
+                tf.TensorSpec([None, None], tf.int64, name="ids"),
+            ]
+        )
         def __call__(self, features, ids):
             hidden = tf.einsum("bsf,fo->bso", features + tf.gather(self.emb, ids), self.w)
             return {"hidden": hidden, "pooled": tf.reduce_mean(hidden, axis=1)}
@@ -89,19 +108,27 @@ def _write_savedmodel(path: Path) -> Path:
     return out
 
 
-@pytest.mark.parametrize("writer, extra", [
-    (_write_onnx, {"shapes": {"features": [6, 8], "ids": [6]}}),
-    (_write_torchscript, {"shapes": {"features": [-1, 8], "ids": [-1]}, "input_dtypes": {"ids": "int64"}}),
-    (_write_savedmodel, {}),
-], ids=["onnx", "torchscript", "savedmodel"])
+@pytest.mark.parametrize(
+    "writer, extra",
+    [
+        (_write_onnx, {"shapes": {"features": [6, 8], "ids": [6]}}),
+        (_write_torchscript, {"shapes": {"features": [-1, 8], "ids": [-1]}, "input_dtypes": {"ids": "int64"}}),
+        (_write_savedmodel, {}),
+    ],
+    ids=["onnx", "torchscript", "savedmodel"],
+)
 def test_a_model_file_is_read_served_checked_and_swept(prefect_harness, tmp_path, writer, extra):
     model_file = writer(tmp_path)
-    run, results, report = run_flow(tmp_path, BenchmarkRequest(model_file=str(model_file), output=str(tmp_path), **extra, **QUICK))
+    run, results, report = run_flow(
+        tmp_path, BenchmarkRequest(model_file=str(model_file), output=str(tmp_path), **extra, **QUICK)
+    )
     iospec = json.loads((run / "io_spec.json").read_text())
     assert {t["name"]: t["dtype"] for t in iospec["inputs"]} == {"features": "float32", "ids": "int64"}
     assert {t["name"]: t["shape"] for t in iospec["inputs"]}["features"] == [-1, 8]
     (accuracy,) = json.loads((run / "accuracy.json").read_text())
-    assert accuracy["metric"] is None and len(accuracy["outputs"]) == 2 and all(o["passed"] for o in accuracy["outputs"])
+    assert (
+        accuracy["metric"] is None and len(accuracy["outputs"]) == 2 and all(o["passed"] for o in accuracy["outputs"])
+    )
     ok = results[results["status"] == "ok"]
     assert set(ok["scenario"]) == {"offline", "online"} and len(ok) >= 2
     (log,) = (run / "logs" / "perf_analyzer").glob("*_offline_b2_c1_try0.log")

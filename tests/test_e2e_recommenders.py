@@ -8,10 +8,9 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from conftest import run_flow
 
 from tbench.request import BenchmarkRequest, Measurement
-
-from conftest import run_flow
 
 pytestmark = pytest.mark.e2e
 
@@ -21,9 +20,19 @@ QUICK = Measurement(stability_percentage=50)
 @pytest.mark.parametrize("model", ["dlrm", "dcnv2"])
 def test_ensemble_of_sparse_and_dense_parts(prefect_harness, tmp_path, model):
     baseline = Path(__file__).parent / "golden" / "compare" / "dlrm_cpu_baseline"  # a CPU run of dlrm small
-    run, results, report = run_flow(tmp_path, BenchmarkRequest(model=model, size="tiny", batch_sizes=[64, 256], max_batch_size=256,
-                                                           accuracy_samples=512, output=str(tmp_path), measurement=QUICK,
-                                                           baseline=str(baseline)))
+    run, results, report = run_flow(
+        tmp_path,
+        BenchmarkRequest(
+            model=model,
+            size="tiny",
+            batch_sizes=[64, 256],
+            max_batch_size=256,
+            accuracy_samples=512,
+            output=str(tmp_path),
+            measurement=QUICK,
+            baseline=str(baseline),
+        ),
+    )
     assert set(results["scenario"]) == {"offline"} and (results["status"] == "ok").all()
     assert set(results["format"]) == {"ensemble"}
     assert results["model_format"].iloc[0] == "NVIDIA Triton Ensemble (TensorFlow SavedModel + ONNX)"
@@ -32,10 +41,17 @@ def test_ensemble_of_sparse_and_dense_parts(prefect_harness, tmp_path, model):
     assert (repo / f"{model}_sparse/1/model.savedmodel/saved_model.pb").exists()
     assert (repo / f"{model}_dense/1/model.onnx").exists()
     ensemble = (repo / model / "config.pbtxt").read_text()
-    assert 'platform: "ensemble"' in ensemble and f'model_name: "{model}_sparse"' in ensemble and f'model_name: "{model}_dense"' in ensemble
+    assert (
+        'platform: "ensemble"' in ensemble
+        and f'model_name: "{model}_sparse"' in ensemble
+        and f'model_name: "{model}_dense"' in ensemble
+    )
     # each part checked against its own framework part, and the whole answered the same through the ensemble
     correctness = json.loads((run / "correctness.json").read_text())
-    assert {(c["model"], c["format"]) for c in correctness if c["model"]} == {(f"{model}_sparse", "tf-savedmodel"), (f"{model}_dense", "onnx")}
+    assert {(c["model"], c["format"]) for c in correctness if c["model"]} == {
+        (f"{model}_sparse", "tf-savedmodel"),
+        (f"{model}_dense", "onnx"),
+    }
     accuracy = json.loads((run / "accuracy.json").read_text())[0]
     assert accuracy["format"] == "ensemble" and accuracy["metric"] == "AUC" and accuracy["samples"] == 512
     assert abs(accuracy["difference"]) < 1e-3 and accuracy["agreement"] > 0.99
@@ -48,13 +64,27 @@ def test_ensemble_of_sparse_and_dense_parts(prefect_harness, tmp_path, model):
     comparison = json.loads((run / "manifest.json").read_text())["comparison"]
     assert comparison["verdict"] == "not comparable" and "## Comparison against the baseline" in report
     page = (run / "report.html").read_text()  # the same report as one page, every plot inside it
-    assert page.count("data:image/png;base64,") == len(list((run / "plots").glob("*.png"))) and 'src="plots/' not in page
+    assert (
+        page.count("data:image/png;base64,") == len(list((run / "plots").glob("*.png"))) and 'src="plots/' not in page
+    )
 
 
 def test_widedeep_offline_and_online_with_many_samples_per_request(prefect_harness, tmp_path):
-    run, results, report = run_flow(tmp_path, BenchmarkRequest(model="widedeep", size="small", batch_sizes=[1, 64], concurrency=[1, 2],
-                                                           online_batch_size=32, max_batch_size=128, preferred_batch_sizes=[64],
-                                                           accuracy_samples=256, output=str(tmp_path), measurement=QUICK))
+    run, results, report = run_flow(
+        tmp_path,
+        BenchmarkRequest(
+            model="widedeep",
+            size="small",
+            batch_sizes=[1, 64],
+            concurrency=[1, 2],
+            online_batch_size=32,
+            max_batch_size=128,
+            preferred_batch_sizes=[64],
+            accuracy_samples=256,
+            output=str(tmp_path),
+            measurement=QUICK,
+        ),
+    )
     assert (results["status"] == "ok").all() and set(results["scenario"]) == {"offline", "online"}
     assert set(results.loc[results["scenario"] == "online", "batch_size"]) == {32}
     accuracy = json.loads((run / "accuracy.json").read_text())[0]

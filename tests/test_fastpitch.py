@@ -42,8 +42,10 @@ def run(module, adapter, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def test_io_spec_shapes_and_dtypes(adapter, module):
     spec = adapter.io_spec()
     assert [(t.name, t.dtype, t.shape) for t in spec.inputs] == [("input__0", "int64", [SEQ])]
-    assert [(t.name, t.dtype, t.shape) for t in spec.outputs] == [("output__0", "float32", [N_MELS, -1]),
-                                                                  ("output__1", "int64", [1])]
+    assert [(t.name, t.dtype, t.shape) for t in spec.outputs] == [
+        ("output__0", "float32", [N_MELS, -1]),
+        ("output__1", "int64", [1]),
+    ]
     assert adapter.input_shapes() == {"input__0": [SEQ]}
     ids = adapter.sample_batch(4)["input__0"]
     assert ids.shape == (4, SEQ) and ids.dtype == np.int64
@@ -136,7 +138,12 @@ def test_bad_checkpoint_raises_config_error(adapter, tmp_path):
     with pytest.raises(ConfigError, match="cannot read checkpoint"):
         FastPitch("small", str(tmp_path / "missing.pt")).build()
     torch.save([1, 2, 3], tmp_path / "list.pt")
-    not_checkpoints = (("garbage.pt", b"not a checkpoint"), ("empty.pt", b""), ("text.pt", b"hello\n" * 50), ("list.pt", None))
+    not_checkpoints = (
+        ("garbage.pt", b"not a checkpoint"),
+        ("empty.pt", b""),
+        ("text.pt", b"hello\n" * 50),
+        ("list.pt", None),
+    )
     for name, content in not_checkpoints:
         if content is not None:
             (tmp_path / name).write_bytes(content)
@@ -157,7 +164,7 @@ def test_bad_checkpoint_raises_config_error(adapter, tmp_path):
 def test_dataloader_reads_ljspeech_metadata(tmp_path):
     rows = [
         "LJ001-0001|Raw 1st text.|Hi, Bob!",  # the normalized text (third column) is used; upper case is lowered
-        "LJ001-0002|Unnormalized|\u00e9a1b\"c",  # characters outside the symbol table are skipped
+        'LJ001-0002|Unnormalized|\u00e9a1b"c',  # characters outside the symbol table are skipped
         "",  # blank lines are ignored
         "LJ001-0003|abcdefghijklmnopqrstuvwxyz",  # two columns: the text; truncated to the sequence length
     ]
@@ -170,7 +177,7 @@ def test_dataloader_reads_ljspeech_metadata(tmp_path):
 
     def expect(text):
         row = np.zeros(SEQ, dtype=np.int64)
-        row[:len(text)] = [SYMBOL_IDS[c] for c in text]
+        row[: len(text)] = [SYMBOL_IDS[c] for c in text]
         return row
 
     np.testing.assert_array_equal(ids[0], expect("hi, bob!"))
@@ -200,7 +207,9 @@ def test_synthetic_data(adapter):
     lengths = (ids != 0).sum(axis=1)
     assert lengths.min() >= SEQ // 2 and lengths.max() == SEQ
     assert all((row[:n] != 0).all() and (row[n:] == 0).all() for row, n in zip(ids, lengths))  # padding at the end only
-    np.testing.assert_array_equal(adapter.sample_batch(4, seed=3)["input__0"], adapter.sample_batch(4, seed=3)["input__0"])
+    np.testing.assert_array_equal(
+        adapter.sample_batch(4, seed=3)["input__0"], adapter.sample_batch(4, seed=3)["input__0"]
+    )
     assert not np.array_equal(adapter.sample_batch(4, seed=3)["input__0"], adapter.sample_batch(4, seed=4)["input__0"])
 
 
@@ -213,13 +222,20 @@ def test_adapter_identity_and_defaults(adapter, tmp_path):
     with pytest.raises(NotImplementedError):
         adapter.metric(np.zeros(1), np.zeros(1))
     gpu = FastPitch("full").defaults("gpu")
-    assert (gpu.max_batch_size, gpu.model_instances, gpu.preferred_batch_sizes, gpu.max_queue_delay_us) == (8, 2, [4, 8], 1)
+    assert (gpu.max_batch_size, gpu.model_instances, gpu.preferred_batch_sizes, gpu.max_queue_delay_us) == (
+        8,
+        2,
+        [4, 8],
+        1,
+    )
     assert gpu.offline_batch_sizes == [1, 2, 4, 8] and gpu.online_concurrency == list(range(1, 17))
     for size in ("small", "full"):
         d = FastPitch(size).defaults("cpu")
         assert d.formats == ["ts-trace", "onnx"]
         assert max(d.offline_batch_sizes + d.preferred_batch_sizes) <= d.max_batch_size
-    rebuilt = eval(FastPitch("small", None, data_dir=str(tmp_path)).reproduce_expr(), {"model_adapters": model_adapters})
+    rebuilt = eval(
+        FastPitch("small", None, data_dir=str(tmp_path)).reproduce_expr(), {"model_adapters": model_adapters}
+    )
     assert (rebuilt.size, rebuilt.data_dir) == ("small", str(tmp_path))
 
 

@@ -23,8 +23,21 @@ from tbench.shm import unmapped_regions
 pytestmark = pytest.mark.e2e
 
 TBENCH = str(Path(sys.executable).with_name("tbench"))
-SWEEP = ["resnet50", "--size", "small", "--formats", "onnx", "--scenarios", "offline,online", "--batch-sizes", "1,2,4,8",
-         "--concurrency", "1,2,4", "--window-s", "0.5"]
+SWEEP = [
+    "resnet50",
+    "--size",
+    "small",
+    "--formats",
+    "onnx",
+    "--scenarios",
+    "offline,online",
+    "--batch-sizes",
+    "1,2,4,8",
+    "--concurrency",
+    "1,2,4",
+    "--window-s",
+    "0.5",
+]
 
 
 class CliRun:
@@ -33,9 +46,14 @@ class CliRun:
     def __init__(self, args: list[str], output: Path):
         self.started = time.monotonic()
         self.lines: list[tuple[float, str]] = []
-        self.proc = subprocess.Popen([TBENCH, "run", *args, "--output", str(output)], stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, text=True, start_new_session=True,
-                                     env={**os.environ, "COLUMNS": "250"})
+        self.proc = subprocess.Popen(
+            [TBENCH, "run", *args, "--output", str(output)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+            env={**os.environ, "COLUMNS": "250"},
+        )
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
 
@@ -90,11 +108,18 @@ def manifest(run_dir: Path) -> dict:
 
 def lock_slots() -> int:
     """Active slots of this machine's device lock, read through the same Prefect database the CLI uses."""
-    script = ("from prefect.client.orchestration import get_client\n"
-              "from tbench.device_lock import lock_name\nfrom tbench.hardware import detect\n"
-              "with get_client(sync_client=True) as c: print(c.read_global_concurrency_limit_by_name(lock_name(detect())).active_slots)")
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
-                          env={**os.environ, **_prefect_env()})
+    script = (
+        "from prefect.client.orchestration import get_client\n"
+        "from tbench.device_lock import lock_name\nfrom tbench.hardware import detect\n"
+        "with get_client(sync_client=True) as c: print(c.read_global_concurrency_limit_by_name(lock_name(detect())).active_slots)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, **_prefect_env()},
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     return int(done.stdout.strip().splitlines()[-1])
 
@@ -141,8 +166,22 @@ def test_ctrl_c_once_twice_then_a_kill_leave_nothing_behind_and_the_next_run_mea
     assert any("tritonserver" in o for o in orphans), orphans
 
     # 4. the next run reclaims the lock at once, stops the orphans and measures within a minute
-    after = CliRun(["resnet50", "--size", "small", "--formats", "onnx", "--scenarios", "offline", "--batch-sizes", "1",
-                    "--window-s", "0.5"], tmp_path / "runs")
+    after = CliRun(
+        [
+            "resnet50",
+            "--size",
+            "small",
+            "--formats",
+            "onnx",
+            "--scenarios",
+            "offline",
+            "--batch-sizes",
+            "1",
+            "--window-s",
+            "0.5",
+        ],
+        tmp_path / "runs",
+    )
     measuring = after.wait_for("accuracy-onnx")  # the stage right before the first point
     assert after.finish() == 0, after.output
     assert measuring < 60, after.output
@@ -155,8 +194,11 @@ def test_a_server_killed_mid_sweep_fails_the_run_in_one_line_and_keeps_the_point
     run = CliRun(SWEEP, tmp_path / "runs")
     run.wait_for("offline batch")
     run_dir = run.run_dir()
-    server = next(p for p in psutil.process_iter(["name", "cmdline"])
-                  if p.info["name"] == "tritonserver" and any(str(run_dir) in a for a in p.info["cmdline"]))
+    server = next(
+        p
+        for p in psutil.process_iter(["name", "cmdline"])
+        if p.info["name"] == "tritonserver" and any(str(run_dir) in a for a in p.info["cmdline"])
+    )
     server.kill()
     assert run.finish() == 1, run.output
     assert "Traceback" not in run.output and "the Triton server stopped during the sweep" in run.output
@@ -173,8 +215,11 @@ def test_a_perf_analyzer_killed_mid_point_fails_that_point_only(tmp_path):
     run_dir = run.run_dir()
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:  # the next point's perf_analyzer
-        measuring = [p for p in psutil.process_iter(["name", "cmdline"])
-                     if p.info["name"] == "perf_analyzer" and any(str(run_dir) in a for a in p.info["cmdline"])]
+        measuring = [
+            p
+            for p in psutil.process_iter(["name", "cmdline"])
+            if p.info["name"] == "perf_analyzer" and any(str(run_dir) in a for a in p.info["cmdline"])
+        ]
         if measuring:
             measuring[0].kill()
             break
@@ -194,7 +239,9 @@ def test_a_perf_analyzer_killed_mid_point_fails_that_point_only(tmp_path):
 def test_a_full_disk_fails_the_run_in_one_line_and_keeps_what_was_written(tmp_path):
     disk = tmp_path / "disk"
     disk.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(disk)], capture_output=True, text=True)
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(disk)], capture_output=True, text=True
+    )
     if mounted.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
     try:

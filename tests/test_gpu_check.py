@@ -29,11 +29,21 @@ def gpu_check():
 
 
 def node(*failed: Check, docker: bool = False) -> NodeReport:
-    checks = [Check(area="measure", name="GPUs", ok=True, detail="NVIDIA H100 80GB HBM3 (GPU-1)"),
-              Check(area="serve", name="embedded", ok=True), Check(area="serve", name="local", ok=True),
-              Check(area="serve", name="docker", ok=docker, detail="" if docker else "no docker CLI on PATH",
-                    hint="" if docker else "install Docker Engine")]
-    return NodeReport(host="gpu-node", checks=[c for c in checks if c.name not in {f.name for f in failed}] + list(failed))
+    checks = [
+        Check(area="measure", name="GPUs", ok=True, detail="NVIDIA H100 80GB HBM3 (GPU-1)"),
+        Check(area="serve", name="embedded", ok=True),
+        Check(area="serve", name="local", ok=True),
+        Check(
+            area="serve",
+            name="docker",
+            ok=docker,
+            detail="" if docker else "no docker CLI on PATH",
+            hint="" if docker else "install Docker Engine",
+        ),
+    ]
+    return NodeReport(
+        host="gpu-node", checks=[c for c in checks if c.name not in {f.name for f in failed}] + list(failed)
+    )
 
 
 def test_every_format_precision_seed_and_mode_once(gpu_check):
@@ -42,26 +52,53 @@ def test_every_format_precision_seed_and_mode_once(gpu_check):
     assert len(names) == len(set(names))
     formats = [c for c in cases if c.group == "formats"]
     assert len(formats) == 14 and all("(local)" in c.name for c in formats)  # the worker image's mode
-    assert {c.name for c in formats} >= {"resnet50 trt int8 (local)", "resnet50 tf-trt int8 (local)",
-                                         "resnet50 ts-script fp16 (local)", "resnet50 tf-savedmodel fp16 (local)"}
+    assert {c.name for c in formats} >= {
+        "resnet50 trt int8 (local)",
+        "resnet50 tf-trt int8 (local)",
+        "resnet50 ts-script fp16 (local)",
+        "resnet50 tf-savedmodel fp16 (local)",
+    }
     assert [c.request["model"] for c in cases if c.group == "seeds"] == list(gpu_check.SEEDS)
-    assert [c.name for c in cases if c.group == "modes"] == ["resnet50 onnx fp32 (embedded)", "resnet50 onnx fp32 (docker)"]
+    assert [c.name for c in cases if c.group == "modes"] == [
+        "resnet50 onnx fp32 (embedded)",
+        "resnet50 onnx fp32 (docker)",
+    ]
     trt = next(c for c in formats if c.name == "resnet50 trt int8 (local)")
-    assert trt.args[:9] == ["resnet50", "--size", "small", "--server=local", "--profile=gpu", "--framework=pytorch",
-                            "--formats=trt", "--serve=trt", "--precision=int8"]
+    assert trt.args[:9] == [
+        "resnet50",
+        "--size",
+        "small",
+        "--server=local",
+        "--profile=gpu",
+        "--framework=pytorch",
+        "--formats=trt",
+        "--serve=trt",
+        "--precision=int8",
+    ]
     assert "--batch-sizes" in trt.args and "--concurrency" in trt.args
 
 
 def test_skips_are_what_preflight_would_refuse(gpu_check):
-    trt = Check(area="export", name="onnx -> trt", ok=False, detail="tensorrt is not importable",
-                hint="run it on a GPU node with TensorRT (e.g. the NGC Triton image)")
+    trt = Check(
+        area="export",
+        name="onnx -> trt",
+        ok=False,
+        detail="tensorrt is not importable",
+        hint="run it on a GPU node with TensorRT (e.g. the NGC Triton image)",
+    )
     report = node(trt)
     cases = gpu_check.plan(report)
     gpu_check.skip_reasons(cases, report)
     skipped = {c.name: c.detail for c in cases if c.status == "skipped"}
-    assert set(skipped) == {"resnet50 trt fp32 (local)", "resnet50 trt fp16 (local)", "resnet50 trt int8 (local)",
-                            "resnet50 onnx fp32 (docker)"}
-    assert skipped["resnet50 trt int8 (local)"].startswith("trt: onnx -> trt cannot run here: tensorrt is not importable")
+    assert set(skipped) == {
+        "resnet50 trt fp32 (local)",
+        "resnet50 trt fp16 (local)",
+        "resnet50 trt int8 (local)",
+        "resnet50 onnx fp32 (docker)",
+    }
+    assert skipped["resnet50 trt int8 (local)"].startswith(
+        "trt: onnx -> trt cannot run here: tensorrt is not importable"
+    )
     assert skipped["resnet50 onnx fp32 (docker)"] == "--server docker: no docker CLI on PATH; install Docker Engine"
     no_gpu = node(Check(area="measure", name="GPUs", ok=False, detail="none: no nvidia-smi on PATH"))
     cases = gpu_check.plan(no_gpu, ["seeds"])
@@ -69,13 +106,16 @@ def test_skips_are_what_preflight_would_refuse(gpu_check):
     assert all(c.status == "skipped" and "the gpu profile needs a GPU" in c.detail for c in cases)
 
 
-@pytest.mark.parametrize("script, status, detail", [
-    ("echo 'run 1 in /runs/x'; echo /runs/x", "passed", "/runs/x"),
-    ("echo 'error: this node cannot run the request: trt: ...'; exit 2", "refused", "error: this node cannot run"),
-    ("echo 'completed with failed points: 2 of 4'; exit 3", "failed", "completed with failed points"),
-    ("echo Traceback; exit 1", "failed", "Traceback"),
-    ("sleep 30", "timeout", "no end within 1 s"),
-])
+@pytest.mark.parametrize(
+    "script, status, detail",
+    [
+        ("echo 'run 1 in /runs/x'; echo /runs/x", "passed", "/runs/x"),
+        ("echo 'error: this node cannot run the request: trt: ...'; exit 2", "refused", "error: this node cannot run"),
+        ("echo 'completed with failed points: 2 of 4'; exit 3", "failed", "completed with failed points"),
+        ("echo Traceback; exit 1", "failed", "Traceback"),
+        ("sleep 30", "timeout", "no end within 1 s"),
+    ],
+)
 def test_each_case_ends_with_its_runs_outcome(gpu_check, tmp_path, monkeypatch, script, status, detail):
     fake = tmp_path / "python"  # stands in for `python -m tbench.cli run ...`
     fake.write_text(f"#!/bin/sh\n{script}\n")

@@ -11,7 +11,6 @@ import pytest
 
 from tasks.html_report import markdown_to_html, report_title, write_html_report
 
-
 # A trimmed copy of a real run's report.md (dlrm-20261122-200716-e158d2), with one failed check and flagged points added.
 REPORT = """# Triton benchmark: dlrm (small, tensorflow)
 
@@ -85,7 +84,11 @@ Measured but not reported above: they did not stabilise or failed.
 
 Latencies are in milliseconds; Avg Latency is perf_analyzer's average client latency.
 """
-PLOTS = ["ensemble_offline_throughput_vs_batch.png", "ensemble_offline_latency_vs_batch.png", "ensemble_composing_latency.png"]
+PLOTS = [
+    "ensemble_offline_throughput_vs_batch.png",
+    "ensemble_offline_latency_vs_batch.png",
+    "ensemble_composing_latency.png",
+]
 TITLE = "Triton benchmark: dlrm (small, tensorflow)"
 
 
@@ -116,8 +119,11 @@ class Page(HTMLParser):
             self.text[i] += data
 
     def find(self, tag: str, cls: str | None = None) -> list[tuple[dict, str]]:
-        return [(attrs, self.text.get(i, "")) for i, (t, attrs) in enumerate(self.tags)
-                if t == tag and (cls is None or cls in (attrs.get("class") or "").split())]
+        return [
+            (attrs, self.text.get(i, ""))
+            for i, (t, attrs) in enumerate(self.tags)
+            if t == tag and (cls is None or cls in (attrs.get("class") or "").split())
+        ]
 
 
 def _png(path: Path, color: str = "#76b900") -> bytes:
@@ -164,7 +170,7 @@ def test_headings_have_ids_and_the_toc_links_to_them(html):
     page = Page(html)
     ids = [a["id"] for tag in ("h2", "h3") for a, _ in page.find(tag)]
     assert len(ids) == len(re.findall(r"^#{2,3} ", REPORT, re.MULTILINE)) and all(ids) and len(set(ids)) == len(ids)
-    toc = html[html.index('<nav class="toc"'):html.index("</nav>")]
+    toc = html[html.index('<nav class="toc"') : html.index("</nav>")]
     assert set(re.findall(r'href="#([^"]+)"', toc)) == set(ids)
     assert html.index('<nav class="toc"') < html.index('id="configuration"')  # the contents come first
     assert html.count("<h1") == 1 and TITLE in html  # the report's own H1 is the page header, not repeated
@@ -202,22 +208,29 @@ def test_images_outside_the_run_folder_are_not_embedded_and_remote_ones_are_kept
     (run_dir.parent / "secret.png").write_bytes(png_bytes)
     (run_dir / "plots" / "a.svg").write_text('<svg xmlns="http://www.w3.org/2000/svg" width="1" height="1"/>')
     (run_dir / "plots" / "b.jpg").write_bytes(b"\xff\xd8\xff\xe0jpeg")
-    text = ("![](../secret.png) ![](/etc/passwd) ![](plots/a.svg) ![](plots/b.jpg) ![](plots/c.txt) "
-            "![](https://example.com/remote.png) ![](http://[::1/broken.png) [x](http://[::1/broken)")
+    text = (
+        "![](../secret.png) ![](/etc/passwd) ![](plots/a.svg) ![](plots/b.jpg) ![](plots/c.txt) "
+        "![](https://example.com/remote.png) ![](http://[::1/broken.png) [x](http://[::1/broken)"
+    )
     page_html = markdown_to_html(text, run_dir, "t")
     assert sorted(t for _, t in Page(page_html).find("span", "missing-plot")) == [
-        "missing plot: broken.png", "missing plot: c.txt", "missing plot: passwd", "missing plot: secret.png"]
+        "missing plot: broken.png",
+        "missing plot: c.txt",
+        "missing plot: passwd",
+        "missing plot: secret.png",
+    ]
     assert 'src="data:image/svg+xml;base64,' in page_html and 'src="data:image/jpeg;base64,' in page_html
     assert 'src="https://example.com/remote.png"' in page_html and "[::1/broken" not in page_html
 
 
 def test_raw_html_from_user_strings_is_escaped(run_dir):
     text = REPORT.replace(
-        "status **completed**.",
-        "status **failed**: perf_analyzer said <script>alert(1)</script> & quit.") + (
-        "\n<div onclick=\"alert(2)\">block</div>\n\n<img src=x onerror=alert(3)>\n\n"
+        "status **completed**.", "status **failed**: perf_analyzer said <script>alert(1)</script> & quit."
+    ) + (
+        '\n<div onclick="alert(2)">block</div>\n\n<img src=x onerror=alert(3)>\n\n'
         "Code stays code: `a<b> && c`\n\n```\n<script>in a fence</script>\n```\n\n"
-        "[click](javascript:alert(4)) [ok](https://example.com/docs)\n")
+        "[click](javascript:alert(4)) [ok](https://example.com/docs)\n"
+    )
     page_html = markdown_to_html(text, run_dir, "model <script>alert(5)</script>")
     assert "<script" not in page_html.lower() and "<div onclick" not in page_html and "<img src=x" not in page_html
     assert "&lt;script&gt;alert(1)&lt;/script&gt; &amp; quit" in page_html
@@ -233,14 +246,14 @@ def test_the_status_line_is_a_red_or_green_banner(run_dir):
     assert [t for _, t in ok.find("p", "status-completed")] == ["Run dlrm-20261122-200716-e158d2, status completed."]
     assert not ok.find("p", "status-failed")
     failed = Page(markdown_to_html(REPORT.replace("**completed**.", "**failed**: out of memory."), run_dir, TITLE))
-    (attrs, text), = failed.find("p", "status-failed")
+    ((attrs, text),) = failed.find("p", "status-failed")
     assert "status-banner" in attrs["class"] and "out of memory" in text and not failed.find("p", "status-completed")
     assert len(failed.find("p", "status-banner")) == 1
     assert ".status-failed" in markdown_to_html(REPORT, run_dir, TITLE)
 
 
 def test_the_page_needs_nothing_external(html):
-    assert not re.search(r'<(link|script)\b', html, re.IGNORECASE)
+    assert not re.search(r"<(link|script)\b", html, re.IGNORECASE)
     assert not re.search(r'(src|href)\s*=\s*"(https?:)?//', html)
     assert "@import" not in html and "url(" not in html and "@font-face" not in html
     assert '<header class="page">' in html and "dlrm-20261122-200716-e158d2" in html
@@ -254,4 +267,7 @@ def test_write_html_report_writes_next_to_the_markdown_or_where_asked(run_dir):
     other = write_html_report(run_dir / "report.md", run_dir / "site" / "index.html")
     assert other.read_text().count('src="data:image/png;base64,') == 3  # images still resolve from report.md's folder
     assert not list(run_dir.rglob(".*.tmp"))
-    assert report_title("no heading", "fallback") == "fallback" and report_title("# Run of `m.onnx`\n", "x") == "Run of m.onnx"
+    assert (
+        report_title("no heading", "fallback") == "fallback"
+        and report_title("# Run of `m.onnx`\n", "x") == "Run of m.onnx"
+    )

@@ -42,8 +42,15 @@ class BertLike(torch.nn.Module):
 
 def write_bert_onnx(path):
     example = tuple(torch.zeros(2, 5, dtype=torch.int64) for _ in NAMES)
-    torch.onnx.export(BertLike().eval(), example, str(path), dynamo=False, input_names=NAMES, output_names=["logits"],
-                      dynamic_axes={**{n: {0: "batch", 1: "sequence"} for n in NAMES}, "logits": {0: "batch"}})
+    torch.onnx.export(
+        BertLike().eval(),
+        example,
+        str(path),
+        dynamo=False,
+        input_names=NAMES,
+        output_names=["logits"],
+        dynamic_axes={**{n: {0: "batch", 1: "sequence"} for n in NAMES}, "logits": {0: "batch"}},
+    )
     return path
 
 
@@ -56,9 +63,13 @@ def bert_onnx(tmp_path_factory):
 def bert_ts(tmp_path_factory):
     """The same model as TorchScript with its io spec inside: there is no graph to read its tables' sizes from."""
     path = tmp_path_factory.mktemp("bert_ts") / "bert.pt"
-    spec = IoSpec(inputs=[TensorSpec(name=n, dtype="int64", shape=[-1]) for n in NAMES],
-                  outputs=[TensorSpec(name="output__0", dtype="float32", shape=[3])])
-    torch.jit.save(torch.jit.script(BertLike().eval()), str(path), _extra_files={"io_spec.json": spec.model_dump_json()})
+    spec = IoSpec(
+        inputs=[TensorSpec(name=n, dtype="int64", shape=[-1]) for n in NAMES],
+        outputs=[TensorSpec(name="output__0", dtype="float32", shape=[3])],
+    )
+    torch.jit.save(
+        torch.jit.script(BertLike().eval()), str(path), _extra_files={"io_spec.json": spec.model_dump_json()}
+    )
     return path
 
 
@@ -70,8 +81,14 @@ def untraced(adapter: ModelFileAdapter) -> ModelFileAdapter:
 
 def artifact_of(adapter: ModelFileAdapter) -> ModelArtifact:
     """The model file itself as the exported artifact (a model file is served in its own format)."""
-    return ModelArtifact(format=adapter.file.format, precision=Precision.FP32, path=adapter.path,
-                         io_spec=adapter.io_spec(), source_hash="test", seconds=0.0)
+    return ModelArtifact(
+        format=adapter.file.format,
+        precision=Precision.FP32,
+        path=adapter.path,
+        io_spec=adapter.io_spec(),
+        source_hash="test",
+        seconds=0.0,
+    )
 
 
 def correctness(adapter: ModelFileAdapter):
@@ -84,8 +101,11 @@ def samples(n: int = 3, seq: int = SEQ) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(5)
     mask = np.ones((n, seq), dtype=np.int64)
     mask[:, -2:] = 0  # padding at the end
-    return {"input_ids": rng.integers(0, VOCAB, (n, seq)), "attention_mask": mask,
-            "token_type_ids": np.repeat([[0] * (seq // 2) + [1] * (seq - seq // 2)], n, axis=0)}
+    return {
+        "input_ids": rng.integers(0, VOCAB, (n, seq)),
+        "attention_mask": mask,
+        "token_type_ids": np.repeat([[0] * (seq // 2) + [1] * (seq - seq // 2)], n, axis=0),
+    }
 
 
 # ---------------------------------------------------------------- synthetic data and its ranges
@@ -112,8 +132,10 @@ def test_out_of_range_synthetic_integers_fail_in_one_line_naming_the_input(bert_
     assert message.startswith(f"bert ({adapter.framework}) failed on synthetic inputs: ")
     # the runtime's own error line, then the one input the model rejects (input_ids' 0..15 fit its 30 rows)
     assert ("indices element out of data bounds" if model == "onnx" else "index out of range") in message
-    assert message.endswith("the synthetic integers of token_type_ids (0..15) may be out of range: "
-                            "give --value-range token_type_ids:LO,HI or --input-data PATH")
+    assert message.endswith(
+        "the synthetic integers of token_type_ids (0..15) may be out of range: "
+        "give --value-range token_type_ids:LO,HI or --input-data PATH"
+    )
 
 
 @pytest.mark.parametrize("model", ["onnx", "torchscript"])
@@ -133,20 +155,36 @@ def test_value_ranges_are_inclusive_for_integers_and_uniform_for_floats(bert_onn
     assert set(np.unique(data["input_ids"])) == {4, 5}  # the integers within [3.5, 5.2]
     assert set(np.unique(data["attention_mask"])) == {1}
     linear = tmp_path / "linear.onnx"
-    torch.onnx.export(torch.nn.Linear(4, 2), (torch.randn(2, 4),), str(linear), dynamo=False, input_names=["x"],
-                      output_names=["y"], dynamic_axes={"x": {0: "b"}, "y": {0: "b"}})
+    torch.onnx.export(
+        torch.nn.Linear(4, 2),
+        (torch.randn(2, 4),),
+        str(linear),
+        dynamo=False,
+        input_names=["x"],
+        output_names=["y"],
+        dynamic_axes={"x": {0: "b"}, "y": {0: "b"}},
+    )
     x = synthetic_inputs(read_model_file(linear, value_ranges={"x": [-0.5, 0.25]}), batch_size=256)["x"]
     assert x.dtype == np.float32 and -0.5 <= x.min() < -0.4 and 0.15 < x.max() <= 0.25
 
 
-@pytest.mark.parametrize("ranges, message", [
-    ({"token_types": [0, 1]}, "--value-range names unknown input(s) token_types; the model's inputs are input_ids, "
-                              "attention_mask, token_type_ids"),
-    ({"token_type_ids": [1, 0]}, "--value-range token_type_ids:1,0 needs two finite numbers LO,HI with LO <= HI"),
-    ({"token_type_ids": [1]}, "--value-range token_type_ids:1 needs two finite numbers"),
-    ({"token_type_ids": [0.2, 0.8]}, "--value-range token_type_ids:0.2,0.8 holds no integer, and token_type_ids is int64"),
-    ({"token_type_ids": [0, 1e30]}, "--value-range token_type_ids:0,1e+30 does not fit token_type_ids's int64"),
-])
+@pytest.mark.parametrize(
+    "ranges, message",
+    [
+        (
+            {"token_types": [0, 1]},
+            "--value-range names unknown input(s) token_types; the model's inputs are input_ids, "
+            "attention_mask, token_type_ids",
+        ),
+        ({"token_type_ids": [1, 0]}, "--value-range token_type_ids:1,0 needs two finite numbers LO,HI with LO <= HI"),
+        ({"token_type_ids": [1]}, "--value-range token_type_ids:1 needs two finite numbers"),
+        (
+            {"token_type_ids": [0.2, 0.8]},
+            "--value-range token_type_ids:0.2,0.8 holds no integer, and token_type_ids is int64",
+        ),
+        ({"token_type_ids": [0, 1e30]}, "--value-range token_type_ids:0,1e+30 does not fit token_type_ids's int64"),
+    ],
+)
 def test_bad_value_ranges_are_one_clear_line(bert_onnx, ranges, message):
     with pytest.raises(ConfigError) as err:
         read_model_file(bert_onnx, value_ranges=ranges)
@@ -161,11 +199,17 @@ def write_json(path, data: dict[str, np.ndarray], form: str):
     if form == "json":  # perf_analyzer's plainest form: flat values, the shape implied by the one dynamic dim
         entries = [{k: v[i].ravel().tolist() for k, v in data.items()} for i in range(n)]
     else:  # "content" and "shape", and base64 little-endian bytes
-        entries = [{"input_ids": {"content": data["input_ids"][i].tolist(), "shape": [SEQ]},
-                    "attention_mask": {"content": {"b64": base64.b64encode(data["attention_mask"][i].astype("<i8").tobytes()).decode()},
-                                       "shape": [SEQ]},
-                    "token_type_ids": {"b64": base64.b64encode(data["token_type_ids"][i].astype("<i8").tobytes()).decode()}}
-                   for i in range(n)]
+        entries = [
+            {
+                "input_ids": {"content": data["input_ids"][i].tolist(), "shape": [SEQ]},
+                "attention_mask": {
+                    "content": {"b64": base64.b64encode(data["attention_mask"][i].astype("<i8").tobytes()).decode()},
+                    "shape": [SEQ],
+                },
+                "token_type_ids": {"b64": base64.b64encode(data["token_type_ids"][i].astype("<i8").tobytes()).decode()},
+            }
+            for i in range(n)
+        ]
     path.write_text(json.dumps({"data": entries, "validation_data": []}))
     return path
 
@@ -174,7 +218,9 @@ def write_input_data(tmp_path, data: dict[str, np.ndarray], form: str):
     if form.startswith("json"):
         return write_json(tmp_path / "input.json", data, form)
     if form == "npz":
-        np.savez(tmp_path / "input.npz", **{k: v.astype(np.int32) if v.dtype.kind == "i" else v for k, v in data.items()})  # int32: cast to int64
+        np.savez(
+            tmp_path / "input.npz", **{k: v.astype(np.int32) if v.dtype.kind == "i" else v for k, v in data.items()}
+        )  # int32: cast to int64
         return tmp_path / "input.npz"
     folder = tmp_path / "inputs"
     folder.mkdir()
@@ -219,35 +265,75 @@ def _without(data, name):
     return {k: v for k, v in data.items() if k != name}
 
 
-@pytest.mark.parametrize("form, data, message", [
-    ("npz", _without(samples(), "token_type_ids"),
-     "lacks input(s) token_type_ids; the model's inputs are input_ids, attention_mask, token_type_ids"),
-    ("npy-folder", {**samples(), "token_type_id": samples()["token_type_ids"]}, "names unknown input(s) token_type_id"),
-    ("npz", {**samples(), "attention_mask": np.ones((3, SEQ, 2), dtype=np.int64)},
-     "attention_mask has samples of shape [6,2] (array [3,6,2], samples on axis 0); the model takes [-1]"),
-    ("npz", {**samples(), "input_ids": samples()["input_ids"] + 0.5}, "input_ids holds non-integer values; the model takes int64"),
-    ("npz", {**samples(), "input_ids": samples(2)["input_ids"]}, "the inputs hold different numbers of samples "
-                                                                  "(input_ids: 2, attention_mask: 3, token_type_ids: 3)"),
-    ("json", _without(samples(), "attention_mask"), "sample 0 lacks input(s) attention_mask; every sample needs every input"),
-    ("json", {k: v.astype(str) for k, v in samples().items()}, "sample 0 of input_ids holds strings, not numbers"),
-])
+@pytest.mark.parametrize(
+    "form, data, message",
+    [
+        (
+            "npz",
+            _without(samples(), "token_type_ids"),
+            "lacks input(s) token_type_ids; the model's inputs are input_ids, attention_mask, token_type_ids",
+        ),
+        (
+            "npy-folder",
+            {**samples(), "token_type_id": samples()["token_type_ids"]},
+            "names unknown input(s) token_type_id",
+        ),
+        (
+            "npz",
+            {**samples(), "attention_mask": np.ones((3, SEQ, 2), dtype=np.int64)},
+            "attention_mask has samples of shape [6,2] (array [3,6,2], samples on axis 0); the model takes [-1]",
+        ),
+        (
+            "npz",
+            {**samples(), "input_ids": samples()["input_ids"] + 0.5},
+            "input_ids holds non-integer values; the model takes int64",
+        ),
+        (
+            "npz",
+            {**samples(), "input_ids": samples(2)["input_ids"]},
+            "the inputs hold different numbers of samples (input_ids: 2, attention_mask: 3, token_type_ids: 3)",
+        ),
+        (
+            "json",
+            _without(samples(), "attention_mask"),
+            "sample 0 lacks input(s) attention_mask; every sample needs every input",
+        ),
+        ("json", {k: v.astype(str) for k, v in samples().items()}, "sample 0 of input_ids holds strings, not numbers"),
+    ],
+)
 def test_bad_input_data_is_one_clear_line(bert_onnx, tmp_path, form, data, message):
     path = write_input_data(tmp_path, data, form)
     with pytest.raises(ConfigError) as err:
         ModelFileAdapter(str(bert_onnx)).use_input_data(str(path))
-    assert message in str(err.value) and str(err.value).startswith(f"--input-data {path}") and "\n" not in str(err.value)
+    assert (
+        message in str(err.value) and str(err.value).startswith(f"--input-data {path}") and "\n" not in str(err.value)
+    )
 
 
-@pytest.mark.parametrize("doc, message", [
-    ({"inputs": []}, 'is not perf_analyzer input data: it needs a "data" list of samples'),
-    ({"data": []}, 'holds no samples: its "data" list is empty'),
-    ({"data": [{n: {"content": [1] * SEQ, "shape": [SEQ]} for n in NAMES},
-               {n: {"content": [1] * 4, "shape": [4]} for n in NAMES}]},
-     "the samples of input_ids have different shapes ([4], [6]); tbench batches samples"),
-    ({"data": [{**{n: [1] * SEQ for n in NAMES}, "input_ids": {"b64": "AAA="}}]}, "b64 holds 2 bytes, not a whole number of int64 values"),
-    ({"data": [{**{n: [1] * SEQ for n in NAMES}, "input_ids": {"content": [1] * 6, "shape": [4]}}]},
-     "sample 0 of input_ids has 6 values, not the 4 of its shape [4]"),
-])
+@pytest.mark.parametrize(
+    "doc, message",
+    [
+        ({"inputs": []}, 'is not perf_analyzer input data: it needs a "data" list of samples'),
+        ({"data": []}, 'holds no samples: its "data" list is empty'),
+        (
+            {
+                "data": [
+                    {n: {"content": [1] * SEQ, "shape": [SEQ]} for n in NAMES},
+                    {n: {"content": [1] * 4, "shape": [4]} for n in NAMES},
+                ]
+            },
+            "the samples of input_ids have different shapes ([4], [6]); tbench batches samples",
+        ),
+        (
+            {"data": [{**{n: [1] * SEQ for n in NAMES}, "input_ids": {"b64": "AAA="}}]},
+            "b64 holds 2 bytes, not a whole number of int64 values",
+        ),
+        (
+            {"data": [{**{n: [1] * SEQ for n in NAMES}, "input_ids": {"content": [1] * 6, "shape": [4]}}]},
+            "sample 0 of input_ids has 6 values, not the 4 of its shape [4]",
+        ),
+    ],
+)
 def test_bad_json_input_data_is_one_clear_line(bert_onnx, tmp_path, doc, message):
     path = tmp_path / "input.json"
     path.write_text(json.dumps(doc))
@@ -264,15 +350,26 @@ def test_requests_check_their_input_options(bert_onnx, tmp_path):
     req = BenchmarkRequest(model_file=str(bert_onnx), input_data=str(path)).resolve(has_gpu=False)
     assert req.input_data == str(path) and adapter_for(req).given_samples.count == 3
     assert BenchmarkRequest(model_file=str(bert_onnx), value_ranges={"token_type_ids": [0, 1]}).resolve(
-        has_gpu=False).value_ranges == {"token_type_ids": [0.0, 1.0]}
+        has_gpu=False
+    ).value_ranges == {"token_type_ids": [0.0, 1.0]}
     for kwargs, message in [
-        (dict(model="resnet50", value_ranges={"x": [0, 1]}), "--value-range shapes a model file's synthetic data; model "
-                                                             "'resnet50' makes its own (give --input-data PATH or --dataset DIR instead)"),
-        (dict(model="resnet50", input_data=str(path), dataset=str(tmp_path)), "give --dataset or --input-data, not both"),
-        (dict(model_file=str(bert_onnx), input_data=str(path), value_ranges={"input_ids": [0, 1]}),
-         "--value-range shapes synthetic data, and --input-data replaces it: give one or the other"),
-        (dict(model_file=str(bert_onnx), input_data=str(path), shapes={"input_ids": [8]}),
-         f"--shape input_ids:8 contradicts --input-data {path}, whose samples of input_ids have shape 6"),
+        (
+            dict(model="resnet50", value_ranges={"x": [0, 1]}),
+            "--value-range shapes a model file's synthetic data; model "
+            "'resnet50' makes its own (give --input-data PATH or --dataset DIR instead)",
+        ),
+        (
+            dict(model="resnet50", input_data=str(path), dataset=str(tmp_path)),
+            "give --dataset or --input-data, not both",
+        ),
+        (
+            dict(model_file=str(bert_onnx), input_data=str(path), value_ranges={"input_ids": [0, 1]}),
+            "--value-range shapes synthetic data, and --input-data replaces it: give one or the other",
+        ),
+        (
+            dict(model_file=str(bert_onnx), input_data=str(path), shapes={"input_ids": [8]}),
+            f"--shape input_ids:8 contradicts --input-data {path}, whose samples of input_ids have shape 6",
+        ),
     ]:
         with pytest.raises(ConfigError) as err:
             BenchmarkRequest(**kwargs).resolve(has_gpu=False)
@@ -293,12 +390,18 @@ def test_a_registered_model_takes_input_data_too(tmp_path):
         adapter.use_input_data(str(tmp_path / "small.npz"))
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--value-range", "token_type_ids:1"], "error: cannot read --value-range (NAME:LO,HI) 'token_type_ids:1'"),
-    (["--value-range", "token_types:0,1"], "error: --value-range names unknown input(s) token_types"),
-    (["--input-data", "/nonexistent/input.json"], "error: --input-data /nonexistent/input.json does not exist; give a "
-                                                  "perf_analyzer JSON file, an .npz file or a folder of NAME.npy files"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--value-range", "token_type_ids:1"], "error: cannot read --value-range (NAME:LO,HI) 'token_type_ids:1'"),
+        (["--value-range", "token_types:0,1"], "error: --value-range names unknown input(s) token_types"),
+        (
+            ["--input-data", "/nonexistent/input.json"],
+            "error: --input-data /nonexistent/input.json does not exist; give a "
+            "perf_analyzer JSON file, an .npz file or a folder of NAME.npy files",
+        ),
+    ],
+)
 def test_the_cli_reads_the_input_options_and_fails_in_one_line(bert_onnx, args, message):
     from typer.testing import CliRunner
 
@@ -315,14 +418,25 @@ def test_the_cli_reads_the_input_options_and_fails_in_one_line(bert_onnx, args, 
 @pytest.mark.e2e
 def test_a_bert_like_model_file_with_input_data_runs_end_to_end(prefect_harness, tmp_path):
     from conftest import run_flow
+
     from tbench.request import Measurement
 
     model = write_bert_onnx(tmp_path / "bert.onnx")
     data = write_input_data(tmp_path, samples(4), "json")
-    run, results, report = run_flow(tmp_path, BenchmarkRequest(
-        model_file=str(model), input_data=str(data), output=str(tmp_path), batch_sizes=[1, 2], concurrency=[1],
-        measurement=Measurement(stability_percentage=50)))
-    assert len(results) == 3 and (results["status"] == "ok").all(), results[["scenario", "batch_size", "status", "error"]]
+    run, results, report = run_flow(
+        tmp_path,
+        BenchmarkRequest(
+            model_file=str(model),
+            input_data=str(data),
+            output=str(tmp_path),
+            batch_sizes=[1, 2],
+            concurrency=[1],
+            measurement=Measurement(stability_percentage=50),
+        ),
+    )
+    assert len(results) == 3 and (results["status"] == "ok").all(), results[
+        ["scenario", "batch_size", "status", "error"]
+    ]
     (accuracy,) = json.loads((run / "accuracy.json").read_text())
     assert all(o["passed"] for o in accuracy["outputs"])
     sent = json.loads((run / "perf_input.json").read_text())["data"]

@@ -6,7 +6,7 @@ from tbench.layout import RunLayout, new_run_id
 
 
 def test_run_id_is_model_time_and_a_random_suffix():
-    when = dt.datetime(2026, 11, 22, 10, 5, 7, tzinfo=dt.timezone.utc)
+    when = dt.datetime(2026, 11, 22, 10, 5, 7, tzinfo=dt.UTC)
     run_id = new_run_id("resnet50", when)
     assert re.fullmatch(r"resnet50-20261122-100507-[0-9a-f]{6}", run_id)
     assert new_run_id("resnet50", when) != run_id

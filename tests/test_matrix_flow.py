@@ -18,15 +18,28 @@ def test_children_nobody_runs_are_cancelled_and_reported(prefect_harness, tmp_pa
     with get_client(sync_client=True) as client:
         flow_id = client.create_flow_from_name("triton-benchmark")
         for pool in ("a100", "t4"):
-            client.create_deployment(flow_id=flow_id, name=f"benchmark-{pool}", work_pool_name=pool,
-                                     entrypoint="flows/benchmark.py:benchmark_flow")
+            client.create_deployment(
+                flow_id=flow_id,
+                name=f"benchmark-{pool}",
+                work_pool_name=pool,
+                entrypoint="flows/benchmark.py:benchmark_flow",
+            )
         # the t4 pool has a live worker (it heartbeats) that never takes the run, as if busy: its child is queued,
         # not unattended, so only the child limit stops it; the a100 pool has no worker at all
         client.send_worker_heartbeat("t4", "busy-worker", heartbeat_interval_seconds=120)
-        assert client.read_work_pool("t4").status.value == "READY" and client.read_work_pool("a100").status.value == "NOT_READY"
+        assert (
+            client.read_work_pool("t4").status.value == "READY"
+            and client.read_work_pool("a100").status.value == "NOT_READY"
+        )
 
-    matrix = MatrixRequest(pools=["a100", "t4"], formats=["onnx"], request={"size": "small"}, output=str(tmp_path),
-                           start_timeout_s=2, child_timeout_s=10)
+    matrix = MatrixRequest(
+        pools=["a100", "t4"],
+        formats=["onnx"],
+        request={"size": "small"},
+        output=str(tmp_path),
+        start_timeout_s=2,
+        child_timeout_s=10,
+    )
     started = time.monotonic()
     state = matrix_flow(matrix, return_state=True)
     took = time.monotonic() - started
@@ -38,7 +51,9 @@ def test_children_nobody_runs_are_cancelled_and_reported(prefect_harness, tmp_pa
     assert manifest["not_finished"] == 2 and manifest["status"] == "completed"  # the matrix's own stages all ran
     runs = {r["pool"]: r for r in manifest["runs"]}
     assert runs["a100"]["state"] == runs["t4"]["state"] == "CANCELLED"
-    assert runs["a100"]["reason"] == "no worker picked it up within 2 s (state SCHEDULED, pool a100 NOT_READY); cancelled"
+    assert (
+        runs["a100"]["reason"] == "no worker picked it up within 2 s (state SCHEDULED, pool a100 NOT_READY); cancelled"
+    )
     assert runs["t4"]["reason"] == "did not finish within 10 s (state SCHEDULED); cancelled"
     report = (run_dir / "report.md").read_text()
     section = report.split("## Runs that did not finish", 1)[1]

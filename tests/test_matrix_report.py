@@ -40,12 +40,26 @@ def test_runs_that_did_not_finish_are_listed_and_kept_out_of_the_tables(tmp_path
         stored[gpu].mkdir(parents=True)
         resnet[resnet["gpu"] == gpu].to_parquet(stored[gpu] / "results.parquet", index=False)
     row = {"model": "resnet50", "format": "tf-trt", "precision": "fp16", "reason": ""}
-    runs = [{**row, "pool": "a100", "state": "COMPLETED", "flow_run": "f-a100", "run_url": str(stored["A100-80GB"])},
-            {**row, "pool": "t4", "state": "COMPLETED", "flow_run": "f-t4", "run_url": str(stored["T4"])},
-            {**row, "pool": "v100", "state": "FAILED", "flow_run": "f-v100", "run_url": str(stored["V100-32GB"]),
-             "reason": "Flow run encountered an exception: ServerStartError: model a|b did not load"},
-            {**row, "pool": "a40", "state": "CANCELLED", "flow_run": "f-a40", "run_url": None,
-             "reason": "no worker picked it up within 600 s (state SCHEDULED, pool a40 NOT_READY); cancelled"}]
+    runs = [
+        {**row, "pool": "a100", "state": "COMPLETED", "flow_run": "f-a100", "run_url": str(stored["A100-80GB"])},
+        {**row, "pool": "t4", "state": "COMPLETED", "flow_run": "f-t4", "run_url": str(stored["T4"])},
+        {
+            **row,
+            "pool": "v100",
+            "state": "FAILED",
+            "flow_run": "f-v100",
+            "run_url": str(stored["V100-32GB"]),
+            "reason": "Flow run encountered an exception: ServerStartError: model a|b did not load",
+        },
+        {
+            **row,
+            "pool": "a40",
+            "state": "CANCELLED",
+            "flow_run": "f-a40",
+            "run_url": None,
+            "reason": "no worker picked it up within 600 s (state SCHEDULED, pool a40 NOT_READY); cancelled",
+        },
+    ]
 
     results = load_results(runs)
     assert set(results["gpu"]) == {"A100-80GB", "T4"}  # the failed run's partial points stay out of the comparison
@@ -56,10 +70,23 @@ def test_runs_that_did_not_finish_are_listed_and_kept_out_of_the_tables(tmp_path
     assert not [c for c in wide.columns if c.startswith(("V100", "A40"))]
     section = text.split("## Runs that did not finish", 1)[1].split("## Best points per GPU", 1)[0]
     lines = [line for line in section.splitlines() if line.startswith("|")]
-    assert [c.strip() for c in lines[0].split("|")[1:-1]] == ["Pool", "Model", "Format", "Precision", "State", "Reason",
-                                                            "Flow run", "Run folder"]
+    assert [c.strip() for c in lines[0].split("|")[1:-1]] == [
+        "Pool",
+        "Model",
+        "Format",
+        "Precision",
+        "State",
+        "Reason",
+        "Flow run",
+        "Run folder",
+    ]
     assert len(lines) == 4  # header, rule, and one row per run that did not finish
-    assert "| v100 " in lines[2] and "| FAILED " in lines[2] and "model a\\|b did not load" in lines[2] and "f-v100" in lines[2]
+    assert (
+        "| v100 " in lines[2]
+        and "| FAILED " in lines[2]
+        and "model a\\|b did not load" in lines[2]
+        and "f-v100" in lines[2]
+    )
     assert "| a40 " in lines[3] and "| CANCELLED " in lines[3] and "within 600 s (state SCHEDULED" in lines[3]
     assert "A100-80GB: best infer/s" in text and "T4: best infer/s" in text
 

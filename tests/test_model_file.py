@@ -37,10 +37,20 @@ def _spec(tensors: list[TensorSpec]) -> list[tuple[str, str, list[int]]]:
 def onnx_path(tmp_path_factory):
     path = tmp_path_factory.mktemp("onnx") / "tagger.onnx"
     example = (torch.randn(2, 5, 8), torch.randint(0, 16, (2, 5)))
-    torch.onnx.export(Tagger().eval(), example, str(path), dynamo=False,
-                      input_names=["features", "ids"], output_names=["tokens", "pooled"],
-                      dynamic_axes={"features": {0: "B", 1: "S"}, "ids": {0: "B", 1: "S"},
-                                    "tokens": {0: "B", 1: "S"}, "pooled": {0: "B"}})
+    torch.onnx.export(
+        Tagger().eval(),
+        example,
+        str(path),
+        dynamo=False,
+        input_names=["features", "ids"],
+        output_names=["tokens", "pooled"],
+        dynamic_axes={
+            "features": {0: "B", 1: "S"},
+            "ids": {0: "B", 1: "S"},
+            "tokens": {0: "B", 1: "S"},
+            "pooled": {0: "B"},
+        },
+    )
     return path
 
 
@@ -61,12 +71,15 @@ def test_onnx_shape_overrides_fill_dynamic_dims(onnx_path):
     assert 0 <= data["ids"].min() and data["ids"].max() < 16
 
 
-@pytest.mark.parametrize("shapes, match", [
-    ({"features": [7, 9]}, "does not fit the model's shape -1,8"),  # static dim differs
-    ({"features": [7]}, "rank and static dims must match"),
-    ({"ids": [0]}, "does not fit"),
-    ({"feature": [7, 8]}, "unknown input.*feature; the model's inputs are features, ids"),
-])
+@pytest.mark.parametrize(
+    "shapes, match",
+    [
+        ({"features": [7, 9]}, "does not fit the model's shape -1,8"),  # static dim differs
+        ({"features": [7]}, "rank and static dims must match"),
+        ({"ids": [0]}, "does not fit"),
+        ({"feature": [7, 8]}, "unknown input.*feature; the model's inputs are features, ids"),
+    ],
+)
 def test_onnx_bad_shape_overrides_are_config_errors(onnx_path, shapes, match):
     with pytest.raises(ConfigError, match=match):
         read_model_file(onnx_path, shapes=shapes)
@@ -131,10 +144,16 @@ def test_torchscript_probe_failures_are_config_errors(ts_path):
 
 
 def test_torchscript_io_spec_extra_file_is_the_spec(tmp_path):
-    spec = IoSpec(inputs=[TensorSpec(name="features", dtype="float32", shape=[-1, 8]),
-                          TensorSpec(name="ids", dtype="int64", shape=[-1])],
-                  outputs=[TensorSpec(name="output__0", dtype="float32", shape=[-1, 4]),
-                           TensorSpec(name="output__1", dtype="float32", shape=[4])])
+    spec = IoSpec(
+        inputs=[
+            TensorSpec(name="features", dtype="float32", shape=[-1, 8]),
+            TensorSpec(name="ids", dtype="int64", shape=[-1]),
+        ],
+        outputs=[
+            TensorSpec(name="output__0", dtype="float32", shape=[-1, 4]),
+            TensorSpec(name="output__1", dtype="float32", shape=[4]),
+        ],
+    )
     path = tmp_path / "tagger.pt"
     torch.jit.save(torch.jit.script(Tagger().eval()), str(path), _extra_files={"io_spec.json": spec.model_dump_json()})
     mf = read_model_file(path, shapes={"ids": [3], "features": [3, 8]})
@@ -161,8 +180,12 @@ def savedmodel_path(tmp_path_factory):
             super().__init__()
             self.w = tf.Variable(tf.reshape(tf.range(8, dtype=tf.float32), [4, 2]))
 
-        @tf.function(input_signature=[tf.TensorSpec([None, 4], tf.float32, name="x"),
-                                      tf.TensorSpec([None, None], tf.int32, name="ids")])
+        @tf.function(
+            input_signature=[
+                tf.TensorSpec([None, 4], tf.float32, name="x"),
+                tf.TensorSpec([None, None], tf.int32, name="ids"),
+            ]
+        )
         def __call__(self, x, ids):
             return {"scores": tf.matmul(x, self.w), "count": tf.reduce_sum(ids, axis=1)}
 
@@ -225,8 +248,9 @@ def test_directory_without_saved_model_is_a_config_error(tmp_path):
 
 def test_unbatched_model_keeps_full_shapes(tmp_path):
     path = tmp_path / "fixed.onnx"
-    torch.onnx.export(torch.nn.Linear(3, 2), (torch.randn(4, 3),), str(path), dynamo=False,
-                      input_names=["x"], output_names=["y"])
+    torch.onnx.export(
+        torch.nn.Linear(3, 2), (torch.randn(4, 3),), str(path), dynamo=False, input_names=["x"], output_names=["y"]
+    )
     mf = read_model_file(path)
     assert not mf.batching and mf.input_shapes == {"x": [4, 3]}
     data = synthetic_inputs(mf, batch_size=8)  # batch size is ignored without a batch axis

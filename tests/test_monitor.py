@@ -3,16 +3,21 @@
 import math
 
 import pytest
+from conftest import GOLDEN
 
 from tasks.monitor import PointMonitor, cross_check, gpu_series, parse_gpu_metrics, per_request_ms
 from tbench.hardware import parse_gpu_query
 
-from conftest import GOLDEN
-
 
 def test_statistics_diff_is_per_request_ms():
     before = {"count": 100, "queue": 10_000_000, "compute_input": 0, "compute_infer": 50_000_000, "compute_output": 0}
-    after = {"count": 300, "queue": 30_000_000, "compute_input": 2_000_000, "compute_infer": 250_000_000, "compute_output": 4_000_000}
+    after = {
+        "count": 300,
+        "queue": 30_000_000,
+        "compute_input": 2_000_000,
+        "compute_infer": 250_000_000,
+        "compute_output": 4_000_000,
+    }
     got = per_request_ms(before, after)
     assert got["triton_requests"] == 200 and got["triton_queue_ms"] == 0.1 and got["triton_compute_infer_ms"] == 1.0
     assert got["triton_compute_input_ms"] == 0.01 and got["triton_compute_output_ms"] == 0.02
@@ -20,8 +25,14 @@ def test_statistics_diff_is_per_request_ms():
 
 
 def test_cross_check_ignores_stages_too_small_to_compare():
-    row = {"triton_queue_ms": 2.0, "server_queue_ms": 2.2, "triton_compute_infer_ms": 10.0, "server_compute_infer_ms": 9.0,
-           "triton_compute_input_ms": 0.01, "server_compute_input_ms": 0.03}
+    row = {
+        "triton_queue_ms": 2.0,
+        "server_queue_ms": 2.2,
+        "triton_compute_infer_ms": 10.0,
+        "server_compute_infer_ms": 9.0,
+        "triton_compute_input_ms": 0.01,
+        "server_compute_input_ms": 0.03,
+    }
     assert math.isclose(cross_check(row), 0.1)  # infer: 1/10; queue 0.2/2.2 is smaller; input is below 0.05 ms
     assert math.isnan(cross_check({"triton_queue_ms": 1.0}))
 
@@ -31,7 +42,9 @@ UUIDS = parse_gpu_query((GOLDEN / "nvidia_smi" / "query_a100x4.csv").read_text()
 
 
 def test_gpu_metrics_from_tritons_prometheus_text():
-    got = parse_gpu_metrics((GOLDEN / "triton" / "metrics_gpu.txt").read_text(), ["GPU-5d5b7e6a-0b8a-3b3c-9d5e-2f3c1a7e9b01"])
+    got = parse_gpu_metrics(
+        (GOLDEN / "triton" / "metrics_gpu.txt").read_text(), ["GPU-5d5b7e6a-0b8a-3b3c-9d5e-2f3c1a7e9b01"]
+    )
     assert got == {"gpu_util_pct": 71.0, "gpu_mem_mb": 2048.0, "gpu_power_w": 212.5}
     assert parse_gpu_metrics('nv_inference_request_success{model="m",version="1"} 3', ["GPU-x"]) == {}
 
@@ -39,9 +52,14 @@ def test_gpu_metrics_from_tritons_prometheus_text():
 def test_every_gpu_of_a_four_gpu_page_is_read_by_its_uuid():
     series = gpu_series(PAGE)
     assert list(series) == UUIDS  # the page's GPUs are nvidia-smi's
-    assert series[UUIDS[3]] == {"nv_gpu_utilization": 0.93, "nv_gpu_memory_total_bytes": 85899345920,
-                                "nv_gpu_memory_used_bytes": 1073741824, "nv_gpu_power_usage": 287.75,
-                                "nv_gpu_power_limit": 400, "nv_energy_consumption": 109334.6}
+    assert series[UUIDS[3]] == {
+        "nv_gpu_utilization": 0.93,
+        "nv_gpu_memory_total_bytes": 85899345920,
+        "nv_gpu_memory_used_bytes": 1073741824,
+        "nv_gpu_power_usage": 287.75,
+        "nv_gpu_power_limit": 400,
+        "nv_energy_consumption": 109334.6,
+    }
 
 
 def test_only_the_serving_gpu_is_measured():

@@ -68,8 +68,10 @@ def test_same_weights_and_data_on_repeats(adapter, model):
     assert list(first) == list(second) and all(first[k].equal(second[k]) for k in first)
     inputs = adapter.sample_batch(1)
     np.testing.assert_array_equal(inputs["input__0"], adapter.sample_batch(1)["input__0"])
-    np.testing.assert_array_equal(run_pytorch(model, adapter.io_spec(), inputs)["output__0"],
-                                  run_pytorch(again, adapter.io_spec(), inputs)["output__0"])
+    np.testing.assert_array_equal(
+        run_pytorch(model, adapter.io_spec(), inputs)["output__0"],
+        run_pytorch(again, adapter.io_spec(), inputs)["output__0"],
+    )
     a, b = next(adapter.batches(3, 3, seed=5)), next(adapter.batches(3, 3, seed=5))
     np.testing.assert_array_equal(a.labels, b.labels)
     assert not np.array_equal(a.inputs["input__0"], next(adapter.batches(3, 3, seed=6)).inputs["input__0"])
@@ -95,7 +97,9 @@ def test_checkpoint_round_trip(adapter, model, tmp_path):
     for path in (plain, wrapped):
         loaded = NnUNet("small", checkpoint=str(path)).build()
         assert not loaded.training
-        np.testing.assert_allclose(run_pytorch(loaded, adapter.io_spec(), batch)["output__0"], expected, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(
+            run_pytorch(loaded, adapter.io_spec(), batch)["output__0"], expected, rtol=1e-5, atol=1e-5
+        )
     assert not np.allclose(run_pytorch(model, adapter.io_spec(), batch)["output__0"], expected)
 
 
@@ -225,7 +229,12 @@ def test_dice_on_hand_made_arrays(adapter):
 def test_defaults():
     gpu = NnUNet("full").defaults("gpu")
     assert gpu.formats == ["ts-script", "onnx"]
-    assert (gpu.max_batch_size, gpu.model_instances, gpu.preferred_batch_sizes, gpu.max_queue_delay_us) == (4, 1, [2, 4], 1)
+    assert (gpu.max_batch_size, gpu.model_instances, gpu.preferred_batch_sizes, gpu.max_queue_delay_us) == (
+        4,
+        1,
+        [2, 4],
+        1,
+    )
     assert gpu.offline_batch_sizes == [1, 2, 4] and gpu.online_concurrency == list(range(1, 9))
     for size in ("full", "small"):
         d = NnUNet(size).defaults("cpu")

@@ -4,14 +4,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import GOLDEN
 
 from tasks.perf import Point, output_shm_bytes, parse_perf_csv, perf_argv, plan_points
 from tbench.enums import Scenario
 from tbench.iospec import IoSpec, TensorSpec
 from tbench.metrics import BREAKDOWN, PUBLISHED_COLUMNS, RESULT_COLUMNS
 from tbench.request import Measurement
-
-from conftest import GOLDEN
 
 PA = GOLDEN / "perf_analyzer"
 
@@ -53,15 +52,21 @@ def test_csv_without_a_row_is_an_error(tmp_path: Path):
 
 
 def test_result_columns_extend_the_published_table():
-    published_header = (Path(__file__).parents[1] / "tbench" / "data" / "published_results.csv").read_text().splitlines()[0]
+    published_header = (
+        (Path(__file__).parents[1] / "tbench" / "data" / "published_results.csv").read_text().splitlines()[0]
+    )
     assert published_header.split(",") == PUBLISHED_COLUMNS
     assert RESULT_COLUMNS[: len(PUBLISHED_COLUMNS)] == PUBLISHED_COLUMNS
 
 
 def test_plan_points_offline_batches_at_concurrency_1_online_concurrency_at_batch_1():
     points = plan_points([Scenario.OFFLINE, Scenario.ONLINE], [1, 4], [2, 8])
-    assert points == [Point(Scenario.OFFLINE, 1, 1), Point(Scenario.OFFLINE, 4, 1),
-                      Point(Scenario.ONLINE, 1, 2), Point(Scenario.ONLINE, 1, 8)]
+    assert points == [
+        Point(Scenario.OFFLINE, 1, 1),
+        Point(Scenario.OFFLINE, 4, 1),
+        Point(Scenario.ONLINE, 1, 2),
+        Point(Scenario.ONLINE, 1, 8),
+    ]
 
 
 def test_plan_points_rate_sends_open_loop_requests_at_batch_1():
@@ -71,9 +76,24 @@ def test_plan_points_rate_sends_open_loop_requests_at_batch_1():
 
 
 def test_request_rate_argv_and_csv(tmp_path):
-    spec = IoSpec(inputs=[TensorSpec(name="x", dtype="float32", shape=[3])], outputs=[TensorSpec(name="y", dtype="float32", shape=[2])])
-    argv = perf_argv(Path("pa"), "m", "u", Point(Scenario.RATE, 1, None, 50.0, "poisson"), Measurement(), 10, tmp_path / "a.csv", spec)
-    assert argv[argv.index("--request-rate-range") + 1] == "50" and argv[argv.index("--request-distribution") + 1] == "poisson"
+    spec = IoSpec(
+        inputs=[TensorSpec(name="x", dtype="float32", shape=[3])],
+        outputs=[TensorSpec(name="y", dtype="float32", shape=[2])],
+    )
+    argv = perf_argv(
+        Path("pa"),
+        "m",
+        "u",
+        Point(Scenario.RATE, 1, None, 50.0, "poisson"),
+        Measurement(),
+        10,
+        tmp_path / "a.csv",
+        spec,
+    )
+    assert (
+        argv[argv.index("--request-rate-range") + 1] == "50"
+        and argv[argv.index("--request-distribution") + 1] == "poisson"
+    )
     assert "--concurrency-range" not in argv and "--shared-memory" not in argv
     row = parse_perf_csv(PA / "rate_r50_poisson_verbose.csv")  # a real perf_analyzer 2.51 request-rate CSV
     assert row["request_rate"] == 50.0 and "concurrency" not in row
@@ -82,8 +102,10 @@ def test_request_rate_argv_and_csv(tmp_path):
 
 
 def test_offline_uses_system_shared_memory_sized_for_the_output(tmp_path):
-    spec = IoSpec(inputs=[TensorSpec(name="x", dtype="float32", shape=[3, 8, 8])],
-                  outputs=[TensorSpec(name="y", dtype="float32", shape=[1000])])
+    spec = IoSpec(
+        inputs=[TensorSpec(name="x", dtype="float32", shape=[3, 8, 8])],
+        outputs=[TensorSpec(name="y", dtype="float32", shape=[1000])],
+    )
     assert output_shm_bytes(spec, 8) == 8 * 1000 * 4
     m = Measurement()
     offline = perf_argv(Path("pa"), "m", "u", Point(Scenario.OFFLINE, 8, 1), m, 10, tmp_path / "a.csv", spec)
@@ -116,7 +138,9 @@ def test_window_duration_comes_from_the_merged_windows_in_the_log():
     assert np.isnan(window_seconds(None, 1, 22.9))
 
 
-def test_perf_input_data_holds_real_samples_and_skips_huge_float_ones(small_adapter, small_module, tmp_path, monkeypatch):
+def test_perf_input_data_holds_real_samples_and_skips_huge_float_ones(
+    small_adapter, small_module, tmp_path, monkeypatch
+):
     import json
 
     from tasks import perf
@@ -146,15 +170,22 @@ def test_offline_shared_memory_follows_the_node(tmp_path):
     from flows.benchmark import offline_shared_memory
     from tasks.perf import PerfInputs
 
-    spec = IoSpec(inputs=[TensorSpec(name="x", dtype="float32", shape=[4])], outputs=[TensorSpec(name="y", dtype="float32", shape=[2])])
+    spec = IoSpec(
+        inputs=[TensorSpec(name="x", dtype="float32", shape=[4])],
+        outputs=[TensorSpec(name="y", dtype="float32", shape=[2])],
+    )
     gpu, cpu = SimpleNamespace(has_gpu=True), SimpleNamespace(has_gpu=False)
     assert offline_shared_memory(SimpleNamespace(server="local"), gpu) == "cuda"
     assert offline_shared_memory(SimpleNamespace(server="embedded"), cpu) == "system"
     assert offline_shared_memory(SimpleNamespace(server="remote"), gpu) == "none"
     point = Point(Scenario.OFFLINE, 8, 1)
-    cuda = perf_argv(Path("pa"), "m", "u", point, Measurement(), 10, tmp_path / "a.csv", spec, PerfInputs(shared_memory="cuda"))
+    cuda = perf_argv(
+        Path("pa"), "m", "u", point, Measurement(), 10, tmp_path / "a.csv", spec, PerfInputs(shared_memory="cuda")
+    )
     assert cuda[cuda.index("--shared-memory") + 1] == "cuda"
-    remote = perf_argv(Path("pa"), "m", "u", point, Measurement(), 10, tmp_path / "a.csv", spec, PerfInputs(shared_memory="none"))
+    remote = perf_argv(
+        Path("pa"), "m", "u", point, Measurement(), 10, tmp_path / "a.csv", spec, PerfInputs(shared_memory="none")
+    )
     assert "--shared-memory" not in remote and "--output-shared-memory-size" not in remote
 
 

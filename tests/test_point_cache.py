@@ -22,12 +22,19 @@ QUICK = Measurement(stability_percentage=50, max_trials=8)
 def test_a_sweep_takes_cached_points_and_measures_only_the_rest(served_small, small_artifacts, tmp_path):
     context = {"model": "resnet50-small", "measurement": QUICK.model_dump()}
     cache = PointCache(context, tmp_path / "cache")
-    sweep = dict(model="resnet50", grpc_url=served_small.endpoints.grpc_url, spec=small_artifacts[0].io_spec, m=QUICK,
-                 static={"model": "resnet50"})
+    sweep = dict(
+        model="resnet50",
+        grpc_url=served_small.endpoints.grpc_url,
+        spec=small_artifacts[0].io_spec,
+        m=QUICK,
+        static={"model": "resnet50"},
+    )
     first = RunLayout(tmp_path, "first").create()
     run_sweep([Point(Scenario.OFFLINE, 1, 1)], layout=first, cache=cache, **sweep)  # an interrupted run: one point
     second = RunLayout(tmp_path, "second").create()
-    table = run_sweep([Point(Scenario.OFFLINE, 1, 1), Point(Scenario.OFFLINE, 4, 1)], layout=second, cache=cache, **sweep)
+    table = run_sweep(
+        [Point(Scenario.OFFLINE, 1, 1), Point(Scenario.OFFLINE, 4, 1)], layout=second, cache=cache, **sweep
+    )
     by_batch = table.set_index("batch_size")
     assert by_batch.loc[1, "reused_from"] == "first" and pd.isna(by_batch.loc[4, "reused_from"])
     assert (table["status"] == "ok").all()
@@ -45,13 +52,26 @@ def test_a_rerun_with_reuse_converts_and_measures_nothing_again(prefect_harness,
     from conftest import run_flow
 
     monkeypatch.setenv("TBENCH_POINT_CACHE_DIR", str(tmp_path / "points"))
-    request = BenchmarkRequest(model="resnet50", size="small", formats=["onnx"], batch_sizes=[1, 4], concurrency=[2],
-                               output=str(tmp_path), measurement=QUICK, reuse_measurements=True)
+    request = BenchmarkRequest(
+        model="resnet50",
+        size="small",
+        formats=["onnx"],
+        batch_sizes=[1, 4],
+        concurrency=[2],
+        output=str(tmp_path),
+        measurement=QUICK,
+        reuse_measurements=True,
+    )
     first, results1, _ = run_flow(tmp_path, request)
     second, results2, report = run_flow(tmp_path, request)
     assert results1["reused_from"].isna().all()
     assert (results2["reused_from"] == first.name).all() and len(results2) == len(results1) == 3
     cols = ["scenario", "batch_size", "concurrency", "throughput_infer_per_s", "p99_ms"]
     key = ["scenario", "batch_size", "concurrency"]
-    assert results2[cols].sort_values(key).reset_index(drop=True).equals(results1[cols].sort_values(key).reset_index(drop=True))
+    assert (
+        results2[cols]
+        .sort_values(key)
+        .reset_index(drop=True)
+        .equals(results1[cols].sort_values(key).reset_index(drop=True))
+    )
     assert all(a["cached"] for a in json.loads((second / "artifacts.json").read_text()))  # no conversion ran either

@@ -7,20 +7,26 @@ import re
 
 import pytest
 import yaml
+from conftest import GOLDEN
 
+from tbench.device_lock import lock_name
 from tbench.errors import ConfigError
 from tbench.hardware import Hardware, parse_cuda_version, parse_gpu_query
 from tbench.pool_setup import INFRA, pool_template
-from tbench.device_lock import lock_name
 from tbench.pools import POOLS, check_worker_hardware, gpu_matches
 from tbench.stack import PROJECT
 
-from conftest import GOLDEN
-
 
 def machine(*gpus: str, uuids: list[str] | None = None) -> Hardware:
-    return Hardware(cpu_model="x", cpu_cores=2, memory_gib=8, gpus=list(gpus), os="Linux", hostname="node-1",
-                    gpu_uuids=uuids or [f"GPU-{i}" for i in range(len(gpus))])
+    return Hardware(
+        cpu_model="x",
+        cpu_cores=2,
+        memory_gib=8,
+        gpus=list(gpus),
+        os="Linux",
+        hostname="node-1",
+        gpu_uuids=uuids or [f"GPU-{i}" for i in range(len(gpus))],
+    )
 
 
 def test_nvidia_smi_query_and_header_are_parsed():
@@ -30,14 +36,27 @@ def test_nvidia_smi_query_and_header_are_parsed():
     assert fields["gpu_memory_mib"] == [81920, 81920] and fields["gpu_max_sm_clock_mhz"] == [1410, 1410]
     assert fields["gpu_max_mem_clock_mhz"] == [1593, 1593]
     assert parse_cuda_version((GOLDEN / "nvidia_smi" / "header_a100.txt").read_text()) == "12.2"
-    assert parse_gpu_query("") == {"gpus": [], "driver": None, "gpu_uuids": [], "gpu_memory_mib": [],
-                                   "gpu_max_sm_clock_mhz": [], "gpu_max_mem_clock_mhz": []}
+    assert parse_gpu_query("") == {
+        "gpus": [],
+        "driver": None,
+        "gpu_uuids": [],
+        "gpu_memory_mib": [],
+        "gpu_max_sm_clock_mhz": [],
+        "gpu_max_mem_clock_mhz": [],
+    }
 
 
-@pytest.mark.parametrize("expected, name, ok", [
-    ("A100", "NVIDIA A100-SXM4-80GB", True), ("A10", "NVIDIA A100-SXM4-80GB", False), ("T4", "Tesla T4", True),
-    ("V100", "Tesla V100-SXM2-32GB", True), ("H100", "NVIDIA H100 80GB HBM3", True), ("A30", "NVIDIA A40", False),
-])
+@pytest.mark.parametrize(
+    "expected, name, ok",
+    [
+        ("A100", "NVIDIA A100-SXM4-80GB", True),
+        ("A10", "NVIDIA A100-SXM4-80GB", False),
+        ("T4", "Tesla T4", True),
+        ("V100", "Tesla V100-SXM2-32GB", True),
+        ("H100", "NVIDIA H100 80GB HBM3", True),
+        ("A30", "NVIDIA A40", False),
+    ],
+)
 def test_gpu_kind_matches_whole_names(expected, name, ok):
     assert gpu_matches(expected, name) is ok
 
@@ -86,7 +105,10 @@ def test_deployments_file_has_every_flow_on_every_pool():
     for name, d in deployments.items():
         flow, pool = name.split("-")
         assert d["work_pool"]["name"] == pool
-        assert d["entrypoint"] == {"benchmark": "flows/benchmark.py:benchmark_flow", "search": "flows/search.py:search_flow"}[flow]
+        assert (
+            d["entrypoint"]
+            == {"benchmark": "flows/benchmark.py:benchmark_flow", "search": "flows/search.py:search_flow"}[flow]
+        )
         assert all(s["active"] is False for s in d["schedules"])  # nightly sweeps start switched off
         directory = d["pull"][0]["prefect.deployments.steps.set_working_directory"]["directory"]
         assert directory == ("{{ $TBENCH_PROJECT_DIR }}" if pool == "cpu" else "/opt/tbench")
@@ -109,8 +131,9 @@ def rendered(template: dict, job_variables: dict):
 
 def test_docker_gpu_pools_request_gpus_and_the_cpu_pool_none():
     a100 = rendered(pool_template("a100", "docker"), {"gpu_count": -1})
-    assert a100.container_create_kwargs["device_requests"] == [{"driver": "nvidia", "count": -1,
-                                                                "capabilities": [["gpu"]]}]
+    assert a100.container_create_kwargs["device_requests"] == [
+        {"driver": "nvidia", "count": -1, "capabilities": [["gpu"]]}
+    ]
     assert rendered(pool_template("a100", "docker"), {}).container_create_kwargs["device_requests"][0]["count"] == 1
     # any device request, even of 0 GPUs, fails on a daemon without the NVIDIA runtime: the cpu pool makes none
     cpu = pool_template("cpu", "docker")
@@ -121,8 +144,10 @@ def test_docker_gpu_pools_request_gpus_and_the_cpu_pool_none():
 
 def test_docker_pools_ulimits_auto_remove_and_image_defaults_and_overrides():
     config = rendered(pool_template("t4", "docker"), {})
-    assert config.container_create_kwargs["ulimits"] == [{"name": "memlock", "soft": -1, "hard": -1},
-                                                          {"name": "stack", "soft": 64 << 20, "hard": 64 << 20}]
+    assert config.container_create_kwargs["ulimits"] == [
+        {"name": "memlock", "soft": -1, "hard": -1},
+        {"name": "stack", "soft": 64 << 20, "hard": 64 << 20},
+    ]
     assert config.container_create_kwargs["shm_size"] == "8g" and config.auto_remove is True
     # a daemon that may not raise memlock gets a run with other ulimits
     stack_only = [{"name": "stack", "soft": 64 << 20, "hard": 64 << 20}]
@@ -135,11 +160,16 @@ def test_docker_pools_ulimits_auto_remove_and_image_defaults_and_overrides():
 
 
 def test_pool_defaults_add_to_env_and_replace_the_rest():
-    template = pool_template("cpu", "docker", {"env": {"AWS_ENDPOINT_URL": "http://127.0.0.1:9000"},
-                                               "network_mode": "host"})
+    template = pool_template(
+        "cpu", "docker", {"env": {"AWS_ENDPOINT_URL": "http://127.0.0.1:9000"}, "network_mode": "host"}
+    )
     config = rendered(template, {"env": {"HOME": "/tmp"}})
-    assert config.env == {"NVIDIA_DRIVER_CAPABILITIES": "compute,utility", "TBENCH_POOL_GPU": "cpu",
-                          "AWS_ENDPOINT_URL": "http://127.0.0.1:9000", "HOME": "/tmp"}
+    assert config.env == {
+        "NVIDIA_DRIVER_CAPABILITIES": "compute,utility",
+        "TBENCH_POOL_GPU": "cpu",
+        "AWS_ENDPOINT_URL": "http://127.0.0.1:9000",
+        "HOME": "/tmp",
+    }
     assert config.network_mode == "host"
 
 

@@ -47,17 +47,27 @@ class TaggerAdapter(ModelAdapter):
         return Tagger().eval()
 
     def io_spec(self) -> IoSpec:
-        return IoSpec(inputs=[TensorSpec(name="input__0", dtype="float32", shape=[5, 8]),
-                              TensorSpec(name="input__1", dtype="int64", shape=[5])],
-                      outputs=[TensorSpec(name="output__0", dtype="float32", shape=[5, 4]),
-                               TensorSpec(name="output__1", dtype="int64", shape=[5])])
+        return IoSpec(
+            inputs=[
+                TensorSpec(name="input__0", dtype="float32", shape=[5, 8]),
+                TensorSpec(name="input__1", dtype="int64", shape=[5]),
+            ],
+            outputs=[
+                TensorSpec(name="output__0", dtype="float32", shape=[5, 4]),
+                TensorSpec(name="output__1", dtype="int64", shape=[5]),
+            ],
+        )
 
     def batches(self, n_samples: int, batch_size: int, seed: int = 0) -> Iterator[Batch]:
         rng = np.random.default_rng(seed)
         for start in range(0, n_samples, batch_size):
             n = min(batch_size, n_samples - start)
-            yield Batch(inputs={"input__0": rng.standard_normal((n, 5, 8)).astype(np.float32),
-                                "input__1": rng.integers(0, 16, (n, 5)).astype(np.int64)})
+            yield Batch(
+                inputs={
+                    "input__0": rng.standard_normal((n, 5, 8)).astype(np.float32),
+                    "input__1": rng.integers(0, 16, (n, 5)).astype(np.int64),
+                }
+            )
 
     def predict(self, outputs):
         raise NotImplementedError
@@ -82,7 +92,11 @@ FP16 = ConversionOptions(precision=Precision.FP16)
 def _onnx_float_initializers(path: str) -> set[int]:
     import onnx
 
-    return {i.data_type for i in onnx.load(path).graph.initializer if i.data_type in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16)}
+    return {
+        i.data_type
+        for i in onnx.load(path).graph.initializer
+        if i.data_type in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16)
+    }
 
 
 def _close(adapter, module, artifact) -> None:
@@ -100,8 +114,12 @@ def test_fp16_onnx_holds_fp16_weights_keeps_fp32_io_and_answers_within_fp16_tole
     assert _onnx_float_initializers(artifact.path) == {onnx.TensorProto.FLOAT16}
     graph = onnx.load(artifact.path).graph
     elem = {v.name: v.type.tensor_type.elem_type for v in [*graph.input, *graph.output]}
-    assert elem == {"input__0": onnx.TensorProto.FLOAT, "input__1": onnx.TensorProto.INT64,
-                    "output__0": onnx.TensorProto.FLOAT, "output__1": onnx.TensorProto.INT64}
+    assert elem == {
+        "input__0": onnx.TensorProto.FLOAT,
+        "input__1": onnx.TensorProto.INT64,
+        "output__0": onnx.TensorProto.FLOAT,
+        "output__1": onnx.TensorProto.INT64,
+    }
     assert file_precision(Format.ONNX, Path(artifact.path)) is Precision.FP16
     assert file_precision(Format.ONNX, tmp_path / "onnx" / "model.onnx") is Precision.FP32
     _close(adapter, module, artifact)
@@ -115,7 +133,9 @@ def test_fp16_torchscript_is_the_module_in_half_behind_fp32_io(tagger, tmp_path,
     assert artifact.precision is Precision.FP16 and artifact.io_spec == adapter.io_spec()
     loaded = torch.jit.load(artifact.path)
     assert {p.dtype for p in loaded.parameters()} == {torch.float16}
-    assert next(module.parameters()).dtype == torch.float32  # the source module (the correctness reference) is untouched
+    assert (
+        next(module.parameters()).dtype == torch.float32
+    )  # the source module (the correctness reference) is untouched
     out = run_file(fmt, artifact.path, artifact.io_spec, adapter.sample_batch(3))
     assert out["output__0"].dtype == np.float32 and out["output__1"].dtype == np.int64
     assert file_precision(fmt, Path(artifact.path)) is Precision.FP16
@@ -128,17 +148,29 @@ def test_fp16_from_other_teams_files(tmp_path):
 
     module, example = Tagger().eval(), (torch.randn(2, 5, 8), torch.randint(0, 16, (2, 5)))
     onnx_file, ts_file = tmp_path / "tagger.onnx", tmp_path / "tagger.pt"
-    torch.onnx.export(module, example, str(onnx_file), input_names=["features", "ids"], output_names=["tokens", "best"],
-                      dynamic_axes={n: {0: "batch"} for n in ("features", "ids", "tokens", "best")}, dynamo=False)
+    torch.onnx.export(
+        module,
+        example,
+        str(onnx_file),
+        input_names=["features", "ids"],
+        output_names=["tokens", "best"],
+        dynamic_axes={n: {0: "batch"} for n in ("features", "ids", "tokens", "best")},
+        dynamo=False,
+    )
     torch.jit.save(torch.jit.script(module), str(ts_file))
-    for path, fmt, shapes in ((onnx_file, Format.ONNX, None), (ts_file, Format.TS_SCRIPT, {"features": [5, 8], "ids": [5]})):
+    for path, fmt, shapes in (
+        (onnx_file, Format.ONNX, None),
+        (ts_file, Format.TS_SCRIPT, {"features": [5, 8], "ids": [5]}),
+    ):
         adapter = ModelFileAdapter(str(path), shapes, {"ids": "int64"} if shapes else None)
         artifact = export_model(adapter, path, fmt, tmp_path / fmt.value, source_digest(fmt.value, path), FP16)
         assert artifact.precision is Precision.FP16 and Path(artifact.path).parent.name == f"{fmt.value}-fp16"
         _close(adapter, path, artifact)
         # an FP16 file from another team is what it holds, whatever the request
         again = ModelFileAdapter(artifact.path, shapes, {"ids": "int64"} if shapes else None)
-        kept = export_model(again, Path(artifact.path), fmt, tmp_path / "kept", source_digest(fmt.value, Path(artifact.path)))
+        kept = export_model(
+            again, Path(artifact.path), fmt, tmp_path / "kept", source_digest(fmt.value, Path(artifact.path))
+        )
         assert kept.precision is Precision.FP16 and not (tmp_path / "kept" / f"{fmt.value}-fp16").exists()
 
 
@@ -146,7 +178,10 @@ def test_the_cache_key_holds_the_precision_and_fp32_steps_are_shared(tagger, tmp
     monkeypatch.setenv("TBENCH_CACHE_DIR", str(tmp_path / "cache"))
     adapter, module, digest = tagger
     step = REGISTRY[("onnx", Format.ONNX)]
-    keys = {cache_key(digest, step, ConversionOptions(precision=p), tool_versions(step), adapter.io_spec()) for p in Precision}
+    keys = {
+        cache_key(digest, step, ConversionOptions(precision=p), tool_versions(step), adapter.io_spec())
+        for p in Precision
+    }
     assert len(keys) == 3
     half = export_model(adapter, module, Format.ONNX, tmp_path / "a", digest, FP16)
     full = export_model(adapter, module, Format.ONNX, tmp_path / "b", digest)
@@ -164,17 +199,29 @@ def test_a_savedmodel_holds_fp32_whatever_is_asked():
 # ---------------------------------------------------------------- refusals
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"precision": "int8"}, "precision int8 cannot be carried by onnx: int8 is carried by trt, tf-trt only"),
-    ({"precision": "int8", "formats": ["ts-script"]}, "precision int8 cannot be carried by ts-script: int8 is carried by trt, tf-trt only"),
-    ({"precision": "int8", "model": "dlrm", "size": "tiny"},
-     r"precision int8 cannot be carried by any part of the ensemble \(sparse as tf-savedmodel, dense as onnx\)"),
-    ({"precision": "fp16", "framework": "tensorflow", "size": "small"},
-     "precision fp16 of tf-savedmodel is TensorFlow's automatic mixed precision on a GPU, which the embedded server"),
-    ({"precision": "fp16", "framework": "tensorflow", "size": "small", "server": "local"},
-     "precision fp16 of tf-savedmodel is TensorFlow's automatic mixed precision on a GPU; this machine has none"),
-    ({"precision": "fp16", "serve_formats": ["trt"], "server": "local"}, "precision fp16 of trt needs a GPU"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"precision": "int8"}, "precision int8 cannot be carried by onnx: int8 is carried by trt, tf-trt only"),
+        (
+            {"precision": "int8", "formats": ["ts-script"]},
+            "precision int8 cannot be carried by ts-script: int8 is carried by trt, tf-trt only",
+        ),
+        (
+            {"precision": "int8", "model": "dlrm", "size": "tiny"},
+            r"precision int8 cannot be carried by any part of the ensemble \(sparse as tf-savedmodel, dense as onnx\)",
+        ),
+        (
+            {"precision": "fp16", "framework": "tensorflow", "size": "small"},
+            "precision fp16 of tf-savedmodel is TensorFlow's automatic mixed precision on a GPU, which the embedded server",
+        ),
+        (
+            {"precision": "fp16", "framework": "tensorflow", "size": "small", "server": "local"},
+            "precision fp16 of tf-savedmodel is TensorFlow's automatic mixed precision on a GPU; this machine has none",
+        ),
+        ({"precision": "fp16", "serve_formats": ["trt"], "server": "local"}, "precision fp16 of trt needs a GPU"),
+    ],
+)
 def test_a_precision_the_format_cannot_carry_is_one_config_error_line(kwargs, message):
     with pytest.raises(ConfigError, match=message) as err:
         BenchmarkRequest(**kwargs).resolve(has_gpu=False)
@@ -182,7 +229,9 @@ def test_a_precision_the_format_cannot_carry_is_one_config_error_line(kwargs, me
 
 
 def test_fp16_onnx_and_torchscript_resolve_without_a_gpu():
-    r = BenchmarkRequest(precision="fp16", formats=["onnx", "ts-trace", "ts-script"], serve_formats=["all"]).resolve(False)
+    r = BenchmarkRequest(precision="fp16", formats=["onnx", "ts-trace", "ts-script"], serve_formats=["all"]).resolve(
+        False
+    )
     assert r.precision is Precision.FP16 and r.tolerance_atol == FP16_TOL[0]
     assert BenchmarkRequest(model="dlrm", size="tiny", precision="fp16").resolve(False).precision is Precision.FP16
 
@@ -202,7 +251,10 @@ def test_search_variants_are_refused_the_same_way():
     from tbench.search import SearchSpace
 
     req = BenchmarkRequest().resolve(False)
-    assert variant_plan(SearchSpace(formats=["onnx:fp16", "ts-trace:fp32"]), req, False)["onnx:fp16"] == (Format.ONNX, Precision.FP16)
+    assert variant_plan(SearchSpace(formats=["onnx:fp16", "ts-trace:fp32"]), req, False)["onnx:fp16"] == (
+        Format.ONNX,
+        Precision.FP16,
+    )
     with pytest.raises(ConfigError, match="variant 'onnx:int8': precision int8 cannot be carried by onnx"):
         variant_plan(SearchSpace(formats=["onnx:int8"]), req, False)
 
@@ -211,7 +263,10 @@ def test_search_variants_are_refused_the_same_way():
 
 
 def _artifact(fmt: Format, precision: Precision) -> ModelArtifact:
-    spec = IoSpec(inputs=[TensorSpec(name="x", dtype="float32", shape=[1])], outputs=[TensorSpec(name="y", dtype="float32", shape=[1])])
+    spec = IoSpec(
+        inputs=[TensorSpec(name="x", dtype="float32", shape=[1])],
+        outputs=[TensorSpec(name="y", dtype="float32", shape=[1])],
+    )
     return ModelArtifact(format=fmt, precision=precision, path="/m", io_spec=spec, source_hash="x", seconds=0.0)
 
 
@@ -230,18 +285,32 @@ def test_the_precision_column_is_what_the_served_artifact_holds():
     assert results_precision([parts[1], parts[1]], Precision.FP16, none) == "FP16"
 
 
-
 @pytest.mark.e2e
 def test_an_fp16_run_serves_fp16_files_and_says_so(prefect_harness, tmp_path):
     """The embedded server on a CPU: FP16 ONNX and TorchScript served, the rows say FP16, artifacts.json too."""
     import json
 
     from conftest import run_flow
+
     from tbench.request import Measurement
 
-    run, results, report = run_flow(tmp_path, BenchmarkRequest(
-        model="resnet50", size="small", output=str(tmp_path), precision="fp16", formats=["onnx", "ts-script"],
-        serve_formats=["all"], scenarios=["offline"], batch_sizes=[1, 2], measurement=Measurement(stability_percentage=50)))
+    run, results, report = run_flow(
+        tmp_path,
+        BenchmarkRequest(
+            model="resnet50",
+            size="small",
+            output=str(tmp_path),
+            precision="fp16",
+            formats=["onnx", "ts-script"],
+            serve_formats=["all"],
+            scenarios=["offline"],
+            batch_sizes=[1, 2],
+            measurement=Measurement(stability_percentage=50),
+        ),
+    )
     assert set(results["precision"]) == {"FP16"} and set(results["format"]) == {"onnx", "ts-script"}
     assert (run / "models" / "onnx-fp16" / "model.onnx").exists()
-    assert {a["format"]: a["precision"] for a in json.loads((run / "artifacts.json").read_text())} == {"onnx": "fp16", "ts-script": "fp16"}
+    assert {a["format"]: a["precision"] for a in json.loads((run / "artifacts.json").read_text())} == {
+        "onnx": "fp16",
+        "ts-script": "fp16",
+    }

@@ -55,7 +55,9 @@ def test_a_port_in_use_is_refused_where_the_server_binds_it(tmp_path, listening_
 
 
 def test_an_output_folder_that_cannot_be_made_or_written(tmp_path):
-    with pytest.raises(ConfigError, match="cannot write the output folder /proc/forbidden/x: No such file or directory"):
+    with pytest.raises(
+        ConfigError, match="cannot write the output folder /proc/forbidden/x: No such file or directory"
+    ):
         preflight(BenchmarkRequest(output="/proc/forbidden/x"))
     (tmp_path / "a-file").write_text("")
     with pytest.raises(ConfigError, match="cannot write the output folder .*a-file/runs: Not a directory"):
@@ -66,8 +68,16 @@ def test_an_output_folder_that_cannot_be_made_or_written(tmp_path):
             preflight(BenchmarkRequest(output=str(tmp_path / "read-only")))
 
 
-@pytest.mark.parametrize("field, option", [("model_file", "--model-file"), ("input_data", "--input-data"),
-                                           ("checkpoint", "--checkpoint"), ("dataset", "--dataset"), ("baseline", "--baseline")])
+@pytest.mark.parametrize(
+    "field, option",
+    [
+        ("model_file", "--model-file"),
+        ("input_data", "--input-data"),
+        ("checkpoint", "--checkpoint"),
+        ("dataset", "--dataset"),
+        ("baseline", "--baseline"),
+    ],
+)
 def test_files_the_request_names_must_exist(tmp_path, field, option):
     missing = str(tmp_path / "missing")
     with pytest.raises(ConfigError, match=f"^{option} {missing} does not exist$"):
@@ -88,8 +98,11 @@ def test_the_local_servers_binary_and_backend_dir(tmp_path):
 
 
 def test_credentials_in_a_url_are_refused_without_repeating_them():
-    for field, url in (("output", "s3://AKIAKEY:topsecret@bucket/runs"), ("baseline", "ftp://me:topsecret@host/r1"),
-                       ("server_url", "me:topsecret@host:8001,host:8000")):
+    for field, url in (
+        ("output", "s3://AKIAKEY:topsecret@bucket/runs"),
+        ("baseline", "ftp://me:topsecret@host/r1"),
+        ("server_url", "me:topsecret@host:8001,host:8000"),
+    ):
         with pytest.raises(ValidationError) as err:
             BenchmarkRequest(**{field: url})
         line = validation_line(err.value)
@@ -110,18 +123,34 @@ def test_the_artifact_store_is_reached_once_with_a_short_timeout(s3_to_stop):
     with pytest.raises(ConfigError) as err:
         check_store("s3://here/runs")
     assert time.monotonic() - started < 5  # one attempt, not s3fs's 5 x botocore's retries
-    assert str(err.value).startswith(f"cannot reach the artifact store s3://here/runs: EndpointConnectionError: "
-                                     f"Could not connect to the endpoint URL: \"{endpoint.url}/")
+    assert str(err.value).startswith(
+        f"cannot reach the artifact store s3://here/runs: EndpointConnectionError: "
+        f'Could not connect to the endpoint URL: "{endpoint.url}/'
+    )
 
 
-@pytest.mark.parametrize("args, message", [
-    (["run", "resnet50", "--grpc-port", "99999"], "error: invalid option: grpc_port: Input should be less than or equal to 65535"),
-    (["run", "resnet50", "--output", "/proc/forbidden/x"], "error: cannot write the output folder /proc/forbidden/x: "
-                                                           "No such file or directory"),
-    (["search", "resnet50", "--output", "/proc/forbidden/x"], "error: cannot write the output folder /proc/forbidden/x"),
-    (["run", "resnet50", "--checkpoint", "/nonexistent.pt"], "error: --checkpoint /nonexistent.pt does not exist"),
-    (["run", "resnet50", "--output", "s3://key:secret@bucket/runs"], "error: invalid option: output: Value error, a URL with"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (
+            ["run", "resnet50", "--grpc-port", "99999"],
+            "error: invalid option: grpc_port: Input should be less than or equal to 65535",
+        ),
+        (
+            ["run", "resnet50", "--output", "/proc/forbidden/x"],
+            "error: cannot write the output folder /proc/forbidden/x: No such file or directory",
+        ),
+        (
+            ["search", "resnet50", "--output", "/proc/forbidden/x"],
+            "error: cannot write the output folder /proc/forbidden/x",
+        ),
+        (["run", "resnet50", "--checkpoint", "/nonexistent.pt"], "error: --checkpoint /nonexistent.pt does not exist"),
+        (
+            ["run", "resnet50", "--output", "s3://key:secret@bucket/runs"],
+            "error: invalid option: output: Value error, a URL with",
+        ),
+    ],
+)
 def test_the_cli_says_one_line_and_exits_2(args, message):
     result = CliRunner().invoke(app, args)
     lines = [line for line in result.output.splitlines() if line.strip()]
@@ -133,4 +162,7 @@ def test_the_cli_says_one_line_and_exits_2(args, message):
 def test_the_cli_refuses_a_port_in_use(listening_port, tmp_path):
     result = CliRunner().invoke(app, ["run", "resnet50", "--http-port", str(listening_port), "-o", str(tmp_path)])
     assert result.exit_code == 2
-    assert result.output.strip() == f"error: --http-port {listening_port} is already in use on 127.0.0.1; pick another or leave it out for a free one"
+    assert (
+        result.output.strip()
+        == f"error: --http-port {listening_port} is already in use on 127.0.0.1; pick another or leave it out for a free one"
+    )

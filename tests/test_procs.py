@@ -22,8 +22,13 @@ print(child.pid)
 
 def test_a_child_whose_owner_died_is_reaped_and_one_whose_owner_lives_is_not(tmp_path, monkeypatch):
     monkeypatch.setenv("TBENCH_PROCS_DIR", str(tmp_path / "procs"))
-    owner = subprocess.run([sys.executable, "-c", OWNER, str(tmp_path / "orphan.log")], capture_output=True, text=True,
-                           env={**__import__("os").environ}, timeout=60)
+    owner = subprocess.run(
+        [sys.executable, "-c", OWNER, str(tmp_path / "orphan.log")],
+        capture_output=True,
+        text=True,
+        env={**__import__("os").environ},
+        timeout=60,
+    )
     orphan = int(owner.stdout.strip())
     ours = procs.start(["sleep", "300"], tmp_path / "ours.log")
     try:
@@ -45,8 +50,11 @@ def test_a_record_of_a_pid_now_used_by_another_process_is_dropped_not_killed(tmp
     (tmp_path / "procs").mkdir()
     bystander = subprocess.Popen(["sleep", "300"], start_new_session=True)
     try:  # a record naming a live pid with another start time: the pid was reused, the orphan is long gone
-        (tmp_path / "procs" / f"{bystander.pid}.json").write_text(json.dumps(
-            {"pid": bystander.pid, "started": 1.0, "owner": 1, "owner_started": 1.0, "argv0": "tritonserver"}))
+        (tmp_path / "procs" / f"{bystander.pid}.json").write_text(
+            json.dumps(
+                {"pid": bystander.pid, "started": 1.0, "owner": 1, "owner_started": 1.0, "argv0": "tritonserver"}
+            )
+        )
         assert procs.reap_orphans() == []
         assert bystander.poll() is None and not list((tmp_path / "procs").glob("*.json"))
     finally:

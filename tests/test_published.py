@@ -6,24 +6,61 @@ import pytest
 from tasks.published import PUBLISHED_SIZE, compare_with_published, load_published, published_gpu, published_sizes
 
 
-@pytest.mark.parametrize("name, label", [
-    ("NVIDIA A100-SXM4-80GB", "A100-80GB"), ("NVIDIA A100-SXM4-40GB", None), ("Tesla T4", "T4"),
-    ("Tesla V100-SXM2-32GB", "V100-32GB"), ("NVIDIA A40", "A40"), ("NVIDIA A30", "A30"), ("NVIDIA H100 80GB HBM3", None),
-    ("CPU", None),
-])
+@pytest.mark.parametrize(
+    "name, label",
+    [
+        ("NVIDIA A100-SXM4-80GB", "A100-80GB"),
+        ("NVIDIA A100-SXM4-40GB", None),
+        ("Tesla T4", "T4"),
+        ("Tesla V100-SXM2-32GB", "V100-32GB"),
+        ("NVIDIA A40", "A40"),
+        ("NVIDIA A30", "A30"),
+        ("NVIDIA H100 80GB HBM3", None),
+        ("CPU", None),
+    ],
+)
 def test_gpu_names_map_to_the_published_labels(name, label):
     assert published_gpu(name) == label
 
 
 def _measured(gpu: str, published: pd.DataFrame) -> pd.DataFrame:
     """Two points shaped like a run's results: one with a published twin, one without."""
-    twin = published[(published["model"] == "fastpitch") & (published["scenario"] == "offline")
-                     & (published["gpu"] == "A40") & (published["precision"] == "FP16")].iloc[0]
-    rows = [dict(model="fastpitch", model_size="full", scenario="offline", gpu=gpu, precision="FP16", model_format="TorchScript",
-                 batch_size=int(twin["batch_size"]), concurrency=1, format="ts-trace", status="ok",
-                 throughput_infer_per_s=twin["throughput_infer_per_s"] / 2, p99_ms=twin["p99_ms"] * 2),
-            dict(model="fastpitch", model_size="full", scenario="offline", gpu=gpu, precision="FP16", model_format="TorchScript",
-                 batch_size=999, concurrency=1, format="ts-trace", status="ok", throughput_infer_per_s=1.0, p99_ms=1.0)]
+    twin = published[
+        (published["model"] == "fastpitch")
+        & (published["scenario"] == "offline")
+        & (published["gpu"] == "A40")
+        & (published["precision"] == "FP16")
+    ].iloc[0]
+    rows = [
+        dict(
+            model="fastpitch",
+            model_size="full",
+            scenario="offline",
+            gpu=gpu,
+            precision="FP16",
+            model_format="TorchScript",
+            batch_size=int(twin["batch_size"]),
+            concurrency=1,
+            format="ts-trace",
+            status="ok",
+            throughput_infer_per_s=twin["throughput_infer_per_s"] / 2,
+            p99_ms=twin["p99_ms"] * 2,
+        ),
+        dict(
+            model="fastpitch",
+            model_size="full",
+            scenario="offline",
+            gpu=gpu,
+            precision="FP16",
+            model_format="TorchScript",
+            batch_size=999,
+            concurrency=1,
+            format="ts-trace",
+            status="ok",
+            throughput_infer_per_s=1.0,
+            p99_ms=1.0,
+        ),
+    ]
     return pd.DataFrame(rows)
 
 
@@ -62,11 +99,25 @@ def test_the_join_is_on_model_size_too():
     full = _measured("NVIDIA A40", published).iloc[[0]]
     small = full.assign(model_size="small", throughput_infer_per_s=123.0)
     dlrm_twin = published[(published["model"] == "dlrm") & (published["model_size"] == "4B")].iloc[0]
-    dlrm = pd.DataFrame([dict(model="dlrm", model_size=size, scenario=dlrm_twin["scenario"], gpu="NVIDIA A100-SXM4-80GB",
-                              precision=dlrm_twin["precision"], model_format=dlrm_twin["model_format"],
-                              batch_size=int(dlrm_twin["batch_size"]), concurrency=int(dlrm_twin["concurrency"]),
-                              format="ensemble", status="ok", throughput_infer_per_s=dlrm_twin["throughput_infer_per_s"],
-                              p99_ms=dlrm_twin["p99_ms"]) for size in ("4B", "tiny")])
+    dlrm = pd.DataFrame(
+        [
+            dict(
+                model="dlrm",
+                model_size=size,
+                scenario=dlrm_twin["scenario"],
+                gpu="NVIDIA A100-SXM4-80GB",
+                precision=dlrm_twin["precision"],
+                model_format=dlrm_twin["model_format"],
+                batch_size=int(dlrm_twin["batch_size"]),
+                concurrency=int(dlrm_twin["concurrency"]),
+                format="ensemble",
+                status="ok",
+                throughput_infer_per_s=dlrm_twin["throughput_infer_per_s"],
+                p99_ms=dlrm_twin["p99_ms"],
+            )
+            for size in ("4B", "tiny")
+        ]
+    )
     both = compare_with_published(pd.concat([full, small, dlrm], ignore_index=True), published)
     assert sorted(zip(both["model"], both["model_size"])) == [("dlrm", "4B"), ("fastpitch", "full")]
     assert both.loc[both["model"] == "dlrm", "throughput_ratio"].iloc[0] == pytest.approx(1.0)

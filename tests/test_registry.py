@@ -43,7 +43,9 @@ def test_same_object_twice_is_a_no_op_and_a_reloaded_definition_replaces():
     reg: Registry[str, object] = Registry("widget")
     reg.register("a", first)
     reg.register("a", first)
-    reloaded = SimpleNamespace(__module__=first.__module__, __qualname__=first.__qualname__)  # same definition, new object
+    reloaded = SimpleNamespace(
+        __module__=first.__module__, __qualname__=first.__qualname__
+    )  # same definition, new object
     reg.register("a", reloaded)
     assert reg.get("a") is reloaded and reg.names() == ["a"]
 
@@ -77,8 +79,11 @@ def test_model_adapter_duplicate_is_refused():
     class Other(ResNet50):
         pass
 
-    with pytest.raises(RegistryError, match=r"model adapter resnet50/pytorch is registered twice: by "
-                                            r"model_adapters\.resnet50:ResNet50 and by .*Other"):
+    with pytest.raises(
+        RegistryError,
+        match=r"model adapter resnet50/pytorch is registered twice: by "
+        r"model_adapters\.resnet50:ResNet50 and by .*Other",
+    ):
         model_adapters.register(Other)
     assert type(model_adapters.get("resnet50")) is ResNet50
 
@@ -103,11 +108,16 @@ def test_converter_duplicate_is_refused():
     from tasks.export import REGISTRY, converter
 
     before = REGISTRY[("pytorch", Format.ONNX)]
-    with pytest.raises(RegistryError, match=r"converter pytorch/onnx is registered twice: by "
-                                            r"tasks\.export:pytorch_to_onnx and by .*another"):
+    with pytest.raises(
+        RegistryError,
+        match=r"converter pytorch/onnx is registered twice: by "
+        r"tasks\.export:pytorch_to_onnx and by .*another",
+    ):
+
         @converter("pytorch", Format.ONNX, tools=("torch",))
         def another(module, out, spec, options, sample):
             pass
+
     assert REGISTRY[("pytorch", Format.ONNX)] is before
 
 

@@ -1,26 +1,33 @@
 """config.pbtxt through model_config_pb2, checked against a golden file Triton loaded (see test_e2e)."""
 
 import pytest
+from conftest import GOLDEN
 
 from tasks.repository import ServingConfig, build_config, write_offline_configs, write_repository
-from tbench.triton_config import parse_pbtxt, to_pbtxt, validate
 from tbench.artifacts import ModelArtifact
 from tbench.enums import Format, Precision
 from tbench.errors import ConfigError
 from tbench.iospec import IoSpec, TensorSpec
+from tbench.triton_config import parse_pbtxt, to_pbtxt, validate
 
-from conftest import GOLDEN
-
-SPEC = IoSpec(inputs=[TensorSpec(name="input__0", dtype="float32", shape=[3, 32, 32])],
-              outputs=[TensorSpec(name="output__0", dtype="float32", shape=[10])])
+SPEC = IoSpec(
+    inputs=[TensorSpec(name="input__0", dtype="float32", shape=[3, 32, 32])],
+    outputs=[TensorSpec(name="output__0", dtype="float32", shape=[10])],
+)
 
 
 def artifact(fmt=Format.ONNX, path="/m/model.onnx"):
     return ModelArtifact(format=fmt, precision=Precision.FP32, path=path, io_spec=SPEC, source_hash="x", seconds=0.0)
 
 
-CFG = ServingConfig(name="resnet50", max_batch_size=8, preferred_batch_sizes=[4, 8], max_queue_delay_us=2000,
-                    instances=2, intra_op_threads=1)
+CFG = ServingConfig(
+    name="resnet50",
+    max_batch_size=8,
+    preferred_batch_sizes=[4, 8],
+    max_queue_delay_us=2000,
+    instances=2,
+    intra_op_threads=1,
+)
 
 
 def test_config_matches_golden_pbtxt():
@@ -43,10 +50,13 @@ def test_torchscript_artifact_selects_the_torchscript_runtime():
     assert config.parameters["model_file"].string_value == "model.pt"
 
 
-@pytest.mark.parametrize("cfg, message", [
-    (ServingConfig("m", 4, [8], 100, 1), "preferred batch size 8 is above max_batch_size 4"),
-    (ServingConfig("m", 4, [2], 100, 0), "instance count must be >= 1"),
-])
+@pytest.mark.parametrize(
+    "cfg, message",
+    [
+        (ServingConfig("m", 4, [8], 100, 1), "preferred batch size 8 is above max_batch_size 4"),
+        (ServingConfig("m", 4, [2], 100, 0), "instance count must be >= 1"),
+    ],
+)
 def test_invalid_configs_are_refused_before_any_server_starts(cfg, message):
     with pytest.raises(ConfigError, match=message):
         build_config(cfg, artifact())
@@ -72,8 +82,13 @@ def test_ensemble_steps_follow_the_parts_tensor_names(tmp_path):
     from tasks.repository import write_ensemble
 
     dlrm = DLRM("tiny")
-    model_dir = write_ensemble(tmp_path, "dlrm", 2048, dlrm.io_spec(),
-                               [("dlrm_sparse", dlrm.sparse_io_spec()), ("dlrm_dense", dlrm.dense_io_spec())])
+    model_dir = write_ensemble(
+        tmp_path,
+        "dlrm",
+        2048,
+        dlrm.io_spec(),
+        [("dlrm_sparse", dlrm.sparse_io_spec()), ("dlrm_dense", dlrm.dense_io_spec())],
+    )
     assert (model_dir / "1").is_dir() and not any((model_dir / "1").iterdir())  # Triton wants the version folder
     assert (model_dir / "config.pbtxt").read_text() == (GOLDEN / "config" / "ensemble_dlrm_tiny.pbtxt").read_text()
 
@@ -92,14 +107,17 @@ def test_gpu_accelerator_only_on_native_gpu_models():
 def test_the_guides_accelerator_is_a_gpu_profile_default():
     from tbench.request import BenchmarkRequest
 
-    assert BenchmarkRequest(model="widedeep").resolve(has_gpu=True).accelerators == {"tf-savedmodel": "auto_mixed_precision"}
+    assert BenchmarkRequest(model="widedeep").resolve(has_gpu=True).accelerators == {
+        "tf-savedmodel": "auto_mixed_precision"
+    }
     assert BenchmarkRequest(model="widedeep").resolve(has_gpu=False).accelerators == {}
 
 
 def test_tensorrt_accelerator_carries_the_precision():
     gpu = ServingConfig("resnet50", 128, [64, 128], 0, 2, kind="KIND_GPU", accelerator="tensorrt", precision="FP16")
-    (acc,) = build_config(gpu, artifact(Format.TF_SAVEDMODEL, "/m/model.savedmodel"), native=True) \
-        .optimization.execution_accelerators.gpu_execution_accelerator
+    (acc,) = build_config(
+        gpu, artifact(Format.TF_SAVEDMODEL, "/m/model.savedmodel"), native=True
+    ).optimization.execution_accelerators.gpu_execution_accelerator
     assert acc.name == "tensorrt" and acc.parameters["precision_mode"] == "FP16"
 
 

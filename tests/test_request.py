@@ -8,7 +8,9 @@ from tbench.request import BenchmarkRequest
 def test_cpu_profile_fills_the_adapters_defaults():
     r = BenchmarkRequest(model="resnet50").resolve(has_gpu=False)
     assert r.profile == "cpu" and r.formats == [Format.ONNX, Format.TS_TRACE] and r.serve_formats == [Format.ONNX]
-    assert max(r.batch_sizes) <= r.max_batch_size and set(r.preferred_batch_sizes) <= set(range(1, r.max_batch_size + 1))
+    assert max(r.batch_sizes) <= r.max_batch_size and set(r.preferred_batch_sizes) <= set(
+        range(1, r.max_batch_size + 1)
+    )
     assert r.scenarios == [Scenario.OFFLINE, Scenario.ONLINE]
 
 
@@ -25,7 +27,9 @@ def test_serving_a_format_not_exported_adds_it():
 
 
 def test_serving_all_formats_names_one_triton_model_per_format():
-    r = BenchmarkRequest(model="resnet50", formats=["onnx", "ts-trace", "ts-script"], serve_formats=["all"]).resolve(False)
+    r = BenchmarkRequest(model="resnet50", formats=["onnx", "ts-trace", "ts-script"], serve_formats=["all"]).resolve(
+        False
+    )
     assert r.serve_formats == [Format.ONNX, Format.TS_TRACE, Format.TS_SCRIPT]
     assert [r.triton_name(f) for f in r.serve_formats] == ["resnet50_onnx", "resnet50_ts_trace", "resnet50_ts_script"]
 
@@ -35,21 +39,27 @@ def test_tensorflow_variant_defaults_to_savedmodel_and_onnx():
     assert r.framework == "tensorflow" and r.formats == [Format.TF_SAVEDMODEL, Format.ONNX]
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"model": "nosuch"}, "unknown model 'nosuch'; known: dcnv2, dlrm, fastpitch, nnunet, resnet50, widedeep"),
-    ({"formats": ["onnx", "bogus"]}, "unknown format 'bogus'"),
-    ({"batch_sizes": [1, 64]}, "batch size 64 is above max_batch_size"),
-    ({"max_batch_size": 2, "batch_sizes": [1], "preferred_batch_sizes": [4]}, "preferred batch size 4 is above max_batch_size 2"),
-    ({"serve_formats": ["trt"]}, "cannot be served by the embedded server"),
-    ({"framework": "jax"}, "model 'resnet50' has no jax implementation; it has: pytorch, tensorflow"),
-    ({"model_file": "/nonexistent/model.onnx"}, "/nonexistent/model.onnx"),
-    ({"precision": "int8"}, "precision int8 cannot be carried by onnx: int8 is carried by trt, tf-trt only"),
-    ({"profile": "laptop"}, "unknown profile"),
-    ({"scenarios": ["rate"]}, "the rate scenario needs request rates"),
-    ({"scenarios": ["rate"], "request_rates": [10, 0]}, "request rates must be > 0"),
-    ({"size": "huge"}, "unknown size 'huge'"),
-    ({"scenarios": ["offline", "batch"]}, "unknown scenario 'batch'"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"model": "nosuch"}, "unknown model 'nosuch'; known: dcnv2, dlrm, fastpitch, nnunet, resnet50, widedeep"),
+        ({"formats": ["onnx", "bogus"]}, "unknown format 'bogus'"),
+        ({"batch_sizes": [1, 64]}, "batch size 64 is above max_batch_size"),
+        (
+            {"max_batch_size": 2, "batch_sizes": [1], "preferred_batch_sizes": [4]},
+            "preferred batch size 4 is above max_batch_size 2",
+        ),
+        ({"serve_formats": ["trt"]}, "cannot be served by the embedded server"),
+        ({"framework": "jax"}, "model 'resnet50' has no jax implementation; it has: pytorch, tensorflow"),
+        ({"model_file": "/nonexistent/model.onnx"}, "/nonexistent/model.onnx"),
+        ({"precision": "int8"}, "precision int8 cannot be carried by onnx: int8 is carried by trt, tf-trt only"),
+        ({"profile": "laptop"}, "unknown profile"),
+        ({"scenarios": ["rate"]}, "the rate scenario needs request rates"),
+        ({"scenarios": ["rate"], "request_rates": [10, 0]}, "request rates must be > 0"),
+        ({"size": "huge"}, "unknown size 'huge'"),
+        ({"scenarios": ["offline", "batch"]}, "unknown scenario 'batch'"),
+    ],
+)
 def test_impossible_requests_fail_with_one_clear_line(kwargs, message):
     with pytest.raises(ConfigError, match=message) as err:
         BenchmarkRequest(**kwargs).resolve(has_gpu=False)
@@ -109,7 +119,9 @@ def test_online_batch_size_is_checked_against_max_batch():
 def test_measurement_options_override_single_fields_of_the_profile():
     from tbench.request import Measurement, MeasurementOverrides
 
-    r = BenchmarkRequest(model="resnet50", measurement=MeasurementOverrides(stability_percentage=25)).resolve(has_gpu=True)
+    r = BenchmarkRequest(model="resnet50", measurement=MeasurementOverrides(stability_percentage=25)).resolve(
+        has_gpu=True
+    )
     assert r.measurement.stability_percentage == 25
     assert (r.measurement.window_s, r.measurement.min_requests) == (2.0, 50)  # the GPU profile's, not the CPU defaults
     # a full Measurement given as the override changes only the fields set on it (as tests and old callers pass it)
@@ -153,9 +165,15 @@ def dynamic_onnx(tmp_path_factory):
             return self.proj(features + self.embed(ids)).mean(dim=1)
 
     path = tmp_path_factory.mktemp("onnx") / "tagger.onnx"
-    torch.onnx.export(Tagger().eval(), (torch.randn(2, 5, 8), torch.randint(0, 16, (2, 5))), str(path), dynamo=False,
-                      input_names=["features", "ids"], output_names=["pooled"],
-                      dynamic_axes={"features": {0: "B", 1: "S"}, "ids": {0: "B", 1: "S"}, "pooled": {0: "B"}})
+    torch.onnx.export(
+        Tagger().eval(),
+        (torch.randn(2, 5, 8), torch.randint(0, 16, (2, 5))),
+        str(path),
+        dynamo=False,
+        input_names=["features", "ids"],
+        output_names=["pooled"],
+        dynamic_axes={"features": {0: "B", 1: "S"}, "ids": {0: "B", 1: "S"}, "pooled": {0: "B"}},
+    )
     return str(path)
 
 
@@ -165,18 +183,38 @@ def test_trt_shapes_are_checked_against_the_io_spec_and_kept(dynamic_onnx):
     assert r.trt_shapes == shapes and r.calibration_samples is None
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"trt_shapes": {"ids": [[4], [64], [256]]}},
-     "--trt-shape shapes TensorRT's optimisation profile; this run builds no trt"),
-    ({"formats": ["onnx", "trt"], "trt_shapes": {"tokens": [[4], [64], [256]]}}, "--trt-shape tokens: no such input; "
-                                                                                 "the inputs are features, ids"),
-    ({"formats": ["onnx", "trt"], "trt_shapes": {"features": [[4, 8], [64, 9], [256, 8]]}},
-     r"--trt-shape features: axis 2 is static \(8\); give 8 in MIN, OPT and MAX"),
-    ({"formats": ["onnx", "trt"], "trt_shapes": {"ids": [[64], [4], [256]]}},
-     "--trt-shape ids: axis 1 needs 1 <= MIN <= OPT"),
-    ({"formats": ["trt"], "server": "local", "precision": "int8", "batch_sizes": [1, 8, 32], "max_batch_size": 64,
-      "calibration_samples": 16}, r"a calibration set of 16 samples is less than one calibration batch \(32,"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (
+            {"trt_shapes": {"ids": [[4], [64], [256]]}},
+            "--trt-shape shapes TensorRT's optimisation profile; this run builds no trt",
+        ),
+        (
+            {"formats": ["onnx", "trt"], "trt_shapes": {"tokens": [[4], [64], [256]]}},
+            "--trt-shape tokens: no such input; the inputs are features, ids",
+        ),
+        (
+            {"formats": ["onnx", "trt"], "trt_shapes": {"features": [[4, 8], [64, 9], [256, 8]]}},
+            r"--trt-shape features: axis 2 is static \(8\); give 8 in MIN, OPT and MAX",
+        ),
+        (
+            {"formats": ["onnx", "trt"], "trt_shapes": {"ids": [[64], [4], [256]]}},
+            "--trt-shape ids: axis 1 needs 1 <= MIN <= OPT",
+        ),
+        (
+            {
+                "formats": ["trt"],
+                "server": "local",
+                "precision": "int8",
+                "batch_sizes": [1, 8, 32],
+                "max_batch_size": 64,
+                "calibration_samples": 16,
+            },
+            r"a calibration set of 16 samples is less than one calibration batch \(32,",
+        ),
+    ],
+)
 def test_impossible_tensorrt_options_fail_with_one_clear_line(dynamic_onnx, kwargs, message):
     with pytest.raises(ConfigError, match=message) as err:
         BenchmarkRequest(model_file=dynamic_onnx, **kwargs).resolve(has_gpu=True)

@@ -12,9 +12,21 @@ from tasks.results_dataset import add_run_to_dataset, best_per_run, partition_va
 def fake_run(root, run_id, model, gpu, day, throughputs):
     run = root / "staging" / run_id
     run.mkdir(parents=True)
-    rows = [{"model": model, "gpu": gpu, "format": "onnx", "precision": "FP32", "scenario": "offline", "batch_size": b,
-             "concurrency": 1, "throughput_infer_per_s": t, "p99_ms": 1.0 + b, "status": "ok" if t else "unstable"}
-            for b, t in throughputs]
+    rows = [
+        {
+            "model": model,
+            "gpu": gpu,
+            "format": "onnx",
+            "precision": "FP32",
+            "scenario": "offline",
+            "batch_size": b,
+            "concurrency": 1,
+            "throughput_infer_per_s": t,
+            "p99_ms": 1.0 + b,
+            "status": "ok" if t else "unstable",
+        }
+        for b, t in throughputs
+    ]
     pd.DataFrame(rows).to_parquet(run / "results.parquet", index=False)
     (run / "manifest.json").write_text(json.dumps({"run_id": run_id, "started_at": f"{day}T10:00:00+00:00"}))
     return run
@@ -29,7 +41,8 @@ def test_runs_land_in_their_partitions_and_query_back(tmp_path):
     assert sorted(p.replace(str(store), "") for p in written) == [
         "/results/model=dlrm/gpu=CPU/date=2026-11-22/r3.parquet",
         "/results/model=resnet50/gpu=CPU/date=2026-11-22/r2.parquet",
-        "/results/model=resnet50/gpu=NVIDIA%20A100-SXM4-80GB/date=2026-11-20/r1.parquet"]
+        "/results/model=resnet50/gpu=NVIDIA%20A100-SXM4-80GB/date=2026-11-20/r1.parquet",
+    ]
     assert not list(store.rglob("*.tmp-*"))
 
     everything = query_results(str(store))
@@ -52,7 +65,10 @@ def test_a_run_without_results_adds_nothing(tmp_path):
     run = tmp_path / "r"
     run.mkdir()
     assert add_run_to_dataset(run, str(tmp_path / "store"), "r") == []
-    assert partition_value("NVIDIA A100/80GB") == "NVIDIA%20A100%2F80GB" and partition_value(None) == "__HIVE_DEFAULT_PARTITION__"
+    assert (
+        partition_value("NVIDIA A100/80GB") == "NVIDIA%20A100%2F80GB"
+        and partition_value(None) == "__HIVE_DEFAULT_PARTITION__"
+    )
 
 
 def test_the_run_status_is_stored_and_incomplete_runs_are_left_out_by_default(tmp_path):
@@ -69,15 +85,28 @@ def test_the_run_status_is_stored_and_incomplete_runs_are_left_out_by_default(tm
     # a file from before runs carried a status: no run_status column at all
     old = store / "results/model=resnet50/gpu=CPU/date=2026-11-21/old.parquet"
     old.parent.mkdir(parents=True)
-    pd.DataFrame([{"format": "onnx", "scenario": "offline", "batch_size": 1, "throughput_infer_per_s": 7.0,
-                   "status": "ok", "run_id": "old"}]).to_parquet(old, index=False)
+    pd.DataFrame(
+        [
+            {
+                "format": "onnx",
+                "scenario": "offline",
+                "batch_size": 1,
+                "throughput_infer_per_s": 7.0,
+                "status": "ok",
+                "run_id": "old",
+            }
+        ]
+    ).to_parquet(old, index=False)
 
     one = pd.read_parquet(store / "results/model=resnet50/gpu=CPU/date=2026-11-22/broken.parquet")
     assert set(one["run_status"]) == {"failed"}
 
     kept = query_results(str(store))
     assert dict(kept.groupby("run_id")["run_status"].first()) == {
-        "done": "completed", "partly": "completed_with_failures", "old": "unknown"}
+        "done": "completed",
+        "partly": "completed_with_failures",
+        "old": "unknown",
+    }
     everything = query_results(str(store), include_incomplete=True)
     assert dict(everything.groupby("run_id")["run_status"].first()) == {**statuses, "given": "failed", "old": "unknown"}
     best = best_per_run(everything)

@@ -31,13 +31,21 @@ def test_point_failures_decide_between_completed_with_failures_and_failed(tracke
     tracker.results = points("ok", "unstable")
     assert tracker.status == COMPLETED  # unstable points are flagged, not failed
     tracker.results = points("ok", "error", "unstable")
-    assert tracker.status == COMPLETED_WITH_FAILURES and tracker.status_line.startswith("1 of 3 perf_analyzer points failed")
+    assert tracker.status == COMPLETED_WITH_FAILURES and tracker.status_line.startswith(
+        "1 of 3 perf_analyzer points failed"
+    )
     tracker.results = points("error", "error")
     assert tracker.status == FAILED
 
 
-@pytest.mark.parametrize("err, name", [(KeyboardInterrupt(), "Ctrl-C (SIGINT)"), (KeyboardInterrupt("SIGTERM"), "SIGTERM"),
-                                       (FakeTermination(), "SIGTERM")])
+@pytest.mark.parametrize(
+    "err, name",
+    [
+        (KeyboardInterrupt(), "Ctrl-C (SIGINT)"),
+        (KeyboardInterrupt("SIGTERM"), "SIGTERM"),
+        (FakeTermination(), "SIGTERM"),
+    ],
+)
 def test_an_interrupt_names_the_signal_and_the_stage_and_wins_over_later_errors(tracker, err, name):
     with pytest.raises(BaseException), tracker.stage("perf-online-onnx"):
         raise err

@@ -8,8 +8,18 @@ import math
 import numpy as np
 import pytest
 
-from tbench.search import (Candidate, Checkpoint, Objective, Observation, SearchResult, SearchSpace, exhaustive_search,
-                           measurement_budget, resolve_preferred, smart_search)
+from tbench.search import (
+    Candidate,
+    Checkpoint,
+    Objective,
+    Observation,
+    SearchResult,
+    SearchSpace,
+    exhaustive_search,
+    measurement_budget,
+    resolve_preferred,
+    smart_search,
+)
 from tbench.search_surface import SimulatedSurface, calibrated, published_surfaces
 
 
@@ -23,7 +33,9 @@ class Synthetic:
     @staticmethod
     def truth(c: Candidate) -> tuple[float, float]:
         b = c.max_batch_size
-        throughput = 100 * min(b, 16) ** 0.5 * (1 + 0.3 * (c.instances - 1)) * (1.05 if c.preferred_batch_sizes else 1.0)
+        throughput = (
+            100 * min(b, 16) ** 0.5 * (1 + 0.3 * (c.instances - 1)) * (1.05 if c.preferred_batch_sizes else 1.0)
+        )
         throughput *= 1 + c.queue_delay_us / 20000
         p99 = 5 + 2.0 * b + c.queue_delay_us / 1000 + 3 * c.instances
         return throughput, p99
@@ -47,8 +59,13 @@ def test_grid_sizes_keys_and_preferred_rules():
     with pytest.raises(Exception):
         grid[0].instances = 3  # frozen
     # 'half' collapses into 'max' at max batch 1: the grid keeps one of them
-    small = SearchSpace(instances=[1, 2], max_batch_sizes=[1, 2, 4], preferred=["none", "max", "half"], queue_delays_us=[0],
-                        formats=["onnx", "ts-trace:fp32"])
+    small = SearchSpace(
+        instances=[1, 2],
+        max_batch_sizes=[1, 2, 4],
+        preferred=["none", "max", "half"],
+        queue_delays_us=[0],
+        formats=["onnx", "ts-trace:fp32"],
+    )
     assert len(small.grid()) == 2 * 2 * (2 + 3 + 3)
     assert small.grid()[0].key == "i1_b1_pnone_d0_onnx" and small.grid()[-1].format_name == "ts-trace"
     assert small.grid()[-1].precision == "fp32"
@@ -83,7 +100,9 @@ def test_objective_feasibility_and_ranking():
 
 
 def test_exhaustive_finds_the_true_best_and_keeps_failures():
-    space = SearchSpace(instances=[1, 2], max_batch_sizes=[1, 2, 4, 8, 16, 32], preferred=["none", "max"], queue_delays_us=[0, 1000])
+    space = SearchSpace(
+        instances=[1, 2], max_batch_sizes=[1, 2, 4, 8, 16, 32], preferred=["none", "max"], queue_delays_us=[0, 1000]
+    )
     objective = Objective(p99_budget_ms=30)
     evaluator = Synthetic()
     result = exhaustive_search(space, objective, evaluator)
@@ -98,7 +117,9 @@ def test_exhaustive_finds_the_true_best_and_keeps_failures():
 
 
 def test_smart_search_prunes_beyond_the_budget_crossing():
-    space = SearchSpace(instances=[1], max_batch_sizes=[1, 2, 4, 8, 16, 32, 64, 128], preferred=["none"], queue_delays_us=[0])
+    space = SearchSpace(
+        instances=[1], max_batch_sizes=[1, 2, 4, 8, 16, 32, 64, 128], preferred=["none"], queue_delays_us=[0]
+    )
     evaluator = Synthetic()
     result = smart_search(space, Objective(p99_budget_ms=20), evaluator, start=(0, 0, 0, 0, 0), max_measurements=8)
     # B=8 is the first point over the budget on the way up: nothing larger is measured
@@ -107,8 +128,12 @@ def test_smart_search_prunes_beyond_the_budget_crossing():
 
 
 def test_smart_search_stays_within_its_budget_on_a_synthetic_grid():
-    space = SearchSpace(instances=[1, 2, 3], max_batch_sizes=[1, 2, 4, 8, 16, 32, 64], preferred=["none", "max", "half"],
-                        queue_delays_us=[0, 500, 1000, 2000])
+    space = SearchSpace(
+        instances=[1, 2, 3],
+        max_batch_sizes=[1, 2, 4, 8, 16, 32, 64],
+        preferred=["none", "max", "half"],
+        queue_delays_us=[0, 500, 1000, 2000],
+    )
     evaluator = Synthetic()
     result = smart_search(space, Objective(p99_budget_ms=40), evaluator)
     assert len(space.grid()) == 3 * (7 * 3 - 1) * 4 and result.budget == measurement_budget(240, 0.10) == 24
@@ -130,8 +155,13 @@ def test_smart_search_reaches_95_percent_of_exhaustive_on_simulated_surfaces(mod
     everything = exhaustive_search(space, Objective(), sim)
     p99 = [o.p99_ms for o in everything.observations if o.ok]
     start = sim.default_candidate()
-    guide = sim.evaluate(space.at(space.nearest(start.instances, start.max_batch_size, start.preferred_batch_sizes,
-                                                start.queue_delay_us, start.format)))
+    guide = sim.evaluate(
+        space.at(
+            space.nearest(
+                start.instances, start.max_batch_size, start.preferred_batch_sizes, start.queue_delay_us, start.format
+            )
+        )
+    )
     budgets = [float(np.median(p99)), 0.9 * guide.p99_ms]
     for budget in budgets:
         objective = Objective(p99_budget_ms=budget)
@@ -196,8 +226,12 @@ def test_checkpoint_resume_measures_only_the_rest(tmp_path):
 
 
 def test_smart_search_resumes_on_its_own_path(tmp_path):
-    space = SearchSpace(instances=[1, 2, 3], max_batch_sizes=[1, 2, 4, 8, 16, 32, 64], preferred=["none", "max", "half"],
-                        queue_delays_us=[0, 500, 1000, 2000])
+    space = SearchSpace(
+        instances=[1, 2, 3],
+        max_batch_sizes=[1, 2, 4, 8, 16, 32, 64],
+        preferred=["none", "max", "half"],
+        queue_delays_us=[0, 500, 1000, 2000],
+    )
     objective = Objective(p99_budget_ms=40)
     reference = smart_search(space, objective, Synthetic())
     path = tmp_path / "smart.jsonl"
@@ -245,14 +279,25 @@ def test_markdown_and_plot(tmp_path):
     assert text.startswith("## Search of resnet50")
     assert "Measured **60 of 60** configurations (100.0% of the grid" in text
     assert f"**Best configuration**: {best.describe()}" in text
-    assert "| # | format | instances | max batch | preferred | queue delay (us) | throughput (infer/s) | p99 (ms) |" in text
+    assert (
+        "| # | format | instances | max batch | preferred | queue delay (us) | throughput (infer/s) | p99 (ms) |"
+        in text
+    )
     table = [ln for ln in text.splitlines() if ln.startswith("| ") and ln[2].isdigit()]
     assert len(table) == 10 and table[0].startswith(f"| 1 | - | {best.instances} | {best.max_batch_size} |")
-    assert "failed or unstable: 6" in text and "p99 <= 30 ms" in text and "![throughput vs p99](plots/search.png)" in text
+    assert (
+        "failed or unstable: 6" in text and "p99 <= 30 ms" in text and "![throughput vs p99](plots/search.png)" in text
+    )
     png = result.plot(tmp_path / "plots" / "search.png")
     assert png.read_bytes()[:4] == b"\x89PNG"
-    none = SearchResult(strategy="smart", objective=Objective(p99_budget_ms=0.001), grid_size=60, budget=6,
-                        observations=result.observations[:6], new_measurements=6)
+    none = SearchResult(
+        strategy="smart",
+        objective=Objective(p99_budget_ms=0.001),
+        grid_size=60,
+        budget=6,
+        observations=result.observations[:6],
+        new_measurements=6,
+    )
     assert "No measured configuration meets the objective" in none.to_markdown() and none.best is None
     assert json.loads(result.model_dump_json())["grid_size"] == 60
 
@@ -261,10 +306,20 @@ def test_perf_rows_become_observations_with_their_status():
     from tasks.search_eval import observation_from_row
 
     c = Candidate(instances=1, max_batch_size=4)
-    ok = observation_from_row(c, {"status": "ok", "throughput_infer_per_s": 120.0, "p99_ms": 9.5, "avg_ms": 7.0, "error": ""}, 2.0)
+    ok = observation_from_row(
+        c, {"status": "ok", "throughput_infer_per_s": 120.0, "p99_ms": 9.5, "avg_ms": 7.0, "error": ""}, 2.0
+    )
     assert ok.ok and ok.throughput == 120.0 and ok.p99_ms == 9.5 and ok.seconds == 2.0
-    unstable = observation_from_row(c, {"status": "unstable", "throughput_infer_per_s": float("nan"), "p99_ms": float("nan"),
-                                        "error": "not stable within 5 windows"}, 9.0)
+    unstable = observation_from_row(
+        c,
+        {
+            "status": "unstable",
+            "throughput_infer_per_s": float("nan"),
+            "p99_ms": float("nan"),
+            "error": "not stable within 5 windows",
+        },
+        9.0,
+    )
     assert unstable.status == "unstable" and not unstable.ok and not Objective().feasible(unstable)
     assert "not stable" in unstable.error
 
@@ -295,7 +350,10 @@ def test_resume_refuses_a_checkpoint_of_another_search_in_one_line(tmp_path):
         req = BenchmarkRequest(**{"model": "resnet50", "size": "small", **fields}).resolve(False)
         return search_context(req, search, variant_plan(search.space, req, False), machine)
 
-    recorded = {**context(), "server": {"mode": "embedded", "binary": "/x/tritonserver", "id": "triton", "version": "2.51.0"}}
+    recorded = {
+        **context(),
+        "server": {"mode": "embedded", "binary": "/x/tritonserver", "id": "triton", "version": "2.51.0"},
+    }
     (tmp_path / CHECKPOINT).write_text("")
     with pytest.raises(ConfigError, match=f"no {CONTEXT} beside it") as err:  # a checkpoint from before the context
         resume_checkpoint(str(tmp_path), context())

@@ -19,8 +19,13 @@ pytestmark = pytest.mark.e2e
 def test_search_flow_measures_every_candidate_and_resumes(prefect_harness, tmp_path):
     from flows.search import SearchRequest, search_flow
 
-    request = BenchmarkRequest(model="resnet50", size="small", formats=["onnx"], output=str(tmp_path),
-                               measurement=Measurement(stability_percentage=50, max_trials=6))
+    request = BenchmarkRequest(
+        model="resnet50",
+        size="small",
+        formats=["onnx"],
+        output=str(tmp_path),
+        measurement=Measurement(stability_percentage=50, max_trials=6),
+    )
     space = SearchSpace(instances=[1], max_batch_sizes=[2, 4], preferred=["max"], queue_delays_us=[0, 500])
     search = SearchRequest(space=space, objective=Objective(p99_budget_ms=2000), strategy="exhaustive", concurrency=2)
     run = tmp_path / search_flow(request, search).rsplit("/", 1)[-1]
@@ -31,7 +36,9 @@ def test_search_flow_measures_every_candidate_and_resumes(prefect_harness, tmp_p
     assert len(lines) == 4
     observations = [Observation.model_validate_json(line) for line in lines]
     assert sorted(o.candidate.key for o in observations) == sorted(c.key for c in space.grid())
-    assert all(o.ok and o.throughput > 0 for o in observations), [(o.candidate.key, o.status, o.error) for o in observations]
+    assert all(o.ok and o.throughput > 0 for o in observations), [
+        (o.candidate.key, o.status, o.error) for o in observations
+    ]
     summary = json.loads((run / "search.json").read_text())
     best = Observation.model_validate(summary["best"])
     assert summary["measured"] == 4 and summary["grid_size"] == 4
@@ -59,13 +66,31 @@ def test_search_flow_measures_every_candidate_and_resumes(prefect_harness, tmp_p
     assert "successfully loaded 'resnet50'" not in (resumed / "logs" / "tritonserver.log").read_text()
     # what the checkpoint was measured for is recorded beside it (the server once it ran), and carried by the resume
     context = json.loads((run / "search_context.json").read_text())
-    assert (context["model"], context["size"], context["concurrency"], context["variants"]) == ("resnet50", "small", 2, {"": "onnx:fp32"})
-    assert context["server"]["mode"] == "embedded" and context["server"]["version"] and context["server"]["binary"].endswith("tritonserver")
+    assert (context["model"], context["size"], context["concurrency"], context["variants"]) == (
+        "resnet50",
+        "small",
+        2,
+        {"": "onnx:fp32"},
+    )
+    assert (
+        context["server"]["mode"] == "embedded"
+        and context["server"]["version"]
+        and context["server"]["binary"].endswith("tritonserver")
+    )
     assert json.loads((resumed / "search_context.json").read_text()) == context
     # a resume with another setting is refused in one line before anything runs (no new run folder)
     before = set(tmp_path.iterdir())
-    with pytest.raises(ConfigError, match=r"cannot resume from .*: it was measured with another concurrency, measurement\.window_s \(see") as err:
-        search_flow(BenchmarkRequest(**{**request.model_dump(exclude={"measurement"}),
-                                        "measurement": {"stability_percentage": 50, "max_trials": 6, "window_s": 3}}),
-                    search.model_copy(update={"resume_from": str(run), "concurrency": 3}))
+    with pytest.raises(
+        ConfigError,
+        match=r"cannot resume from .*: it was measured with another concurrency, measurement\.window_s \(see",
+    ) as err:
+        search_flow(
+            BenchmarkRequest(
+                **{
+                    **request.model_dump(exclude={"measurement"}),
+                    "measurement": {"stability_percentage": 50, "max_trials": 6, "window_s": 3},
+                }
+            ),
+            search.model_copy(update={"resume_from": str(run), "concurrency": 3}),
+        )
     assert "\n" not in str(err.value) and set(tmp_path.iterdir()) == before

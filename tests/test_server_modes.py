@@ -1,7 +1,5 @@
 """The command lines the docker and local modes run, exactly; real runs are in test_e2e."""
 
-from pathlib import Path
-
 import pytest
 
 from tasks.server import DockerServer, LocalServer, RemoteServer, make_server
@@ -15,35 +13,90 @@ def fixed_ports(server):
 
 def test_docker_run_command_line_on_the_host_network(tmp_path):
     """The guides' way: the host's network and IPC namespace; the server listens on 127.0.0.1 and our ports."""
-    server = fixed_ports(DockerServer(tmp_path / "repo", tmp_path / "s.log", image="nvcr.io/nvidia/tritonserver:24.10-py3",
-                                      gpus="0,1"))
+    server = fixed_ports(
+        DockerServer(tmp_path / "repo", tmp_path / "s.log", image="nvcr.io/nvidia/tritonserver:24.10-py3", gpus="0,1")
+    )
     server.container = "tbench-triton-test"
     assert server.argv() == [
-        "docker", "run", "--rm", "--name", "tbench-triton-test", "--ipc=host",
-        "--ulimit", "memlock=-1", "--ulimit", "stack=67108864", "--pid=host", "--gpus", '"device=0,1"',
-        "--network=host", "-v", f"{(tmp_path / 'repo').resolve()}:/models:ro", "nvcr.io/nvidia/tritonserver:24.10-py3",
-        "tritonserver", "--model-repository=/models", "--allow-gpu-metrics=true",
-        "--http-address=127.0.0.1", "--http-port=18000", "--grpc-address=127.0.0.1", "--grpc-port=18001",
-        "--metrics-address=127.0.0.1", "--metrics-port=18002", "--model-control-mode=explicit", "--load-model=*",
-        "--exit-on-error=true", "--strict-readiness=true", "--log-verbose=0",
+        "docker",
+        "run",
+        "--rm",
+        "--name",
+        "tbench-triton-test",
+        "--ipc=host",
+        "--ulimit",
+        "memlock=-1",
+        "--ulimit",
+        "stack=67108864",
+        "--pid=host",
+        "--gpus",
+        '"device=0,1"',
+        "--network=host",
+        "-v",
+        f"{(tmp_path / 'repo').resolve()}:/models:ro",
+        "nvcr.io/nvidia/tritonserver:24.10-py3",
+        "tritonserver",
+        "--model-repository=/models",
+        "--allow-gpu-metrics=true",
+        "--http-address=127.0.0.1",
+        "--http-port=18000",
+        "--grpc-address=127.0.0.1",
+        "--grpc-port=18001",
+        "--metrics-address=127.0.0.1",
+        "--metrics-port=18002",
+        "--model-control-mode=explicit",
+        "--load-model=*",
+        "--exit-on-error=true",
+        "--strict-readiness=true",
+        "--log-verbose=0",
     ]
     assert server.stop_argv(30) == ["docker", "stop", "-t", "30", "tbench-triton-test"]
-    assert server.backends_argv() == ["docker", "run", "--rm", "--entrypoint", "ls",
-                                      "nvcr.io/nvidia/tritonserver:24.10-py3", "/opt/tritonserver/backends"]
+    assert server.backends_argv() == [
+        "docker",
+        "run",
+        "--rm",
+        "--entrypoint",
+        "ls",
+        "nvcr.io/nvidia/tritonserver:24.10-py3",
+        "/opt/tritonserver/backends",
+    ]
 
 
 def test_docker_run_command_line_on_a_bridge_publishes_on_loopback(tmp_path):
-    server = fixed_ports(DockerServer(tmp_path / "repo", tmp_path / "s.log", image="img:1", gpus=None,
-                                      network="bridge", ulimits=[]))
+    server = fixed_ports(
+        DockerServer(tmp_path / "repo", tmp_path / "s.log", image="img:1", gpus=None, network="bridge", ulimits=[])
+    )
     server.container = "tbench-triton-test"
     assert server.argv() == [
-        "docker", "run", "--rm", "--name", "tbench-triton-test", "--ipc=host",
-        "-p", "127.0.0.1:18000:8000", "-p", "127.0.0.1:18001:8001", "-p", "127.0.0.1:18002:8002",
-        "-v", f"{(tmp_path / 'repo').resolve()}:/models:ro", "img:1", "tritonserver",
-        "--model-repository=/models", "--allow-gpu-metrics=true",
-        "--http-address=0.0.0.0", "--http-port=8000", "--grpc-address=0.0.0.0", "--grpc-port=8001",
-        "--metrics-address=0.0.0.0", "--metrics-port=8002", "--model-control-mode=explicit", "--load-model=*",
-        "--exit-on-error=true", "--strict-readiness=true", "--log-verbose=0",
+        "docker",
+        "run",
+        "--rm",
+        "--name",
+        "tbench-triton-test",
+        "--ipc=host",
+        "-p",
+        "127.0.0.1:18000:8000",
+        "-p",
+        "127.0.0.1:18001:8001",
+        "-p",
+        "127.0.0.1:18002:8002",
+        "-v",
+        f"{(tmp_path / 'repo').resolve()}:/models:ro",
+        "img:1",
+        "tritonserver",
+        "--model-repository=/models",
+        "--allow-gpu-metrics=true",
+        "--http-address=0.0.0.0",
+        "--http-port=8000",
+        "--grpc-address=0.0.0.0",
+        "--grpc-port=8001",
+        "--metrics-address=0.0.0.0",
+        "--metrics-port=8002",
+        "--model-control-mode=explicit",
+        "--load-model=*",
+        "--exit-on-error=true",
+        "--strict-readiness=true",
+        "--log-verbose=0",
     ]
 
 
@@ -69,13 +122,25 @@ def test_docker_without_gpus_and_with_all_gpus(tmp_path):
 
 
 def test_local_command_line(tmp_path):
-    server = fixed_ports(LocalServer(tmp_path / "repo", tmp_path / "s.log", binary="/opt/tritonserver/bin/tritonserver"))
+    server = fixed_ports(
+        LocalServer(tmp_path / "repo", tmp_path / "s.log", binary="/opt/tritonserver/bin/tritonserver")
+    )
     assert server.argv() == [
-        "/opt/tritonserver/bin/tritonserver", f"--model-repository={tmp_path / 'repo'}",
-        "--backend-directory=/opt/tritonserver/backends", "--allow-gpu-metrics=true",
-        "--http-address=127.0.0.1", "--http-port=18000", "--grpc-address=127.0.0.1", "--grpc-port=18001",
-        "--metrics-address=127.0.0.1", "--metrics-port=18002", "--model-control-mode=explicit", "--load-model=*",
-        "--exit-on-error=true", "--strict-readiness=true", "--log-verbose=0",
+        "/opt/tritonserver/bin/tritonserver",
+        f"--model-repository={tmp_path / 'repo'}",
+        "--backend-directory=/opt/tritonserver/backends",
+        "--allow-gpu-metrics=true",
+        "--http-address=127.0.0.1",
+        "--http-port=18000",
+        "--grpc-address=127.0.0.1",
+        "--grpc-port=18001",
+        "--metrics-address=127.0.0.1",
+        "--metrics-port=18002",
+        "--model-control-mode=explicit",
+        "--load-model=*",
+        "--exit-on-error=true",
+        "--strict-readiness=true",
+        "--log-verbose=0",
     ]
 
 
@@ -96,7 +161,11 @@ def test_docker_defaults_to_every_gpu(tmp_path):
 
 def test_make_server_modes(tmp_path):
     remote = make_server("remote", tmp_path, tmp_path / "s.log", url="h:8001,h:8000")
-    assert isinstance(remote, RemoteServer) and remote.endpoints.grpc_url == "h:8001" and remote.endpoints.http_url == "h:8000"
+    assert (
+        isinstance(remote, RemoteServer)
+        and remote.endpoints.grpc_url == "h:8001"
+        and remote.endpoints.http_url == "h:8000"
+    )
     with pytest.raises(ServerStartError, match="remote mode needs the server's address"):
         make_server("remote", tmp_path, tmp_path / "s.log")
     with pytest.raises(ServerStartError, match="unknown server mode 'k8s'"):
@@ -147,5 +216,7 @@ def test_embedded_and_local_servers_see_the_runs_gpu_and_report_its_metrics(tmp_
         server._work_dir = tmp_path
     assert "--allow-gpu-metrics=false" in cpu.argv() and "--allow-gpu-metrics=true" in gpu.argv()
     assert gpu.env()["CUDA_VISIBLE_DEVICES"] == pinned["CUDA_VISIBLE_DEVICES"]
-    local = LocalServer(tmp_path / "repo", tmp_path / "s.log", binary="/opt/tritonserver/bin/tritonserver", gpu_env=pinned)
+    local = LocalServer(
+        tmp_path / "repo", tmp_path / "s.log", binary="/opt/tritonserver/bin/tritonserver", gpu_env=pinned
+    )
     assert local.env()["CUDA_VISIBLE_DEVICES"] == pinned["CUDA_VISIBLE_DEVICES"]

@@ -12,17 +12,31 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import GOLDEN
 
 from tasks.monitor import parse_gpu_metrics
 from tbench.hardware import Hardware, parse_gpu_query
-from tbench.serving import (CPU_LABEL, DEVICE_MARK, REMOTE_LABEL, ServedOn, combined, confirmed, device_reports,
-                            pinned_env, served_on)
-
-from conftest import GOLDEN
+from tbench.serving import (
+    CPU_LABEL,
+    DEVICE_MARK,
+    REMOTE_LABEL,
+    ServedOn,
+    combined,
+    confirmed,
+    device_reports,
+    pinned_env,
+    served_on,
+)
 
 A100 = "NVIDIA A100-SXM4-80GB"
-NODE = Hardware(cpu_model="AMD EPYC 7742 64-Core Processor", cpu_cores=256, memory_gib=2015.5, os="Linux",
-                hostname="dgx-1", **parse_gpu_query((GOLDEN / "nvidia_smi" / "query_a100x4.csv").read_text()))
+NODE = Hardware(
+    cpu_model="AMD EPYC 7742 64-Core Processor",
+    cpu_cores=256,
+    memory_gib=2015.5,
+    os="Linux",
+    hostname="dgx-1",
+    **parse_gpu_query((GOLDEN / "nvidia_smi" / "query_a100x4.csv").read_text()),
+)
 UUIDS = NODE.gpu_uuids
 CPU_MACHINE = Hardware(cpu_model="Intel Xeon", cpu_cores=2, memory_gib=8.0, gpus=[], os="Linux")
 PAGE = (GOLDEN / "triton" / "metrics_4gpu.txt").read_text()
@@ -44,10 +58,15 @@ def test_a_native_backend_of_a_local_server_runs_on_the_locked_gpu():
     assert served_on("local", NODE, None).gpu_uuids == [UUIDS[0]]
 
 
-@pytest.mark.parametrize("gpus, serving, label", [
-    (None, UUIDS, f"4 x {A100}"), ("all", UUIDS, f"4 x {A100}"), ("1,3", [UUIDS[1], UUIDS[3]], f"2 x {A100}"),
-    (f"device={UUIDS[2]}", [UUIDS[2]], A100),
-])
+@pytest.mark.parametrize(
+    "gpus, serving, label",
+    [
+        (None, UUIDS, f"4 x {A100}"),
+        ("all", UUIDS, f"4 x {A100}"),
+        ("1,3", [UUIDS[1], UUIDS[3]], f"2 x {A100}"),
+        (f"device={UUIDS[2]}", [UUIDS[2]], A100),
+    ],
+)
 def test_docker_serves_on_the_gpus_the_container_gets(gpus, serving, label):
     got = served_on("docker", NODE, None, docker_gpus=gpus)
     assert (got.gpu_uuids, got.label, got.kind) == (serving, label, "KIND_GPU")
@@ -68,11 +87,15 @@ def test_a_cpu_machine_is_labelled_cpu_without_a_note():
 
 def test_the_serving_gpu_decides_which_series_of_the_metrics_page_are_read():
     embedded = served_on("embedded", NODE, "torchscript", cuda_runtimes={"torchscript"})
-    assert parse_gpu_metrics(PAGE, embedded.gpu_uuids) == {"gpu_util_pct": 12.0, "gpu_mem_mb": 42000.0,
-                                                           "gpu_power_w": 96.317}
+    assert parse_gpu_metrics(PAGE, embedded.gpu_uuids) == {
+        "gpu_util_pct": 12.0,
+        "gpu_mem_mb": 42000.0,
+        "gpu_power_w": 96.317,
+    }
     docker = served_on("docker", NODE, None, docker_gpus="1,3")
-    assert parse_gpu_metrics(PAGE, docker.gpu_uuids) == pytest.approx({"gpu_util_pct": 90.0, "gpu_mem_mb": 4096.0,
-                                                                       "gpu_power_w": 600.25})
+    assert parse_gpu_metrics(PAGE, docker.gpu_uuids) == pytest.approx(
+        {"gpu_util_pct": 90.0, "gpu_mem_mb": 4096.0, "gpu_power_w": 600.25}
+    )
     assert parse_gpu_metrics(PAGE, served_on("embedded", NODE, "onnxruntime").gpu_uuids) == {}  # on the CPU
 
 
@@ -129,9 +152,12 @@ def _tiny_onnx(path: Path) -> None:
     import onnx
     from onnx import TensorProto, helper
 
-    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "g",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 2])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 2])])
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["x"], ["y"])],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 2])],
+    )
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
 
 
@@ -146,11 +172,20 @@ def test_model_py_reports_the_device_its_runtime_got(tmp_path, monkeypatch):
     exec(compile(RUNTIME_MODEL.read_text(), str(RUNTIME_MODEL), "exec"), namespace)
     (tmp_path / "1").mkdir()
     _tiny_onnx(tmp_path / "1" / "model.onnx")
-    config = {"parameters": {"runtime": {"string_value": "onnxruntime"}, "model_file": {"string_value": "model.onnx"}},
-              "input": [{"name": "x", "data_type": "TYPE_FP32"}], "output": [{"name": "y", "data_type": "TYPE_FP32"}]}
-    args = {"model_config": json.dumps(config), "model_repository": str(tmp_path), "model_version": "1",
-            "model_instance_kind": "GPU", "model_instance_device_id": "0", "model_name": "resnet50",
-            "model_instance_name": "resnet50_0_0"}
+    config = {
+        "parameters": {"runtime": {"string_value": "onnxruntime"}, "model_file": {"string_value": "model.onnx"}},
+        "input": [{"name": "x", "data_type": "TYPE_FP32"}],
+        "output": [{"name": "y", "data_type": "TYPE_FP32"}],
+    }
+    args = {
+        "model_config": json.dumps(config),
+        "model_repository": str(tmp_path),
+        "model_version": "1",
+        "model_instance_kind": "GPU",
+        "model_instance_device_id": "0",
+        "model_name": "resnet50",
+        "model_instance_name": "resnet50_0_0",
+    }
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         namespace["TritonPythonModel"]().initialize(args)

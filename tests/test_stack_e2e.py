@@ -19,8 +19,19 @@ from tbench.stack import Stack
 pytestmark = pytest.mark.e2e
 
 TBENCH = str(Path(sys.executable).with_name("tbench"))
-SMALL_RUN = ["resnet50", "--size", "small", "--formats", "onnx", "--batch-sizes", "1,4", "--concurrency", "2",
-             "--window-s", "1"]
+SMALL_RUN = [
+    "resnet50",
+    "--size",
+    "small",
+    "--formats",
+    "onnx",
+    "--batch-sizes",
+    "1,4",
+    "--concurrency",
+    "2",
+    "--window-s",
+    "1",
+]
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +45,9 @@ def stack(tmp_path_factory):
 
 
 def in_stack(stack: Stack, argv: list[str], timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run(argv, env={**os.environ, **stack.client_env()}, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        argv, env={**os.environ, **stack.client_env()}, capture_output=True, text=True, timeout=timeout
+    )
 
 
 READ_BACK = """
@@ -102,8 +115,12 @@ def test_a_worker_without_the_pools_gpu_refuses_the_run(stack):
 
     with temporary_settings({PREFECT_API_URL: stack.api_url}):
         # the cpu pool's worker, told by the run's job variables that it serves the A100 pool
-        run = run_deployment("triton-benchmark/benchmark-cpu", parameters={"request": {"model": "resnet50", "size": "small"}},
-                             job_variables={"env": {"TBENCH_POOL_GPU": "A100"}}, timeout=0)
+        run = run_deployment(
+            "triton-benchmark/benchmark-cpu",
+            parameters={"request": {"model": "resnet50", "size": "small"}},
+            job_variables={"env": {"TBENCH_POOL_GPU": "A100"}},
+            timeout=0,
+        )
         lines: list[str] = []
         result = follow(run.id, lines.append, timeout_s=300)
         with get_client(sync_client=True) as client:
@@ -121,8 +138,9 @@ def test_stopping_s3_mid_run_loses_nothing_and_a_retry_finishes_the_upload(stack
     deadline = time.monotonic() + 300
     measured = None
     while time.monotonic() < deadline:  # the first measured point is on the worker's disk: take the store away
-        measured = next((p / "results.csv" for p in set(staging.glob("resnet50-*")) - before
-                         if (p / "results.csv").exists()), None)
+        measured = next(
+            (p / "results.csv" for p in set(staging.glob("resnet50-*")) - before if (p / "results.csv").exists()), None
+        )
         if measured is not None:
             break
         time.sleep(0.2)
@@ -181,7 +199,9 @@ def test_a_killed_worker_loses_nothing_and_a_rerun_with_reuse_measures_only_the_
     stack.worker.wait()
     kept = pd.read_csv(killed_dir / "results.csv")
     assert 1 <= len(kept) < 5, kept  # killed in the middle of the sweep
-    orphaned = [p for p in psutil.process_iter(["cmdline"]) if any(str(killed_dir) in a for a in p.info["cmdline"] or [])]
+    orphaned = [
+        p for p in psutil.process_iter(["cmdline"]) if any(str(killed_dir) in a for a in p.info["cmdline"] or [])
+    ]
     assert orphaned  # its server outlived it
     stack.start_worker()
     rerun = in_stack(stack, [TBENCH, "submit", *run, "--pool", "cpu", "--reuse"])
@@ -195,14 +215,24 @@ def test_a_killed_worker_loses_nothing_and_a_rerun_with_reuse_measures_only_the_
 
 
 def test_the_matrix_fans_out_through_the_deployments_and_compares(stack, monkeypatch):
-    from flows.matrix import MatrixRequest, matrix_flow
     from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from flows.matrix import MatrixRequest, matrix_flow
 
     for key, value in stack.client_env().items():
         monkeypatch.setenv(key, value)
-    matrix = MatrixRequest(models=["resnet50"], formats=["onnx", "ts-trace"], pools=["cpu"],
-                           request={"size": "small", "batch_sizes": [1, 4], "concurrency": [2], "scenarios": ["offline"],
-                                    "measurement": {"stability_percentage": 50}})
+    matrix = MatrixRequest(
+        models=["resnet50"],
+        formats=["onnx", "ts-trace"],
+        pools=["cpu"],
+        request={
+            "size": "small",
+            "batch_sizes": [1, 4],
+            "concurrency": [2],
+            "scenarios": ["offline"],
+            "measurement": {"stability_percentage": 50},
+        },
+    )
     with temporary_settings({PREFECT_API_URL: stack.api_url}):
         url = matrix_flow(matrix)
     assert url.startswith("s3://tbench/runs/matrix-")
@@ -227,8 +257,13 @@ def test_a_matrix_child_past_its_limit_is_cancelled_on_its_worker(stack, monkeyp
     for key, value in stack.client_env().items():
         monkeypatch.setenv(key, value)
     # long enough for the worker to start the child (it is then exporting or serving), far too short to finish it
-    matrix = MatrixRequest(models=["resnet50"], formats=["onnx"], pools=["cpu"], child_timeout_s=30,
-                           request={"size": "small", "batch_sizes": [1, 2, 4, 8], "concurrency": [1, 2]})
+    matrix = MatrixRequest(
+        models=["resnet50"],
+        formats=["onnx"],
+        pools=["cpu"],
+        child_timeout_s=30,
+        request={"size": "small", "batch_sizes": [1, 2, 4, 8], "concurrency": [1, 2]},
+    )
     with temporary_settings({PREFECT_API_URL: stack.api_url}):
         state = matrix_flow(matrix, return_state=True)
         assert state.is_failed() and "1 of 1 child runs did not finish" in state.message, state.message
@@ -240,15 +275,19 @@ def test_a_matrix_child_past_its_limit_is_cancelled_on_its_worker(stack, monkeyp
         assert child["state"] == "CANCELLED", child
         assert child["reason"] == "did not finish within 30 s (state RUNNING); cancelled", child
         assert child["flow_run"] in fs.cat_file(path + "/report.md").decode().split("## Runs that did not finish", 1)[1]
-        with get_client(sync_client=True) as client:  # Cancelled comes from the worker, once it killed the run's process
+        with get_client(
+            sync_client=True
+        ) as client:  # Cancelled comes from the worker, once it killed the run's process
             assert client.read_flow_run(child["flow_run"]).state.type.value == "CANCELLED"
 
 
 CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
 
 
-@pytest.mark.skipif(not (CHROMIUM.exists() and CHROMEDRIVER.exists()),
-                    reason="Debian's chromium and chromium-driver are not installed (scripts/setup.sh installs them as root)")
+@pytest.mark.skipif(
+    not (CHROMIUM.exists() and CHROMEDRIVER.exists()),
+    reason="Debian's chromium and chromium-driver are not installed (scripts/setup.sh installs them as root)",
+)
 def test_the_prefect_ui_shows_the_deployment_form_with_our_fields(stack):
     from selenium import webdriver
     from selenium.webdriver.chrome.options import Options
@@ -263,6 +302,7 @@ def test_the_prefect_ui_shows_the_deployment_form_with_our_fields(stack):
     browser = webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=options)
     ui = stack.api_url.removesuffix("/api")
     try:
+
         def page() -> str:
             return browser.find_element(By.TAG_NAME, "body").text
 
@@ -272,8 +312,13 @@ def test_the_prefect_ui_shows_the_deployment_form_with_our_fields(stack):
         browser.get(link.get_attribute("href").rstrip("/") + "/run")  # its custom run form
         WebDriverWait(browser, 90).until(lambda _: "Registered model adapter name" in page())
         form = page()
-        for text in ("Batch Sizes", "Offline scenario batch sizes (concurrency 1).", "Online scenario concurrency values.",
-                     "Artifact root: a local folder or any fsspec URL", "Reuse Measurements"):
+        for text in (
+            "Batch Sizes",
+            "Offline scenario batch sizes (concurrency 1).",
+            "Online scenario concurrency values.",
+            "Artifact root: a local folder or any fsspec URL",
+            "Reuse Measurements",
+        ):
             assert text in form, text
     finally:
         browser.quit()

@@ -28,8 +28,19 @@ def a_run(tmp_path, run_id="m-1"):
 
     layout = RunLayout(tmp_path / "staging", run_id).create()
     layout.report_md.write_text("# report")
-    pd.DataFrame([{"model": "resnet50", "gpu": "CPU", "format": "onnx", "scenario": "offline", "batch_size": 1,
-                   "throughput_infer_per_s": 10.0, "status": "ok"}]).to_parquet(layout.results_parquet, index=False)
+    pd.DataFrame(
+        [
+            {
+                "model": "resnet50",
+                "gpu": "CPU",
+                "format": "onnx",
+                "scenario": "offline",
+                "batch_size": 1,
+                "throughput_infer_per_s": 10.0,
+                "status": "ok",
+            }
+        ]
+    ).to_parquet(layout.results_parquet, index=False)
     write_manifest(layout.run_dir, {"run_id": run_id, "started_at": "2026-11-22T00:00:00+00:00"})
     return layout
 
@@ -52,8 +63,13 @@ def test_credentials_from_a_prefect_secret_block(s3, tmp_path, monkeypatch, pref
 
     for key in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
         monkeypatch.delenv(key, raising=False)
-    Secret(value={"key": S3_CREDENTIALS["AWS_ACCESS_KEY_ID"], "secret": S3_CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
-                  "endpoint_url": s3.url}).save("tbench-test-s3", overwrite=True)
+    Secret(
+        value={
+            "key": S3_CREDENTIALS["AWS_ACCESS_KEY_ID"],
+            "secret": S3_CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
+            "endpoint_url": s3.url,
+        }
+    ).save("tbench-test-s3", overwrite=True)
     monkeypatch.setenv("TBENCH_STORAGE_BLOCK", "tbench-test-s3")
     layout = a_run(tmp_path, "m-2")
     from tasks.results_dataset import add_run_to_dataset
@@ -86,5 +102,7 @@ def test_results_with_the_s3_endpoint_down_is_one_line_and_exit_1(tmp_path, monk
     lines = [line for line in down.output.splitlines() if line.strip()]
     assert down.exit_code == 1 and isinstance(down.exception, SystemExit), down.exception
     assert len(lines) == 1, down.output
-    assert lines[0].startswith("error: cannot read the results dataset under s3://down/runs: EndpointConnectionError: "
-                               f"Could not connect to the endpoint URL: \"{endpoint.url}/")
+    assert lines[0].startswith(
+        "error: cannot read the results dataset under s3://down/runs: EndpointConnectionError: "
+        f'Could not connect to the endpoint URL: "{endpoint.url}/'
+    )

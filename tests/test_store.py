@@ -38,8 +38,11 @@ def test_upload_through_fsspec_writes_the_manifest_last(tmp_path, monkeypatch):
     fs = fsspec.filesystem("memory")
     order = []
     put = MemoryFileSystem.put_file
-    monkeypatch.setattr(MemoryFileSystem, "put_file",
-                        lambda self, lpath, rpath, **kw: (order.append(lpath), put(self, lpath, rpath, **kw))[1])
+    monkeypatch.setattr(
+        MemoryFileSystem,
+        "put_file",
+        lambda self, lpath, rpath, **kw: (order.append(lpath), put(self, lpath, rpath, **kw))[1],
+    )
     url = upload_run(layout.run_dir, "memory://bucket/runs", "m-1")
     assert url == "memory://bucket/runs/m-1"
     assert order[-1].endswith("manifest.json")
@@ -78,9 +81,12 @@ def test_a_retried_upload_sends_only_what_is_missing_and_the_manifest_last(tmp_p
         upload_run(layout.run_dir, "memory://retry/runs", "m-1")
     assert not fs.exists("/retry/runs/m-1/manifest.json")  # an incomplete folder has no manifest
     first = list(sent)
-    monkeypatch.setattr(MemoryFileSystem, "put_file",
-                        lambda self, lpath, rpath, **kw: (sent.append(lpath), put(self, lpath, rpath, **kw))[1])
+    monkeypatch.setattr(
+        MemoryFileSystem,
+        "put_file",
+        lambda self, lpath, rpath, **kw: (sent.append(lpath), put(self, lpath, rpath, **kw))[1],
+    )
     assert retry_upload(layout.run_dir) == "memory://retry/runs/m-1"  # where the manifest says it was going
-    again = sent[len(first):]
+    again = sent[len(first) :]
     assert first[0] not in again and again[-1].endswith("manifest.json")  # the uploaded file was not sent twice
     assert fs.cat_file("/retry/runs/m-1/plots/p.png") == b"png" and fs.exists("/retry/runs/m-1/manifest.json")

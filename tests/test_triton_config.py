@@ -6,6 +6,7 @@ backends this machine does not have, so their goldens are checked against Triton
 from __future__ import annotations
 
 import pytest
+from conftest import GOLDEN
 from tritonclient.grpc import model_config_pb2 as mc
 
 from tasks.repository import ServingConfig, serves_natively, write_repository
@@ -14,60 +15,136 @@ from tbench.artifacts import ModelArtifact
 from tbench.enums import Format, Precision
 from tbench.errors import ConfigError
 from tbench.iospec import IoSpec, TensorSpec
-from tbench.triton_config import (Accelerator, DynamicBatching, EnsembleStep, InstanceGroup, ModelConfigSpec,
-                                  VersionPolicy, Warmup, ensemble_config, model_config, parse_pbtxt, to_pbtxt)
+from tbench.triton_config import (
+    Accelerator,
+    DynamicBatching,
+    EnsembleStep,
+    InstanceGroup,
+    ModelConfigSpec,
+    VersionPolicy,
+    Warmup,
+    ensemble_config,
+    model_config,
+    parse_pbtxt,
+    to_pbtxt,
+)
 
-from conftest import GOLDEN
-
-IMAGE = IoSpec(inputs=[TensorSpec(name="input__0", dtype="float32", shape=[3, 224, 224])],
-               outputs=[TensorSpec(name="output__0", dtype="float32", shape=[1000])])
+IMAGE = IoSpec(
+    inputs=[TensorSpec(name="input__0", dtype="float32", shape=[3, 224, 224])],
+    outputs=[TensorSpec(name="output__0", dtype="float32", shape=[1000])],
+)
 # several inputs, an integer one, a dynamic non-batch dimension: the normal case
-TOKENS = IoSpec(inputs=[TensorSpec(name="text", dtype="int64", shape=[-1]), TensorSpec(name="pace", dtype="float32", shape=[1])],
-                outputs=[TensorSpec(name="mel", dtype="float16", shape=[80, -1]), TensorSpec(name="lengths", dtype="int32", shape=[1])])
+TOKENS = IoSpec(
+    inputs=[TensorSpec(name="text", dtype="int64", shape=[-1]), TensorSpec(name="pace", dtype="float32", shape=[1])],
+    outputs=[
+        TensorSpec(name="mel", dtype="float16", shape=[80, -1]),
+        TensorSpec(name="lengths", dtype="int32", shape=[1]),
+    ],
+)
 TRT = Accelerator(name="tensorrt", parameters={"precision_mode": "FP16", "max_workspace_size_bytes": "4294967296"})
 
 
 def cases() -> dict[str, tuple[ModelConfigSpec, Format | None]]:
     return {
-        "onnx_gpu_tensorrt_accelerator": (ModelConfigSpec(
-            name="resnet50", io=IMAGE, max_batch_size=128,
-            dynamic_batching=DynamicBatching(preferred_batch_sizes=[64, 128], max_queue_delay_us=1000),
-            instance_groups=[InstanceGroup(count=2, kind="KIND_GPU", gpus=[0])], accelerators=[TRT],
-            warmup=Warmup(batch_size=8, data="random"), response_cache=True, version_policy=VersionPolicy(latest=1)),
-            Format.ONNX),
-        "onnx_cpu_openvino": (ModelConfigSpec(
-            name="resnet50", io=IMAGE, max_batch_size=8, dynamic_batching=DynamicBatching(preferred_batch_sizes=[8]),
-            instance_groups=[InstanceGroup(count=2)], accelerators=[Accelerator(name="openvino")]), Format.ONNX),
-        "torchscript_multi_io_dynamic_dims": (ModelConfigSpec(
-            name="fastpitch", io=TOKENS, max_batch_size=8,
-            dynamic_batching=DynamicBatching(preferred_batch_sizes=[4, 8], max_queue_delay_us=100),
-            instance_groups=[InstanceGroup(count=1, kind="KIND_GPU")], warmup=Warmup(batch_size=1),
-            version_policy=VersionPolicy(specific=[1, 3])), Format.TS_SCRIPT),
-        "tf_savedmodel_amp": (ModelConfigSpec(
-            name="widedeep", io=IMAGE, max_batch_size=131072, instance_groups=[InstanceGroup(kind="KIND_GPU")],
-            accelerators=[Accelerator(name="auto_mixed_precision")], version_policy=VersionPolicy(all=True)),
-            Format.TF_SAVEDMODEL),
-        "tf_trt_fp16": (ModelConfigSpec(
-            name="resnet50", io=IMAGE, max_batch_size=128,
-            dynamic_batching=DynamicBatching(preferred_batch_sizes=[64, 128], max_queue_delay_us=1000),
-            instance_groups=[InstanceGroup(count=2, kind="KIND_GPU")], accelerators=[TRT]), Format.TF_TRT),
-        "tensorrt_plan_cuda_graphs": (ModelConfigSpec(
-            name="dense", io=IMAGE, max_batch_size=65536, instance_groups=[InstanceGroup(kind="KIND_GPU")],
-            cuda_graphs=True, reshape={"output__0": [1000, 1]}), Format.TRT),
+        "onnx_gpu_tensorrt_accelerator": (
+            ModelConfigSpec(
+                name="resnet50",
+                io=IMAGE,
+                max_batch_size=128,
+                dynamic_batching=DynamicBatching(preferred_batch_sizes=[64, 128], max_queue_delay_us=1000),
+                instance_groups=[InstanceGroup(count=2, kind="KIND_GPU", gpus=[0])],
+                accelerators=[TRT],
+                warmup=Warmup(batch_size=8, data="random"),
+                response_cache=True,
+                version_policy=VersionPolicy(latest=1),
+            ),
+            Format.ONNX,
+        ),
+        "onnx_cpu_openvino": (
+            ModelConfigSpec(
+                name="resnet50",
+                io=IMAGE,
+                max_batch_size=8,
+                dynamic_batching=DynamicBatching(preferred_batch_sizes=[8]),
+                instance_groups=[InstanceGroup(count=2)],
+                accelerators=[Accelerator(name="openvino")],
+            ),
+            Format.ONNX,
+        ),
+        "torchscript_multi_io_dynamic_dims": (
+            ModelConfigSpec(
+                name="fastpitch",
+                io=TOKENS,
+                max_batch_size=8,
+                dynamic_batching=DynamicBatching(preferred_batch_sizes=[4, 8], max_queue_delay_us=100),
+                instance_groups=[InstanceGroup(count=1, kind="KIND_GPU")],
+                warmup=Warmup(batch_size=1),
+                version_policy=VersionPolicy(specific=[1, 3]),
+            ),
+            Format.TS_SCRIPT,
+        ),
+        "tf_savedmodel_amp": (
+            ModelConfigSpec(
+                name="widedeep",
+                io=IMAGE,
+                max_batch_size=131072,
+                instance_groups=[InstanceGroup(kind="KIND_GPU")],
+                accelerators=[Accelerator(name="auto_mixed_precision")],
+                version_policy=VersionPolicy(all=True),
+            ),
+            Format.TF_SAVEDMODEL,
+        ),
+        "tf_trt_fp16": (
+            ModelConfigSpec(
+                name="resnet50",
+                io=IMAGE,
+                max_batch_size=128,
+                dynamic_batching=DynamicBatching(preferred_batch_sizes=[64, 128], max_queue_delay_us=1000),
+                instance_groups=[InstanceGroup(count=2, kind="KIND_GPU")],
+                accelerators=[TRT],
+            ),
+            Format.TF_TRT,
+        ),
+        "tensorrt_plan_cuda_graphs": (
+            ModelConfigSpec(
+                name="dense",
+                io=IMAGE,
+                max_batch_size=65536,
+                instance_groups=[InstanceGroup(kind="KIND_GPU")],
+                cuda_graphs=True,
+                reshape={"output__0": [1000, 1]},
+            ),
+            Format.TRT,
+        ),
         "non_batching_model": (ModelConfigSpec(name="nnunet", io=IMAGE, max_batch_size=0), Format.TS_SCRIPT),
     }
 
 
 def ensemble():
-    io = IoSpec(inputs=[TensorSpec(name="numerical_features", dtype="float32", shape=[13]),
-                        TensorSpec(name="categorical_features", dtype="int64", shape=[26])],
-                outputs=[TensorSpec(name="score", dtype="float32", shape=[1])])
-    return ensemble_config("dlrm", 65536, io, [
-        EnsembleStep(model_name="dlrm_sparse", input_map={"input__0": "categorical_features"},
-                     output_map={"output__0": "embeddings"}),
-        EnsembleStep(model_name="dlrm_dense", input_map={"args_0": "numerical_features", "args_1": "embeddings"},
-                     output_map={"output_1": "score"}),
-    ])
+    io = IoSpec(
+        inputs=[
+            TensorSpec(name="numerical_features", dtype="float32", shape=[13]),
+            TensorSpec(name="categorical_features", dtype="int64", shape=[26]),
+        ],
+        outputs=[TensorSpec(name="score", dtype="float32", shape=[1])],
+    )
+    return ensemble_config(
+        "dlrm",
+        65536,
+        io,
+        [
+            EnsembleStep(
+                model_name="dlrm_sparse",
+                input_map={"input__0": "categorical_features"},
+                output_map={"output__0": "embeddings"},
+            ),
+            EnsembleStep(
+                model_name="dlrm_dense",
+                input_map={"args_0": "numerical_features", "args_1": "embeddings"},
+                output_map={"output_1": "score"},
+            ),
+        ],
+    )
 
 
 @pytest.mark.parametrize("case", sorted(cases()))
@@ -104,18 +181,53 @@ def spec(**kw):
     return ModelConfigSpec(name="m", io=IMAGE, max_batch_size=8, **kw)
 
 
-@pytest.mark.parametrize("build, message", [
-    (lambda: model_config(spec(accelerators=[TRT]), Format.TS_TRACE), "pytorch_libtorch has no GPU accelerator 'tensorrt'"),
-    (lambda: model_config(spec(accelerators=[Accelerator(name="auto_mixed_precision")]), Format.ONNX), "no GPU accelerator 'auto_mixed_precision'"),
-    (lambda: model_config(spec(accelerators=[Accelerator(name="openvino")]), Format.TRT), "tensorrt_plan has no CPU accelerator 'openvino'"),
-    (lambda: model_config(spec(accelerators=[Accelerator(name="tensorrt", parameters={"precision_mode": "FP8"})]), Format.ONNX), "precision_mode 'FP8'"),
-    (lambda: model_config(spec(cuda_graphs=True), Format.ONNX), "CUDA graphs are a TensorRT backend option"),
-    (lambda: model_config(ModelConfigSpec(name="m", io=IMAGE, max_batch_size=0, dynamic_batching=DynamicBatching()), Format.ONNX), "dynamic batching needs max_batch_size > 0"),
-    (lambda: model_config(spec(instance_groups=[InstanceGroup(kind="KIND_CPU", gpus=[0])]), Format.ONNX), "must be KIND_GPU"),
-    (lambda: ensemble_config("e", 8, IMAGE, [EnsembleStep(model_name="a", input_map={"x": "nope"}, output_map={"y": "output__0"})]), "reads 'nope'"),
-    (lambda: ensemble_config("e", 8, IMAGE, [EnsembleStep(model_name="a", input_map={"x": "input__0"}, output_map={"y": "other"})]), "output 'output__0' is produced by no step"),
-    (lambda: ensemble_config("e", 8, IMAGE, []), "at least one step"),
-])
+@pytest.mark.parametrize(
+    "build, message",
+    [
+        (
+            lambda: model_config(spec(accelerators=[TRT]), Format.TS_TRACE),
+            "pytorch_libtorch has no GPU accelerator 'tensorrt'",
+        ),
+        (
+            lambda: model_config(spec(accelerators=[Accelerator(name="auto_mixed_precision")]), Format.ONNX),
+            "no GPU accelerator 'auto_mixed_precision'",
+        ),
+        (
+            lambda: model_config(spec(accelerators=[Accelerator(name="openvino")]), Format.TRT),
+            "tensorrt_plan has no CPU accelerator 'openvino'",
+        ),
+        (
+            lambda: model_config(
+                spec(accelerators=[Accelerator(name="tensorrt", parameters={"precision_mode": "FP8"})]), Format.ONNX
+            ),
+            "precision_mode 'FP8'",
+        ),
+        (lambda: model_config(spec(cuda_graphs=True), Format.ONNX), "CUDA graphs are a TensorRT backend option"),
+        (
+            lambda: model_config(
+                ModelConfigSpec(name="m", io=IMAGE, max_batch_size=0, dynamic_batching=DynamicBatching()), Format.ONNX
+            ),
+            "dynamic batching needs max_batch_size > 0",
+        ),
+        (
+            lambda: model_config(spec(instance_groups=[InstanceGroup(kind="KIND_CPU", gpus=[0])]), Format.ONNX),
+            "must be KIND_GPU",
+        ),
+        (
+            lambda: ensemble_config(
+                "e", 8, IMAGE, [EnsembleStep(model_name="a", input_map={"x": "nope"}, output_map={"y": "output__0"})]
+            ),
+            "reads 'nope'",
+        ),
+        (
+            lambda: ensemble_config(
+                "e", 8, IMAGE, [EnsembleStep(model_name="a", input_map={"x": "input__0"}, output_map={"y": "other"})]
+            ),
+            "output 'output__0' is produced by no step",
+        ),
+        (lambda: ensemble_config("e", 8, IMAGE, []), "at least one step"),
+    ],
+)
 def test_what_triton_would_refuse_is_refused_first(build, message):
     with pytest.raises(ConfigError, match=message):
         build()
@@ -143,8 +255,14 @@ def test_native_repository_uses_tritons_default_file_names(tmp_path):
     saved = tmp_path / "export" / "saved"
     saved.mkdir(parents=True)
     (saved / "saved_model.pb").write_bytes(b"pb")
-    artifact = ModelArtifact(format=Format.TF_SAVEDMODEL, precision=Precision.FP32, path=str(saved), io_spec=IMAGE,
-                             source_hash="x", seconds=0)
+    artifact = ModelArtifact(
+        format=Format.TF_SAVEDMODEL,
+        precision=Precision.FP32,
+        path=str(saved),
+        io_spec=IMAGE,
+        source_hash="x",
+        seconds=0,
+    )
     model_dir = write_repository(tmp_path / "repo", ServingConfig("m", 8, [8], 0, 1), artifact, native=True)
     assert (model_dir / "1" / "model.savedmodel" / "saved_model.pb").exists()
     assert parse_pbtxt((model_dir / "config.pbtxt").read_text()).platform == "tensorflow_savedmodel"

@@ -5,27 +5,43 @@ import pytest
 
 from tbench.errors import ConfigError, ConversionError
 from tbench.iospec import IoSpec, TensorSpec
-from tbench.trt_profiles import (calibration_batches, check_calibration_samples, default_calibration_samples, describe,
-                                 fit, opt_batch_size, optimisation_profile, shaped_inputs)
+from tbench.trt_profiles import (
+    calibration_batches,
+    check_calibration_samples,
+    default_calibration_samples,
+    describe,
+    fit,
+    opt_batch_size,
+    optimisation_profile,
+    shaped_inputs,
+)
 
-IMAGE = IoSpec(inputs=[TensorSpec(name="image", dtype="float32", shape=[3, 8, 8])],
-               outputs=[TensorSpec(name="logits", dtype="float32", shape=[10])])
-TOKENS = IoSpec(inputs=[TensorSpec(name="ids", dtype="int64", shape=[-1]),
-                        TensorSpec(name="mask", dtype="int64", shape=[-1])],
-                outputs=[TensorSpec(name="y", dtype="float32", shape=[-1, 4])])
-MEL = IoSpec(inputs=[TensorSpec(name="mel", dtype="float32", shape=[-1, 80, -1])],
-             outputs=[TensorSpec(name="wave", dtype="float32", shape=[-1])])
+IMAGE = IoSpec(
+    inputs=[TensorSpec(name="image", dtype="float32", shape=[3, 8, 8])],
+    outputs=[TensorSpec(name="logits", dtype="float32", shape=[10])],
+)
+TOKENS = IoSpec(
+    inputs=[TensorSpec(name="ids", dtype="int64", shape=[-1]), TensorSpec(name="mask", dtype="int64", shape=[-1])],
+    outputs=[TensorSpec(name="y", dtype="float32", shape=[-1, 4])],
+)
+MEL = IoSpec(
+    inputs=[TensorSpec(name="mel", dtype="float32", shape=[-1, 80, -1])],
+    outputs=[TensorSpec(name="wave", dtype="float32", shape=[-1])],
+)
 
 
-@pytest.mark.parametrize("grid, max_batch, opt", [
-    ([1, 2, 4, 8, 16, 32, 64, 128], 128, 64),  # resnet50's guide grid: half of the max is in the grid
-    ([1, 3, 5, 7], 8, 3),  # the largest grid batch at most half the max
-    ([256, 512, 1024, 2048, 4096, 8192, 16384, 32768], 32768, 16384),  # dlrm's
-    ([64, 128], 128, 64),
-    ([100], 128, 64),  # nothing in the grid at most half: half the max
-    ([], 8, 4),
-    ([1], 1, 1),
-])
+@pytest.mark.parametrize(
+    "grid, max_batch, opt",
+    [
+        ([1, 2, 4, 8, 16, 32, 64, 128], 128, 64),  # resnet50's guide grid: half of the max is in the grid
+        ([1, 3, 5, 7], 8, 3),  # the largest grid batch at most half the max
+        ([256, 512, 1024, 2048, 4096, 8192, 16384, 32768], 32768, 16384),  # dlrm's
+        ([64, 128], 128, 64),
+        ([100], 128, 64),  # nothing in the grid at most half: half the max
+        ([], 8, 4),
+        ([1], 1, 1),
+    ],
+)
 def test_opt_batch_is_the_largest_grid_batch_up_to_half_the_max(grid, max_batch, opt):
     assert opt_batch_size(grid, max_batch) == opt
 
@@ -49,28 +65,48 @@ def test_user_ranges_set_dynamic_dims_per_input():
     shapes = {"ids": [[16], [128], [512]], "mask": [[16], [64], [256]]}
     profile = optimisation_profile(TOKENS, {"ids": [32], "mask": [32]}, max_batch_size=8, opt_batch=4, shapes=shapes)
     assert [(p.min, p.opt, p.max) for p in profile.inputs] == [
-        ([1, 16], [4, 128], [8, 512]), ([1, 16], [4, 64], [8, 256])]
+        ([1, 16], [4, 128], [8, 512]),
+        ([1, 16], [4, 64], [8, 256]),
+    ]
 
 
 def test_several_dynamic_dims_of_one_input_with_static_ones_between():
-    profile = optimisation_profile(MEL, {"mel": [2, 80, 100]}, max_batch_size=4, opt_batch=2,
-                                   shapes={"mel": [[1, 80, 16], [2, 80, 400], [2, 80, 1000]]})
+    profile = optimisation_profile(
+        MEL,
+        {"mel": [2, 80, 100]},
+        max_batch_size=4,
+        opt_batch=2,
+        shapes={"mel": [[1, 80, 16], [2, 80, 400], [2, 80, 1000]]},
+    )
     assert profile.shapes("opt") == {"mel": [2, 2, 80, 400]} and profile.shapes("max") == {"mel": [4, 2, 80, 1000]}
     pinned = optimisation_profile(MEL, {"mel": [2, 80, 100]}, max_batch_size=4, opt_batch=2)
     assert pinned.shapes("min") == {"mel": [1, 2, 80, 100]}
 
 
-@pytest.mark.parametrize("spec, shapes, message", [
-    (TOKENS, {"idz": [[1], [2], [3]]}, "--trt-shape idz: no such input; the inputs are ids, mask"),
-    (IMAGE, {"image": [[3, 8, 8]] * 3},
-     r"--trt-shape image: the input has no dynamic dim \(shape 3x8x8\); its profile is its shape"),
-    (TOKENS, {"ids": [[16], [128]]}, r"--trt-shape ids: give three shapes, MIN,OPT,MAX \(got 2\)"),
-    (TOKENS, {"ids": [[16, 1], [128, 1], [512, 1]]},
-     r"--trt-shape ids: 16x1 has 2 dims; the input's non-batch shape -1 \(-1: dynamic\) has 1"),
-    (TOKENS, {"ids": [[128], [16], [512]]}, "--trt-shape ids: axis 1 needs 1 <= MIN <= OPT <= MAX, got 128,16,512"),
-    (TOKENS, {"ids": [[0], [16], [512]]}, "axis 1 needs 1 <= MIN"),
-    (MEL, {"mel": [[1, 64, 16], [2, 64, 400], [2, 64, 1000]]}, "--trt-shape mel: axis 2 is static \\(80\\); give 80"),
-])
+@pytest.mark.parametrize(
+    "spec, shapes, message",
+    [
+        (TOKENS, {"idz": [[1], [2], [3]]}, "--trt-shape idz: no such input; the inputs are ids, mask"),
+        (
+            IMAGE,
+            {"image": [[3, 8, 8]] * 3},
+            r"--trt-shape image: the input has no dynamic dim \(shape 3x8x8\); its profile is its shape",
+        ),
+        (TOKENS, {"ids": [[16], [128]]}, r"--trt-shape ids: give three shapes, MIN,OPT,MAX \(got 2\)"),
+        (
+            TOKENS,
+            {"ids": [[16, 1], [128, 1], [512, 1]]},
+            r"--trt-shape ids: 16x1 has 2 dims; the input's non-batch shape -1 \(-1: dynamic\) has 1",
+        ),
+        (TOKENS, {"ids": [[128], [16], [512]]}, "--trt-shape ids: axis 1 needs 1 <= MIN <= OPT <= MAX, got 128,16,512"),
+        (TOKENS, {"ids": [[0], [16], [512]]}, "axis 1 needs 1 <= MIN"),
+        (
+            MEL,
+            {"mel": [[1, 64, 16], [2, 64, 400], [2, 64, 1000]]},
+            "--trt-shape mel: axis 2 is static \\(80\\); give 80",
+        ),
+    ],
+)
 def test_invalid_ranges_are_refused_in_one_line(spec, shapes, message):
     sample = {t.name: [max(d, 1) for d in t.shape] for t in spec.inputs}
     with pytest.raises(ConfigError, match=message) as err:
@@ -86,8 +122,11 @@ def test_the_opt_batch_must_lie_in_the_batch_range():
 def test_calibration_set_size_defaults_and_lower_bound():
     assert default_calibration_samples(64) == 512 and default_calibration_samples(16384) == 16384
     check_calibration_samples(64, 64)
-    with pytest.raises(ConfigError, match="a calibration set of 10 samples is less than one calibration batch \\(64, "
-                                          "the TensorRT profile's opt batch\\); give --calibration-samples 64 or more"):
+    with pytest.raises(
+        ConfigError,
+        match="a calibration set of 10 samples is less than one calibration batch \\(64, "
+        "the TensorRT profile's opt batch\\); give --calibration-samples 64 or more",
+    ):
         check_calibration_samples(10, 64)
 
 
@@ -95,9 +134,12 @@ def _numbered(spec, n_samples, batch, length=None):
     """Source batches whose every value is its sample's index, so order and cuts are visible."""
     for start in range(0, n_samples, batch):
         idx = np.arange(start, min(start + batch, n_samples), dtype=np.float64)
-        yield {t.name: np.broadcast_to(idx.reshape(-1, *[1] * len(t.shape)),
-                                       (len(idx), *[length if d == -1 else d for d in t.shape])).copy()
-               for t in spec.inputs}
+        yield {
+            t.name: np.broadcast_to(
+                idx.reshape(-1, *[1] * len(t.shape)), (len(idx), *[length if d == -1 else d for d in t.shape])
+            ).copy()
+            for t in spec.inputs
+        }
 
 
 def test_calibration_batches_have_the_opt_shape_and_dtype_in_source_order():
@@ -130,8 +172,13 @@ def test_fit_refuses_a_static_dim_that_differs():
 
 
 def test_build_inputs_repeat_the_sample_rows_to_each_profile_shape():
-    profile = optimisation_profile(TOKENS, {"ids": [4], "mask": [4]}, max_batch_size=5, opt_batch=2,
-                                   shapes={"ids": [[2], [4], [6]], "mask": [[2], [4], [6]]})
+    profile = optimisation_profile(
+        TOKENS,
+        {"ids": [4], "mask": [4]},
+        max_batch_size=5,
+        opt_batch=2,
+        shapes={"ids": [[2], [4], [6]], "mask": [[2], [4], [6]]},
+    )
     sample = {"ids": np.array([[1, 2, 3, 4], [5, 6, 7, 8]]), "mask": np.ones((2, 4), dtype=np.int64)}
     biggest = shaped_inputs(sample, TOKENS, profile.shapes("max"))
     assert biggest["ids"].tolist() == [[1, 2, 3, 4, 0, 0], [5, 6, 7, 8, 0, 0]] * 2 + [[1, 2, 3, 4, 0, 0]]

@@ -13,9 +13,16 @@ from tbench.runtimes import run_file
 from tbench.trt_runtime import batch_chunks, check_in_profile, import_tensorrt, require_cuda, run_chunked
 
 
-@pytest.mark.parametrize("n, max_batch, sizes", [
-    (10, 4, [4, 4, 2]), (8, 4, [4, 4]), (3, 8, [3]), (1, 1, [1]), (0, 4, [0]),
-])
+@pytest.mark.parametrize(
+    "n, max_batch, sizes",
+    [
+        (10, 4, [4, 4, 2]),
+        (8, 4, [4, 4]),
+        (3, 8, [3]),
+        (1, 1, [1]),
+        (0, 4, [0]),
+    ],
+)
 def test_a_batch_is_split_into_chunks_of_at_most_the_profile_max(n, max_batch, sizes):
     chunks = batch_chunks(n, max_batch)
     assert [s.stop - s.start for s in chunks] == sizes and chunks[0].start == 0 and chunks[-1].stop == n
@@ -40,8 +47,10 @@ def test_chunked_outputs_are_joined_in_order():
 
 def test_a_shape_outside_the_profile_is_one_line():
     check_in_profile("ids", (4, 128), (1, 16), (8, 512))
-    message = (r"input ids of shape 4x600 is outside the TensorRT engine's profile \(1x16 to 8x512\); "
-               r"rebuild it with --trt-shape ids:MIN,OPT,MAX covering it$")
+    message = (
+        r"input ids of shape 4x600 is outside the TensorRT engine's profile \(1x16 to 8x512\); "
+        r"rebuild it with --trt-shape ids:MIN,OPT,MAX covering it$"
+    )
     with pytest.raises(ConfigError, match=message):
         check_in_profile("ids", (4, 600), (1, 16), (8, 512))
     with pytest.raises(ConfigError, match="outside"):
@@ -57,8 +66,10 @@ def test_without_tensorrt_a_plan_says_where_to_run(monkeypatch, tmp_path):
     assert str(err.value).endswith("run it on a GPU node with TensorRT (e.g. the NGC Triton image)")
     plan = tmp_path / "model.plan"
     plan.write_bytes(b"not a plan")
-    spec = IoSpec(inputs=[TensorSpec(name="x", dtype="float32", shape=[2])],
-                  outputs=[TensorSpec(name="y", dtype="float32", shape=[2])])
+    spec = IoSpec(
+        inputs=[TensorSpec(name="x", dtype="float32", shape=[2])],
+        outputs=[TensorSpec(name="y", dtype="float32", shape=[2])],
+    )
     with pytest.raises(RuntimeUnavailable, match="needs tensorrt"):
         run_file(Format.TRT, str(plan), spec, {"x": np.zeros((1, 2), np.float32)})
 
@@ -67,13 +78,17 @@ def test_without_a_gpu_a_plan_says_where_to_run(monkeypatch):
     import torch
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    with pytest.raises(RuntimeUnavailable, match="running a TensorRT plan needs a CUDA GPU, and torch .* sees none "
-                                                 "here; run it on a GPU node with TensorRT"):
+    with pytest.raises(
+        RuntimeUnavailable,
+        match="running a TensorRT plan needs a CUDA GPU, and torch .* sees none "
+        "here; run it on a GPU node with TensorRT",
+    ):
         require_cuda()
 
 
-def test_the_correctness_stage_reports_an_unavailable_runtime_as_it_is(monkeypatch, small_adapter, small_module,
-                                                                       tmp_path):
+def test_the_correctness_stage_reports_an_unavailable_runtime_as_it_is(
+    monkeypatch, small_adapter, small_module, tmp_path
+):
     from tasks.correctness import check_artifacts
     from tbench.artifacts import ModelArtifact
     from tbench.enums import Precision
@@ -81,16 +96,24 @@ def test_the_correctness_stage_reports_an_unavailable_runtime_as_it_is(monkeypat
     monkeypatch.setitem(sys.modules, "tensorrt", None)
     plan = tmp_path / "model.plan"
     plan.write_bytes(b"x")
-    artifact = ModelArtifact(format=Format.TRT, precision=Precision.FP32, path=str(plan),
-                             io_spec=small_adapter.io_spec(), source_hash="x", seconds=0.0)
+    artifact = ModelArtifact(
+        format=Format.TRT,
+        precision=Precision.FP32,
+        path=str(plan),
+        io_spec=small_adapter.io_spec(),
+        source_hash="x",
+        seconds=0.0,
+    )
     with pytest.raises(RuntimeUnavailable, match="^running a TensorRT plan needs tensorrt"):
         check_artifacts(small_adapter, small_module, [artifact], atol=1e-3, rtol=1e-3)
 
 
 # -- on a GPU node with TensorRT ---------------------------------------------------------------------------------
 
-SEQ = IoSpec(inputs=[TensorSpec(name="x", dtype="float32", shape=[-1, 8])],
-             outputs=[TensorSpec(name="y", dtype="float32", shape=[4])])
+SEQ = IoSpec(
+    inputs=[TensorSpec(name="x", dtype="float32", shape=[-1, 8])],
+    outputs=[TensorSpec(name="y", dtype="float32", shape=[4])],
+)
 
 
 def _tiny_onnx(tmp_path):
@@ -134,14 +157,25 @@ def test_a_built_engine_matches_onnx_runtime(tmp_path, precision, tolerance):
     from tbench.enums import Precision
 
     onnx_path, sample = _tiny_onnx(tmp_path)
-    options = ConversionOptions(precision=Precision.parse(precision), max_batch_size=8, opt_batch_size=4,
-                                trt_shapes={"x": [[4, 8], [12, 8], [32, 8]]}, calibration_samples=64)
+    options = ConversionOptions(
+        precision=Precision.parse(precision),
+        max_batch_size=8,
+        opt_batch_size=4,
+        trt_shapes={"x": [[4, 8], [12, 8], [32, 8]]},
+        calibration_samples=64,
+    )
     plan = tmp_path / "model.plan"
     record = onnx_to_tensorrt(onnx_path, plan, SEQ, options, sample, data=_data)
     assert record["profile"]["inputs"][0] == {"name": "x", "min": [1, 4, 8], "opt": [4, 12, 8], "max": [8, 32, 8]}
     if precision == "int8":
-        assert record["calibration"] == {"requested_samples": 64, "samples": 64, "batches": 16, "batch_size": 4,
-                                         "remainder_dropped": 0, "source": "given"}
+        assert record["calibration"] == {
+            "requested_samples": 64,
+            "samples": 64,
+            "batches": 16,
+            "batch_size": 4,
+            "remainder_dropped": 0,
+            "source": "given",
+        }
     json.dumps(record)
     rng = np.random.default_rng(2)
     for batch, seq in ((3, 12), (20, 7), (8, 32)):  # 20 > the profile's max 8: run in chunks of 8, 8 and 4

@@ -103,13 +103,22 @@ def test_out_of_range_ids_are_folded_the_same_in_loader_and_graph(tmp_path, adap
     pq.write_table(table, tmp_path / "data.parquet")
     (batch,) = WideDeep("small", data_dir=str(tmp_path)).batches(8, 8)
     np.testing.assert_array_equal(batch.inputs["ad_id"][:, 0], frame["ad_id"].to_numpy() % cards["ad_id"])
-    assert (batch.inputs["topic_id_list"][:, 0] == 1 + (cards["topic_id_list"] + 1) % (cards["topic_id_list"] - 1)).all()
+    assert (
+        batch.inputs["topic_id_list"][:, 0] == 1 + (cards["topic_id_list"] + 1) % (cards["topic_id_list"] - 1)
+    ).all()
     assert (batch.inputs["topic_id_list"][:, 1:] == 0).all()
     # the model folds raw ids in its graph exactly as the loader does, and survives extreme ids
-    raw = dict(batch.inputs, ad_id=batch.inputs["ad_id"] + 3 * cards["ad_id"],
-               topic_id_list=np.where(batch.inputs["topic_id_list"] > 0, batch.inputs["topic_id_list"] + cards["topic_id_list"] - 1, 0))
+    raw = dict(
+        batch.inputs,
+        ad_id=batch.inputs["ad_id"] + 3 * cards["ad_id"],
+        topic_id_list=np.where(
+            batch.inputs["topic_id_list"] > 0, batch.inputs["topic_id_list"] + cards["topic_id_list"] - 1, 0
+        ),
+    )
     spec = adapter.io_spec()
-    np.testing.assert_allclose(run_keras(model, spec, raw)[OUTPUT], run_keras(model, spec, batch.inputs)[OUTPUT], rtol=1e-6)
+    np.testing.assert_allclose(
+        run_keras(model, spec, raw)[OUTPUT], run_keras(model, spec, batch.inputs)[OUTPUT], rtol=1e-6
+    )
     extreme = {k: (np.full_like(v, 2**62) if v.dtype == np.int64 else v) for k, v in batch.inputs.items()}
     extreme["platform"][:] = -1
     out = run_keras(model, spec, extreme)[OUTPUT]
@@ -123,8 +132,12 @@ def test_multihot_columns_of_any_list_type_become_fixed_matrices():
 
     fixed = pa.array([[1, 2, 3], None, [4, 0, 0]], type=pa.list_(pa.int64(), 3))
     np.testing.assert_array_equal(_multihot_matrix(fixed, 3), [[1, 2, 3], [0, 0, 0], [4, 0, 0]])
-    ragged = pa.chunked_array([pa.array([[5], [6, 7, 8, 9], [], None], type=pa.list_(pa.int32())),
-                               pa.array([[1, None]], type=pa.list_(pa.int32()))])
+    ragged = pa.chunked_array(
+        [
+            pa.array([[5], [6, 7, 8, 9], [], None], type=pa.list_(pa.int32())),
+            pa.array([[1, None]], type=pa.list_(pa.int32())),
+        ]
+    )
     np.testing.assert_array_equal(_multihot_matrix(ragged, 3), [[5, 0, 0], [6, 7, 8], [0, 0, 0], [0, 0, 0], [1, 0, 0]])
 
 
@@ -221,13 +234,17 @@ def test_exports_to_savedmodel_and_onnx(adapter, model, tmp_path, monkeypatch):
     saved, onnx_file = (export_model(adapter, model, f, tmp_path, digest) for f in (Format.TF_SAVEDMODEL, Format.ONNX))
     graph = onnx.load(onnx_file.path).graph
     # the SavedModel signature lists its inputs by name; Triton matches them by name, so only the set matters
-    assert sorted(i.name for i in graph.input) == sorted(SPEC.feature_names) and [o.name for o in graph.output] == [OUTPUT]
+    assert sorted(i.name for i in graph.input) == sorted(SPEC.feature_names) and [o.name for o in graph.output] == [
+        OUTPUT
+    ]
     spec = adapter.io_spec()
     inputs = adapter.sample_batch(256, seed=11)
     inputs["ad_id"][:3, 0] = [2**40, -5, SPEC.cardinalities["ad_id"]]  # folded in the graph by every runtime
     expected = run_keras(model, spec, inputs)[OUTPUT]
     for artifact in (saved, onnx_file):
-        np.testing.assert_allclose(run_file(artifact.format, artifact.path, spec, inputs)[OUTPUT], expected, atol=1e-4, rtol=0)
+        np.testing.assert_allclose(
+            run_file(artifact.format, artifact.path, spec, inputs)[OUTPUT], expected, atol=1e-4, rtol=0
+        )
 
 
 def test_defaults():
@@ -244,4 +261,8 @@ def test_defaults():
 
 def test_adapter_identity():
     assert (WideDeep.name, WideDeep.framework, WideDeep.metric_name, WideDeep.sizes) == (
-        "widedeep", "tensorflow", "MAP@12", ("full", "small"))
+        "widedeep",
+        "tensorflow",
+        "MAP@12",
+        ("full", "small"),
+    )

@@ -48,7 +48,9 @@ class TritonPythonModel:
 
             if threads:
                 torch.set_num_threads(threads)
-            self.device = torch.device(f"cuda:{args['model_instance_device_id']}" if use_gpu and torch.cuda.is_available() else "cpu")
+            self.device = torch.device(
+                f"cuda:{args['model_instance_device_id']}" if use_gpu and torch.cuda.is_available() else "cpu"
+            )
             self.module = torch.jit.load(path, map_location=self.device).eval()
             self._run = self._run_torch
             device = str(self.device)
@@ -67,8 +69,18 @@ class TritonPythonModel:
             device = f"cuda:{args['model_instance_device_id']}" if on_gpu else "cpu"
         else:
             raise ValueError(f"unknown runtime {self.runtime!r}")
-        print(DEVICE_MARK + json.dumps({"model": args["model_name"], "instance": args.get("model_instance_name"),
-                                        "runtime": self.runtime, "device": device}), flush=True)
+        print(
+            DEVICE_MARK
+            + json.dumps(
+                {
+                    "model": args["model_name"],
+                    "instance": args.get("model_instance_name"),
+                    "runtime": self.runtime,
+                    "device": device,
+                }
+            ),
+            flush=True,
+        )
 
     def _run_onnx(self, feeds):
         return self.session.run(self.outputs, feeds)
@@ -110,13 +122,23 @@ class TritonPythonModel:
             message = f"{self.runtime} failed: {err}"  # one error object per response: the stub must not share them
             return [pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(message)) for _ in feeds]
         if len(feeds) == 1:
-            return [pb_utils.InferenceResponse(output_tensors=[
-                pb_utils.Tensor(name, np.ascontiguousarray(value, dtype=self.output_dtypes[name]))
-                for name, value in zip(self.outputs, results)])]
+            return [
+                pb_utils.InferenceResponse(
+                    output_tensors=[
+                        pb_utils.Tensor(name, np.ascontiguousarray(value, dtype=self.output_dtypes[name]))
+                        for name, value in zip(self.outputs, results)
+                    ]
+                )
+            ]
         responses, offset = [], 0
         for size in sizes:
-            tensors = [pb_utils.Tensor(name, np.ascontiguousarray(value[offset:offset + size]).astype(self.output_dtypes[name], copy=False))
-                       for name, value in zip(self.outputs, results)]
+            tensors = [
+                pb_utils.Tensor(
+                    name,
+                    np.ascontiguousarray(value[offset : offset + size]).astype(self.output_dtypes[name], copy=False),
+                )
+                for name, value in zip(self.outputs, results)
+            ]
             responses.append(pb_utils.InferenceResponse(output_tensors=tensors))
             offset += size
         return responses
