@@ -112,7 +112,10 @@ def simulated() -> dict:
         f"{np.median([c['median_abs_error'] for c in calibration]):.1%}"
     )
     rows = []
-    header = f"{'model':9s} {'gpu':10s} {'grid':5s} {'size':>4s} {'objective':10s} {'smart/exh':>9s} {'measured':>12s}  smart best / exhaustive best"
+    header = (
+        f"{'model':9s} {'gpu':10s} {'grid':5s} {'size':>4s} {'objective':10s} {'smart/exh':>9s} {'measured':>12s}"
+        "  smart best / exhaustive best"
+    )
     print(header)
     for model, gpu in sorted({(m, g) for m, g, _ in published_surfaces()}):
         sim = SimulatedSurface(model, gpu)
@@ -146,7 +149,8 @@ def simulated() -> dict:
                 ratio = "n/a" if row["ratio"] is None else f"{100 * row['ratio']:.1f}%"
                 print(
                     f"{model:9s} {gpu:10s} {shape:5s} {row['grid']:4d} {name:10s} {ratio:>9s} "
-                    f"{row['measured']:3d} ({100 * row['measured_fraction']:4.1f}%)  {row['smart_best']} / {row['exhaustive_best']}"
+                    f"{row['measured']:3d} ({100 * row['measured_fraction']:4.1f}%)  "
+                    f"{row['smart_best']} / {row['exhaustive_best']}"
                 )
     goal = [r for r in rows if r["name"] != "floor" and r["ratio"] is not None]
     summary = {
@@ -289,7 +293,8 @@ def real(concurrency: int, work: Path, size: str = "small") -> dict:
             )
 
         print(
-            f"real CPU grid: {len(space.grid())} candidates at concurrency {concurrency}; set-up {time.monotonic() - t0:.0f} s"
+            f"real CPU grid: {len(space.grid())} candidates at concurrency {concurrency}; "
+            f"set-up {time.monotonic() - t0:.0f} s"
         )
         print("exhaustive:")
         ex_eval = evaluator("exhaustive")
@@ -349,7 +354,8 @@ def real(concurrency: int, work: Path, size: str = "small") -> dict:
         f"{out['exhaustive_seconds']:.0f} s ({len(ok)} stable), load average {np.mean(ex_eval.loads):.2f} during it"
     )
     print(
-        f"{'objective':10s} {'exhaustive best':36s} {'smart best':36s} {'smart/exh':>9s} {'measured':>11s} {'smart s':>8s}"
+        f"{'objective':10s} {'exhaustive best':36s} {'smart best':36s} {'smart/exh':>9s} {'measured':>11s} "
+        f"{'smart s':>8s}"
     )
     for name, r in results.items():
         c = r["confirmation"]
@@ -360,11 +366,15 @@ def real(concurrency: int, work: Path, size: str = "small") -> dict:
             f"{c['smart_mean_throughput']:.1f}/s p99 {c['smart_mean_p99_ms']:.2f} ms: {ratio}"
         )
     for name, r in results.items():
-        ex = f"{r['exhaustive_best']} {r['exhaustive_best_throughput'] or 0:.1f}/s {r['exhaustive_best_p99_ms'] or 0:.1f}ms"
+        ex = (
+            f"{r['exhaustive_best']} {r['exhaustive_best_throughput'] or 0:.1f}/s "
+            f"{r['exhaustive_best_p99_ms'] or 0:.1f}ms"
+        )
         sm = f"{r['smart_best']} {r['smart_best_throughput'] or 0:.1f}/s {r['smart_best_p99_ms'] or 0:.1f}ms"
         ratio = "n/a" if r["ratio"] is None else f"{100 * r['ratio']:.1f}%"
         print(
-            f"{name:10s} {ex:36s} {sm:36s} {ratio:>9s} {r['measured']:3d} ({100 * r['measured_fraction']:.0f}%) {r['seconds']:8.0f}"
+            f"{name:10s} {ex:36s} {sm:36s} {ratio:>9s} {r['measured']:3d} ({100 * r['measured_fraction']:.0f}%) "
+            f"{r['seconds']:8.0f}"
         )
     print(f"total wall time {out['wall_seconds']:.0f} s")
     return out

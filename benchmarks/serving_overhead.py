@@ -172,9 +172,8 @@ def main() -> None:
     sizes = [s for s in args.sizes.split(",") if s]
     cores = len(os.sched_getaffinity(0))
     work = Path(tempfile.mkdtemp(prefix="tbench-overhead-"))
-    with recorded(
-        RESULTS / "serving_overhead.json", model_sizes=["tiny file"] + [f"resnet50 {s}" for s in sizes]
-    ) as record:
+    model_sizes = ["tiny file"] + [f"resnet50 {s}" for s in sizes]
+    with recorded(RESULTS / "serving_overhead.json", model_sizes=model_sizes) as record:
         record.update(measurement=MEASUREMENT.model_dump(), cores=cores, batching="static")
         record["latency"] = latency_overhead(work, args.rounds, args.seconds, cores)
         record.save()

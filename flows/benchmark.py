@@ -285,7 +285,8 @@ def confirm_devices(devices: dict[str, ServedOn], server, hardware) -> dict[str,
 
 def point_cache(req, hardware, server: dict, artifacts, perf_inputs) -> PointCache:
     """The point cache's context: what decides a point's numbers besides the point (see tasks/point_cache.py);
-    `server` is the server's identity (TritonServer.identity: mode, binary, image or address, reported id and version)."""
+    `server` is the server's identity (TritonServer.identity: mode, binary, image or address, reported id and
+    version)."""
     return PointCache(
         {
             "artifacts": [

@@ -80,7 +80,8 @@ def resume_checkpoint(resume_from: str | None, context: dict | None = None) -> P
         path = path / CHECKPOINT
     if not path.is_file():
         raise ConfigError(
-            f"resume_from {resume_from!r}: no search checkpoint there (expected a {CHECKPOINT} file or a run folder holding one)"
+            f"resume_from {resume_from!r}: no search checkpoint there "
+            f"(expected a {CHECKPOINT} file or a run folder holding one)"
         )
     if context is not None:
         check_resumable(path, context)
@@ -195,7 +196,7 @@ def search_flow(request: BenchmarkRequest = BenchmarkRequest(), search: SearchRe
                         artifacts[(artifact.format, precision)] = artifact
                 tracker.save_json(layout.iospec_json, adapter.io_spec().model_dump())
             with tracker.stage("correctness"):
-                for (fmt, precision), artifact in artifacts.items():
+                for (_fmt, precision), artifact in artifacts.items():
                     atol, rtol = (
                         DEFAULT_TOLERANCES[precision]
                         if precision is not req.precision

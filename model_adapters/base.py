@@ -121,7 +121,7 @@ class ModelAdapter(ABC):
         request's precision is checked against them); {} for a single model."""
         return {}
 
-    def check_resources(self) -> None:
+    def check_resources(self) -> None:  # noqa: B027 - an optional hook: by default every machine can hold the model
         """Refuse, with one line and before anything is built, a model this machine cannot hold."""
 
     def report_notes(self) -> list[str]:

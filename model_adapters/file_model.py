@@ -82,7 +82,8 @@ class ModelFileAdapter(ModelAdapter):
 
     def _suspects(self, inputs: dict[str, np.ndarray]) -> list[str]:
         """The integer inputs whose synthetic values the model rejects: with every integer input zeroed the model runs,
-        and with one of them restored it fails again. When that cannot tell, every integer input not ranged by the user."""
+        and with one of them restored it fails again. When that cannot tell, every integer input not ranged by the
+        user."""
         from tbench.model_file import run_model_file
 
         ints = [t.name for t in self.file.io_spec.inputs if t.np_dtype.kind in "iu"]

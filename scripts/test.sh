@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
-# The test suite: set up, then unit tests and end-to-end tests (real tritonserver, real perf_analyzer, real Prefect).
+# The test suite: set up, lint and format checks (ruff, settings in pyproject.toml), then unit tests and end-to-end
+# tests (real tritonserver, real perf_analyzer, real Prefect).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh
+hint="run .venv/bin/ruff format . && .venv/bin/ruff check --fix . (then fix what remains by hand)"
+.venv/bin/ruff check . || { echo "test.sh: ruff check failed; $hint" >&2; exit 1; }
+.venv/bin/ruff format --check . || { echo "test.sh: ruff format --check failed; $hint" >&2; exit 1; }
 exec .venv/bin/python -m pytest "$@"

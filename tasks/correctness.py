@@ -73,7 +73,8 @@ def require_passed(results: list[CorrectnessResult]) -> None:
         for o in r.outputs:
             if not o.passed:
                 raise CorrectnessError(
-                    f"{r.format.value}{f' ({r.model})' if r.model else ''} output {o.output} differs from the framework model: "
+                    f"{r.format.value}{f' ({r.model})' if r.model else ''} output {o.output} "
+                    "differs from the framework model: "
                     f"max abs error {o.max_abs_err:.3g} > tolerance {o.tolerance:.3g}"
                 )
 

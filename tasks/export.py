@@ -598,8 +598,8 @@ def run_step(
     options: ConversionOptions,
     folder: str | None = None,
 ) -> tuple[Path, str, bool]:
-    """One conversion into out_dir/<folder or target>/, from the cache when it has it; returns (path, content hash, cached).
-    The key holds the options, the precision among them."""
+    """One conversion into out_dir/<folder or target>/, from the cache when it has it; returns (path, content hash,
+    cached). The key holds the options, the precision among them."""
     versions = tool_versions(conv)
     key = cache_key(source_hash, conv, options, versions, adapter.io_spec())
     target_dir = out_dir / (folder or conv.target.value)

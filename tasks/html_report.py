@@ -80,7 +80,7 @@ p.status-other { background: #fff8c5; color: #7d4e00; border-color: #bf8700; }
 footer.page { margin-top: 2.5rem; padding-top: .75rem; padding-bottom: 2rem; border-top: 1px solid var(--border);
               color: var(--muted); font-size: .85rem; }
 @media print { thead th { position: static; } nav.toc { break-after: page; } }
-"""
+"""  # noqa: E501 - CSS: a rule's declarations stay on one line
 
 TEMPLATE = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined).from_string("""<!DOCTYPE html>
 <html lang="en">
@@ -106,11 +106,12 @@ TEMPLATE = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined)
 <footer class="page">Generated {{ generated }} from the run's report.md; plots are embedded, the page needs nothing else.</footer>
 </body>
 </html>
-""")
+""")  # noqa: E501 - HTML: the footer's text stays on one line
 
 
 def _split(url: str):
-    """urlsplit, or None for a URL it refuses (an unclosed IPv6 bracket, say): such an image is missing, such a link dropped."""
+    """urlsplit, or None for a URL it refuses (an unclosed IPv6 bracket, say): such an image is missing, such a
+    link dropped."""
     try:
         return urlsplit(url)
     except ValueError:
@@ -122,7 +123,8 @@ def _text(el: etree.Element) -> str:
 
 
 def _image_data_uri(src: str, base_dir: Path) -> str | None:
-    """The local image as a data URI, or None when it is missing, outside the run folder or not an image type we embed."""
+    """The local image as a data URI, or None when it is missing, outside the run folder or not an image type we
+    embed."""
     parts = _split(src)
     if parts is None or parts.scheme or parts.netloc or not parts.path:
         return None

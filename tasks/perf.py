@@ -406,7 +406,8 @@ def window_seconds(merged: int | None, batch_size: int, throughput: float) -> fl
 
 def measurement_order(points: list[Point], m: Measurement) -> list[Point]:
     """Shuffled with a fixed seed by default: measured in grid order, a slow drift of the machine (heat, a neighbour's
-    load) would line up with batch size or concurrency and tilt the curve; shuffled, it spreads over the grid as noise."""
+    load) would line up with batch size or concurrency and tilt the curve; shuffled, it spreads over the grid as
+    noise."""
     if m.order == "ascending":
         return list(points)
     order = np.random.default_rng(m.seed).permutation(len(points))

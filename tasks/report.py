@@ -274,7 +274,8 @@ SERVER_TABLE = {
 
 def server_lines(rows: pd.DataFrame) -> list[str]:
     """Each stable point from the server's side: Triton's statistics API over the point, how far it is from
-    perf_analyzer's server breakdown, the server's CPU (100 = one core) and memory, and GPU metrics where there are GPUs."""
+    perf_analyzer's server breakdown, the server's CPU (100 = one core) and memory, and GPU metrics where there are
+    GPUs."""
     ok = rows[rows["status"] == "ok"].sort_values(["scenario", "batch_size", "concurrency", "request_rate"])
     columns = [c for c in SERVER_TABLE if c in ok.columns and ok[c].notna().any()]
     if ok.empty or "triton_requests" not in columns:
@@ -333,7 +334,8 @@ def format_section(
             "### Offline scenario",
             "",
             "Static batching (the model reloaded without its dynamic batcher, so no "
-            f"queue delay): one client (concurrency 1), {offline['shared_memory'].iloc[0]} shared memory. {how_measured(offline)}",
+            f"queue delay): one client (concurrency 1), {offline['shared_memory'].iloc[0]} shared memory. "
+            f"{how_measured(offline)}",
             "",
             f"| ![]({left}) | ![]({right}) |",
             "|-----|-----|",
@@ -348,7 +350,8 @@ def format_section(
             "### Online scenario",
             "",
             f"Dynamic batching on the server (max queue delay "
-            f"{online['max_queue_delay_us'].iloc[0]:g} us); each client sends batch {online_batch_size} over gRPC. {how_measured(online)}",
+            f"{online['max_queue_delay_us'].iloc[0]:g} us); each client sends batch {online_batch_size} over gRPC. "
+            f"{how_measured(online)}",
             "",
             f"![]({plot})",
             "",
@@ -362,7 +365,8 @@ def format_section(
             "### Rate scenario",
             "",
             f"Open loop: requests sent at a fixed rate whatever the answers, batch {online_batch_size}, "
-            f"dynamic batching on the server; throughput below the offered rate means the server fell behind. {how_measured(rate)}",
+            "dynamic batching on the server; throughput below the offered rate means the server fell behind. "
+            f"{how_measured(rate)}",
             "",
             f"![]({plot})",
             "",
@@ -377,7 +381,8 @@ def format_section(
 
 
 def published_lines(results: pd.DataFrame) -> list[str]:
-    """The guides' published numbers beside ours where the same model, size, scenario, GPU, precision and format exist."""
+    """The guides' published numbers beside ours where the same model, size, scenario, GPU, precision and format
+    exist."""
     lines = ["## Compared with the published results", ""]
     both = compare_with_published(results) if not results.empty else pd.DataFrame()
     if both.empty:

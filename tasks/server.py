@@ -384,10 +384,11 @@ class DockerServer(ProcessServer):
 
     The container shares this host's IPC namespace (`--ipc=host`): perf_analyzer's system shared memory regions are
     in this host's /dev/shm, and the server must open them by name. CUDA shared memory needs `--pid=host` as well
-    (CUDA IPC handles name the exporting process), given whenever the container gets GPUs. Networking: `host` (the reference guides' choice: no proxy
-    between perf_analyzer and the server, which listens on 127.0.0.1 only) or `bridge` (Triton's ports published on
-    127.0.0.1 only). The container is removed on every exit path: a normal stop, a failed start, and, when the CLI
-    was killed, by the next run's orphan reaper (procs records the container's name)."""
+    (CUDA IPC handles name the exporting process), given whenever the container gets GPUs. Networking: `host` (the
+    reference guides' choice: no proxy between perf_analyzer and the server, which listens on 127.0.0.1 only) or
+    `bridge` (Triton's ports published on 127.0.0.1 only). The container is removed on every exit path: a normal
+    stop, a failed start, and, when the CLI was killed, by the next run's orphan reaper (procs records the container's
+    name)."""
 
     mode = "docker"
 
@@ -595,7 +596,8 @@ class RemoteServer(TritonServer):
                     if self.MISSING_BACKEND not in outcome:
                         found.add(backend)
                     log.write(
-                        f"backend probe {backend} as {name}: {'present' if backend in found else 'missing'} ({outcome})\n"
+                        f"backend probe {backend} as {name}: "
+                        f"{'present' if backend in found else 'missing'} ({outcome})\n"
                     )
                     try:
                         client.unload_model(name)

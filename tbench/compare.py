@@ -204,7 +204,8 @@ def _missing(v) -> bool:
 
 
 def _norm(col: str, v):
-    """A match key value that compares equal across parquet/CSV (None == NaN == missing, 1 == 1.0, ' FP32' == 'FP32')."""
+    """A match key value that compares equal across parquet/CSV (None == NaN == missing, 1 == 1.0,
+    ' FP32' == 'FP32')."""
     if _missing(v):
         return None
     if col in NUMERIC_KEYS:

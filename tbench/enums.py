@@ -5,7 +5,7 @@ from enum import Enum
 from tbench.errors import ConfigError
 
 
-class _ParsedEnum(str, Enum):
+class _ParsedEnum(str, Enum):  # noqa: UP042 - StrEnum would change str() and format() of members
     @classmethod
     def parse(cls, value: "str | _ParsedEnum") -> "_ParsedEnum":
         if isinstance(value, cls):

@@ -252,7 +252,9 @@ def _onnx_table_rows(graph: Any, names: list[str]) -> dict[str, int]:
     tables = {i.name: list(i.dims) for i in graph.initializer}
     for node in graph.node:
         if node.op_type == "Constant":
-            tables.update({node.output[0]: list(a.t.dims) for a in node.attribute if a.name == "value"})
+            for attribute in node.attribute:
+                if attribute.name == "value":  # a tensor constant (value_float, value_ints, ... are not tables)
+                    tables[node.output[0]] = list(attribute.t.dims)
     consumers: dict[str, list[tuple[Any, int]]] = defaultdict(list)
     for node in graph.node:
         for slot, name in enumerate(node.input):

@@ -5,7 +5,8 @@ at the graph's edges), TorchScript (the module in half precision; the io stays F
 saved module), TensorRT and TF-TRT (their builders' FP16 mode). A TF SavedModel holds FP32 weights: its FP16 is a GPU
 execution accelerator of Triton's TensorFlow backend, automatic mixed precision (the guides' "Automatic FP16", the
 default) or TensorRT at precision_mode FP16, so it needs a GPU and a native TensorFlow backend. INT8: TensorRT and
-TF-TRT only (calibrated on a calibration set: tbench/trt_profiles.py). Anything else is refused in one line before anything runs.
+TF-TRT only (calibrated on a calibration set: tbench/trt_profiles.py). Anything else is refused in one line before
+anything runs.
 """
 
 from __future__ import annotations
@@ -48,18 +49,20 @@ def refusal(fmt: Format, precision: Precision, *, has_gpu: bool, server: str, ac
     if fmt is Format.TF_SAVEDMODEL and precision is Precision.FP16:
         if accelerator not in FP16_ACCELERATORS:
             return (
-                f"precision fp16 of tf-savedmodel is a GPU accelerator over its FP32 weights ({' or '.join(FP16_ACCELERATORS)}); "
+                "precision fp16 of tf-savedmodel is a GPU accelerator over its FP32 weights "
+                f"({' or '.join(FP16_ACCELERATORS)}); "
                 f"{'none is applied here' if accelerator is None else f'accelerator {accelerator!r} is neither'} "
                 f"(fp16 files: {carriers(precision)})"
             )
         if server == "embedded":
             return (
-                "precision fp16 of tf-savedmodel is TensorFlow's automatic mixed precision on a GPU, which the embedded "
-                f"server's python backend does not apply (fp16 files: {carriers(precision)})"
+                "precision fp16 of tf-savedmodel is TensorFlow's automatic mixed precision on a GPU, "
+                f"which the embedded server's python backend does not apply (fp16 files: {carriers(precision)})"
             )
         if not has_gpu:
             return (
-                f"precision fp16 of tf-savedmodel is TensorFlow's automatic mixed precision on a GPU; this machine has none "
+                "precision fp16 of tf-savedmodel is TensorFlow's automatic mixed precision on a GPU; "
+                "this machine has none "
                 f"(fp16 files: {carriers(precision)})"
             )
         return None
@@ -110,6 +113,7 @@ def served_precision(held: Precision, accelerator: str, requested: Precision) ->
 
 def results_precision(artifacts: list, requested: Precision, accelerator: Callable[[Format], str]) -> str:
     """The results' `precision` of one served model: its artifact's, or for an ensemble its parts' in order
-    ("FP32 + FP16") when they differ. `accelerator(format)` is the accelerator the served config applies ("" if none)."""
+    ("FP32 + FP16") when they differ. `accelerator(format)` is the accelerator the served config applies ("" if
+    none)."""
     labels = [served_precision(a.precision, accelerator(a.format) or "", requested) for a in artifacts]
     return labels[0] if len(set(labels)) == 1 else " + ".join(labels)

@@ -145,7 +145,8 @@ def kill_own_children() -> None:
 def run(
     argv: list[str], log_path: Path, timeout: float, env: dict[str, str] | None = None, cwd: str | Path | None = None
 ) -> Completed:
-    """Run to completion, stdout+stderr into `log_path`; a timeout, Ctrl-C or any error kills the whole process group."""
+    """Run to completion, stdout+stderr into `log_path`; a timeout, Ctrl-C or any error kills the whole process
+    group."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
     with open(log_path, "wb") as log:

@@ -184,7 +184,8 @@ class BenchmarkRequest(BaseModel):
     )
     size: str | None = Field(
         None,
-        description="Model size: 'full' (published dimensions), 'small', or the model's presets; the model's default when empty.",
+        description="Model size: 'full' (published dimensions), 'small', or the model's presets; "
+        "the model's default when empty.",
     )
     model_options: dict[str, str | float | int] | None = Field(
         None, description="Model-specific options, e.g. {'memory_threshold_gb': 16} for dlrm."
@@ -359,7 +360,8 @@ class BenchmarkRequest(BaseModel):
             serve = [Format.ENSEMBLE]
             if self.serve_formats and [Format.parse(f) for f in self.serve_formats if f != "all"] not in ([], serve):
                 raise ConfigError(
-                    f"model {adapter.name!r} is served as a Triton ensemble of its parts; serve_formats can only be 'ensemble'"
+                    f"model {adapter.name!r} is served as a Triton ensemble of its parts; "
+                    "serve_formats can only be 'ensemble'"
                 )
         elif self.serve_formats and [s.strip().lower() for s in self.serve_formats] == ["all"]:
             serve = list(formats)
@@ -367,14 +369,16 @@ class BenchmarkRequest(BaseModel):
             serve = [Format.parse(f) for f in (self.serve_formats or [formats[0]])]
         if Format.ENSEMBLE in formats or (Format.ENSEMBLE in serve and not adapter.is_ensemble):
             raise ConfigError(
-                f"model {adapter.name!r} is not an ensemble; 'ensemble' is the format of models served as their parts (dlrm, dcnv2)"
+                f"model {adapter.name!r} is not an ensemble; "
+                "'ensemble' is the format of models served as their parts (dlrm, dcnv2)"
             )
         formats += [f for f in serve if f not in formats and f is not Format.ENSEMBLE]
         for fmt in (f for f in serve if f is not Format.ENSEMBLE):
             if self.server == "embedded" and fmt not in PYTHON_BACKEND_RUNTIMES:
                 known = ", ".join(f.value for f in PYTHON_BACKEND_RUNTIMES)
                 raise ConfigError(
-                    f"format {fmt.value!r} cannot be served by the embedded server (python backend); use one of: {known}"
+                    f"format {fmt.value!r} cannot be served by the embedded server (python backend); "
+                    f"use one of: {known}"
                 )
         precision = Precision.parse(self.precision)  # what each format can carry: tbench/precision.py
         accelerators = check_precision(

@@ -122,7 +122,10 @@ class RunTracker:
         if self.error is not None:
             return self.error
         if self.failed_points:
-            return f"{self.failed_points} of {len(self.results)} perf_analyzer points failed (see the report's Flagged points)"
+            return (
+                f"{self.failed_points} of {len(self.results)} perf_analyzer points failed "
+                "(see the report's Flagged points)"
+            )
         return ""
 
     def manifest(self, **extra) -> dict:

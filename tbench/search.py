@@ -359,7 +359,8 @@ class SearchResult(BaseModel):
             "",
             f"Strategy **{self.strategy}**; objective: {self.objective.describe()}.",
             "",
-            f"Measured **{self.measured} of {self.grid_size}** configurations ({100 * self.measured_fraction:.1f}% of the grid; "
+            f"Measured **{self.measured} of {self.grid_size}** configurations "
+            f"({100 * self.measured_fraction:.1f}% of the grid; "
             f"budget {self.budget}); {self.new_measurements} measured by this run, "
             f"{self.measured - self.new_measurements} read back from the checkpoint; {self.seconds:.1f} s.",
             "",

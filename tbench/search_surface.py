@@ -356,7 +356,8 @@ class SimulatedSurface:
             return Observation(
                 candidate=candidate,
                 status="error",
-                error=f"max batch {candidate.max_batch_size} is below the request size {self.surface(candidate).request_samples}",
+                error=f"max batch {candidate.max_batch_size} is below the request size "
+                f"{self.surface(candidate).request_samples}",
             )
         nx, np99 = self._noise(candidate)
         return Observation(

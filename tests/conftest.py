@@ -2,10 +2,14 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from tbench.settings import configure_prefect_env
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 configure_prefect_env()
 

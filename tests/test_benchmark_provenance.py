@@ -28,9 +28,8 @@ def _load(name: str, path: Path):
 
 # the scripts import it as `provenance` (run as scripts, benchmarks/ is their sys.path[0])
 provenance = sys.modules.get("provenance") or _load("provenance", BENCHMARKS / "provenance.py")
-SCRIPTS = sorted(
-    p for p in BENCHMARKS.glob("*.py") if p.name not in ("provenance.py", "tiny_model.py")
-)  # tiny_model: a model, no figure
+# tiny_model: a model, no figure
+SCRIPTS = sorted(p for p in BENCHMARKS.glob("*.py") if p.name not in ("provenance.py", "tiny_model.py"))
 ISO_UTC = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?\+00:00$")
 
 

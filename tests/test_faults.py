@@ -111,7 +111,8 @@ def lock_slots() -> int:
     script = (
         "from prefect.client.orchestration import get_client\n"
         "from tbench.device_lock import lock_name\nfrom tbench.hardware import detect\n"
-        "with get_client(sync_client=True) as c: print(c.read_global_concurrency_limit_by_name(lock_name(detect())).active_slots)"
+        "with get_client(sync_client=True) as c: "
+        "print(c.read_global_concurrency_limit_by_name(lock_name(detect())).active_slots)"
     )
     done = subprocess.run(
         [sys.executable, "-c", script],

@@ -11,7 +11,8 @@ import pytest
 
 from tasks.html_report import markdown_to_html, report_title, write_html_report
 
-# A trimmed copy of a real run's report.md (dlrm-20261122-200716-e158d2), with one failed check and flagged points added.
+# A trimmed copy of a real run's report.md (dlrm-20261122-200716-e158d2), with one failed check and flagged points
+# added.
 REPORT = """# Triton benchmark: dlrm (small, tensorflow)
 
 Run `dlrm-20261122-200716-e158d2`, status **completed**.
@@ -83,7 +84,7 @@ Measured but not reported above: they did not stabilise or failed.
 | perf-offline-ensemble |      36.2 |
 
 Latencies are in milliseconds; Avg Latency is perf_analyzer's average client latency.
-"""
+"""  # noqa: E501 - a copy of a real report: its table rows stay as wide as they were
 PLOTS = [
     "ensemble_offline_throughput_vs_batch.png",
     "ensemble_offline_latency_vs_batch.png",

@@ -11,7 +11,8 @@ from tbench.errors import ConfigError
 
 @pytest.fixture
 def folder(tmp_path):
-    """3 classes, 2 JPEGs each, of different sizes and aspect ratios; class c's images are filled with gray level 80c."""
+    """3 classes, 2 JPEGs each, of different sizes and aspect ratios; class c's images are filled with gray level
+    80c."""
     root = tmp_path / "val"
     for c, wnid in enumerate(["n01440764", "n01443537", "n01484850"]):
         (root / wnid).mkdir(parents=True)

@@ -143,7 +143,8 @@ def test_fp16_torchscript_is_the_module_in_half_behind_fp32_io(tagger, tmp_path,
 
 
 def test_fp16_from_other_teams_files(tmp_path):
-    """Model files served as they are: an FP32 ONNX or TorchScript file is converted to FP16, an FP16 one is left as it is."""
+    """Model files served as they are: an FP32 ONNX or TorchScript file is converted to FP16, an FP16 one is left as
+    it is."""
     from model_adapters.file_model import ModelFileAdapter
 
     module, example = Tagger().eval(), (torch.randn(2, 5, 8), torch.randint(0, 16, (2, 5)))
@@ -213,7 +214,8 @@ def test_a_savedmodel_holds_fp32_whatever_is_asked():
         ),
         (
             {"precision": "fp16", "framework": "tensorflow", "size": "small"},
-            "precision fp16 of tf-savedmodel is TensorFlow's automatic mixed precision on a GPU, which the embedded server",
+            "precision fp16 of tf-savedmodel is TensorFlow's automatic mixed precision on a GPU, "
+            "which the embedded server",
         ),
         (
             {"precision": "fp16", "framework": "tensorflow", "size": "small", "server": "local"},

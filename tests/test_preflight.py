@@ -162,7 +162,7 @@ def test_the_cli_says_one_line_and_exits_2(args, message):
 def test_the_cli_refuses_a_port_in_use(listening_port, tmp_path):
     result = CliRunner().invoke(app, ["run", "resnet50", "--http-port", str(listening_port), "-o", str(tmp_path)])
     assert result.exit_code == 2
-    assert (
-        result.output.strip()
-        == f"error: --http-port {listening_port} is already in use on 127.0.0.1; pick another or leave it out for a free one"
+    assert result.output.strip() == (
+        f"error: --http-port {listening_port} is already in use on 127.0.0.1; "
+        "pick another or leave it out for a free one"
     )

@@ -138,7 +138,8 @@ def test_a_retired_or_misspelt_measurement_setting_is_refused():
 
 
 def test_a_remote_run_names_its_triton_models_its_own_way():
-    """A remote server is shared: every name a run loads there ends with a suffix of its own; results show the plain one."""
+    """A remote server is shared: every name a run loads there ends with a suffix of its own; results show the plain
+    one."""
     from tbench.request import plain_name
 
     first = BenchmarkRequest(model="dlrm", size="tiny", server="remote", server_url="h:8001").resolve(has_gpu=False)

@@ -47,7 +47,7 @@ def test_point_failures_decide_between_completed_with_failures_and_failed(tracke
     ],
 )
 def test_an_interrupt_names_the_signal_and_the_stage_and_wins_over_later_errors(tracker, err, name):
-    with pytest.raises(BaseException), tracker.stage("perf-online-onnx"):
+    with pytest.raises(type(err)), tracker.stage("perf-online-onnx"):
         raise err
     tracker.record_error(RuntimeError("the report failed afterwards"))
     assert tracker.status == INTERRUPTED and tracker.failed_stage == "perf-online-onnx"

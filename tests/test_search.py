@@ -1,4 +1,5 @@
-"""Configuration search: the grid, objectives, both strategies, checkpoint/resume and the simulated surface (no server)."""
+"""Configuration search: the grid, objectives, both strategies, checkpoint/resume and the simulated surface
+(no server)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import math
 
 import numpy as np
 import pytest
+from pydantic import ValidationError
 
 from tbench.search import (
     Candidate,
@@ -56,7 +58,7 @@ def test_grid_sizes_keys_and_preferred_rules():
     assert len(grid) == 2 * 5 * 2 * 3 == 60
     assert len({c.key for c in grid}) == 60 and len(set(grid)) == 60  # frozen, hashable, distinct
     assert grid[0].key == "i1_b1_pnone_d0" and grid[-1].key == "i2_b16_p16_d2000"
-    with pytest.raises(Exception):
+    with pytest.raises(ValidationError):
         grid[0].instances = 3  # frozen
     # 'half' collapses into 'max' at max batch 1: the grid keeps one of them
     small = SearchSpace(
@@ -184,7 +186,8 @@ def test_simulated_surface_reproduces_the_published_online_rows(model, gpu):
         predicted = np.array([surface.published_state(int(c)).throughput for c in rows["concurrency"]])
         ratio = predicted / rows["throughput_infer_per_s"].to_numpy()
         assert abs(ratio[-1] - 1) <= 0.30, (variant, ratio[-1])  # the concurrency searches run at
-        # most rows too (nnunet FP32 on the A100 collapses at batch 4 in the guide's offline table, and the model with it)
+        # most rows too (nnunet FP32 on the A100 collapses at batch 4 in the guide's offline table, and the model
+        # with it)
         assert np.median(np.abs(ratio - 1)) <= 0.30 and np.mean(np.abs(ratio - 1) <= 0.30) >= 0.6, (variant, ratio)
         p99 = np.array([surface.published_state(int(c)).p99_ms for c in rows["concurrency"]])
         assert np.median(np.abs(p99 / rows["p99_ms"].to_numpy() - 1)) <= 0.30, variant

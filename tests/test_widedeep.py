@@ -1,4 +1,5 @@
-"""The Wide & Deep adapter (TensorFlow/Keras, Outbrain features) and the ranking metrics, small size only (fast, CPU)."""
+"""The Wide & Deep adapter (TensorFlow/Keras, Outbrain features) and the ranking metrics, small size only
+(fast, CPU)."""
 
 from __future__ import annotations
 
