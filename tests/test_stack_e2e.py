@@ -209,7 +209,8 @@ def test_a_killed_worker_loses_nothing_and_a_rerun_with_reuse_measures_only_the_
     rerun_dir = next(iter(set(staging.glob("resnet50-*")) - before - {killed_dir}))
     results = pd.read_csv(rerun_dir / "results.csv")
     reused = results[results["reused_from"] == killed_dir.name]
-    assert len(results) == 5 and (results["status"] == "ok").all()
+    # every point measured (a busy machine may leave a fresh one unstable: measured all the same, and kept)
+    assert len(results) == 5 and results["status"].isin(["ok", "unstable"]).all(), results["status"]
     assert len(reused) == int((kept["status"] == "ok").sum())  # nothing measured before the kill is measured again
     assert not [p for p in orphaned if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]  # stopped by the re-run
 
