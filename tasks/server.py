@@ -237,8 +237,8 @@ class ProcessServer(TritonServer):
 
     def start(self) -> ServerEndpoints:
         if self.alive():  # a second start would orphan the first server (and its stubs and shared memory)
-            raise ServerStartError(f"this {self.mode} tritonserver is already running (pid {self.proc.pid})")
-        self.proc = procs.start(self.argv(), self.log_path, env=self.env())
+            raise ServerStartError(f"this {self.mode} tritonserver is already running ({self._running_as()})")
+        self.proc = procs.start(self.argv(), self.log_path, env=self.env(), container=self._container_record())
         try:
             self._wait_ready(f"{self.mode} tritonserver")
         except BaseException:
@@ -256,6 +256,19 @@ class ProcessServer(TritonServer):
         """The server and every process it started (stubs stay in its process group, orphaned or not)."""
         return shm.group_members(self.proc.pid)
 
+    # What differs for a server in a container (DockerServer): how it is named, recorded, found and removed
+    def _running_as(self) -> str:
+        return f"pid {self.proc.pid}"
+
+    def _container_record(self) -> dict | None:
+        return None
+
+    def _server_processes(self) -> list[psutil.Process]:
+        return self._group()
+
+    def _remove_leftovers(self) -> None:
+        pass
+
     def _terminate(self, timeout_s: float) -> None:
         self.proc.send_signal(signal.SIGTERM)
         try:
@@ -269,11 +282,12 @@ class ProcessServer(TritonServer):
         killed perf_analyzer leaves behind) is removed."""
         if self.proc is None:
             return
-        regions = shm.mapped_regions(self._group())
+        regions = shm.mapped_regions(self._server_processes())
         if self.proc.poll() is None:
             self._terminate(timeout_s)
         procs.kill_group(self.proc)
         self.proc.wait()
+        self._remove_leftovers()
         procs.forget(self.proc)
         self.proc = None
         shm.remove(regions)  # Triton removes its own on a clean exit; killed processes leave theirs behind
@@ -430,21 +444,18 @@ class DockerServer(ProcessServer):
         # inside its own network namespace the server listens on Triton's default ports; -p maps them to ours
         return argv + self.server_args("/models", None, address="0.0.0.0", ports=CONTAINER_PORTS)
 
-    def start(self) -> ServerEndpoints:
-        if self.alive():
-            raise ServerStartError(f"this docker tritonserver is already running (container {self.container})")
-        self.proc = procs.start(
-            self.argv(),
-            self.log_path,
-            env=self.env(),
-            container={"docker": self.docker, "name": self.container, "host": os.environ.get("DOCKER_HOST")},
-        )
-        try:
-            self._wait_ready("docker tritonserver")
-        except BaseException:
-            self.stop()
-            raise
-        return self.endpoints
+    def _running_as(self) -> str:
+        return f"container {self.container}"
+
+    def _container_record(self) -> dict:
+        return {"docker": self.docker, "name": self.container, "host": os.environ.get("DOCKER_HOST")}
+
+    def _server_processes(self) -> list[psutil.Process]:
+        return containers.processes(self.docker, self.container)
+
+    def _remove_leftovers(self) -> None:
+        """A container whose client was killed, or that ignored `docker stop`, is removed too."""
+        containers.remove(self.docker, self.container)
 
     def backends_argv(self) -> list[str]:
         return [self.docker, "run", "--rm", "--entrypoint", "ls", self.image, str(LOCAL_BACKENDS)]
@@ -468,21 +479,6 @@ class DockerServer(ProcessServer):
             self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             pass
-
-    def stop(self, timeout_s: float = 30.0) -> None:
-        """`docker stop` (Triton unloads its models), the client's group, then the container itself and the shared
-        memory its processes mapped: a container whose client was killed, or that ignored the stop, is removed too."""
-        if self.proc is None:
-            return
-        regions = shm.mapped_regions(containers.processes(self.docker, self.container))
-        if self.proc.poll() is None:
-            self._terminate(timeout_s)
-        procs.kill_group(self.proc)
-        self.proc.wait()
-        containers.remove(self.docker, self.container)
-        procs.forget(self.proc)
-        self.proc = None
-        shm.remove(regions)
 
 
 class RemoteServer(TritonServer):
