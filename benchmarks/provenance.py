@@ -10,7 +10,7 @@ command, and says which.
 On a normal exit the file is replaced, atomically (a temporary file in the same folder, then a rename), by
 {"provenance": {...}, **record}. The provenance block holds `command` (the interpreter and sys.argv, shell-quoted, as
 typed from the repository root), `commit` and `dirty` (the git tree at the start, benchmarks/results/ left out),
-`machine` (tbench.hardware.detect(): CPU model, cores, memory, GPUs, plus the Python version), `started` and `ended`
+`machine` (tbench.node.hardware.detect(): CPU model, cores, memory, GPUs, plus the Python version), `started` and `ended`
 (UTC, ISO 8601), `wall_s`, `model_sizes` ("MODEL SIZE" strings, at least one), and `complete`.
 
 Nothing here reads an existing results file: there is no merge and no append. A record starts empty, so what the file
@@ -114,8 +114,8 @@ def git_state(root: str | Path = REPO) -> tuple[str | None, bool | None, list[st
 
 
 def machine() -> dict:
-    """tbench.hardware.detect() (CPU model, cores, memory, GPUs, driver, OS, host) and the Python version."""
-    from tbench.hardware import detect
+    """tbench.node.hardware.detect() (CPU model, cores, memory, GPUs, driver, OS, host) and the Python version."""
+    from tbench.node.hardware import detect
 
     return {**detect().model_dump(), "python": platform.python_version()}
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from provenance import RESULTS, recorded
 
-from tbench.settings import configure_prefect_env
+from tbench.core.settings import configure_prefect_env
 
 configure_prefect_env()
 

@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 from provenance import RESULTS, recorded
 
-from tbench.search import (
+from tbench.search.strategies import (
     Candidate,
     Checkpoint,
     Objective,
@@ -43,7 +43,7 @@ from tbench.search import (
     exhaustive_search,
     smart_search,
 )
-from tbench.search_surface import SimulatedSurface, calibrated, published_surfaces
+from tbench.search.surface import SimulatedSurface, calibrated, published_surfaces
 
 
 def compare(space: SearchSpace, exhaustive: SearchResult, objective: Objective, smart: SearchResult) -> dict:
@@ -247,13 +247,13 @@ def measured_here(name: str, result: SearchResult, loads: list) -> None:
 
 def real(concurrency: int, work: Path, size: str = "small") -> dict:
     import model_adapters
-    from tasks.export import export_model
-    from tasks.perf import prepare_inputs
-    from tasks.search_eval import ServedVariant, TritonEvaluator
-    from tasks.server import EmbeddedServer
-    from tbench.enums import Format
+    from tbench.core.enums import Format
+    from tbench.core.runtimes import source_digest
+    from tbench.export import export_model
     from tbench.request import Measurement
-    from tbench.runtimes import source_digest
+    from tbench.search.evaluate import ServedVariant, TritonEvaluator
+    from tbench.sweep import prepare_inputs
+    from tbench.triton.server import EmbeddedServer
 
     t0 = time.monotonic()
     adapter = model_adapters.get("resnet50", size)

@@ -27,14 +27,14 @@ from tiny_model import build_tiny_image_onnx
 
 import model_adapters
 from model_adapters.file_model import ModelFileAdapter
-from tasks.export import export_model
-from tasks.perf import Point, run_sweep
-from tasks.repository import ServingConfig, write_repository
-from tasks.server import EmbeddedServer
-from tbench.enums import Format, Scenario
-from tbench.layout import RunLayout
+from tbench.core.enums import Format, Scenario
+from tbench.core.layout import RunLayout
+from tbench.core.runtimes import source_digest
+from tbench.export import export_model
 from tbench.request import Measurement
-from tbench.runtimes import source_digest
+from tbench.sweep import Point, run_sweep
+from tbench.triton.repository import ServingConfig, write_repository
+from tbench.triton.server import EmbeddedServer
 
 MEASUREMENT = Measurement()  # the defaults a run uses
 THROUGHPUT_BATCH = 8

@@ -1,5 +1,5 @@
 """Thin Prefect flows: wiring only."""
 
-from tbench.settings import configure_prefect_env
+from tbench.core.settings import configure_prefect_env
 
 configure_prefect_env()

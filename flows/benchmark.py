@@ -12,35 +12,41 @@ from prefect.states import Completed
 
 from flows.lifecycle import finishing, run_lifecycle
 from model_adapters.ensemble import part_adapters
-from tasks.accuracy import accuracy_task, require_same_answers
+from tasks.accuracy import accuracy_task
 from tasks.baseline import baseline_task
-from tasks.correctness import correctness_task, require_passed
-from tasks.export import ConversionOptions, export_task
+from tasks.correctness import correctness_task
+from tasks.export import export_task
 from tasks.metrics import metrics_task
-from tasks.monitor import PointMonitor
-from tasks.perf import perf_task, plan_points, prepare_inputs
-from tasks.point_cache import PointCache, file_digest, tool_versions
+from tasks.perf import perf_task
 from tasks.report import report_task
-from tasks.repository import (
+from tasks.repository import repository_task
+from tasks.server import server_task
+from tasks.store import store_task
+from tbench.accuracy import require_same_answers
+from tbench.core.enums import Format, Scenario
+from tbench.core.errors import PerfAnalyzerError
+from tbench.core.precision import results_precision
+from tbench.correctness import require_passed
+from tbench.export import ConversionOptions
+from tbench.node import hardware as hw
+from tbench.pools import check_worker_hardware
+from tbench.request import PYTHON_BACKEND_RUNTIMES, BenchmarkRequest, adapter_for, plain_name
+from tbench.results.point_cache import PointCache, file_digest, tool_versions
+from tbench.run import COMPLETED_WITH_FAILURES, FAILED, STATE_COMPLETED_WITH_FAILURES, RunTracker
+from tbench.store import run_url
+from tbench.sweep import plan_points, prepare_inputs
+from tbench.triton.monitor import PointMonitor
+from tbench.triton.repository import (
     ACCELERATOR_LABELS,
     RUNTIME_MODEL,
     ServingConfig,
     backend_label,
-    repository_task,
     serves_natively,
     write_ensemble,
     write_offline_configs,
 )
-from tasks.server import configs_loaded, make_server, server_task
-from tasks.store import run_url, store_task
-from tbench import hardware as hw
-from tbench.enums import Format, Scenario
-from tbench.errors import PerfAnalyzerError
-from tbench.pools import check_worker_hardware
-from tbench.precision import results_precision
-from tbench.request import PYTHON_BACKEND_RUNTIMES, BenchmarkRequest, adapter_for, plain_name
-from tbench.run import COMPLETED_WITH_FAILURES, FAILED, STATE_COMPLETED_WITH_FAILURES, RunTracker
-from tbench.serving import ServedOn, combined, confirmed, device_reports, pinned_env, served_on
+from tbench.triton.server import configs_loaded, make_server
+from tbench.triton.serving import ServedOn, combined, confirmed, device_reports, pinned_env, served_on
 
 
 @flow(name="triton-benchmark")

@@ -8,14 +8,15 @@ import contextlib
 import logging
 from collections.abc import Iterator
 
-from tasks.store import staging_root
-from tbench import procs, progress
-from tbench.device_lock import device_lock
-from tbench.errors import BenchError
-from tbench.interrupts import second_signal_exits
-from tbench.layout import RunLayout, new_run_id
+from tbench.core import progress
+from tbench.core.errors import BenchError
+from tbench.core.layout import RunLayout, new_run_id
+from tbench.node import procs
+from tbench.node.device_lock import device_lock
+from tbench.node.interrupts import second_signal_exits
 from tbench.preflight import preflight
 from tbench.run import RunTracker
+from tbench.store import staging_root
 
 log = logging.getLogger("prefect.tbench.lifecycle")
 

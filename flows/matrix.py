@@ -23,15 +23,17 @@ from prefect import flow
 from prefect.artifacts import create_markdown_artifact
 from pydantic import BaseModel, Field
 
-from tasks.html_report import write_html_report
-from tasks.matrix_report import matrix_markdown
-from tasks.matrix_runs import ChildRun, matrix_run
-from tasks.store import run_url, staging_root, store_task
-from tbench.errors import BenchError, one_line
-from tbench.layout import RunLayout, new_run_id
+from tasks.matrix_runs import matrix_run
+from tasks.store import store_task
+from tbench.core.errors import BenchError, one_line
+from tbench.core.layout import RunLayout, new_run_id
+from tbench.core.storage import url_to_fs
+from tbench.matrix_runs import ChildRun
 from tbench.pools import POOLS
+from tbench.results.html_report import write_html_report
+from tbench.results.matrix_report import matrix_markdown
 from tbench.run import RunTracker
-from tbench.storage import url_to_fs
+from tbench.store import run_url, staging_root
 
 
 class MatrixIncomplete(BenchError):

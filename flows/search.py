@@ -16,24 +16,29 @@ from pydantic import BaseModel, Field
 
 from flows.benchmark import plan_devices, request_from_argv, server_options
 from flows.lifecycle import finishing, run_lifecycle
-from tasks.correctness import correctness_task, require_passed
-from tasks.export import ConversionOptions, export_task
-from tasks.html_report import write_html_report
-from tasks.perf import prepare_inputs
-from tasks.repository import serves_natively
-from tasks.search_eval import ServedVariant, TritonEvaluator, artifact_key, search_task
-from tasks.server import make_server, server_task
-from tasks.store import run_url, store_task
-from tbench import hardware as hw
-from tbench.enums import Format, Precision
-from tbench.errors import ConfigError
-from tbench.layout import RunLayout
+from tasks.correctness import correctness_task
+from tasks.export import export_task
+from tasks.search_eval import search_task
+from tasks.server import server_task
+from tasks.store import store_task
+from tbench.core.enums import Format, Precision
+from tbench.core.errors import ConfigError
+from tbench.core.layout import RunLayout
+from tbench.core.precision import refusal
+from tbench.correctness import require_passed
+from tbench.export import ConversionOptions
+from tbench.node import hardware as hw
 from tbench.pools import check_worker_hardware
-from tbench.precision import refusal
 from tbench.request import DEFAULT_TOLERANCES, BenchmarkRequest, adapter_for
+from tbench.results.html_report import write_html_report
 from tbench.run import RunTracker
-from tbench.search import STRATEGIES, Candidate, Checkpoint, Objective, SearchSpace
-from tbench.serving import combined, pinned_env
+from tbench.search.evaluate import ServedVariant, TritonEvaluator, artifact_key
+from tbench.search.strategies import STRATEGIES, Candidate, Checkpoint, Objective, SearchSpace
+from tbench.store import run_url
+from tbench.sweep import prepare_inputs
+from tbench.triton.repository import serves_natively
+from tbench.triton.server import make_server
+from tbench.triton.serving import combined, pinned_env
 
 # The registry's strategy names, in its order, as a Literal: the schema and the validation error list them.
 StrategyName = Literal[tuple(STRATEGIES.names())]  # type: ignore[valid-type]
@@ -352,7 +357,7 @@ def _finish(
 
 def partial_result(layout: RunLayout, search: SearchRequest):
     """What an interrupted search measured, from its checkpoint (resume it with resume_from=<this run folder>)."""
-    from tbench.search import SearchResult
+    from tbench.search.strategies import SearchResult
 
     keys = {c.key for c in search.space.grid()}
     observations = [o for o in Checkpoint(layout.run_dir / CHECKPOINT).load() if o.candidate.key in keys]

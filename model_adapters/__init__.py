@@ -11,8 +11,8 @@ from __future__ import annotations
 from importlib.metadata import entry_points
 
 from model_adapters.base import Batch, ModelAdapter, ServingDefaults
-from tbench.errors import ConfigError
-from tbench.registry import Registry, RegistryError
+from tbench.core.errors import ConfigError
+from tbench.core.registry import Registry, RegistryError
 
 PLUGIN_GROUP = "tbench.model_adapters"
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from tbench.iospec import IoSpec
+from tbench.core.iospec import IoSpec
 
 
 @dataclass(frozen=True)
@@ -72,7 +72,7 @@ class ModelAdapter(ABC):
         data_dir: str | None = None,
         options: dict | None = None,
     ):
-        from tbench.errors import ConfigError
+        from tbench.core.errors import ConfigError
 
         size = size or self.default_size
         if size not in self.sizes:
@@ -143,7 +143,7 @@ class ModelAdapter(ABC):
     def use_input_data(self, path: str) -> ModelAdapter:
         """Draw every batch from the user's samples at `path` (see tbench/input_data.py), checked against the io spec
         here; they have no labels, so the accuracy stage compares outputs only. Returns the adapter."""
-        from tbench.input_data import load_input_data
+        from tbench.core.input_data import load_input_data
 
         self.given_samples = load_input_data(path, self.io_spec(), default_shapes=self.input_shapes)
         return self

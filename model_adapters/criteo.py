@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tbench.errors import ConfigError
+from tbench.core.errors import ConfigError
 
 NUM_NUMERICAL = 13
 NUM_CATEGORICAL = 26

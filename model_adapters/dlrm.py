@@ -40,8 +40,8 @@ from model_adapters.criteo import (
     synthetic_frame,
 )
 from model_adapters.embedding_placement import GIB, Placement, place_tables, placement_summary, placement_table_md
-from tbench.errors import ConfigError
-from tbench.iospec import IoSpec, TensorSpec
+from tbench.core.errors import ConfigError
+from tbench.core.iospec import IoSpec, TensorSpec
 
 MEMORY_FRACTION = 0.6  # at most this share of the machine's memory goes to embedding tables
 DEFAULT_THRESHOLD_GB = 16.0  # the guide's default GPU memory for embedding tables, with a GPU

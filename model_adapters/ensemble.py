@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from model_adapters.base import Batch, ModelAdapter, ModelPart, ServingDefaults
-from tbench.iospec import IoSpec
+from tbench.core.iospec import IoSpec
 
 
 class PartAdapter(ModelAdapter):
@@ -29,7 +29,7 @@ class PartAdapter(ModelAdapter):
         return self.part.io_spec
 
     def batches(self, n_samples: int, batch_size: int, seed: int = 0) -> Iterator[Batch]:
-        from tbench.runtimes import run_source
+        from tbench.core.runtimes import run_source
 
         for batch in self.whole.batches(n_samples, batch_size, seed):
             tensors = dict(batch.inputs)

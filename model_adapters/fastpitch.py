@@ -25,8 +25,8 @@ import numpy as np
 
 from model_adapters.base import Batch, ModelAdapter, ServingDefaults
 from model_adapters.torch_checkpoint import load_checkpoint
-from tbench.errors import ConfigError
-from tbench.iospec import IoSpec, TensorSpec
+from tbench.core.errors import ConfigError
+from tbench.core.iospec import IoSpec, TensorSpec
 
 N_MELS = 80
 N_SYMBOLS = 148  # the published model's symbol table size (padding, punctuation, letters, ARPAbet)

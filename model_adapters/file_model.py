@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 
 from model_adapters.base import Batch, ModelAdapter, ServingDefaults
-from tbench.errors import ConfigError
-from tbench.iospec import IoSpec
+from tbench.core.errors import ConfigError
+from tbench.core.iospec import IoSpec
 
 
 class ModelFileAdapter(ModelAdapter):
@@ -26,7 +26,7 @@ class ModelFileAdapter(ModelAdapter):
         dtypes: dict[str, str] | None = None,
         value_ranges: dict[str, list[float]] | None = None,
     ):
-        from tbench.model_file import read_model_file
+        from tbench.core.model_file import read_model_file
 
         super().__init__(size="file")
         self.path, self.shapes, self.dtypes, self.value_ranges = str(path), shapes, dtypes, value_ranges
@@ -67,7 +67,7 @@ class ModelFileAdapter(ModelAdapter):
     def rejected_inputs(self, what: str, error_line: str, inputs: dict[str, np.ndarray]) -> str:
         """Synthetic inputs: the integer inputs the model fails on (found by re-running it with each one zeroed) and
         the options that fix their range."""
-        from tbench.model_file import RANGE_FLAG, describe_range
+        from tbench.core.model_file import RANGE_FLAG, describe_range
 
         if self.given_samples is not None:
             return super().rejected_inputs(what, error_line, inputs)
@@ -84,7 +84,7 @@ class ModelFileAdapter(ModelAdapter):
         """The integer inputs whose synthetic values the model rejects: with every integer input zeroed the model runs,
         and with one of them restored it fails again. When that cannot tell, every integer input not ranged by the
         user."""
-        from tbench.model_file import run_model_file
+        from tbench.core.model_file import run_model_file
 
         ints = [t.name for t in self.file.io_spec.inputs if t.np_dtype.kind in "iu"]
 
@@ -103,7 +103,7 @@ class ModelFileAdapter(ModelAdapter):
         return [n for n in ints if n not in self.file.value_ranges]
 
     def batches(self, n_samples: int, batch_size: int, seed: int = 0) -> Iterator[Batch]:
-        from tbench.model_file import synthetic_inputs
+        from tbench.core.model_file import synthetic_inputs
 
         for i, start in enumerate(range(0, n_samples, batch_size)):
             yield Batch(inputs=synthetic_inputs(self.file, min(batch_size, n_samples - start), seed=seed + i))

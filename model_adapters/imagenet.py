@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tbench.errors import ConfigError
+from tbench.core.errors import ConfigError
 
 MEAN = np.array([0.485, 0.456, 0.406], dtype=np.float32)
 STD = np.array([0.229, 0.224, 0.225], dtype=np.float32)

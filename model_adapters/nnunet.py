@@ -15,8 +15,8 @@ import numpy as np
 
 from model_adapters.base import Batch, ModelAdapter, ServingDefaults
 from model_adapters.torch_checkpoint import load_checkpoint
-from tbench.errors import ConfigError
-from tbench.iospec import IoSpec, TensorSpec
+from tbench.core.errors import ConfigError
+from tbench.core.iospec import IoSpec, TensorSpec
 
 IN_CHANNELS = 4  # BraTS MRI modalities: FLAIR, T1, T1-gd, T2
 NUM_CLASSES = 4  # background + edema, non-enhancing tumour, enhancing tumour

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tbench.errors import ConfigError
+from tbench.core.errors import ConfigError
 
 _FULL_ONEHOT = (
     ("document_id", 300000),

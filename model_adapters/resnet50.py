@@ -10,7 +10,7 @@ from model_adapters import register
 from model_adapters.base import Batch, ModelAdapter, ServingDefaults
 from model_adapters.imagenet import folder_batches
 from model_adapters.torch_checkpoint import load_checkpoint
-from tbench.iospec import IoSpec, TensorSpec
+from tbench.core.iospec import IoSpec, TensorSpec
 
 # size -> (blocks per stage, stem width, image side, classes)
 _SIZES = {

@@ -22,8 +22,8 @@ import numpy as np
 from model_adapters.base import Batch, ModelAdapter, ServingDefaults
 from model_adapters.imagenet import folder_batches
 from model_adapters.resnet50 import _SIZES, ResNet50
-from tbench.errors import ConfigError
-from tbench.iospec import IoSpec, TensorSpec
+from tbench.core.errors import ConfigError
+from tbench.core.iospec import IoSpec, TensorSpec
 
 _EXPANSION = 4
 _BN_EPS = 1e-5

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pickle
 
-from tbench.errors import ConfigError
+from tbench.core.errors import ConfigError
 
 
 def load_checkpoint(module, path: str) -> None:

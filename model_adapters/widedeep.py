@@ -38,7 +38,7 @@ from model_adapters.base import Batch, ModelAdapter, ServingDefaults
 from model_adapters.outbrain import SPECS, OutbrainSpec, frame_batch, parquet_batches, synthetic_frame
 from model_adapters.ranking_metrics import map_at_k
 from model_adapters.resnet50_tf import load_weights
-from tbench.iospec import IoSpec, TensorSpec
+from tbench.core.iospec import IoSpec, TensorSpec
 
 OUTPUT = "wide_deep_model"
 _HIDDEN = {"full": (1024,) * 5, "small": (32, 32)}

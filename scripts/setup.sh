@@ -41,7 +41,7 @@ fi
 
 # Prefect's ephemeral API migrates its database on first use (~30 s): do it now.
 .venv/bin/python - <<'PY'
-from tbench.settings import configure_prefect_env
+from tbench.core.settings import configure_prefect_env
 configure_prefect_env()
 import asyncio
 from prefect.server.database import provide_database_interface

@@ -1,205 +1,22 @@
-"""The search's real evaluator: one Triton server in explicit model-control mode for the whole search; per candidate
-the model's config is written (instances, max batch, preferred sizes, queue delay), the model is loaded through the
-client, measured with one perf_analyzer point at the search's concurrency (online scenario: dynamic batching) by
-`tasks.perf.measure_point` (the benchmark's windows, stability and retries), and unloaded.
-
-A candidate that does not load, or whose point is unstable or fails, is an infeasible observation kept with its
-status; a server that died is an error that stops the search (the checkpoint keeps what was measured).
-"""
+"""The configuration search on a Triton server: the Prefect task; the logic is in tbench.search.evaluate."""
 
 from __future__ import annotations
-
-import math
-import re
-import time
-from dataclasses import dataclass, field
-from pathlib import Path
 
 from prefect import task
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
 from prefect.cache_policies import NO_CACHE
 
-from tasks.perf import PerfInputs, Point, measure_point, warm_up
-from tasks.repository import ServingConfig, write_repository
-from tasks.server import RemoteServer, TritonServer, one_line
-from tbench import progress, tools
-from tbench.artifacts import ModelArtifact
-from tbench.enums import Scenario
-from tbench.errors import ConfigError, PerfAnalyzerError, ServerStartError
-from tbench.layout import RunLayout
-from tbench.request import Measurement
-from tbench.search import STRATEGIES, Candidate, Checkpoint, Objective, Observation, SearchResult, SearchSpace
-
-
-def _number(value) -> float | None:
-    try:
-        value = float(value)
-    except (TypeError, ValueError):
-        return None
-    return None if math.isnan(value) else value
-
-
-def observation_from_row(candidate: Candidate, row: dict, seconds: float) -> Observation:
-    """A perf_analyzer row (tasks.perf) as an observation: numbers only when the point is ok."""
-    ok = row.get("status") == "ok"
-    return Observation(
-        candidate=candidate,
-        status=str(row.get("status") or "error"),
-        error=str(row.get("error") or ""),
-        throughput=_number(row.get("throughput_infer_per_s")) if ok else None,
-        p99_ms=_number(row.get("p99_ms")) if ok else None,
-        avg_ms=_number(row.get("avg_ms")) if ok else None,
-        seconds=seconds,
-    )
-
-
-@dataclass
-class ServedVariant:
-    """One converted model the search may serve: a `SearchSpace.formats` entry's artifact and how it is served."""
-
-    artifact: ModelArtifact
-    native: bool  # the format's own backend (else the python-backend runtime model)
-
-
-@dataclass
-class TritonEvaluator:
-    """Measures candidates on a started server in explicit model-control mode (see the module docstring)."""
-
-    server: TritonServer
-    repository: Path
-    name: str  # the Triton model name every candidate is loaded under
-    variants: dict[str, ServedVariant]  # SearchSpace.formats entry -> what to serve ('' for the only one)
-    concurrency: int
-    measurement: Measurement
-    work_dir: Path  # perf_analyzer's files go under <work_dir>/<candidate key>/
-    inputs: PerfInputs = field(default_factory=PerfInputs)
-    online_batch_size: int = 1
-    kind: str = "KIND_CPU"
-    cpu_cores: int = 1
-    load_timeout_s: float = 300.0
-    gpu_env: dict[str, str] = field(default_factory=dict)  # perf_analyzer sees the server's GPU only (pinned_env)
-
-    def __post_init__(self):
-        self.binary = tools.perf_analyzer_binary()
-        self.env = {**tools.perf_analyzer_env(), **self.gpu_env}
-        self.evaluations = 0
-
-    def variant(self, candidate: Candidate) -> ServedVariant:
-        if candidate.format in self.variants:
-            return self.variants[candidate.format]
-        if not candidate.format:
-            return next(iter(self.variants.values()))
-        raise ConfigError(
-            f"the search has no converted model for {candidate.format!r}; it has {', '.join(self.variants)}"
-        )
-
-    def serving_config(self, candidate: Candidate) -> ServingConfig:
-        return ServingConfig(
-            name=self.name,
-            max_batch_size=candidate.max_batch_size,
-            preferred_batch_sizes=list(candidate.preferred_batch_sizes),
-            max_queue_delay_us=candidate.queue_delay_us,
-            instances=candidate.instances,
-            kind=self.kind,
-            intra_op_threads=max(1, self.cpu_cores // candidate.instances),
-        )
-
-    def _client(self):
-        import tritonclient.grpc as grpcclient
-
-        return grpcclient.InferenceServerClient(self.server.endpoints.grpc_url)
-
-    def load(self, model_dir: Path) -> None:
-        """Load (or reload) the model as the repository now describes it; a remote server gets config and files."""
-        client = self._client()
-        try:
-            if isinstance(self.server, RemoteServer):
-                self.server.claim(client, self.name)  # a shared server: never a name it already has
-                config, files = RemoteServer.upload(model_dir)
-                client.load_model(self.name, config=config, files=files, client_timeout=self.load_timeout_s)
-            else:
-                client.load_model(self.name, client_timeout=self.load_timeout_s)
-        finally:
-            client.close()
-
-    def unload(self) -> None:
-        """Unload and wait until Triton says the model is gone (its instances and stubs stopped)."""
-        from tritonclient.utils import InferenceServerException
-
-        client = self._client()
-        try:
-            client.unload_model(self.name)
-            deadline = time.monotonic() + 120
-            while time.monotonic() < deadline:
-                index = client.get_model_repository_index(as_json=True).get("models", [])
-                states = {m.get("state", "") for m in index if m.get("name") == self.name}
-                if not states & {"READY", "UNLOADING", "LOADING"}:
-                    return
-                time.sleep(0.1)
-        except InferenceServerException:
-            pass  # not loaded: nothing to wait for
-        finally:
-            client.close()
-
-    def evaluate(self, candidate: Candidate) -> Observation:
-        from tritonclient.utils import InferenceServerException
-
-        self.evaluations += 1
-        started = time.monotonic()
-
-        def failed(status: str, error: str) -> Observation:
-            return Observation(candidate=candidate, status=status, error=error, seconds=time.monotonic() - started)
-
-        if candidate.max_batch_size < self.online_batch_size:
-            return failed(
-                "error", f"max batch {candidate.max_batch_size} is below the request's {self.online_batch_size} samples"
-            )
-        try:
-            variant = self.variant(candidate)
-            model_dir = write_repository(
-                self.repository, self.serving_config(candidate), variant.artifact, variant.native
-            )
-        except ConfigError as err:
-            return failed("error", str(err))
-        try:
-            self.load(model_dir)
-        except InferenceServerException as err:
-            self.unload()
-            if not self.server.alive():
-                raise ServerStartError(
-                    f"the Triton server stopped while loading {candidate.key}: {one_line(err.message() or '')}"
-                ) from None
-            return failed("error", f"load failed: {one_line(err.message() or str(err))}")
-        try:
-            layout = RunLayout(self.work_dir, candidate.key).create()
-            point = Point(Scenario.ONLINE, self.online_batch_size, self.concurrency)
-            grpc_url, spec = self.server.endpoints.grpc_url, variant.artifact.io_spec
-            # a freshly loaded candidate: warm it up and size its windows from its own latency
-            latency = warm_up(
-                grpc_url, self.name, spec, [point.batch_size], self.measurement.warmup_requests, self.inputs.shapes
-            )
-            row = measure_point(
-                point,
-                model=self.name,
-                grpc_url=grpc_url,
-                spec=spec,
-                m=self.measurement,
-                layout=layout,
-                binary=self.binary,
-                env=self.env,
-                inputs=self.inputs,
-                latency_s=latency.get(point.batch_size),
-            )
-        finally:
-            self.unload()
-        if row["status"] == "error" and not self.server.alive():
-            raise PerfAnalyzerError(f"the Triton server stopped while measuring {candidate.key}: {row['error']}")
-        return observation_from_row(candidate, row, time.monotonic() - started)
-
-
-def artifact_key(text: str) -> str:
-    """Prefect artifact keys: lowercase letters, digits and dashes."""
-    return re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-")
+from tbench.core import progress
+from tbench.search.evaluate import artifact_key
+from tbench.search.strategies import (
+    STRATEGIES,
+    Candidate,
+    Checkpoint,
+    Objective,
+    Observation,
+    SearchResult,
+    SearchSpace,
+)
 
 
 @task(name="search", task_run_name="search-{strategy}", cache_policy=NO_CACHE)

@@ -1,133 +1,19 @@
-"""Stage 8: everything under `<artifact root>/<run id>/` through fsspec; the manifest is written last.
-
-A local root is the staging folder itself (nothing to copy); any other fsspec URL gets a file-by-file upload,
-each file written under a temporary name and moved into place, so a reader never sees half a file, and the manifest
-last, so a run folder with a manifest is complete. An upload that fails keeps the local copy and says where; a retry
-(`tbench upload RUN_FOLDER`) skips the files already there and finishes. The run's results also go to the root's
-partitioned results dataset (`tasks.results_dataset`).
-"""
+"""Stage 9: the run folder to the artifact store: the Prefect task; the logic is in tbench.store."""
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
-import uuid
 from pathlib import Path
 
-from fsspec.implementations.local import LocalFileSystem
 from prefect import task
 from prefect.artifacts import create_link_artifact
 from prefect.cache_policies import NO_CACHE
 
-from tasks.results_dataset import add_run_to_dataset
-from tbench.errors import StorageError
-from tbench.storage import url_to_fs
+from tbench.results.dataset import add_run_to_dataset
+from tbench.store import (
+    upload_run,
+    write_manifest,
+)
 from tbench.submit import REPORT_LINK_KEY
-
-MANIFEST = "manifest.json"
-STAGING_ENV = "TBENCH_STAGING_DIR"
-
-
-def is_local(root_url: str) -> bool:
-    return isinstance(url_to_fs(root_url)[0], LocalFileSystem)
-
-
-def staging_root(root_url: str) -> Path:
-    """Where a run is written while it runs: the root itself when local, else a local cache folder."""
-    if is_local(root_url):
-        return Path(url_to_fs(root_url)[1])
-    return Path(os.environ.get(STAGING_ENV, Path.home() / ".cache" / "tbench" / "staging"))
-
-
-def run_url(root_url: str, run_id: str) -> str:
-    return root_url.rstrip("/") + "/" + run_id
-
-
-def file_entries(run_dir: Path) -> list[dict]:
-    entries = []
-    for path in sorted(p for p in run_dir.rglob("*") if p.is_file() and p.name != MANIFEST):
-        digest = hashlib.sha256()
-        with open(path, "rb") as f:
-            for chunk in iter(lambda: f.read(1 << 20), b""):
-                digest.update(chunk)
-        entries.append(
-            {"path": path.relative_to(run_dir).as_posix(), "bytes": path.stat().st_size, "sha256": digest.hexdigest()}
-        )
-    return entries
-
-
-def write_local_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
-
-
-def _put_atomic(fs, local: Path, remote: str) -> None:
-    tmp = f"{remote}.tmp-{uuid.uuid4().hex[:8]}"
-    fs.put_file(str(local), tmp)
-    fs.mv(tmp, remote)
-
-
-def _already_there(fs, remote: str, local: Path) -> bool:
-    """A file an earlier attempt uploaded: present with the same size (run folders do not change once written)."""
-    try:
-        return fs.size(remote) == local.stat().st_size
-    except (FileNotFoundError, OSError):
-        return False
-
-
-def upload_run(run_dir: Path, root_url: str, run_id: str) -> str:
-    """Copy a finished (or failed) run folder to the artifact root, manifest last; returns the run's URL. Files an
-    earlier, interrupted upload completed are not sent again; the manifest always is (it says the folder is whole)."""
-    url = run_url(root_url, run_id)
-    try:
-        if is_local(root_url):
-            return str(run_dir)
-        fs, remote_root = url_to_fs(url)
-        files = sorted(
-            p for p in run_dir.rglob("*") if p.is_file() and p.name != MANIFEST and not p.name.endswith(".tmp")
-        )
-        for path in files + [run_dir / MANIFEST]:
-            remote = remote_root.rstrip("/") + "/" + path.relative_to(run_dir).as_posix()
-            if path.name != MANIFEST and _already_there(fs, remote, path):
-                continue
-            fs.makedirs(remote.rsplit("/", 1)[0], exist_ok=True)
-            _put_atomic(fs, path, remote)
-    except Exception as err:  # any backend error: keep the local copy and say where it is
-        raise StorageError(
-            f"could not upload the run to {url}: {type(err).__name__}: {one_line(err)}; the complete "
-            f"run is kept at {run_dir} (finish the upload with: tbench upload {run_dir})"
-        ) from err
-    return url
-
-
-def one_line(err: Exception) -> str:
-    return " ".join(str(err).split())[:300]
-
-
-def retry_upload(run_dir: Path, root_url: str | None = None) -> str:
-    """Finish the upload of a kept run folder: to `root_url`, else where its manifest says it was going."""
-    manifest_path = Path(run_dir) / MANIFEST
-    if not manifest_path.is_file():
-        raise StorageError(f"{run_dir}: no {MANIFEST}; not a finished run folder")
-    manifest = json.loads(manifest_path.read_text())
-    run_id = manifest.get("run_id") or Path(run_dir).name
-    if root_url is None:
-        target = manifest.get("artifact_url") or ""
-        if not target.endswith("/" + run_id):
-            raise StorageError(f"{manifest_path} does not say where the run was going; give the artifact root")
-        root_url = target[: -len(run_id) - 1]
-    url = upload_run(Path(run_dir), root_url, run_id)
-    add_run_to_dataset(Path(run_dir), root_url, run_id, manifest.get("status"))
-    return url
-
-
-def write_manifest(run_dir: Path, manifest: dict) -> Path:
-    manifest = {**manifest, "files": file_entries(run_dir)}
-    path = run_dir / MANIFEST
-    write_local_atomic(path, json.dumps(manifest, indent=2, default=str))
-    return path
 
 
 @task(name="store", cache_policy=NO_CACHE)

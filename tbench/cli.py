@@ -9,7 +9,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated
 
-from tbench.settings import configure_prefect_env
+from tbench.core.settings import configure_prefect_env
 
 configure_prefect_env()
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's start-up banner stays out of the CLI's output
@@ -25,7 +25,6 @@ from rich.progress import (  # noqa: E402
     TimeElapsedColumn,
 )
 
-from tbench import progress  # noqa: E402
 from tbench.cli_options import (  # noqa: E402
     BatchSizes,
     Concurrency,
@@ -53,7 +52,8 @@ from tbench.cli_options import (  # noqa: E402
     measurement_overrides,
     server_fields,
 )
-from tbench.errors import BenchError, ConfigError, error_line  # noqa: E402
+from tbench.core import progress  # noqa: E402
+from tbench.core.errors import BenchError, ConfigError, error_line  # noqa: E402
 from tbench.preflight import preflight  # noqa: E402
 
 app = typer.Typer(
@@ -365,7 +365,7 @@ def run(
                 server, server_url, docker_image, gpus, docker_network, docker_ulimit, http_port, grpc_port
             ),
         )
-        from tbench import hardware
+        from tbench.node import hardware
 
         resolved = request.resolve(hardware.detect().has_gpu)  # fail fast, before Prefect starts
         preflight(resolved)  # ports, paths, output root, artifact store, this node's tools: before anything starts
@@ -400,7 +400,7 @@ def _run_with_progress(start_flow, done: str, verbose: bool = False) -> None:
     run folder. Every way a run can end is one line and an exit code: completed 0, completed with failed points 3,
     failed 1 (a BenchError's message, or the type and first line of anything else; the traceback is in the run's
     logs, and on the terminal with -v), interrupted 130 (Ctrl-C or SIGTERM)."""
-    from tbench.interrupts import EXIT_INTERRUPTED, cli_signal_handlers, is_interrupt, signal_name
+    from tbench.node.interrupts import EXIT_INTERRUPTED, cli_signal_handlers, is_interrupt, signal_name
     from tbench.prefect_api import prefect_api
 
     columns = [
@@ -496,7 +496,7 @@ def search(
     throughput floor); prints the run folder, whose search.md names the best configuration."""
     _quiet_prefect(verbose)
     from tbench.request import BenchmarkRequest
-    from tbench.search import Objective, SearchSpace
+    from tbench.search.strategies import Objective, SearchSpace
 
     with cli_errors(EXIT_BAD_OPTIONS, options=True):
         if throughput_floor is not None and p99_budget_ms is not None:
@@ -526,7 +526,7 @@ def search(
             ),
         )
         from flows.search import SearchRequest, resume_checkpoint, search_context, variant_plan
-        from tbench import hardware
+        from tbench.node import hardware
 
         search_request = SearchRequest(
             space=space,
@@ -555,7 +555,7 @@ def compare(
     output: str = typer.Option(".", "--output", "-o", help="Folder for comparison.md and comparison.png."),
 ) -> None:
     """Per-point deltas and a noise-aware verdict; exit 0 (no change or faster), 1 (regression), 2 (not comparable)."""
-    from tbench.compare import compare_runs, comparison_markdown, plot_comparison, verdict_exit_code
+    from tbench.results.compare import compare_runs, comparison_markdown, plot_comparison, verdict_exit_code
 
     with cli_errors(2, also=(OSError, ValueError)):  # 2: not comparable (a run that is missing or unreadable)
         result = compare_runs(baseline, candidate, min_effect, k)
@@ -655,7 +655,7 @@ def upload(
     ),
 ) -> None:
     """Finish the upload of a kept run folder: files already in the store are skipped, the manifest goes last."""
-    from tasks.store import retry_upload
+    from tbench.store import retry_upload
 
     with cli_errors(EXIT_FAILED):
         url = retry_upload(Path(run_folder), to)
@@ -685,8 +685,8 @@ def results(
     """Query the results of every stored run (the partitioned Parquet dataset under the artifact root)."""
     from rich.table import Table
 
-    from tasks.results_dataset import best_per_run, query_results
-    from tbench.storage import error_cause, store_errors
+    from tbench.core.storage import error_cause, store_errors
+    from tbench.results.dataset import best_per_run, query_results
 
     root = root or os.environ.get("TBENCH_ARTIFACT_ROOT", "runs")
     # store_errors: an S3 endpoint that is down raises botocore's own errors, not OSErrors

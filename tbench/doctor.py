@@ -21,10 +21,10 @@ from typing import Literal
 
 from pydantic import BaseModel
 
-from tbench import hardware as hw
-from tbench.enums import Format
-from tbench.errors import BenchError, one_line
-from tbench.precision import GPU_BUILT
+from tbench.core.enums import Format
+from tbench.core.errors import BenchError, one_line
+from tbench.core.precision import GPU_BUILT
+from tbench.node import hardware as hw
 
 PYTRITON = "pip install nvidia-pytriton==0.7.0 (a dependency of this project: `pip install -e .`)"
 WORKER_IMAGE = "the worker image (infra/worker.Dockerfile)"
@@ -126,7 +126,7 @@ def converter_check(conv) -> Check:
 
 
 def export_checks(converters: Iterable | None = None) -> list[Check]:
-    from tasks.export import REGISTRY
+    from tbench.export import REGISTRY
 
     return [converter_check(c) for c in (REGISTRY.values() if converters is None else converters)]
 
@@ -135,8 +135,8 @@ def export_checks(converters: Iterable | None = None) -> list[Check]:
 
 
 def embedded_check() -> Check:
-    from tasks.server import backends_in
-    from tbench import tools
+    from tbench.node import tools
+    from tbench.triton.server import backends_in
 
     try:
         server_dir = tools.pytriton_server_dir()
@@ -162,7 +162,7 @@ def embedded_check() -> Check:
 
 
 def local_check(binary: str | None = None, backend_dir: str | None = None) -> Check:
-    from tasks.server import LOCAL_BACKENDS, backends_in
+    from tbench.triton.server import LOCAL_BACKENDS, backends_in
 
     found = _which(binary or "tritonserver") or (binary if binary and Path(binary).is_file() else None)
     folder = Path(backend_dir) if backend_dir else LOCAL_BACKENDS
@@ -196,7 +196,7 @@ def local_check(binary: str | None = None, backend_dir: str | None = None) -> Ch
 
 
 def docker_check(image: str | None = None) -> Check:
-    from tasks.server import NGC_IMAGE
+    from tbench.triton.server import NGC_IMAGE
 
     image = image or NGC_IMAGE
     if not _which("docker"):
@@ -252,7 +252,7 @@ def server_check(mode: str, request=None) -> Check:
 
 
 def perf_analyzer_check() -> Check:
-    from tbench import tools
+    from tbench.node import tools
 
     try:
         binary, env = tools.perf_analyzer_binary(), tools.perf_analyzer_env()
@@ -305,7 +305,7 @@ def links_dcgm(binary: Path) -> bool:
 
 def gpu_metrics_check() -> Check:
     """Per-GPU metrics need a GPU and a server built with DCGM (the embedded one and NGC's images are)."""
-    from tbench import tools
+    from tbench.node import tools
 
     if not _hardware().has_gpu:
         return Check(area="measure", name="GPU metrics", ok=False, detail="no GPU to measure")
@@ -454,7 +454,7 @@ def _steps(request, fmt: Format) -> tuple[list, bool]:
     """The converters that make `fmt` from the request's framework, and whether that framework is known (without it:
     every converter to the format, any one of which may be the one used). A format's own precision step is left out:
     its tools are those that made the format."""
-    from tasks.export import REGISTRY, plan
+    from tbench.export import REGISTRY, plan
 
     framework = getattr(request, "framework", None)
     if framework == fmt.value:  # a model file served as it is: nothing to convert

@@ -13,8 +13,8 @@ import re
 
 from pydantic import BaseModel
 
-from tbench.errors import ConfigError
-from tbench.hardware import Hardware
+from tbench.core.errors import ConfigError
+from tbench.node.hardware import Hardware
 
 POOL_GPU_ENV = "TBENCH_POOL_GPU"
 

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import httpx
 
-from tbench import procs
-from tbench.errors import BenchError
-from tbench.ports import free_port
+from tbench.core.errors import BenchError
+from tbench.node import procs
+from tbench.node.ports import free_port
 
 
 @contextlib.contextmanager

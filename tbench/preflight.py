@@ -14,9 +14,9 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from tbench.errors import ConfigError
-from tbench.ports import port_in_use
-from tbench.storage import error_cause, store_errors, url_to_fs
+from tbench.core.errors import ConfigError
+from tbench.core.storage import error_cause, store_errors, url_to_fs
+from tbench.node.ports import port_in_use
 
 BINDING_MODES = ("embedded", "local", "docker")  # the server modes that bind http_port/grpc_port on this machine
 STORE_TIMEOUT_S = 5.0

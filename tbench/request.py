@@ -10,9 +10,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from tbench.enums import Format, Precision, Scenario
-from tbench.errors import ConfigError
-from tbench.precision import GPU_BUILT, check_precision
+from tbench.core.enums import Format, Precision, Scenario
+from tbench.core.errors import ConfigError
+from tbench.core.precision import GPU_BUILT, check_precision
 from tbench.trt_profiles import DEFAULT_CALIBRATION_SAMPLES, check_calibration_samples, check_trt_shapes, opt_batch_size
 
 PROFILES = ("cpu", "gpu")

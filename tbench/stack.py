@@ -24,9 +24,9 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tbench import procs
-from tbench.errors import BenchError
-from tbench.ports import free_port
+from tbench.core.errors import BenchError
+from tbench.node import procs
+from tbench.node.ports import free_port
 
 PROJECT = Path(__file__).resolve().parents[1]
 DEFAULT_DIR = Path(os.environ.get("TBENCH_STACK_DIR", Path.home() / ".cache" / "tbench" / "stack"))

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from uuid import UUID
 
-from tbench.errors import BenchError
+from tbench.core.errors import BenchError
 
 REPORT_LINK_KEY = "benchmark-report-html"  # tasks.store's link artifact
 TERMINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}

@@ -14,8 +14,8 @@ from collections.abc import Iterable, Iterator, Sequence
 import numpy as np
 from pydantic import BaseModel
 
-from tbench.errors import ConfigError, ConversionError
-from tbench.iospec import IoSpec, TensorSpec
+from tbench.core.errors import ConfigError, ConversionError
+from tbench.core.iospec import IoSpec, TensorSpec
 
 DEFAULT_CALIBRATION_SAMPLES = 512
 # Calibration draws samples of its own (correctness seeds 7, accuracy 2024); given input data starts from its first.

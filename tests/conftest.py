@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from tbench.settings import configure_prefect_env
+from tbench.core.settings import configure_prefect_env
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -38,9 +38,9 @@ def small_module(small_adapter):
 @pytest.fixture(scope="session")
 def small_artifacts(small_adapter, small_module, tmp_path_factory):
     """The small ResNet-50 exported once for the session: [onnx, ts-trace]."""
-    from tasks.export import export_model
-    from tbench.enums import Format
-    from tbench.runtimes import source_digest
+    from tbench.core.enums import Format
+    from tbench.core.runtimes import source_digest
+    from tbench.export import export_model
 
     out = tmp_path_factory.mktemp("models")
     digest = source_digest("pytorch", small_module)
@@ -50,8 +50,8 @@ def small_artifacts(small_adapter, small_module, tmp_path_factory):
 @pytest.fixture(scope="session")
 def served_small(small_artifacts, tmp_path_factory):
     """A real embedded tritonserver serving the small model (onnxruntime inside the python backend)."""
-    from tasks.repository import ServingConfig, write_repository
-    from tasks.server import EmbeddedServer
+    from tbench.triton.repository import ServingConfig, write_repository
+    from tbench.triton.server import EmbeddedServer
 
     root = tmp_path_factory.mktemp("served")
     write_repository(root / "repo", ServingConfig("resnet50", 8, [4, 8], 1000, 1), small_artifacts[0])

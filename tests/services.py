@@ -17,7 +17,7 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from tbench.ports import free_port
+from tbench.node.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 SETUP_HINT = "scripts/setup.sh installs it from Debian's packages when it runs as root"

@@ -247,7 +247,7 @@ def test_search_measures_what_it_reports_within_the_invocation(tmp_path, capsys)
     resumed from its checkpoints (empty `loads`, a wall time shorter than the exhaustive search). Now a used --work is
     refused, and a search result that holds anything read back from a checkpoint is an error."""
     search = _load("benchmarks_search", BENCHMARKS / "search.py")
-    from tbench.search import Candidate, Checkpoint, Objective, Observation, SearchSpace, exhaustive_search
+    from tbench.search.strategies import Candidate, Checkpoint, Objective, Observation, SearchSpace, exhaustive_search
 
     class Evaluator:
         def evaluate(self, c: Candidate) -> Observation:

@@ -4,7 +4,7 @@ import pytest
 from typer.testing import CliRunner
 
 from tbench.cli import app, parse_int_list
-from tbench.errors import ConfigError
+from tbench.core.errors import ConfigError
 
 runner = CliRunner()
 

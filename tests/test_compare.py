@@ -15,8 +15,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from tbench import compare
-from tbench.compare import (
+from tbench.results import compare
+from tbench.results.compare import (
     FASTER,
     IMPROVEMENT,
     NO_CHANGE,
@@ -300,7 +300,7 @@ def test_a_folder_without_results_is_an_error(tmp_path):
 
 
 def test_the_flows_baseline_stage_reports_a_verdict_or_why_not(tmp_path):
-    from tasks.baseline import compare_with_baseline
+    from tbench.results.baseline import compare_with_baseline
 
     run = make_run(tmp_path, "slow", scaled(0.5))
     (run / "plots").mkdir(exist_ok=True)

@@ -1,10 +1,10 @@
 import numpy as np
 import pytest
 
-from tasks.correctness import check_artifacts, compare, require_passed
-from tbench.artifacts import CorrectnessResult
-from tbench.enums import Format
-from tbench.errors import CorrectnessError
+from tbench.core.artifacts import CorrectnessResult
+from tbench.core.enums import Format
+from tbench.core.errors import CorrectnessError
+from tbench.correctness import check_artifacts, compare, require_passed
 
 
 def test_compare_uses_tolerance_relative_to_the_outputs_magnitude():
@@ -49,7 +49,7 @@ def test_checkpoint_loads_and_a_wrong_one_is_refused(tmp_path, small_module):
     import torch
 
     import model_adapters
-    from tbench.errors import ConfigError
+    from tbench.core.errors import ConfigError
 
     path = tmp_path / "ckpt.pt"
     state = {k: torch.full_like(v, 0.5) if v.is_floating_point() else v for k, v in small_module.state_dict().items()}

@@ -10,8 +10,8 @@ import uuid
 
 import pytest
 
-from tbench import progress
-from tbench.device_lock import DeviceLock, Holder, LockTimeout
+from tbench.core import progress
+from tbench.node.device_lock import DeviceLock, Holder, LockTimeout
 
 
 @pytest.fixture

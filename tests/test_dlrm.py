@@ -20,8 +20,8 @@ from model_adapters.embedding_placement import (  # noqa: E402
     placement_summary,
     placement_table_md,
 )
-from tbench.errors import ConfigError  # noqa: E402
-from tbench.runtimes import run_keras  # noqa: E402
+from tbench.core.errors import ConfigError
+from tbench.core.runtimes import run_keras
 
 MODELS = [DLRM, DCNv2]
 
@@ -371,9 +371,9 @@ def test_defaults():
 
 
 def test_sparse_part_exports_to_savedmodel(tmp_path):
-    from tasks.export import ConversionOptions, keras_to_savedmodel
-    from tbench.enums import Format
-    from tbench.runtimes import run_file
+    from tbench.core.enums import Format
+    from tbench.core.runtimes import run_file
+    from tbench.export import ConversionOptions, keras_to_savedmodel
 
     adapter = DLRM("tiny")
     sparse = adapter.parts(adapter.build())[0]
@@ -385,9 +385,9 @@ def test_sparse_part_exports_to_savedmodel(tmp_path):
 
 def test_dense_part_exports_to_onnx(built, tmp_path):
     """The project's own chain: Keras -> SavedModel (ExportArchive) -> ONNX (tf2onnx's command line)."""
-    from tasks.export import ConversionOptions, keras_to_savedmodel, savedmodel_to_onnx
-    from tbench.enums import Format
-    from tbench.runtimes import run_file
+    from tbench.core.enums import Format
+    from tbench.core.runtimes import run_file
+    from tbench.export import ConversionOptions, keras_to_savedmodel, savedmodel_to_onnx
 
     adapter, model = built
     sparse, dense = adapter.parts(model)

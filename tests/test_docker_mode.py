@@ -15,10 +15,10 @@ import pytest
 from test_faults import SWEEP, CliRun, leftovers
 from tritonclient.grpc import InferenceServerClient
 
-from tasks.repository import ServingConfig, write_repository
-from tasks.server import DockerServer
-from tbench import procs
-from tbench.errors import ServerStartError
+from tbench.core.errors import ServerStartError
+from tbench.node import procs
+from tbench.triton.repository import ServingConfig, write_repository
+from tbench.triton.server import DockerServer
 
 pytestmark = pytest.mark.e2e
 

@@ -12,9 +12,9 @@ from typer.testing import CliRunner
 
 from tbench import doctor
 from tbench.cli import app
+from tbench.core.errors import ConfigError
 from tbench.doctor import Check, NodeReport, missing_for
-from tbench.errors import ConfigError
-from tbench.hardware import Hardware, parse_gpu_query
+from tbench.node.hardware import Hardware, parse_gpu_query
 from tbench.preflight import preflight
 from tbench.request import BenchmarkRequest
 
@@ -30,8 +30,8 @@ CPU_NODE = Hardware(cpu_model="Intel Xeon", cpu_cores=2, memory_gib=8.0, gpus=[]
 
 
 def converter(source: str, target: str):
-    from tasks.export import REGISTRY
-    from tbench.enums import Format
+    from tbench.core.enums import Format
+    from tbench.export import REGISTRY
 
     return REGISTRY[(source, Format(target))]
 

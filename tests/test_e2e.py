@@ -16,18 +16,18 @@ import psutil
 import pytest
 from conftest import GOLDEN
 
-from tasks.accuracy import infer_triton, measure_accuracy
-from tasks.monitor import PointMonitor
-from tasks.perf import Point, pass_throughputs, plan_points, run_sweep
-from tasks.repository import ServingConfig, build_config, write_repository
-from tasks.server import EmbeddedServer, LocalServer, RemoteServer, configs_loaded
-from tbench import shm
-from tbench.enums import Scenario
-from tbench.errors import ServerStartError
-from tbench.layout import RunLayout
-from tbench.metrics import RESULT_COLUMNS, SERVER_COLUMNS
+from tbench.accuracy import infer_triton, measure_accuracy
+from tbench.core.enums import Scenario
+from tbench.core.errors import ServerStartError
+from tbench.core.layout import RunLayout
+from tbench.core.runtimes import run_pytorch
+from tbench.node import shm
 from tbench.request import BenchmarkRequest, Measurement
-from tbench.runtimes import run_pytorch
+from tbench.results.metrics import RESULT_COLUMNS, SERVER_COLUMNS
+from tbench.sweep import Point, pass_throughputs, plan_points, run_sweep
+from tbench.triton.monitor import PointMonitor
+from tbench.triton.repository import ServingConfig, build_config, write_repository
+from tbench.triton.server import EmbeddedServer, LocalServer, RemoteServer, configs_loaded
 
 pytestmark = pytest.mark.e2e
 
@@ -360,9 +360,9 @@ def test_python_runtime_serves_multi_io_integer_and_variable_length_requests(tmp
     import torch
     import tritonclient.grpc as grpcclient
 
-    from tbench.artifacts import ModelArtifact
-    from tbench.enums import Format, Precision
-    from tbench.iospec import IoSpec, TensorSpec
+    from tbench.core.artifacts import ModelArtifact
+    from tbench.core.enums import Format, Precision
+    from tbench.core.iospec import IoSpec, TensorSpec
 
     class Embed(torch.nn.Module):
         def __init__(self):
@@ -439,7 +439,7 @@ def test_python_runtime_serves_multi_io_integer_and_variable_length_requests(tmp
 
 def test_local_mode_runs_a_tritonserver_found_on_path(small_artifacts, tmp_path, monkeypatch):
     """The embedded binary placed on PATH (behind a wrapper that sets its libraries), with its own backend dir."""
-    from tbench import tools
+    from tbench.node import tools
 
     embedded = EmbeddedServer(GOLDEN, GOLDEN / "unused.log")
     embedded._prepare_backends()  # a backend dir with this Python's stub, as an installed server would have
@@ -530,7 +530,7 @@ def test_remote_mode_uploads_loads_and_unloads_through_the_client(small_artifact
 def test_regions_a_killed_perf_analyzer_left_registered_are_released(served_small):
     import tritonclient.grpc as grpcclient
 
-    from tasks.perf import release_shared_memory
+    from tbench.sweep import release_shared_memory
 
     region = shm.SHM_DIR / "tbench_test_input_0_0"  # as perf_analyzer makes one: a file under /dev/shm, registered
     fd = os.open(region, os.O_CREAT | os.O_RDWR, 0o600)

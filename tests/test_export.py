@@ -7,8 +7,11 @@ import sys
 
 import pytest
 
-from tasks.correctness import check_artifacts
-from tasks.export import (
+from tbench.core.enums import Format, Precision
+from tbench.core.errors import ConfigError, ConversionError, Unavailable
+from tbench.core.runtimes import source_digest
+from tbench.correctness import check_artifacts
+from tbench.export import (
     REGISTRY,
     CalibrationData,
     CalibrationSet,
@@ -21,9 +24,6 @@ from tasks.export import (
     plan,
     run_step,
 )
-from tbench.enums import Format, Precision
-from tbench.errors import ConfigError, ConversionError, Unavailable
-from tbench.runtimes import source_digest
 
 
 def test_chains_are_planned_over_the_registry():

@@ -18,7 +18,7 @@ import pandas as pd
 import psutil
 import pytest
 
-from tbench.shm import unmapped_regions
+from tbench.node.shm import unmapped_regions
 
 pytestmark = pytest.mark.e2e
 
@@ -110,7 +110,7 @@ def lock_slots() -> int:
     """Active slots of this machine's device lock, read through the same Prefect database the CLI uses."""
     script = (
         "from prefect.client.orchestration import get_client\n"
-        "from tbench.device_lock import lock_name\nfrom tbench.hardware import detect\n"
+        "from tbench.node.device_lock import lock_name\nfrom tbench.node.hardware import detect\n"
         "with get_client(sync_client=True) as c: "
         "print(c.read_global_concurrency_limit_by_name(lock_name(detect())).active_slots)"
     )
@@ -126,7 +126,7 @@ def lock_slots() -> int:
 
 
 def _prefect_env() -> dict:
-    from tbench.settings import PREFECT_DEFAULTS
+    from tbench.core.settings import PREFECT_DEFAULTS
 
     return {k: os.environ.get(k, v) for k, v in PREFECT_DEFAULTS.items()}
 

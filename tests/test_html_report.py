@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tasks.html_report import markdown_to_html, report_title, write_html_report
+from tbench.results.html_report import markdown_to_html, report_title, write_html_report
 
 # A trimmed copy of a real run's report.md (dlrm-20261122-200716-e158d2), with one failed check and flagged points
 # added.

@@ -6,7 +6,7 @@ from PIL import Image
 
 import model_adapters
 from model_adapters.imagenet import MEAN, STD, list_samples, preprocess
-from tbench.errors import ConfigError
+from tbench.core.errors import ConfigError
 
 
 @pytest.fixture

@@ -12,12 +12,12 @@ import pytest
 import torch
 
 from model_adapters.file_model import ModelFileAdapter
-from tasks.correctness import check_artifacts
-from tbench.artifacts import ModelArtifact
-from tbench.enums import Precision
-from tbench.errors import ConfigError, CorrectnessError
-from tbench.iospec import IoSpec, TensorSpec
-from tbench.model_file import read_model_file, synthetic_inputs
+from tbench.core.artifacts import ModelArtifact
+from tbench.core.enums import Precision
+from tbench.core.errors import ConfigError, CorrectnessError
+from tbench.core.iospec import IoSpec, TensorSpec
+from tbench.core.model_file import read_model_file, synthetic_inputs
+from tbench.correctness import check_artifacts
 from tbench.request import BenchmarkRequest, adapter_for
 
 NAMES = ["input_ids", "attention_mask", "token_type_ids"]
@@ -231,7 +231,7 @@ def write_input_data(tmp_path, data: dict[str, np.ndarray], form: str):
 
 @pytest.mark.parametrize("form", ["json", "json-content-shape-b64", "npz", "npy-folder"])
 def test_each_input_data_form_feeds_correctness_and_perf(bert_onnx, tmp_path, form):
-    from tasks.perf import prepare_inputs
+    from tbench.sweep import prepare_inputs
 
     given = samples(3)
     path = write_input_data(tmp_path, given, form)

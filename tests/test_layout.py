@@ -1,8 +1,8 @@
 import datetime as dt
 import re
 
-from tbench.enums import Scenario
-from tbench.layout import RunLayout, new_run_id
+from tbench.core.enums import Scenario
+from tbench.core.layout import RunLayout, new_run_id
 
 
 def test_run_id_is_model_time_and_a_random_suffix():

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from tasks.matrix_report import matrix_markdown, side_by_side
-from tbench.search_surface import published
+from tbench.results.matrix_report import matrix_markdown, side_by_side
+from tbench.search.surface import published
 
 
 def test_gpus_side_by_side_from_the_published_tables(tmp_path):
@@ -30,7 +30,7 @@ def test_gpus_side_by_side_from_the_published_tables(tmp_path):
 
 def test_runs_that_did_not_finish_are_listed_and_kept_out_of_the_tables(tmp_path):
     from flows.matrix import load_results
-    from tasks.html_report import write_html_report
+    from tbench.results.html_report import write_html_report
 
     table = published()
     resnet = table[(table["model"] == "resnet50") & (table["precision"] == "FP16")].assign(format="tf-trt", status="ok")

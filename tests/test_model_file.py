@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from tbench.enums import Format
-from tbench.errors import ConfigError
-from tbench.iospec import IoSpec, TensorSpec
-from tbench.model_file import DEFAULT_DYNAMIC_DIM, detect_format, read_model_file, run_model_file, synthetic_inputs
+from tbench.core.enums import Format
+from tbench.core.errors import ConfigError
+from tbench.core.iospec import IoSpec, TensorSpec
+from tbench.core.model_file import DEFAULT_DYNAMIC_DIM, detect_format, read_model_file, run_model_file, synthetic_inputs
 
 
 class Tagger(torch.nn.Module):

@@ -5,8 +5,8 @@ import math
 import pytest
 from conftest import GOLDEN
 
-from tasks.monitor import PointMonitor, cross_check, gpu_series, parse_gpu_metrics, per_request_ms
-from tbench.hardware import parse_gpu_query
+from tbench.node.hardware import parse_gpu_query
+from tbench.triton.monitor import PointMonitor, cross_check, gpu_series, parse_gpu_metrics, per_request_ms
 
 
 def test_statistics_diff_is_per_request_ms():

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from model_adapters.nnunet import IN_CHANNELS, NUM_CLASSES, NnUNet, _build_module, center_crop_or_pad, dice_per_class
-from tbench.enums import Format
-from tbench.errors import ConfigError
-from tbench.runtimes import run_pytorch
+from tbench.core.enums import Format
+from tbench.core.errors import ConfigError
+from tbench.core.runtimes import run_pytorch
 
 SIDE = 32
 
@@ -26,8 +26,8 @@ def model(adapter):
 @pytest.fixture(scope="module")
 def artifacts(adapter, model, tmp_path_factory):
     """The small model exported once for the module: [ts-script, onnx], the defaults' formats."""
-    from tasks.export import export_model
-    from tbench.runtimes import source_digest
+    from tbench.core.runtimes import source_digest
+    from tbench.export import export_model
 
     out = tmp_path_factory.mktemp("nnunet-models")
     digest = source_digest("pytorch", model)
@@ -245,7 +245,7 @@ def test_defaults():
 
 
 def test_export_ts_script_and_onnx_pass_correctness(adapter, model, artifacts):
-    from tasks.correctness import check_artifacts, require_passed
+    from tbench.correctness import check_artifacts, require_passed
 
     assert [a.format for a in artifacts] == [Format.TS_SCRIPT, Format.ONNX]
     results = check_artifacts(adapter, model, artifacts, atol=1e-3, rtol=1e-3)
@@ -258,9 +258,9 @@ def test_export_ts_script_and_onnx_pass_correctness(adapter, model, artifacts):
 def test_served_inference_matches_the_module(adapter, model, artifacts, tmp_path):
     import tritonclient.grpc as grpcclient
 
-    from tasks.accuracy import infer_triton
-    from tasks.repository import ServingConfig, write_repository
-    from tasks.server import EmbeddedServer
+    from tbench.accuracy import infer_triton
+    from tbench.triton.repository import ServingConfig, write_repository
+    from tbench.triton.server import EmbeddedServer
 
     artifact = artifacts[0]  # ts-script, the guide's format (TorchScript inside the python backend here)
     write_repository(tmp_path / "repo", ServingConfig("nnunet", 4, [4], 1000, 1), artifact)

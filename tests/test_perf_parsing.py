@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 from conftest import GOLDEN
 
-from tasks.perf import Point, output_shm_bytes, parse_perf_csv, perf_argv, plan_points
-from tbench.enums import Scenario
-from tbench.iospec import IoSpec, TensorSpec
-from tbench.metrics import BREAKDOWN, PUBLISHED_COLUMNS, RESULT_COLUMNS
+from tbench.core.enums import Scenario
+from tbench.core.iospec import IoSpec, TensorSpec
 from tbench.request import Measurement
+from tbench.results.metrics import BREAKDOWN, PUBLISHED_COLUMNS, RESULT_COLUMNS
+from tbench.sweep import Point, output_shm_bytes, parse_perf_csv, perf_argv, plan_points
 
 PA = GOLDEN / "perf_analyzer"
 
@@ -36,7 +36,7 @@ def test_verbose_csv_takes_avg_latency_as_written():
 
 @pytest.mark.parametrize("name", ["offline_b4_plain.csv", "offline_b8_shm_plain.csv", "online_c4_verbose.csv"])
 def test_every_golden_parses_into_every_metric(name):
-    from tbench.metrics import METRICS
+    from tbench.results.metrics import METRICS
 
     row = parse_perf_csv(PA / name)
     assert set(row) == {"concurrency"} | {m.column for m in METRICS}
@@ -129,7 +129,7 @@ def test_windows_are_sized_by_time_from_the_calibrated_latency_and_double_on_ret
 
 
 def test_window_duration_comes_from_the_merged_windows_in_the_log():
-    from tasks.perf import merged_requests, pass_throughputs, window_seconds
+    from tbench.sweep import merged_requests, pass_throughputs, window_seconds
 
     log = (GOLDEN / "perf_analyzer" / "resnet50_online_b1_c4.log").read_text()
     assert pass_throughputs(log) == [21.9536, 23.9791, 23.8697]
@@ -143,8 +143,8 @@ def test_perf_input_data_holds_real_samples_and_skips_huge_float_ones(
 ):
     import json
 
-    from tasks import perf
-    from tasks.perf import prepare_inputs
+    from tbench import sweep as perf
+    from tbench.sweep import prepare_inputs
 
     inputs = prepare_inputs(small_adapter, small_module, tmp_path / "data.json", samples=3)
     entries = json.loads((tmp_path / "data.json").read_text())["data"]
@@ -168,7 +168,7 @@ def test_offline_shared_memory_follows_the_node(tmp_path):
     from types import SimpleNamespace
 
     from flows.benchmark import offline_shared_memory
-    from tasks.perf import PerfInputs
+    from tbench.sweep import PerfInputs
 
     spec = IoSpec(
         inputs=[TensorSpec(name="x", dtype="float32", shape=[4])],
@@ -190,7 +190,7 @@ def test_offline_shared_memory_follows_the_node(tmp_path):
 
 
 def test_points_are_measured_in_a_seeded_shuffled_order():
-    from tasks.perf import measurement_order
+    from tbench.sweep import measurement_order
 
     points = plan_points([Scenario.OFFLINE], [1, 2, 4, 8, 16, 32], [])
     shuffled = measurement_order(points, Measurement())

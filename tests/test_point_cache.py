@@ -8,11 +8,11 @@ import json
 import pandas as pd
 import pytest
 
-from tasks.perf import Point, run_sweep
-from tasks.point_cache import PointCache
-from tbench.enums import Scenario
-from tbench.layout import RunLayout
+from tbench.core.enums import Scenario
+from tbench.core.layout import RunLayout
 from tbench.request import BenchmarkRequest, Measurement
+from tbench.results.point_cache import PointCache
+from tbench.sweep import Point, run_sweep
 
 pytestmark = pytest.mark.e2e
 

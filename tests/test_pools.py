@@ -9,9 +9,9 @@ import pytest
 import yaml
 from conftest import GOLDEN
 
-from tbench.device_lock import lock_name
-from tbench.errors import ConfigError
-from tbench.hardware import Hardware, parse_cuda_version, parse_gpu_query
+from tbench.core.errors import ConfigError
+from tbench.node.device_lock import lock_name
+from tbench.node.hardware import Hardware, parse_cuda_version, parse_gpu_query
 from tbench.pool_setup import INFRA, pool_template
 from tbench.pools import POOLS, check_worker_hardware, gpu_matches
 from tbench.stack import PROJECT

@@ -10,15 +10,15 @@ import pytest
 import torch
 
 from model_adapters.base import Batch, ModelAdapter
-from tasks.correctness import check_artifacts
-from tasks.export import REGISTRY, ConversionOptions, cache_key, export_model, file_precision, tool_versions
-from tbench.artifacts import ModelArtifact
-from tbench.enums import Format, Precision
-from tbench.errors import ConfigError
-from tbench.iospec import IoSpec, TensorSpec
-from tbench.precision import results_precision, served_precision
+from tbench.core.artifacts import ModelArtifact
+from tbench.core.enums import Format, Precision
+from tbench.core.errors import ConfigError
+from tbench.core.iospec import IoSpec, TensorSpec
+from tbench.core.precision import results_precision, served_precision
+from tbench.core.runtimes import run_file, source_digest
+from tbench.correctness import check_artifacts
+from tbench.export import REGISTRY, ConversionOptions, cache_key, export_model, file_precision, tool_versions
 from tbench.request import DEFAULT_TOLERANCES, BenchmarkRequest
-from tbench.runtimes import run_file, source_digest
 
 FP16_TOL = DEFAULT_TOLERANCES[Precision.FP16]
 
@@ -250,7 +250,7 @@ def test_fp16_savedmodel_is_automatic_mixed_precision_on_a_gpu():
 
 def test_search_variants_are_refused_the_same_way():
     from flows.search import variant_plan
-    from tbench.search import SearchSpace
+    from tbench.search.strategies import SearchSpace
 
     req = BenchmarkRequest().resolve(False)
     assert variant_plan(SearchSpace(formats=["onnx:fp16", "ts-trace:fp32"]), req, False)["onnx:fp16"] == (

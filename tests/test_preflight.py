@@ -12,7 +12,7 @@ from pydantic import ValidationError
 from typer.testing import CliRunner
 
 from tbench.cli import app, validation_line
-from tbench.errors import ConfigError
+from tbench.core.errors import ConfigError
 from tbench.preflight import check_store, preflight
 from tbench.request import BenchmarkRequest, has_credentials
 

@@ -9,12 +9,12 @@ import time
 
 import psutil
 
-from tbench import procs
+from tbench.node import procs
 
 OWNER = """
 import sys
 from pathlib import Path
-from tbench import procs
+from tbench.node import procs
 child = procs.start(["sleep", "300"], Path(sys.argv[1]))
 print(child.pid)
 """  # exits without stopping its child: what a SIGKILL'd run leaves

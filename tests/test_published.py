@@ -3,7 +3,13 @@
 import pandas as pd
 import pytest
 
-from tasks.published import PUBLISHED_SIZE, compare_with_published, load_published, published_gpu, published_sizes
+from tbench.results.published import (
+    PUBLISHED_SIZE,
+    compare_with_published,
+    load_published,
+    published_gpu,
+    published_sizes,
+)
 
 
 @pytest.mark.parametrize(
@@ -77,7 +83,7 @@ def test_a_cpu_run_has_nothing_to_compare():
 
 
 def test_the_report_section_shows_both_or_says_why_not():
-    from tasks.report import published_lines
+    from tbench.results.report import published_lines
 
     published = load_published()
     text = "\n".join(published_lines(_measured("NVIDIA A40", published)))
@@ -126,7 +132,7 @@ def test_the_join_is_on_model_size_too():
 
 
 def test_the_report_says_the_size_counts():
-    from tasks.report import published_lines
+    from tbench.results.report import published_lines
 
     published = load_published()
     small = _measured("NVIDIA A40", published).assign(model_size="small")

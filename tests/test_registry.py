@@ -4,9 +4,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from tbench.enums import Format
-from tbench.errors import ConfigError
-from tbench.registry import Registry, RegistryError, label, qualified_name
+from tbench.core.enums import Format
+from tbench.core.errors import ConfigError
+from tbench.core.registry import Registry, RegistryError, label, qualified_name
 
 
 def first():
@@ -105,13 +105,13 @@ def test_plugin_duplicating_a_built_in_is_refused_at_load(monkeypatch):
 
 
 def test_converter_duplicate_is_refused():
-    from tasks.export import REGISTRY, converter
+    from tbench.export import REGISTRY, converter
 
     before = REGISTRY[("pytorch", Format.ONNX)]
     with pytest.raises(
         RegistryError,
         match=r"converter pytorch/onnx is registered twice: by "
-        r"tasks\.export:pytorch_to_onnx and by .*another",
+        r"tbench\.export:pytorch_to_onnx and by .*another",
     ):
 
         @converter("pytorch", Format.ONNX, tools=("torch",))
@@ -122,7 +122,7 @@ def test_converter_duplicate_is_refused():
 
 
 def test_server_mode_duplicate_is_refused_and_modes_are_the_registry():
-    from tasks.server import SERVER_MODES, LocalServer
+    from tbench.triton.server import SERVER_MODES, LocalServer
 
     assert SERVER_MODES.names() == ["embedded", "local", "docker", "remote"]
     with pytest.raises(RegistryError, match="server mode docker is registered twice"):
@@ -131,7 +131,7 @@ def test_server_mode_duplicate_is_refused_and_modes_are_the_registry():
 
 def test_search_strategy_duplicate_is_refused_and_the_flow_takes_the_registry_names():
     from flows.search import SearchRequest
-    from tbench.search import STRATEGIES, smart_search
+    from tbench.search.strategies import STRATEGIES, smart_search
 
     assert STRATEGIES.names() == ["smart", "exhaustive"]
     STRATEGIES.register("smart", smart_search)

@@ -3,12 +3,12 @@
 import pytest
 from conftest import GOLDEN
 
-from tasks.repository import ServingConfig, build_config, write_offline_configs, write_repository
-from tbench.artifacts import ModelArtifact
-from tbench.enums import Format, Precision
-from tbench.errors import ConfigError
-from tbench.iospec import IoSpec, TensorSpec
-from tbench.triton_config import parse_pbtxt, to_pbtxt, validate
+from tbench.core.artifacts import ModelArtifact
+from tbench.core.enums import Format, Precision
+from tbench.core.errors import ConfigError
+from tbench.core.iospec import IoSpec, TensorSpec
+from tbench.triton.config import parse_pbtxt, to_pbtxt, validate
+from tbench.triton.repository import ServingConfig, build_config, write_offline_configs, write_repository
 
 SPEC = IoSpec(
     inputs=[TensorSpec(name="input__0", dtype="float32", shape=[3, 32, 32])],
@@ -79,7 +79,7 @@ def test_repository_layout(tmp_path):
 def test_ensemble_steps_follow_the_parts_tensor_names(tmp_path):
     """DLRM's ensemble as the flow writes it: steps derived from the parts' io specs (golden config.pbtxt)."""
     from model_adapters.dlrm import DLRM
-    from tasks.repository import write_ensemble
+    from tbench.triton.repository import write_ensemble
 
     dlrm = DLRM("tiny")
     model_dir = write_ensemble(

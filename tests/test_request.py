@@ -1,7 +1,7 @@
 import pytest
 
-from tbench.enums import Format, Scenario
-from tbench.errors import ConfigError
+from tbench.core.enums import Format, Scenario
+from tbench.core.errors import ConfigError
 from tbench.request import BenchmarkRequest
 
 

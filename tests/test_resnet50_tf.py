@@ -11,8 +11,8 @@ import pytest
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from model_adapters.resnet50_tf import ResNet50TF  # noqa: E402
-from tbench.errors import ConfigError  # noqa: E402
-from tbench.runtimes import run_keras  # noqa: E402
+from tbench.core.errors import ConfigError
+from tbench.core.runtimes import run_keras
 
 
 @pytest.fixture(scope="module")

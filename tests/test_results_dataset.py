@@ -6,7 +6,7 @@ import json
 
 import pandas as pd
 
-from tasks.results_dataset import add_run_to_dataset, best_per_run, partition_value, query_results
+from tbench.results.dataset import add_run_to_dataset, best_per_run, partition_value, query_results
 
 
 def fake_run(root, run_id, model, gpu, day, throughputs):

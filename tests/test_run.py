@@ -8,8 +8,8 @@ import signal
 import pandas as pd
 import pytest
 
-from tbench.errors import ServerStartError
-from tbench.layout import RunLayout
+from tbench.core.errors import ServerStartError
+from tbench.core.layout import RunLayout
 from tbench.run import COMPLETED, COMPLETED_WITH_FAILURES, FAILED, INTERRUPTED, RunTracker
 
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from tbench.search import (
+from tbench.search.strategies import (
     Candidate,
     Checkpoint,
     Objective,
@@ -22,7 +22,7 @@ from tbench.search import (
     resolve_preferred,
     smart_search,
 )
-from tbench.search_surface import SimulatedSurface, calibrated, published_surfaces
+from tbench.search.surface import SimulatedSurface, calibrated, published_surfaces
 
 
 class Synthetic:
@@ -306,7 +306,7 @@ def test_markdown_and_plot(tmp_path):
 
 
 def test_perf_rows_become_observations_with_their_status():
-    from tasks.search_eval import observation_from_row
+    from tbench.search.evaluate import observation_from_row
 
     c = Candidate(instances=1, max_batch_size=4)
     ok = observation_from_row(
@@ -329,7 +329,7 @@ def test_perf_rows_become_observations_with_their_status():
 
 def test_search_request_and_resume_paths(tmp_path):
     from flows.search import CHECKPOINT, SearchRequest, resume_checkpoint
-    from tbench.errors import ConfigError
+    from tbench.core.errors import ConfigError
 
     req = SearchRequest(space={"instances": [1], "max_batch_sizes": [2, 4]}, objective={"p99_budget_ms": 50})
     assert len(req.space.grid()) == 2 * 2 * 3 and req.strategy == "smart" and req.budget_fraction == 0.10
@@ -343,8 +343,8 @@ def test_search_request_and_resume_paths(tmp_path):
 
 def test_resume_refuses_a_checkpoint_of_another_search_in_one_line(tmp_path):
     from flows.search import CHECKPOINT, CONTEXT, SearchRequest, resume_checkpoint, search_context, variant_plan
-    from tbench.errors import ConfigError
-    from tbench.hardware import Hardware
+    from tbench.core.errors import ConfigError
+    from tbench.node.hardware import Hardware
     from tbench.request import BenchmarkRequest
 
     machine = Hardware(cpu_model="cpu", cpu_cores=2, memory_gib=8.0, gpus=[], os="linux")

@@ -8,10 +8,10 @@ import re
 
 import pytest
 
-from tbench.errors import ConfigError
+from tbench.core.errors import ConfigError
 from tbench.request import BenchmarkRequest, Measurement
-from tbench.search import Objective, Observation, SearchSpace
-from tbench.triton_config import parse_pbtxt
+from tbench.search.strategies import Objective, Observation, SearchSpace
+from tbench.triton.config import parse_pbtxt
 
 pytestmark = pytest.mark.e2e
 

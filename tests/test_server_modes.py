@@ -2,8 +2,8 @@
 
 import pytest
 
-from tasks.server import DockerServer, LocalServer, RemoteServer, make_server
-from tbench.errors import ServerStartError
+from tbench.core.errors import ServerStartError
+from tbench.triton.server import DockerServer, LocalServer, RemoteServer, make_server
 
 
 def fixed_ports(server):
@@ -187,9 +187,9 @@ def test_remote_upload_is_the_model_directory(tmp_path):
 def test_the_point_cache_key_holds_the_server_identity():
     """Points measured on one server are not another's: the key changes with the server's address, mode and version."""
     from flows.benchmark import point_cache
-    from tasks.perf import PerfInputs
-    from tbench.hardware import Hardware
+    from tbench.node.hardware import Hardware
     from tbench.request import BenchmarkRequest
+    from tbench.sweep import PerfInputs
 
     req = BenchmarkRequest(model="resnet50", size="small", server="remote", server_url="a:8001").resolve(False)
     machine = Hardware(cpu_model="cpu", cpu_cores=2, memory_gib=8.0, gpus=[], os="linux")
@@ -208,7 +208,7 @@ def test_the_point_cache_key_holds_the_server_identity():
 def test_embedded_and_local_servers_see_the_runs_gpu_and_report_its_metrics(tmp_path):
     """On a GPU node the embedded server asks Triton for GPU metrics and, like the local one, sees the run's GPU
     only."""
-    from tasks.server import EmbeddedServer
+    from tbench.triton.server import EmbeddedServer
 
     pinned = {"CUDA_VISIBLE_DEVICES": "GPU-5b9e1c44-2a7f-4d3e-8c61-7f0a3b9d2e15"}
     cpu = EmbeddedServer(tmp_path / "repo", tmp_path / "s.log")

@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 from conftest import GOLDEN
 
-from tasks.monitor import parse_gpu_metrics
-from tbench.hardware import Hardware, parse_gpu_query
-from tbench.serving import (
+from tbench.node.hardware import Hardware, parse_gpu_query
+from tbench.triton.monitor import parse_gpu_metrics
+from tbench.triton.serving import (
     CPU_LABEL,
     DEVICE_MARK,
     REMOTE_LABEL,
@@ -133,7 +133,7 @@ def test_the_flow_plans_and_confirms_per_triton_model(monkeypatch, tmp_path):
     """flows/benchmark.py: python-backend models on the GPU only where their runtime has CUDA; then the log decides."""
     import tbench.doctor
     from flows.benchmark import confirm_devices, plan_devices, server_options
-    from tbench.enums import Format
+    from tbench.core.enums import Format
     from tbench.request import BenchmarkRequest
 
     monkeypatch.setattr(tbench.doctor, "cuda_runtimes", lambda runtimes: {"onnxruntime"} & set(runtimes))
@@ -164,7 +164,7 @@ def _tiny_onnx(path: Path) -> None:
 def test_model_py_reports_the_device_its_runtime_got(tmp_path, monkeypatch):
     """The python backend's model.py on a KIND_GPU instance, here where onnxruntime has no CUDA: it falls back to the
     CPU, says so, and the run labels the model with the CPU."""
-    from tasks.repository import RUNTIME_MODEL
+    from tbench.triton.repository import RUNTIME_MODEL
 
     fake = types.SimpleNamespace(triton_string_to_numpy=lambda t: {"TYPE_FP32": np.float32}[t])
     monkeypatch.setitem(sys.modules, "triton_python_backend_utils", fake)
@@ -196,7 +196,7 @@ def test_model_py_reports_the_device_its_runtime_got(tmp_path, monkeypatch):
 
 
 def test_the_report_says_where_each_format_ran():
-    from tasks.report import served_on_rows
+    from tbench.results.report import served_on_rows
 
     cpu = served_on("embedded", NODE, "onnxruntime")
     rows = served_on_rows({"onnx": cpu.model_dump(), "trt": served_on("local", NODE, None).model_dump()})

@@ -13,7 +13,7 @@ import subprocess
 import pytest
 from test_stack_e2e import SMALL_RUN, TBENCH
 
-from tbench.ports import free_port
+from tbench.node.ports import free_port
 
 pytestmark = pytest.mark.e2e
 

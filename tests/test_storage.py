@@ -7,12 +7,12 @@ import json
 
 import pytest
 
-from tasks.results_dataset import query_results
-from tasks.store import upload_run, write_manifest
-from tbench.errors import StorageError
-from tbench.layout import RunLayout
+from tbench.core.errors import StorageError
+from tbench.core.layout import RunLayout
+from tbench.core.storage import url_to_fs
+from tbench.results.dataset import query_results
 from tbench.stack import S3_CREDENTIALS, S3Endpoint
-from tbench.storage import url_to_fs
+from tbench.store import upload_run, write_manifest
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +72,7 @@ def test_credentials_from_a_prefect_secret_block(s3, tmp_path, monkeypatch, pref
     ).save("tbench-test-s3", overwrite=True)
     monkeypatch.setenv("TBENCH_STORAGE_BLOCK", "tbench-test-s3")
     layout = a_run(tmp_path, "m-2")
-    from tasks.results_dataset import add_run_to_dataset
+    from tbench.results.dataset import add_run_to_dataset
 
     upload_run(layout.run_dir, "s3://results/runs", "m-2")
     add_run_to_dataset(layout.run_dir, "s3://results/runs", "m-2")
@@ -86,8 +86,8 @@ def test_credentials_from_a_prefect_secret_block(s3, tmp_path, monkeypatch, pref
 def test_results_with_the_s3_endpoint_down_is_one_line_and_exit_1(tmp_path, monkeypatch, s3_to_stop):
     from typer.testing import CliRunner
 
-    from tasks.results_dataset import add_run_to_dataset
     from tbench.cli import app
+    from tbench.results.dataset import add_run_to_dataset
 
     endpoint = s3_to_stop
     endpoint.create_bucket("down")

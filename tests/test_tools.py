@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from tbench import tools
-from tbench.errors import PerfAnalyzerError, ServerStartError
+from tbench.core.errors import PerfAnalyzerError, ServerStartError
+from tbench.node import tools
 
 
 def test_missing_embedded_server_says_which_wheel(monkeypatch):

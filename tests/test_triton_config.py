@@ -9,13 +9,11 @@ import pytest
 from conftest import GOLDEN
 from tritonclient.grpc import model_config_pb2 as mc
 
-from tasks.repository import ServingConfig, serves_natively, write_repository
-from tasks.server import EmbeddedServer, backends_in
-from tbench.artifacts import ModelArtifact
-from tbench.enums import Format, Precision
-from tbench.errors import ConfigError
-from tbench.iospec import IoSpec, TensorSpec
-from tbench.triton_config import (
+from tbench.core.artifacts import ModelArtifact
+from tbench.core.enums import Format, Precision
+from tbench.core.errors import ConfigError
+from tbench.core.iospec import IoSpec, TensorSpec
+from tbench.triton.config import (
     Accelerator,
     DynamicBatching,
     EnsembleStep,
@@ -28,6 +26,8 @@ from tbench.triton_config import (
     parse_pbtxt,
     to_pbtxt,
 )
+from tbench.triton.repository import ServingConfig, serves_natively, write_repository
+from tbench.triton.server import EmbeddedServer, backends_in
 
 IMAGE = IoSpec(
     inputs=[TensorSpec(name="input__0", dtype="float32", shape=[3, 224, 224])],
@@ -269,7 +269,7 @@ def test_native_repository_uses_tritons_default_file_names(tmp_path):
 
 
 def test_backend_label_names_what_serves_the_model():
-    from tasks.repository import backend_label
+    from tbench.triton.repository import backend_label
 
     assert backend_label(Format.ONNX, native=True) == "onnxruntime_onnx"
     assert backend_label(Format.ONNX, native=False) == "python (onnxruntime)"

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from tbench.errors import ConfigError, ConversionError
-from tbench.iospec import IoSpec, TensorSpec
+from tbench.core.errors import ConfigError, ConversionError
+from tbench.core.iospec import IoSpec, TensorSpec
 from tbench.trt_profiles import (
     calibration_batches,
     check_calibration_samples,

@@ -6,11 +6,11 @@ import sys
 import numpy as np
 import pytest
 
-from tbench.enums import Format
-from tbench.errors import ConfigError, RuntimeUnavailable, Unavailable
-from tbench.iospec import IoSpec, TensorSpec
-from tbench.runtimes import run_file
-from tbench.trt_runtime import batch_chunks, check_in_profile, import_tensorrt, require_cuda, run_chunked
+from tbench.core.enums import Format
+from tbench.core.errors import ConfigError, RuntimeUnavailable, Unavailable
+from tbench.core.iospec import IoSpec, TensorSpec
+from tbench.core.runtimes import run_file
+from tbench.core.trt_runtime import batch_chunks, check_in_profile, import_tensorrt, require_cuda, run_chunked
 
 
 @pytest.mark.parametrize(
@@ -89,9 +89,9 @@ def test_without_a_gpu_a_plan_says_where_to_run(monkeypatch):
 def test_the_correctness_stage_reports_an_unavailable_runtime_as_it_is(
     monkeypatch, small_adapter, small_module, tmp_path
 ):
-    from tasks.correctness import check_artifacts
-    from tbench.artifacts import ModelArtifact
-    from tbench.enums import Precision
+    from tbench.core.artifacts import ModelArtifact
+    from tbench.core.enums import Precision
+    from tbench.correctness import check_artifacts
 
     monkeypatch.setitem(sys.modules, "tensorrt", None)
     plan = tmp_path / "model.plan"
@@ -120,7 +120,7 @@ def _tiny_onnx(tmp_path):
     """A small model over a dynamic sequence dim: Linear -> ReLU -> mean over the sequence -> Linear."""
     import torch
 
-    from tasks.export import ConversionOptions, pytorch_to_onnx
+    from tbench.export import ConversionOptions, pytorch_to_onnx
 
     class Tiny(torch.nn.Module):
         def __init__(self):
@@ -152,9 +152,9 @@ def test_a_built_engine_matches_onnx_runtime(tmp_path, precision, tolerance):
         pytest.skip("running TensorRT plans needs a CUDA GPU")
     import json
 
-    from tasks.correctness import compare
-    from tasks.export import ConversionOptions, onnx_to_tensorrt
-    from tbench.enums import Precision
+    from tbench.core.enums import Precision
+    from tbench.correctness import compare
+    from tbench.export import ConversionOptions, onnx_to_tensorrt
 
     onnx_path, sample = _tiny_onnx(tmp_path)
     options = ConversionOptions(

@@ -14,8 +14,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 from model_adapters.outbrain import SPECS, synthetic_frame, write_parquet_dataset  # noqa: E402
 from model_adapters.ranking_metrics import auc, map_at_k  # noqa: E402
 from model_adapters.widedeep import OUTPUT, WideDeep, cross_hash  # noqa: E402
-from tbench.errors import ConfigError  # noqa: E402
-from tbench.runtimes import run_keras  # noqa: E402
+from tbench.core.errors import ConfigError
+from tbench.core.runtimes import run_keras
 
 SPEC = SPECS["small"]
 
@@ -226,9 +226,9 @@ def test_checkpoint_round_trip(adapter, model, tmp_path):
 def test_exports_to_savedmodel_and_onnx(adapter, model, tmp_path, monkeypatch):
     import onnx
 
-    from tasks.export import export_model
-    from tbench.enums import Format
-    from tbench.runtimes import run_file, source_digest
+    from tbench.core.enums import Format
+    from tbench.core.runtimes import run_file, source_digest
+    from tbench.export import export_model
 
     monkeypatch.setenv("TBENCH_CACHE_DIR", str(tmp_path / "cache"))
     digest = source_digest("tensorflow", model)

@@ -1,0 +1,534 @@
+"""A user's own model file (`tbench run --model-file PATH`): its format, io spec and runtime.
+
+Frameworks are imported inside functions: tensorflow alone takes seconds to import, and a
+run on an ONNX file should not pay for it.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import zipfile
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from pydantic import BaseModel, ValidationError
+
+from tbench.core.enums import Format
+from tbench.core.errors import ConfigError
+from tbench.core.iospec import _TRITON_DTYPES, IoSpec, TensorSpec
+from tbench.core.runtimes import cached, run_file
+
+DEFAULT_DYNAMIC_DIM = 16  # the size a dynamic non-batch dim gets when the user names none
+ACCEPTED = (
+    "an .onnx file, a TensorFlow SavedModel directory (with saved_model.pb) or a TorchScript archive (torch.jit.save)"
+)
+SHAPE_FLAG = "--shape NAME:D1,D2,..."
+RANGE_FLAG = "--value-range NAME:LO,HI"
+TS_IO_SPEC = "io_spec.json"  # optional extra file of a TorchScript archive holding IoSpec JSON
+_PROBE_BATCHES = (2, 3)  # TorchScript outputs are found by running the module at these batch sizes
+
+
+class ModelFile(BaseModel):
+    path: str
+    format: Format
+    io_spec: IoSpec  # shapes exclude the batch axis when `batching`, else they are the full shapes
+    input_shapes: dict[str, list[int]]  # concrete non-batch shape per input: synthetic data, perf_analyzer --shape
+    batching: bool  # dim 0 of every input and output is dynamic
+    int_high: int  # integer inputs are drawn from [0, int_high) unless a range below says otherwise
+    value_ranges: dict[str, list[float]] = {}  # the user's [LO, HI] per input (--value-range): synthetic data in it
+    table_rows: dict[str, int] = {}  # ONNX: rows of the embedding table(s) an integer input indexes (the fewest)
+
+
+# ---------------------------------------------------------------- format
+
+
+def detect_format(path: Path) -> Format:
+    path = Path(path)
+    if path.is_dir():
+        if (path / "saved_model.pb").is_file():
+            return Format.TF_SAVEDMODEL
+        raise ConfigError(f"model file {path} is a directory without saved_model.pb; expected {ACCEPTED}")
+    if not path.is_file():
+        raise ConfigError(f"model file {path} does not exist; expected {ACCEPTED}")
+    if path.suffix.lower() == ".onnx":
+        return Format.ONNX
+    if path.suffix.lower() in (".keras", ".h5"):
+        raise ConfigError(
+            f"model file {path} is a Keras file; Triton serves SavedModels: "
+            "export one with model.export(DIR) and pass DIR"
+        )
+    if zipfile.is_zipfile(path):
+        return _zip_format(path)
+    if _is_onnx_protobuf(path):
+        return Format.ONNX
+    raise ConfigError(f"model file {path} is not a model tbench can read; expected {ACCEPTED}")
+
+
+def _zip_format(path: Path) -> Format:
+    with zipfile.ZipFile(path) as archive:
+        names = archive.namelist()
+    # TorchScript archives carry compiled code; torch.save checkpoints only pickled tensors.
+    if any("/code/" in n or n.endswith("/constants.pkl") for n in names):
+        return Format.TS_SCRIPT
+    if any(n.endswith("data.pkl") for n in names):
+        raise ConfigError(
+            f"model file {path} is a torch.save checkpoint, not TorchScript; "
+            "save it with torch.jit.save(torch.jit.script(model), PATH)"
+        )
+    raise ConfigError(f"model file {path} is a zip archive but not TorchScript; expected {ACCEPTED}")
+
+
+def _is_onnx_protobuf(path: Path) -> bool:
+    import onnx
+
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception:
+        return False
+    # Protobuf parses many byte strings as unknown fields; a real model has a version and a graph.
+    return model.ir_version > 0 and len(model.graph.node) > 0
+
+
+# ---------------------------------------------------------------- reading
+
+
+def read_model_file(
+    path: Path | str,
+    shapes: dict[str, list[int]] | None = None,
+    dtypes: dict[str, str] | None = None,
+    int_high: int = 16,
+    value_ranges: dict[str, list[float]] | None = None,
+) -> ModelFile:
+    path = Path(path).resolve()
+    fmt = detect_format(path)
+    shapes = {name: [int(d) for d in dims] for name, dims in (shapes or {}).items()}
+    dtypes = {name: _dtype_name(value, f"--dtype {name}") for name, value in (dtypes or {}).items()}
+    if int_high < 1:
+        raise ConfigError(f"int_high must be at least 1, got {int_high}")
+    ranges = {name: list(bounds) for name, bounds in (value_ranges or {}).items()}
+    table_rows: dict[str, int] = {}
+    if fmt is Format.TS_SCRIPT:
+        spec, batching, shapes_are_spec = _read_torchscript(path, shapes, dtypes, int_high, ranges)
+    elif fmt is Format.ONNX:
+        spec, batching, table_rows = _read_onnx(path)
+        shapes_are_spec = False
+    else:
+        spec, batching = _read_savedmodel(path)
+        shapes_are_spec = False
+    _check_names(spec.input_names(), shapes, "--shape")
+    _check_names(spec.input_names(), dtypes, "--dtype")
+    _check_dtypes(spec, dtypes, path)
+    _check_ranges(spec, ranges)
+    overrides = {} if shapes_are_spec else shapes  # then their -1 dims get the default like any dynamic dim
+    input_shapes = {t.name: _fill_shape(t, overrides.get(t.name)) for t in spec.inputs}
+    return ModelFile(
+        path=str(path),
+        format=fmt,
+        io_spec=spec,
+        input_shapes=input_shapes,
+        batching=batching,
+        int_high=int_high,
+        value_ranges=ranges,
+        table_rows=table_rows,
+    )
+
+
+def _dtype_name(value: str, what: str) -> str:
+    try:
+        name = np.dtype(value).name
+    except TypeError:
+        name = str(value)
+    if name not in _TRITON_DTYPES:
+        raise ConfigError(f"{what}: dtype {value!r} is not supported; known: {', '.join(_TRITON_DTYPES)}")
+    return name
+
+
+def _check_names(names: list[str], given: dict, flag: str) -> None:
+    unknown = sorted(set(given) - set(names))
+    if unknown:
+        raise ConfigError(
+            f"{flag} names unknown input(s) {', '.join(unknown)}; the model's inputs are {', '.join(names)}"
+        )
+
+
+def _check_dtypes(spec: IoSpec, dtypes: dict[str, str], path: Path) -> None:
+    for t in spec.inputs:
+        if t.name in dtypes and dtypes[t.name] != t.dtype:
+            raise ConfigError(f"--dtype {t.name}:{dtypes[t.name]} contradicts {path}, which declares {t.dtype}")
+
+
+def _check_ranges(spec: IoSpec, ranges: dict[str, list[float]]) -> None:
+    """Each --value-range: two numbers LO <= HI that hold at least one value of the input's dtype."""
+    _check_names(spec.input_names(), ranges, "--value-range")
+    dtypes = {t.name: t.np_dtype for t in spec.inputs}
+    for name, bounds in ranges.items():
+        given = f"--value-range {name}:{','.join(f'{b:g}' for b in bounds)}"
+        if len(bounds) != 2 or not all(math.isfinite(b) for b in bounds) or bounds[0] > bounds[1]:
+            raise ConfigError(f"{given} needs two finite numbers LO,HI with LO <= HI")
+        if dtypes[name].kind in "biu":
+            low, high = _int_bounds(bounds)
+            limits = (
+                (0, 1)
+                if dtypes[name].kind == "b"
+                else (int(np.iinfo(dtypes[name]).min), int(np.iinfo(dtypes[name]).max))
+            )
+            if low > high:
+                raise ConfigError(f"{given} holds no integer, and {name} is {dtypes[name].name}")
+            if low < limits[0] or high > limits[1]:
+                raise ConfigError(f"{given} does not fit {name}'s {dtypes[name].name} ({limits[0]}..{limits[1]})")
+
+
+def _int_bounds(bounds: list[float]) -> tuple[int, int]:
+    """An integer input's inclusive range from [LO, HI]: the integers within it."""
+    return math.ceil(bounds[0]), math.floor(bounds[1])
+
+
+def _fill_shape(spec: TensorSpec, override: list[int] | None) -> list[int]:
+    """The concrete shape of one input: the user's override, checked against the declared dims."""
+    if override is None:
+        return [DEFAULT_DYNAMIC_DIM if d == -1 else d for d in spec.shape]
+    fits = len(override) == len(spec.shape) and all(o > 0 and (d == -1 or d == o) for d, o in zip(spec.shape, override))
+    if not fits:
+        raise ConfigError(
+            f"--shape {spec.name}:{_dims(override)} does not fit the model's shape {_dims(spec.shape)} "
+            f"for {spec.name} (-1 is dynamic; rank and static dims must match)"
+        )
+    return list(override)
+
+
+def _dims(shape: list[int]) -> str:
+    return ",".join(str(d) for d in shape)
+
+
+def _split_batch(inputs: list[TensorSpec], outputs: list[TensorSpec]) -> tuple[IoSpec, bool]:
+    """Strips axis 0 when it is dynamic everywhere: Triton then owns it as the batch axis."""
+    tensors = inputs + outputs
+    batching = all(t.shape and t.shape[0] == -1 for t in tensors)
+    if batching:
+        for t in tensors:
+            t.shape = t.shape[1:]
+    return IoSpec(inputs=inputs, outputs=outputs), batching
+
+
+def _tensor(name: str, dtype: Any, shape: list[int], path: Path) -> TensorSpec:
+    dtype_name = np.dtype(dtype).name
+    if dtype_name not in _TRITON_DTYPES:
+        raise ConfigError(
+            f"tensor {name} of {path} has dtype {dtype_name}, which tbench cannot feed or read; "
+            f"supported: {', '.join(_TRITON_DTYPES)}"
+        )
+    return TensorSpec(name=name, dtype=dtype_name, shape=shape)
+
+
+# ---------------------------------------------------------------- ONNX
+
+
+def _read_onnx(path: Path) -> tuple[IoSpec, bool, dict[str, int]]:
+    """(spec, batching, the embedding-table rows each integer input indexes)."""
+    import onnx
+
+    try:
+        graph = onnx.load(str(path), load_external_data=False).graph  # weights are not needed for the spec
+    except Exception as err:
+        raise ConfigError(f"cannot read ONNX model {path}: {_last_line(err)}") from None
+    initializers = {i.name for i in graph.initializer}  # old exporters list weights as graph inputs
+    inputs = [_onnx_tensor(v, path) for v in graph.input if v.name not in initializers]
+    outputs = [_onnx_tensor(v, path) for v in graph.output]
+    rows = _onnx_table_rows(graph, [t.name for t in inputs if np.dtype(t.dtype).kind in "iu"])
+    return *_split_batch(inputs, outputs), rows
+
+
+# ops that pass an index tensor on unchanged in value (input 0 to output 0)
+_VALUE_PRESERVING = {"Identity", "Cast", "Reshape", "Unsqueeze", "Squeeze", "Flatten", "Expand", "Transpose"}
+
+
+def _onnx_table_rows(graph: Any, names: list[str]) -> dict[str, int]:
+    """Per integer input that indexes a constant table (Gather(table, ids), as an exported embedding lookup is), the
+    table's size along the gathered axis: its valid indices are 0..rows-1. Followed through value-preserving ops only;
+    the fewest rows when it indexes several tables; inputs not seen indexing a table are left out."""
+    tables = {i.name: list(i.dims) for i in graph.initializer}
+    for node in graph.node:
+        if node.op_type == "Constant":
+            for attribute in node.attribute:
+                if attribute.name == "value":  # a tensor constant (value_float, value_ints, ... are not tables)
+                    tables[node.output[0]] = list(attribute.t.dims)
+    consumers: dict[str, list[tuple[Any, int]]] = defaultdict(list)
+    for node in graph.node:
+        for slot, name in enumerate(node.input):
+            consumers[name].append((node, slot))
+    found = {}
+    for name in names:
+        rows, frontier, seen = [], [name], set()
+        while frontier:
+            tensor = frontier.pop()
+            if tensor in seen:
+                continue
+            seen.add(tensor)
+            for node, slot in consumers.get(tensor, []):
+                if node.op_type in _VALUE_PRESERVING and slot == 0 and node.output:
+                    frontier.append(node.output[0])
+                elif node.op_type == "Gather" and slot == 1 and node.input[0] in tables:
+                    dims = tables[node.input[0]]
+                    axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
+                    if -len(dims) <= axis < len(dims) and dims[axis] > 0:
+                        rows.append(int(dims[axis]))
+        if rows:
+            found[name] = min(rows)
+    return found
+
+
+def _onnx_tensor(value: Any, path: Path) -> TensorSpec:
+    from onnx.helper import tensor_dtype_to_np_dtype
+
+    if value.type.WhichOneof("value") != "tensor_type":
+        raise ConfigError(f"ONNX value {value.name} of {path} is not a tensor")
+    tensor_type = value.type.tensor_type
+    if not tensor_type.HasField("shape"):
+        raise ConfigError(f"ONNX tensor {value.name} of {path} has no declared rank")
+    shape = [d.dim_value if d.HasField("dim_value") else -1 for d in tensor_type.shape.dim]
+    try:
+        dtype = tensor_dtype_to_np_dtype(tensor_type.elem_type)
+    except KeyError:
+        raise ConfigError(f"ONNX tensor {value.name} of {path} has an unknown element type") from None
+    return _tensor(value.name, dtype, shape, path)
+
+
+# ---------------------------------------------------------------- TF SavedModel
+
+
+def _read_savedmodel(path: Path) -> tuple[IoSpec, bool]:
+    signature = _savedmodel_signature(path)
+    _, kwargs = signature.structured_input_signature
+    outputs = signature.structured_outputs
+    if not isinstance(outputs, dict):
+        raise ConfigError(f"serving_default of {path} does not return a dict of named tensors")
+    # The dict KEYS are the signature names Triton's tensorflow backend binds to, not spec.name.
+    return _split_batch(
+        [_tf_tensor(k, s, path) for k, s in kwargs.items()], [_tf_tensor(k, s, path) for k, s in outputs.items()]
+    )
+
+
+def _tf_tensor(name: str, spec: Any, path: Path) -> TensorSpec:
+    if spec.shape.rank is None:
+        raise ConfigError(f"signature tensor {name} of {path} has no declared rank")
+    shape = [-1 if d is None else int(d) for d in spec.shape.as_list()]
+    return _tensor(name, spec.dtype.as_numpy_dtype, shape, path)
+
+
+def _savedmodel_signature(path: Path) -> Any:
+    loaded = cached("tf", path, lambda: _load_savedmodel(path))
+    if "serving_default" not in loaded.signatures:
+        known = ", ".join(loaded.signatures) or "none"
+        raise ConfigError(
+            f"SavedModel {path} has no serving_default signature (signatures: {known}); "
+            "save it with tf.saved_model.save(obj, PATH, signatures=obj.__call__) or keras model.export(PATH)"
+        )
+    return loaded.signatures["serving_default"]
+
+
+def _load_savedmodel(path: Path) -> Any:
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # keep TensorFlow's banner out of the CLI output
+    import tensorflow as tf
+
+    try:
+        return tf.saved_model.load(str(path))  # the cache keeps it alive: signatures need its variables
+    except Exception as err:
+        raise ConfigError(f"cannot load SavedModel {path}: {_last_line(err)}") from None
+
+
+# ---------------------------------------------------------------- TorchScript
+
+
+def _read_torchscript(
+    path: Path,
+    shapes: dict[str, list[int]],
+    dtypes: dict[str, str],
+    int_high: int,
+    ranges: dict[str, list[float]],
+) -> tuple[IoSpec, bool, bool]:
+    """(spec, batching, shapes_are_spec): without io_spec.json the user's --shape values declare the inputs."""
+    module, extra = _torchscript(path)
+    if extra:
+        try:
+            spec = IoSpec.model_validate_json(extra)
+        except ValidationError as err:
+            raise ConfigError(f"{TS_IO_SPEC} in {path} is not a valid io spec: {_last_line(err)}") from None
+        for t in spec.inputs + spec.outputs:
+            _dtype_name(t.dtype, f"{TS_IO_SPEC} tensor {t.name}")
+        return spec, True, False
+    names = _forward_inputs(module, path, shapes)
+    _check_names(names, shapes, "--shape")
+    _check_names(names, dtypes, "--dtype")
+    missing = [n for n in names if n not in shapes]
+    if missing:
+        raise ConfigError(
+            f"TorchScript {path} declares no input shapes: give {SHAPE_FLAG} (without the batch axis) "
+            f"for {', '.join(missing)}"
+        )
+    inputs = [TensorSpec(name=n, dtype=dtypes.get(n, "float32"), shape=_positive(n, shapes[n])) for n in names]
+    _check_ranges(IoSpec(inputs=inputs, outputs=[]), ranges)  # before the probe draws its inputs from them
+    return IoSpec(inputs=inputs, outputs=_probe_outputs(module, inputs, path, int_high, ranges)), True, True
+
+
+def _torchscript(path: Path) -> tuple[Any, str]:
+    """The loaded module and the text of its io_spec.json extra file ("" when it has none)."""
+    return cached("torchscript+extra", path, lambda: _load_torchscript(path))
+
+
+def _load_torchscript(path: Path) -> tuple[Any, str]:
+    import torch
+
+    extra = {TS_IO_SPEC: ""}
+    try:
+        module = torch.jit.load(str(path), map_location="cpu", _extra_files=extra)
+    except Exception as err:
+        raise ConfigError(f"cannot load TorchScript {path}: {_last_line(err)}") from None
+    module.eval()
+    text = extra[TS_IO_SPEC]
+    return module, text.decode() if isinstance(text, bytes) else text
+
+
+def _forward_inputs(module: Any, path: Path, shapes: dict[str, list[int]]) -> list[str]:
+    """forward's tensor arguments: required ones always, defaulted ones only when the user shapes them."""
+    import torch
+
+    names = []
+    for arg in module.forward.schema.arguments[1:]:  # [0] is self
+        wanted = not arg.has_default_value() or arg.name in shapes
+        if wanted and not isinstance(arg.type, torch.TensorType):
+            raise ConfigError(f"forward argument {arg.name} of {path} is {arg.type}; only tensor inputs can be fed")
+        if wanted:
+            names.append(arg.name)
+    return names
+
+
+def _positive(name: str, shape: list[int]) -> list[int]:
+    if any(d == 0 or d < -1 for d in shape):
+        raise ConfigError(f"--shape {name}:{_dims(shape)} needs positive dims (or -1 for dynamic)")
+    return list(shape)
+
+
+def _probe_outputs(
+    module: Any, inputs: list[TensorSpec], path: Path, int_high: int, ranges: dict[str, list[float]]
+) -> list[TensorSpec]:
+    """Output count, dtypes and shapes, from two runs; dims that move with the inputs are dynamic."""
+    runs = []
+    for grow, batch in enumerate(_PROBE_BATCHES):
+        feeds = {
+            t.name: _random(
+                t.dtype,
+                [batch] + [_probe_dim(d, grow) for d in t.shape],
+                np.random.default_rng(grow),
+                ranges.get(t.name),
+                int_high,
+            )
+            for t in inputs
+        }
+        runs.append(_run_torchscript_module(module, inputs, feeds, path))
+    first, second = runs
+    outputs = []
+    for i, (a, b) in enumerate(zip(first, second)):
+        if a.ndim == 0 or a.shape[0] != _PROBE_BATCHES[0] or b.shape[0] != _PROBE_BATCHES[1]:
+            raise ConfigError(
+                f"output {i} of TorchScript {path} does not keep the batch on axis 0 "
+                f"(shapes {list(a.shape)} at batch {_PROBE_BATCHES[0]}, {list(b.shape)} at batch {_PROBE_BATCHES[1]})"
+            )
+        shape = [da if da == db else -1 for da, db in zip(a.shape[1:], b.shape[1:])]
+        outputs.append(_tensor(f"output__{i}", a.dtype, shape, path))
+    return outputs
+
+
+def _probe_dim(dim: int, grow: int) -> int:
+    return DEFAULT_DYNAMIC_DIM + grow if dim == -1 else dim
+
+
+def _run_torchscript_module(module: Any, inputs: list[TensorSpec], feeds: dict, path: Path) -> list[np.ndarray]:
+    try:
+        return _torchscript_outputs(module, [feeds[t.name] for t in inputs])
+    except ConfigError:
+        raise
+    except Exception as err:
+        shapes = ", ".join(f"{n}:{_dims(list(a.shape))}" for n, a in feeds.items())
+        ints = [t.name for t in inputs if t.np_dtype.kind in "iu"]
+        ranges = f" and, for the integers of {', '.join(ints)}, {RANGE_FLAG}" if ints else ""
+        raise ConfigError(
+            f"TorchScript {path} failed on synthetic inputs ({shapes}, batch axis included): "
+            f"{_last_line(err)}; check {SHAPE_FLAG}, --dtype{ranges}"
+        ) from None
+
+
+def _torchscript_outputs(module: Any, arrays: list[np.ndarray]) -> list[np.ndarray]:
+    import torch
+
+    with torch.inference_mode():
+        result = module(*[torch.from_numpy(np.ascontiguousarray(a)) for a in arrays])
+    results = list(result) if isinstance(result, (tuple, list)) else [result]
+    if not all(isinstance(r, torch.Tensor) for r in results):
+        raise ConfigError("TorchScript forward must return a tensor or a tuple/list of tensors")
+    return [r.detach().cpu().numpy() for r in results]
+
+
+# ---------------------------------------------------------------- data and runtime
+
+
+def synthetic_inputs(mf: ModelFile, batch_size: int, seed: int = 0) -> dict[str, np.ndarray]:
+    """Integers in the input's --value-range (inclusive), else below its embedding table's rows (ONNX), else in
+    [0, int_high); floats uniform in the --value-range, else standard normal; booleans either value."""
+    rng = np.random.default_rng(seed)
+    lead = [batch_size] if mf.batching else []
+    return {
+        t.name: _random(t.dtype, lead + mf.input_shapes[t.name], rng, synthetic_range(mf, t.name), mf.int_high)
+        for t in mf.io_spec.inputs
+    }
+
+
+def synthetic_range(mf: ModelFile, name: str) -> list[float] | None:
+    """The [LO, HI] synthetic values of an input are drawn from: the user's, else the embedding table's 0..rows-1;
+    None: the default (integers in [0, int_high), floats standard normal)."""
+    if name in mf.value_ranges:
+        return mf.value_ranges[name]
+    if name in mf.table_rows:
+        return [0, mf.table_rows[name] - 1]
+    return None
+
+
+def describe_range(mf: ModelFile, t: TensorSpec) -> str:
+    """An integer input's synthetic values as 'LO..HI'."""
+    bounds = synthetic_range(mf, t.name)
+    if bounds is None:
+        return f"0..{min(mf.int_high, int(np.iinfo(t.np_dtype).max) + 1) - 1}"
+    low, high = _int_bounds(bounds)
+    return f"{low}..{high}"
+
+
+def _random(
+    dtype: str, shape: list[int], rng: np.random.Generator, bounds: list[float] | None = None, int_high: int = 16
+) -> np.ndarray:
+    np_dtype = np.dtype(dtype)
+    if np_dtype.kind in "biu" and bounds is not None:
+        low, high = _int_bounds(bounds)
+        return rng.integers(
+            low, high, shape, dtype=np.int8 if np_dtype == np.bool_ else np_dtype, endpoint=True
+        ).astype(np_dtype)
+    if np_dtype == np.bool_:
+        return rng.integers(0, 2, shape).astype(np.bool_)
+    if np_dtype.kind in "iu":
+        high = min(int_high, int(np.iinfo(np_dtype).max) + 1)  # int_high may not fit a narrow dtype
+        return rng.integers(0, high, shape, dtype=np_dtype)
+    if bounds is not None:
+        return rng.uniform(bounds[0], bounds[1], shape).astype(np_dtype)
+    return rng.standard_normal(shape).astype(np_dtype)
+
+
+def run_model_file(mf: ModelFile, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The model file run by its own framework: the reference Triton's answers are checked against."""
+    return run_file(mf.format, mf.path, mf.io_spec, inputs)
+
+
+def _last_line(err: BaseException) -> str:
+    """Framework errors span many lines (TorchScript tracebacks); the cause is on the last one."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    return lines[-1] if lines else type(err).__name__

@@ -1,0 +1,1 @@
+"""This machine: processes, shared memory, containers, tools, GPUs, ports, the device lock."""

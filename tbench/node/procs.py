@@ -1,0 +1,215 @@
+"""Every subprocess starts here: argv lists (never a shell string), a log file, a timeout.
+
+Each child runs in its own session (so stopping it reaches its children) and is written down in a registry folder
+with the pid of the process that started it. A child whose owner died (SIGKILL, a crash, a second Ctrl-C) is an
+orphan: `reap_orphans()`, called before every run, kills it, so a killed run never leaves a server behind for long.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+from tbench.node import containers, shm
+
+
+@dataclass
+class Completed:
+    argv: list[str]
+    returncode: int
+    log_path: Path
+    seconds: float
+    timed_out: bool = False
+
+    def log_tail(self, lines: int = 20) -> str:
+        return tail(self.log_path, lines)
+
+
+def tail(path: Path, lines: int = 20) -> str:
+    try:
+        text = Path(path).read_text(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.rstrip().splitlines()[-lines:])
+
+
+def registry_dir() -> Path:
+    """Per user: one file per live child, named by its pid."""
+    return Path(os.environ.get("TBENCH_PROCS_DIR", Path.home() / ".cache" / "tbench" / "procs"))
+
+
+def _started_at(pid: int) -> float | None:
+    """A pid's start time tells a live process from a later one that reused its pid."""
+    try:
+        return psutil.Process(pid).create_time()
+    except psutil.Error:
+        return None
+
+
+def _register(proc: subprocess.Popen, argv: list[str], container: dict | None = None) -> None:
+    entry = {
+        "pid": proc.pid,
+        "started": _started_at(proc.pid),
+        "owner": os.getpid(),
+        "owner_started": _started_at(os.getpid()),
+        "argv0": Path(argv[0]).name,
+    }
+    if container:  # a `docker run` client: killing it leaves the container running, so it is removed by name
+        entry["container"] = container
+    folder = registry_dir()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"{proc.pid}.json").write_text(json.dumps(entry))
+    except OSError:
+        pass  # the registry only helps a later run clean up; a read-only home must not stop this one
+
+
+def forget(proc: subprocess.Popen) -> None:
+    (registry_dir() / f"{proc.pid}.json").unlink(missing_ok=True)
+
+
+def _alive(pid: int, started: float | None) -> bool:
+    return started is not None and _started_at(pid) == started
+
+
+def reap_orphans() -> list[str]:
+    """Kill the process groups of children whose owner is gone, and remove the shared memory they mapped; returns
+    what was killed, e.g. ['tritonserver (pid 12) and 2 shared memory regions']."""
+    killed = []
+    folder = registry_dir()
+    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+        try:
+            entry = json.loads(path.read_text())
+        except (OSError, ValueError):
+            path.unlink(missing_ok=True)
+            continue
+        if _alive(entry["owner"], entry.get("owner_started")):
+            continue  # its owner still runs: not ours to touch
+        if _alive(entry["pid"], entry.get("started")) or entry.get("container"):
+            removed = _kill_and_clean(entry)
+            what = f"container {entry['container']['name']} via " if entry.get("container") else ""
+            killed.append(
+                f"{what}{entry.get('argv0', '?')} (pid {entry['pid']})"
+                + (f" and {removed} shared memory regions" if removed else "")
+            )
+        path.unlink(missing_ok=True)
+    return killed
+
+
+def _kill_and_clean(entry: dict) -> int:
+    """Kill a child's process group (and remove its container) and remove the shared memory its processes mapped;
+    how many regions went."""
+    pgid = entry["pid"]
+    regions = shm.mapped_regions(shm.group_members(pgid)) if _alive(pgid, entry.get("started")) else set()
+    if _alive(pgid, entry.get("started")):
+        _kill_pgid(pgid)
+        _wait_gone(pgid)
+    removed = 0
+    if container := entry.get("container"):
+        removed = containers.remove(container["docker"], container["name"], host=container.get("host"))
+    return removed + len(shm.remove(regions))
+
+
+def _wait_gone(pid: int, timeout_s: float = 10.0) -> None:
+    """A killed orphan is not our child: poll until it is gone (its mappings go with it)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and psutil.pid_exists(pid):
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return
+        except psutil.Error:
+            return
+        time.sleep(0.05)
+
+
+def kill_own_children() -> None:
+    """The last resort of a second Ctrl-C: kill every child this process started and still has."""
+    folder = registry_dir()
+    for path in folder.glob("*.json") if folder.is_dir() else []:
+        try:
+            entry = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if entry.get("owner") == os.getpid() and (_alive(entry["pid"], entry.get("started")) or entry.get("container")):
+            _kill_and_clean(entry)
+            path.unlink(missing_ok=True)
+
+
+def run(
+    argv: list[str], log_path: Path, timeout: float, env: dict[str, str] | None = None, cwd: str | Path | None = None
+) -> Completed:
+    """Run to completion, stdout+stderr into `log_path`; a timeout, Ctrl-C or any error kills the whole process
+    group."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    start = time.monotonic()
+    with open(log_path, "wb") as log:
+        log.write(("$ " + " ".join(argv) + "\n").encode())
+        log.flush()
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True, cwd=cwd)
+        _register(proc, argv)
+        try:
+            rc = proc.wait(timeout=timeout)
+            timed_out = False
+        except subprocess.TimeoutExpired:
+            kill_group(proc)
+            rc, timed_out = proc.wait(), True
+        except BaseException:  # Ctrl-C or SIGTERM while waiting: the child is in its own session and would go on
+            kill_group(proc)
+            proc.wait()
+            raise
+        finally:
+            forget(proc)
+    return Completed(argv, rc, log_path, time.monotonic() - start, timed_out)
+
+
+def start(
+    argv: list[str],
+    log_path: Path,
+    env: dict[str, str] | None = None,
+    outlives_caller: bool = False,
+    container: dict | None = None,
+) -> subprocess.Popen:
+    """Start a long-lived process in its own session so that stopping it reaches its children too; the caller stops
+    it with `stop()` (or kill_group + forget). `outlives_caller`: a service meant to stay after this process exits
+    (the local stack), which is never reaped as an orphan. `container` ({"docker": CLI, "name": NAME}): the process
+    is a `docker run` client whose container a reaper removes too."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    log = open(log_path, "ab")
+    log.write(("$ " + " ".join(argv) + "\n").encode())
+    log.flush()
+    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    log.close()  # the child holds its own descriptor
+    if not outlives_caller:
+        _register(proc, argv, container)
+    return proc
+
+
+def stop(proc: subprocess.Popen, timeout_s: float = 10.0) -> None:
+    """SIGTERM, a grace period, then SIGKILL to the whole group."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            pass
+    kill_group(proc)
+    proc.wait()
+    forget(proc)
+
+
+def kill_group(proc: subprocess.Popen, sig: int = signal.SIGKILL) -> None:
+    _kill_pgid(proc.pid, sig)
+
+
+def _kill_pgid(pgid: int, sig: int = signal.SIGKILL) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass

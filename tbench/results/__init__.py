@@ -1,0 +1,1 @@
+"""Results: metrics, the published table, comparison, reports, the dataset, reused points."""

@@ -1,0 +1,578 @@
+"""Stage 7: the guides' tables, the configuration and hardware, correctness, accuracy and plots, as markdown."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # no screen on workers
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from tbench.results.metrics import AVG, BREAKDOWN, PERCENTILES, THROUGHPUT
+from tbench.results.published import (
+    PUBLISHED_GPUS,
+    PUBLISHED_SIZE,
+    compare_with_published,
+    load_published,
+    published_sizes,
+)
+
+OFFLINE_COLUMNS = {
+    "precision": "Precision",
+    "backend_accelerator": "Backend Accelerator",
+    "batch_size": "Client Batch Size",
+    THROUGHPUT.column: THROUGHPUT.header,
+    **{m.column: m.header for m in PERCENTILES if m.column != "p50_ms"},
+    AVG.column: AVG.header,
+}
+ONLINE_COLUMNS = {
+    "concurrency": "Concurrent client requests",
+    THROUGHPUT.column: THROUGHPUT.header,
+    **{m.column: m.header for m in BREAKDOWN},
+    **{m.column: m.header for m in PERCENTILES},
+    AVG.column: AVG.header,
+}
+
+
+RATE_COLUMNS = {
+    "request_rate": "Request rate (1/s)",
+    "request_distribution": "Arrivals",
+    THROUGHPUT.column: THROUGHPUT.header,
+    **{m.column: m.header for m in BREAKDOWN},
+    **{m.column: m.header for m in PERCENTILES},
+    AVG.column: AVG.header,
+}
+SORT_BY = {"offline": "batch_size", "online": "concurrency", "rate": "request_rate"}
+
+
+def scenario_rows(results: pd.DataFrame, scenario: str, ok_only: bool = True) -> pd.DataFrame:
+    rows = results[results["scenario"] == scenario]
+    if ok_only:
+        rows = rows[rows["status"] == "ok"]
+    return rows.sort_values(SORT_BY[scenario])
+
+
+def guide_table(rows: pd.DataFrame, columns: dict[str, str]) -> str:
+    table = rows[list(columns)].rename(columns=columns).copy()
+    for col in table.columns:
+        if pd.api.types.is_float_dtype(table[col]):
+            table[col] = table[col].round(3)
+    return table.fillna("").to_markdown(index=False)
+
+
+def _throughput_on_twin_axis(ax, x, rows: pd.DataFrame, **style):
+    """Throughput in black on a second y axis, one legend for both axes; returns the second axis."""
+    ax2 = ax.twinx()
+    ax2.plot(x, rows[THROUGHPUT.column], color="black", label=THROUGHPUT.header, **style)
+    ax2.set_ylabel("Inferences/second")
+    handles = ax.get_legend_handles_labels()[0] + ax2.get_legend_handles_labels()[0]
+    ax.legend(handles, [h.get_label() for h in handles], fontsize=7, loc="upper left")
+    return ax2
+
+
+def _save(fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_offline(rows: pd.DataFrame, plots_dir: Path, prefix: str = "") -> list[Path]:
+    batch = rows["batch_size"].astype(str)
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.bar(batch, rows[THROUGHPUT.column], color="#76b900")
+    ax.set(xlabel="Client batch size", ylabel="Inferences/second", title="Offline: throughput vs batch size")
+    left = _save(fig, plots_dir / f"{prefix}offline_throughput_vs_batch.png")
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for m in [*PERCENTILES[1:], AVG]:
+        ax.plot(batch, rows[m.column], marker="o", label=m.header)
+    ax.set(xlabel="Client batch size", ylabel="Latency (ms)", title="Offline: latency vs batch size")
+    ax.legend()
+    right = _save(fig, plots_dir / f"{prefix}offline_latency_vs_batch.png")
+    return [left, right]
+
+
+def plot_online(rows: pd.DataFrame, plots_dir: Path, prefix: str = "") -> list[Path]:
+    conc = rows["concurrency"].astype(str)
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    bottom = pd.Series(0.0, index=rows.index)
+    for m in BREAKDOWN:
+        values = rows[m.column].fillna(0.0)
+        ax.bar(conc, values, bottom=bottom, label=m.header)
+        bottom = bottom + values
+    ax.set(
+        xlabel="Concurrent client requests",
+        ylabel="Latency (ms)",
+        title="Online: latency breakdown and throughput vs concurrency",
+    )
+    _throughput_on_twin_axis(ax, conc, rows, marker="o").set_ylim(bottom=0)
+    return [_save(fig, plots_dir / f"{prefix}online_latency_breakdown_throughput.png")]
+
+
+def plot_formats(results: pd.DataFrame, plots_dir: Path) -> Path:
+    """Every served format on one chart per scenario: which format to deploy is the first question."""
+    ok = results[results["status"] == "ok"]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for ax, scenario, axis, label in (
+        (axes[0], "offline", "batch_size", "Client batch size"),
+        (axes[1], "online", "concurrency", "Concurrent client requests"),
+    ):
+        for fmt, rows in ok[ok["scenario"] == scenario].groupby("format", sort=False):
+            rows = rows.sort_values(axis)
+            ax.plot(rows[axis], rows[THROUGHPUT.column], marker="o", label=fmt)
+        ax.set(xlabel=label, ylabel="Inferences/second", title=f"{scenario.capitalize()}: throughput by format")
+        ax.set_ylim(bottom=0)
+        if ax.has_data():
+            ax.legend()
+    return _save(fig, plots_dir / "formats_throughput.png")
+
+
+def plot_rate(rows: pd.DataFrame, plots_dir: Path, prefix: str = "") -> Path:
+    """Open loop: latency percentiles and achieved throughput against the offered request rate."""
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for m in [*PERCENTILES, AVG]:
+        ax.plot(rows["request_rate"], rows[m.column], marker="o", label=m.header)
+    ax.set(xlabel="Offered request rate (1/s)", ylabel="Latency (ms)", title="Rate: latency vs offered load")
+    _throughput_on_twin_axis(ax, rows["request_rate"], rows, linestyle="--", marker="s")
+    return _save(fig, plots_dir / f"{prefix}rate_latency_vs_load.png")
+
+
+def _kv_table(pairs: list[tuple[str, object]]) -> str:
+    return pd.DataFrame(pairs, columns=["Parameter Name", "Parameter Value"]).to_markdown(index=False)
+
+
+def summary_lines(summary: dict) -> list[str]:
+    rows = [
+        {
+            "Format": b["format"],
+            "Scenario": b["scenario"],
+            "Best inferences/second": round(b["best_throughput_infer_per_s"], 1),
+            "At": b["at"],
+            "P99 latency there (ms)": round(b["p99_ms_at_best"], 3),
+            "Lowest avg latency (ms)": round(b["min_avg_ms"], 3),
+        }
+        for b in summary.get("best", [])
+    ]
+    lines = [
+        f"Measured points: {summary.get('points', 0)}, stable: {summary.get('points_ok', 0)}, "
+        f"flagged: {summary.get('points_flagged', 0)}.",
+        "",
+    ]
+    return lines + ([pd.DataFrame(rows).to_markdown(index=False), ""] if rows else [])
+
+
+def correctness_table(results) -> str:
+    rows = [
+        {
+            "Format": c.format.value + (f" ({c.model})" if c.model else ""),
+            "Output": o.output,
+            "Max abs error": f"{o.max_abs_err:.3g}",
+            "Max rel error": f"{o.max_rel_err:.3g}",
+            "Tolerance": f"{o.tolerance:.3g}",
+            "Passed": "yes" if o.passed else "NO",
+        }
+        for c in results
+        for o in c.outputs
+    ]
+    return pd.DataFrame(rows).to_markdown(index=False)
+
+
+def accuracy_lines(result) -> list[str]:
+    lines = [
+        f"Through Triton vs the source model on the same {result.samples} samples:",
+        "",
+        pd.DataFrame(
+            [
+                {
+                    "Output": o.output,
+                    "Max abs error": f"{o.max_abs_err:.3g}",
+                    "Max rel error": f"{o.max_rel_err:.3g}",
+                    "Tolerance": f"{o.tolerance:.3g}",
+                    "Same answers": "yes" if o.passed else "NO",
+                }
+                for o in result.outputs
+            ]
+        ).to_markdown(index=False),
+        "",
+    ]
+    if result.metric:
+        lines += [
+            pd.DataFrame(
+                [
+                    {
+                        "Metric": result.metric,
+                        "Samples": result.samples,
+                        "Framework": f"{result.framework:.4f}",
+                        "Triton": f"{result.triton:.4f}",
+                        "Difference": f"{result.difference:+.4f}",
+                        "Prediction agreement": f"{result.agreement:.4f}",
+                    }
+                ]
+            ).to_markdown(index=False),
+            "",
+        ]
+    return lines
+
+
+COMPOSING_TABLE = {
+    "scenario": "Scenario",
+    "batch_size": "Batch",
+    "concurrency": "Concurrency",
+    "composing_model": "Composing model",
+    "server_queue_ms": "Server Queue",
+    "server_compute_input_ms": "Server Compute Input",
+    "server_compute_infer_ms": "Server Compute Infer",
+    "server_compute_output_ms": "Server Compute Output",
+    "request_latency_ms": "Request latency",
+}
+
+
+def plot_composing(rows: pd.DataFrame, plots_dir: Path, prefix: str = "") -> Path:
+    """Where an ensemble's server time goes: each composing model's request latency, stacked, per batch."""
+    table = rows.pivot_table(
+        index="batch_size", columns="composing_model", values="request_latency_ms", aggfunc="mean", sort=False
+    ).sort_index()
+    fig, ax = plt.subplots(figsize=(7, 4))
+    table.plot.bar(stacked=True, ax=ax, rot=0)
+    ax.set(xlabel="Batch", ylabel="Server request latency (ms)", title="Offline: latency per composing model")
+    return _save(fig, plots_dir / f"{prefix}composing_latency.png")
+
+
+def composing_lines(composing: pd.DataFrame, plots_dir: Path, prefix: str) -> list[str]:
+    """An ensemble's own rows per composing model, as perf_analyzer reports them; latencies in ms."""
+    lines = [
+        "### Composing models",
+        "",
+        "Each step of the ensemble at every measured point: its own queue and compute "
+        "times on the server (perf_analyzer's composing-model statistics).",
+        "",
+    ]
+    offline = composing[composing["scenario"] == "offline"]
+    if not offline.empty:
+        lines += [f"![]({plot_composing(offline, plots_dir, prefix).relative_to(plots_dir.parent).as_posix()})", ""]
+    columns = [c for c in COMPOSING_TABLE if c != "concurrency" or composing[c].notna().any()]
+    composing = composing.sort_values(["scenario", "batch_size", "concurrency", "composing_model"])
+    return lines + [composing[columns].rename(columns=COMPOSING_TABLE).round(3).to_markdown(index=False), ""]
+
+
+SERVER_TABLE = {
+    "scenario": "Scenario",
+    "batch_size": "Batch",
+    "concurrency": "Concurrency",
+    "request_rate": "Rate",
+    "triton_requests": "Requests",
+    "triton_queue_ms": "Queue (ms)",
+    "triton_compute_infer_ms": "Compute infer (ms)",
+    "stats_max_rel_diff": "Max diff vs client",
+    "server_cpu_pct": "Server CPU %",
+    "server_rss_mb": "Server RSS (MB)",
+    "gpu_util_pct": "GPU util %",
+    "gpu_mem_mb": "GPU memory (MB)",
+    "gpu_power_w": "GPU power (W)",
+}
+
+
+def server_lines(rows: pd.DataFrame) -> list[str]:
+    """Each stable point from the server's side: Triton's statistics API over the point, how far it is from
+    perf_analyzer's server breakdown, the server's CPU (100 = one core) and memory, and GPU metrics where there are
+    GPUs."""
+    ok = rows[rows["status"] == "ok"].sort_values(["scenario", "batch_size", "concurrency", "request_rate"])
+    columns = [c for c in SERVER_TABLE if c in ok.columns and ok[c].notna().any()]
+    if ok.empty or "triton_requests" not in columns:
+        return []
+    table = ok[columns].rename(columns=SERVER_TABLE).round(3)
+    if "Max diff vs client" in table:
+        table["Max diff vs client"] = (100 * ok["stats_max_rel_diff"]).round(1).astype(str) + " %"
+    return [
+        "### Server side",
+        "",
+        "Triton's statistics API over each point (per request), its largest difference from "
+        "perf_analyzer's server-side breakdown (which reads the same API over its measurement windows only), and the "
+        "server's processes sampled during the point.",
+        "",
+        table.to_markdown(index=False),
+        "",
+    ]
+
+
+def how_measured(rows: pd.DataFrame) -> str:
+    """What a quoted figure rests on: window length, stability rule, precision served."""
+    windows = rows["window_s"].dropna()
+    span = (
+        f"{windows.min():.1f}-{windows.max():.1f} s"
+        if len(windows) and windows.min() != windows.max()
+        else (f"{windows.iloc[0]:.1f} s" if len(windows) else "unknown")
+    )
+    return (
+        f"Measured over windows of {span}, the last 3 within {rows['stability_percentage'].iloc[0]:g}%; "
+        f"precision served: {', '.join(sorted(set(rows['precision'].astype(str))))}."
+    )
+
+
+def format_section(
+    fmt: str,
+    served_by: str,
+    correctness,
+    accuracy,
+    results: pd.DataFrame,
+    plots_dir: Path,
+    composing: pd.DataFrame | None = None,
+    online_batch_size: int = 1,
+) -> list[str]:
+    """One served format: how it is served, its correctness and accuracy, and the guides' tables and plots."""
+    run_dir = plots_dir.parent
+    lines = [f"## Format `{fmt}`", "", f"Served by: {served_by}.", ""]
+    if correctness:
+        lines += ["### Correctness", "", correctness_table(correctness), ""]
+    if accuracy:
+        lines += ["### Accuracy through Triton", "", *accuracy_lines(accuracy)]
+    rows = results[results["format"] == fmt] if not results.empty else results
+    offline = scenario_rows(rows, "offline") if not rows.empty else rows
+    if not offline.empty:
+        left, right = (p.relative_to(run_dir).as_posix() for p in plot_offline(offline, plots_dir, f"{fmt}_"))
+        lines += [
+            "### Offline scenario",
+            "",
+            "Static batching (the model reloaded without its dynamic batcher, so no "
+            f"queue delay): one client (concurrency 1), {offline['shared_memory'].iloc[0]} shared memory. "
+            f"{how_measured(offline)}",
+            "",
+            f"| ![]({left}) | ![]({right}) |",
+            "|-----|-----|",
+            "",
+            guide_table(offline, OFFLINE_COLUMNS),
+            "",
+        ]
+    online = scenario_rows(rows, "online") if not rows.empty else rows
+    if not online.empty:
+        (plot,) = (p.relative_to(run_dir).as_posix() for p in plot_online(online, plots_dir, f"{fmt}_"))
+        lines += [
+            "### Online scenario",
+            "",
+            f"Dynamic batching on the server (max queue delay "
+            f"{online['max_queue_delay_us'].iloc[0]:g} us); each client sends batch {online_batch_size} over gRPC. "
+            f"{how_measured(online)}",
+            "",
+            f"![]({plot})",
+            "",
+            guide_table(online, ONLINE_COLUMNS),
+            "",
+        ]
+    rate = scenario_rows(rows, "rate") if not rows.empty else rows
+    if not rate.empty:
+        plot = plot_rate(rate, plots_dir, f"{fmt}_").relative_to(run_dir).as_posix()
+        lines += [
+            "### Rate scenario",
+            "",
+            f"Open loop: requests sent at a fixed rate whatever the answers, batch {online_batch_size}, "
+            "dynamic batching on the server; throughput below the offered rate means the server fell behind. "
+            f"{how_measured(rate)}",
+            "",
+            f"![]({plot})",
+            "",
+            guide_table(rate, RATE_COLUMNS),
+            "",
+        ]
+    if not rows.empty:
+        lines += server_lines(rows)
+    if composing is not None and not composing.empty:
+        lines += composing_lines(composing[composing["format"] == fmt], plots_dir, f"{fmt}_")
+    return lines
+
+
+def published_lines(results: pd.DataFrame) -> list[str]:
+    """The guides' published numbers beside ours where the same model, size, scenario, GPU, precision and format
+    exist."""
+    lines = ["## Compared with the published results", ""]
+    both = compare_with_published(results) if not results.empty else pd.DataFrame()
+    if both.empty:
+        gpus = ", ".join(sorted({str(g) for g in results.get("gpu", pd.Series(dtype=str)).dropna()})) or "this hardware"
+        published = load_published()
+        sizes = sorted(set(published_sizes(published)[published["model"].isin(set(results.get("model", [])))]))
+        return lines + [
+            f"The reference guides publish no results for this model on {gpus} at this size, precision and format "
+            f"(they cover {', '.join(PUBLISHED_GPUS)}; published sizes of this model: {', '.join(sizes) or 'none'}).",
+            "",
+        ]
+    table = both.rename(
+        columns={
+            "format": "Format",
+            "scenario": "Scenario",
+            "batch_size": "Batch",
+            "concurrency": "Concurrency",
+            THROUGHPUT.column: "Inferences/second",
+            f"{THROUGHPUT.column}_published": "Published",
+            "throughput_ratio": "Ratio",
+            "p99_ms": "P99 (ms)",
+            "p99_ms_published": "Published P99",
+            "p99_ratio": "P99 ratio",
+        }
+    )
+    columns = [
+        "Format",
+        "Scenario",
+        "Batch",
+        "Concurrency",
+        "Inferences/second",
+        "Published",
+        "Ratio",
+        "P99 (ms)",
+        "Published P99",
+        "P99 ratio",
+    ]
+    return lines + [
+        "Matched on model, size, scenario, GPU, precision and format (published rows without a size are the "
+        f'published dimensions, size "{PUBLISHED_SIZE}"). Ratios are ours / published: above 1 is more '
+        "throughput, or a longer P99.",
+        "",
+        table[columns].round(3).to_markdown(index=False),
+        "",
+    ]
+
+
+def served_on_rows(served_on: dict[str, dict]) -> list[tuple[str, str]]:
+    """Where each measured format ran (tbench.serving): the results' gpu label, and why it is not the node's GPU."""
+    return [
+        (f"Served on ({fmt})", d["label"] + (f": {d['note']}" if d.get("note") else "")) for fmt, d in served_on.items()
+    ]
+
+
+def render_report(
+    *,
+    run_id: str,
+    request,
+    hardware,
+    correctness,
+    accuracy,
+    results: pd.DataFrame,
+    summary: dict,
+    stage_seconds: dict[str, float],
+    plots_dir: Path,
+    status: str = "completed",
+    error: str | None = None,
+    served_by: dict[str, str] | None = None,
+    composing: pd.DataFrame | None = None,
+    model_notes: list[str] | None = None,
+    comparison_lines: list[str] | None = None,
+    served_on: dict[str, dict] | None = None,
+) -> str:
+    served_by = served_by or {}
+    title = request.model_file or f"{request.model} ({request.size}, {request.framework})"
+    lines = [
+        f"# Triton benchmark: {title}",
+        "",
+        f"Run `{run_id}`, status **{status}**" + (f": {error}" if error else "") + ".",
+        "",
+    ]
+    lines += [
+        "## Configuration",
+        "",
+        _kv_table(
+            [
+                ("Model", title),
+                (
+                    "Checkpoint",
+                    request.checkpoint or ("the file's weights" if request.model_file else "random weights"),
+                ),
+                *([("Input data", request.input_data)] if getattr(request, "input_data", None) else []),
+                *(
+                    [
+                        (
+                            "Synthetic value ranges",
+                            ", ".join(f"{n}: {lo:g}..{hi:g}" for n, (lo, hi) in request.value_ranges.items()),
+                        )
+                    ]
+                    if getattr(request, "value_ranges", None)
+                    else []
+                ),
+                ("Exported formats", ", ".join(f.value for f in request.formats)),
+                (
+                    "Served formats",
+                    ", ".join(
+                        f"{f.value} ({served_by.get(f.value, 'not served: the run stopped before')})"
+                        for f in request.serve_formats
+                    ),
+                ),
+                ("Requested precision", request.precision.value.upper()),  # the tables: what each format served
+                ("Max Batch Size", request.max_batch_size),
+                ("Number of model instances", request.model_instances),
+                ("Triton Max Queue Delay (us)", request.max_queue_delay_us),
+                ("Triton Preferred Batch Sizes", " ".join(map(str, request.preferred_batch_sizes))),
+                ("Profile", request.profile),
+            ]
+        ),
+        "",
+        *(model_notes or []),
+        "## Hardware",
+        "",
+        _kv_table(
+            [
+                ("CPU", hardware.cpu_model),
+                ("CPU cores", hardware.cpu_cores),
+                ("Memory (GiB)", hardware.memory_gib),
+                ("GPUs of the node", ", ".join(hardware.gpus) or "none"),
+                ("Driver", hardware.driver or "-"),
+                ("OS", hardware.os),
+                *served_on_rows(served_on or {}),
+            ]
+        ),
+        "",
+    ]
+    lines += ["## Summary", "", *summary_lines(summary)]
+    if not results.empty and results.loc[results["status"] == "ok", "format"].nunique() > 1:
+        lines += [f"![]({plot_formats(results, plots_dir).relative_to(plots_dir.parent).as_posix()})", ""]
+    lines += published_lines(results)
+    lines += comparison_lines or []
+    if correctness:
+        served = {f.value for f in request.serve_formats}
+        exported_only = [c for c in correctness if c.format.value not in served and not c.model]
+        lines += [
+            "## Correctness of the exported models",
+            "",
+            f"Each format against the source model on one sample batch; pass when max abs error <= "
+            f"{request.tolerance_atol:g} + {request.tolerance_rtol:g} x max|reference|. Served formats have "
+            "theirs in their own section" + ("; the formats exported but not served:" if exported_only else "."),
+            "",
+        ]
+        if exported_only:
+            lines += [correctness_table(exported_only), ""]
+    by_format_correctness = {c.format.value: [c] for c in correctness or [] if not c.model}
+    by_format_correctness["ensemble"] = [c for c in correctness or [] if c.model]  # its composing models' checks
+    by_format_accuracy = {a.format.value: a for a in accuracy or [] if a.format}
+    for fmt in (f.value for f in request.serve_formats):
+        lines += format_section(
+            fmt,
+            served_by.get(fmt, "not decided (the run stopped before the server stage)"),
+            by_format_correctness.get(fmt, []),
+            by_format_accuracy.get(fmt),
+            results,
+            plots_dir,
+            composing,
+            request.online_batch_size,
+        )
+    if not results.empty:
+        flagged = results[results["status"] != "ok"]
+        if not flagged.empty:
+            lines += [
+                "## Flagged points",
+                "",
+                "Measured but not reported above: they did not stabilise or failed.",
+                "",
+                flagged[
+                    ["format", "scenario", "batch_size", "concurrency", "request_rate", "status", "attempts", "error"]
+                ].to_markdown(index=False),
+                "",
+            ]
+    if stage_seconds:
+        lines += [
+            "## Stage timings",
+            "",
+            pd.DataFrame([{"Stage": k, "Seconds": round(v, 1)} for k, v in stage_seconds.items()]).to_markdown(
+                index=False
+            ),
+            "",
+        ]
+    lines += [f"Latencies are in milliseconds; {AVG.header} is perf_analyzer's average client latency.", ""]
+    return "\n".join(lines)

@@ -1,0 +1,35 @@
+"""Stage 7a: the numbers a reader looks for first, computed from the tidy table."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from tbench.results.metrics import THROUGHPUT
+
+
+def summarize(results: pd.DataFrame) -> dict:
+    """Point counts, and per served format and scenario the best throughput, where, and the lowest latency."""
+    summary: dict = {
+        "points": int(len(results)),
+        "points_ok": int((results["status"] == "ok").sum()),
+        "points_flagged": int((results["status"] != "ok").sum()),
+        "best": [],
+    }
+    ok = results[results["status"] == "ok"]
+    for fmt in dict.fromkeys(ok["format"]):
+        for scenario, axis in (("offline", "batch_size"), ("online", "concurrency"), ("rate", "request_rate")):
+            rows = ok[(ok["format"] == fmt) & (ok["scenario"] == scenario)]
+            if rows.empty:
+                continue
+            best = rows.loc[rows[THROUGHPUT.column].idxmax()]
+            summary["best"].append(
+                {
+                    "format": fmt,
+                    "scenario": scenario,
+                    "best_throughput_infer_per_s": float(best[THROUGHPUT.column]),
+                    "at": f"{axis.replace('_', ' ')} {best[axis]:g}",
+                    "p99_ms_at_best": float(best["p99_ms"]),
+                    "min_avg_ms": float(rows["avg_ms"].min()),
+                }
+            )
+    return summary

@@ -1,0 +1,1 @@
+"""The configuration search: strategies, the search surface, evaluation on a Triton server."""

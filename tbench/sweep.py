@@ -1,0 +1,528 @@
+"""Stage 6: perf_analyzer sweeps; each point is one real perf_analyzer call, parsed into one tidy row.
+
+An unstable point is retried with a window twice as long; if it still fails it is kept as a row with
+status "unstable" (no numbers), so a sweep never loses the points it did measure.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from tbench.composing import parse_composing
+from tbench.core import progress
+from tbench.core.enums import Scenario
+from tbench.core.errors import PerfAnalyzerError
+from tbench.core.iospec import IoSpec
+from tbench.core.layout import RunLayout
+from tbench.node import procs, tools
+from tbench.node.shm import SHM_DIR
+from tbench.request import Measurement, plain_name
+from tbench.results.metrics import AVG, BREAKDOWN, METRICS, RESULT_COLUMNS, THROUGHPUT
+from tbench.triton.monitor import NoMonitor, cross_check
+
+UNSTABLE_MARK = "Failed to obtain stable measurement"
+
+
+@dataclass(frozen=True)
+class Point:
+    scenario: Scenario
+    batch_size: int
+    concurrency: int | None  # None for request-rate points: open loop, no fixed number of clients
+    rate: float | None = None  # requests per second (rate scenario)
+    distribution: str = "constant"  # request arrivals: constant or poisson (rate scenario)
+
+    @property
+    def label(self) -> str:
+        """How the point names its files: b4_c1, or b1_r50_poisson for a request rate."""
+        if self.rate is not None:
+            return f"b{self.batch_size}_r{self.rate:g}_{self.distribution}"
+        return f"b{self.batch_size}_c{self.concurrency}"
+
+    def describe(self) -> str:
+        load = (
+            f"rate {self.rate:g}/s {self.distribution}" if self.rate is not None else f"concurrency {self.concurrency}"
+        )
+        return f"{self.scenario.value} batch {self.batch_size} {load}"
+
+
+def plan_points(
+    scenarios: list[Scenario],
+    batch_sizes: list[int],
+    concurrency: list[int],
+    rates: list[float] = (),
+    distribution: str = "poisson",
+    online_batch_size: int = 1,
+) -> list[Point]:
+    """Offline: batch grid at concurrency 1. Online: concurrency grid at the online batch size (1 for most models;
+    recommenders send thousands of samples per request), the server batches further.
+    Rate: open-loop requests at each rate, the online batch size, arrivals constant or poisson (the server batches)."""
+    points = []
+    for scenario in scenarios:
+        if scenario is Scenario.OFFLINE:
+            points += [Point(scenario, b, 1) for b in batch_sizes]
+        elif scenario is Scenario.ONLINE:
+            points += [Point(scenario, online_batch_size, c) for c in concurrency]
+        else:
+            points += [Point(scenario, online_batch_size, None, r, distribution) for r in rates]
+    return points
+
+
+@dataclass(frozen=True)
+class PerfInputs:
+    """What perf_analyzer sends: real samples as JSON input data, concrete shapes for dynamic dims, and the size of
+    one sample's largest output (measured) so shared-memory regions fit outputs with dynamic dims."""
+
+    data_file: Path | None = None
+    shapes: dict[str, list[int]] | None = None
+    sample_output_bytes: int | None = None
+    shared_memory: str = "system"  # offline scenario: "system", or "cuda" when client and server share a GPU node
+
+
+# JSON input data grows ~10 bytes per value: a few samples, fewer when samples are big (a 224 px image is 150k values),
+# more when they are small (a recommender's sample is ~40 values: hundreds of real samples, as its guide sends)
+MAX_INPUT_VALUES = 1_000_000
+SMALL_SAMPLES_VALUES = 100_000
+# the framework model runs the samples to size the outputs: in chunks, and only as many as fit this time budget (a
+# speech model's 256 token sequences took 105 s on 2 cores in one call; 8 of them take about 2 s)
+OUTPUT_PROBE_CHUNK = 8
+OUTPUT_PROBE_BUDGET_S = 5.0
+
+
+def prepare_inputs(
+    adapter, module, path: Path, samples: int | None = None, shared_memory: str = "system"
+) -> PerfInputs:
+    """Samples from the adapter's data (synthetic when it has no dataset) as perf_analyzer JSON, one entry per sample,
+    so integer inputs such as token ids stay in range, which perf_analyzer's random data does not. Samples too big
+    for JSON (a 4 x 128^3 volume is 8M values) whose inputs are all floats get perf_analyzer's random data instead."""
+    from tbench.core.runtimes import run_source
+
+    one = adapter.sample_batch(1)
+    per_sample = sum(int(np.prod(a.shape)) for a in one.values())
+    all_float = all(a.dtype.kind == "f" for a in one.values())
+    if samples is None:
+        samples = max(4, min(256, SMALL_SAMPLES_VALUES // max(per_sample, 1)))
+    batch = adapter.sample_batch(max(1, min(samples, MAX_INPUT_VALUES // max(per_sample, 1))))
+    # outputs of the very samples perf_analyzer sends (padded to the longest where lengths vary), per sample; the
+    # framework runs them in chunks, and a model too slow to run them all within OUTPUT_PROBE_BUDGET_S sends fewer
+    n = len(next(iter(batch.values())))
+    per_sample_bytes, done, started = 0, 0, time.perf_counter()
+    while done < n:
+        chunk = {name: a[done : done + OUTPUT_PROBE_CHUNK] for name, a in batch.items()}
+        size = len(next(iter(chunk.values())))
+        outputs = run_source(adapter.framework, module, adapter.io_spec(), chunk)
+        per_sample_bytes = max(per_sample_bytes, *(v.nbytes // size for v in outputs.values()))
+        done += size
+        if (time.perf_counter() - started) / done * min(n, done + OUTPUT_PROBE_CHUNK) > OUTPUT_PROBE_BUDGET_S:
+            break
+    n = done
+    data_file = None
+    if per_sample <= MAX_INPUT_VALUES or not all_float:
+        entries = [
+            {
+                name: {
+                    "content": (a[i].round(6) if a.dtype.kind == "f" else a[i]).ravel().tolist(),
+                    "shape": list(a.shape[1:]),
+                }
+                for name, a in batch.items()
+            }
+            for i in range(n)
+        ]
+        path.write_text(json.dumps({"data": entries}))
+        data_file = path
+    return PerfInputs(
+        data_file=data_file,
+        shapes=adapter.input_shapes(),
+        sample_output_bytes=per_sample_bytes,
+        shared_memory=shared_memory,
+    )
+
+
+def output_shm_bytes(spec: IoSpec, batch_size: int, sample_output_bytes: int | None = None) -> int:
+    """Room for the largest output of one request, for --output-shared-memory-size. Outputs with dynamic dims are
+    sized from a real sample's outputs (`sample_output_bytes`, one sample's largest output), with headroom."""
+    if sample_output_bytes is not None:
+        return max(2 * batch_size * sample_output_bytes, 1024)
+    sizes = [batch_size * math.prod(max(d, 1) for d in t.shape) * t.np_dtype.itemsize for t in spec.outputs]
+    return max(sizes + [1024])
+
+
+def shape_args(spec: IoSpec, shapes: dict[str, list[int]] | None) -> list[str]:
+    """--shape for every input with a dynamic non-batch dimension, so perf_analyzer sends what the model takes."""
+    args = []
+    for t in spec.inputs:
+        if -1 in t.shape:
+            if not shapes or t.name not in shapes:
+                raise PerfAnalyzerError(
+                    f"input {t.name} has dynamic dims {t.shape}; perf_analyzer needs a concrete shape for it"
+                )
+            args += ["--shape", f"{t.name}:{','.join(map(str, shapes[t.name]))}"]
+    return args
+
+
+def load_args(point: Point) -> list[str]:
+    if point.rate is not None:
+        return ["--request-rate-range", f"{point.rate:g}", "--request-distribution", point.distribution]
+    return ["--concurrency-range", str(point.concurrency)]
+
+
+def perf_argv(
+    binary: Path,
+    model: str,
+    grpc_url: str,
+    point: Point,
+    m: Measurement,
+    request_count: int,
+    csv_path: Path,
+    spec: IoSpec,
+    inputs: PerfInputs = PerfInputs(),
+) -> list[str]:
+    argv = [
+        str(binary),
+        "-m",
+        model,
+        "-u",
+        grpc_url,
+        "-i",
+        "grpc",
+        "-b",
+        str(point.batch_size),
+        *load_args(point),
+        "--measurement-mode",
+        "count_windows",
+        "--measurement-request-count",
+        str(request_count),
+        "--stability-percentage",
+        str(m.stability_percentage),
+        "--max-trials",
+        str(m.max_trials),
+        "-f",
+        str(csv_path),
+        "--verbose-csv",
+        "-v",  # every window's throughput and latency in the log: why a point did not stabilise
+        *shape_args(spec, inputs.shapes),
+    ]
+    if inputs.data_file:
+        argv += ["--input-data", str(inputs.data_file)]
+    if point.scenario is Scenario.OFFLINE and inputs.shared_memory != "none":
+        argv += [
+            "--shared-memory",
+            inputs.shared_memory,
+            "--output-shared-memory-size",
+            str(output_shm_bytes(spec, point.batch_size, inputs.sample_output_bytes)),
+        ]
+    return argv
+
+
+def parse_perf_csv(path: Path) -> dict[str, float]:
+    """One perf_analyzer CSV (one concurrency) -> tidy metric columns in our units."""
+    frame = pd.read_csv(path)
+    if frame.empty:
+        raise ValueError(f"{path} has no measurement row")
+    row = frame.iloc[0]
+    # a concurrency sweep writes the clients; a request-rate one the rate
+    values = (
+        {"concurrency": int(row["Concurrency"])}
+        if "Concurrency" in frame.columns
+        else {"request_rate": float(row["Request Rate"])}
+    )
+    for metric in METRICS:
+        if metric.csv_header in frame.columns:
+            values[metric.column] = float(row[metric.csv_header]) * metric.scale
+    if AVG.column not in values:
+        values[AVG.column] = sum(values[m.column] for m in BREAKDOWN)
+    return values
+
+
+def cache_key(point: Point, model: str) -> dict:
+    """A point's key in the point cache: the model by its plain name (a remote run's Triton names are its own)."""
+    return {
+        "model": plain_name(model),
+        "scenario": point.scenario.value,
+        "batch_size": point.batch_size,
+        "concurrency": point.concurrency,
+        "rate": point.rate,
+        "distribution": point.distribution,
+    }
+
+
+def empty_row() -> dict:
+    return {c: np.nan for c in RESULT_COLUMNS}
+
+
+PASS_LINE = re.compile(r"Pass \[\d+\] throughput: ([0-9.eE+-]+) infer/sec")
+
+
+def pass_throughputs(log: str) -> list[float]:
+    """Each window's throughput (infer/s) from perf_analyzer's -v log."""
+    return [float(x) for x in PASS_LINE.findall(log)]
+
+
+def measure_point(
+    point: Point,
+    *,
+    model: str,
+    grpc_url: str,
+    spec: IoSpec,
+    m: Measurement,
+    layout: RunLayout,
+    binary: Path,
+    env: dict[str, str],
+    inputs: PerfInputs = PerfInputs(),
+    monitor=None,
+    latency_s: float | None = None,
+) -> dict:
+    """Measure one point, retrying with longer windows; always returns a row (status ok | unstable | error), with
+    what the server did during the attempt that counted when a monitor watches it. `latency_s` is the calibrated
+    single-request latency at this batch size: windows are sized from it (Measurement.requests_per_window)."""
+    monitor = monitor or NoMonitor()
+    measured_rate = None  # requests/s a failed attempt saw: the next attempt's windows are sized from it
+    row = empty_row()
+    row.update(
+        scenario=point.scenario.value,
+        batch_size=point.batch_size,
+        concurrency=point.concurrency,
+        request_rate=point.rate,
+        request_distribution=point.distribution if point.rate is not None else "",
+        stability_percentage=m.stability_percentage,
+        max_trials=m.max_trials,
+        protocol="grpc",
+        shared_memory=inputs.shared_memory if point.scenario is Scenario.OFFLINE else "none",
+        measure_seconds=0.0,
+    )
+    for attempt in range(1 + m.retries):
+        request_count = m.requests_per_window(latency_s, point.concurrency or 1, attempt, measured_rate)
+        csv_path = layout.perf_csv(model, point.scenario, point.label, attempt)
+        argv = perf_argv(binary, model, grpc_url, point, m, request_count, csv_path, spec, inputs)
+        log_path = layout.perf_log(model, point.scenario, point.label, attempt)
+        if row["shared_memory"] != "none":
+            release_shared_memory(grpc_url, row["shared_memory"])
+        monitor.start()
+        done = procs.run(argv, log_path, m.timeout_s, env)
+        observed = monitor.stop()
+        row.update(
+            attempts=attempt + 1,
+            measurement_request_count=request_count,
+            measure_seconds=row["measure_seconds"] + done.seconds,
+        )
+        log = done.log_tail(40)
+        if done.returncode == 0 and csv_path.exists():
+            try:
+                row.update(
+                    parse_perf_csv(csv_path),
+                    status="ok",
+                    error="",
+                    source_file=str(csv_path.relative_to(layout.run_dir)),
+                )
+                full_log = log_path.read_text(errors="replace")
+                merged = merged_requests(full_log)
+                row["window_requests"] = merged / STABILITY_WINDOWS if merged else np.nan
+                row["window_s"] = window_seconds(merged, point.batch_size, row[THROUGHPUT.column])
+                row["composing"] = parse_composing(full_log)  # an ensemble's steps; else []
+                row.update(observed, stats_max_rel_diff=cross_check({**row, **observed}))
+                return row
+            except ValueError:
+                pass  # exit 0 with no row: perf_analyzer stopped early on an unstable point
+        if done.timed_out:
+            row.update(status="error", error=f"perf_analyzer timed out after {m.timeout_s:.0f} s")
+            return row
+        if UNSTABLE_MARK in log or done.returncode == 0:
+            passes = pass_throughputs(log_path.read_text(errors="replace"))
+            measured_rate = float(np.median(passes)) / point.batch_size if passes else None
+            spread = (
+                f", throughput spread {100 * (max(passes) - min(passes)) / max(passes):.0f}%"
+                if passes and max(passes) > 0
+                else ""
+            )
+            row.update(
+                status="unstable",
+                error=f"not stable within {m.max_trials} windows of {request_count}+ requests{spread}",
+            )
+            continue
+        last = [ln for ln in log.splitlines() if ln.strip()]
+        if done.returncode < 0:  # killed from outside: its last log line is not the reason
+            row.update(status="error", error=f"perf_analyzer was killed by {signal.Signals(-done.returncode).name}")
+        else:
+            row.update(status="error", error=last[-1].strip() if last else f"perf_analyzer exited {done.returncode}")
+        return row
+    return row
+
+
+def release_shared_memory(grpc_url: str, kind: str) -> list[str]:
+    """Unregister the regions an earlier perf_analyzer left registered with the server, and unlink their files.
+
+    perf_analyzer unregisters its regions when it ends cleanly, but not when it is killed or stops on an unstable point.
+    The server then still maps the old region, and the next perf_analyzer re-creates a region of the same name with
+    another size: the server read past its end and died (SIGBUS) in our fault tests. Our server is private to the run,
+    so every region registered with it is ours. Returns the names released."""
+    import tritonclient.grpc as grpcclient
+
+    try:
+        with grpcclient.InferenceServerClient(grpc_url) as client:
+            if kind == "cuda":
+                regions = client.get_cuda_shared_memory_status(as_json=True).get("regions", {})
+                if regions:
+                    client.unregister_cuda_shared_memory()
+                return list(regions)
+            regions = client.get_system_shared_memory_status(as_json=True).get("regions", {})
+            if regions:
+                client.unregister_system_shared_memory()
+    except Exception:  # a server that cannot answer fails the point itself, with perf_analyzer's own error
+        return []
+    for region in regions.values():
+        (SHM_DIR / region.get("key", "").lstrip("/")).unlink(missing_ok=True)
+    return list(regions)
+
+
+REQUEST_COUNT_LINE = re.compile(r"Client:\s*\n\s*Request count: (\d+)")
+STABILITY_WINDOWS = 3  # perf_analyzer's result merges its last 3 (stable) windows
+
+
+def merged_requests(log: str) -> int | None:
+    """The requests of the merged stable windows, from perf_analyzer's -v log."""
+    found = REQUEST_COUNT_LINE.search(log)
+    return int(found.group(1)) if found else None
+
+
+def window_seconds(merged: int | None, batch_size: int, throughput: float) -> float:
+    """How long one of the point's windows lasted: the merged windows' requests at the measured throughput (infer/s),
+    per window. perf_analyzer closes a count window at the first whole second by which it has the requested count,
+    so this is what the point actually measured over."""
+    if not merged or not throughput or throughput <= 0:
+        return float("nan")
+    return merged * batch_size / throughput / STABILITY_WINDOWS
+
+
+def measurement_order(points: list[Point], m: Measurement) -> list[Point]:
+    """Shuffled with a fixed seed by default: measured in grid order, a slow drift of the machine (heat, a neighbour's
+    load) would line up with batch size or concurrency and tilt the curve; shuffled, it spreads over the grid as
+    noise."""
+    if m.order == "ascending":
+        return list(points)
+    order = np.random.default_rng(m.seed).permutation(len(points))
+    return [points[i] for i in order]
+
+
+def warm_up(
+    grpc_url: str,
+    model: str,
+    spec: IoSpec,
+    batch_sizes: list[int],
+    requests: int,
+    shapes: dict[str, list[int]] | None = None,
+    calibrate_s: float = 0.25,
+    max_timed: int = 10,
+) -> dict[int, float]:
+    """Warm up and calibrate: `requests` untimed requests at every batch size of the sweep (runtimes allocate and
+    optimise per input shape on their first calls, which would otherwise land in the first windows), then timed ones
+    (until `calibrate_s` or `max_timed`) whose median is the batch size's single-request latency, in seconds.
+    Returns {batch_size: latency_s}; empty where the model cannot answer zeros (its points will say why)."""
+    import tritonclient.grpc as grpcclient
+
+    from tbench.accuracy import infer_triton
+
+    latencies: dict[int, float] = {}
+    client = grpcclient.InferenceServerClient(grpc_url)
+    try:
+        for batch in batch_sizes:
+            inputs = {
+                t.name: np.zeros([batch, *((shapes or {}).get(t.name) or [max(d, 1) for d in t.shape])], t.np_dtype)
+                for t in spec.inputs
+            }
+            for _ in range(requests):
+                infer_triton(client, model, spec, inputs)
+            timed: list[float] = []
+            while len(timed) < max_timed and sum(timed) < calibrate_s:
+                start = time.perf_counter()
+                infer_triton(client, model, spec, inputs)
+                timed.append(time.perf_counter() - start)
+            latencies[batch] = float(np.median(timed))
+    except Exception as err:  # a model that cannot answer zeros still gets measured; its point will say why
+        progress.emit("warmup_failed", model=model, error=str(err))
+    finally:
+        client.close()
+    return latencies
+
+
+def run_sweep(
+    points: list[Point],
+    *,
+    model: str,
+    grpc_url: str,
+    spec: IoSpec,
+    m: Measurement,
+    layout: RunLayout,
+    static: dict,
+    on_row: Callable[[pd.DataFrame], None] | None = None,
+    server_alive: Callable[[], bool] | None = None,
+    inputs: PerfInputs = PerfInputs(),
+    on_composing: Callable[[list[dict]], None] | None = None,
+    monitor=None,
+    cache=None,
+    gpu_env: dict[str, str] | None = None,
+) -> pd.DataFrame:
+    """Measure every point in order; `on_row` gets the table after each point so nothing measured is lost, and
+    `on_composing` an ensemble's per composing model rows of the point. With a `cache` (tasks.point_cache), points
+    it holds are taken from it and the others are kept in it as soon as they are measured. `gpu_env` shows
+    perf_analyzer the server's GPU only (tbench.serving.pinned_env): its CUDA shared memory must be there."""
+    binary = tools.perf_analyzer_binary()
+    env = {**tools.perf_analyzer_env(), **(gpu_env or {})}
+    rows: list[dict] = []
+    table = pd.DataFrame(columns=RESULT_COLUMNS)
+    progress.emit("sweep_start", total=len(points))
+    order = measurement_order(points, m)
+    reused = {
+        i: r for i, p in enumerate(order) if cache is not None and (r := cache.get(cache_key(p, model), layout.run_dir))
+    }
+    to_measure = [p for i, p in enumerate(order) if i not in reused]
+    latency = (
+        warm_up(grpc_url, model, spec, sorted({p.batch_size for p in to_measure}), m.warmup_requests, inputs.shapes)
+        if to_measure
+        else {}
+    )
+    for i, point in enumerate(order):
+        if i in reused:
+            row = {**empty_row(), **reused[i], "composing": cache.composing(cache_key(point, model))}
+        else:
+            row = measure_point(
+                point,
+                model=model,
+                grpc_url=grpc_url,
+                spec=spec,
+                m=m,
+                layout=layout,
+                binary=binary,
+                env=env,
+                inputs=inputs,
+                monitor=monitor,
+                latency_s=latency.get(point.batch_size),
+            )
+            if cache is not None:
+                cache.put(cache_key(point, model), row, layout.run_dir, layout.run_id)
+        row.update(static, point_index=i)
+        composing = row.pop("composing", [])
+        if composing and on_composing:
+            keys = {k: row[k] for k in ("scenario", "format", "batch_size", "concurrency", "request_rate")}
+            on_composing(
+                [
+                    {"model": plain_name(model), **keys, **c, "composing_model": plain_name(c["composing_model"])}
+                    for c in composing
+                ]
+            )
+        rows.append(row)
+        table = pd.DataFrame(rows, columns=RESULT_COLUMNS)
+        if on_row:
+            on_row(table)
+        progress.emit("point_done", index=i + 1, total=len(points), row=row)
+        if row["status"] == "error" and server_alive is not None and not server_alive():
+            raise PerfAnalyzerError(f"the Triton server stopped during the sweep at {point.describe()}: {row['error']}")
+    return table

@@ -1,0 +1,1 @@
+"""Triton Inference Server: model configs, repositories, server modes, monitoring."""
