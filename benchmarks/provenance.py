@@ -10,8 +10,8 @@ command, and says which.
 On a normal exit the file is replaced, atomically (a temporary file in the same folder, then a rename), by
 {"provenance": {...}, **record}. The provenance block holds `command` (the interpreter and sys.argv, shell-quoted, as
 typed from the repository root), `commit` and `dirty` (the git tree at the start, benchmarks/results/ left out),
-`machine` (tbench.node.hardware.detect(): CPU model, cores, memory, GPUs, plus the Python version), `started` and `ended`
-(UTC, ISO 8601), `wall_s`, `model_sizes` ("MODEL SIZE" strings, at least one), and `complete`.
+`machine` (tbench.node.hardware.detect(): CPU model, cores, memory, GPUs, plus the Python version), `started` and
+`ended` (UTC, ISO 8601), `wall_s`, `model_sizes` ("MODEL SIZE" strings, at least one), and `complete`.
 
 Nothing here reads an existing results file: there is no merge and no append. A record starts empty, so what the file
 says was measured by the invocation named in it; a re-run replaces the file whole. If the body raises, the file is left

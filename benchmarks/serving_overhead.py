@@ -31,8 +31,9 @@ from tbench.core.enums import Format, Scenario
 from tbench.core.layout import RunLayout
 from tbench.core.runtimes import source_digest
 from tbench.export import export_model
+from tbench.perf_analyzer import Point
 from tbench.request import Measurement
-from tbench.sweep import Point, run_sweep
+from tbench.sweep import run_sweep
 from tbench.triton.repository import ServingConfig, write_repository
 from tbench.triton.server import EmbeddedServer
 

@@ -11,10 +11,8 @@ from prefect.cache_policies import NO_CACHE
 
 from tbench.core import progress
 from tbench.core.enums import Scenario
-from tbench.sweep import (
-    Point,
-    run_sweep,
-)
+from tbench.perf_analyzer import Point
+from tbench.sweep import run_sweep
 
 
 @task(name="perf-sweep", task_run_name="perf-{scenario.value}-{model}", cache_policy=NO_CACHE)

@@ -7,52 +7,36 @@ status "unstable" (no numbers), so a sweep never loses the points it did measure
 from __future__ import annotations
 
 import json
-import math
-import re
 import signal
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from tbench.composing import parse_composing
 from tbench.core import progress
 from tbench.core.enums import Scenario
 from tbench.core.errors import PerfAnalyzerError
 from tbench.core.iospec import IoSpec
 from tbench.core.layout import RunLayout
+from tbench.core.metrics import RESULT_COLUMNS, THROUGHPUT
 from tbench.node import procs, tools
 from tbench.node.shm import SHM_DIR
+from tbench.perf_analyzer import (
+    STABLE_WINDOWS,
+    UNSTABLE_MARK,
+    PerfInputs,
+    Point,
+    merged_requests,
+    parse_composing,
+    parse_perf_csv,
+    pass_throughputs,
+    perf_argv,
+    window_seconds,
+)
 from tbench.request import Measurement, plain_name
-from tbench.results.metrics import AVG, BREAKDOWN, METRICS, RESULT_COLUMNS, THROUGHPUT
 from tbench.triton.monitor import NoMonitor, cross_check
-
-UNSTABLE_MARK = "Failed to obtain stable measurement"
-
-
-@dataclass(frozen=True)
-class Point:
-    scenario: Scenario
-    batch_size: int
-    concurrency: int | None  # None for request-rate points: open loop, no fixed number of clients
-    rate: float | None = None  # requests per second (rate scenario)
-    distribution: str = "constant"  # request arrivals: constant or poisson (rate scenario)
-
-    @property
-    def label(self) -> str:
-        """How the point names its files: b4_c1, or b1_r50_poisson for a request rate."""
-        if self.rate is not None:
-            return f"b{self.batch_size}_r{self.rate:g}_{self.distribution}"
-        return f"b{self.batch_size}_c{self.concurrency}"
-
-    def describe(self) -> str:
-        load = (
-            f"rate {self.rate:g}/s {self.distribution}" if self.rate is not None else f"concurrency {self.concurrency}"
-        )
-        return f"{self.scenario.value} batch {self.batch_size} {load}"
 
 
 def plan_points(
@@ -75,17 +59,6 @@ def plan_points(
         else:
             points += [Point(scenario, online_batch_size, None, r, distribution) for r in rates]
     return points
-
-
-@dataclass(frozen=True)
-class PerfInputs:
-    """What perf_analyzer sends: real samples as JSON input data, concrete shapes for dynamic dims, and the size of
-    one sample's largest output (measured) so shared-memory regions fit outputs with dynamic dims."""
-
-    data_file: Path | None = None
-    shapes: dict[str, list[int]] | None = None
-    sample_output_bytes: int | None = None
-    shared_memory: str = "system"  # offline scenario: "system", or "cuda" when client and server share a GPU node
 
 
 # JSON input data grows ~10 bytes per value: a few samples, fewer when samples are big (a 224 px image is 150k values),
@@ -147,102 +120,6 @@ def prepare_inputs(
     )
 
 
-def output_shm_bytes(spec: IoSpec, batch_size: int, sample_output_bytes: int | None = None) -> int:
-    """Room for the largest output of one request, for --output-shared-memory-size. Outputs with dynamic dims are
-    sized from a real sample's outputs (`sample_output_bytes`, one sample's largest output), with headroom."""
-    if sample_output_bytes is not None:
-        return max(2 * batch_size * sample_output_bytes, 1024)
-    sizes = [batch_size * math.prod(max(d, 1) for d in t.shape) * t.np_dtype.itemsize for t in spec.outputs]
-    return max(sizes + [1024])
-
-
-def shape_args(spec: IoSpec, shapes: dict[str, list[int]] | None) -> list[str]:
-    """--shape for every input with a dynamic non-batch dimension, so perf_analyzer sends what the model takes."""
-    args = []
-    for t in spec.inputs:
-        if -1 in t.shape:
-            if not shapes or t.name not in shapes:
-                raise PerfAnalyzerError(
-                    f"input {t.name} has dynamic dims {t.shape}; perf_analyzer needs a concrete shape for it"
-                )
-            args += ["--shape", f"{t.name}:{','.join(map(str, shapes[t.name]))}"]
-    return args
-
-
-def load_args(point: Point) -> list[str]:
-    if point.rate is not None:
-        return ["--request-rate-range", f"{point.rate:g}", "--request-distribution", point.distribution]
-    return ["--concurrency-range", str(point.concurrency)]
-
-
-def perf_argv(
-    binary: Path,
-    model: str,
-    grpc_url: str,
-    point: Point,
-    m: Measurement,
-    request_count: int,
-    csv_path: Path,
-    spec: IoSpec,
-    inputs: PerfInputs = PerfInputs(),
-) -> list[str]:
-    argv = [
-        str(binary),
-        "-m",
-        model,
-        "-u",
-        grpc_url,
-        "-i",
-        "grpc",
-        "-b",
-        str(point.batch_size),
-        *load_args(point),
-        "--measurement-mode",
-        "count_windows",
-        "--measurement-request-count",
-        str(request_count),
-        "--stability-percentage",
-        str(m.stability_percentage),
-        "--max-trials",
-        str(m.max_trials),
-        "-f",
-        str(csv_path),
-        "--verbose-csv",
-        "-v",  # every window's throughput and latency in the log: why a point did not stabilise
-        *shape_args(spec, inputs.shapes),
-    ]
-    if inputs.data_file:
-        argv += ["--input-data", str(inputs.data_file)]
-    if point.scenario is Scenario.OFFLINE and inputs.shared_memory != "none":
-        argv += [
-            "--shared-memory",
-            inputs.shared_memory,
-            "--output-shared-memory-size",
-            str(output_shm_bytes(spec, point.batch_size, inputs.sample_output_bytes)),
-        ]
-    return argv
-
-
-def parse_perf_csv(path: Path) -> dict[str, float]:
-    """One perf_analyzer CSV (one concurrency) -> tidy metric columns in our units."""
-    frame = pd.read_csv(path)
-    if frame.empty:
-        raise ValueError(f"{path} has no measurement row")
-    row = frame.iloc[0]
-    # a concurrency sweep writes the clients; a request-rate one the rate
-    values = (
-        {"concurrency": int(row["Concurrency"])}
-        if "Concurrency" in frame.columns
-        else {"request_rate": float(row["Request Rate"])}
-    )
-    for metric in METRICS:
-        if metric.csv_header in frame.columns:
-            values[metric.column] = float(row[metric.csv_header]) * metric.scale
-    if AVG.column not in values:
-        values[AVG.column] = sum(values[m.column] for m in BREAKDOWN)
-    return values
-
-
 def cache_key(point: Point, model: str) -> dict:
     """A point's key in the point cache: the model by its plain name (a remote run's Triton names are its own)."""
     return {
@@ -257,14 +134,6 @@ def cache_key(point: Point, model: str) -> dict:
 
 def empty_row() -> dict:
     return {c: np.nan for c in RESULT_COLUMNS}
-
-
-PASS_LINE = re.compile(r"Pass \[\d+\] throughput: ([0-9.eE+-]+) infer/sec")
-
-
-def pass_throughputs(log: str) -> list[float]:
-    """Each window's throughput (infer/s) from perf_analyzer's -v log."""
-    return [float(x) for x in PASS_LINE.findall(log)]
 
 
 def measure_point(
@@ -325,7 +194,7 @@ def measure_point(
                 )
                 full_log = log_path.read_text(errors="replace")
                 merged = merged_requests(full_log)
-                row["window_requests"] = merged / STABILITY_WINDOWS if merged else np.nan
+                row["window_requests"] = merged / STABLE_WINDOWS if merged else np.nan
                 row["window_s"] = window_seconds(merged, point.batch_size, row[THROUGHPUT.column])
                 row["composing"] = parse_composing(full_log)  # an ensemble's steps; else []
                 row.update(observed, stats_max_rel_diff=cross_check({**row, **observed}))
@@ -381,25 +250,6 @@ def release_shared_memory(grpc_url: str, kind: str) -> list[str]:
     for region in regions.values():
         (SHM_DIR / region.get("key", "").lstrip("/")).unlink(missing_ok=True)
     return list(regions)
-
-
-REQUEST_COUNT_LINE = re.compile(r"Client:\s*\n\s*Request count: (\d+)")
-STABILITY_WINDOWS = 3  # perf_analyzer's result merges its last 3 (stable) windows
-
-
-def merged_requests(log: str) -> int | None:
-    """The requests of the merged stable windows, from perf_analyzer's -v log."""
-    found = REQUEST_COUNT_LINE.search(log)
-    return int(found.group(1)) if found else None
-
-
-def window_seconds(merged: int | None, batch_size: int, throughput: float) -> float:
-    """How long one of the point's windows lasted: the merged windows' requests at the measured throughput (infer/s),
-    per window. perf_analyzer closes a count window at the first whole second by which it has the requested count,
-    so this is what the point actually measured over."""
-    if not merged or not throughput or throughput <= 0:
-        return float("nan")
-    return merged * batch_size / throughput / STABILITY_WINDOWS
 
 
 def measurement_order(points: list[Point], m: Measurement) -> list[Point]:

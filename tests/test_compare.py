@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from tbench.perf_analyzer import noise_from_log, parse_windows
 from tbench.results import compare
 from tbench.results.compare import (
     FASTER,
@@ -27,8 +28,6 @@ from tbench.results.compare import (
     compare_runs,
     comparison_markdown,
     load_run,
-    noise_from_log,
-    parse_windows,
     plot_comparison,
     verdict_exit_code,
 )

@@ -20,11 +20,12 @@ from tbench.accuracy import infer_triton, measure_accuracy
 from tbench.core.enums import Scenario
 from tbench.core.errors import ServerStartError
 from tbench.core.layout import RunLayout
+from tbench.core.metrics import RESULT_COLUMNS, SERVER_COLUMNS
 from tbench.core.runtimes import run_pytorch
 from tbench.node import shm
+from tbench.perf_analyzer import Point, pass_throughputs
 from tbench.request import BenchmarkRequest, Measurement
-from tbench.results.metrics import RESULT_COLUMNS, SERVER_COLUMNS
-from tbench.sweep import Point, pass_throughputs, plan_points, run_sweep
+from tbench.sweep import plan_points, run_sweep
 from tbench.triton.monitor import PointMonitor
 from tbench.triton.repository import ServingConfig, build_config, write_repository
 from tbench.triton.server import EmbeddedServer, LocalServer, RemoteServer, configs_loaded

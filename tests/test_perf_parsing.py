@@ -8,9 +8,10 @@ from conftest import GOLDEN
 
 from tbench.core.enums import Scenario
 from tbench.core.iospec import IoSpec, TensorSpec
+from tbench.core.metrics import BREAKDOWN, PUBLISHED_COLUMNS, RESULT_COLUMNS
+from tbench.perf_analyzer import Point, output_shm_bytes, parse_perf_csv, perf_argv
 from tbench.request import Measurement
-from tbench.results.metrics import BREAKDOWN, PUBLISHED_COLUMNS, RESULT_COLUMNS
-from tbench.sweep import Point, output_shm_bytes, parse_perf_csv, perf_argv, plan_points
+from tbench.sweep import plan_points
 
 PA = GOLDEN / "perf_analyzer"
 
@@ -36,7 +37,7 @@ def test_verbose_csv_takes_avg_latency_as_written():
 
 @pytest.mark.parametrize("name", ["offline_b4_plain.csv", "offline_b8_shm_plain.csv", "online_c4_verbose.csv"])
 def test_every_golden_parses_into_every_metric(name):
-    from tbench.results.metrics import METRICS
+    from tbench.core.metrics import METRICS
 
     row = parse_perf_csv(PA / name)
     assert set(row) == {"concurrency"} | {m.column for m in METRICS}
@@ -129,7 +130,7 @@ def test_windows_are_sized_by_time_from_the_calibrated_latency_and_double_on_ret
 
 
 def test_window_duration_comes_from_the_merged_windows_in_the_log():
-    from tbench.sweep import merged_requests, pass_throughputs, window_seconds
+    from tbench.perf_analyzer import merged_requests, pass_throughputs, window_seconds
 
     log = (GOLDEN / "perf_analyzer" / "resnet50_online_b1_c4.log").read_text()
     assert pass_throughputs(log) == [21.9536, 23.9791, 23.8697]
@@ -168,7 +169,7 @@ def test_offline_shared_memory_follows_the_node(tmp_path):
     from types import SimpleNamespace
 
     from flows.benchmark import offline_shared_memory
-    from tbench.sweep import PerfInputs
+    from tbench.perf_analyzer import PerfInputs
 
     spec = IoSpec(
         inputs=[TensorSpec(name="x", dtype="float32", shape=[4])],

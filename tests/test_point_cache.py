@@ -10,9 +10,10 @@ import pytest
 
 from tbench.core.enums import Scenario
 from tbench.core.layout import RunLayout
+from tbench.perf_analyzer import Point
 from tbench.request import BenchmarkRequest, Measurement
 from tbench.results.point_cache import PointCache
-from tbench.sweep import Point, run_sweep
+from tbench.sweep import run_sweep
 
 pytestmark = pytest.mark.e2e
 

@@ -188,8 +188,8 @@ def test_the_point_cache_key_holds_the_server_identity():
     """Points measured on one server are not another's: the key changes with the server's address, mode and version."""
     from flows.benchmark import point_cache
     from tbench.node.hardware import Hardware
+    from tbench.perf_analyzer import PerfInputs
     from tbench.request import BenchmarkRequest
-    from tbench.sweep import PerfInputs
 
     req = BenchmarkRequest(model="resnet50", size="small", server="remote", server_url="a:8001").resolve(False)
     machine = Hardware(cpu_model="cpu", cpu_cores=2, memory_gib=8.0, gpus=[], os="linux")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import posixpath
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -98,9 +99,16 @@ class RunLayout:
         return self.perf_dir / f"{model}_{scenario.value}_{point}_try{attempt}.csv"
 
     def perf_log(self, model: str, scenario: Scenario, point: str, attempt: int) -> Path:
-        return self.logs_dir / "perf_analyzer" / f"{model}_{scenario.value}_{point}_try{attempt}.log"
+        return self.run_dir / perf_log_for(self.perf_csv(model, scenario, point, attempt).name)
 
     def create(self) -> RunLayout:
         for d in (self.run_dir, self.models_dir, self.logs_dir, self.plots_dir, self.perf_dir):
             d.mkdir(parents=True, exist_ok=True)
         return self
+
+
+def perf_log_for(csv_file: str) -> str:
+    """A perf_analyzer CSV's log, relative to the run folder: perf/X.csv -> logs/perf_analyzer/X.log. Readers of a
+    stored run (the comparison, the point cache) find a point's log from its `source_file` this way."""
+    stem = posixpath.splitext(posixpath.basename(str(csv_file).replace("\\", "/")))[0]
+    return posixpath.join("logs", "perf_analyzer", f"{stem}.log")

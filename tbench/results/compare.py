@@ -26,18 +26,17 @@ from __future__ import annotations
 
 import math
 import posixpath
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from tbench.core.layout import perf_log_for
+from tbench.core.metrics import RESULT_COLUMNS, THROUGHPUT
 from tbench.core.storage import url_to_fs
-from tbench.results.metrics import RESULT_COLUMNS, THROUGHPUT
+from tbench.perf_analyzer import DEFAULT_NOISE, STABLE_WINDOWS, Noise, noise_from_log
 
-DEFAULT_NOISE = 0.05  # CV assumed for a point whose perf_analyzer log is missing
-WINDOWS = 3  # perf_analyzer averages the last 3 windows of a stable measurement
 MATCH_KEYS = [
     "model",
     "model_size",
@@ -63,57 +62,8 @@ SLOWER, FASTER, WITHIN = "slower", "faster", "within noise"
 HIGHER_LATENCY, LOWER_LATENCY = "higher latency", "lower latency"
 EXIT_CODES = {NO_CHANGE: 0, IMPROVEMENT: 0, REGRESSION: 1, NOT_COMPARABLE: 2}
 
-# "  Pass [3] throughput: 2460.07 infer/sec. Avg latency: 809 usec (std 269 usec)." (p99 latency with --percentile)
-_NUM = r"[-+]?\d+(?:\.\d*)?(?:[eE][-+]?\d+)?"
-PASS_RE = re.compile(rf"Pass \[(\d+)\] throughput: ({_NUM}) infer/sec\.\s+(?:Avg|p\d+) latency: ({_NUM}) usec")
-
 
 # --- noise from the perf_analyzer log ---------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Window:
-    """One perf_analyzer measurement window ("Pass" line)."""
-
-    index: int
-    throughput: float  # infer/s
-    latency_us: float  # avg latency (p<N> when perf_analyzer ran with --percentile)
-
-
-def parse_windows(log_text: str) -> list[Window]:
-    """Every "Pass [i] throughput: ..." line of a perf_analyzer -v log, in order."""
-    return [Window(int(m[1]), float(m[2]), float(m[3])) for m in PASS_RE.finditer(log_text)]
-
-
-def cv(values) -> float:
-    """Coefficient of variation: sample standard deviation (ddof=1) over the mean; NaN for fewer than 2 values."""
-    a = np.asarray(list(values), dtype=float)
-    if len(a) < 2 or not np.all(np.isfinite(a)) or a.mean() == 0:
-        return math.nan
-    return float(a.std(ddof=1) / abs(a.mean()))
-
-
-@dataclass(frozen=True)
-class Noise:
-    throughput_cv: float
-    latency_cv: float
-    windows: int  # how many windows the CVs come from (0 when assumed)
-    assumed: bool
-    note: str = ""
-
-
-def noise_from_log(log_text: str, windows: int = WINDOWS, default: float = DEFAULT_NOISE) -> Noise:
-    """CV of throughput and avg latency over the last `windows` Pass lines (the ones perf_analyzer averaged)."""
-    used = parse_windows(log_text)[-windows:]
-    if len(used) < 2:
-        return Noise(default, default, 0, True, f"{len(used)} measurement window(s) in the log")
-    return Noise(cv(w.throughput for w in used), cv(w.latency_us for w in used), len(used), False)
-
-
-def log_for(source_file: str) -> str:
-    """perf/X.csv -> logs/perf_analyzer/X.log (relative to the run folder), as `RunLayout` names them."""
-    stem = posixpath.splitext(posixpath.basename(str(source_file).replace("\\", "/")))[0]
-    return posixpath.join("logs", "perf_analyzer", f"{stem}.log")
 
 
 # --- loading a run ----------------------------------------------------------------------------------------------------
@@ -174,7 +124,7 @@ def load_run(path_or_url: str | Path, default_noise: float = DEFAULT_NOISE) -> R
             noise.append(Noise(math.nan, math.nan, 0, False))
             continue
         src = row["source_file"]
-        text = None if _missing(src) or str(src) == "" else _read_text(fs, _join(root, log_for(src)))
+        text = None if _missing(src) or str(src) == "" else _read_text(fs, _join(root, perf_log_for(src)))
         if text is None:
             noise.append(Noise(default_noise, default_noise, 0, True, "no perf_analyzer log"))
         else:
@@ -482,7 +432,7 @@ def rule_sentence(min_effect: float, k: float) -> str:
     return (
         f"A point is significantly slower (faster) when its throughput drops (rises) by more than "
         f"max({100 * min_effect:g}%, {k:g} × noise), the noise being sqrt(CV_baseline² + CV_candidate²) over the "
-        f"{WINDOWS} windows perf_analyzer averaged (p99 latency likewise, with the avg latency windows' CV); "
+        f"{STABLE_WINDOWS} windows perf_analyzer averaged (p99 latency likewise, with the avg latency windows' CV); "
         f"the run regresses when a format × scenario's best-throughput point, or more than half the matched points, "
         f"are significantly slower."
     )

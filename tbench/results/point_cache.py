@@ -21,7 +21,7 @@ import shutil
 import uuid
 from pathlib import Path
 
-from tbench.results.compare import log_for
+from tbench.core.layout import perf_log_for
 
 CACHE_ENV = "TBENCH_POINT_CACHE_DIR"
 
@@ -86,7 +86,7 @@ class PointCache:
             row = json.loads((entry / "row.json").read_text())
         except (OSError, ValueError):
             return None
-        for rel in (row.get("source_file"), log_for(row["source_file"]) if row.get("source_file") else None):
+        for rel in (row.get("source_file"), perf_log_for(row["source_file"]) if row.get("source_file") else None):
             if rel and (entry / "files" / rel).is_file():
                 target = Path(run_dir) / rel
                 target.parent.mkdir(parents=True, exist_ok=True)
@@ -108,7 +108,7 @@ class PointCache:
         (tmp / "row.json").write_text(json.dumps(kept, default=str))
         if row.get("composing"):
             (tmp / "composing.json").write_text(json.dumps(row["composing"], default=str))
-        for rel in (row.get("source_file"), log_for(row["source_file"]) if row.get("source_file") else None):
+        for rel in (row.get("source_file"), perf_log_for(row["source_file"]) if row.get("source_file") else None):
             if rel and (Path(run_dir) / rel).is_file():
                 (tmp / "files" / rel).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(Path(run_dir) / rel, tmp / "files" / rel)

@@ -12,7 +12,7 @@ from importlib.resources import files
 
 import pandas as pd
 
-from tbench.results.metrics import THROUGHPUT
+from tbench.core.metrics import THROUGHPUT
 
 PUBLISHED_GPUS = ("A100-80GB", "V100-32GB", "A30", "A40", "T4")
 PUBLISHED_SIZE = "full"  # the adapters' name for the published dimensions: what a published row without a size is

@@ -10,7 +10,7 @@ matplotlib.use("Agg")  # no screen on workers
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from tbench.results.metrics import AVG, BREAKDOWN, PERCENTILES, THROUGHPUT
+from tbench.core.metrics import AVG, BREAKDOWN, PERCENTILES, THROUGHPUT
 from tbench.results.published import (
     PUBLISHED_GPUS,
     PUBLISHED_SIZE,

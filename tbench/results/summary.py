@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from tbench.results.metrics import THROUGHPUT
+from tbench.core.metrics import THROUGHPUT
 
 
 def summarize(results: pd.DataFrame) -> dict:

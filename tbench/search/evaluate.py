@@ -20,12 +20,13 @@ from tbench.core.enums import Scenario
 from tbench.core.errors import ConfigError, PerfAnalyzerError, ServerStartError
 from tbench.core.layout import RunLayout
 from tbench.node import tools
+from tbench.perf_analyzer import PerfInputs, Point
 from tbench.request import Measurement
 from tbench.search.strategies import (
     Candidate,
     Observation,
 )
-from tbench.sweep import PerfInputs, Point, measure_point, warm_up
+from tbench.sweep import measure_point, warm_up
 from tbench.triton.repository import ServingConfig, write_repository
 from tbench.triton.server import RemoteServer, TritonServer, one_line
 

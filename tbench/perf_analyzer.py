@@ -1,0 +1,275 @@
+"""perf_analyzer, in one place: the command line of one call, its CSV, its -v log (windows, their noise, the
+requests they merged) and the composing models' rows of an ensemble."""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from tbench.core.enums import Scenario
+from tbench.core.errors import PerfAnalyzerError
+from tbench.core.iospec import IoSpec
+from tbench.core.metrics import AVG, BREAKDOWN, METRICS
+from tbench.request import Measurement
+
+UNSTABLE_MARK = "Failed to obtain stable measurement"
+
+
+@dataclass(frozen=True)
+class Point:
+    scenario: Scenario
+    batch_size: int
+    concurrency: int | None  # None for request-rate points: open loop, no fixed number of clients
+    rate: float | None = None  # requests per second (rate scenario)
+    distribution: str = "constant"  # request arrivals: constant or poisson (rate scenario)
+
+    @property
+    def label(self) -> str:
+        """How the point names its files: b4_c1, or b1_r50_poisson for a request rate."""
+        if self.rate is not None:
+            return f"b{self.batch_size}_r{self.rate:g}_{self.distribution}"
+        return f"b{self.batch_size}_c{self.concurrency}"
+
+    def describe(self) -> str:
+        load = (
+            f"rate {self.rate:g}/s {self.distribution}" if self.rate is not None else f"concurrency {self.concurrency}"
+        )
+        return f"{self.scenario.value} batch {self.batch_size} {load}"
+
+
+@dataclass(frozen=True)
+class PerfInputs:
+    """What perf_analyzer sends: real samples as JSON input data, concrete shapes for dynamic dims, and the size of
+    one sample's largest output (measured) so shared-memory regions fit outputs with dynamic dims."""
+
+    data_file: Path | None = None
+    shapes: dict[str, list[int]] | None = None
+    sample_output_bytes: int | None = None
+    shared_memory: str = "system"  # offline scenario: "system", or "cuda" when client and server share a GPU node
+
+
+def output_shm_bytes(spec: IoSpec, batch_size: int, sample_output_bytes: int | None = None) -> int:
+    """Room for the largest output of one request, for --output-shared-memory-size. Outputs with dynamic dims are
+    sized from a real sample's outputs (`sample_output_bytes`, one sample's largest output), with headroom."""
+    if sample_output_bytes is not None:
+        return max(2 * batch_size * sample_output_bytes, 1024)
+    sizes = [batch_size * math.prod(max(d, 1) for d in t.shape) * t.np_dtype.itemsize for t in spec.outputs]
+    return max(sizes + [1024])
+
+
+def shape_args(spec: IoSpec, shapes: dict[str, list[int]] | None) -> list[str]:
+    """--shape for every input with a dynamic non-batch dimension, so perf_analyzer sends what the model takes."""
+    args = []
+    for t in spec.inputs:
+        if -1 in t.shape:
+            if not shapes or t.name not in shapes:
+                raise PerfAnalyzerError(
+                    f"input {t.name} has dynamic dims {t.shape}; perf_analyzer needs a concrete shape for it"
+                )
+            args += ["--shape", f"{t.name}:{','.join(map(str, shapes[t.name]))}"]
+    return args
+
+
+def load_args(point: Point) -> list[str]:
+    if point.rate is not None:
+        return ["--request-rate-range", f"{point.rate:g}", "--request-distribution", point.distribution]
+    return ["--concurrency-range", str(point.concurrency)]
+
+
+def perf_argv(
+    binary: Path,
+    model: str,
+    grpc_url: str,
+    point: Point,
+    m: Measurement,
+    request_count: int,
+    csv_path: Path,
+    spec: IoSpec,
+    inputs: PerfInputs = PerfInputs(),
+) -> list[str]:
+    argv = [
+        str(binary),
+        "-m",
+        model,
+        "-u",
+        grpc_url,
+        "-i",
+        "grpc",
+        "-b",
+        str(point.batch_size),
+        *load_args(point),
+        "--measurement-mode",
+        "count_windows",
+        "--measurement-request-count",
+        str(request_count),
+        "--stability-percentage",
+        str(m.stability_percentage),
+        "--max-trials",
+        str(m.max_trials),
+        "-f",
+        str(csv_path),
+        "--verbose-csv",
+        "-v",  # every window's throughput and latency in the log: why a point did not stabilise
+        *shape_args(spec, inputs.shapes),
+    ]
+    if inputs.data_file:
+        argv += ["--input-data", str(inputs.data_file)]
+    if point.scenario is Scenario.OFFLINE and inputs.shared_memory != "none":
+        argv += [
+            "--shared-memory",
+            inputs.shared_memory,
+            "--output-shared-memory-size",
+            str(output_shm_bytes(spec, point.batch_size, inputs.sample_output_bytes)),
+        ]
+    return argv
+
+
+def parse_perf_csv(path: Path) -> dict[str, float]:
+    """One perf_analyzer CSV (one concurrency) -> tidy metric columns in our units."""
+    frame = pd.read_csv(path)
+    if frame.empty:
+        raise ValueError(f"{path} has no measurement row")
+    row = frame.iloc[0]
+    # a concurrency sweep writes the clients; a request-rate one the rate
+    values = (
+        {"concurrency": int(row["Concurrency"])}
+        if "Concurrency" in frame.columns
+        else {"request_rate": float(row["Request Rate"])}
+    )
+    for metric in METRICS:
+        if metric.csv_header in frame.columns:
+            values[metric.column] = float(row[metric.csv_header]) * metric.scale
+    if AVG.column not in values:
+        values[AVG.column] = sum(values[m.column] for m in BREAKDOWN)
+    return values
+
+
+# --- the -v log: its windows, their noise, the requests they merged ---
+
+STABLE_WINDOWS = 3  # a stable measurement is the average of perf_analyzer's last 3 windows
+DEFAULT_NOISE = 0.05  # CV assumed for a point whose perf_analyzer log is missing
+
+# "  Pass [3] throughput: 2460.07 infer/sec. Avg latency: 809 usec (std 269 usec)." (p99 latency with --percentile)
+_NUM = r"[-+]?\d+(?:\.\d*)?(?:[eE][-+]?\d+)?"
+PASS_RE = re.compile(rf"Pass \[(\d+)\] throughput: ({_NUM}) infer/sec\.\s+(?:Avg|p\d+) latency: ({_NUM}) usec")
+REQUEST_COUNT_LINE = re.compile(r"Client:\s*\n\s*Request count: (\d+)")
+
+
+@dataclass(frozen=True)
+class Window:
+    """One perf_analyzer measurement window ("Pass" line)."""
+
+    index: int
+    throughput: float  # infer/s
+    latency_us: float  # avg latency (p<N> when perf_analyzer ran with --percentile)
+
+
+def parse_windows(log_text: str) -> list[Window]:
+    """Every "Pass [i] throughput: ..." line of a perf_analyzer -v log, in order."""
+    return [Window(int(m[1]), float(m[2]), float(m[3])) for m in PASS_RE.finditer(log_text)]
+
+
+def pass_throughputs(log: str) -> list[float]:
+    """Each window's throughput (infer/s)."""
+    return [w.throughput for w in parse_windows(log)]
+
+
+def merged_requests(log: str) -> int | None:
+    """The requests of the merged stable windows."""
+    found = REQUEST_COUNT_LINE.search(log)
+    return int(found.group(1)) if found else None
+
+
+def window_seconds(merged: int | None, batch_size: int, throughput: float) -> float:
+    """How long one of the point's windows lasted: the merged windows' requests at the measured throughput (infer/s),
+    per window. perf_analyzer closes a count window at the first whole second by which it has the requested count,
+    so this is what the point actually measured over."""
+    if not merged or not throughput or throughput <= 0:
+        return float("nan")
+    return merged * batch_size / throughput / STABLE_WINDOWS
+
+
+def cv(values) -> float:
+    """Coefficient of variation: sample standard deviation (ddof=1) over the mean; NaN for fewer than 2 values."""
+    a = np.asarray(list(values), dtype=float)
+    if len(a) < 2 or not np.all(np.isfinite(a)) or a.mean() == 0:
+        return math.nan
+    return float(a.std(ddof=1) / abs(a.mean()))
+
+
+@dataclass(frozen=True)
+class Noise:
+    throughput_cv: float
+    latency_cv: float
+    windows: int  # how many windows the CVs come from (0 when assumed)
+    assumed: bool
+    note: str = ""
+
+
+def noise_from_log(log_text: str, windows: int = STABLE_WINDOWS, default: float = DEFAULT_NOISE) -> Noise:
+    """CV of throughput and avg latency over the last `windows` Pass lines (the ones perf_analyzer averaged)."""
+    used = parse_windows(log_text)[-windows:]
+    if len(used) < 2:
+        return Noise(default, default, 0, True, f"{len(used)} measurement window(s) in the log")
+    return Noise(cv(w.throughput for w in used), cv(w.latency_us for w in used), len(used), False)
+
+
+# --- the composing models of an ensemble ---
+
+COMPOSING_COLUMNS = [
+    "model",
+    "composing_model",
+    "scenario",
+    "format",
+    "batch_size",
+    "concurrency",
+    "request_rate",
+    "inference_count",
+    "execution_count",
+    "request_latency_ms",
+    "overhead_ms",
+    "server_queue_ms",
+    "server_compute_input_ms",
+    "server_compute_infer_ms",
+    "server_compute_output_ms",
+]
+
+_HEADER = re.compile(r"^\s*(\S+), version: *(\S*)\s*$")
+_COUNT = re.compile(r"^\s*(Inference|Execution) count: (\d+)")
+_LATENCY = re.compile(r"Avg request latency: (\d+) usec \((.*)\)")
+_PART = re.compile(r"(overhead|queue|compute input|compute infer|compute output) (\d+) usec")
+_PART_COLUMNS = {
+    "overhead": "overhead_ms",
+    "queue": "server_queue_ms",
+    "compute input": "server_compute_input_ms",
+    "compute infer": "server_compute_infer_ms",
+    "compute output": "server_compute_output_ms",
+}
+
+
+def parse_composing(log: str) -> list[dict]:
+    """The last "Composing models:" block of a perf_analyzer log (the reported measurement; -v prints one per
+    window before it): one dict per composing model, latencies in ms. Empty when the model is not an ensemble."""
+    start = log.rfind("Composing models:")
+    if start < 0:
+        return []
+    rows: list[dict] = []
+    for line in log[start:].splitlines()[1:]:
+        if (header := _HEADER.match(line)) and "usec" not in line:
+            rows.append({"composing_model": header.group(1)})
+        elif not rows:
+            continue
+        elif count := _COUNT.match(line):
+            rows[-1][f"{count.group(1).lower()}_count"] = int(count.group(2))
+        elif latency := _LATENCY.search(line):
+            rows[-1]["request_latency_ms"] = int(latency.group(1)) / 1000
+            for name, value in _PART.findall(latency.group(2)):
+                rows[-1][_PART_COLUMNS[name]] = int(value) / 1000  # usec -> ms
+        elif line.strip() and not line.startswith(" "):
+            break  # the block ends at the next unindented line ("Inferences/Second vs. ...")
+    return rows
