@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The test suite: set up, lint and format checks (ruff, settings in pyproject.toml), then unit tests and end-to-end
+# The test suite: set up, lint and format checks (ruff) and the import layers (import-linter; both set in
+# pyproject.toml), then unit tests and end-to-end
 # tests (real tritonserver, real perf_analyzer, real Prefect).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -7,4 +8,8 @@ cd "$(dirname "$0")/.."
 hint="run .venv/bin/ruff format . && .venv/bin/ruff check --fix . (then fix what remains by hand)"
 .venv/bin/ruff check . || { echo "test.sh: ruff check failed; $hint" >&2; exit 1; }
 .venv/bin/ruff format --check . || { echo "test.sh: ruff format --check failed; $hint" >&2; exit 1; }
+.venv/bin/lint-imports --no-cache || {
+  echo "test.sh: an import goes against the layers in pyproject.toml [tool.importlinter]" >&2
+  exit 1
+}
 exec .venv/bin/python -m pytest "$@"

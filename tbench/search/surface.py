@@ -43,11 +43,11 @@ import math
 import re
 from dataclasses import dataclass, field
 from functools import cache, lru_cache
-from importlib.resources import files
 
 import numpy as np
 import pandas as pd
 
+from tbench.results.published import load_published
 from tbench.search.strategies import Candidate, Observation, SearchSpace
 
 # The guides' dynamic batching (the adapters' gpu-profile defaults): the CSV has instances and max batch, not these.
@@ -80,7 +80,7 @@ def variant_label(model_format: str, precision: str) -> str:
 
 @lru_cache(maxsize=1)
 def published() -> pd.DataFrame:
-    return pd.read_csv(files("tbench") / "data" / "published_results.csv")
+    return load_published()
 
 
 def published_surfaces() -> list[tuple[str, str, str]]:
