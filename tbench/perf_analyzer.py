@@ -77,7 +77,9 @@ def shape_args(spec: IoSpec, shapes: dict[str, list[int]] | None) -> list[str]:
 
 def load_args(point: Point) -> list[str]:
     if point.rate is not None:
-        return ["--request-rate-range", f"{point.rate:g}", "--request-distribution", point.distribution]
+        # asynchronous calls: open-loop arrivals are sent on schedule however many requests are in flight (synchronous
+        # calls wait for a free client thread, and fall behind the offered rate as latency grows)
+        return ["--request-rate-range", f"{point.rate:g}", "--request-distribution", point.distribution, "--async"]
     return ["--concurrency-range", str(point.concurrency)]
 
 
@@ -177,6 +179,16 @@ def parse_windows(log_text: str) -> list[Window]:
 def pass_throughputs(log: str) -> list[float]:
     """Each window's throughput (infer/s)."""
     return [w.throughput for w in parse_windows(log)]
+
+
+DELAYED_LINE = re.compile(r"([0-9.]+)% of the requests were delayed")
+
+
+def delayed_percent(log: str) -> float:
+    """Of an open-loop (request-rate) point, the requests perf_analyzer could not send on schedule, in % (it warns
+    only when some were)."""
+    found = DELAYED_LINE.findall(log)
+    return float(found[-1]) if found else 0.0
 
 
 def merged_requests(log: str) -> int | None:

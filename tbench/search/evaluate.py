@@ -171,30 +171,38 @@ class TritonEvaluator:
                 ) from None
             return failed("error", f"load failed: {one_line(err.message() or str(err))}")
         try:
-            layout = RunLayout(self.work_dir, candidate.key).create()
-            point = Point(Scenario.ONLINE, self.online_batch_size, self.concurrency)
-            grpc_url, spec = self.server.endpoints.grpc_url, variant.artifact.io_spec
-            # a freshly loaded candidate: warm it up and size its windows from its own latency
-            latency = warm_up(
-                grpc_url, self.name, spec, [point.batch_size], self.measurement.warmup_requests, self.inputs.shapes
-            )
-            row = measure_point(
-                point,
-                model=self.name,
-                grpc_url=grpc_url,
-                spec=spec,
-                m=self.measurement,
-                layout=layout,
-                binary=self.binary,
-                env=self.env,
-                inputs=self.inputs,
-                latency_s=latency.get(point.batch_size),
-            )
+            observation = self.measure(candidate, variant, RunLayout(self.work_dir, candidate.key).create())
         finally:
             self.unload()
-        if row["status"] == "error" and not self.server.alive():
-            raise PerfAnalyzerError(f"the Triton server stopped while measuring {candidate.key}: {row['error']}")
-        return observation_from_row(candidate, row, time.monotonic() - started)
+        if observation.status == "error" and not self.server.alive():
+            raise PerfAnalyzerError(f"the Triton server stopped while measuring {candidate.key}: {observation.error}")
+        return observation.model_copy(update={"seconds": time.monotonic() - started})
+
+    def warmed_latency(self, variant: ServedVariant) -> float | None:
+        """A freshly loaded candidate, warmed up: its single-request latency (s), which sizes its windows."""
+        spec = variant.artifact.io_spec
+        batch = self.online_batch_size
+        grpc_url = self.server.endpoints.grpc_url
+        return warm_up(grpc_url, self.name, spec, [batch], self.measurement.warmup_requests, self.inputs.shapes).get(
+            batch
+        )
+
+    def measure(self, candidate: Candidate, variant: ServedVariant, layout: RunLayout) -> Observation:
+        """One loaded candidate at the search's closed-loop load: `concurrency` clients."""
+        point = Point(Scenario.ONLINE, self.online_batch_size, self.concurrency)
+        row = measure_point(
+            point,
+            model=self.name,
+            grpc_url=self.server.endpoints.grpc_url,
+            spec=variant.artifact.io_spec,
+            m=self.measurement,
+            layout=layout,
+            binary=self.binary,
+            env=self.env,
+            inputs=self.inputs,
+            latency_s=self.warmed_latency(variant),
+        )
+        return observation_from_row(candidate, row, 0.0)
 
 
 def artifact_key(text: str) -> str:

@@ -1,0 +1,1 @@
+"""Capacity planning: the sustainable request rate under a latency SLO, the instances a traffic needs, and its cost."""

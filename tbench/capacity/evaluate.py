@@ -1,0 +1,98 @@
+"""A candidate configuration judged by its sustainable rate under the SLO: the configuration search's evaluator at
+open-loop (Poisson) rates instead of a fixed concurrency. Each candidate's rate search is written beside its
+perf_analyzer files (`<candidate>/sustainable_rate.json`), so a report, or a resumed search, reads it back."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tbench.capacity.rate_search import RatePoint, SustainableRate, find_sustainable_rate, judge
+from tbench.capacity.statistics import PercentileRule
+from tbench.core.enums import Scenario
+from tbench.core.layout import RunLayout, perf_log_for
+from tbench.perf_analyzer import STABLE_WINDOWS, Point, delayed_percent
+from tbench.request import Measurement
+from tbench.search.evaluate import ServedVariant, TritonEvaluator
+from tbench.search.strategies import Candidate, Observation
+from tbench.sweep import measure_point
+
+RATE_SEARCH_JSON = "sustainable_rate.json"
+
+
+def rate_measurement(base: Measurement, rule: PercentileRule) -> Measurement:
+    """The measurement of one rate point: windows of at least a third of the requests the percentile needs (the
+    result merges the last three), and no retry: a rate that does not settle is a rate the system does not sustain."""
+    per_window = math.ceil(rule.requests() / STABLE_WINDOWS)
+    return base.model_copy(update={"min_requests": max(base.min_requests, per_window), "retries": 0})
+
+
+def start_rate(latency_s: float | None, instances: int, given: float | None = None) -> float:
+    """Where the bracketing starts: the user's rate, else half of what the instances could serve back to back at the
+    warm-up latency (an open-loop queue needs slack below that)."""
+    if given:
+        return given
+    if not latency_s or latency_s <= 0:
+        return 1.0
+    return max(0.1, 0.5 * instances / latency_s)
+
+
+def rate_search_path(work_dir: Path, candidate: Candidate) -> Path:
+    return work_dir / candidate.key / RATE_SEARCH_JSON
+
+
+def load_rate_search(work_dir: Path, candidate: Candidate) -> SustainableRate | None:
+    path = rate_search_path(work_dir, candidate)
+    return SustainableRate.model_validate_json(path.read_text()) if path.exists() else None
+
+
+@dataclass
+class RateEvaluator(TritonEvaluator):
+    """TritonEvaluator whose measurement of a loaded candidate is a sustainable-rate search under the SLO."""
+
+    slo_ms: float = 0.0
+    rule: PercentileRule = field(default_factory=PercentileRule)
+    tolerance: float = 0.1
+    max_points: int = 10
+    start_rps: float | None = None
+    on_point: Callable[[Candidate, RatePoint], None] | None = None
+
+    def measure(self, candidate: Candidate, variant: ServedVariant, layout: RunLayout) -> Observation:
+        batch = self.online_batch_size
+        latency = self.warmed_latency(variant)
+        m = rate_measurement(self.measurement, self.rule)
+
+        def at(rate: float) -> RatePoint:
+            point = Point(Scenario.RATE, batch, None, round(rate, 3), "poisson")
+            row = measure_point(
+                point,
+                model=self.name,
+                grpc_url=self.server.endpoints.grpc_url,
+                spec=variant.artifact.io_spec,
+                m=m,
+                layout=layout,
+                binary=self.binary,
+                env=self.env,
+                inputs=self.inputs,
+                latency_s=latency,
+            )
+            log = layout.run_dir / perf_log_for(row["source_file"]) if row.get("source_file") else None
+            delayed = delayed_percent(log.read_text(errors="replace")) if log and log.exists() else None
+            return judge(point.rate, batch, row, self.slo_ms, self.rule, delayed)
+
+        found = find_sustainable_rate(
+            at,
+            start_rate(latency, candidate.instances, self.start_rps),
+            tolerance=self.tolerance,
+            max_points=self.max_points,
+            on_point=(lambda p: self.on_point(candidate, p)) if self.on_point else None,
+        )
+        path = rate_search_path(self.work_dir, candidate)
+        path.write_text(json.dumps(found.model_dump(mode="json"), indent=2))
+        best = found.at_rate
+        if best is None:
+            return Observation(candidate=candidate, status="over_slo", error=f"no rate met the SLO: {found.stopped}")
+        return Observation(candidate=candidate, throughput=best.throughput, p99_ms=best.latency_ms, avg_ms=None)
