@@ -11,7 +11,6 @@ import sys
 from prefect import flow
 from prefect.artifacts import create_markdown_artifact
 
-from flows.benchmark import plan_devices, request_from_argv, server_options
 from flows.lifecycle import finishing, run_lifecycle
 from tasks.correctness import correctness_task
 from tasks.export import export_task
@@ -21,11 +20,20 @@ from tasks.store import store_task
 from tbench.correctness import require_passed
 from tbench.export import ConversionOptions
 from tbench.node import hardware as hw
+from tbench.plan import plan_devices
 from tbench.pools import check_worker_hardware
-from tbench.request import DEFAULT_TOLERANCES, BenchmarkRequest, adapter_for
+from tbench.request import DEFAULT_TOLERANCES, BenchmarkRequest, adapter_for, request_from_argv
 from tbench.run import RunTracker
 from tbench.search.evaluate import ServedVariant, TritonEvaluator, artifact_key
-from tbench.search.plan import CHECKPOINT, CONTEXT, check_resumable, resume_checkpoint, search_context, variant_plan
+from tbench.search.plan import (
+    CHECKPOINT,
+    CONTEXT,
+    check_resumable,
+    resume_checkpoint,
+    search_context,
+    search_server_options,
+    variant_plan,
+)
 from tbench.search.report import partial_result, write_search_files
 from tbench.search.request import SearchRequest
 from tbench.search.strategies import Candidate, Checkpoint
@@ -142,12 +150,6 @@ def search_flow(request: BenchmarkRequest = BenchmarkRequest(), search: SearchRe
             _finish(tracker, req, search, hardware, server, result, concurrency, device, error=err)
             raise
         return _finish(tracker, req, search, hardware, server, result, concurrency, device)
-
-
-def search_server_options(req, hardware=None) -> dict:
-    """The benchmark's server options, in explicit model-control mode (a remote server is explicit already)."""
-    options = server_options(req, hardware)
-    return options if req.server == "remote" else {**options, "model_control": "explicit"}
 
 
 def _finish(

@@ -22,6 +22,7 @@ import uuid
 from pathlib import Path
 
 from tbench.results.compare import log_for
+from tbench.triton.repository import RUNTIME_MODEL
 
 CACHE_ENV = "TBENCH_POINT_CACHE_DIR"
 
@@ -122,3 +123,44 @@ class PointCache:
             return json.loads((self._dir(point_key) / "composing.json").read_text())
         except (OSError, ValueError):
             return []
+
+
+def point_cache(req, hardware, server: dict, artifacts, perf_inputs) -> PointCache:
+    """The point cache's context: what decides a point's numbers besides the point (see above);
+    `server` is the server's identity (TritonServer.identity: mode, binary, image or address, reported id and
+    version)."""
+    return PointCache(
+        {
+            "artifacts": [
+                {
+                    "source": a.source_hash,
+                    "format": a.format.value,
+                    "precision": a.precision.value,
+                    "io": a.io_spec.model_dump(),
+                }
+                for a in artifacts
+            ],
+            "serving": {
+                k: getattr(req, k)
+                for k in (
+                    "max_batch_size",
+                    "model_instances",
+                    "preferred_batch_sizes",
+                    "max_queue_delay_us",
+                    "accelerators",
+                    "online_batch_size",
+                )
+            },
+            "offline_batching": "static",  # offline points measured before static batching are not these
+            "server": server,
+            "machine": {
+                k: getattr(hardware, k) for k in ("cpu_model", "cpu_cores", "gpus", "gpu_uuids", "driver", "cuda")
+            },
+            "measurement": req.measurement.model_dump(),
+            "inputs": file_digest(perf_inputs.data_file),
+            "shapes": perf_inputs.shapes,
+            "shared_memory": perf_inputs.shared_memory,
+            "tools": tool_versions(),
+            "runtime_model": file_digest(RUNTIME_MODEL),  # the python backend's model.py runs every request it serves
+        }
+    )

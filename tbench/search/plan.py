@@ -1,7 +1,7 @@
 """What a configuration search serves and where it resumes from, decided before anything runs: the variants of its grid
-(`variant_plan`), what its measurements are taken for (`search_context`) and the checkpoint a resume reads
-(`resume_checkpoint`, refused when it was measured for anything else). Pure logic: the CLI checks a search with it
-before Prefect starts, and the search flow calls it."""
+(`variant_plan`), its server's options (`search_server_options`), what its measurements are taken for
+(`search_context`) and the checkpoint a resume reads (`resume_checkpoint`, refused when it was measured for anything
+else). Pure logic: the CLI checks a search with it before Prefect starts, and the search flow calls it."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from pathlib import Path
 from tbench.core.enums import Format, Precision
 from tbench.core.errors import ConfigError
 from tbench.core.precision import refusal
+from tbench.plan import server_options
 from tbench.search.request import SearchRequest
 from tbench.search.strategies import SearchSpace
 
@@ -106,3 +107,9 @@ def variant_plan(space: SearchSpace, req, has_gpu: bool) -> dict[str, tuple[Form
         if reason := refusal(fmt, precision, has_gpu=has_gpu, server=req.server, accelerator=None):
             raise ConfigError(f"variant {entry!r}: {reason}")
     return plan
+
+
+def search_server_options(req, hardware=None) -> dict:
+    """The benchmark's server options, in explicit model-control mode (a remote server is explicit already)."""
+    options = server_options(req, hardware)
+    return options if req.server == "remote" else {**options, "model_control": "explicit"}
