@@ -8,7 +8,7 @@ import sys
 from prefect import flow
 from prefect.states import Completed
 
-from flows.lifecycle import finishing, run_lifecycle
+from flows.lifecycle import finish_run, run_lifecycle
 from model_adapters.ensemble import part_adapters
 from tasks.accuracy import accuracy_task
 from tasks.baseline import baseline_task
@@ -19,7 +19,6 @@ from tasks.perf import perf_task
 from tasks.report import report_task
 from tasks.repository import repository_task
 from tasks.server import server_task
-from tasks.store import store_task
 from tbench.accuracy import require_same_answers
 from tbench.core.enums import Format, Scenario
 from tbench.core.errors import PerfAnalyzerError
@@ -254,7 +253,7 @@ def _benchmark(req, hardware, adapter, tracker: RunTracker) -> str:
 
 
 def _finish(tracker: RunTracker, req, hardware, server, error: BaseException | None = None) -> str:
-    """Stop the server, then report and store whatever the run has (flows/lifecycle.py: finishing)."""
+    """Stop the server, then report and store whatever the run has (flows/lifecycle.py: finish_run)."""
     layout = tracker.layout
     manifest = {
         "request": req.model_dump(mode="json"),
@@ -263,10 +262,8 @@ def _finish(tracker: RunTracker, req, hardware, server, error: BaseException | N
         "artifact_url": run_url(req.output, layout.run_id),
         "local_dir": str(layout.run_dir),
     }
-    with finishing(tracker, error, manifest) as end:
-        if server is not None:
-            with tracker.stage("server-stop"):
-                server.stop()
+
+    def report() -> None:
         with tracker.stage("metrics"):
             manifest["summary"] = summary = metrics_task(tracker.results)
         comparison_lines = []
@@ -293,10 +290,8 @@ def _finish(tracker: RunTracker, req, hardware, server, error: BaseException | N
                 error=tracker.error or tracker.status_line,
                 comparison_lines=comparison_lines,
             )
-        tracker.release_logs()
-        with tracker.stage("store"):
-            end["url"] = store_task(layout.run_dir, req.output, layout.run_id, tracker.manifest(**manifest))
-    return end["url"]
+
+    return finish_run(tracker, error, manifest, server=server, output=req.output, report=report)
 
 
 if __name__ == "__main__":

@@ -11,12 +11,11 @@ import sys
 from prefect import flow
 from prefect.artifacts import create_markdown_artifact
 
-from flows.lifecycle import finishing, run_lifecycle
+from flows.lifecycle import finish_run, run_lifecycle
 from tasks.correctness import correctness_task
 from tasks.export import export_task
 from tasks.search_eval import search_task
 from tasks.server import server_task
-from tasks.store import store_task
 from tbench.correctness import require_passed
 from tbench.export import ConversionOptions
 from tbench.node import hardware as hw
@@ -164,7 +163,7 @@ def _finish(
     error: BaseException | None = None,
 ) -> str:
     """Stop the server, write what the search found (whatever it got to) and store the run folder
-    (flows/lifecycle.py: finishing)."""
+    (flows/lifecycle.py: finish_run)."""
     layout = tracker.layout
     manifest = {
         "request": req.model_dump(mode="json"),
@@ -173,10 +172,9 @@ def _finish(
         "artifact_url": run_url(req.output, layout.run_id),
         "local_dir": str(layout.run_dir),
     }
-    with finishing(tracker, error, manifest) as end:
-        if server is not None:
-            with tracker.stage("server-stop"):
-                server.stop()
+
+    def report() -> None:
+        nonlocal result
         with tracker.stage("report"):
             if result is None and tracker.layout.run_dir.joinpath(CHECKPOINT).exists():
                 result = partial_result(layout, search)
@@ -193,16 +191,16 @@ def _finish(
                     key=artifact_key(f"search-report-{req.model}"),
                     description="Configuration search result (the plot is in the run folder)",
                 )
-        tracker.release_logs()
-        with tracker.stage("store"):
-            best = result.best if result is not None else None
-            manifest["summary"] = {
-                "measured": result.measured if result else 0,
-                "grid_size": result.grid_size if result else None,
-                "best": best.candidate.key if best else None,
-            }
-            end["url"] = store_task(layout.run_dir, req.output, layout.run_id, tracker.manifest(**manifest))
-    return end["url"]
+
+    def summary() -> dict:
+        best = result.best if result is not None else None
+        return {
+            "measured": result.measured if result else 0,
+            "grid_size": result.grid_size if result else None,
+            "best": best.candidate.key if best else None,
+        }
+
+    return finish_run(tracker, error, manifest, server=server, output=req.output, report=report, summary=summary)
 
 
 if __name__ == "__main__":
