@@ -3,14 +3,12 @@ results, its logs, a report and a manifest that says it failed and where."""
 
 from __future__ import annotations
 
-import json
 import sys
-from pathlib import Path
 
 from prefect import flow
 from prefect.states import Completed
 
-from flows.lifecycle import finishing, run_lifecycle
+from flows.lifecycle import finish_run, run_lifecycle
 from model_adapters.ensemble import part_adapters
 from tasks.accuracy import accuracy_task
 from tasks.baseline import baseline_task
@@ -21,7 +19,6 @@ from tasks.perf import perf_task
 from tasks.report import report_task
 from tasks.repository import repository_task
 from tasks.server import server_task
-from tasks.store import store_task
 from tbench.accuracy import require_same_answers
 from tbench.core.enums import Format, Scenario
 from tbench.core.errors import PerfAnalyzerError
@@ -29,24 +26,29 @@ from tbench.core.precision import results_precision
 from tbench.correctness import require_passed
 from tbench.export import ConversionOptions
 from tbench.node import hardware as hw
+from tbench.plan import (
+    accelerator_label,
+    confirm_devices,
+    offline_shared_memory,
+    plan_devices,
+    point_cache,
+    server_options,
+    serving_config,
+)
 from tbench.pools import check_worker_hardware
-from tbench.request import PYTHON_BACKEND_RUNTIMES, BenchmarkRequest, adapter_for, plain_name
-from tbench.results.point_cache import PointCache, file_digest, tool_versions
+from tbench.request import BenchmarkRequest, adapter_for, adapter_notes, plain_name, request_from_argv
 from tbench.run import COMPLETED_WITH_FAILURES, FAILED, STATE_COMPLETED_WITH_FAILURES, RunTracker
 from tbench.store import run_url
 from tbench.sweep import plan_points, prepare_inputs
 from tbench.triton.monitor import PointMonitor
 from tbench.triton.repository import (
-    ACCELERATOR_LABELS,
-    RUNTIME_MODEL,
-    ServingConfig,
     backend_label,
     serves_natively,
     write_ensemble,
     write_offline_configs,
 )
 from tbench.triton.server import configs_loaded, make_server
-from tbench.triton.serving import ServedOn, combined, confirmed, device_reports, pinned_env, served_on
+from tbench.triton.serving import combined, pinned_env
 
 
 @flow(name="triton-benchmark")
@@ -250,121 +252,8 @@ def _benchmark(req, hardware, adapter, tracker: RunTracker) -> str:
     return url
 
 
-def accelerator_label(req, hardware, fmt, native: dict, device: ServedOn) -> str:
-    """The results' backend_accelerator: what the served config applies (nothing through the python runtime)."""
-    applied = fmt in native and serving_config(req, hardware, fmt, device).applied_accelerator(native[fmt])
-    return ACCELERATOR_LABELS.get(applied, applied) if applied else ""
-
-
-def serving_config(req, hardware, fmt, device: ServedOn, name: str | None = None) -> ServingConfig:
-    """`device`: where the model runs (tbench.serving.served_on), which decides its instance kind."""
-    return ServingConfig(
-        name=name or req.triton_name(fmt),
-        accelerator=req.accelerators.get(fmt.value),
-        precision=req.precision.value.upper(),
-        max_batch_size=req.max_batch_size,
-        preferred_batch_sizes=req.preferred_batch_sizes,
-        max_queue_delay_us=req.max_queue_delay_us,
-        instances=req.model_instances,
-        kind=device.kind,
-        intra_op_threads=max(1, hardware.cpu_cores // req.model_instances),
-    )
-
-
-def plan_devices(req, hardware, models: dict[str, tuple[Format, bool]]) -> dict[str, ServedOn]:
-    """{Triton model name: where it will run}, from (format, served natively) per model: a python-backend model runs
-    on the GPU only where its runtime has CUDA here (tbench.doctor.cuda_runtimes)."""
-    from tbench.doctor import cuda_runtimes
-
-    runtimes = {name: None if is_native else PYTHON_BACKEND_RUNTIMES[fmt] for name, (fmt, is_native) in models.items()}
-    cuda = cuda_runtimes({r for r in runtimes.values() if r}) if hardware.has_gpu else set()
-    return {name: served_on(req.server, hardware, runtime, cuda, req.gpus) for name, runtime in runtimes.items()}
-
-
-def confirm_devices(devices: dict[str, ServedOn], server, hardware) -> dict[str, ServedOn]:
-    """The plan, checked against what the python backend's instances report in the server log (a remote server's
-    log is not ours: its plan stands)."""
-    log = Path(server.log_path)
-    reports = device_reports(log.read_text(errors="replace")) if log.is_file() else {}
-    return {name: confirmed(device, reports.get(name, []), hardware) for name, device in devices.items()}
-
-
-def point_cache(req, hardware, server: dict, artifacts, perf_inputs) -> PointCache:
-    """The point cache's context: what decides a point's numbers besides the point (see tasks/point_cache.py);
-    `server` is the server's identity (TritonServer.identity: mode, binary, image or address, reported id and
-    version)."""
-    return PointCache(
-        {
-            "artifacts": [
-                {
-                    "source": a.source_hash,
-                    "format": a.format.value,
-                    "precision": a.precision.value,
-                    "io": a.io_spec.model_dump(),
-                }
-                for a in artifacts
-            ],
-            "serving": {
-                k: getattr(req, k)
-                for k in (
-                    "max_batch_size",
-                    "model_instances",
-                    "preferred_batch_sizes",
-                    "max_queue_delay_us",
-                    "accelerators",
-                    "online_batch_size",
-                )
-            },
-            "offline_batching": "static",  # offline points measured before static batching are not these
-            "server": server,
-            "machine": {
-                k: getattr(hardware, k) for k in ("cpu_model", "cpu_cores", "gpus", "gpu_uuids", "driver", "cuda")
-            },
-            "measurement": req.measurement.model_dump(),
-            "inputs": file_digest(perf_inputs.data_file),
-            "shapes": perf_inputs.shapes,
-            "shared_memory": perf_inputs.shared_memory,
-            "tools": tool_versions(),
-            "runtime_model": file_digest(RUNTIME_MODEL),  # the python backend's model.py runs every request it serves
-        }
-    )
-
-
-def offline_shared_memory(req, hardware) -> str:
-    """CUDA shared memory where perf_analyzer and the server share a GPU node (the guides' offline runs on GPU), system
-    shared memory on a CPU machine; a remote server shares no memory with us (its offline points say so)."""
-    if req.server == "remote":
-        return "none"
-    return "cuda" if hardware.has_gpu else "system"
-
-
-def adapter_notes(req) -> list[str]:
-    """The model's own report lines (e.g. where an ensemble's embedding tables live); none when it cannot say."""
-    try:
-        return adapter_for(req).report_notes()
-    except Exception as err:  # a report must not fail over a note
-        return [f"(the model's notes could not be written: {err})", ""]
-
-
-def server_options(req, hardware=None) -> dict:
-    """The mode-specific options a request carries, for make_server; with the hardware, the embedded and local
-    servers' view of the GPUs: the run's GPU only (tbench.serving.pinned_env)."""
-    options = {
-        "local": {"binary": req.tritonserver, "backend_dir": Path(req.backend_dir) if req.backend_dir else None},
-        "docker": {
-            "image": req.docker_image,
-            "gpus": req.gpus,
-            "network": req.docker_network,
-            "ulimits": req.docker_ulimits,
-        },
-    }.get(req.server, {})
-    if hardware is not None and (gpu_env := pinned_env(req.server, hardware)):
-        options["gpu_env"] = gpu_env
-    return {k: v for k, v in options.items() if v is not None}
-
-
 def _finish(tracker: RunTracker, req, hardware, server, error: BaseException | None = None) -> str:
-    """Stop the server, then report and store whatever the run has (flows/lifecycle.py: finishing)."""
+    """Stop the server, then report and store whatever the run has (flows/lifecycle.py: finish_run)."""
     layout = tracker.layout
     manifest = {
         "request": req.model_dump(mode="json"),
@@ -373,10 +262,8 @@ def _finish(tracker: RunTracker, req, hardware, server, error: BaseException | N
         "artifact_url": run_url(req.output, layout.run_id),
         "local_dir": str(layout.run_dir),
     }
-    with finishing(tracker, error, manifest) as end:
-        if server is not None:
-            with tracker.stage("server-stop"):
-                server.stop()
+
+    def report() -> None:
         with tracker.stage("metrics"):
             manifest["summary"] = summary = metrics_task(tracker.results)
         comparison_lines = []
@@ -403,24 +290,8 @@ def _finish(tracker: RunTracker, req, hardware, server, error: BaseException | N
                 error=tracker.error or tracker.status_line,
                 comparison_lines=comparison_lines,
             )
-        tracker.release_logs()
-        with tracker.stage("store"):
-            end["url"] = store_task(layout.run_dir, req.output, layout.run_id, tracker.manifest(**manifest))
-    return end["url"]
 
-
-def request_from_argv(argv: list[str]) -> BenchmarkRequest:
-    """`[MODEL] [field=value ...]`, values as JSON where they parse: size=small batch_sizes=[1,4]"""
-    fields = {}
-    for arg in argv:
-        key, sep, value = arg.partition("=")
-        if not sep:
-            key, value = "model", arg
-        try:
-            fields[key] = json.loads(value)
-        except json.JSONDecodeError:
-            fields[key] = value
-    return BenchmarkRequest(**fields)
+    return finish_run(tracker, error, manifest, server=server, output=req.output, report=report)
 
 
 if __name__ == "__main__":

@@ -1,13 +1,14 @@
 """What every run does around its stages, in one place: clean up after a killed run, make the run folder, capture the
-logs, take the device lock (a stage of its own: a run that waits says so), and at the end, whatever happened, leave
-a manifest that says how the run ended."""
+logs, take the device lock (a stage of its own: a run that waits says so), and at the end, whatever happened, stop the
+server, report, store the run folder and leave a manifest that says how the run ended (`finish_run`)."""
 
 from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
+from tasks.store import store_task
 from tbench.core import progress
 from tbench.core.errors import BenchError
 from tbench.core.layout import RunLayout, new_run_id
@@ -29,7 +30,7 @@ def clean_up_after_killed_runs() -> None:
 
 @contextlib.contextmanager
 def run_lifecycle(req, hardware, name: str, request_json) -> Iterator[RunTracker]:
-    """Set-up and lock; the body runs the stages and calls `finishing()` before its own finish."""
+    """Set-up and lock; the body runs the stages and calls `finish_run()` at its end, whatever happened."""
     preflight(req)  # a worker checks what the CLI checked on the user's machine: its ports, paths and store
     clean_up_after_killed_runs()
     layout = RunLayout(staging_root(req.output), new_run_id(name)).create()
@@ -59,7 +60,7 @@ def run_lifecycle(req, hardware, name: str, request_json) -> Iterator[RunTracker
 
 @contextlib.contextmanager
 def finishing(tracker: RunTracker, error: BaseException | None, manifest: dict) -> Iterator[dict]:
-    """A run's finish, around the flow's own steps (stop the server, report, store), which put the stored URL in the
+    """A run's finish, around its steps (finish_run: stop the server, report, store), which put the stored URL in the
     dict this yields. The error is recorded and the manifest written at once (a second Ctrl-C or a failing report
     still leaves one), an unexpected error's traceback logged, and a second signal during the clean-up exits
     promptly. A failure of the steps themselves is recorded, the manifest written again, and raised; with an error
@@ -90,3 +91,31 @@ def finishing(tracker: RunTracker, error: BaseException | None, manifest: dict) 
             detail=tracker.status_line,
             stage=tracker.failed_stage,
         )
+
+
+def finish_run(
+    tracker: RunTracker,
+    error: BaseException | None,
+    manifest: dict,
+    *,
+    server,
+    output: str,
+    report: Callable[[], None],
+    summary: Callable[[], dict] | None = None,
+) -> str:
+    """Every flow's finish, in this order (`finishing` around it): stop the server (stage server-stop, when there is
+    one), the flow's `report()` (its own stages), then store the run folder (stage store) with the manifest, whose
+    summary `summary()` gives where the report did not set it. Returns the stored URL, or the run folder when it
+    was not stored."""
+    layout = tracker.layout
+    with finishing(tracker, error, manifest) as end:
+        if server is not None:
+            with tracker.stage("server-stop"):
+                server.stop()
+        report()
+        tracker.release_logs()
+        with tracker.stage("store"):
+            if summary is not None:
+                manifest["summary"] = summary()
+            end["url"] = store_task(layout.run_dir, output, layout.run_id, tracker.manifest(**manifest))
+    return end["url"]

@@ -7,162 +7,40 @@ from __future__ import annotations
 import json
 import shutil
 import sys
-from pathlib import Path
-from typing import Literal
 
 from prefect import flow
 from prefect.artifacts import create_markdown_artifact
-from pydantic import BaseModel, Field
 
-from flows.benchmark import plan_devices, request_from_argv, server_options
-from flows.lifecycle import finishing, run_lifecycle
+from flows.lifecycle import finish_run, run_lifecycle
 from tasks.correctness import correctness_task
 from tasks.export import export_task
 from tasks.search_eval import search_task
 from tasks.server import server_task
-from tasks.store import store_task
-from tbench.core.enums import Format, Precision
-from tbench.core.errors import ConfigError
-from tbench.core.layout import RunLayout
-from tbench.core.precision import refusal
 from tbench.correctness import require_passed
 from tbench.export import ConversionOptions
 from tbench.node import hardware as hw
+from tbench.plan import plan_devices
 from tbench.pools import check_worker_hardware
-from tbench.request import DEFAULT_TOLERANCES, BenchmarkRequest, adapter_for
-from tbench.results.html_report import write_html_report
+from tbench.request import DEFAULT_TOLERANCES, BenchmarkRequest, adapter_for, request_from_argv
 from tbench.run import RunTracker
 from tbench.search.evaluate import ServedVariant, TritonEvaluator, artifact_key
-from tbench.search.strategies import STRATEGIES, Candidate, Checkpoint, Objective, SearchSpace
+from tbench.search.plan import (
+    CHECKPOINT,
+    CONTEXT,
+    check_resumable,
+    resume_checkpoint,
+    search_context,
+    search_server_options,
+    variant_plan,
+)
+from tbench.search.report import partial_result, write_search_files
+from tbench.search.request import SearchRequest
+from tbench.search.strategies import Candidate, Checkpoint
 from tbench.store import run_url
 from tbench.sweep import prepare_inputs
 from tbench.triton.repository import serves_natively
 from tbench.triton.server import make_server
 from tbench.triton.serving import combined, pinned_env
-
-# The registry's strategy names, in its order, as a Literal: the schema and the validation error list them.
-StrategyName = Literal[tuple(STRATEGIES.names())]  # type: ignore[valid-type]
-
-CHECKPOINT = "search.jsonl"
-CONTEXT = "search_context.json"  # beside the checkpoint: what its measurements were taken for (search_context)
-
-
-class SearchRequest(BaseModel):
-    """What to search; the model, its formats, server and measurement settings come from the BenchmarkRequest."""
-
-    space: SearchSpace = Field(
-        default_factory=SearchSpace,
-        description="The configuration grid; formats: [''] serves "
-        "the request's first serve format, else formats or 'format:precision' variants.",
-    )
-    objective: Objective = Field(
-        default_factory=Objective,
-        description="Best throughput under a p99 budget, or lowest p99 above a throughput floor.",
-    )
-    strategy: StrategyName = Field(
-        "smart", description="smart: coordinate search on a budget of measurements; exhaustive: every candidate."
-    )
-    budget_fraction: float = Field(0.10, gt=0, le=1, description="smart: the largest share of the grid measured.")
-    concurrency: int | None = Field(
-        None,
-        ge=1,
-        description="Closed-loop clients per measurement; the largest of the request's online concurrency by default.",
-    )
-    resume_from: str | None = Field(
-        None,
-        description="Resume an interrupted search: its checkpoint (search.jsonl) or "
-        "its run folder; measured candidates are read back, not measured again.",
-    )
-
-
-def resume_checkpoint(resume_from: str | None, context: dict | None = None) -> Path | None:
-    """The checkpoint file a `resume_from` names (a file, or a run folder holding search.jsonl); with a `context`,
-    one measured for anything else is refused (check_resumable)."""
-    if not resume_from:
-        return None
-    path = Path(resume_from).expanduser()
-    if path.is_dir():
-        path = path / CHECKPOINT
-    if not path.is_file():
-        raise ConfigError(
-            f"resume_from {resume_from!r}: no search checkpoint there "
-            f"(expected a {CHECKPOINT} file or a run folder holding one)"
-        )
-    if context is not None:
-        check_resumable(path, context)
-    return path
-
-
-def search_context(req, search: SearchRequest, plan: dict, hardware) -> dict:
-    """What a search's measurements were taken for, besides the server (added once it runs: TritonServer.identity),
-    as JSON reads it back. A resume must match it: another model, grid or setting would mix numbers."""
-    context = {
-        "model": req.model,
-        "size": req.size,
-        "framework": req.framework,
-        "model_file": req.model_file,
-        "checkpoint": req.checkpoint,
-        "model_options": req.model_options,
-        "inputs": {k: getattr(req, k) for k in ("input_data", "dataset", "shapes", "input_dtypes", "value_ranges")},
-        "variants": {entry: f"{fmt.value}:{precision.value}" for entry, (fmt, precision) in plan.items()},
-        "space": search.space.model_dump(mode="json"),
-        "objective": search.objective.model_dump(mode="json"),
-        "concurrency": search.concurrency or max(req.concurrency),
-        "online_batch_size": req.online_batch_size,
-        "measurement": req.measurement.model_dump(mode="json"),
-        "machine": {k: getattr(hardware, k) for k in ("cpu_model", "cpu_cores", "gpus", "gpu_uuids", "driver", "cuda")},
-    }
-    return json.loads(json.dumps(context))
-
-
-def context_differences(recorded: dict, current: dict) -> list[str]:
-    """The fields of `current` that `recorded` differs in (a field it lacks differs), a dict's by its keys."""
-    differing = []
-    for key, value in current.items():
-        there = recorded.get(key)
-        if there == value:
-            continue
-        if isinstance(value, dict) and isinstance(there, dict):
-            differing += [f"{key}.{k}" for k in sorted(set(value) | set(there)) if value.get(k) != there.get(k)]
-        else:
-            differing.append(key)
-    return differing
-
-
-def check_resumable(checkpoint: Path, context: dict) -> None:
-    """Refuse, in one line, a checkpoint whose recorded context differs from the new search's in any field `context`
-    has (before the server runs it has no `server`), or one that recorded none (from before tbench recorded it)."""
-    recorded = checkpoint.with_name(CONTEXT)
-    if not recorded.is_file():
-        raise ConfigError(
-            f"cannot resume from {checkpoint}: it has no {CONTEXT} beside it to say which model, grid and "
-            "server it measured (a checkpoint from an older tbench); start a new search"
-        )
-    if differing := context_differences(json.loads(recorded.read_text()), context):
-        raise ConfigError(
-            f"cannot resume from {checkpoint}: it was measured with another {', '.join(differing)} "
-            f"(see {recorded}); start a new search or resume with the same settings"
-        )
-
-
-def variant_plan(space: SearchSpace, req, has_gpu: bool) -> dict[str, tuple[Format, Precision]]:
-    """Each SearchSpace.formats entry as (format, precision); '' is the request's first served format. Refuses what
-    cannot be served: an ensemble, a precision the format cannot carry here (tbench/precision.py; the search's
-    configs apply no GPU accelerator, so no fp16 tf-savedmodel)."""
-    plan = {}
-    for entry in space.formats:
-        fmt, _, precision = entry.partition(":")
-        plan[entry] = (
-            Format.parse(fmt) if fmt else req.serve_formats[0],
-            Precision.parse(precision) if precision else req.precision,
-        )
-    for fmt, _ in plan.values():
-        if fmt is Format.ENSEMBLE:
-            raise ConfigError("the configuration search serves one model; ensembles are not searched")
-    for entry, (fmt, precision) in plan.items():
-        if reason := refusal(fmt, precision, has_gpu=has_gpu, server=req.server, accelerator=None):
-            raise ConfigError(f"variant {entry!r}: {reason}")
-    return plan
 
 
 @flow(name="triton-search")
@@ -273,35 +151,6 @@ def search_flow(request: BenchmarkRequest = BenchmarkRequest(), search: SearchRe
         return _finish(tracker, req, search, hardware, server, result, concurrency, device)
 
 
-def search_server_options(req, hardware=None) -> dict:
-    """The benchmark's server options, in explicit model-control mode (a remote server is explicit already)."""
-    options = server_options(req, hardware)
-    return options if req.server == "remote" else {**options, "model_control": "explicit"}
-
-
-def write_search_files(layout: RunLayout, result, title: str) -> str:
-    """search.md, search.html, search.json and plots/search.png; returns the markdown."""
-    plot = result.plot(layout.plots_dir / "search.png")
-    text = result.to_markdown(title=title, plot=plot.relative_to(layout.run_dir).as_posix())
-    (layout.run_dir / "search.md").write_text(text)
-    write_html_report(
-        layout.run_dir / "search.md", layout.run_dir / "search.html"
-    )  # search.html: the same page, self-contained
-    best = result.best
-    summary = {
-        "strategy": result.strategy,
-        "objective": result.objective.model_dump(),
-        "grid_size": result.grid_size,
-        "budget": result.budget,
-        "measured": result.measured,
-        "new_measurements": result.new_measurements,
-        "seconds": round(result.seconds, 3),
-        "best": best.model_dump(mode="json") if best else None,
-    }
-    (layout.run_dir / "search.json").write_text(json.dumps(summary, indent=2))
-    return text
-
-
 def _finish(
     tracker: RunTracker,
     req,
@@ -314,7 +163,7 @@ def _finish(
     error: BaseException | None = None,
 ) -> str:
     """Stop the server, write what the search found (whatever it got to) and store the run folder
-    (flows/lifecycle.py: finishing)."""
+    (flows/lifecycle.py: finish_run)."""
     layout = tracker.layout
     manifest = {
         "request": req.model_dump(mode="json"),
@@ -323,10 +172,9 @@ def _finish(
         "artifact_url": run_url(req.output, layout.run_id),
         "local_dir": str(layout.run_dir),
     }
-    with finishing(tracker, error, manifest) as end:
-        if server is not None:
-            with tracker.stage("server-stop"):
-                server.stop()
+
+    def report() -> None:
+        nonlocal result
         with tracker.stage("report"):
             if result is None and tracker.layout.run_dir.joinpath(CHECKPOINT).exists():
                 result = partial_result(layout, search)
@@ -343,32 +191,16 @@ def _finish(
                     key=artifact_key(f"search-report-{req.model}"),
                     description="Configuration search result (the plot is in the run folder)",
                 )
-        tracker.release_logs()
-        with tracker.stage("store"):
-            best = result.best if result is not None else None
-            manifest["summary"] = {
-                "measured": result.measured if result else 0,
-                "grid_size": result.grid_size if result else None,
-                "best": best.candidate.key if best else None,
-            }
-            end["url"] = store_task(layout.run_dir, req.output, layout.run_id, tracker.manifest(**manifest))
-    return end["url"]
 
+    def summary() -> dict:
+        best = result.best if result is not None else None
+        return {
+            "measured": result.measured if result else 0,
+            "grid_size": result.grid_size if result else None,
+            "best": best.candidate.key if best else None,
+        }
 
-def partial_result(layout: RunLayout, search: SearchRequest):
-    """What an interrupted search measured, from its checkpoint (resume it with resume_from=<this run folder>)."""
-    from tbench.search.strategies import SearchResult
-
-    keys = {c.key for c in search.space.grid()}
-    observations = [o for o in Checkpoint(layout.run_dir / CHECKPOINT).load() if o.candidate.key in keys]
-    return SearchResult(
-        strategy=f"{search.strategy} (interrupted)",
-        objective=search.objective,
-        grid_size=len(keys),
-        budget=len(keys),
-        observations=observations,
-        new_measurements=len(observations),
-    )
+    return finish_run(tracker, error, manifest, server=server, output=req.output, report=report, summary=summary)
 
 
 if __name__ == "__main__":

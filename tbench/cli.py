@@ -525,8 +525,9 @@ def search(
                 server, server_url, docker_image, gpus, docker_network, docker_ulimit, http_port, grpc_port
             ),
         )
-        from flows.search import SearchRequest, resume_checkpoint, search_context, variant_plan
         from tbench.node import hardware
+        from tbench.search.plan import resume_checkpoint, search_context, variant_plan
+        from tbench.search.request import SearchRequest
 
         search_request = SearchRequest(
             space=space,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
@@ -156,6 +157,14 @@ def adapter_for(req: BenchmarkRequest | ResolvedRequest):
             raise ConfigError("give --dataset or --input-data, not both")
         adapter.use_input_data(req.input_data)
     return adapter
+
+
+def adapter_notes(req) -> list[str]:
+    """The model's own report lines (e.g. where an ensemble's embedding tables live); none when it cannot say."""
+    try:
+        return adapter_for(req).report_notes()
+    except Exception as err:  # a report must not fail over a note
+        return [f"(the model's notes could not be written: {err})", ""]
 
 
 class BenchmarkRequest(BaseModel):
@@ -501,3 +510,17 @@ class ResolvedRequest(BaseModel):
     def part_name(self, part: str) -> str:
         """The Triton model name of an ensemble's composing model."""
         return f"{self.model}_{part}{self.triton_suffix}"
+
+
+def request_from_argv(argv: list[str]) -> BenchmarkRequest:
+    """`[MODEL] [field=value ...]`, values as JSON where they parse: size=small batch_sizes=[1,4]"""
+    fields = {}
+    for arg in argv:
+        key, sep, value = arg.partition("=")
+        if not sep:
+            key, value = "model", arg
+        try:
+            fields[key] = json.loads(value)
+        except json.JSONDecodeError:
+            fields[key] = value
+    return BenchmarkRequest(**fields)

@@ -168,8 +168,8 @@ def test_offline_shared_memory_follows_the_node(tmp_path):
     """CUDA shared memory where client and server share a GPU node, none against a remote server."""
     from types import SimpleNamespace
 
-    from flows.benchmark import offline_shared_memory
     from tbench.perf_analyzer import PerfInputs
+    from tbench.plan import offline_shared_memory
 
     spec = IoSpec(
         inputs=[TensorSpec(name="x", dtype="float32", shape=[4])],

@@ -249,7 +249,7 @@ def test_fp16_savedmodel_is_automatic_mixed_precision_on_a_gpu():
 
 
 def test_search_variants_are_refused_the_same_way():
-    from flows.search import variant_plan
+    from tbench.search.plan import variant_plan
     from tbench.search.strategies import SearchSpace
 
     req = BenchmarkRequest().resolve(False)

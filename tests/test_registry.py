@@ -130,7 +130,7 @@ def test_server_mode_duplicate_is_refused_and_modes_are_the_registry():
 
 
 def test_search_strategy_duplicate_is_refused_and_the_flow_takes_the_registry_names():
-    from flows.search import SearchRequest
+    from tbench.search.request import SearchRequest
     from tbench.search.strategies import STRATEGIES, smart_search
 
     assert STRATEGIES.names() == ["smart", "exhaustive"]

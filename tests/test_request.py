@@ -67,7 +67,7 @@ def test_impossible_requests_fail_with_one_clear_line(kwargs, message):
 
 
 def test_plain_flow_run_reads_request_fields_from_argv():
-    from flows.benchmark import request_from_argv
+    from tbench.request import request_from_argv
 
     r = request_from_argv(["resnet50", "size=small", "batch_sizes=[1,4]", "output=/tmp/x"])
     assert (r.model, r.size, r.batch_sizes, r.output) == ("resnet50", "small", [1, 4], "/tmp/x")

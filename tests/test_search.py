@@ -328,8 +328,9 @@ def test_perf_rows_become_observations_with_their_status():
 
 
 def test_search_request_and_resume_paths(tmp_path):
-    from flows.search import CHECKPOINT, SearchRequest, resume_checkpoint
     from tbench.core.errors import ConfigError
+    from tbench.search.plan import CHECKPOINT, resume_checkpoint
+    from tbench.search.request import SearchRequest
 
     req = SearchRequest(space={"instances": [1], "max_batch_sizes": [2, 4]}, objective={"p99_budget_ms": 50})
     assert len(req.space.grid()) == 2 * 2 * 3 and req.strategy == "smart" and req.budget_fraction == 0.10
@@ -342,10 +343,11 @@ def test_search_request_and_resume_paths(tmp_path):
 
 
 def test_resume_refuses_a_checkpoint_of_another_search_in_one_line(tmp_path):
-    from flows.search import CHECKPOINT, CONTEXT, SearchRequest, resume_checkpoint, search_context, variant_plan
     from tbench.core.errors import ConfigError
     from tbench.node.hardware import Hardware
     from tbench.request import BenchmarkRequest
+    from tbench.search.plan import CHECKPOINT, CONTEXT, resume_checkpoint, search_context, variant_plan
+    from tbench.search.request import SearchRequest
 
     machine = Hardware(cpu_model="cpu", cpu_cores=2, memory_gib=8.0, gpus=[], os="linux")
 

@@ -17,7 +17,8 @@ pytestmark = pytest.mark.e2e
 
 
 def test_search_flow_measures_every_candidate_and_resumes(prefect_harness, tmp_path):
-    from flows.search import SearchRequest, search_flow
+    from flows.search import search_flow
+    from tbench.search.request import SearchRequest
 
     request = BenchmarkRequest(
         model="resnet50",

@@ -106,7 +106,7 @@ def test_docker_refuses_an_unknown_network(tmp_path):
 
 
 def test_docker_options_of_a_request_reach_the_command_line(tmp_path):
-    from flows.benchmark import server_options
+    from tbench.plan import server_options
     from tbench.request import BenchmarkRequest
 
     options = server_options(BenchmarkRequest(server="docker", gpus="none", docker_network="bridge", docker_ulimits=[]))
@@ -151,7 +151,7 @@ def test_local_without_a_server_on_path_says_so(tmp_path, monkeypatch):
 
 
 def test_docker_defaults_to_every_gpu(tmp_path):
-    from flows.benchmark import server_options
+    from tbench.plan import server_options
     from tbench.request import BenchmarkRequest
 
     options = server_options(BenchmarkRequest(server="docker"))
@@ -186,9 +186,9 @@ def test_remote_upload_is_the_model_directory(tmp_path):
 
 def test_the_point_cache_key_holds_the_server_identity():
     """Points measured on one server are not another's: the key changes with the server's address, mode and version."""
-    from flows.benchmark import point_cache
     from tbench.node.hardware import Hardware
     from tbench.perf_analyzer import PerfInputs
+    from tbench.plan import point_cache
     from tbench.request import BenchmarkRequest
 
     req = BenchmarkRequest(model="resnet50", size="small", server="remote", server_url="a:8001").resolve(False)

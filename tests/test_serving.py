@@ -130,10 +130,10 @@ def test_an_ensemble_names_the_gpu_only_with_the_parts_that_ran_elsewhere():
 
 
 def test_the_flow_plans_and_confirms_per_triton_model(monkeypatch, tmp_path):
-    """flows/benchmark.py: python-backend models on the GPU only where their runtime has CUDA; then the log decides."""
+    """tbench/plan.py: python-backend models on the GPU only where their runtime has CUDA; then the log decides."""
     import tbench.doctor
-    from flows.benchmark import confirm_devices, plan_devices, server_options
     from tbench.core.enums import Format
+    from tbench.plan import confirm_devices, plan_devices, server_options
     from tbench.request import BenchmarkRequest
 
     monkeypatch.setattr(tbench.doctor, "cuda_runtimes", lambda runtimes: {"onnxruntime"} & set(runtimes))

@@ -1,0 +1,115 @@
+"""What a configuration search serves and where it resumes from, decided before anything runs: the variants of its grid
+(`variant_plan`), its server's options (`search_server_options`), what its measurements are taken for
+(`search_context`) and the checkpoint a resume reads (`resume_checkpoint`, refused when it was measured for anything
+else). Pure logic: the CLI checks a search with it before Prefect starts, and the search flow calls it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tbench.core.enums import Format, Precision
+from tbench.core.errors import ConfigError
+from tbench.core.precision import refusal
+from tbench.plan import server_options
+from tbench.search.request import SearchRequest
+from tbench.search.strategies import SearchSpace
+
+CHECKPOINT = "search.jsonl"
+CONTEXT = "search_context.json"  # beside the checkpoint: what its measurements were taken for (search_context)
+
+
+def resume_checkpoint(resume_from: str | None, context: dict | None = None) -> Path | None:
+    """The checkpoint file a `resume_from` names (a file, or a run folder holding search.jsonl); with a `context`,
+    one measured for anything else is refused (check_resumable)."""
+    if not resume_from:
+        return None
+    path = Path(resume_from).expanduser()
+    if path.is_dir():
+        path = path / CHECKPOINT
+    if not path.is_file():
+        raise ConfigError(
+            f"resume_from {resume_from!r}: no search checkpoint there "
+            f"(expected a {CHECKPOINT} file or a run folder holding one)"
+        )
+    if context is not None:
+        check_resumable(path, context)
+    return path
+
+
+def search_context(req, search: SearchRequest, plan: dict, hardware) -> dict:
+    """What a search's measurements were taken for, besides the server (added once it runs: TritonServer.identity),
+    as JSON reads it back. A resume must match it: another model, grid or setting would mix numbers."""
+    context = {
+        "model": req.model,
+        "size": req.size,
+        "framework": req.framework,
+        "model_file": req.model_file,
+        "checkpoint": req.checkpoint,
+        "model_options": req.model_options,
+        "inputs": {k: getattr(req, k) for k in ("input_data", "dataset", "shapes", "input_dtypes", "value_ranges")},
+        "variants": {entry: f"{fmt.value}:{precision.value}" for entry, (fmt, precision) in plan.items()},
+        "space": search.space.model_dump(mode="json"),
+        "objective": search.objective.model_dump(mode="json"),
+        "concurrency": search.concurrency or max(req.concurrency),
+        "online_batch_size": req.online_batch_size,
+        "measurement": req.measurement.model_dump(mode="json"),
+        "machine": {k: getattr(hardware, k) for k in ("cpu_model", "cpu_cores", "gpus", "gpu_uuids", "driver", "cuda")},
+    }
+    return json.loads(json.dumps(context))
+
+
+def context_differences(recorded: dict, current: dict) -> list[str]:
+    """The fields of `current` that `recorded` differs in (a field it lacks differs), a dict's by its keys."""
+    differing = []
+    for key, value in current.items():
+        there = recorded.get(key)
+        if there == value:
+            continue
+        if isinstance(value, dict) and isinstance(there, dict):
+            differing += [f"{key}.{k}" for k in sorted(set(value) | set(there)) if value.get(k) != there.get(k)]
+        else:
+            differing.append(key)
+    return differing
+
+
+def check_resumable(checkpoint: Path, context: dict) -> None:
+    """Refuse, in one line, a checkpoint whose recorded context differs from the new search's in any field `context`
+    has (before the server runs it has no `server`), or one that recorded none (from before tbench recorded it)."""
+    recorded = checkpoint.with_name(CONTEXT)
+    if not recorded.is_file():
+        raise ConfigError(
+            f"cannot resume from {checkpoint}: it has no {CONTEXT} beside it to say which model, grid and "
+            "server it measured (a checkpoint from an older tbench); start a new search"
+        )
+    if differing := context_differences(json.loads(recorded.read_text()), context):
+        raise ConfigError(
+            f"cannot resume from {checkpoint}: it was measured with another {', '.join(differing)} "
+            f"(see {recorded}); start a new search or resume with the same settings"
+        )
+
+
+def variant_plan(space: SearchSpace, req, has_gpu: bool) -> dict[str, tuple[Format, Precision]]:
+    """Each SearchSpace.formats entry as (format, precision); '' is the request's first served format. Refuses what
+    cannot be served: an ensemble, a precision the format cannot carry here (tbench/precision.py; the search's
+    configs apply no GPU accelerator, so no fp16 tf-savedmodel)."""
+    plan = {}
+    for entry in space.formats:
+        fmt, _, precision = entry.partition(":")
+        plan[entry] = (
+            Format.parse(fmt) if fmt else req.serve_formats[0],
+            Precision.parse(precision) if precision else req.precision,
+        )
+    for fmt, _ in plan.values():
+        if fmt is Format.ENSEMBLE:
+            raise ConfigError("the configuration search serves one model; ensembles are not searched")
+    for entry, (fmt, precision) in plan.items():
+        if reason := refusal(fmt, precision, has_gpu=has_gpu, server=req.server, accelerator=None):
+            raise ConfigError(f"variant {entry!r}: {reason}")
+    return plan
+
+
+def search_server_options(req, hardware=None) -> dict:
+    """The benchmark's server options, in explicit model-control mode (a remote server is explicit already)."""
+    options = server_options(req, hardware)
+    return options if req.server == "remote" else {**options, "model_control": "explicit"}

@@ -1,0 +1,41 @@
+"""What a configuration search is asked for (`SearchRequest`, the search flow's second parameter): pure pydantic, no
+Prefect, so the CLI validates it before a run starts and the Prefect UI shows it as a form."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from tbench.search.strategies import STRATEGIES, Objective, SearchSpace
+
+# The registry's strategy names, in its order, as a Literal: the schema and the validation error list them.
+StrategyName = Literal[tuple(STRATEGIES.names())]  # type: ignore[valid-type]
+
+
+class SearchRequest(BaseModel):
+    """What to search; the model, its formats, server and measurement settings come from the BenchmarkRequest."""
+
+    space: SearchSpace = Field(
+        default_factory=SearchSpace,
+        description="The configuration grid; formats: [''] serves "
+        "the request's first serve format, else formats or 'format:precision' variants.",
+    )
+    objective: Objective = Field(
+        default_factory=Objective,
+        description="Best throughput under a p99 budget, or lowest p99 above a throughput floor.",
+    )
+    strategy: StrategyName = Field(
+        "smart", description="smart: coordinate search on a budget of measurements; exhaustive: every candidate."
+    )
+    budget_fraction: float = Field(0.10, gt=0, le=1, description="smart: the largest share of the grid measured.")
+    concurrency: int | None = Field(
+        None,
+        ge=1,
+        description="Closed-loop clients per measurement; the largest of the request's online concurrency by default.",
+    )
+    resume_from: str | None = Field(
+        None,
+        description="Resume an interrupted search: its checkpoint (search.jsonl) or "
+        "its run folder; measured candidates are read back, not measured again.",
+    )
