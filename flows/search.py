@@ -16,11 +16,14 @@ from tasks.correctness import correctness_task
 from tasks.export import export_task
 from tasks.search_eval import search_task
 from tasks.server import server_task
+from tbench.capacity.evaluate import RateEvaluator, emit_rate_point
+from tbench.capacity.report import pool_answer, write_capacity_files
+from tbench.capacity.request import CapacityRequest
 from tbench.correctness import require_passed
 from tbench.export import ConversionOptions
 from tbench.node import hardware as hw
 from tbench.plan import plan_devices
-from tbench.pools import check_worker_hardware
+from tbench.pools import check_worker_hardware, pool_of
 from tbench.request import DEFAULT_TOLERANCES, BenchmarkRequest, adapter_for, request_from_argv
 from tbench.run import RunTracker
 from tbench.search.evaluate import ServedVariant, TritonEvaluator, artifact_key
@@ -46,6 +49,12 @@ from tbench.triton.serving import combined, pinned_env
 @flow(name="triton-search")
 def search_flow(request: BenchmarkRequest = BenchmarkRequest(), search: SearchRequest = SearchRequest()) -> str:
     """Search the configuration grid of one model on one server; returns the URL of the run folder."""
+    return run_search(request, search)
+
+
+def run_search(request: BenchmarkRequest, search: SearchRequest, capacity: CapacityRequest | None = None) -> str:
+    """The search on this machine: at a fixed concurrency, or (a capacity plan) each candidate by its sustainable
+    rate under the SLO, with the capacity answer written beside the search's files."""
     hardware = hw.detect()
     check_worker_hardware(hardware)
     req = request.resolve(hardware.has_gpu)
@@ -54,7 +63,10 @@ def search_flow(request: BenchmarkRequest = BenchmarkRequest(), search: SearchRe
     context = search_context(req, search, plan, hardware)
     resume = resume_checkpoint(search.resume_from, context)
     request_json = {"request": req.model_dump(mode="json"), "search": search.model_dump(mode="json")}
-    with run_lifecycle(req, hardware, f"{req.model}-search", request_json) as tracker:
+    if capacity is not None:
+        request_json["capacity"] = capacity.model_dump(mode="json")
+    kind = "capacity" if capacity is not None else "search"
+    with run_lifecycle(req, hardware, f"{req.model}-{kind}", request_json) as tracker:
         layout = tracker.layout
         layout.repository_dir.mkdir(parents=True, exist_ok=True)
         checkpoint = Checkpoint(layout.run_dir / CHECKPOINT)
@@ -113,7 +125,7 @@ def search_flow(request: BenchmarkRequest = BenchmarkRequest(), search: SearchRe
                 if resume is not None:  # the same server as well: its address, binary or image, and version
                     check_resumable(resume, context)
                 (layout.run_dir / CONTEXT).write_text(json.dumps(context, indent=2))  # before the first measurement
-            evaluator = TritonEvaluator(
+            evaluator_args = dict(
                 server=server,
                 repository=layout.repository_dir,
                 variants=variants,
@@ -127,6 +139,19 @@ def search_flow(request: BenchmarkRequest = BenchmarkRequest(), search: SearchRe
                 cpu_cores=hardware.cpu_cores,
                 gpu_env=pinned_env(req.server, hardware),
             )
+            if capacity is None:
+                evaluator = TritonEvaluator(**evaluator_args)
+            else:
+                evaluator = RateEvaluator(
+                    **evaluator_args,
+                    slo_ms=capacity.slo_ms,
+                    rule=capacity.rule,
+                    tolerance=capacity.tolerance,
+                    max_points=capacity.max_points,
+                    start_rps=capacity.start_rps,
+                    on_point=emit_rate_point,
+                    gpu_uuids=tuple(device.gpu_uuids),
+                )
             start = Candidate(
                 instances=req.model_instances,
                 max_batch_size=req.max_batch_size,
@@ -146,9 +171,9 @@ def search_flow(request: BenchmarkRequest = BenchmarkRequest(), search: SearchRe
                     label=layout.run_id,
                 )
         except BaseException as err:
-            _finish(tracker, req, search, hardware, server, result, concurrency, device, error=err)
+            _finish(tracker, req, search, hardware, server, result, concurrency, device, capacity, error=err)
             raise
-        return _finish(tracker, req, search, hardware, server, result, concurrency, device)
+        return _finish(tracker, req, search, hardware, server, result, concurrency, device, capacity)
 
 
 def _finish(
@@ -160,6 +185,7 @@ def _finish(
     result,
     concurrency: int,
     device=None,
+    capacity: CapacityRequest | None = None,
     error: BaseException | None = None,
 ) -> str:
     """Stop the server, write what the search found (whatever it got to) and store the run folder
@@ -168,10 +194,13 @@ def _finish(
     manifest = {
         "request": req.model_dump(mode="json"),
         "search": search.model_dump(mode="json"),
+        **({"capacity": capacity.model_dump(mode="json")} if capacity is not None else {}),
         "hardware": hardware.model_dump(),
         "artifact_url": run_url(req.output, layout.run_id),
         "local_dir": str(layout.run_dir),
     }
+
+    answers = []
 
     def report() -> None:
         nonlocal result
@@ -191,6 +220,25 @@ def _finish(
                     key=artifact_key(f"search-report-{req.model}"),
                     description="Configuration search result (the plot is in the run folder)",
                 )
+        if capacity is not None and result is not None:
+            with tracker.stage("capacity-report"):
+                answer = pool_answer(
+                    result,
+                    layout.run_dir / "search",
+                    capacity,
+                    model=req.model,
+                    pool=capacity.pool or pool_of(hardware),
+                    hardware=device.label if device else hardware.gpu_label,
+                    batch_size=req.online_batch_size,
+                    run_url=run_url(req.output, layout.run_id),
+                )
+                answers.append(answer)
+                text = write_capacity_files(layout.run_dir, [answer], capacity, req.model)
+                create_markdown_artifact(
+                    text,
+                    key=artifact_key(f"capacity-report-{req.model}"),
+                    description="Capacity plan (the plot is in the run folder)",
+                )
 
     def summary() -> dict:
         best = result.best if result is not None else None
@@ -198,6 +246,11 @@ def _finish(
             "measured": result.measured if result else 0,
             "grid_size": result.grid_size if result else None,
             "best": best.candidate.key if best else None,
+            **(
+                {"capacity": answers[0].model_dump(mode="json", include={"status", "reason", "plan", "pool"})}
+                if answers
+                else {}
+            ),
         }
 
     return finish_run(tracker, error, manifest, server=server, output=req.output, report=report, summary=summary)

@@ -19,16 +19,19 @@ def matrix_run(
     parameters: dict,
     start_timeout_s: float,
     child_timeout_s: float,
+    flow: str = "benchmark",
 ) -> dict:
-    """One benchmark run through the pool's deployment, watched to its end; its ChildRun row (never raises)."""
+    """One run of `flow` through the pool's deployment, watched to its end; its ChildRun row (never raises)."""
     from prefect.client.orchestration import get_client
     from prefect.deployments import run_deployment
     from prefect.exceptions import ObjectNotFound
 
     row = ChildRun(pool=pool, model=model, format=fmt or "(default)", precision=precision, state="NOT_SUBMITTED")
-    deployment = deployment_name("benchmark", pool)
+    deployment = deployment_name(flow, pool)
     try:
-        run = run_deployment(deployment, parameters=parameters, timeout=0, tags=["matrix"])
+        run = run_deployment(
+            deployment, parameters=parameters, timeout=0, tags=["matrix" if flow == "benchmark" else flow]
+        )
     except ObjectNotFound:
         return row.model_copy(update={"reason": f"no deployment {deployment!r} on the Prefect server"}).model_dump()
     except Exception as err:  # the server refused the parameters, or could not be reached

@@ -25,6 +25,8 @@ from rich.progress import (  # noqa: E402
     TimeElapsedColumn,
 )
 
+from tbench.capacity.request import CapacityRequest  # noqa: E402
+from tbench.capacity.statistics import PercentileRule  # noqa: E402
 from tbench.cli_options import (  # noqa: E402
     BatchSizes,
     Concurrency,
@@ -256,6 +258,10 @@ class RichProgress:
                 else f"[yellow]{data['status']}[/]: {data['error']}"
             )
             self.bar.console.print(f"    {data['key']}: {what}")
+        elif event == "rate_point":
+            latency = f", latency {data['latency_ms']:.3g} ms" if data.get("latency_ms") is not None else ""
+            why = f" ({data['reason']})" if data.get("reason") else ""
+            self.bar.console.print(f"      rate {data['rate']:g}/s: {data['status']}{latency}{why}")
 
 
 @app.command()
@@ -545,6 +551,95 @@ def search(
     from flows.search import search_flow
 
     _run_with_progress(lambda: search_flow(request, search_request), "search.md", verbose)
+
+
+@app.command()
+def capacity(
+    model: ModelName,
+    slo_p99_ms: float = typer.Option(..., "--slo-p99-ms", help=field_help("slo_ms", model=CapacityRequest)),
+    traffic: float = typer.Option(..., "--traffic", help=field_help("traffic_rps", model=CapacityRequest)),
+    headroom: float = typer.Option(0.2, help=field_help("headroom", model=CapacityRequest)),
+    percentile: int = typer.Option(99, help="The percentile the SLO bounds: 50, 90, 95 or 99."),
+    confidence: float = typer.Option(0.95, help=field_help("confidence", model=PercentileRule)),
+    margin_fraction: float = typer.Option(0.5, help=field_help("margin_fraction", model=PercentileRule)),
+    pools: str = typer.Option(
+        None,
+        help="Pools to plan for, e.g. a100,t4,cpu, each through its capacity deployment (needs "
+        "PREFECT_API_URL); this machine by default.",
+    ),
+    prices: str = typer.Option(None, help=field_help("prices", model=CapacityRequest)),
+    instances: str = typer.Option("1,2", help="Instance counts to try."),
+    max_batch_sizes: str = typer.Option("1,8", "--max-batch-sizes", help="Max batch sizes to try."),
+    preferred: str = typer.Option("none", help="Preferred batch size rules to try: none, max, half, quarter."),
+    queue_delays_us: str = typer.Option("500", "--queue-delays-us", help="Max queue delays to try, in us."),
+    tolerance: float = typer.Option(0.1, help=field_help("tolerance", model=CapacityRequest)),
+    max_points: int = typer.Option(8, help=field_help("max_points", model=CapacityRequest)),
+    start_rps: float = typer.Option(None, help=field_help("start_rps", model=CapacityRequest)),
+    size: Size = None,
+    framework: Framework = None,
+    output: Output = None,
+    server: Server = "embedded",
+    server_url: ServerUrl = None,
+    docker_image: DockerImage = None,
+    gpus: Gpus = None,
+    docker_network: DockerNetwork = "host",
+    docker_ulimit: DockerUlimit = None,
+    http_port: HttpPort = None,
+    grpc_port: GrpcPort = None,
+    stability: Stability = None,
+    verbose: Verbose = False,
+) -> None:
+    """The cheapest configuration that serves TRAFFIC requests/s of MODEL with the percentile latency under the SLO:
+    each configuration's sustainable Poisson rate, the instances the traffic needs and their cost; prints the run
+    folder, whose capacity.md has the answer."""
+    _quiet_prefect(verbose)
+    from tbench.request import BenchmarkRequest
+    from tbench.search.strategies import SearchSpace
+
+    with cli_errors(EXIT_BAD_OPTIONS, options=True):
+        cap = CapacityRequest(
+            slo_ms=slo_p99_ms,
+            traffic_rps=traffic,
+            headroom=headroom,
+            rule=PercentileRule(percentile=percentile, confidence=confidence, margin_fraction=margin_fraction),
+            space=SearchSpace(
+                instances=parse_int_list(instances, "instances"),
+                max_batch_sizes=parse_int_list(max_batch_sizes, "max batch sizes"),
+                preferred=_split(preferred),
+                queue_delays_us=parse_int_list(queue_delays_us, "queue delays"),
+            ),
+            tolerance=tolerance,
+            max_points=max_points,
+            start_rps=start_rps,
+            pools=_split(pools) or [],
+            prices=prices,
+        )
+        request = BenchmarkRequest(
+            model=model,
+            size=size,
+            framework=framework,
+            **_given(output=output),
+            measurement=measurement_overrides(None, stability, None),
+            **server_fields(
+                server, server_url, docker_image, gpus, docker_network, docker_ulimit, http_port, grpc_port
+            ),
+        )
+        from tbench.capacity.costs import load_prices
+
+        load_prices(cap.prices)  # a price table that cannot be read fails here, not after the measurements
+        if cap.pools:
+            if not os.environ.get("PREFECT_API_URL"):
+                raise ConfigError(
+                    "--pools runs through the pools' deployments: set PREFECT_API_URL (e.g. `tbench stack env`)"
+                )
+        else:
+            from tbench.node import hardware
+
+            preflight(request.resolve(hardware.detect().has_gpu))
+    from flows.capacity import capacity_flow
+
+    # with pools, the children run on the pools' workers: this flow run submits, gathers and reports
+    _run_with_progress(lambda: capacity_flow(request, cap), "capacity.md", verbose)
 
 
 @app.command()

@@ -60,3 +60,15 @@ def check_worker_hardware(hardware: Hardware, expected: str | None = None) -> No
             f"this worker's pool promises {expected} GPUs but the machine has {hardware.gpus[0]}; "
             "the run was refused so its numbers are not filed under the wrong GPU"
         )
+
+
+def pool_of(hardware: Hardware, env: dict | None = None) -> str | None:
+    """The pool this machine stands for: its worker's pool GPU (TBENCH_POOL_GPU), else the cpu pool without a GPU,
+    else the pool whose GPU it has; None for a GPU no pool names."""
+    expected = (env if env is not None else os.environ).get(POOL_GPU_ENV)
+    for pool in POOLS.values():
+        if expected and pool.gpu.lower() == expected.lower():
+            return pool.name
+    if not hardware.has_gpu:
+        return "cpu"
+    return next((p.name for p in POOLS.values() if p.gpu != "cpu" and gpu_matches(p.gpu, hardware.gpus[0])), None)

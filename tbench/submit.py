@@ -34,7 +34,11 @@ class Followed:
 
 
 def deployment_name(flow: str, pool: str) -> str:
-    return {"benchmark": f"triton-benchmark/benchmark-{pool}", "search": f"triton-search/search-{pool}"}[flow]
+    return {
+        "benchmark": f"triton-benchmark/benchmark-{pool}",
+        "search": f"triton-search/search-{pool}",
+        "capacity": f"triton-capacity/capacity-{pool}",
+    }[flow]
 
 
 def submit(deployment: str, parameters: dict, tags: list[str] | None = None, job_variables: dict | None = None) -> UUID:

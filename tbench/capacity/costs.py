@@ -23,6 +23,8 @@ def load_prices(path: str | Path | None = None) -> pd.DataFrame:
         table = pd.read_csv(source, dtype={"pool": str, "price_date": str})
     except FileNotFoundError:
         raise ConfigError(f"price table {source} not found") from None
+    except (OSError, ValueError) as err:  # a folder, an empty or unreadable file
+        raise ConfigError(f"price table {source} cannot be read: {err}") from None
     missing = [c for c in ("pool", "usd_per_hour") if c not in table.columns]
     if missing:
         raise ConfigError(f"price table {source} has no {', '.join(missing)} column (columns: {PRICE_COLUMNS})")

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from tbench.capacity.rate_search import RatePoint, SustainableRate, find_sustainable_rate, judge
 from tbench.capacity.statistics import PercentileRule
+from tbench.core import progress
 from tbench.core.enums import Scenario
 from tbench.core.layout import RunLayout, perf_log_for
 from tbench.perf_analyzer import STABLE_WINDOWS, Point, delayed_percent
@@ -19,6 +20,7 @@ from tbench.request import Measurement
 from tbench.search.evaluate import ServedVariant, TritonEvaluator
 from tbench.search.strategies import Candidate, Observation
 from tbench.sweep import measure_point
+from tbench.triton.monitor import PointMonitor
 
 RATE_SEARCH_JSON = "sustainable_rate.json"
 
@@ -40,6 +42,18 @@ def start_rate(latency_s: float | None, instances: int, given: float | None = No
     return max(0.1, 0.5 * instances / latency_s)
 
 
+def emit_rate_point(candidate: Candidate, point: RatePoint) -> None:
+    """Each rate point as it is measured, for the CLI's progress and the log."""
+    progress.emit(
+        "rate_point",
+        key=candidate.key,
+        rate=point.rate,
+        status=point.status,
+        latency_ms=point.latency_ms,
+        reason=point.reason,
+    )
+
+
 def rate_search_path(work_dir: Path, candidate: Candidate) -> Path:
     return work_dir / candidate.key / RATE_SEARCH_JSON
 
@@ -59,6 +73,7 @@ class RateEvaluator(TritonEvaluator):
     max_points: int = 10
     start_rps: float | None = None
     on_point: Callable[[Candidate, RatePoint], None] | None = None
+    gpu_uuids: tuple[str, ...] = ()  # the serving GPUs: their power gives the energy per inference
 
     def measure(self, candidate: Candidate, variant: ServedVariant, layout: RunLayout) -> Observation:
         batch = self.online_batch_size
@@ -78,6 +93,13 @@ class RateEvaluator(TritonEvaluator):
                 env=self.env,
                 inputs=self.inputs,
                 latency_s=latency,
+                monitor=PointMonitor(
+                    self.server.endpoints.grpc_url,
+                    self.name,
+                    self.server.processes,
+                    self.server.endpoints.metrics_url,
+                    gpu_uuids=self.gpu_uuids,
+                ),
             )
             log = layout.run_dir / perf_log_for(row["source_file"]) if row.get("source_file") else None
             delayed = delayed_percent(log.read_text(errors="replace")) if log and log.exists() else None

@@ -79,7 +79,8 @@ def judge(
         reason = f"{point.requests or 0} requests measured; p{rule.percentile} needs {rule.requests()}"
         return point.model_copy(update={"status": "too_few", "reason": reason})
     if point.latency_ms is None or point.latency_ms > slo_ms:
-        reason = f"p{rule.percentile} {point.latency_ms:.3g} ms > SLO {slo_ms:g} ms"
+        measured = "not reported" if point.latency_ms is None else f"{point.latency_ms:.3g} ms"
+        reason = f"p{rule.percentile} {measured} > SLO {slo_ms:g} ms"
         return point.model_copy(update={"status": "over_slo", "reason": reason})
     return point
 
@@ -144,6 +145,9 @@ def find_sustainable_rate(
             rate /= 2
     while lo is not None and hi is not None and hi / lo > 1 + tolerance and len(result.points) < max_points:
         point = run(math.sqrt(lo * hi))
+        if point.rate in (lo, hi):  # the rate's precision cannot split the bracket further
+            result.stopped = f"bracketed as finely as rates are set: passes at {lo:.4g}/s, fails at {hi:.4g}/s"
+            break
         if point.passed:
             lo = point.rate
         else:

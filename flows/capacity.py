@@ -1,0 +1,110 @@
+"""The capacity flow: wiring only. Without pools it plans on this machine: the configuration search at open-loop
+rates (flows/search.run_search with a CapacityRequest), each candidate judged by its sustainable rate under the SLO,
+and the answer (instances, cost) in capacity.md/.html/.json. With pools it runs that on every pool through the pools'
+capacity deployments (one child run each, in parallel, as the matrix does), gathers their answers and writes one
+report ranking the pools by cost at the SLO; a pool whose run did not finish is a row saying why."""
+
+from __future__ import annotations
+
+import json
+import os
+
+from prefect import flow
+from prefect.artifacts import create_markdown_artifact
+
+from flows.search import run_search
+from tasks.matrix_runs import matrix_run
+from tasks.store import store_task
+from tbench.capacity.report import CAPACITY_JSON, PoolAnswer, write_capacity_files
+from tbench.capacity.request import CapacityRequest
+from tbench.core.errors import BenchError, one_line
+from tbench.core.layout import RunLayout, new_run_id
+from tbench.core.storage import url_to_fs
+from tbench.request import BenchmarkRequest
+from tbench.run import RunTracker
+from tbench.store import run_url, staging_root
+
+
+class CapacityIncomplete(BenchError):
+    """Some pools' runs did not finish; the report of the others is stored."""
+
+
+@flow(name="triton-capacity")
+def capacity_flow(request: BenchmarkRequest = BenchmarkRequest(), capacity: CapacityRequest = CapacityRequest()) -> str:
+    """Plan the capacity for the traffic under the SLO, here or on every pool named; returns the run folder's URL."""
+    if not capacity.pools:
+        return run_search(request, capacity.search(), capacity=capacity)
+    return _across_pools(request, capacity)
+
+
+def child_parameters(request: BenchmarkRequest, capacity: CapacityRequest, pool: str) -> dict:
+    return {
+        "request": request.model_dump(mode="json", exclude_unset=True) | {"model": request.model},
+        "capacity": capacity.model_dump(mode="json") | {"pools": [], "pool": pool},
+    }
+
+
+def child_answer(row: dict, model: str) -> PoolAnswer:
+    """A pool's answer from its stored run folder; a run that did not finish, or left no answer, says why."""
+    if row["state"] == "COMPLETED" and row.get("run_url"):
+        fs, path = url_to_fs(row["run_url"] + "/" + CAPACITY_JSON)
+        if fs.exists(path):
+            with fs.open(path, "r") as f:
+                stored = PoolAnswer.model_validate(json.load(f)["answers"][0])
+            return stored.model_copy(update={"pool": row["pool"], "run_url": row["run_url"]})
+        reason = "the run completed without a capacity answer"
+    else:
+        reason = f"{row['state']}: {row.get('reason') or 'the run did not finish'}"
+    return PoolAnswer(pool=row["pool"], model=model, status="failed", reason=reason, run_url=row.get("run_url") or "")
+
+
+def _across_pools(request: BenchmarkRequest, capacity: CapacityRequest) -> str:
+    root = request.output or os.environ.get("TBENCH_ARTIFACT_ROOT", "runs")
+    layout = RunLayout(staging_root(root), new_run_id(f"{request.model}-capacity-pools")).create()
+    tracker = RunTracker(layout)
+    with tracker.stage("runs"):
+        futures = {
+            pool: matrix_run.submit(
+                pool,
+                request.model,
+                None,
+                str(request.precision),
+                child_parameters(request, capacity, pool),
+                600,
+                capacity.child_timeout_s,
+                flow="capacity",
+            )
+            for pool in capacity.pools
+        }
+        rows = []
+        for pool, future in futures.items():
+            outcome = future.result(raise_on_failure=False)
+            rows.append(
+                outcome
+                if isinstance(outcome, dict)
+                else {"pool": pool, "state": "UNKNOWN", "reason": one_line(f"the run task broke: {outcome}")}
+            )
+    with tracker.stage("report"):
+        answers = [child_answer(r, request.model) for r in rows]
+        text = write_capacity_files(layout.run_dir, answers, capacity, request.model)
+        layout.report_md.write_text(text)
+        create_markdown_artifact(text, key="capacity-report", description="Capacity plan across the pools")
+    unfinished = [a for a in answers if a.status == "failed"]
+    with tracker.stage("store"):
+        url = store_task(
+            layout.run_dir,
+            root,
+            layout.run_id,
+            tracker.manifest(
+                request=request.model_dump(mode="json"),
+                capacity=capacity.model_dump(mode="json"),
+                runs=rows,
+                not_finished=len(unfinished),
+                artifact_url=run_url(root, layout.run_id),
+                local_dir=str(layout.run_dir),
+            ),
+        )
+    if unfinished:
+        named = ", ".join(f"{a.pool} ({a.reason})" for a in unfinished[:3])
+        raise CapacityIncomplete(f"{len(unfinished)} of {len(answers)} pools did not answer: {named}; report: {url}")
+    return url

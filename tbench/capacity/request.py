@@ -1,0 +1,67 @@
+"""What a capacity plan is asked for (`CapacityRequest`, the capacity flow's second parameter): pure pydantic, so
+the CLI validates it before a run starts and the Prefect UI shows it as a form."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field, field_validator
+
+from tbench.capacity.statistics import PercentileRule
+from tbench.pools import POOLS
+from tbench.search.request import SearchRequest, StrategyName
+from tbench.search.strategies import Objective, SearchSpace
+
+
+def capacity_space() -> SearchSpace:
+    """A small grid by default: each candidate costs a whole rate search (several minutes on a CPU)."""
+    return SearchSpace(instances=[1, 2], max_batch_sizes=[1, 8], preferred=["none"], queue_delays_us=[500])
+
+
+class CapacityRequest(BaseModel):
+    """The SLO, the traffic, and where to plan; the model, formats and server come from the BenchmarkRequest."""
+
+    slo_ms: float = Field(50.0, gt=0, description="The latency SLO in ms, on the percentile (p99 by default).")
+    traffic_rps: float = Field(100.0, gt=0, description="The traffic to serve, in requests per second.")
+    headroom: float = Field(0.2, ge=0, le=10, description="Spare capacity above the traffic (0.2: 20%).")
+    rule: PercentileRule = Field(
+        default_factory=PercentileRule, description="The SLO's percentile, and how many requests measure it."
+    )
+    space: SearchSpace = Field(
+        default_factory=capacity_space, description="The configurations to try, each by its sustainable rate."
+    )
+    strategy: StrategyName = Field("exhaustive", description="exhaustive: every configuration; smart: a budget.")
+    budget_fraction: float = Field(1.0, gt=0, le=1, description="smart: the largest share of the grid measured.")
+    tolerance: float = Field(
+        0.1, gt=0.01, le=1, description="The rate search stops when passing and failing rates are this close."
+    )
+    max_points: int = Field(8, ge=2, le=50, description="Most rates measured per configuration.")
+    start_rps: float | None = Field(
+        None, gt=0, description="First rate tried (requests/s); half the warm-up latency's capacity by default."
+    )
+    pools: list[str] = Field(
+        [],
+        description="Pools to plan for, each run by its capacity deployment (as the matrix does); none: this machine.",
+    )
+    pool: str | None = Field(
+        None, description="This machine's pool in the price table; from the worker's pool or its GPU by default."
+    )
+    prices: str | None = Field(
+        None, description="Price table CSV (pool, usd_per_hour, ...); the shipped one by default."
+    )
+    child_timeout_s: float = Field(6 * 3600, gt=0, description="pools: the longest a pool's run may take.")
+
+    @field_validator("pools")
+    @classmethod
+    def _known_pools(cls, pools: list[str]) -> list[str]:
+        unknown = [p for p in pools if p not in POOLS]
+        if unknown:
+            raise ValueError(f"unknown pool(s) {', '.join(unknown)}; known: {', '.join(POOLS)}")
+        return list(dict.fromkeys(pools))
+
+    def search(self) -> SearchRequest:
+        """The configuration search this plan runs: the best sustainable rate with the percentile within the SLO."""
+        return SearchRequest(
+            space=self.space,
+            objective=Objective(goal="max_throughput", p99_budget_ms=self.slo_ms),
+            strategy=self.strategy,
+            budget_fraction=self.budget_fraction,
+        )

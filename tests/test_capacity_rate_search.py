@@ -1,0 +1,429 @@
+"""The sustainable-rate search: judging one measured row against the SLO, and the bracketing search against a
+simulated system whose true capacity is known (pure logic, no server)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from tbench.capacity.rate_search import RatePoint, SustainableRate, find_sustainable_rate, judge
+from tbench.capacity.statistics import PercentileRule, behind_tolerance
+
+RULE = PercentileRule()  # p99, 1522 requests
+SLO_MS = 50.0
+
+
+def row(**overrides) -> dict:
+    """A row as tbench.sweep.measure_point returns it: 600 requests per window (1800 merged), 100 inferences/s."""
+    base = {
+        "status": "ok",
+        "error": "",
+        "throughput_infer_per_s": 100.0,
+        "p99_ms": 20.0,
+        "window_requests": 600.0,
+        "measure_seconds": 18.5,
+        "source_file": "points/rate_100.csv",
+        "gpu_power_w": 210.0,
+    }
+    return base | overrides
+
+
+# -- judge ---------------------------------------------------------------------------------------------------------
+
+
+def test_judge_pass_carries_the_rows_numbers():
+    point = judge(100.0, 1, row(), SLO_MS, RULE)
+    assert point.status == "pass"
+    assert point.passed
+    assert point.reason == ""
+    assert point.rate == 100.0
+    assert point.latency_ms == 20.0
+    assert point.throughput == 100.0
+    assert point.requests == 1800  # window_requests x 3 (the merged windows)
+    assert point.power_w == 210.0
+    assert point.seconds == 18.5
+    assert point.source_file == "points/rate_100.csv"
+    assert point.delayed_pct is None
+
+
+def test_judge_latency_comes_from_the_rules_column():
+    rule = PercentileRule(percentile=90)  # needs 139 requests
+    point = judge(100.0, 1, row(p99_ms=80.0, p90_ms=30.0), SLO_MS, rule)
+    assert point.latency_ms == 30.0
+    assert point.status == "pass"
+
+
+def test_judge_at_the_slo_passes():
+    assert judge(100.0, 1, row(p99_ms=SLO_MS), SLO_MS, RULE).status == "pass"
+
+
+def test_judge_over_slo():
+    point = judge(100.0, 1, row(p99_ms=50.5), SLO_MS, RULE)
+    assert point.status == "over_slo"
+    assert not point.passed
+    assert point.latency_ms == 50.5
+    assert "p99" in point.reason and "50" in point.reason
+
+
+def test_judge_behind_when_served_below_offered():
+    # 1800 requests: tolerance 3/sqrt(1800) = 7.07%; 90/100 is 10% behind
+    assert behind_tolerance(1800) == pytest.approx(0.0707, abs=1e-4)
+    point = judge(100.0, 1, row(throughput_infer_per_s=90.0), SLO_MS, RULE)
+    assert point.status == "behind"
+    assert "behind" in point.reason
+    assert "90" in point.reason
+
+
+def test_judge_behind_wins_over_a_good_latency():
+    point = judge(100.0, 1, row(throughput_infer_per_s=50.0, p99_ms=1.0), SLO_MS, RULE)
+    assert point.status == "behind"
+
+
+def test_judge_within_the_behind_tolerance_passes():
+    # 94/100 is 6% behind, within 7.07%
+    assert judge(100.0, 1, row(throughput_infer_per_s=94.0), SLO_MS, RULE).status == "pass"
+
+
+def test_judge_behind_tolerance_follows_the_request_count():
+    # 60,000 requests: tolerance is the 2% floor, so 94/100 is now behind
+    many = row(throughput_infer_per_s=94.0, window_requests=20_000.0)
+    assert judge(100.0, 1, many, SLO_MS, RULE).status == "behind"
+    assert judge(100.0, 1, row(throughput_infer_per_s=98.5, window_requests=20_000.0), SLO_MS, RULE).passed
+
+
+def test_judge_behind_divides_throughput_by_the_batch():
+    # 400 inferences/s at batch 4 is 100 requests/s: keeps up with 100 offered
+    assert judge(100.0, 4, row(throughput_infer_per_s=400.0), SLO_MS, RULE).status == "pass"
+    # ... but not with 120 offered, and 100 inferences/s at batch 4 (25 requests/s) keeps up with nothing near 100
+    assert judge(120.0, 4, row(throughput_infer_per_s=400.0), SLO_MS, RULE).status == "behind"
+    assert judge(100.0, 4, row(throughput_infer_per_s=100.0), SLO_MS, RULE).status == "behind"
+
+
+def test_judge_behind_when_requests_are_delayed():
+    point = judge(100.0, 1, row(), SLO_MS, RULE, delayed_pct=2.5)
+    assert point.status == "behind"
+    assert point.delayed_pct == 2.5
+    assert "2.5%" in point.reason
+
+
+def test_judge_delayed_at_the_limit_passes():
+    assert judge(100.0, 1, row(), SLO_MS, RULE, delayed_pct=1.0).status == "pass"
+    assert judge(100.0, 1, row(), SLO_MS, RULE, delayed_pct=0.0).status == "pass"
+
+
+def test_judge_delayed_limit_is_a_setting():
+    assert judge(100.0, 1, row(), SLO_MS, RULE, delayed_pct=2.5, max_delayed_pct=5.0).status == "pass"
+    assert judge(100.0, 1, row(), SLO_MS, RULE, delayed_pct=0.5, max_delayed_pct=0.1).status == "behind"
+
+
+def test_judge_too_few_requests():
+    # 500 x 3 = 1500 < 1522
+    point = judge(100.0, 1, row(window_requests=500.0), SLO_MS, RULE)
+    assert point.status == "too_few"
+    assert point.requests == 1500
+    assert "1500" in point.reason and "1522" in point.reason
+
+
+def test_judge_just_enough_requests_passes():
+    # 507.34 x 3 = 1522.02 -> 1522
+    assert judge(100.0, 1, row(window_requests=507.34), SLO_MS, RULE).status == "pass"
+
+
+def test_judge_too_few_uses_the_rules_count():
+    mlperf = PercentileRule(confidence=0.99, margin_fraction=0.05)  # 262,742
+    assert judge(100.0, 1, row(), SLO_MS, mlperf).status == "too_few"
+    assert judge(100.0, 1, row(window_requests=90_000.0), SLO_MS, mlperf).status == "pass"
+
+
+def test_judge_too_few_comes_before_over_slo():
+    """A percentile from too few requests says nothing either way about the SLO."""
+    assert judge(100.0, 1, row(window_requests=10.0, p99_ms=500.0), SLO_MS, RULE).status == "too_few"
+
+
+@pytest.mark.parametrize("status", ["unstable", "error"])
+def test_judge_passes_unstable_and_error_through(status):
+    point = judge(100.0, 1, row(status=status, error=f"perf_analyzer said {status}"), SLO_MS, RULE)
+    assert point.status == status
+    assert point.reason == f"perf_analyzer said {status}"
+    assert not point.passed
+
+
+def test_judge_failed_row_without_error_gives_its_status_as_reason():
+    point = judge(100.0, 1, row(status="unstable", error=""), SLO_MS, RULE)
+    assert point.status == "unstable"
+    assert point.reason == "unstable"
+
+
+def test_judge_unknown_status_is_an_error():
+    point = judge(100.0, 1, row(status="timeout", error=None), SLO_MS, RULE)
+    assert point.status == "error"
+    assert point.reason == "timeout"
+
+
+def test_judge_error_row_wins_over_good_numbers():
+    assert judge(100.0, 1, row(status="error", error="boom"), SLO_MS, RULE).status == "error"
+
+
+def test_judge_nan_values_are_missing():
+    nan = float("nan")
+    point = judge(100.0, 1, row(gpu_power_w=nan, measure_seconds=nan, source_file=None), SLO_MS, RULE)
+    assert point.status == "pass"
+    assert point.power_w is None
+    assert point.seconds == 0.0
+    assert point.source_file == ""
+
+
+def test_judge_nan_window_requests_is_too_few():
+    point = judge(100.0, 1, row(window_requests=float("nan")), SLO_MS, RULE)
+    assert point.requests is None
+    assert point.status == "too_few"
+
+
+def test_judge_missing_window_requests_is_too_few():
+    values = row()
+    del values["window_requests"]
+    point = judge(100.0, 1, values, SLO_MS, RULE)
+    assert point.requests is None
+    assert point.status == "too_few"
+
+
+def test_judge_nan_throughput_is_behind():
+    point = judge(100.0, 1, row(throughput_infer_per_s=float("nan")), SLO_MS, RULE)
+    assert point.throughput is None
+    assert point.status == "behind"
+
+
+def test_judge_nan_numbers_on_an_error_row():
+    nan = float("nan")
+    bad = row(status="error", error="no csv", throughput_infer_per_s=nan, p99_ms=nan, window_requests=nan)
+    point = judge(100.0, 1, bad, SLO_MS, RULE)
+    assert point.status == "error"
+    assert (point.latency_ms, point.throughput, point.requests) == (None, None, None)
+
+
+@pytest.mark.parametrize("missing", ["nan", "absent"])
+def test_judge_nan_latency_fails_the_point(missing):
+    values = row(p99_ms=float("nan"))
+    if missing == "absent":
+        del values["p99_ms"]
+    point = judge(100.0, 1, values, SLO_MS, RULE)
+    assert point.latency_ms is None
+    assert not point.passed
+
+
+def test_judge_numpy_values():
+    np = pytest.importorskip("numpy")
+    values = row(throughput_infer_per_s=np.float64(100.0), p99_ms=np.float64(20.0), gpu_power_w=np.float64(np.nan))
+    point = judge(100.0, 1, values, SLO_MS, RULE)
+    assert point.status == "pass"
+    assert point.power_w is None
+    assert isinstance(point.latency_ms, float)
+
+
+# -- find_sustainable_rate against a simulated system -----------------------------------------------------------------
+
+
+CAPACITY = 123.0
+
+
+class System:
+    """Passes iff the offered rate is at most its capacity; records every rate it was asked for."""
+
+    def __init__(self, capacity: float | None = CAPACITY, rounding: int | None = None):
+        self.capacity = capacity
+        self.rounding = rounding
+        self.asked: list[float] = []
+
+    def __call__(self, rate: float) -> RatePoint:
+        self.asked.append(rate)
+        measured = round(rate, self.rounding) if self.rounding is not None else rate
+        if self.capacity is not None and measured <= self.capacity:
+            return RatePoint(rate=measured, status="pass", latency_ms=10.0, throughput=measured)
+        return RatePoint(rate=measured, status="over_slo", reason=f"p99 too high at {measured:g}/s", latency_ms=99.0)
+
+
+def assert_brackets(found: SustainableRate, capacity: float, tolerance: float):
+    assert found.rate is not None and found.failed_above is not None
+    assert found.rate <= capacity < found.failed_above
+    assert found.rate * (1 + tolerance) >= found.failed_above
+    assert found.rate >= capacity / (1 + tolerance)
+    assert "bracketed" in found.stopped
+
+
+def test_start_below_capacity_doubles_then_bisects():
+    system = System()
+    found = find_sustainable_rate(system, 10.0)
+    assert system.asked[:5] == [10.0, 20.0, 40.0, 80.0, 160.0]  # doubling until one fails
+    assert all(80.0 < r < 160.0 for r in system.asked[5:])  # then only inside the bracket
+    assert_brackets(found, CAPACITY, 0.1)
+    assert len(found.points) <= 10
+
+
+def test_start_above_capacity_halves_then_bisects():
+    system = System()
+    found = find_sustainable_rate(system, 1000.0)
+    assert system.asked[:5] == [1000.0, 500.0, 250.0, 125.0, 62.5]  # halving until one passes
+    assert all(62.5 < r < 125.0 for r in system.asked[5:])
+    assert_brackets(found, CAPACITY, 0.1)
+
+
+def test_start_at_capacity():
+    found = find_sustainable_rate(System(), CAPACITY)
+    assert_brackets(found, CAPACITY, 0.1)
+    assert found.rate == CAPACITY
+
+
+@pytest.mark.parametrize("capacity", [0.37, 3.0, 47.5, 123.0, 999.0, 12_345.0])
+@pytest.mark.parametrize("start", [0.5, 7.0, 100.0, 5000.0])
+@pytest.mark.parametrize("tolerance", [0.02, 0.1, 0.3])
+def test_search_brackets_the_capacity(capacity, start, tolerance):
+    found = find_sustainable_rate(System(capacity), start, tolerance=tolerance, max_points=60)
+    assert_brackets(found, capacity, tolerance)
+    assert found.at_rate is not None and found.at_rate.rate == found.rate
+    assert found.failed_above in [p.rate for p in found.points if not p.passed]
+
+
+def test_tighter_tolerance_takes_more_points():
+    loose = find_sustainable_rate(System(), 10.0, tolerance=0.3, max_points=40)
+    tight = find_sustainable_rate(System(), 10.0, tolerance=0.01, max_points=40)
+    assert len(tight.points) > len(loose.points)
+    assert tight.failed_above / tight.rate <= 1.01
+
+
+def test_failing_everywhere_gives_no_rate():
+    system = System(capacity=None)
+    found = find_sustainable_rate(system, 10.0, min_rate=0.1)
+    assert found.rate is None
+    assert found.failed_above is not None
+    assert found.at_rate is None
+    assert "failed down to" in found.stopped
+    assert "p99 too high" in found.stopped  # the last point's reason
+    assert all(not p.passed for p in found.points)
+    assert min(system.asked) >= 0.1
+    assert min(system.asked) < 0.2  # went down to the floor, not stopping early
+    assert system.asked == [10.0 / 2**k for k in range(len(system.asked))]
+
+
+def test_capacity_below_min_rate_gives_no_rate():
+    found = find_sustainable_rate(System(capacity=0.05), 1.0, min_rate=0.1)
+    assert found.rate is None
+    assert "failed down to" in found.stopped
+
+
+def test_start_below_min_rate_starts_at_min_rate():
+    system = System()
+    find_sustainable_rate(system, 0.001, min_rate=0.5, max_points=3)
+    assert system.asked == [0.5, 1.0, 2.0]
+
+
+def test_max_points_is_respected_while_bracketing():
+    system = System(capacity=1e9)
+    found = find_sustainable_rate(system, 1.0, max_points=3)
+    assert len(found.points) == 3
+    assert found.rate == 4.0
+    assert found.failed_above is None
+    assert "budget" in found.stopped
+
+
+@pytest.mark.parametrize("max_points", [1, 2, 4, 6, 7])
+def test_max_points_is_respected_while_bisecting(max_points):
+    found = find_sustainable_rate(System(), 10.0, tolerance=0.001, max_points=max_points)
+    assert len(found.points) <= max_points
+    if found.rate is not None:
+        assert found.rate <= CAPACITY
+    assert "budget" in found.stopped
+
+
+def test_max_rate_stops_the_doubling():
+    system = System(capacity=1000.0)
+    found = find_sustainable_rate(system, 10.0, max_rate=50.0)
+    assert system.asked == [10.0, 20.0, 40.0, 50.0]
+    assert found.rate == 50.0
+    assert found.failed_above is None
+    assert "highest rate allowed" in found.stopped and "50" in found.stopped
+
+
+def test_max_rate_above_capacity_still_brackets():
+    system = System()
+    found = find_sustainable_rate(system, 10.0, max_rate=150.0)
+    assert max(system.asked) <= 150.0
+    assert_brackets(found, CAPACITY, 0.1)
+
+
+def test_at_rate_is_the_highest_passing_point():
+    found = find_sustainable_rate(System(), 10.0)
+    passing = [p for p in found.points if p.passed]
+    assert len(passing) >= 2
+    assert found.at_rate is max(passing, key=lambda p: p.rate)
+    assert found.at_rate.rate == found.rate
+
+
+def test_at_rate_of_an_empty_result_is_none():
+    assert SustainableRate().at_rate is None
+
+
+def test_on_point_sees_every_point_in_order():
+    seen: list[RatePoint] = []
+    found = find_sustainable_rate(System(), 10.0, on_point=seen.append)
+    assert len(seen) == len(found.points)
+    assert all(a is b for a, b in zip(seen, found.points))
+
+
+def test_points_are_in_the_order_measured():
+    system = System()
+    found = find_sustainable_rate(system, 1000.0)
+    assert [p.rate for p in found.points] == system.asked
+
+
+@pytest.mark.parametrize("start", [1.0, 10.0, 333.0])
+@pytest.mark.parametrize("rounding", [0, 1, 3])
+def test_rounded_rates_give_a_consistent_answer(start, rounding):
+    """perf_analyzer takes a rate rounded to its precision: the answer is a rate that was really measured."""
+    system = System(rounding=rounding)
+    found = find_sustainable_rate(system, start, max_points=20)
+    measured = [p.rate for p in found.points]
+    assert found.rate in measured
+    assert found.failed_above in measured
+    assert found.rate <= CAPACITY < found.failed_above
+    assert found.at_rate is not None and found.at_rate.rate == found.rate
+    assert all(p.passed == (p.rate <= CAPACITY) for p in found.points)
+
+
+def test_bisection_stops_when_the_rate_precision_cannot_split_the_bracket():
+    system = System(rounding=0)  # perf_analyzer's precision coarser than the tolerance
+    found = find_sustainable_rate(system, 1.0, tolerance=0.005, max_points=20)
+    measured = [p.rate for p in found.points]
+    assert (found.rate, found.failed_above) == (123.0, 124.0)  # as close as whole rates allow
+    assert len(measured) - len(set(measured)) <= 1  # the middle that rounds onto an end, once; not the budget
+    assert "finely" in found.stopped
+
+
+def test_rounded_rates_still_bracket_within_tolerance():
+    found = find_sustainable_rate(System(rounding=1), 10.0, tolerance=0.05, max_points=20)
+    assert_brackets(found, CAPACITY, 0.05)
+
+
+def test_non_pass_statuses_all_count_as_failing():
+    for status in ("over_slo", "behind", "too_few", "unstable", "error"):
+
+        def measure(rate, status=status):
+            return RatePoint(rate=rate, status="pass" if rate <= CAPACITY else status, reason=status)
+
+        found = find_sustainable_rate(measure, 10.0)
+        assert found.rate is not None and found.rate <= CAPACITY < found.failed_above
+
+
+def test_result_round_trips_through_json():
+    found = find_sustainable_rate(System(), 10.0)
+    again = SustainableRate.model_validate_json(found.model_dump_json())
+    assert again == found
+    assert again.at_rate == found.at_rate
+    assert found.seconds >= 0.0
+
+
+def test_search_is_geometric_between_bracket_ends():
+    system = System()
+    find_sustainable_rate(system, 10.0)
+    # the first bisection point is the geometric middle of 80 (passed) and 160 (failed)
+    assert system.asked[5] == pytest.approx(math.sqrt(80.0 * 160.0))

@@ -1,0 +1,137 @@
+"""The percentile sample-size rule (MLPerf Inference's) and the falling-behind tolerance: pure arithmetic."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from pydantic import ValidationError
+
+from tbench.capacity.statistics import PercentileRule, behind_tolerance
+
+
+def test_default_rule_is_p99_at_95_percent_with_half_the_tail():
+    rule = PercentileRule()
+    assert (rule.percentile, rule.confidence, rule.margin_fraction) == (99, 0.95, 0.5)
+    # z(0.975)^2 * 0.99 * 0.01 / 0.005^2 = 1521.2... -> 1522
+    assert rule.requests() == 1522
+
+
+@pytest.mark.parametrize(("percentile", "expected"), [(99, 262_742), (90, 23_886)])
+def test_mlperf_setting_gives_the_papers_counts(percentile, expected):
+    """MLPerf Inference (Reddi et al., ISCA 2020): 99% confidence, margin (1-p)/20."""
+    assert PercentileRule(percentile=percentile, confidence=0.99, margin_fraction=0.05).requests() == expected
+
+
+def test_requests_matches_the_formula_by_hand():
+    z = 2.241402727604947  # standard normal quantile at 0.9875 (confidence 0.975)
+    p, margin = 0.95, 0.05 * 0.25
+    assert PercentileRule(percentile=95, confidence=0.975, margin_fraction=0.25).requests() == math.ceil(
+        z * z * p * (1 - p) / margin**2
+    )
+
+
+@pytest.mark.parametrize("percentile", [50, 90, 95, 99])
+def test_more_confidence_needs_more_requests(percentile):
+    counts = [PercentileRule(percentile=percentile, confidence=c).requests() for c in (0.8, 0.9, 0.95, 0.99, 0.999)]
+    assert counts == sorted(counts)
+    assert len(set(counts)) == len(counts)
+
+
+@pytest.mark.parametrize("percentile", [50, 90, 95, 99])
+def test_smaller_margin_needs_more_requests(percentile):
+    counts = [PercentileRule(percentile=percentile, margin_fraction=m).requests() for m in (1.0, 0.5, 0.2, 0.05)]
+    assert counts == sorted(counts)
+    assert len(set(counts)) == len(counts)
+
+
+def test_halving_the_margin_quadruples_the_count():
+    wide = PercentileRule(margin_fraction=0.5).requests()
+    narrow = PercentileRule(margin_fraction=0.25).requests()
+    assert abs(narrow - 4 * wide) <= 4  # ceil on each side
+
+
+def test_higher_percentile_needs_more_requests_at_the_same_relative_margin():
+    counts = [PercentileRule(percentile=p).requests() for p in (50, 90, 95, 99)]
+    assert counts == sorted(counts)
+
+
+@pytest.mark.parametrize(("percentile", "column"), [(99, "p99_ms"), (95, "p95_ms"), (90, "p90_ms"), (50, "p50_ms")])
+def test_column(percentile, column):
+    assert PercentileRule(percentile=percentile).column == column
+
+
+def test_tail():
+    assert PercentileRule().tail == pytest.approx(0.01)
+    assert PercentileRule(percentile=90).tail == pytest.approx(0.1)
+
+
+def test_describe_names_the_count_and_the_rule():
+    text = PercentileRule().describe()
+    assert "p99" in text
+    assert "1,522 requests" in text
+    assert "95% confidence" in text
+    assert "p98.5..p99.5" in text
+    assert "MLPerf" in text
+
+
+def test_describe_of_mlperf_setting():
+    text = PercentileRule(percentile=90, confidence=0.99, margin_fraction=0.05).describe()
+    assert "p90" in text
+    assert "23,886 requests" in text
+    assert "99% confidence" in text
+    assert "p89.5..p90.5" in text
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"percentile": 97},
+        {"percentile": 100},
+        {"percentile": "p99"},
+        {"confidence": 1.0},
+        {"confidence": 0.5},
+        {"confidence": 95},
+        {"margin_fraction": 0},
+        {"margin_fraction": -0.1},
+        {"margin_fraction": 1.5},
+    ],
+)
+def test_invalid_settings_are_refused(fields):
+    with pytest.raises(ValidationError):
+        PercentileRule(**fields)
+
+
+def test_rule_round_trips_through_json():
+    rule = PercentileRule(percentile=95, confidence=0.99, margin_fraction=0.1)
+    assert PercentileRule.model_validate_json(rule.model_dump_json()) == rule
+
+
+@pytest.mark.parametrize(
+    ("requests", "expected"),
+    [
+        (100, 0.3),
+        (1522, 3 / math.sqrt(1522)),
+        (10_000, 0.03),
+        (22_500, 0.02),  # where 3/sqrt(n) meets the floor
+        (90_000, 0.02),
+        (262_742, 0.02),
+    ],
+)
+def test_behind_tolerance(requests, expected):
+    assert behind_tolerance(requests) == pytest.approx(expected)
+
+
+def test_behind_tolerance_floor_is_two_percent():
+    assert min(behind_tolerance(n) for n in (10**k for k in range(1, 9))) == pytest.approx(0.02)
+
+
+@pytest.mark.parametrize("requests", [0, -5])
+def test_behind_tolerance_without_requests_is_finite(requests):
+    assert behind_tolerance(requests) == pytest.approx(3.0)
+
+
+def test_behind_tolerance_shrinks_with_more_requests():
+    values = [behind_tolerance(n) for n in (10, 100, 1000, 10_000)]
+    assert values == sorted(values, reverse=True)
+    assert len(set(values)) == len(values)
