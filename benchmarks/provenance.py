@@ -44,6 +44,7 @@ FIELDS = ("command", "commit", "dirty", "machine", "started", "ended", "wall_s",
 # results file -> the one command that writes it, from the repository root (README "Benchmarks" lists the same)
 COMMANDS = {
     "deployment_latency.json": ".venv/bin/python benchmarks/deployment_latency.py --size small --runs 3",
+    "capacity.json": ".venv/bin/python benchmarks/capacity.py",
     "default_runs.json": ".venv/bin/python benchmarks/default_runs.py",
     "docker_vs_embedded.json": ".venv/bin/python benchmarks/docker_vs_embedded.py --size small --repeats 2",
     "gpu_check.json": ".venv/bin/python benchmarks/gpu_check.py",

@@ -63,8 +63,11 @@ def pool_answer(
         )
     answer = PoolAnswer(pool=pool, hardware=hardware, model=model, candidates=candidates, run_url=run_url)
     best = result.best
-    if best is None:
-        return answer.model_copy(update={"status": "no_rate", "reason": "no configuration met the SLO at any rate"})
+    if best is None:  # the report still shows why: the first configuration's rate points
+        first = next((load_rate_search(work_dir, o.candidate) for o in result.observations), None)
+        return answer.model_copy(
+            update={"status": "no_rate", "reason": "no configuration met the SLO at any rate", "rate": first}
+        )
     found = load_rate_search(work_dir, best.candidate)
     price = price_for(load_prices(cap.prices), pool) if pool else None
     at = found.at_rate

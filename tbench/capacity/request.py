@@ -33,7 +33,7 @@ class CapacityRequest(BaseModel):
     tolerance: float = Field(
         0.1, gt=0.01, le=1, description="The rate search stops when passing and failing rates are this close."
     )
-    max_points: int = Field(8, ge=2, le=50, description="Most rates measured per configuration.")
+    max_points: int = Field(8, ge=1, le=50, description="Most rates measured per configuration (1: judge one rate).")
     start_rps: float | None = Field(
         None, gt=0, description="First rate tried (requests/s); half the warm-up latency's capacity by default."
     )

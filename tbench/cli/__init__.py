@@ -1,0 +1,57 @@
+"""`tbench`: start the benchmark flow from a terminal, with rich progress and one-line errors.
+
+One module per group of commands: run.py (run), search.py (search, capacity), results.py (compare, results),
+remote.py (submit, upload), stack.py (stack up|env|down), node.py (doctor, models); what they share is in common.py
+and the options they share in options.py. This module makes the `tbench` app (`tbench.cli:app`, the console script)
+and adds the commands to it in the order `tbench --help` lists them.
+"""
+
+from __future__ import annotations
+
+import os
+
+from tbench.core.settings import configure_prefect_env
+
+# first, before typer, Prefect or any command module is imported: Prefect reads these settings when it is imported
+configure_prefect_env()
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's start-up banner stays out of the CLI's output
+
+import typer  # noqa: E402
+
+from tbench.cli import node, remote, results, run, search, stack  # noqa: E402
+from tbench.cli.common import (  # noqa: E402
+    _dims,
+    _shape_range,
+    parse_int_list,
+    parse_job_variables,
+    parse_named,
+    parse_options,
+    validation_line,
+)
+
+__all__ = [
+    "app",
+    # helpers the tests import from tbench.cli
+    "_dims",
+    "_shape_range",
+    "parse_int_list",
+    "parse_job_variables",
+    "parse_named",
+    "parse_options",
+    "validation_line",
+]
+
+app = typer.Typer(
+    add_completion=False, no_args_is_help=True, help="Benchmark models on NVIDIA Triton Inference Server."
+)
+# in the order `tbench --help` lists them
+app.command()(run.run)
+app.command()(search.search)
+app.command()(search.capacity)
+app.command()(results.compare)
+app.command()(remote.submit)
+app.command()(remote.upload)
+app.command()(results.results)
+app.add_typer(stack.stack_app, name="stack")
+app.command()(node.doctor)
+app.command()(node.models)

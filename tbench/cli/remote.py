@@ -1,0 +1,132 @@
+"""The team's servers: `tbench submit` (a run on a pool's workers) and `tbench upload` (a kept run folder to the
+artifact store)."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import typer
+
+from tbench.cli.common import (
+    EXIT_BAD_OPTIONS,
+    EXIT_FAILED,
+    EXIT_FAILED_POINTS,
+    _given,
+    _split,
+    cli_errors,
+    console,
+    parse_int_list,
+    parse_job_variables,
+)
+from tbench.cli.options import (
+    BatchSizes,
+    Concurrency,
+    Formats,
+    Framework,
+    MaxTrials,
+    ModelName,
+    Output,
+    PrecisionOpt,
+    Reuse,
+    Scenarios,
+    Size,
+    Stability,
+    WindowS,
+    measurement_overrides,
+)
+from tbench.core.errors import ConfigError
+
+
+def submit(
+    model: ModelName,
+    pool: str = typer.Option("cpu", help="The work pool whose workers run it: a100, v100, t4, a30, a40, h100 or cpu."),
+    # no defaults of its own: only the options given are sent, the worker's request fills the rest
+    size: Size = None,
+    framework: Framework = None,
+    formats: Formats = None,
+    precision: PrecisionOpt = None,
+    batch_sizes: BatchSizes = None,
+    concurrency: Concurrency = None,
+    scenarios: Scenarios = None,
+    window_s: WindowS = None,
+    stability: Stability = None,
+    max_trials: MaxTrials = None,
+    output: Output = None,
+    reuse: Reuse = False,
+    follow: bool = typer.Option(True, "--follow/--no-follow", help="Follow the run to its end (states and logs)."),
+    timeout: float = typer.Option(3600, help="Stop following after this many seconds (the run goes on)."),
+    job_variables: str = typer.Option(
+        None,
+        "--job-variables",
+        help="JSON object of the pool's job variables for this "
+        'run (its `env` adds to the pool\'s), e.g. \'{"image": "NAME:TAG"}\'.',
+    ),
+) -> None:
+    """Send a benchmark run to a pool of the Prefect server at PREFECT_API_URL and follow it; `tbench run` runs here."""
+    from tbench import submit as remote
+    from tbench.pools import POOLS
+    from tbench.request import BenchmarkRequest
+
+    with cli_errors(EXIT_BAD_OPTIONS, options=True):
+        if pool not in POOLS:
+            raise ConfigError(f"unknown pool {pool!r}; known: {', '.join(POOLS)}")
+        if not os.environ.get("PREFECT_API_URL"):
+            raise ConfigError(
+                "PREFECT_API_URL is not set: point it at the team's Prefect server (or `tbench stack env`)"
+            )
+        request = BenchmarkRequest(
+            model=model,
+            **_given(
+                size=size,
+                framework=framework,
+                formats=_split(formats),
+                precision=precision,
+                batch_sizes=parse_int_list(batch_sizes, "batch sizes"),
+                concurrency=parse_int_list(concurrency, "concurrency"),
+                scenarios=_split(scenarios),
+                output=output,
+                reuse_measurements=reuse or None,
+                measurement=measurement_overrides(window_s, stability, max_trials),
+            ),
+        )
+        import model_adapters
+
+        model_adapters.get(request.model, request.size)  # an unknown model fails here, not on the worker
+        parameters = {"request": request.model_dump(mode="json", exclude_unset=True)}
+        variables = parse_job_variables(job_variables)
+        started = time.monotonic()
+        run_id = remote.submit(
+            remote.deployment_name("benchmark", pool), parameters, tags=["submitted"], job_variables=variables
+        )
+    console.print(f"submitted flow run {run_id} to pool {pool}")
+    if not follow:
+        typer.echo(str(run_id))
+        return
+    result = remote.follow(
+        run_id, lambda line: console.print(line, markup=False, highlight=False), timeout_s=timeout, submitted_at=started
+    )
+    if result.report_url:
+        console.print(f"[green]report:[/] {result.report_url}")
+    if result.state != "COMPLETED":
+        console.print(f"[red]error:[/] the run ended {result.state_name}: {result.message}")
+        raise typer.Exit(EXIT_FAILED)
+    typer.echo(str(run_id))
+    if result.state_name == "CompletedWithFailures":  # flows/benchmark.py's state for a run with failed points
+        console.print(f"[yellow]completed with failed points:[/] {result.message}")
+        raise typer.Exit(EXIT_FAILED_POINTS)
+
+
+def upload(
+    run_folder: str = typer.Argument(..., help="A run folder kept locally after its upload failed."),
+    to: str = typer.Option(
+        None, "--to", help="The artifact root (default: where the run's manifest says it was going)."
+    ),
+) -> None:
+    """Finish the upload of a kept run folder: files already in the store are skipped, the manifest goes last."""
+    from tbench.store import retry_upload
+
+    with cli_errors(EXIT_FAILED):
+        url = retry_upload(Path(run_folder), to)
+    typer.echo(url)

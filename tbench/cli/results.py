@@ -1,0 +1,98 @@
+"""Stored runs: `tbench compare` (two runs, point by point) and `tbench results` (the results dataset)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import typer
+from rich.console import Console
+
+from tbench.cli.common import EXIT_FAILED, cli_errors, console
+
+
+def compare(
+    baseline: str = typer.Argument(..., help="The baseline run folder (a path or an fsspec URL)."),
+    candidate: str = typer.Argument(..., help="The run to judge against it."),
+    min_effect: float = typer.Option(0.05, help="Smallest relative change that can count, e.g. 0.05 for 5%."),
+    k: float = typer.Option(3.0, "-k", help="How many times the combined window noise a change must exceed."),
+    output: str = typer.Option(".", "--output", "-o", help="Folder for comparison.md and comparison.png."),
+) -> None:
+    """Per-point deltas and a noise-aware verdict; exit 0 (no change or faster), 1 (regression), 2 (not comparable)."""
+    from tbench.results.compare import compare_runs, comparison_markdown, plot_comparison, verdict_exit_code
+
+    with cli_errors(2, also=(OSError, ValueError)):  # 2: not comparable (a run that is missing or unreadable)
+        result = compare_runs(baseline, candidate, min_effect, k)
+    out = Path(output)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "comparison.md").write_text(comparison_markdown(result))
+    plot_comparison(result, out / "comparison.png")
+    typer.echo(result.summary)
+    raise typer.Exit(verdict_exit_code(result))
+
+
+def results(
+    root: str = typer.Option(
+        None,
+        "--root",
+        help="The artifact root holding the results dataset (default: $TBENCH_ARTIFACT_ROOT, else ./runs).",
+    ),
+    model: str = typer.Option(None, help="Only this model."),
+    gpu: str = typer.Option(
+        None, help="Only this GPU (as the results name it, e.g. 'CPU' or 'NVIDIA A100-SXM4-80GB')."
+    ),
+    since: str = typer.Option(None, help="Only runs from this date on (YYYY-MM-DD)."),
+    all_points: bool = typer.Option(False, "--all", help="Every point, not the best per run, format and scenario."),
+    csv: str = typer.Option(None, "--csv", help="Also write the rows to this CSV file."),
+    include_incomplete: bool = typer.Option(
+        False,
+        "--include-incomplete",
+        help="Also runs that failed or were interrupted (by default: completed runs, with or without failed points).",
+    ),
+) -> None:
+    """Query the results of every stored run (the partitioned Parquet dataset under the artifact root)."""
+    from rich.table import Table
+
+    from tbench.core.storage import error_cause, store_errors
+    from tbench.results.dataset import best_per_run, query_results
+
+    root = root or os.environ.get("TBENCH_ARTIFACT_ROOT", "runs")
+    # store_errors: an S3 endpoint that is down raises botocore's own errors, not OSErrors
+    with cli_errors(
+        EXIT_FAILED, f"cannot read the results dataset under {root}: ", also=store_errors(), describe=error_cause
+    ):
+        table = query_results(root, model=model, gpu=gpu, since=since, include_incomplete=include_incomplete)
+    if table.empty:
+        console.print(
+            f"no stored results under {root}/results match"
+            + ("" if include_incomplete else " (failed and interrupted runs are left out: --include-incomplete)")
+        )
+        raise typer.Exit(0)
+    rows = table if all_points else best_per_run(table)
+    if csv:
+        rows.to_csv(csv, index=False)
+    headers = {
+        "date": "date",
+        "run_id": "run",
+        "model": "model",
+        "gpu": "gpu",
+        "format": "format",
+        "precision": "precision",
+        "scenario": "scenario",
+        "batch_size": "batch",
+        "concurrency": "conc.",
+        "throughput_infer_per_s": "infer/s",
+        "p99_ms": "p99 ms",
+        "run_status": "run status",
+    }
+    shown = [c for c in headers if c in rows.columns]
+    out = Table(*(headers[c] for c in shown), title=f"{len(rows)} rows from {table['run_id'].nunique()} runs")
+    for _, r in rows[shown].iterrows():
+        out.add_row(*("" if pd_missing(v) else (f"{v:.2f}" if isinstance(v, float) else str(v)) for v in r))
+    Console(width=None if console.is_terminal else 200).print(out)
+
+
+def pd_missing(value) -> bool:
+    import pandas as pd
+
+    return value is None or (not isinstance(value, str) and bool(pd.isna(value)))

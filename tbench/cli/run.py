@@ -1,0 +1,177 @@
+"""`tbench run`: export, check, serve and measure one model on this node."""
+
+from __future__ import annotations
+
+import typer
+
+from tbench.cli.common import (
+    EXIT_BAD_OPTIONS,
+    _bounds,
+    _dims,
+    _given,
+    _quiet_prefect,
+    _run_with_progress,
+    _shape_range,
+    _split,
+    cli_errors,
+    parse_float_list,
+    parse_int_list,
+    parse_named,
+    parse_options,
+)
+from tbench.cli.options import (
+    BatchSizes,
+    Concurrency,
+    DockerImage,
+    DockerNetwork,
+    DockerUlimit,
+    Formats,
+    Framework,
+    Gpus,
+    GrpcPort,
+    HttpPort,
+    MaxTrials,
+    Output,
+    PrecisionOpt,
+    Reuse,
+    Scenarios,
+    Server,
+    ServerUrl,
+    Size,
+    Stability,
+    Verbose,
+    WindowS,
+    field_help,
+    measurement_overrides,
+    server_fields,
+)
+from tbench.core.errors import ConfigError
+from tbench.preflight import preflight
+
+
+def run(
+    model: str = typer.Argument(None, help="Model adapter name (see `tbench models`); not needed with --model-file."),
+    model_file: str = typer.Option(None, "--model-file", help=field_help("model_file")),
+    shape: list[str] = typer.Option(
+        None, "--shape", help="--model-file: an input's non-batch shape, NAME:D1,D2 (repeat per input)."
+    ),
+    dtype: list[str] = typer.Option(
+        None, "--dtype", help="--model-file: an input's numpy dtype, NAME:int64 (TorchScript)."
+    ),
+    value_range: list[str] = typer.Option(
+        None,
+        "--value-range",
+        help="--model-file: an input's synthetic values in "
+        "LO..HI, NAME:LO,HI (repeat per input); integers inclusive, floats uniform.",
+    ),
+    input_data: str = typer.Option(None, "--input-data", help=field_help("input_data")),
+    trt_shape: list[str] = typer.Option(
+        None,
+        "--trt-shape",
+        help="trt, tf-trt: an input's dynamic dims in TensorRT's "
+        "profile, NAME:MIN,OPT,MAX non-batch shapes, dims joined by 'x' (repeat per "
+        "input), e.g. input_ids:16,128,512; the sample's size otherwise.",
+    ),
+    calibration_samples: int = typer.Option(None, "--calibration-samples", help=field_help("calibration_samples")),
+    framework: Framework = None,
+    size: Size = None,
+    option: list[str] = typer.Option(
+        None, "--option", help="A model-specific option, NAME=VALUE (repeat), e.g. memory_threshold_gb=16."
+    ),
+    checkpoint: str = typer.Option(None, help=field_help("checkpoint")),
+    dataset: str = typer.Option(None, help=field_help("dataset")),
+    formats: Formats = None,
+    serve: str = typer.Option(None, help=field_help("serve_formats", "On the command line: onnx,ts-script or all.")),
+    precision: PrecisionOpt = "fp32",
+    batch_sizes: BatchSizes = None,
+    concurrency: Concurrency = None,
+    scenarios: Scenarios = None,
+    online_batch_size: int = typer.Option(None, help=field_help("online_batch_size")),
+    request_rates: str = typer.Option(
+        None, "--request-rates", help=field_help("request_rates", "On the command line: 10,20,40.")
+    ),
+    distribution: str = typer.Option("poisson", help=field_help("request_distribution", "poisson or constant.")),
+    max_batch_size: int = typer.Option(None, help="Triton max_batch_size."),
+    instances: int = typer.Option(None, help="Model instances (instance_group count)."),
+    preferred_batch_sizes: str = typer.Option(None, help="Dynamic batching preferred batch sizes, e.g. 4,8."),
+    queue_delay_us: int = typer.Option(None, help="Dynamic batching max queue delay in microseconds."),
+    profile: str = typer.Option(None, help=field_help("profile")),
+    output: Output = None,
+    baseline: str = typer.Option(None, help=field_help("baseline")),
+    reuse: Reuse = False,
+    server: Server = "embedded",
+    server_url: ServerUrl = None,
+    docker_image: DockerImage = None,
+    gpus: Gpus = None,
+    docker_network: DockerNetwork = "host",
+    docker_ulimit: DockerUlimit = None,
+    http_port: HttpPort = None,
+    grpc_port: GrpcPort = None,
+    window_s: WindowS = None,
+    stability: Stability = None,
+    max_trials: MaxTrials = None,
+    verbose: Verbose = False,
+) -> None:
+    """Export, check, serve and measure MODEL; prints the run folder."""
+    _quiet_prefect(verbose)
+    from tbench.request import BenchmarkRequest
+
+    with cli_errors(EXIT_BAD_OPTIONS, options=True):
+        if not model and not model_file:
+            raise ConfigError("name a model (see `tbench models`) or give --model-file PATH")
+        request = BenchmarkRequest(
+            model=model or "resnet50",
+            size=size,
+            model_options=parse_options(option),
+            checkpoint=checkpoint,
+            dataset=dataset,
+            formats=_split(formats),
+            serve_formats=_split(serve),
+            framework=framework,
+            model_file=model_file,
+            shapes=parse_named(shape, "shape", _dims),
+            input_dtypes=parse_named(dtype, "dtype", str),
+            input_data=input_data,
+            value_ranges=parse_named(value_range, "--value-range (NAME:LO,HI)", _bounds),
+            trt_shapes=parse_named(trt_shape, "--trt-shape (NAME:MIN,OPT,MAX)", _shape_range),
+            calibration_samples=calibration_samples,
+            precision=precision,
+            batch_sizes=parse_int_list(batch_sizes, "batch sizes"),
+            concurrency=parse_int_list(concurrency, "concurrency"),
+            scenarios=_split(scenarios),
+            online_batch_size=online_batch_size,
+            request_rates=parse_float_list(request_rates, "request rates"),
+            request_distribution=distribution,
+            max_batch_size=max_batch_size,
+            model_instances=instances,
+            preferred_batch_sizes=parse_int_list(preferred_batch_sizes, "preferred batch sizes"),
+            max_queue_delay_us=queue_delay_us,
+            profile=profile,
+            **_given(output=output),
+            baseline=baseline,
+            reuse_measurements=reuse,
+            measurement=measurement_overrides(window_s, stability, max_trials),
+            **server_fields(
+                server, server_url, docker_image, gpus, docker_network, docker_ulimit, http_port, grpc_port
+            ),
+        )
+        from tbench.node import hardware
+
+        resolved = request.resolve(hardware.detect().has_gpu)  # fail fast, before Prefect starts
+        preflight(resolved)  # ports, paths, output root, artifact store, this node's tools: before anything starts
+
+    if not verbose:
+        _quiet_onnxruntime()
+    from flows.benchmark import benchmark_flow
+
+    _run_with_progress(lambda: benchmark_flow(request), "report.md", verbose)
+
+
+def _quiet_onnxruntime() -> None:
+    """ONNX Runtime logs a failed run to stderr before it raises; the error it raises is what the CLI reports."""
+    try:
+        import onnxruntime
+
+        onnxruntime.set_default_logger_severity(4)  # fatal only
+    except ImportError:
+        pass

@@ -1,0 +1,225 @@
+"""`tbench search` (the best Triton configuration under a latency budget) and `tbench capacity` (the cheapest
+configuration that serves a traffic under an SLO)."""
+
+from __future__ import annotations
+
+import os
+
+import typer
+
+from tbench.capacity.request import CapacityRequest
+from tbench.capacity.statistics import PercentileRule
+from tbench.cli.common import (
+    EXIT_BAD_OPTIONS,
+    _given,
+    _quiet_prefect,
+    _run_with_progress,
+    _split,
+    cli_errors,
+    parse_int_list,
+)
+from tbench.cli.options import (
+    DockerImage,
+    DockerNetwork,
+    DockerUlimit,
+    Framework,
+    Gpus,
+    GrpcPort,
+    HttpPort,
+    MaxTrials,
+    ModelName,
+    Output,
+    Server,
+    ServerUrl,
+    Size,
+    Stability,
+    Verbose,
+    WindowS,
+    field_help,
+    measurement_overrides,
+    server_fields,
+)
+from tbench.core.errors import ConfigError
+from tbench.preflight import preflight
+
+
+def search(
+    model: ModelName,
+    size: Size = None,
+    framework: Framework = None,
+    variants: str = typer.Option(
+        None,
+        help="Served variants to search across: formats or FORMAT:PRECISION, e.g. "
+        "onnx,ts-trace (the model's first format by default).",
+    ),
+    instances: str = typer.Option("1,2", help="Instance counts to try."),
+    max_batch_sizes: str = typer.Option("1,2,4,8,16", "--max-batch-sizes", help="Max batch sizes to try."),
+    preferred: str = typer.Option("none,max", help="Preferred batch size rules to try: none, max, half, quarter."),
+    queue_delays_us: str = typer.Option("0,500,2000", "--queue-delays-us", help="Max queue delays to try, in us."),
+    p99_budget_ms: float = typer.Option(None, "--p99-budget-ms", help="Best throughput with p99 under this budget."),
+    throughput_floor: float = typer.Option(
+        None, "--throughput-floor", help="Instead: lowest p99 with at least this throughput."
+    ),
+    strategy: str = typer.Option("smart", help="smart (measures a budget share of the grid) or exhaustive."),
+    budget_fraction: float = typer.Option(0.10, help="smart: the largest share of the grid measured."),
+    concurrency: int = typer.Option(
+        None, help="Closed-loop clients per measurement (the model's largest online concurrency by default)."
+    ),
+    resume: str = typer.Option(
+        None, help="An interrupted search's run folder (or search.jsonl): measured candidates are not measured again."
+    ),
+    output: Output = None,
+    server: Server = "embedded",
+    server_url: ServerUrl = None,
+    docker_image: DockerImage = None,
+    gpus: Gpus = None,
+    docker_network: DockerNetwork = "host",
+    docker_ulimit: DockerUlimit = None,
+    http_port: HttpPort = None,
+    grpc_port: GrpcPort = None,
+    window_s: WindowS = None,
+    stability: Stability = None,
+    max_trials: MaxTrials = None,
+    verbose: Verbose = False,
+) -> None:
+    """Search MODEL's Triton configuration grid for the best throughput under a p99 budget (or the lowest p99 above a
+    throughput floor); prints the run folder, whose search.md names the best configuration."""
+    _quiet_prefect(verbose)
+    from tbench.request import BenchmarkRequest
+    from tbench.search.strategies import Objective, SearchSpace
+
+    with cli_errors(EXIT_BAD_OPTIONS, options=True):
+        if throughput_floor is not None and p99_budget_ms is not None:
+            raise ConfigError("give a p99 budget or a throughput floor, not both")
+        measurement = measurement_overrides(window_s, stability, max_trials)
+        space = SearchSpace(
+            instances=parse_int_list(instances, "instances"),
+            max_batch_sizes=parse_int_list(max_batch_sizes, "max batch sizes"),
+            preferred=_split(preferred),
+            queue_delays_us=parse_int_list(queue_delays_us, "queue delays"),
+            formats=_split(variants) or [""],
+        )
+        objective = (
+            Objective(goal="min_latency", throughput_floor=throughput_floor)
+            if throughput_floor is not None
+            else Objective(p99_budget_ms=p99_budget_ms)
+        )
+        request = BenchmarkRequest(
+            model=model,
+            size=size,
+            framework=framework,
+            **_given(output=output),
+            measurement=measurement,
+            formats=list(dict.fromkeys(v.partition(":")[0] for v in space.formats if v)) or None,
+            **server_fields(
+                server, server_url, docker_image, gpus, docker_network, docker_ulimit, http_port, grpc_port
+            ),
+        )
+        from tbench.node import hardware
+        from tbench.search.plan import resume_checkpoint, search_context, variant_plan
+        from tbench.search.request import SearchRequest
+
+        search_request = SearchRequest(
+            space=space,
+            objective=objective,
+            strategy=strategy,
+            budget_fraction=budget_fraction,
+            concurrency=concurrency,
+            resume_from=resume,
+        )
+        machine = hardware.detect()
+        resolved = request.resolve(machine.has_gpu)
+        plan = variant_plan(space, resolved, machine.has_gpu)  # fail fast, before Prefect starts
+        preflight(resolved)  # ports, paths, output root, artifact store, this node's tools: before anything starts
+        resume_checkpoint(resume, search_context(resolved, search_request, plan, machine))
+    from flows.search import search_flow
+
+    _run_with_progress(lambda: search_flow(request, search_request), "search.md", verbose)
+
+
+def capacity(
+    model: ModelName,
+    slo_p99_ms: float = typer.Option(..., "--slo-p99-ms", help=field_help("slo_ms", model=CapacityRequest)),
+    traffic: float = typer.Option(..., "--traffic", help=field_help("traffic_rps", model=CapacityRequest)),
+    headroom: float = typer.Option(0.2, help=field_help("headroom", model=CapacityRequest)),
+    percentile: int = typer.Option(99, help="The percentile the SLO bounds: 50, 90, 95 or 99."),
+    confidence: float = typer.Option(0.95, help=field_help("confidence", model=PercentileRule)),
+    margin_fraction: float = typer.Option(0.5, help=field_help("margin_fraction", model=PercentileRule)),
+    pools: str = typer.Option(
+        None,
+        help="Pools to plan for, e.g. a100,t4,cpu, each through its capacity deployment (needs "
+        "PREFECT_API_URL); this machine by default.",
+    ),
+    prices: str = typer.Option(None, help=field_help("prices", model=CapacityRequest)),
+    instances: str = typer.Option("1,2", help="Instance counts to try."),
+    max_batch_sizes: str = typer.Option("1,8", "--max-batch-sizes", help="Max batch sizes to try."),
+    preferred: str = typer.Option("none", help="Preferred batch size rules to try: none, max, half, quarter."),
+    queue_delays_us: str = typer.Option("500", "--queue-delays-us", help="Max queue delays to try, in us."),
+    tolerance: float = typer.Option(0.1, help=field_help("tolerance", model=CapacityRequest)),
+    max_points: int = typer.Option(8, help=field_help("max_points", model=CapacityRequest)),
+    start_rps: float = typer.Option(None, help=field_help("start_rps", model=CapacityRequest)),
+    size: Size = None,
+    framework: Framework = None,
+    output: Output = None,
+    server: Server = "embedded",
+    server_url: ServerUrl = None,
+    docker_image: DockerImage = None,
+    gpus: Gpus = None,
+    docker_network: DockerNetwork = "host",
+    docker_ulimit: DockerUlimit = None,
+    http_port: HttpPort = None,
+    grpc_port: GrpcPort = None,
+    stability: Stability = None,
+    verbose: Verbose = False,
+) -> None:
+    """The cheapest configuration that serves TRAFFIC requests/s of MODEL with the percentile latency under the SLO:
+    each configuration's sustainable Poisson rate, the instances the traffic needs and their cost; prints the run
+    folder, whose capacity.md has the answer."""
+    _quiet_prefect(verbose)
+    from tbench.request import BenchmarkRequest
+    from tbench.search.strategies import SearchSpace
+
+    with cli_errors(EXIT_BAD_OPTIONS, options=True):
+        cap = CapacityRequest(
+            slo_ms=slo_p99_ms,
+            traffic_rps=traffic,
+            headroom=headroom,
+            rule=PercentileRule(percentile=percentile, confidence=confidence, margin_fraction=margin_fraction),
+            space=SearchSpace(
+                instances=parse_int_list(instances, "instances"),
+                max_batch_sizes=parse_int_list(max_batch_sizes, "max batch sizes"),
+                preferred=_split(preferred),
+                queue_delays_us=parse_int_list(queue_delays_us, "queue delays"),
+            ),
+            tolerance=tolerance,
+            max_points=max_points,
+            start_rps=start_rps,
+            pools=_split(pools) or [],
+            prices=prices,
+        )
+        request = BenchmarkRequest(
+            model=model,
+            size=size,
+            framework=framework,
+            **_given(output=output),
+            measurement=measurement_overrides(None, stability, None),
+            **server_fields(
+                server, server_url, docker_image, gpus, docker_network, docker_ulimit, http_port, grpc_port
+            ),
+        )
+        from tbench.capacity.costs import load_prices
+
+        load_prices(cap.prices)  # a price table that cannot be read fails here, not after the measurements
+        if cap.pools:
+            if not os.environ.get("PREFECT_API_URL"):
+                raise ConfigError(
+                    "--pools runs through the pools' deployments: set PREFECT_API_URL (e.g. `tbench stack env`)"
+                )
+        else:
+            from tbench.node import hardware
+
+            preflight(request.resolve(hardware.detect().has_gpu))
+    from flows.capacity import capacity_flow
+
+    # with pools, the children run on the pools' workers: this flow run submits, gathers and reports
+    _run_with_progress(lambda: capacity_flow(request, cap), "capacity.md", verbose)

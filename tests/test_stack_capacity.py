@@ -1,0 +1,216 @@
+"""Capacity plans through the local stack: `tbench capacity --pools cpu` (a subprocess with nothing but the stack's
+environment) submits one child run to the cpu pool's capacity deployment, whose worker plans on this machine; the
+ranked report and the child's answer are read back from S3. And the same deployment's "Custom run" form in the Prefect
+UI (Debian's chromium through selenium): the CapacityRequest fields with their descriptions, and a run submitted from
+the form's JSON input that the cpu worker completes.
+
+The runs are as small as a capacity plan gets: the small ResNet-50, one configuration, p90 (139 requests a rate
+point), at most three rate points with a loose tolerance."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+
+import pytest
+from test_stack_e2e import CHROMEDRIVER, CHROMIUM, TBENCH, in_stack
+
+from tbench.stack import Stack
+
+pytestmark = pytest.mark.e2e
+
+DEPLOYMENT = "triton-capacity/capacity-cpu"
+SMALL_CAPACITY = {
+    "request": {"model": "resnet50", "size": "small"},
+    "capacity": {
+        "slo_ms": 200,
+        "traffic_rps": 20,
+        "rule": {"percentile": 90},
+        "space": {"instances": [1], "max_batch_sizes": [4], "preferred": ["none"], "queue_delays_us": [500]},
+        "max_points": 3,
+        "tolerance": 0.5,
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    """The stack with the cpu pool only: its deployments (benchmark, search, capacity, matrix) and its worker."""
+    s = Stack(root=tmp_path_factory.mktemp("stack"), pools=("cpu",))
+    try:
+        s.up()
+        yield s
+    finally:
+        s.down()
+
+
+def read_json(url: str) -> dict:
+    import fsspec
+
+    fs, path = fsspec.core.url_to_fs(url)
+    return json.loads(fs.cat_file(path))
+
+
+def run_folders(stack: Stack) -> set[str]:
+    """The run folders in the stack's artifact store, read afresh."""
+    import fsspec
+
+    fs, path = fsspec.core.url_to_fs(stack.artifact_root)
+    fs.invalidate_cache()
+    return {p.rsplit("/", 1)[1] for p in fs.ls(path, detail=False)} if fs.exists(path) else set()
+
+
+def assert_cpu_answer(answer: dict) -> None:
+    assert answer["pool"] == "cpu" and answer["status"] == "ok", answer
+    assert answer["rate"]["rate"] > 0 and answer["plan"]["sustainable_rps"] > 0, answer
+    assert answer["plan"]["instances"] >= 1 and answer["plan"]["traffic_rps"] == 20, answer["plan"]
+    assert answer["plan"]["usd_per_million"] > 0, answer["plan"]  # the shipped price table has the cpu pool
+    assert [c["status"] for c in answer["candidates"]] == ["ok"], answer["candidates"]
+
+
+def test_capacity_from_the_cli_runs_on_the_cpu_pools_capacity_deployment(stack, monkeypatch):
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    argv = [
+        TBENCH,
+        "capacity",
+        "resnet50",
+        "--size",
+        "small",
+        "--pools",
+        "cpu",
+        "--slo-p99-ms",
+        "200",
+        "--traffic",
+        "20",
+        "--percentile",
+        "90",
+        "--instances",
+        "1",
+        "--max-batch-sizes",
+        "4",
+        "--max-points",
+        "3",
+        "--tolerance",
+        "0.5",
+        "-o",
+        stack.artifact_root,
+    ]
+    done = in_stack(stack, argv, timeout=900)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    url = done.stdout.strip().splitlines()[-1]
+    assert url.startswith(stack.artifact_root + "/resnet50-capacity-pools"), done.stdout
+    for key, value in stack.client_env().items():  # S3 for fsspec in this process
+        monkeypatch.setenv(key, value)
+    import fsspec
+
+    fs, path = fsspec.core.url_to_fs(url)
+    assert fs.exists(path + "/capacity.md") and fs.exists(path + "/capacity.html")
+    report = read_json(url + "/capacity.json")
+    assert report["request"]["slo_ms"] == 200 and report["request"]["rule"]["percentile"] == 90
+    [answer] = report["answers"]
+    assert_cpu_answer(answer)
+    assert answer["run_url"].startswith(stack.artifact_root + "/resnet50-")  # the child's own run folder
+    assert read_json(answer["run_url"] + "/capacity.json")["answers"][0]["status"] == "ok"
+    assert "cpu" in fs.cat_file(path + "/capacity.md").decode()
+    [child] = read_json(url + "/manifest.json")["runs"]
+    assert child["state"] == "COMPLETED" and child["pool"] == "cpu", child
+    with temporary_settings({PREFECT_API_URL: stack.api_url}), get_client(sync_client=True) as client:
+        run = client.read_flow_run(uuid.UUID(child["flow_run"]))
+        deployment = client.read_deployment(run.deployment_id)
+        flow = client.read_flow(deployment.flow_id)
+    assert f"{flow.name}/{deployment.name}" == DEPLOYMENT and run.work_pool_name == "cpu"
+    assert run.parameters["capacity"]["pool"] == "cpu" and run.parameters["capacity"]["pools"] == []
+
+
+@pytest.mark.skipif(
+    not (CHROMIUM.exists() and CHROMEDRIVER.exists()),
+    reason="Debian's chromium and chromium-driver are not installed (scripts/setup.sh installs them as root)",
+)
+def test_capacity_from_the_prefect_ui_form_runs_on_the_cpu_worker(stack, monkeypatch):
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+    from selenium import webdriver
+    from selenium.webdriver.chrome.options import Options
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    from tbench.submit import follow
+
+    for key, value in stack.client_env().items():  # S3 for fsspec in this process
+        monkeypatch.setenv(key, value)
+    stored_before = run_folders(stack)
+    options = Options()
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1400,2000"):
+        options.add_argument(arg)
+    options.binary_location = str(CHROMIUM)
+    browser = webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=options)
+    ui = stack.api_url.removesuffix("/api")
+    try:
+
+        def page() -> str:
+            return browser.find_element(By.TAG_NAME, "body").text
+
+        browser.get(f"{ui}/deployments")
+        WebDriverWait(browser, 90).until(lambda _: "capacity-cpu" in page())
+        link = next(a for a in browser.find_elements(By.TAG_NAME, "a") if a.text.strip() == "capacity-cpu")
+        browser.get(link.get_attribute("href").rstrip("/") + "/run")  # Run > Custom run
+        WebDriverWait(browser, 90).until(lambda _: "The latency SLO in ms" in page())
+        form = page()
+        for text in (
+            "Slo Ms",
+            "The latency SLO in ms, on the percentile (p99 by default).",
+            "Traffic Rps",
+            "The traffic to serve, in requests per second.",
+            "Spare capacity above the traffic (0.2: 20%).",
+            "Most rates measured per configuration.",
+            "Registered model adapter name",  # the BenchmarkRequest beside it
+        ):
+            assert text in form, text
+        # the parameters as JSON (the form's own "Use JSON input"), small enough to finish in minutes
+        heading = browser.find_element(By.XPATH, "//h3[normalize-space()='Parameters']")
+        heading.find_element(By.XPATH, "following::button[1]").click()
+        WebDriverWait(browser, 30).until(
+            lambda b: b.find_elements(By.XPATH, "//*[normalize-space(text())='Use JSON input']")
+        )
+        browser.find_element(By.XPATH, "//*[normalize-space(text())='Use JSON input']").click()
+
+        def parameters_json(b):  # the code input holding all the parameters (nested fields may have their own)
+            inputs = b.find_elements(By.CSS_SELECTOR, ".schema-input textarea.p-code-input__textarea")
+            return next((i for i in inputs if '"capacity"' in (i.get_attribute("value") or "")), None)
+
+        editor = WebDriverWait(browser, 30).until(parameters_json)
+        editor.send_keys(Keys.CONTROL, "a")
+        editor.send_keys(Keys.DELETE)
+        editor.send_keys(json.dumps(SMALL_CAPACITY))
+        submit = next(b for b in browser.find_elements(By.TAG_NAME, "button") if b.text.strip() == "Submit")
+        submit.click()
+        WebDriverWait(browser, 60).until(lambda b: "/flow-run/" in b.current_url)  # the new run's page
+        run_id = uuid.UUID(browser.current_url.split("/flow-run/", 1)[1].split("/")[0].split("?")[0])
+    except Exception:  # what the browser showed, for the failure's report
+        browser.save_screenshot(str(stack.root / "ui-failure.png"))
+        (stack.root / "ui-failure.html").write_text(browser.page_source)
+        print(f"the page at the failure: {stack.root / 'ui-failure.png'} ({browser.current_url})")
+        raise
+    finally:
+        browser.quit()
+    lines: list[str] = []
+    with temporary_settings({PREFECT_API_URL: stack.api_url}):
+        started = time.monotonic()
+        result = follow(run_id, lines.append, timeout_s=900)
+        from prefect.client.orchestration import get_client
+
+        with get_client(sync_client=True) as client:
+            run = client.read_flow_run(run_id)
+            deployment = client.read_deployment(run.deployment_id)
+    assert result.state == "COMPLETED", (result, lines[-30:], time.monotonic() - started)
+    assert deployment.name == "capacity-cpu" and run.work_pool_name == "cpu"
+    assert run.parameters["capacity"]["slo_ms"] == 200, run.parameters
+    [folder] = [f for f in run_folders(stack) - stored_before if f.startswith("resnet50-")]  # the run's, stored
+    report = read_json(f"{stack.artifact_root}/{folder}/capacity.json")
+    assert report["request"]["max_points"] == 3 and report["request"]["space"]["instances"] == [1]
+    [answer] = report["answers"]
+    assert_cpu_answer(answer)
