@@ -287,3 +287,18 @@ def _run_with_progress(start_flow, done: str, verbose: bool = False) -> None:
         typer.echo(url)
         raise typer.Exit(EXIT_FAILED_POINTS)
     typer.echo(url)
+
+
+def search_space(
+    instances: str, max_batch_sizes: str, preferred: str, queue_delays_us: str, variants: str | None = None
+):
+    """The configuration grid from the command line's lists, as `search` and `capacity` both take them."""
+    from tbench.search.strategies import SearchSpace
+
+    return SearchSpace(
+        instances=parse_int_list(instances, "instances"),
+        max_batch_sizes=parse_int_list(max_batch_sizes, "max batch sizes"),
+        preferred=_split(preferred),
+        queue_delays_us=parse_int_list(queue_delays_us, "queue delays"),
+        formats=_split(variants) or [""],
+    )

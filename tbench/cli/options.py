@@ -63,6 +63,19 @@ WindowS = Annotated[
 Stability = Annotated[float | None, typer.Option(help=_measurement_help("stability_percentage"))]
 MaxTrials = Annotated[int | None, typer.Option("--max-trials", help=_measurement_help("max_trials"))]
 
+
+# The configuration grid of `search` and `capacity` (each command sets its own defaults)
+def _space_help(name: str, cli: str = "") -> str:
+    from tbench.search.strategies import SearchSpace
+
+    return field_help(name, cli, SearchSpace)
+
+
+Instances = Annotated[str, typer.Option(help=_space_help("instances", _INT_LIST))]
+MaxBatchSizes = Annotated[str, typer.Option("--max-batch-sizes", help=_space_help("max_batch_sizes", _INT_LIST))]
+Preferred = Annotated[str, typer.Option(help=_space_help("preferred", _LIST.format("none,max")))]
+QueueDelaysUs = Annotated[str, typer.Option("--queue-delays-us", help=_space_help("queue_delays_us", _INT_LIST))]
+
 # The terminal
 Verbose = Annotated[bool, typer.Option("--verbose", "-v", help="Also show Prefect's logs in the terminal.")]
 

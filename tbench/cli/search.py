@@ -16,7 +16,7 @@ from tbench.cli.common import (
     _run_with_progress,
     _split,
     cli_errors,
-    parse_int_list,
+    search_space,
 )
 from tbench.cli.options import (
     DockerImage,
@@ -26,9 +26,13 @@ from tbench.cli.options import (
     Gpus,
     GrpcPort,
     HttpPort,
+    Instances,
+    MaxBatchSizes,
     MaxTrials,
     ModelName,
     Output,
+    Preferred,
+    QueueDelaysUs,
     Server,
     ServerUrl,
     Size,
@@ -52,10 +56,10 @@ def search(
         help="Served variants to search across: formats or FORMAT:PRECISION, e.g. "
         "onnx,ts-trace (the model's first format by default).",
     ),
-    instances: str = typer.Option("1,2", help="Instance counts to try."),
-    max_batch_sizes: str = typer.Option("1,2,4,8,16", "--max-batch-sizes", help="Max batch sizes to try."),
-    preferred: str = typer.Option("none,max", help="Preferred batch size rules to try: none, max, half, quarter."),
-    queue_delays_us: str = typer.Option("0,500,2000", "--queue-delays-us", help="Max queue delays to try, in us."),
+    instances: Instances = "1,2",
+    max_batch_sizes: MaxBatchSizes = "1,2,4,8,16",
+    preferred: Preferred = "none,max",
+    queue_delays_us: QueueDelaysUs = "0,500,2000",
     p99_budget_ms: float = typer.Option(None, "--p99-budget-ms", help="Best throughput with p99 under this budget."),
     throughput_floor: float = typer.Option(
         None, "--throughput-floor", help="Instead: lowest p99 with at least this throughput."
@@ -86,19 +90,13 @@ def search(
     throughput floor); prints the run folder, whose search.md names the best configuration."""
     _quiet_prefect(verbose)
     from tbench.request import BenchmarkRequest
-    from tbench.search.strategies import Objective, SearchSpace
+    from tbench.search.strategies import Objective
 
     with cli_errors(EXIT_BAD_OPTIONS, options=True):
         if throughput_floor is not None and p99_budget_ms is not None:
             raise ConfigError("give a p99 budget or a throughput floor, not both")
         measurement = measurement_overrides(window_s, stability, max_trials)
-        space = SearchSpace(
-            instances=parse_int_list(instances, "instances"),
-            max_batch_sizes=parse_int_list(max_batch_sizes, "max batch sizes"),
-            preferred=_split(preferred),
-            queue_delays_us=parse_int_list(queue_delays_us, "queue delays"),
-            formats=_split(variants) or [""],
-        )
+        space = search_space(instances, max_batch_sizes, preferred, queue_delays_us, variants)
         objective = (
             Objective(goal="min_latency", throughput_floor=throughput_floor)
             if throughput_floor is not None
@@ -151,10 +149,10 @@ def capacity(
         "PREFECT_API_URL); this machine by default.",
     ),
     prices: str = typer.Option(None, help=field_help("prices", model=CapacityRequest)),
-    instances: str = typer.Option("1,2", help="Instance counts to try."),
-    max_batch_sizes: str = typer.Option("1,8", "--max-batch-sizes", help="Max batch sizes to try."),
-    preferred: str = typer.Option("none", help="Preferred batch size rules to try: none, max, half, quarter."),
-    queue_delays_us: str = typer.Option("500", "--queue-delays-us", help="Max queue delays to try, in us."),
+    instances: Instances = "1,2",
+    max_batch_sizes: MaxBatchSizes = "1,8",
+    preferred: Preferred = "none",
+    queue_delays_us: QueueDelaysUs = "500",
     tolerance: float = typer.Option(0.1, help=field_help("tolerance", model=CapacityRequest)),
     max_points: int = typer.Option(8, help=field_help("max_points", model=CapacityRequest)),
     start_rps: float = typer.Option(None, help=field_help("start_rps", model=CapacityRequest)),
@@ -177,7 +175,6 @@ def capacity(
     folder, whose capacity.md has the answer."""
     _quiet_prefect(verbose)
     from tbench.request import BenchmarkRequest
-    from tbench.search.strategies import SearchSpace
 
     with cli_errors(EXIT_BAD_OPTIONS, options=True):
         cap = CapacityRequest(
@@ -185,12 +182,7 @@ def capacity(
             traffic_rps=traffic,
             headroom=headroom,
             rule=PercentileRule(percentile=percentile, confidence=confidence, margin_fraction=margin_fraction),
-            space=SearchSpace(
-                instances=parse_int_list(instances, "instances"),
-                max_batch_sizes=parse_int_list(max_batch_sizes, "max batch sizes"),
-                preferred=_split(preferred),
-                queue_delays_us=parse_int_list(queue_delays_us, "queue delays"),
-            ),
+            space=search_space(instances, max_batch_sizes, preferred, queue_delays_us),
             tolerance=tolerance,
             max_points=max_points,
             start_rps=start_rps,
