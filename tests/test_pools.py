@@ -100,14 +100,20 @@ def test_pool_templates_carry_the_pools_gpu(kind):
 def test_deployments_file_has_every_flow_on_every_pool():
     spec = yaml.safe_load((PROJECT / "deployments" / "prefect.yaml").read_text())
     deployments = {d["name"]: d for d in spec["deployments"]}
-    assert set(deployments) == {f"{flow}-{pool}" for flow in ("benchmark", "search") for pool in POOLS} | {"matrix-cpu"}
+    assert set(deployments) == {f"{flow}-{pool}" for flow in ("benchmark", "search", "capacity") for pool in POOLS} | {
+        "matrix-cpu"
+    }
     assert deployments.pop("matrix-cpu")["entrypoint"] == "flows/matrix.py:matrix_flow"
     for name, d in deployments.items():
         flow, pool = name.split("-")
         assert d["work_pool"]["name"] == pool
         assert (
             d["entrypoint"]
-            == {"benchmark": "flows/benchmark.py:benchmark_flow", "search": "flows/search.py:search_flow"}[flow]
+            == {
+                "benchmark": "flows/benchmark.py:benchmark_flow",
+                "search": "flows/search.py:search_flow",
+                "capacity": "flows/capacity.py:capacity_flow",
+            }[flow]
         )
         assert all(s["active"] is False for s in d["schedules"])  # nightly sweeps start switched off
         directory = d["pull"][0]["prefect.deployments.steps.set_working_directory"]["directory"]
@@ -178,7 +184,8 @@ def test_a_stack_with_a_docker_cpu_pool_deploys_only_its_pools_and_passes_its_en
 
     stack = Stack(root=tmp_path, pools=("cpu",), cpu_pool_type="docker", s3=S3Endpoint(tmp_path / "s3.log", port=9000))
     args = stack.deploy_args()
-    assert args[::2] == ["--name"] * 3 and set(args[1::2]) == {"benchmark-cpu", "search-cpu", "matrix-cpu"}
+    assert args[::2] == ["--name"] * 4
+    assert set(args[1::2]) == {"benchmark-cpu", "search-cpu", "capacity-cpu", "matrix-cpu"}
     defaults = stack.cpu_pool_defaults()
     assert defaults["network_mode"] == "host" and defaults["env"]["AWS_ENDPOINT_URL"] == "http://127.0.0.1:9000"
     assert defaults["env"]["TBENCH_ARTIFACT_ROOT"] == "s3://tbench/runs"
