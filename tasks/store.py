@@ -15,15 +15,20 @@ from tbench.store import (
 )
 from tbench.submit import REPORT_LINK_KEY
 
+REPORT_PAGES = ("report.html", "capacity.html", "search.html")
+
 
 @task(name="store", cache_policy=NO_CACHE)
 def store_task(run_dir: Path, root_url: str, run_id: str, manifest: dict) -> str:
     write_manifest(run_dir, manifest)
     url = upload_run(run_dir, root_url, run_id)
     add_run_to_dataset(run_dir, root_url, run_id, manifest.get("status"))  # queries can leave out incomplete runs
-    if (run_dir / "report.html").exists():  # where the stored report is, one click from the flow run's page
+    # where the stored report is, one click from the flow run's page (and how the matrix and capacity plans find a
+    # child's folder): a benchmark's report, else a capacity plan's or a search's
+    report = next((name for name in REPORT_PAGES if (run_dir / name).exists()), None)
+    if report:
         create_link_artifact(
-            f"{url}/report.html",
+            f"{url}/{report}",
             link_text=f"HTML report of {run_id}",
             key=REPORT_LINK_KEY,
             description="The run's self-contained HTML report in the artifact store",

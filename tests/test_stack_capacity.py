@@ -166,7 +166,7 @@ def test_capacity_from_the_prefect_ui_form_runs_on_the_cpu_worker(stack, monkeyp
             "Traffic Rps",
             "The traffic to serve, in requests per second.",
             "Spare capacity above the traffic (0.2: 20%).",
-            "Most rates measured per configuration.",
+            "Most rates measured per configuration",
             "Registered model adapter name",  # the BenchmarkRequest beside it
         ):
             assert text in form, text
@@ -188,8 +188,17 @@ def test_capacity_from_the_prefect_ui_form_runs_on_the_cpu_worker(stack, monkeyp
         editor.send_keys(json.dumps(SMALL_CAPACITY))
         submit = next(b for b in browser.find_elements(By.TAG_NAME, "button") if b.text.strip() == "Submit")
         submit.click()
-        WebDriverWait(browser, 60).until(lambda b: "/flow-run/" in b.current_url)  # the new run's page
-        run_id = uuid.UUID(browser.current_url.split("/flow-run/", 1)[1].split("/")[0].split("?")[0])
+        # the UI goes back to the deployment's Runs tab; the run is the deployment's only one
+        WebDriverWait(browser, 60).until(lambda b: not b.current_url.rstrip("/").endswith("/run"))
+        from prefect.client.orchestration import get_client
+        from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
+
+        with temporary_settings({PREFECT_API_URL: stack.api_url}), get_client(sync_client=True) as client:
+            deployment_id = client.read_deployment_by_name(DEPLOYMENT).id
+            [submitted] = client.read_flow_runs(
+                deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment_id]))
+            )
+        run_id = submitted.id
     except Exception:  # what the browser showed, for the failure's report
         browser.save_screenshot(str(stack.root / "ui-failure.png"))
         (stack.root / "ui-failure.html").write_text(browser.page_source)

@@ -105,14 +105,22 @@ class RateEvaluator(TritonEvaluator):
             delayed = delayed_percent(log.read_text(errors="replace")) if log and log.exists() else None
             return judge(point.rate, batch, row, self.slo_ms, self.rule, delayed)
 
+        path = rate_search_path(self.work_dir, candidate)
+        so_far = SustainableRate(stopped="not finished (interrupted or failed): the points measured so far")
+
+        def measured(point: RatePoint) -> None:  # each point is kept as it is measured, whatever comes next
+            so_far.points.append(point)
+            path.write_text(json.dumps(so_far.model_dump(mode="json"), indent=2))
+            if self.on_point:
+                self.on_point(candidate, point)
+
         found = find_sustainable_rate(
             at,
             start_rate(latency, candidate.instances, self.start_rps),
             tolerance=self.tolerance,
             max_points=self.max_points,
-            on_point=(lambda p: self.on_point(candidate, p)) if self.on_point else None,
+            on_point=measured,
         )
-        path = rate_search_path(self.work_dir, candidate)
         path.write_text(json.dumps(found.model_dump(mode="json"), indent=2))
         best = found.at_rate
         if best is None:

@@ -11,11 +11,13 @@ from tbench.capacity.request import CapacityRequest
 from tbench.capacity.statistics import PercentileRule
 from tbench.cli.common import (
     EXIT_BAD_OPTIONS,
+    _dims,
     _given,
     _quiet_prefect,
     _run_with_progress,
     _split,
     cli_errors,
+    parse_named,
     search_space,
 )
 from tbench.cli.options import (
@@ -136,7 +138,11 @@ def search(
 
 
 def capacity(
-    model: ModelName,
+    model: str = typer.Argument(None, help="Model adapter name (see `tbench models`); not needed with --model-file."),
+    model_file: str = typer.Option(None, "--model-file", help=field_help("model_file")),
+    shape: list[str] = typer.Option(
+        None, "--shape", help="--model-file: an input's non-batch shape, NAME:D1,D2 (repeat per input)."
+    ),
     slo_p99_ms: float = typer.Option(..., "--slo-p99-ms", help=field_help("slo_ms", model=CapacityRequest)),
     traffic: float = typer.Option(..., "--traffic", help=field_help("traffic_rps", model=CapacityRequest)),
     headroom: float = typer.Option(0.2, help=field_help("headroom", model=CapacityRequest)),
@@ -189,8 +195,12 @@ def capacity(
             pools=_split(pools) or [],
             prices=prices,
         )
+        if not model and not model_file:
+            raise ConfigError("name a model (see `tbench models`) or give --model-file PATH")
         request = BenchmarkRequest(
-            model=model,
+            model=model or "resnet50",
+            model_file=model_file,
+            shapes=parse_named(shape, "shape", _dims),
             size=size,
             framework=framework,
             **_given(output=output),
