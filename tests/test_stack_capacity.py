@@ -43,6 +43,15 @@ def stack(tmp_path_factory):
         yield s
     finally:
         s.down()
+        clear_s3_clients()
+
+
+def clear_s3_clients() -> None:
+    """fsspec keeps an S3 filesystem per set of arguments for the whole process, with the endpoint it was made for:
+    the next stack module's S3 (another port) must not be read through this stack's stopped endpoint."""
+    import s3fs
+
+    s3fs.S3FileSystem.clear_instance_cache()
 
 
 def read_json(url: str) -> dict:
@@ -186,19 +195,23 @@ def test_capacity_from_the_prefect_ui_form_runs_on_the_cpu_worker(stack, monkeyp
         editor.send_keys(Keys.CONTROL, "a")
         editor.send_keys(Keys.DELETE)
         editor.send_keys(json.dumps(SMALL_CAPACITY))
-        submit = next(b for b in browser.find_elements(By.TAG_NAME, "button") if b.text.strip() == "Submit")
-        submit.click()
-        # the UI goes back to the deployment's Runs tab; the run is the deployment's only one
-        WebDriverWait(browser, 60).until(lambda b: not b.current_url.rstrip("/").endswith("/run"))
         from prefect.client.orchestration import get_client
         from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
 
-        with temporary_settings({PREFECT_API_URL: stack.api_url}), get_client(sync_client=True) as client:
-            deployment_id = client.read_deployment_by_name(DEPLOYMENT).id
-            [submitted] = client.read_flow_runs(
-                deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment_id]))
-            )
-        run_id = submitted.id
+        def deployment_runs() -> set:  # the CLI test's child ran on this deployment too
+            with temporary_settings({PREFECT_API_URL: stack.api_url}), get_client(sync_client=True) as client:
+                deployment_id = client.read_deployment_by_name(DEPLOYMENT).id
+                runs = client.read_flow_runs(
+                    deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment_id]))
+                )
+            return {r.id for r in runs}
+
+        runs_before = deployment_runs()
+        submit = next(b for b in browser.find_elements(By.TAG_NAME, "button") if b.text.strip() == "Submit")
+        submit.click()
+        # the UI goes back to the deployment's Runs tab; the run is the deployment's new one
+        WebDriverWait(browser, 60).until(lambda b: not b.current_url.rstrip("/").endswith("/run"))
+        [run_id] = WebDriverWait(browser, 30).until(lambda _: deployment_runs() - runs_before)
     except Exception:  # what the browser showed, for the failure's report
         browser.save_screenshot(str(stack.root / "ui-failure.png"))
         (stack.root / "ui-failure.html").write_text(browser.page_source)

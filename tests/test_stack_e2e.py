@@ -36,6 +36,9 @@ SMALL_RUN = [
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
+    import s3fs
+
+    s3fs.S3FileSystem.clear_instance_cache()  # a filesystem cached by an earlier module points at its stopped S3
     s = Stack(root=tmp_path_factory.mktemp("stack"))
     try:
         s.up()
