@@ -12,12 +12,13 @@ import os
 from prefect import flow
 from prefect.artifacts import create_markdown_artifact
 
+from flows.matrix import settled
 from flows.search import run_search
 from tasks.matrix_runs import matrix_run
 from tasks.store import store_task
 from tbench.capacity.report import CAPACITY_JSON, PoolAnswer, write_capacity_files
 from tbench.capacity.request import CapacityRequest
-from tbench.core.errors import BenchError, one_line
+from tbench.core.errors import BenchError
 from tbench.core.layout import RunLayout, new_run_id
 from tbench.core.storage import url_to_fs
 from tbench.request import BenchmarkRequest
@@ -76,14 +77,7 @@ def _across_pools(request: BenchmarkRequest, capacity: CapacityRequest) -> str:
             )
             for pool in capacity.pools
         }
-        rows = []
-        for pool, future in futures.items():
-            outcome = future.result(raise_on_failure=False)
-            rows.append(
-                outcome
-                if isinstance(outcome, dict)
-                else {"pool": pool, "state": "UNKNOWN", "reason": one_line(f"the run task broke: {outcome}")}
-            )
+        rows = [settled(future, pool, request.model, None, str(request.precision)) for pool, future in futures.items()]
     with tracker.stage("report"):
         answers = [child_answer(r, request.model) for r in rows]
         text = write_capacity_files(layout.run_dir, answers, capacity, request.model)
