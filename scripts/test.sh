@@ -4,7 +4,10 @@
 # tests (real tritonserver, real perf_analyzer, real Prefect).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Debian's packages for the docker, PostgreSQL and browser tests install beside the Python set-up, not after it
+./scripts/system_packages.sh & system_packages=$!
 ./scripts/setup.sh
+wait "$system_packages"
 hint="run .venv/bin/ruff format . && .venv/bin/ruff check --fix . (then fix what remains by hand)"
 .venv/bin/ruff check . || { echo "test.sh: ruff check failed; $hint" >&2; exit 1; }
 .venv/bin/ruff format --check . || { echo "test.sh: ruff format --check failed; $hint" >&2; exit 1; }

@@ -1,17 +1,67 @@
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
 
-from tbench.core.settings import configure_prefect_env
+from tbench.core.settings import PREFECT_DEFAULTS, configure_prefect_env
 
 if TYPE_CHECKING:
     import pandas as pd
 
+
+def _private_prefect_home() -> None:
+    """Each test process (each xdist worker) gets a Prefect home of its own, so the `tbench` commands that the tests
+    start get their own database: a worker's runs never wait for another worker's device lock, nor write to one
+    SQLite file at once, and the user's own Prefect database stays untouched. It starts as a copy of the database
+    scripts/setup.sh migrated, so no process pays for the migration again."""
+    home = Path(tempfile.mkdtemp(prefix="tbench-tests-prefect-"))
+    atexit.register(shutil.rmtree, home, ignore_errors=True)
+    migrated = Path(os.environ.get("PREFECT_HOME", PREFECT_DEFAULTS["PREFECT_HOME"])).expanduser() / "prefect.db"
+    if migrated.is_file():
+        shutil.copy(migrated, home / "prefect.db")
+    os.environ["PREFECT_HOME"] = str(home)
+
+
+_private_prefect_home()
 configure_prefect_env()
+
+# The modules that take longest (the `--durations` table of a full run), started first, so that parallel workers
+# (scripts/test.sh runs pytest-xdist) finish together; every other module follows in its usual order.
+SLOWEST_FIRST = (
+    "test_stack_e2e",
+    "test_e2e",
+    "test_faults",
+    "test_e2e_formats",
+    "test_e2e_recommenders",
+    "test_docker_mode",
+    "test_stack_postgres",
+    "test_capacity_e2e",
+    "test_point_cache",
+    "test_search_e2e",
+    "test_precision",
+)
+# Modules that share an expensive session fixture run in one worker: the local stack, the Docker daemon.
+SHARED_WORKER = {
+    "test_stack_capacity": "test_stack_e2e",
+    "test_docker_pool": "test_docker_mode",
+}
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
+def pytest_collection_modifyitems(config, items):
+    def module(item) -> str:
+        return item.module.__name__.rsplit(".", 1)[-1]
+
+    for item in items:  # whole modules go to one worker (their module fixtures are built once)
+        item.add_marker(pytest.mark.xdist_group(SHARED_WORKER.get(module(item), module(item))))
+    order = {name: i for i, name in enumerate(SLOWEST_FIRST)}
+    items.sort(key=lambda item: order.get(SHARED_WORKER.get(module(item), module(item)), len(order)))
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -71,6 +121,30 @@ def s3_to_stop(tmp_path, monkeypatch):
         monkeypatch.setenv(key, value)
     yield endpoint
     endpoint.stop()
+
+
+@pytest.fixture(scope="session")
+def stack(tmp_path_factory):
+    """The local stack, shared by the stack modules (conftest runs them in one worker): a Prefect server with every
+    pool and its deployments, a process worker for the cpu pool, and moto's S3 over HTTP."""
+    from tbench.stack import Stack
+
+    clear_s3_clients()  # a filesystem cached by an earlier module points at its stopped S3
+    s = Stack(root=tmp_path_factory.mktemp("stack"))
+    try:
+        s.up()
+        yield s
+    finally:
+        s.down()
+        clear_s3_clients()
+
+
+def clear_s3_clients() -> None:
+    """fsspec keeps an S3 filesystem per set of arguments for the whole process, with the endpoint it was made for:
+    the next stack's S3 (another port) must not be read through a stopped endpoint."""
+    import s3fs
+
+    s3fs.S3FileSystem.clear_instance_cache()
 
 
 @pytest.fixture(scope="session")

@@ -29,7 +29,7 @@ def test_capacity_finds_a_sustainable_rate_and_prices_it(tmp_path):
     done = capacity(
         *SMALL,
         *("--slo-p99-ms", "500", "--traffic", "100", "--max-points", "3", "--tolerance", "0.5"),
-        *("--output", str(tmp_path)),
+        *("--window-s", "0.1", "--output", str(tmp_path)),
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     run = Path(done.stdout.strip().splitlines()[-1])

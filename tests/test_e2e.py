@@ -96,7 +96,7 @@ def test_sweep_keeps_measured_points_and_flags_an_unstable_one(served_small, sma
         model="resnet50",
         grpc_url=served_small.endpoints.grpc_url,
         spec=small_artifacts[0].io_spec,
-        m=Measurement(stability_percentage=50, max_trials=8),
+        m=Measurement(window_s=1.0, stability_percentage=50, max_trials=8),
         layout=layout,
         static={"model": "resnet50"},
         on_row=lambda t: seen.append(len(t)),
@@ -114,7 +114,7 @@ def test_sweep_keeps_measured_points_and_flags_an_unstable_one(served_small, sma
     assert (layout.run_dir / table.iloc[0]["source_file"]).exists()
     # the server's own account of the same requests: Triton's statistics API agrees with perf_analyzer's breakdown
     assert (table["triton_requests"] >= table["measurement_request_count"]).all()
-    # windows sized by time: about window_s (2 s), a fast model's holding many requests
+    # windows sized by time: about window_s (1 s), a fast model's holding many requests
     assert (table["window_s"] > 0.9).all() and (table["measurement_request_count"] > 20).all(), table[
         ["window_s", "measurement_request_count"]
     ]
@@ -132,7 +132,7 @@ def test_sweep_keeps_measured_points_and_flags_an_unstable_one(served_small, sma
         model="resnet50",
         grpc_url=served_small.endpoints.grpc_url,
         spec=small_artifacts[0].io_spec,
-        m=Measurement(min_requests=8, stability_percentage=0.001, max_trials=3, retries=1),
+        m=Measurement(window_s=0.5, min_requests=8, stability_percentage=0.001, max_trials=3, retries=1),
         layout=layout,
         static={},
     )
@@ -141,7 +141,7 @@ def test_sweep_keeps_measured_points_and_flags_an_unstable_one(served_small, sma
     # the retry's windows are sized from the throughput the failed attempt saw: twice the target duration
     first_log = (layout.logs_dir / "perf_analyzer" / "resnet50_online_b1_c2_try0.log").read_text()
     rate = np.median(pass_throughputs(first_log))
-    assert row["measurement_request_count"] == max(8, int(np.ceil(2 * 2.0 * rate)))
+    assert row["measurement_request_count"] == max(8, int(np.ceil(2 * 0.5 * rate)))
 
 
 def test_open_loop_rate_points_measure_what_the_server_keeps_up_with(served_small, small_artifacts, tmp_path):
@@ -152,7 +152,7 @@ def test_open_loop_rate_points_measure_what_the_server_keeps_up_with(served_smal
         model="resnet50",
         grpc_url=served_small.endpoints.grpc_url,
         spec=small_artifacts[0].io_spec,
-        m=Measurement(min_requests=60, stability_percentage=50, max_trials=8),
+        m=Measurement(window_s=0.1, min_requests=60, stability_percentage=50, max_trials=8),
         layout=layout,
         static={},
     )
@@ -182,7 +182,7 @@ def test_dynamic_batching_runs_concurrent_requests_in_one_runtime_call(served_sm
         model="resnet50",
         grpc_url=served_small.endpoints.grpc_url,
         spec=small_artifacts[0].io_spec,
-        m=Measurement(stability_percentage=80),
+        m=Measurement(window_s=0.5, stability_percentage=80),
         layout=RunLayout(tmp_path, "batching").create(),
         static={},
     )
@@ -264,7 +264,7 @@ def test_flow_run_serves_every_pytorch_format_and_reports_each(prefect_harness, 
             concurrency=[1, 4],
             formats=["onnx", "ts-trace", "ts-script"],
             serve_formats=["all"],
-            measurement=Measurement(stability_percentage=50),
+            measurement=Measurement(window_s=0.5, stability_percentage=50),
         )
     )
     run = tmp_path / url.rsplit("/", 1)[-1]
@@ -572,7 +572,7 @@ def test_a_remote_run_leaves_the_shared_servers_own_model_of_that_name_alone(
                 server_url=f"{ep.grpc_url},{ep.http_url}",
                 batch_sizes=[1, 2],
                 concurrency=[2],
-                measurement=Measurement(stability_percentage=50, max_trials=8),
+                measurement=Measurement(window_s=0.5, stability_percentage=50, max_trials=8),
             ),
         )
         suffix = json.loads((run / "request.json").read_text())["triton_suffix"]

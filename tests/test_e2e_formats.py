@@ -14,7 +14,7 @@ from tbench.request import BenchmarkRequest, Measurement
 
 pytestmark = pytest.mark.e2e
 
-QUICK = dict(batch_sizes=[1, 2], concurrency=[2], measurement=Measurement(stability_percentage=50))
+QUICK = dict(batch_sizes=[1, 2], concurrency=[2], measurement=Measurement(window_s=0.5, stability_percentage=50))
 
 
 def test_tensorflow_run_serves_the_savedmodel_and_its_onnx(prefect_harness, tmp_path):

@@ -14,7 +14,7 @@ from tbench.request import BenchmarkRequest, Measurement
 
 pytestmark = pytest.mark.e2e
 
-QUICK = Measurement(stability_percentage=50)
+QUICK = Measurement(window_s=0.5, stability_percentage=50)
 
 
 @pytest.mark.parametrize("model", ["dlrm", "dcnv2"])

@@ -431,7 +431,7 @@ def test_a_bert_like_model_file_with_input_data_runs_end_to_end(prefect_harness,
             output=str(tmp_path),
             batch_sizes=[1, 2],
             concurrency=[1],
-            measurement=Measurement(stability_percentage=50),
+            measurement=Measurement(window_s=0.5, stability_percentage=50),
         ),
     )
     assert len(results) == 3 and (results["status"] == "ok").all(), results[

@@ -17,7 +17,7 @@ from tbench.sweep import run_sweep
 
 pytestmark = pytest.mark.e2e
 
-QUICK = Measurement(stability_percentage=50, max_trials=8)
+QUICK = Measurement(window_s=0.5, stability_percentage=50, max_trials=8)
 
 
 def test_a_sweep_takes_cached_points_and_measures_only_the_rest(served_small, small_artifacts, tmp_path):

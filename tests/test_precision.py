@@ -307,7 +307,7 @@ def test_an_fp16_run_serves_fp16_files_and_says_so(prefect_harness, tmp_path):
             serve_formats=["all"],
             scenarios=["offline"],
             batch_sizes=[1, 2],
-            measurement=Measurement(stability_percentage=50),
+            measurement=Measurement(window_s=0.5, stability_percentage=50),
         ),
     )
     assert set(results["precision"]) == {"FP16"} and set(results["format"]) == {"onnx", "ts-script"}

@@ -25,7 +25,7 @@ def test_search_flow_measures_every_candidate_and_resumes(prefect_harness, tmp_p
         size="small",
         formats=["onnx"],
         output=str(tmp_path),
-        measurement=Measurement(stability_percentage=50, max_trials=6),
+        measurement=Measurement(window_s=0.5, stability_percentage=50, max_trials=6),
     )
     space = SearchSpace(instances=[1], max_batch_sizes=[2, 4], preferred=["max"], queue_delays_us=[0, 500])
     search = SearchRequest(space=space, objective=Objective(p99_budget_ms=2000), strategy="exhaustive", concurrency=2)

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.e2e
 
 DEPLOYMENT = "triton-capacity/capacity-cpu"
 SMALL_CAPACITY = {
-    "request": {"model": "resnet50", "size": "small"},
+    "request": {"model": "resnet50", "size": "small", "measurement": {"window_s": 0.1}},
     "capacity": {
         "slo_ms": 200,
         "traffic_rps": 20,
@@ -32,26 +32,6 @@ SMALL_CAPACITY = {
         "tolerance": 0.5,
     },
 }
-
-
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory):
-    """The stack with the cpu pool only: its deployments (benchmark, search, capacity, matrix) and its worker."""
-    s = Stack(root=tmp_path_factory.mktemp("stack"), pools=("cpu",))
-    try:
-        s.up()
-        yield s
-    finally:
-        s.down()
-        clear_s3_clients()
-
-
-def clear_s3_clients() -> None:
-    """fsspec keeps an S3 filesystem per set of arguments for the whole process, with the endpoint it was made for:
-    the next stack module's S3 (another port) must not be read through this stack's stopped endpoint."""
-    import s3fs
-
-    s3fs.S3FileSystem.clear_instance_cache()
 
 
 def read_json(url: str) -> dict:
@@ -104,6 +84,8 @@ def test_capacity_from_the_cli_runs_on_the_cpu_pools_capacity_deployment(stack, 
         "3",
         "--tolerance",
         "0.5",
+        "--window-s",
+        "0.1",
         "-o",
         stack.artifact_root,
     ]
@@ -139,6 +121,7 @@ def test_capacity_from_the_cli_runs_on_the_cpu_pools_capacity_deployment(stack, 
     reason="Debian's chromium and chromium-driver are not installed (scripts/setup.sh installs them as root)",
 )
 def test_capacity_from_the_prefect_ui_form_runs_on_the_cpu_worker(stack, monkeypatch):
+    from prefect.client.orchestration import get_client
     from prefect.settings import PREFECT_API_URL, temporary_settings
     from selenium import webdriver
     from selenium.webdriver.chrome.options import Options
@@ -163,10 +146,11 @@ def test_capacity_from_the_prefect_ui_form_runs_on_the_cpu_worker(stack, monkeyp
         def page() -> str:
             return browser.find_element(By.TAG_NAME, "body").text
 
-        browser.get(f"{ui}/deployments")
+        with temporary_settings({PREFECT_API_URL: stack.api_url}), get_client(sync_client=True) as client:
+            deployment_id = client.read_deployment_by_name(DEPLOYMENT).id
+        browser.get(f"{ui}/deployments/deployment/{deployment_id}")  # the list pages its 22 deployments by 10
         WebDriverWait(browser, 90).until(lambda _: "capacity-cpu" in page())
-        link = next(a for a in browser.find_elements(By.TAG_NAME, "a") if a.text.strip() == "capacity-cpu")
-        browser.get(link.get_attribute("href").rstrip("/") + "/run")  # Run > Custom run
+        browser.get(f"{ui}/deployments/deployment/{deployment_id}/run")  # Run > Custom run
         WebDriverWait(browser, 90).until(lambda _: "The latency SLO in ms" in page())
         form = page()
         for text in (
@@ -195,12 +179,10 @@ def test_capacity_from_the_prefect_ui_form_runs_on_the_cpu_worker(stack, monkeyp
         editor.send_keys(Keys.CONTROL, "a")
         editor.send_keys(Keys.DELETE)
         editor.send_keys(json.dumps(SMALL_CAPACITY))
-        from prefect.client.orchestration import get_client
         from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
 
         def deployment_runs() -> set:  # the CLI test's child ran on this deployment too
             with temporary_settings({PREFECT_API_URL: stack.api_url}), get_client(sync_client=True) as client:
-                deployment_id = client.read_deployment_by_name(DEPLOYMENT).id
                 runs = client.read_flow_runs(
                     deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment_id]))
                 )
@@ -223,8 +205,6 @@ def test_capacity_from_the_prefect_ui_form_runs_on_the_cpu_worker(stack, monkeyp
     with temporary_settings({PREFECT_API_URL: stack.api_url}):
         started = time.monotonic()
         result = follow(run_id, lines.append, timeout_s=900)
-        from prefect.client.orchestration import get_client
-
         with get_client(sync_client=True) as client:
             run = client.read_flow_run(run_id)
             deployment = client.read_deployment(run.deployment_id)

@@ -34,19 +34,6 @@ SMALL_RUN = [
 ]
 
 
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory):
-    import s3fs
-
-    s3fs.S3FileSystem.clear_instance_cache()  # a filesystem cached by an earlier module points at its stopped S3
-    s = Stack(root=tmp_path_factory.mktemp("stack"))
-    try:
-        s.up()
-        yield s
-    finally:
-        s.down()
-
-
 def in_stack(stack: Stack, argv: list[str], timeout: float = 600) -> subprocess.CompletedProcess:
     return subprocess.run(
         argv, env={**os.environ, **stack.client_env()}, capture_output=True, text=True, timeout=timeout
@@ -186,7 +173,7 @@ def test_a_killed_worker_loses_nothing_and_a_rerun_with_reuse_measures_only_the_
     stack.start_worker()
     staging = stack.root / "staging"
     before = set(staging.glob("resnet50-*"))
-    run = SMALL_RUN + ["--batch-sizes", "1,2,4,8", "--window-s", "1.5"]
+    run = SMALL_RUN + ["--batch-sizes", "1,2,4,8"]
     submitted = in_stack(stack, [TBENCH, "submit", *run, "--pool", "cpu", "--no-follow", "--reuse"])
     assert submitted.returncode == 0, submitted.stderr[-2000:]
     deadline, killed_dir = time.monotonic() + 300, None

@@ -173,6 +173,7 @@ def capacity(
     docker_ulimit: DockerUlimit = None,
     http_port: HttpPort = None,
     grpc_port: GrpcPort = None,
+    window_s: WindowS = None,
     stability: Stability = None,
     verbose: Verbose = False,
 ) -> None:
@@ -204,7 +205,7 @@ def capacity(
             size=size,
             framework=framework,
             **_given(output=output),
-            measurement=measurement_overrides(None, stability, None),
+            measurement=measurement_overrides(window_s, stability, None),
             **server_fields(
                 server, server_url, docker_image, gpus, docker_network, docker_ulimit, http_port, grpc_port
             ),
