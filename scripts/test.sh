@@ -15,4 +15,5 @@ hint="run .venv/bin/ruff format . && .venv/bin/ruff check --fix . (then fix what
   echo "test.sh: an import goes against the layers in pyproject.toml [tool.importlinter]" >&2
   exit 1
 }
-exec .venv/bin/python -m pytest "$@"
+# Two workers by default (this machine has 2 cores): conftest.py sends each module to one worker, slowest first
+exec .venv/bin/python -m pytest -n "${TBENCH_TEST_WORKERS:-2}" --dist loadgroup "$@"
