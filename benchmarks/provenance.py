@@ -46,6 +46,7 @@ COMMANDS = {
     "deployment_latency.json": ".venv/bin/python benchmarks/deployment_latency.py --size small --runs 3",
     "capacity.json": ".venv/bin/python benchmarks/capacity.py",
     "default_runs.json": ".venv/bin/python benchmarks/default_runs.py",
+    "fast_feedback.json": ".venv/bin/python benchmarks/fast_feedback.py",
     "docker_vs_embedded.json": ".venv/bin/python benchmarks/docker_vs_embedded.py --size small --repeats 2",
     "gpu_check.json": ".venv/bin/python benchmarks/gpu_check.py",
     "rerun_savings.json": ".venv/bin/python benchmarks/rerun_savings.py --model resnet50 --size small",

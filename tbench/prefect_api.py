@@ -8,8 +8,10 @@ the same database under PREFECT_HOME, ~3 s), in its own session, and stops it af
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -21,38 +23,52 @@ from tbench.core.errors import BenchError
 from tbench.node import procs
 from tbench.node.ports import free_port
 
+_early: tuple[subprocess.Popen, str, Path] | None = None  # the server start_early() launched: (process, API URL, log)
 
-@contextlib.contextmanager
-def prefect_api() -> Iterator[str | None]:
-    """Yields the API URL the run uses: the configured one, or a private server's for the duration."""
-    from prefect.settings import PREFECT_API_URL, get_current_settings, temporary_settings
 
-    configured = get_current_settings().api.url
-    if configured:
-        yield configured
-        return
+def _configured_url() -> str | None:
+    from prefect.settings import get_current_settings
+
+    return get_current_settings().api.url
+
+
+def _launch() -> tuple[subprocess.Popen, str, Path]:
+    """Start a private API server (not waiting for it): its process, API URL and log."""
     port = free_port()
-    url = f"http://127.0.0.1:{port}/api"
     log = (
         Path(os.environ.get("PREFECT_HOME", Path.home() / ".prefect")).expanduser() / "logs" / f"api-{os.getpid()}.log"
     )
     prefect = Path(sys.executable).parent / "prefect"
-    server = procs.start(
-        [
-            str(prefect),
-            "server",
-            "start",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--no-services",
-            "--no-ui",
-            "--log-level",
-            "WARNING",
-        ],
-        log,
-    )
+    argv = [str(prefect), "server", "start", "--host", "127.0.0.1", "--port", str(port), "--no-services", "--no-ui"]
+    server = procs.start([*argv, "--log-level", "WARNING"], log)
+    return server, f"http://127.0.0.1:{port}/api", log
+
+
+def start_early() -> None:
+    """Launch the private API server now, so that it starts while the CLI imports the flows (seconds each);
+    prefect_api() then waits for it. It is stopped at exit if no run came to use it."""
+    global _early
+    if _early is None and not _configured_url():
+        _early = _launch()
+        atexit.register(_stop_unused)
+
+
+def _stop_unused() -> None:
+    if _early is not None:
+        procs.stop(_early[0], timeout_s=10)
+
+
+@contextlib.contextmanager
+def prefect_api() -> Iterator[str | None]:
+    """Yields the API URL the run uses: the configured one, or a private server's for the duration."""
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    global _early
+    configured = _configured_url()
+    if configured:
+        yield configured
+        return
+    (server, url, log), _early = _early or _launch(), None
     try:
         _wait_healthy(
             url, server, log, float(os.environ.get("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180"))

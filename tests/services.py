@@ -1,7 +1,7 @@
 """System services some end-to-end tests need: a Docker daemon and a PostgreSQL server.
 
 Each is used when it already runs, started by the test session when it can be (as root, from Debian's packages that
-`scripts/setup.sh` installs), stopped again at the end, and otherwise the tests that need it are skipped with the
+`scripts/test.sh` installs), stopped again at the end, and otherwise the tests that need it are skipped with the
 reason and the fix."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from pathlib import Path
 from tbench.node.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
-SETUP_HINT = "scripts/setup.sh installs it from Debian's packages when it runs as root"
+SETUP_HINT = "scripts/test.sh installs it from Debian's packages when it runs as root"
 
 
 class Unavailable(Exception):

@@ -118,7 +118,7 @@ def test_capacity_from_the_cli_runs_on_the_cpu_pools_capacity_deployment(stack, 
 
 @pytest.mark.skipif(
     not (CHROMIUM.exists() and CHROMEDRIVER.exists()),
-    reason="Debian's chromium and chromium-driver are not installed (scripts/setup.sh installs them as root)",
+    reason="Debian's chromium and chromium-driver are not installed (scripts/test.sh installs them as root)",
 )
 def test_capacity_from_the_prefect_ui_form_runs_on_the_cpu_worker(stack, monkeypatch):
     from prefect.client.orchestration import get_client

@@ -277,7 +277,7 @@ CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver"
 
 @pytest.mark.skipif(
     not (CHROMIUM.exists() and CHROMEDRIVER.exists()),
-    reason="Debian's chromium and chromium-driver are not installed (scripts/setup.sh installs them as root)",
+    reason="Debian's chromium and chromium-driver are not installed (scripts/test.sh installs them as root)",
 )
 def test_the_prefect_ui_shows_the_deployment_form_with_our_fields(stack):
     from selenium import webdriver

@@ -46,6 +46,7 @@ from tbench.cli.options import (
     server_fields,
 )
 from tbench.core.errors import ConfigError
+from tbench.prefect_api import start_early
 from tbench.preflight import preflight
 
 
@@ -162,6 +163,7 @@ def run(
 
     if not verbose:
         _quiet_onnxruntime()
+    start_early()  # the run's Prefect API starts while the flows are imported
     from flows.benchmark import benchmark_flow
 
     _run_with_progress(lambda: benchmark_flow(request), "report.md", verbose)

@@ -46,6 +46,7 @@ from tbench.cli.options import (
     server_fields,
 )
 from tbench.core.errors import ConfigError
+from tbench.prefect_api import start_early
 from tbench.preflight import preflight
 
 
@@ -132,6 +133,7 @@ def search(
         plan = variant_plan(space, resolved, machine.has_gpu)  # fail fast, before Prefect starts
         preflight(resolved)  # ports, paths, output root, artifact store, this node's tools: before anything starts
         resume_checkpoint(resume, search_context(resolved, search_request, plan, machine))
+    start_early()  # the run's Prefect API starts while the flows are imported
     from flows.search import search_flow
 
     _run_with_progress(lambda: search_flow(request, search_request), "search.md", verbose)
@@ -222,6 +224,7 @@ def capacity(
             from tbench.node import hardware
 
             preflight(request.resolve(hardware.detect().has_gpu))
+    start_early()
     from flows.capacity import capacity_flow
 
     # with pools, the children run on the pools' workers: this flow run submits, gathers and reports
