@@ -16,4 +16,4 @@ hint="run .venv/bin/ruff format . && .venv/bin/ruff check --fix . (then fix what
   exit 1
 }
 # Two workers by default (this machine has 2 cores): conftest.py sends each module to one worker, slowest first
-exec .venv/bin/python -m pytest -n "${TBENCH_TEST_WORKERS:-2}" --dist loadgroup "$@"
+exec .venv/bin/python -m pytest -n "${TBENCH_TEST_WORKERS:-2}" "$@"

@@ -53,15 +53,25 @@ SHARED_WORKER = {
 }
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
-def pytest_collection_modifyitems(config, items):
-    def module(item) -> str:
-        return item.module.__name__.rsplit(".", 1)[-1]
+def _group(module: str) -> str:
+    return SHARED_WORKER.get(module, module)
 
-    for item in items:  # whole modules go to one worker (their module fixtures are built once)
-        item.add_marker(pytest.mark.xdist_group(SHARED_WORKER.get(module(item), module(item))))
+
+def pytest_xdist_make_scheduler(config, log):
+    """Whole modules (or groups of them) go to one worker, so their module fixtures are built once: xdist's scope
+    scheduling, scoped by our groups (its own loadgroup marks are lost on pytest 9.2, whose node ids are read-only)."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModuleGroups(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _group(Path(nodeid.split("::", 1)[0]).stem)
+
+    return ModuleGroups(config, log)
+
+
+def pytest_collection_modifyitems(config, items):
     order = {name: i for i, name in enumerate(SLOWEST_FIRST)}
-    items.sort(key=lambda item: order.get(SHARED_WORKER.get(module(item), module(item)), len(order)))
+    items.sort(key=lambda item: order.get(_group(item.module.__name__.rsplit(".", 1)[-1]), len(order)))
 
 
 @pytest.fixture(scope="session", autouse=True)

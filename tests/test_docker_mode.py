@@ -56,6 +56,8 @@ def test_a_docker_run_measures_offline_through_shared_memory_and_removes_its_con
             "1,2",
             "--window-s",
             "0.5",
+            "--stability",
+            "50",
             *DOCKER_ARGS,
             "--docker-image",
             image,
