@@ -11,7 +11,8 @@ Part `suite`: another clean clone runs `./scripts/test.sh` (the README's test co
 times in a row; each run's wall time, its passed/skipped/failed counts and its 30 slowest tests (pytest's junit
 report: setup, call and teardown of each test) are recorded.
 
-Usage: .venv/bin/python benchmarks/fast_feedback.py [--part setup|suite|both] [--suite-runs 2]
+Usage: .venv/bin/python benchmarks/fast_feedback.py [--part setup|suite|both] [--suite-runs 2] [--size small]
+(--size: the model size of the set-up part's run; the main command's own, full, by default)
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ def clean_clone(into: Path) -> Path:
     return into
 
 
-def measure_setup(work: Path) -> dict:
+def measure_setup(work: Path, size: str | None) -> dict:
     clone = clean_clone(work / "clone")
     home = work / "home"
     home.mkdir()
@@ -47,7 +48,7 @@ def measure_setup(work: Path) -> dict:
     stamp = clone / ".venv" / ".tbench-installed"
     started = time.monotonic()
     proc = subprocess.Popen(
-        ["./scripts/run.sh", "--output", str(work / "runs")],
+        ["./scripts/run.sh", "--output", str(work / "runs"), *(["--size", size] if size else [])],
         cwd=clone,
         env={**env, "COLUMNS": "200"},
         stdout=subprocess.PIPE,
@@ -83,7 +84,8 @@ def measure_setup(work: Path) -> dict:
         rc = proc.wait()
     reader.join(timeout=10)
     return {
-        "command": "./scripts/run.sh (clean clone, empty HOME: no venv, no uv cache, no Prefect database)",
+        "command": f"./scripts/run.sh{' --size ' + size if size else ''}",
+        "machine_state": "a clean clone, HOME empty: no venv, no uv cache, no Prefect database",
         **{key: round(value, 1) for key, value in marks.items()},
         "ctrl_c_exit_code": rc,
         "first_point_line": next((line.strip() for line in lines if POINT_LINE.match(line)), None),
@@ -140,11 +142,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--part", choices=("setup", "suite", "both"), default="both")
     parser.add_argument("--suite-runs", type=int, default=2)
+    parser.add_argument("--size", default=None, help="The set-up part's model size (the main command's by default).")
     args = parser.parse_args()
-    with recorded(RESULTS / "fast_feedback.json", model_sizes=["resnet50 full", "resnet50 small"]) as record:
+    sizes = [f"resnet50 {args.size or 'full'}", "resnet50 small"]
+    with recorded(RESULTS / "fast_feedback.json", model_sizes=sorted(set(sizes))) as record:
         with tempfile.TemporaryDirectory(prefix="tbench-fast-feedback-") as tmp:
             if args.part in ("setup", "both"):
-                record["setup"] = measure_setup(Path(tmp))
+                record["setup"] = measure_setup(Path(tmp), args.size)
                 print(f"setup: {record['setup']}")
                 record.save()
             if args.part in ("suite", "both"):

@@ -46,11 +46,8 @@ SLOWEST_FIRST = (
     "test_search_e2e",
     "test_precision",
 )
-# Modules that share an expensive session fixture run in one worker: the local stack, the Docker daemon.
-SHARED_WORKER = {
-    "test_stack_capacity": "test_stack_e2e",
-    "test_docker_pool": "test_docker_mode",
-}
+# Modules that share an expensive session fixture run in one worker: the Docker daemon.
+SHARED_WORKER = {"test_docker_pool": "test_docker_mode"}
 
 
 def _group(module: str) -> str:
@@ -133,10 +130,10 @@ def s3_to_stop(tmp_path, monkeypatch):
     endpoint.stop()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    """The local stack, shared by the stack modules (conftest runs them in one worker): a Prefect server with every
-    pool and its deployments, a process worker for the cpu pool, and moto's S3 over HTTP."""
+    """The local stack: a Prefect server with every pool and its deployments, a process worker for the cpu pool, and
+    moto's S3 over HTTP."""
     from tbench.stack import Stack
 
     clear_s3_clients()  # a filesystem cached by an earlier module points at its stopped S3

@@ -14,6 +14,7 @@ import time
 import uuid
 
 import pytest
+from conftest import clear_s3_clients
 from test_stack_e2e import CHROMEDRIVER, CHROMIUM, TBENCH, in_stack
 
 from tbench.stack import Stack
@@ -39,6 +40,18 @@ def read_json(url: str) -> dict:
 
     fs, path = fsspec.core.url_to_fs(url)
     return json.loads(fs.cat_file(path))
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    """The stack with the cpu pool only: its deployments (benchmark, search, capacity, matrix) and its worker."""
+    s = Stack(root=tmp_path_factory.mktemp("stack"), pools=("cpu",))
+    try:
+        s.up()
+        yield s
+    finally:
+        s.down()
+        clear_s3_clients()
 
 
 def run_folders(stack: Stack) -> set[str]:
