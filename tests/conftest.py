@@ -28,7 +28,18 @@ def _private_prefect_home() -> None:
     os.environ["PREFECT_HOME"] = str(home)
 
 
+def _own_cpu() -> None:
+    """An xdist worker runs on a CPU of its own, and so does everything it starts (servers, their stubs, perf_analyzer,
+    `tbench` commands, the stack): each worker measures like a machine of one core (tbench sizes its thread pools
+    from the CPUs it may use), instead of two workers' thread pools fighting over every core."""
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER"), int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+    cpus = sorted(os.sched_getaffinity(0))
+    if worker and 1 < count <= len(cpus):
+        os.sched_setaffinity(0, {cpus[int(worker.removeprefix("gw")) % len(cpus)]})
+
+
 _private_prefect_home()
+_own_cpu()
 configure_prefect_env()
 
 # The modules that take longest (the `--durations` table of a full run), started first, so that parallel workers

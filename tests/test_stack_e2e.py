@@ -223,7 +223,7 @@ def test_the_matrix_fans_out_through_the_deployments_and_compares(stack, monkeyp
             "batch_sizes": [1, 4],
             "concurrency": [2],
             "scenarios": ["offline"],
-            "measurement": {"stability_percentage": 50},
+            "measurement": {"stability_percentage": 50, "window_s": 0.5},
         },
     )
     with temporary_settings({PREFECT_API_URL: stack.api_url}):
