@@ -6,6 +6,7 @@ status "unstable" (no numbers), so a sweep never loses the points it did measure
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import time
@@ -21,8 +22,7 @@ from tbench.core.errors import PerfAnalyzerError
 from tbench.core.iospec import IoSpec
 from tbench.core.layout import RunLayout
 from tbench.core.metrics import RESULT_COLUMNS, THROUGHPUT
-from tbench.node import procs, tools
-from tbench.node.shm import SHM_DIR
+from tbench.node import procs, shm, tools
 from tbench.perf_analyzer import (
     STABLE_WINDOWS,
     UNSTABLE_MARK,
@@ -175,9 +175,10 @@ def measure_point(
         log_path = layout.perf_log(model, point.scenario, point.label, attempt)
         if row["shared_memory"] != "none":
             release_shared_memory(grpc_url, row["shared_memory"])
-        monitor.start()
-        done = procs.run(argv, log_path, m.timeout_s, env)
-        observed = monitor.stop()
+        with shm.system_regions_held() if row["shared_memory"] == "system" else contextlib.nullcontext():
+            monitor.start()
+            done = procs.run(argv, log_path, m.timeout_s, env)
+            observed = monitor.stop()
         row.update(
             attempts=attempt + 1,
             measurement_request_count=request_count,
@@ -248,7 +249,7 @@ def release_shared_memory(grpc_url: str, kind: str) -> list[str]:
     except Exception:  # a server that cannot answer fails the point itself, with perf_analyzer's own error
         return []
     for region in regions.values():
-        (SHM_DIR / region.get("key", "").lstrip("/")).unlink(missing_ok=True)
+        (shm.SHM_DIR / region.get("key", "").lstrip("/")).unlink(missing_ok=True)
     return list(regions)
 
 

@@ -23,7 +23,7 @@ pytestmark = pytest.mark.e2e
 
 DEPLOYMENT = "triton-capacity/capacity-cpu"
 SMALL_CAPACITY = {
-    "request": {"model": "resnet50", "size": "small", "measurement": {"window_s": 0.1}},
+    "request": {"model": "resnet50", "size": "small", "measurement": {"window_s": 0.1, "stability_percentage": 50}},
     "capacity": {
         "slo_ms": 200,
         "traffic_rps": 20,
@@ -99,6 +99,8 @@ def test_capacity_from_the_cli_runs_on_the_cpu_pools_capacity_deployment(stack, 
         "0.5",
         "--window-s",
         "0.1",
+        "--stability",
+        "50",
         "-o",
         stack.artifact_root,
     ]

@@ -8,12 +8,31 @@ to remove are the ones a server's process group maps, removed once the group is 
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
 
 SHM_DIR = Path("/dev/shm")
+SYSTEM_REGIONS_LOCK = Path(tempfile.gettempdir()) / "tbench-system-shm.lock"
+
+
+@contextlib.contextmanager
+def system_regions_held() -> Iterator[None]:
+    """perf_analyzer names its system shared memory regions after the tensors (/dev/shm/output__0, whatever the run):
+    two measuring through system shared memory on one host at once (runs on two GPUs of a node, each under its own
+    device lock) would open, and remove, each other's regions. One holds this host-wide lock while it measures; the
+    kernel drops it with the process, so a killed run leaves nothing held."""
+    fd = os.open(SYSTEM_REGIONS_LOCK, os.O_CREAT | os.O_RDWR, 0o666)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing the file releases the lock
 
 
 def group_members(pgid: int) -> list[psutil.Process]:
