@@ -48,7 +48,6 @@ SLOWEST_FIRST = (
     "test_stack_e2e",
     "test_faults",
     "test_e2e",
-    "test_stack_capacity",
     "test_e2e_formats",
     "test_e2e_recommenders",
     "test_docker_mode",

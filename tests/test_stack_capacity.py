@@ -19,7 +19,8 @@ from test_stack_e2e import CHROMEDRIVER, CHROMIUM, TBENCH, in_stack
 
 from tbench.stack import Stack
 
-pytestmark = pytest.mark.e2e
+# the UI form's submit failed ("Oops. Something went wrong.") in 3 of 4 runs beside a busy second worker, never alone
+pytestmark = [pytest.mark.e2e, pytest.mark.alone]
 
 DEPLOYMENT = "triton-capacity/capacity-cpu"
 SMALL_CAPACITY = {
