@@ -147,10 +147,15 @@ def s3_to_stop(tmp_path, monkeypatch):
 def stack(tmp_path_factory):
     """The local stack: a Prefect server with every pool and its deployments, a process worker for the cpu pool, and
     moto's S3 over HTTP."""
+    yield from running_stack(tmp_path_factory.mktemp("stack"))
+
+
+def running_stack(root: Path, **options):
+    """A stack brought up in `root` for a fixture to yield, and taken down after it (Stack's options as keywords)."""
     from tbench.stack import Stack
 
     clear_s3_clients()  # a filesystem cached by an earlier module points at its stopped S3
-    s = Stack(root=tmp_path_factory.mktemp("stack"))
+    s = Stack(root=root, **options)
     try:
         s.up()
         yield s

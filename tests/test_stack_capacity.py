@@ -14,7 +14,7 @@ import time
 import uuid
 
 import pytest
-from conftest import clear_s3_clients
+from conftest import running_stack
 from test_stack_e2e import CHROMEDRIVER, CHROMIUM, TBENCH, in_stack
 
 from tbench.stack import Stack
@@ -47,13 +47,7 @@ def read_json(url: str) -> dict:
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
     """The stack with the cpu pool only: its deployments (benchmark, search, capacity, matrix) and its worker."""
-    s = Stack(root=tmp_path_factory.mktemp("stack"), pools=("cpu",))
-    try:
-        s.up()
-        yield s
-    finally:
-        s.down()
-        clear_s3_clients()
+    yield from running_stack(tmp_path_factory.mktemp("stack"), pools=("cpu",))
 
 
 def run_folders(stack: Stack) -> set[str]:
