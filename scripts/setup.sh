@@ -25,7 +25,9 @@ if [[ ! -f $stamp || requirements.lock -nt $stamp || pyproject.toml -nt $stamp ]
     torch=$(grep -E '^torch==' requirements.lock | cut -d' ' -f1)
     "${uv[@]}" install --python .venv/bin/python --index-url https://download.pytorch.org/whl/cpu --no-deps "$torch"
   fi
-  "${uv[@]}" sync --python .venv/bin/python "${find_links[@]}" requirements.lock
+  # --compile-bytecode: uv installs no .pyc by default, and where PYTHONDONTWRITEBYTECODE is set (CI, containers)
+  # every process would then compile each module it imports, ~3 s per `tbench` command or flow run
+  "${uv[@]}" sync --python .venv/bin/python --compile-bytecode "${find_links[@]}" requirements.lock
   "${uv[@]}" install --python .venv/bin/python --no-deps -e .
   "${uv[@]}" check --python .venv/bin/python
   touch "$stamp"
