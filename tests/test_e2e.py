@@ -398,7 +398,7 @@ def test_python_runtime_serves_multi_io_integer_and_variable_length_requests(tmp
     artifact = ModelArtifact(
         format=Format.ONNX, precision=Precision.FP32, path=str(path), io_spec=spec, source_hash="x", seconds=0
     )
-    write_repository(tmp_path / "repo", ServingConfig("embed", 8, [8], 500_000, 1), artifact)
+    write_repository(tmp_path / "repo", ServingConfig("embed", 8, [8], 2_000_000, 1), artifact)
     rng = np.random.default_rng(0)
     requests = [
         (rng.integers(0, 50, (rows, n)), np.full((rows, 1), 0.5 * (i + 1), np.float32))
@@ -409,14 +409,17 @@ def test_python_runtime_serves_multi_io_integer_and_variable_length_requests(tmp
         before = client.get_inference_statistics("embed").model_stats[
             0
         ]  # also opens the connection before timing matters
-        results = {}
-        for i, (tokens, scale) in enumerate(requests):  # all in flight together: the 500 ms queue delay gathers them
+        prepared = []  # built before any is sent, so that all five are in flight together
+        for tokens, scale in requests:
             inputs = [
                 grpcclient.InferInput("tokens", list(tokens.shape), "INT64"),
                 grpcclient.InferInput("scale", list(scale.shape), "FP32"),
             ]
             inputs[0].set_data_from_numpy(tokens)
             inputs[1].set_data_from_numpy(scale)
+            prepared.append(inputs)
+        results = {}
+        for i, inputs in enumerate(prepared):  # the 2 s queue delay gathers them, even on a machine busy elsewhere
             client.async_infer(
                 "embed", inputs, callback=lambda result, error, i=i: results.__setitem__(i, (result, error))
             )
