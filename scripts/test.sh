@@ -15,9 +15,5 @@ hint="run .venv/bin/ruff format . && .venv/bin/ruff check --fix . (then fix what
   echo "test.sh: an import goes against the layers in pyproject.toml [tool.importlinter]" >&2
   exit 1
 }
-# Two workers by default (this machine has 2 cores): conftest.py sends each module to one worker, slowest first. The
-# tests marked `alone` run afterwards with the machine to themselves (exit code 5: none of them was selected).
-status=0
-.venv/bin/python -m pytest -n "${TBENCH_TEST_WORKERS:-2}" -m "not alone" "$@" || status=$?
-.venv/bin/python -m pytest -m alone "$@" || { rc=$?; if [[ $rc != 5 && $status == 0 ]]; then status=$rc; fi; }
-exit "$status"
+# Two workers by default (this machine has 2 cores): conftest.py sends each module to one worker, slowest first.
+exec .venv/bin/python -m pytest -n "${TBENCH_TEST_WORKERS:-2}" "$@"

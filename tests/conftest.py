@@ -46,18 +46,21 @@ configure_prefect_env()
 # (scripts/test.sh runs pytest-xdist) finish together; every other module follows in its usual order.
 SLOWEST_FIRST = (
     "test_stack_e2e",
-    "test_faults",
     "test_e2e",
+    "test_faults",
+    "test_stack_capacity",
+    "test_docker_mode",
     "test_e2e_formats",
     "test_e2e_recommenders",
-    "test_docker_mode",
     "test_stack_postgres",
-    "test_precision",
     "test_capacity_e2e",
-    "test_input_data",
-    "test_dlrm",
     "test_point_cache",
+    "test_input_data",
+    "test_precision",
     "test_search_e2e",
+    "test_matrix_flow",
+    "test_widedeep",
+    "test_dlrm",
 )
 # Modules that share an expensive session fixture run in one worker: the Docker daemon.
 SHARED_WORKER = {"test_docker_pool": "test_docker_mode"}

@@ -32,9 +32,9 @@ SWEEP = [
     "--scenarios",
     "offline,online",
     "--batch-sizes",
-    "1,2,4",
-    "--concurrency",
     "1,2",
+    "--concurrency",
+    "1",
     "--window-s",
     "0.5",
 ]
