@@ -51,6 +51,10 @@ runner = CliRunner()
         ),
         (["search", "nosuch"], "error: unknown model 'nosuch'"),
         (
+            ["stack", "up", "--pools", "cpu,b200"],
+            "error: unknown pool(s) b200; known: a100, v100, t4, a30, a40, h100, cpu",
+        ),
+        (
             ["search", "resnet50", "--p99-budget-ms", "5", "--throughput-floor", "10"],
             "error: give a p99 budget or a throughput floor, not both",
         ),

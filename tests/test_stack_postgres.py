@@ -36,7 +36,7 @@ def test_a_stack_on_postgresql_runs_stores_and_queries_back(postgres_url, tmp_pa
     folder, password = tmp_path / "stack", postgres_url.split(":")[2].split("@")[0]
     base = {**os.environ, "TBENCH_STACK_DATABASE_URL": postgres_url}
     up = subprocess.run(
-        [TBENCH, "stack", "up", "--folder", str(folder), "--port", str(free_port())],
+        [TBENCH, "stack", "up", "--folder", str(folder), "--port", str(free_port()), "--pools", "cpu"],
         env=base,
         capture_output=True,
         text=True,
