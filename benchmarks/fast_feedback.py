@@ -9,7 +9,7 @@ with Ctrl-C (SIGINT to its process group), which must end it with exit code 130.
 
 Part `suite`: another clean clone runs `./scripts/test.sh` (the README's test command, what CI runs) `--suite-runs`
 times in a row; each run's wall time, its passed/skipped/failed counts and its 30 slowest tests (pytest's junit
-report: setup, call and teardown of each test) are recorded.
+report: setup, call and teardown of each test) and its failures (test and message) are recorded.
 
 Usage: .venv/bin/python benchmarks/fast_feedback.py [--part setup|suite|both] [--suite-runs 2] [--size small]
 (--size: the model size of the set-up part's run; the main command's own, full, by default)
@@ -95,19 +95,25 @@ def measure_setup(work: Path, size: str | None) -> dict:
 
 def junit_summary(path: Path) -> dict:
     counts = {"passed": 0, "skipped": 0, "failed": 0}
-    tests = []
+    tests, failures = [], []
     for case in ET.parse(path).getroot().iter("testcase"):
         outcome = "passed"
+        name = f"{case.get('classname', '').rsplit('.', 1)[-1]}::{case.get('name')}"
         for child in case:
             if child.tag in ("failure", "error"):
                 outcome = "failed"
+                failures.append({"test": name, "message": (child.get("message") or "")[:500]})
             elif child.tag == "skipped" and outcome == "passed":
                 outcome = "skipped"
         counts[outcome] += 1
-        name = f"{case.get('classname', '').rsplit('.', 1)[-1]}::{case.get('name')}"
         tests.append((float(case.get("time") or 0), name))
     slowest = [{"test": name, "s": round(seconds, 1)} for seconds, name in sorted(tests, reverse=True)[:30]]
-    return {**counts, "test_seconds_total": round(sum(s for s, _ in tests)), "slowest_30": slowest}
+    return {
+        **counts,
+        "failures": failures,
+        "test_seconds_total": round(sum(s for s, _ in tests)),
+        "slowest_30": slowest,
+    }
 
 
 def measure_suite(work: Path, runs: int) -> list[dict]:
