@@ -141,9 +141,15 @@ def test_a_docker_worker_runs_a_submitted_run_in_a_container_from_the_pools_temp
     # a docker pool without a GPU request; the run went into a container of our image that exited 0 and was removed
     create = pool.base_job_template["job_configuration"]["container_create_kwargs"]
     assert pool.type == "docker" and "device_requests" not in create
+    # the run is Completed once the flow inside reports it; the container exits and is removed (auto_remove) after
+    deadline = time.monotonic() + 60
+    while (
+        docker_lines("ps", "-aq", "--filter", f"label=io.prefect.flow-run-id={run_id}") and time.monotonic() < deadline
+    ):
+        time.sleep(0.5)
+    assert docker_lines("ps", "-aq", "--filter", f"label=io.prefect.flow-run-id={run_id}") == []
     events = container_events(run_id, started)
     lifecycle = [e["Action"] for e in events if e["Action"] in ("create", "start", "die", "destroy")]
     assert lifecycle == ["create", "start", "die", "destroy"], events
     assert {e["id"] for e in events} == {container_id} and events[0]["Actor"]["Attributes"]["image"] == image
     assert next(e for e in events if e["Action"] == "die")["Actor"]["Attributes"]["exitCode"] == "0"
-    assert docker_lines("ps", "-aq", "--filter", f"label=io.prefect.flow-run-id={run_id}") == []  # auto_remove

@@ -36,7 +36,7 @@ def stack_up(
         "gets the password: stack.json and what is printed show the URL with ***.",
     ),
     port: int = typer.Option(4200, help="The Prefect server's port (its UI too)."),
-    pools: str = typer.Option(
+    pools: str | None = typer.Option(
         None,
         help="Only these pools and their deployments, comma-separated; the cpu pool, which the stack's worker "
         "serves, always (--pools cpu comes up in seconds less). All pools by default.",
