@@ -40,6 +40,12 @@ POOLS = {
 }
 
 
+def unknown_pools(names: list[str]) -> str | None:
+    """The error for names that are not pools (in the order given), or None when all are."""
+    unknown = [n for n in names if n not in POOLS]
+    return f"unknown pool(s) {', '.join(unknown)}; known: {', '.join(POOLS)}" if unknown else None
+
+
 def gpu_matches(expected: str, gpu_name: str) -> bool:
     """'A100' matches 'NVIDIA A100-SXM4-80GB' but 'A10' does not match 'NVIDIA A100...' (a whole token)."""
     return re.search(rf"(?<![A-Za-z0-9]){re.escape(expected)}(?![0-9])", gpu_name, re.IGNORECASE) is not None

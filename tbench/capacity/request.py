@@ -6,7 +6,7 @@ from __future__ import annotations
 from pydantic import BaseModel, Field, field_validator
 
 from tbench.capacity.statistics import PercentileRule
-from tbench.pools import POOLS
+from tbench.pools import unknown_pools
 from tbench.search.request import SearchRequest, StrategyName
 from tbench.search.strategies import Objective, SearchSpace
 
@@ -52,9 +52,8 @@ class CapacityRequest(BaseModel):
     @field_validator("pools")
     @classmethod
     def _known_pools(cls, pools: list[str]) -> list[str]:
-        unknown = [p for p in pools if p not in POOLS]
-        if unknown:
-            raise ValueError(f"unknown pool(s) {', '.join(unknown)}; known: {', '.join(POOLS)}")
+        if error := unknown_pools(pools):
+            raise ValueError(error)
         return list(dict.fromkeys(pools))
 
     def search(self) -> SearchRequest:

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from tbench.cli.common import EXIT_BAD_OPTIONS, EXIT_FAILED, cli_errors, console
+from tbench.cli.common import EXIT_BAD_OPTIONS, EXIT_FAILED, _split, cli_errors, console
 from tbench.core.errors import BenchError, ConfigError
 
 stack_app = typer.Typer(
@@ -44,12 +44,12 @@ def stack_up(
 ) -> None:
     """Start the stack and deploy; prints the environment a shell needs (also: tbench stack env)."""
     from tbench import stack
-    from tbench.pools import POOLS
+    from tbench.pools import unknown_pools
 
-    selected = tuple(dict.fromkeys(["cpu", *(p.strip() for p in pools.split(",") if p.strip())])) if pools else ()
+    selected = tuple(dict.fromkeys(["cpu", *(_split(pools) or [])])) if pools else ()
     with cli_errors(EXIT_BAD_OPTIONS):
-        if unknown := sorted(set(selected) - set(POOLS)):
-            raise ConfigError(f"unknown pool(s) {', '.join(unknown)}; known: {', '.join(POOLS)}")
+        if error := unknown_pools(list(selected)):
+            raise ConfigError(error)
     s = stack.Stack(root=_stack_dir(folder), database_url=database_url, api_port=port, pools=selected)
     with cli_errors(EXIT_FAILED):
         try:
