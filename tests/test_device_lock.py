@@ -40,7 +40,10 @@ def test_a_second_run_waits_saying_for_whom_then_takes_the_freed_slot(prefect_ha
     with pytest.raises(LockTimeout, match=r"still held by run run-a on .* \(pid \d+\) since .* after \d+ s of waiting"):
         second.acquire(timeout_s=4)  # past the lease: the holder renews, so it is not stale
     waits = [d for e, d in events if e == "lock_wait"]
-    assert waits and "run run-a" in waits[0]["holder"] and waits[-1]["waited_s"] >= 3
+    # it kept saying so past the holder's 3 s lease (the timeout above is the proof it did not reclaim); how many
+    # reports fit in 4 s depends on how loaded the Prefect API is, so only "more than one, growing" is asserted
+    assert len(waits) >= 2 and all("run run-a" in w["holder"] for w in waits)
+    assert waits[-1]["waited_s"] > waits[0]["waited_s"]
     first.release()
     started = time.monotonic()
     second.acquire(timeout_s=10)
