@@ -36,6 +36,8 @@ SMALL_RUN = [
     "offline",
     "--window-s",
     "0.5",
+    "--stability",
+    "50",
 ]
 
 

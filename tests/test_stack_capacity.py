@@ -133,6 +133,7 @@ def test_capacity_from_the_prefect_ui_form_runs_on_the_cpu_worker(stack, monkeyp
     from prefect.client.orchestration import get_client
     from prefect.settings import PREFECT_API_URL, temporary_settings
     from selenium import webdriver
+    from selenium.common.exceptions import TimeoutException
     from selenium.webdriver.chrome.options import Options
     from selenium.webdriver.chrome.service import Service
     from selenium.webdriver.common.by import By
@@ -198,10 +199,19 @@ def test_capacity_from_the_prefect_ui_form_runs_on_the_cpu_worker(stack, monkeyp
             return {r.id for r in runs}
 
         runs_before = deployment_runs()
-        submit = next(b for b in browser.find_elements(By.TAG_NAME, "button") if b.text.strip() == "Submit")
-        submit.click()
-        # the UI goes back to the deployment's Runs tab; the run is the deployment's new one
-        WebDriverWait(browser, 60).until(lambda b: not b.current_url.rstrip("/").endswith("/run"))
+        # the UI goes back to the deployment's Runs tab; the run is the deployment's new one. Under the other test
+        # worker's load the UI's API calls can fail ("Oops. Something went wrong": its API health check toast) and the
+        # click is lost; it is clicked again only while the deployment has no new run, so one run is ever created.
+        for _ in range(3):
+            submit = next(b for b in browser.find_elements(By.TAG_NAME, "button") if b.text.strip() == "Submit")
+            submit.click()
+            try:
+                WebDriverWait(browser, 40).until(
+                    lambda b: not b.current_url.rstrip("/").endswith("/run") or deployment_runs() - runs_before
+                )
+                break
+            except TimeoutException:
+                print(f"no run 40 s after Submit; the page said: {page()[-300:]!r}")
         [run_id] = WebDriverWait(browser, 30).until(lambda _: deployment_runs() - runs_before)
     except Exception:  # what the browser showed, for the failure's report
         browser.save_screenshot(str(stack.root / "ui-failure.png"))
