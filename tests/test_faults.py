@@ -211,7 +211,7 @@ def test_a_server_killed_mid_sweep_fails_the_run_in_one_line_and_keeps_the_point
     server = next(
         p
         for p in psutil.process_iter(["name", "cmdline"])
-        if p.info["name"] == "tritonserver" and any(str(run_dir) in a for a in p.info["cmdline"])
+        if p.info["name"] == "tritonserver" and any(str(run_dir) in a for a in p.info["cmdline"] or [])
     )
     server.kill()
     assert run.finish() == 1, run.output
@@ -232,7 +232,7 @@ def test_a_perf_analyzer_killed_mid_point_fails_that_point_only(tmp_path):
         measuring = [
             p
             for p in psutil.process_iter(["name", "cmdline"])
-            if p.info["name"] == "perf_analyzer" and any(str(run_dir) in a for a in p.info["cmdline"])
+            if p.info["name"] == "perf_analyzer" and any(str(run_dir) in a for a in p.info["cmdline"] or [])
         ]
         if measuring:
             measuring[0].kill()
