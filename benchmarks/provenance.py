@@ -41,7 +41,7 @@ RESULTS = BENCHMARKS_DIR / "results"
 # the fields every provenance block has; tests/test_benchmark_provenance.py checks the files against it
 FIELDS = ("command", "commit", "dirty", "machine", "started", "ended", "wall_s", "model_sizes", "complete")
 
-# results file -> the one command that writes it, from the repository root (README "Benchmarks" lists the same)
+# results file -> the one command that writes it, from the repository root (docs/concepts/benchmarks.md lists the same)
 COMMANDS = {
     "deployment_latency.json": ".venv/bin/python benchmarks/deployment_latency.py --size small --runs 3",
     "capacity.json": ".venv/bin/python benchmarks/capacity.py",

@@ -228,7 +228,7 @@ def test_git_state_leaves_the_results_folder_out(tmp_path):
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
 def test_every_benchmark_writes_through_provenance(script):
     """Each script records its results with `recorded`, takes or records a model size, writes no results file any
-    other way, and has its command in provenance.COMMANDS (the README's Benchmarks section lists the same)."""
+    other way, and has its command in provenance.COMMANDS (the docs' page on our own figures lists the same)."""
     source = script.read_text()
     assert "from provenance import" in source and "recorded(RESULTS / " in source
     assert "model_sizes" in source and ('"--size' in source or '"--plan"' in source)
@@ -237,9 +237,9 @@ def test_every_benchmark_writes_through_provenance(script):
     assert outputs, f"{script.name} has no command in provenance.COMMANDS"
     for name in outputs:
         assert f'RESULTS / "{name}"' in source
-    readme = (BENCHMARKS.parent / "README.md").read_text()
+    page = (BENCHMARKS.parent / "docs" / "concepts" / "benchmarks.md").read_text()
     for name in outputs:
-        assert provenance.COMMANDS[name] in readme and f"benchmarks/results/{name}" in readme
+        assert provenance.COMMANDS[name] in page and f"benchmarks/results/{name}" in page
 
 
 def test_search_measures_what_it_reports_within_the_invocation(tmp_path, capsys):

@@ -41,59 +41,67 @@ AVG = Metric("avg_ms", "Avg latency", "Avg Latency", "ms", US_TO_MS)
 METRICS: list[Metric] = [THROUGHPUT, *BREAKDOWN, *PERCENTILES, AVG]
 BY_COLUMN = {m.column: m for m in METRICS}
 
+# Every result column with what it is: the column lists below and the docs' results reference
+# (docs/gen_reference.py) are read from here.
+_METRIC_DESCRIPTIONS = {
+    m.column: f"{m.header} ({m.unit}, perf_analyzer's {m.csv_header!r}; {m.direction} is better)" for m in METRICS
+}
 # The columns of ../shared/reference/published_results.csv (a copy ships as tbench/data/published_results.csv).
-PUBLISHED_COLUMNS = [
-    "source_file",
-    "model",
-    "model_size",
-    "scenario",
-    "gpu",
-    "backend",
-    "model_format",
-    "backend_accelerator",
-    "precision",
-    "max_batch_size",
-    "model_instances",
-    "batch_size",
-    "concurrency",
-    "sequence_length",
-    *(m.column for m in METRICS),
-]
+_PUBLISHED = {
+    "source_file": "Where the row comes from: the perf_analyzer CSV of the point (a guide's file for published rows)",
+    "model": "The model adapter's name, or the model file's",
+    "model_size": "full (published dimensions), small or a model's preset",
+    "scenario": "offline, online or rate",
+    "gpu": "The GPU that ran the model, or CPU (a GPU that did not run it is not named)",
+    "backend": "The Triton backend that served the model; python (RUNTIME) for the python-backend runtime",
+    "model_format": "The served format in the guides' words (ONNX, TorchScript, TensorRT, ...)",
+    "backend_accelerator": "The accelerator in the model config (TensorRT, Automatic FP16, ...), if any",
+    "precision": "The precision actually served (FP32, FP16, INT8; an ensemble's parts joined by +)",
+    "max_batch_size": "The model config's max_batch_size",
+    "model_instances": "Instances of the model (instance_group count)",
+    "batch_size": "The client's batch size per request",
+    "concurrency": "Requests in flight (offline and online points)",
+    "sequence_length": "A dynamic dim's measured value where the model has one",
+}
 # What a run adds per point: the format (our mnemonic; model_format is the guides' wording), how it was measured
 # and whether it held.
-MEASUREMENT_COLUMNS = [
-    "format",
-    "request_rate",
-    "request_distribution",
-    "status",
-    "error",
-    "attempts",
-    "measurement_request_count",
-    "window_s",  # how long one of the point's measurement windows lasted (its requests at the measured throughput)
-    "window_requests",  # requests per stable window: one more or less at a window's edge is the throughput's resolution
-    "stability_percentage",
-    "max_trials",
-    "shared_memory",
-    "protocol",
-    "measure_seconds",
-    "point_index",
-    "batching",  # what the server did with the point's requests: static (offline) or dynamic (the batcher under test)
-    "max_queue_delay_us",  # the dynamic batcher's delay the point was served with (0 for static batching)
-    "reused_from",  # the run that measured the point when a re-run took it from the point cache (tasks/point_cache.py)
-]
+_MEASUREMENT = {
+    "format": "Our name of the served format (onnx, ts-trace, ts-script, tf-savedmodel, trt, tf-trt, ...)",
+    "request_rate": "The offered request rate of a rate point, in requests/s",
+    "request_distribution": "A rate point's arrivals: poisson or constant",
+    "status": "ok, unstable (measured, not stable within the windows) or error",
+    "error": "Why a point is unstable or failed, in one line",
+    "attempts": "perf_analyzer calls the point took (a retry has windows twice as long)",
+    "measurement_request_count": "Requests per window asked of perf_analyzer in the attempt that counted",
+    "window_s": "How long one of the point's measurement windows lasted (its requests at the measured throughput)",
+    "window_requests": "Requests per stable window: one more or less at a window's edge is the throughput's resolution",
+    "stability_percentage": "The stability rule: the largest spread allowed over the last 3 windows, in %",
+    "max_trials": "Windows perf_analyzer may try before giving up on the point",
+    "shared_memory": "How tensors went to the server: system, cuda or none",
+    "protocol": "grpc",
+    "measure_seconds": "Wall seconds of the point's perf_analyzer calls",
+    "point_index": "When the point ran in the sweep's (shuffled) order",
+    "batching": "What the server did with the point's requests: static (offline) or dynamic (the batcher under test)",
+    "max_queue_delay_us": "The dynamic batcher's delay the point was served with (0 for static batching)",
+    "reused_from": "The run that measured the point when a re-run took it from the point cache (tasks/point_cache.py)",
+}
 # What the server did during the point (tasks/monitor.py): Triton's statistics API per request, its largest relative
 # difference from perf_analyzer's server breakdown, the server's CPU (100 = one core) and memory, and GPU metrics.
-SERVER_COLUMNS = [
-    "triton_queue_ms",
-    "triton_compute_input_ms",
-    "triton_compute_infer_ms",
-    "triton_compute_output_ms",
-    "triton_requests",
-    "stats_max_rel_diff",
-    "server_cpu_pct",
-    "server_rss_mb",
-    "gpu_util_pct",
-    "gpu_mem_mb",
-    "gpu_power_w",
-]
+_SERVER = {
+    "triton_queue_ms": "Queue time per request from Triton's statistics API, diffed over the point",
+    "triton_compute_input_ms": "Compute input per request from Triton's statistics API",
+    "triton_compute_infer_ms": "Compute infer per request from Triton's statistics API",
+    "triton_compute_output_ms": "Compute output per request from Triton's statistics API",
+    "triton_requests": "Requests Triton's statistics counted over the point",
+    "stats_max_rel_diff": "The largest relative difference between Triton's statistics and perf_analyzer's breakdown",
+    "server_cpu_pct": "The server's processes' CPU over the point (100 = one core)",
+    "server_rss_mb": "The server's processes' resident memory, in MB",
+    "gpu_util_pct": "Mean utilisation of the serving GPUs from Triton's metrics (empty without a GPU)",
+    "gpu_mem_mb": "Memory used on the serving GPUs, summed, in MB (empty without a GPU)",
+    "gpu_power_w": "Power of the serving GPUs, summed, in W (empty without a GPU)",
+}
+COLUMN_DESCRIPTIONS = {**_PUBLISHED, **_METRIC_DESCRIPTIONS, **_MEASUREMENT, **_SERVER}
+PUBLISHED_COLUMNS = [*_PUBLISHED, *(m.column for m in METRICS)]
+MEASUREMENT_COLUMNS = list(_MEASUREMENT)
+SERVER_COLUMNS = list(_SERVER)
 RESULT_COLUMNS = PUBLISHED_COLUMNS + MEASUREMENT_COLUMNS + SERVER_COLUMNS
