@@ -4,6 +4,7 @@ deployments/prefect.yaml. Nothing here is written twice: a new option, field, co
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import types
 import typing
@@ -121,17 +122,19 @@ def deployments_page() -> str:
         "Every deployment in `deployments/prefect.yaml`, as `tbench stack up` (or `prefect deploy --all`) creates "
         "them. Their parameters are the [requests](request.md); schedules are created switched off.",
         "",
-        "| deployment | flow | work pool | schedules | what it does |",
+        "| deployment | entrypoint | work pool | schedules | what it does |",
         "|---|---|---|---|---|",
     ]
     for d in spec["deployments"]:
-        flow = d["entrypoint"].split(":", 1)[1]
+        path, function = d["entrypoint"].split(":", 1)
+        flow = getattr(importlib.import_module(path.removesuffix(".py").replace("/", ".")), function).name
         pool = (d.get("work_pool") or {}).get("name", "")
         schedules = ", ".join(
-            s.get("cron") or str(s.get("interval", "")) for s in d.get("schedules") or [] if isinstance(s, dict)
+            f"`{s.get('cron') or s.get('interval')}` {s.get('timezone', '')}{'' if s.get('active', True) else ' (off)'}"
+            for s in d.get("schedules") or []
         )
         description = " ".join((d.get("description") or "").split())
-        lines.append(f"| `{d['name']}` | `{flow}` | `{pool}` | {schedules} | {description} |")
+        lines.append(f"| `{flow}/{d['name']}` | `{d['entrypoint']}` | `{pool}` | {schedules} | {description} |")
     return "\n".join(lines) + "\n"
 
 

@@ -6,6 +6,7 @@ status "unstable" (no numbers), so a sweep never loses the points it did measure
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import signal
@@ -71,6 +72,17 @@ OUTPUT_PROBE_CHUNK = 8
 OUTPUT_PROBE_BUDGET_S = 5.0
 
 
+def perf_json_value(sample: np.ndarray) -> dict:
+    """One sample of one input in perf_analyzer's JSON input data. FP16 and BF16 go as their little-endian bytes (b64),
+    the only form perf_analyzer takes them in; other values as numbers, floats unrounded (a float32 written as its
+    double is read back exactly: perf_analyzer sends what correctness and accuracy checked)."""
+    shape = list(sample.shape)
+    if sample.dtype.itemsize == 2 and sample.dtype.kind == "f" or sample.dtype.name == "bfloat16":
+        raw = np.ascontiguousarray(sample, dtype=sample.dtype.newbyteorder("<")).tobytes()
+        return {"b64": base64.b64encode(raw).decode("ascii"), "shape": shape}
+    return {"content": sample.ravel().tolist(), "shape": shape}
+
+
 def prepare_inputs(
     adapter, module, path: Path, samples: int | None = None, shared_memory: str = "system"
 ) -> PerfInputs:
@@ -100,16 +112,7 @@ def prepare_inputs(
     n = done
     data_file = None
     if per_sample <= MAX_INPUT_VALUES or not all_float:
-        entries = [
-            {
-                name: {
-                    "content": (a[i].round(6) if a.dtype.kind == "f" else a[i]).ravel().tolist(),
-                    "shape": list(a.shape[1:]),
-                }
-                for name, a in batch.items()
-            }
-            for i in range(n)
-        ]
+        entries = [{name: perf_json_value(a[i]) for name, a in batch.items()} for i in range(n)]
         path.write_text(json.dumps({"data": entries}))
         data_file = path
     return PerfInputs(

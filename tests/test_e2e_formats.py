@@ -137,3 +137,53 @@ def test_a_model_file_is_read_served_checked_and_swept(prefect_harness, tmp_path
     seq = 16 if seq == -1 else seq  # dynamic dims the user leaves open get the default length
     assert f"--shape features:{seq},8" in argv and f"--shape ids:{seq}" in argv and "--input-data" in argv
     assert "Served by: python" in report and "### Accuracy through Triton" in report
+
+
+# ---- a file as large models are saved (weights in a separate file) with FP16 inputs and outputs
+
+
+def _write_fp16_external_data_onnx(path: Path) -> Path:
+    """An MLP exported in half precision (FP16 io), its weights saved beside it in weights.bin (external data)."""
+    import onnx
+    import torch
+
+    torch.manual_seed(0)
+    module = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4)).half().eval()
+    exported = path / "exported.onnx"
+    torch.onnx.export(
+        module,
+        (torch.randn(2, 16).half(),),
+        str(exported),
+        dynamo=False,
+        input_names=["x"],
+        output_names=["y"],
+        dynamic_axes={"x": {0: "b"}, "y": {0: "b"}},
+    )
+    folder = path / "handed_over"
+    folder.mkdir()
+    out = folder / "mlp.onnx"
+    onnx.save_model(
+        onnx.load(str(exported)), str(out), save_as_external_data=True, location="weights.bin", size_threshold=0
+    )
+    return out
+
+
+def test_a_file_with_external_data_and_fp16_inputs_is_served_and_swept(prefect_harness, tmp_path):
+    model_file = _write_fp16_external_data_onnx(tmp_path)
+    assert (model_file.parent / "weights.bin").stat().st_size > 1000 and model_file.stat().st_size < 1000
+    run, results, report = run_flow(
+        tmp_path, BenchmarkRequest(model_file=str(model_file), output=str(tmp_path), **QUICK)
+    )
+    iospec = json.loads((run / "io_spec.json").read_text())
+    assert [t["dtype"] for t in iospec["inputs"] + iospec["outputs"]] == ["float16", "float16"]
+    # the weights travelled with the model: into the run folder and into the Triton repository
+    assert (run / "models/onnx/weights.bin").exists()
+    assert (run / "model_repository/mlp/1/weights.bin").exists()
+    (accuracy,) = json.loads((run / "accuracy.json").read_text())
+    assert all(o["passed"] for o in accuracy["outputs"])
+    # perf_analyzer takes FP16 data only as bytes (b64): every point measured
+    assert (results["status"] == "ok").all() and set(results["scenario"]) == {"offline", "online"}, results[
+        ["scenario", "batch_size", "status", "error"]
+    ]
+    sample = json.loads((run / "perf_input.json").read_text())["data"][0]["x"]
+    assert set(sample) == {"b64", "shape"} and sample["shape"] == [16]

@@ -256,3 +256,62 @@ def test_unbatched_model_keeps_full_shapes(tmp_path):
     data = synthetic_inputs(mf, batch_size=8)  # batch size is ignored without a batch axis
     assert data["x"].shape == (4, 3)
     assert run_model_file(mf, data)["y"].shape == (4, 2)
+
+
+def test_a_zipmap_output_is_refused_naming_the_fix(tmp_path):
+    """skl2onnx's default classifier output, a sequence of maps, built here with onnx's own helpers."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [
+            helper.make_node(
+                "ZipMap", ["probabilities"], ["output_probability"], classlabels_int64s=[0, 1], domain="ai.onnx.ml"
+            )
+        ],
+        "classifier",
+        [helper.make_tensor_value_info("probabilities", TensorProto.FLOAT, ["N", 2])],
+        [
+            helper.make_value_info(
+                "output_probability",
+                helper.make_sequence_type_proto(
+                    helper.make_map_type_proto(TensorProto.INT64, helper.make_tensor_type_proto(TensorProto.FLOAT, []))
+                ),
+            )
+        ],
+    )
+    path = tmp_path / "classifier.onnx"
+    onnx.save(
+        helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("ai.onnx.ml", 3)]),
+        str(path),
+    )
+    with pytest.raises(
+        ConfigError, match=r"output_probability .* sequence of maps \(skl2onnx's ZipMap\).*'zipmap': False"
+    ):
+        read_model_file(path)
+
+
+def test_external_data_files_are_listed_and_hashed(tmp_path):
+    import onnx
+    import torch
+
+    from tbench.core.model_file import onnx_external_files
+    from tbench.core.runtimes import source_digest
+
+    module = torch.nn.Linear(8, 4).eval()
+    torch.onnx.export(module, (torch.randn(1, 8),), str(tmp_path / "inline.onnx"), dynamo=False, input_names=["x"])
+    assert onnx_external_files(tmp_path / "inline.onnx") == []
+    path = tmp_path / "split.onnx"
+    onnx.save_model(
+        onnx.load(str(tmp_path / "inline.onnx")),
+        str(path),
+        save_as_external_data=True,
+        location="w.bin",
+        size_threshold=0,
+    )
+    assert onnx_external_files(path) == ["w.bin"]
+    before = source_digest("onnx", path)
+    data = bytearray((tmp_path / "w.bin").read_bytes())
+    data[0] ^= 1  # other weights, the same model file
+    (tmp_path / "w.bin").write_bytes(bytes(data))
+    assert source_digest("onnx", path) != before

@@ -142,6 +142,7 @@ def test_window_duration_comes_from_the_merged_windows_in_the_log():
 def test_perf_input_data_holds_real_samples_and_skips_huge_float_ones(
     small_adapter, small_module, tmp_path, monkeypatch
 ):
+    import base64
     import json
 
     from tbench import sweep as perf
@@ -151,7 +152,13 @@ def test_perf_input_data_holds_real_samples_and_skips_huge_float_ones(
     entries = json.loads((tmp_path / "data.json").read_text())["data"]
     first = small_adapter.sample_batch(3)["input__0"][0]
     assert len(entries) == 3 and entries[0]["input__0"]["shape"] == [3, 32, 32]
-    np.testing.assert_allclose(entries[0]["input__0"]["content"][:5], first.ravel()[:5], atol=1e-6)
+    # floats are sent unrounded: read back as float32, exactly what correctness and accuracy checked
+    sent = np.asarray(entries[0]["input__0"]["content"], dtype=np.float32).reshape(3, 32, 32)
+    np.testing.assert_array_equal(sent, first)
+    half = perf.perf_json_value(np.linspace(-2, 2, 6, dtype=np.float16).reshape(2, 3))  # FP16 only as bytes
+    assert half["shape"] == [2, 3] and np.array_equal(
+        np.frombuffer(base64.b64decode(half["b64"]), "<f2"), np.linspace(-2, 2, 6, dtype=np.float16)
+    )
     assert inputs.data_file == tmp_path / "data.json" and inputs.sample_output_bytes == 10 * 4
     monkeypatch.setattr(perf, "MAX_INPUT_VALUES", 100)  # a 3x32x32 image is now "too big": random data
     assert prepare_inputs(small_adapter, small_module, tmp_path / "big.json").data_file is None

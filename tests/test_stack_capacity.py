@@ -48,6 +48,21 @@ def stack(tmp_path_factory):
     yield from running_stack(tmp_path_factory.mktemp("stack"), pools=("cpu",))
 
 
+def failed_requests(performance_log: list[dict]) -> list[str]:
+    """The browser's requests that got no answer or an error status, from chromium's performance (DevTools) log."""
+    urls, failed = {}, []
+    for entry in performance_log:
+        message = json.loads(entry["message"])["message"]
+        params = message.get("params", {})
+        if message["method"] == "Network.requestWillBeSent":
+            urls[params["requestId"]] = f"{params['request']['method']} {params['request']['url']}"
+        elif message["method"] == "Network.responseReceived" and params["response"]["status"] >= 400:
+            failed.append(f"{urls.get(params['requestId'], '?')}: {params['response']['status']}")
+        elif message["method"] == "Network.loadingFailed":
+            failed.append(f"{urls.get(params['requestId'], '?')}: {params.get('errorText')}")
+    return failed
+
+
 def run_folders(stack: Stack) -> set[str]:
     """The run folders in the stack's artifact store, read afresh."""
     import fsspec
@@ -149,6 +164,7 @@ def test_capacity_from_the_prefect_ui_form_runs_on_the_cpu_worker(stack, monkeyp
     for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1400,2000"):
         options.add_argument(arg)
     options.binary_location = str(CHROMIUM)
+    options.set_capability("goog:loggingPrefs", {"performance": "ALL", "browser": "ALL"})  # for a failure's report
     browser = webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=options)
     ui = stack.api_url.removesuffix("/api")
     try:
@@ -217,6 +233,8 @@ def test_capacity_from_the_prefect_ui_form_runs_on_the_cpu_worker(stack, monkeyp
         browser.save_screenshot(str(stack.root / "ui-failure.png"))
         (stack.root / "ui-failure.html").write_text(browser.page_source)
         print(f"the page at the failure: {stack.root / 'ui-failure.png'} ({browser.current_url})")
+        print("the browser's console:", [e["message"][:300] for e in browser.get_log("browser")][-10:])
+        print("the API calls that failed:", failed_requests(browser.get_log("performance")))
         raise
     finally:
         browser.quit()

@@ -241,6 +241,37 @@ def _read_onnx(path: Path) -> tuple[IoSpec, bool, dict[str, int]]:
     return *_split_batch(inputs, outputs), rows
 
 
+def onnx_external_files(path: Path) -> list[str]:
+    """The files an ONNX model keeps its weights in (saved with external data, as every model over 2 GB is), relative
+    to its folder: they travel with it wherever the model file goes. Empty for a folder or a file that is not ONNX."""
+    if path.is_dir() or path.suffix != ".onnx":
+        return []
+    import onnx
+
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception:
+        return []
+    graphs, tensors = [model.graph], []
+    while graphs:  # the main graph and every subgraph (If, Loop, Scan bodies)
+        graph = graphs.pop()
+        tensors += list(graph.initializer)
+        for node in graph.node:
+            for attribute in node.attribute:
+                tensors += [attribute.t] if attribute.HasField("t") else []
+                tensors += list(attribute.tensors)
+                graphs += ([attribute.g] if attribute.HasField("g") else []) + list(attribute.graphs)
+    return sorted(
+        {
+            entry.value
+            for t in tensors
+            if t.data_location == onnx.TensorProto.EXTERNAL
+            for entry in t.external_data
+            if entry.key == "location"
+        }
+    )
+
+
 # ops that pass an index tensor on unchanged in value (input 0 to output 0)
 _VALUE_PRESERVING = {"Identity", "Cast", "Reshape", "Unsqueeze", "Squeeze", "Flatten", "Expand", "Transpose"}
 
@@ -283,8 +314,17 @@ def _onnx_table_rows(graph: Any, names: list[str]) -> dict[str, int]:
 def _onnx_tensor(value: Any, path: Path) -> TensorSpec:
     from onnx.helper import tensor_dtype_to_np_dtype
 
-    if value.type.WhichOneof("value") != "tensor_type":
-        raise ConfigError(f"ONNX value {value.name} of {path} is not a tensor")
+    kind = value.type.WhichOneof("value")
+    if kind == "sequence_type" and value.type.sequence_type.elem_type.WhichOneof("value") == "map_type":
+        raise ConfigError(
+            f"ONNX output {value.name} of {path} is a sequence of maps (skl2onnx's ZipMap), not a tensor: export the "
+            "classifier with options={'zipmap': False} to get its probabilities as a tensor"
+        )
+    if kind != "tensor_type":
+        raise ConfigError(
+            f"ONNX value {value.name} of {path} is a {kind.removesuffix('_type') if kind else 'value of no type'}, "
+            "not a tensor: Triton serves tensors only (export it as one)"
+        )
     tensor_type = value.type.tensor_type
     if not tensor_type.HasField("shape"):
         raise ConfigError(f"ONNX tensor {value.name} of {path} has no declared rank")

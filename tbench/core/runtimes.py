@@ -119,9 +119,14 @@ def source_digest(framework: str, module) -> str:
             h.update(w.path.encode() if hasattr(w, "path") else w.name.encode())
             h.update(np.ascontiguousarray(w.numpy()).tobytes())
     else:
+        from tbench.core.model_file import onnx_external_files
+
         path = Path(module)
         for f in sorted(path.rglob("*")) if path.is_dir() else [path]:
             if f.is_file():
                 h.update(f.relative_to(path).as_posix().encode() if path.is_dir() else b"")
                 h.update(f.read_bytes())
+        for location in onnx_external_files(path):  # the weights an ONNX file keeps beside it
+            h.update(location.encode())
+            h.update((path.parent / location).read_bytes())
     return h.hexdigest()[:16]
