@@ -34,25 +34,39 @@ def browser(width: int, height: int) -> webdriver.Chrome:
     return webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=options)
 
 
-def report_picture(work: Path) -> Path:
-    tbench = str(Path(sys.executable).with_name("tbench"))
-    done = subprocess.run([tbench, "run", *RUN, "--output", str(work)], capture_output=True, text=True, check=True)
-    run_dir = Path(done.stdout.strip().splitlines()[-1])
-    b = browser(1100, 1500)
+def screenshot(url: str, size: tuple[int, int], ready, anchor: str, name: str, above_px: int = 0) -> Path:
+    """docs/assets/NAME: the page at `url` once `ready(browser)` holds, scrolled to the element at XPath `anchor`
+    (`above_px` of what precedes it left in view)."""
+    b = browser(*size)
     try:
-        b.get((run_dir / "report.html").as_uri())
-        WebDriverWait(b, 30).until(lambda d: d.find_elements(By.TAG_NAME, "img"))
-        # the summary and the first plots, rather than the configuration table at the top
-        heading = b.find_element(By.XPATH, "//h2[contains(., 'Summary')]")
-        b.execute_script("arguments[0].scrollIntoView();", heading)
-        path = ASSETS / "report.png"
+        b.get(url)
+        WebDriverWait(b, 90).until(ready)
+        b.execute_script(
+            f"arguments[0].scrollIntoView(); window.scrollBy(0, {-above_px});", b.find_element(By.XPATH, anchor)
+        )
+        path = ASSETS / name
         b.save_screenshot(str(path))
     finally:
         b.quit()
     return path
 
 
+def report_picture(work: Path) -> Path:
+    """The summary and the first plots, rather than the configuration table at the top."""
+    tbench = str(Path(sys.executable).with_name("tbench"))
+    done = subprocess.run([tbench, "run", *RUN, "--output", str(work)], capture_output=True, text=True, check=True)
+    run_dir = Path(done.stdout.strip().splitlines()[-1])
+    return screenshot(
+        (run_dir / "report.html").as_uri(),
+        (1100, 1500),
+        lambda d: d.find_elements(By.TAG_NAME, "img"),
+        "//h2[contains(., 'Summary')]",
+        "report.png",
+    )
+
+
 def form_picture(work: Path) -> Path:
+    """The capacity request's own fields, below the benchmark request's."""
     from prefect.client.orchestration import get_client
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
@@ -62,20 +76,16 @@ def form_picture(work: Path) -> Path:
     try:
         with temporary_settings({PREFECT_API_URL: stack.api_url}), get_client(sync_client=True) as client:
             deployment_id = client.read_deployment_by_name("triton-capacity/capacity-cpu").id
-        b = browser(1300, 1100)
-        try:
-            b.get(f"{stack.api_url.removesuffix('/api')}/deployments/deployment/{deployment_id}/run")
-            WebDriverWait(b, 90).until(lambda d: "The latency SLO in ms" in d.find_element(By.TAG_NAME, "body").text)
-            # the capacity request's own fields, below the benchmark request's
-            field = b.find_element(By.XPATH, "//*[contains(text(), 'Slo Ms')]")
-            b.execute_script("arguments[0].scrollIntoView(); window.scrollBy(0, -120);", field)
-            path = ASSETS / "prefect-form.png"
-            b.save_screenshot(str(path))
-        finally:
-            b.quit()
+        return screenshot(
+            f"{stack.api_url.removesuffix('/api')}/deployments/deployment/{deployment_id}/run",
+            (1300, 1100),
+            lambda d: "The latency SLO in ms" in d.find_element(By.TAG_NAME, "body").text,
+            "//*[contains(text(), 'Slo Ms')]",
+            "prefect-form.png",
+            above_px=120,
+        )
     finally:
         stack.down()
-    return path
 
 
 def main() -> int:

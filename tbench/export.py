@@ -662,18 +662,13 @@ def _record_lines(record: dict | None) -> list[str]:
 def _copy_source_file(adapter: ModelAdapter, path: Path, fmt: Format, out_dir: Path) -> Path:
     """A user's model file served as it is: copied into the run, with the files an ONNX model keeps its weights in
     (external data, at the same relative places), so the run folder is complete."""
-    from tbench.core.model_file import onnx_external_files
+    from tbench.core.model_file import copy_onnx_external_files
 
     target = out_dir / fmt.value / FILE_NAMES[fmt]
     shutil.rmtree(target.parent, ignore_errors=True)
     target.parent.mkdir(parents=True)
     (shutil.copytree if path.is_dir() else shutil.copy2)(path, target)
-    for location in onnx_external_files(path):
-        source = path.parent / location
-        if not source.is_file():
-            raise ConversionError(f"{path} keeps weights in {location}, which is not next to it ({source})")
-        (target.parent / location).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(source, target.parent / location)
+    copy_onnx_external_files(path, target.parent)
     return target
 
 

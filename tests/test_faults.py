@@ -91,17 +91,19 @@ class CliRun:
         return Path(line.split(" in ", 1)[1].strip())
 
 
+def run_processes(run_dir: Path, name: str | None = None) -> list[psutil.Process]:
+    """Processes serving or measuring this run (their argv names its folder), `name`d ones only if given; one whose
+    argv cannot be read (exiting) is not one of them."""
+    return [
+        p
+        for p in psutil.process_iter(["cmdline", "name"])
+        if (name is None or p.info["name"] == name) and any(str(run_dir) in a for a in p.info["cmdline"] or [])
+    ]
+
+
 def leftovers(run_dir: Path) -> list[str]:
-    """Processes still serving or measuring this run (their argv names its folder), and shared memory that no process
-    maps any more."""
-    found = []
-    for p in psutil.process_iter(["cmdline", "name"]):
-        try:
-            if any(str(run_dir) in a for a in p.info["cmdline"] or []):
-                found.append(f"{p.info['name']} (pid {p.pid})")
-        except psutil.Error:
-            pass
-    return found + lasting_unmapped_regions()
+    """Processes still serving or measuring this run, and shared memory that no process maps any more."""
+    return [f"{p.info['name']} (pid {p.pid})" for p in run_processes(run_dir)] + lasting_unmapped_regions()
 
 
 def lasting_unmapped_regions() -> list[str]:
@@ -208,11 +210,7 @@ def test_a_server_killed_mid_sweep_fails_the_run_in_one_line_and_keeps_the_point
     run = CliRun(SWEEP, tmp_path / "runs")
     run.wait_for("offline batch")
     run_dir = run.run_dir()
-    server = next(
-        p
-        for p in psutil.process_iter(["name", "cmdline"])
-        if p.info["name"] == "tritonserver" and any(str(run_dir) in a for a in p.info["cmdline"] or [])
-    )
+    server = next(iter(run_processes(run_dir, "tritonserver")))
     server.kill()
     assert run.finish() == 1, run.output
     assert "Traceback" not in run.output and "the Triton server stopped during the sweep" in run.output
@@ -229,11 +227,7 @@ def test_a_perf_analyzer_killed_mid_point_fails_that_point_only(tmp_path):
     run_dir = run.run_dir()
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:  # the next point's perf_analyzer
-        measuring = [
-            p
-            for p in psutil.process_iter(["name", "cmdline"])
-            if p.info["name"] == "perf_analyzer" and any(str(run_dir) in a for a in p.info["cmdline"] or [])
-        ]
+        measuring = run_processes(run_dir, "perf_analyzer")
         if measuring:
             measuring[0].kill()
             break

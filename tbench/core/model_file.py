@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import os
+import shutil
 import zipfile
 from collections import defaultdict
 from pathlib import Path
@@ -17,7 +18,7 @@ import numpy as np
 from pydantic import BaseModel, ValidationError
 
 from tbench.core.enums import Format
-from tbench.core.errors import ConfigError
+from tbench.core.errors import ConfigError, ConversionError
 from tbench.core.iospec import _TRITON_DTYPES, IoSpec, TensorSpec
 from tbench.core.runtimes import cached, run_file
 
@@ -270,6 +271,17 @@ def onnx_external_files(path: Path) -> list[str]:
             if entry.key == "location"
         }
     )
+
+
+def copy_onnx_external_files(path: Path, target_dir: Path, copy=shutil.copy2) -> None:
+    """Puts the files an ONNX model keeps its weights in beside its copy in `target_dir`, at the same relative places
+    (`copy`: how, e.g. a hard link)."""
+    for location in onnx_external_files(path):
+        source = path.parent / location
+        if not source.is_file():
+            raise ConversionError(f"{path} keeps weights in {location}, which is not next to it ({source})")
+        (target_dir / location).parent.mkdir(parents=True, exist_ok=True)
+        copy(source, target_dir / location)
 
 
 # ops that pass an index tensor on unchanged in value (input 0 to output 0)

@@ -14,7 +14,7 @@ from tbench.core.artifacts import ModelArtifact
 from tbench.core.enums import Format
 from tbench.core.errors import ConfigError
 from tbench.core.iospec import IoSpec
-from tbench.core.model_file import onnx_external_files
+from tbench.core.model_file import copy_onnx_external_files
 from tbench.request import PYTHON_BACKEND_RUNTIMES
 from tbench.triton.config import (
     BACKEND_DIRS,
@@ -155,9 +155,7 @@ def write_repository(repo_dir: Path, cfg: ServingConfig, artifact: ModelArtifact
     else:
         _link_or_copy(source, version_dir / source.name)
         shutil.copy2(RUNTIME_MODEL, version_dir / "model.py")
-    for location in onnx_external_files(source):  # an ONNX model's external data, where the model looks for it
-        (version_dir / location).parent.mkdir(parents=True, exist_ok=True)
-        _link_or_copy(source.parent / location, version_dir / location)
+    copy_onnx_external_files(source, version_dir, _link_or_copy)  # its external data, where the model looks for it
     (model_dir / "config.pbtxt").write_text(to_pbtxt(config))
     return model_dir
 
