@@ -176,11 +176,13 @@ def measure_point(
         csv_path = layout.perf_csv(model, point.scenario, point.label, attempt)
         argv = perf_argv(binary, model, grpc_url, point, m, request_count, csv_path, spec, inputs)
         log_path = layout.perf_log(model, point.scenario, point.label, attempt)
-        if row["shared_memory"] != "none":
-            release_shared_memory(grpc_url, row["shared_memory"])
         with shm.system_regions_held() if row["shared_memory"] == "system" else contextlib.nullcontext():
             monitor.start()
-            done = procs.run(argv, log_path, m.timeout_s, env)
+            try:
+                done = procs.run(argv, log_path, m.timeout_s, env)
+            finally:  # an unstable, killed or timed-out perf_analyzer leaves its regions registered
+                if row["shared_memory"] != "none":
+                    release_shared_memory(grpc_url, row["shared_memory"], spec.input_names() + spec.output_names())
             observed = monitor.stop()
         row.update(
             attempts=attempt + 1,
@@ -230,25 +232,37 @@ def measure_point(
     return row
 
 
-def release_shared_memory(grpc_url: str, kind: str) -> list[str]:
-    """Unregister the regions an earlier perf_analyzer left registered with the server, and unlink their files.
+def perf_analyzer_region(name: str, tensors: list[str]) -> bool:
+    """Whether a registered region is one perf_analyzer makes for these tensors: named as the tensor, or the tensor
+    followed by its batch and step (`input__0_0_3`) when it sends user data."""
+    return any(name == t or name.startswith(t + "_") for t in tensors)
+
+
+def release_shared_memory(grpc_url: str, kind: str, tensors: list[str] | None = None) -> list[str]:
+    """Unregister the regions a perf_analyzer left registered with the server, and unlink their files.
 
     perf_analyzer unregisters its regions when it ends cleanly, but not when it is killed or stops on an unstable point.
-    The server then still maps the old region, and the next perf_analyzer re-creates a region of the same name with
-    another size: the server read past its end and died (SIGBUS) in our fault tests. Our server is private to the run,
-    so every region registered with it is ours. Returns the names released."""
+    The server then still maps the old region (memory held until it stops), and the next perf_analyzer re-creates a
+    region of the same name with another size: the server read past its end and died (SIGBUS) in our fault tests.
+    With `tensors`, only the regions perf_analyzer names after them are released (a shared server may hold other
+    clients' regions); without, every region. Returns the names released."""
     import tritonclient.grpc as grpcclient
+
+    def ours(name: str) -> bool:
+        return tensors is None or perf_analyzer_region(name, tensors)
 
     try:
         with grpcclient.InferenceServerClient(grpc_url) as client:
             if kind == "cuda":
                 regions = client.get_cuda_shared_memory_status(as_json=True).get("regions", {})
-                if regions:
-                    client.unregister_cuda_shared_memory()
+                regions = {name: r for name, r in regions.items() if ours(name)}
+                for name in regions:
+                    client.unregister_cuda_shared_memory(name)
                 return list(regions)
             regions = client.get_system_shared_memory_status(as_json=True).get("regions", {})
-            if regions:
-                client.unregister_system_shared_memory()
+            regions = {name: r for name, r in regions.items() if ours(name)}
+            for name in regions:
+                client.unregister_system_shared_memory(name)
     except Exception:  # a server that cannot answer fails the point itself, with perf_analyzer's own error
         return []
     for region in regions.values():

@@ -532,23 +532,42 @@ def test_remote_mode_uploads_loads_and_unloads_through_the_client(small_artifact
         theirs.stop()
 
 
-def test_regions_a_killed_perf_analyzer_left_registered_are_released(served_small):
+def test_regions_a_killed_perf_analyzer_left_registered_are_released(served_small, small_artifacts, tmp_path):
     import tritonclient.grpc as grpcclient
 
     from tbench.sweep import release_shared_memory
 
-    region = shm.SHM_DIR / "tbench_test_input_0_0"  # as perf_analyzer makes one: a file under /dev/shm, registered
-    fd = os.open(region, os.O_CREAT | os.O_RDWR, 0o600)
-    try:
-        os.ftruncate(fd, 1024)
+    def registered():
         with grpcclient.InferenceServerClient(served_small.endpoints.grpc_url) as client:
-            client.register_system_shared_memory("input_0_0", "/" + region.name, 1024)
-            assert release_shared_memory(served_small.endpoints.grpc_url, "system") == ["input_0_0"]
-            assert not client.get_system_shared_memory_status(as_json=True).get("regions")
-        assert not region.exists()
+            return sorted(client.get_system_shared_memory_status(as_json=True).get("regions", {}))
+
+    # a point that ends unstable (perf_analyzer then exits without unregistering): nothing stays registered after it
+    row = run_sweep(
+        [Point(Scenario.OFFLINE, 1, 1)],
+        model="resnet50",
+        grpc_url=served_small.endpoints.grpc_url,
+        spec=small_artifacts[0].io_spec,
+        m=Measurement(window_s=0.2, min_requests=8, stability_percentage=0.001, max_trials=3, retries=0),
+        layout=RunLayout(tmp_path, "unstable").create(),
+        static={},
+    ).iloc[0]
+    assert row["status"] == "unstable" and row["shared_memory"] == "system" and registered() == []
+
+    regions = [shm.SHM_DIR / f"tbench_test_{name}" for name in ("input_0_0", "theirs")]  # as perf_analyzer makes one
+    fds = [os.open(region, os.O_CREAT | os.O_RDWR, 0o600) for region in regions]
+    try:
+        with grpcclient.InferenceServerClient(served_small.endpoints.grpc_url) as client:
+            for fd, region, name in zip(fds, regions, ("input_0_0", "theirs")):
+                os.ftruncate(fd, 1024)
+                client.register_system_shared_memory(name, "/" + region.name, 1024)
+        # named after our tensors: released; another client's region on the same server: left alone
+        assert release_shared_memory(served_small.endpoints.grpc_url, "system", ["input", "output"]) == ["input_0_0"]
+        assert registered() == ["theirs"] and not regions[0].exists() and regions[1].exists()
+        assert release_shared_memory(served_small.endpoints.grpc_url, "system") == ["theirs"] and registered() == []
     finally:
-        os.close(fd)
-        region.unlink(missing_ok=True)
+        for fd, region in zip(fds, regions):
+            os.close(fd)
+            region.unlink(missing_ok=True)
 
 
 def test_a_remote_run_leaves_the_shared_servers_own_model_of_that_name_alone(
