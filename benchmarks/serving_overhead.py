@@ -31,7 +31,7 @@ from tbench.core.enums import Format, Scenario
 from tbench.core.layout import RunLayout
 from tbench.core.runtimes import source_digest
 from tbench.export import export_model
-from tbench.perf_analyzer import Point
+from tbench.loadgen.perf_analyzer import Point
 from tbench.request import Measurement
 from tbench.sweep import run_sweep
 from tbench.triton.repository import ServingConfig, write_repository

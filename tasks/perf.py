@@ -11,7 +11,7 @@ from prefect.cache_policies import NO_CACHE
 
 from tbench.core import progress
 from tbench.core.enums import Scenario
-from tbench.perf_analyzer import Point
+from tbench.loadgen.perf_analyzer import Point
 from tbench.sweep import run_sweep
 
 

@@ -23,8 +23,7 @@ from tbench.core.errors import PerfAnalyzerError
 from tbench.core.iospec import IoSpec
 from tbench.core.layout import RunLayout
 from tbench.core.metrics import RESULT_COLUMNS, THROUGHPUT
-from tbench.node import procs, shm, tools
-from tbench.perf_analyzer import (
+from tbench.loadgen.perf_analyzer import (
     STABLE_WINDOWS,
     UNSTABLE_MARK,
     PerfInputs,
@@ -36,6 +35,7 @@ from tbench.perf_analyzer import (
     perf_argv,
     window_seconds,
 )
+from tbench.node import procs, shm, tools
 from tbench.request import Measurement, plain_name
 from tbench.triton.monitor import NoMonitor, cross_check
 

@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from tbench.perf_analyzer import noise_from_log, parse_windows
+from tbench.loadgen.perf_analyzer import noise_from_log, parse_windows
 from tbench.results import compare
 from tbench.results.compare import (
     FASTER,

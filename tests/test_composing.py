@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from tbench.perf_analyzer import parse_composing
+from tbench.loadgen.perf_analyzer import parse_composing
 
 GOLDEN = Path(__file__).parent / "golden" / "perf_analyzer" / "ensemble_b2_c1.log"
 

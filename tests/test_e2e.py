@@ -22,8 +22,8 @@ from tbench.core.errors import ServerStartError
 from tbench.core.layout import RunLayout
 from tbench.core.metrics import RESULT_COLUMNS, SERVER_COLUMNS
 from tbench.core.runtimes import run_pytorch
+from tbench.loadgen.perf_analyzer import Point, pass_throughputs
 from tbench.node import shm
-from tbench.perf_analyzer import Point, pass_throughputs
 from tbench.request import BenchmarkRequest, Measurement
 from tbench.sweep import plan_points, run_sweep
 from tbench.triton.monitor import PointMonitor

@@ -9,7 +9,7 @@ from conftest import GOLDEN
 from tbench.core.enums import Scenario
 from tbench.core.iospec import IoSpec, TensorSpec
 from tbench.core.metrics import BREAKDOWN, PUBLISHED_COLUMNS, RESULT_COLUMNS
-from tbench.perf_analyzer import Point, output_shm_bytes, parse_perf_csv, perf_argv
+from tbench.loadgen.perf_analyzer import Point, output_shm_bytes, parse_perf_csv, perf_argv
 from tbench.request import Measurement
 from tbench.sweep import plan_points
 
@@ -130,7 +130,7 @@ def test_windows_are_sized_by_time_from_the_calibrated_latency_and_double_on_ret
 
 
 def test_window_duration_comes_from_the_merged_windows_in_the_log():
-    from tbench.perf_analyzer import merged_requests, pass_throughputs, window_seconds
+    from tbench.loadgen.perf_analyzer import merged_requests, pass_throughputs, window_seconds
 
     log = (GOLDEN / "perf_analyzer" / "resnet50_online_b1_c4.log").read_text()
     assert pass_throughputs(log) == [21.9536, 23.9791, 23.8697]
@@ -175,7 +175,7 @@ def test_offline_shared_memory_follows_the_node(tmp_path):
     """CUDA shared memory where client and server share a GPU node, none against a remote server."""
     from types import SimpleNamespace
 
-    from tbench.perf_analyzer import PerfInputs
+    from tbench.loadgen.perf_analyzer import PerfInputs
     from tbench.plan import offline_shared_memory
 
     spec = IoSpec(

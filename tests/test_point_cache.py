@@ -10,7 +10,7 @@ import pytest
 
 from tbench.core.enums import Scenario
 from tbench.core.layout import RunLayout
-from tbench.perf_analyzer import Point
+from tbench.loadgen.perf_analyzer import Point
 from tbench.request import BenchmarkRequest, Measurement
 from tbench.results.point_cache import PointCache
 from tbench.sweep import run_sweep

@@ -186,8 +186,8 @@ def test_remote_upload_is_the_model_directory(tmp_path):
 
 def test_the_point_cache_key_holds_the_server_identity():
     """Points measured on one server are not another's: the key changes with the server's address, mode and version."""
+    from tbench.loadgen.perf_analyzer import PerfInputs
     from tbench.node.hardware import Hardware
-    from tbench.perf_analyzer import PerfInputs
     from tbench.plan import point_cache
     from tbench.request import BenchmarkRequest
 

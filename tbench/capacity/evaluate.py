@@ -15,7 +15,7 @@ from tbench.capacity.statistics import PercentileRule
 from tbench.core import progress
 from tbench.core.enums import Scenario
 from tbench.core.layout import RunLayout, perf_log_for
-from tbench.perf_analyzer import STABLE_WINDOWS, Point, delayed_percent
+from tbench.loadgen.perf_analyzer import STABLE_WINDOWS, Point, delayed_percent
 from tbench.request import Measurement
 from tbench.search.evaluate import ServedVariant, TritonEvaluator
 from tbench.search.strategies import Candidate, Observation

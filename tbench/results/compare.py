@@ -35,7 +35,7 @@ import pandas as pd
 from tbench.core.layout import perf_log_for
 from tbench.core.metrics import RESULT_COLUMNS, THROUGHPUT
 from tbench.core.storage import url_to_fs
-from tbench.perf_analyzer import DEFAULT_NOISE, STABLE_WINDOWS, Noise, noise_from_log
+from tbench.loadgen.perf_analyzer import DEFAULT_NOISE, STABLE_WINDOWS, Noise, noise_from_log
 
 MATCH_KEYS = [
     "model",

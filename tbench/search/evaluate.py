@@ -19,8 +19,8 @@ from tbench.core.artifacts import ModelArtifact
 from tbench.core.enums import Scenario
 from tbench.core.errors import ConfigError, PerfAnalyzerError, ServerStartError
 from tbench.core.layout import RunLayout
+from tbench.loadgen.perf_analyzer import PerfInputs, Point
 from tbench.node import tools
-from tbench.perf_analyzer import PerfInputs, Point
 from tbench.request import Measurement
 from tbench.search.strategies import (
     Candidate,
