@@ -45,6 +45,8 @@ FIELDS = ("command", "commit", "dirty", "machine", "started", "ended", "wall_s",
 COMMANDS = {
     "deployment_latency.json": ".venv/bin/python benchmarks/deployment_latency.py --size small --runs 3",
     "capacity.json": ".venv/bin/python benchmarks/capacity.py",
+    "capacity_truth.json": ".venv/bin/python benchmarks/capacity_truth.py",
+    "latency_verdict.json": ".venv/bin/python benchmarks/latency_verdict.py",
     "default_runs.json": ".venv/bin/python benchmarks/default_runs.py",
     "fast_feedback.json": ".venv/bin/python benchmarks/fast_feedback.py",
     "docker_vs_embedded.json": ".venv/bin/python benchmarks/docker_vs_embedded.py --size small --repeats 2",

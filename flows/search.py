@@ -19,6 +19,7 @@ from tasks.server import server_task
 from tbench.capacity.evaluate import RateEvaluator, emit_rate_point
 from tbench.capacity.report import pool_answer, write_capacity_files
 from tbench.capacity.request import CapacityRequest
+from tbench.capacity.statistics import PercentileRule, percentile_measurement
 from tbench.correctness import require_passed
 from tbench.export import ConversionOptions
 from tbench.node import hardware as hw
@@ -140,6 +141,8 @@ def run_search(request: BenchmarkRequest, search: SearchRequest, capacity: Capac
                 gpu_env=pinned_env(req.server, hardware),
             )
             if capacity is None:
+                if search.objective.p99_budget_ms is not None:  # a p99 a candidate is judged by needs the requests
+                    evaluator_args["measurement"] = percentile_measurement(req.measurement, PercentileRule())
                 evaluator = TritonEvaluator(**evaluator_args)
             else:
                 evaluator = RateEvaluator(

@@ -77,18 +77,30 @@ class Measurement(BaseModel):
     seed: int = Field(0, description="Seed of the shuffled order (the order is recorded per point).")
 
     def requests_per_window(
-        self, latency_s: float | None, concurrency: int, attempt: int = 0, measured_rate: float | None = None
+        self,
+        latency_s: float | None,
+        concurrency: int,
+        attempt: int = 0,
+        measured_rate: float | None = None,
+        offered_rate: float | None = None,
     ) -> int:
-        """Requests per window for a point: `window_s` worth at the calibrated single-request latency (or, on a retry,
-        at the request rate the failed attempt measured), never fewer than min_requests or 2 x concurrency; retries
-        double the target duration."""
+        """Requests per window for a point: `window_s` worth at the rate it will run at -- an open-loop point's offered
+        rate, else the calibrated single-request latency's (or, on a retry, the rate the failed attempt measured) --,
+        never fewer than min_requests or 2 x concurrency; retries double the target duration."""
         floor = max(self.min_requests, 2 * concurrency)
         target_s = self.window_s * 2**attempt
-        if measured_rate:
-            return max(floor, math.ceil(target_s * measured_rate))
-        if latency_s:
-            return max(floor, math.ceil(target_s / latency_s))
+        rate = offered_rate or measured_rate or (1 / latency_s if latency_s else None)
+        if rate:
+            return max(floor, math.ceil(target_s * rate))
         return floor * 2**attempt
+
+    def point_timeout_s(self, request_count: int, offered_rate: float | None) -> float:
+        """The limit of one perf_analyzer call: `timeout_s`, or, for an open-loop point whose windows cannot fit in it
+        (few requests per second, many requests per window), room for all `max_trials` windows at the offered rate
+        and half as much again."""
+        if not offered_rate:
+            return self.timeout_s
+        return max(self.timeout_s, 1.5 * self.max_trials * request_count / offered_rate + 30)
 
 
 class MeasurementOverrides(BaseModel):

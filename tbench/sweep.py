@@ -23,6 +23,7 @@ from tbench.core.errors import PerfAnalyzerError
 from tbench.core.iospec import IoSpec
 from tbench.core.layout import RunLayout
 from tbench.core.metrics import RESULT_COLUMNS, THROUGHPUT
+from tbench.loadgen.behind import kept_up
 from tbench.loadgen.perf_analyzer import (
     STABLE_WINDOWS,
     UNSTABLE_MARK,
@@ -172,14 +173,15 @@ def measure_point(
         measure_seconds=0.0,
     )
     for attempt in range(1 + m.retries):
-        request_count = m.requests_per_window(latency_s, point.concurrency or 1, attempt, measured_rate)
+        request_count = m.requests_per_window(latency_s, point.concurrency or 1, attempt, measured_rate, point.rate)
+        timeout_s = m.point_timeout_s(request_count, point.rate)
         csv_path = layout.perf_csv(model, point.scenario, point.label, attempt)
         argv = perf_argv(binary, model, grpc_url, point, m, request_count, csv_path, spec, inputs)
         log_path = layout.perf_log(model, point.scenario, point.label, attempt)
         with shm.system_regions_held() if row["shared_memory"] == "system" else contextlib.nullcontext():
             monitor.start()
             try:
-                done = procs.run(argv, log_path, m.timeout_s, env)
+                done = procs.run(argv, log_path, timeout_s, env)
             finally:  # an unstable, killed or timed-out perf_analyzer leaves its regions registered
                 if row["shared_memory"] != "none":
                     release_shared_memory(grpc_url, row["shared_memory"], spec.input_names() + spec.output_names())
@@ -204,11 +206,17 @@ def measure_point(
                 row["window_s"] = window_seconds(merged, point.batch_size, row[THROUGHPUT.column])
                 row["composing"] = parse_composing(full_log)  # an ensemble's steps; else []
                 row.update(observed, stats_max_rel_diff=cross_check({**row, **observed}))
+                if point.rate is not None:  # an open-loop point's figures hold only if it carried the load
+                    served = row[THROUGHPUT.column] / point.batch_size
+                    verdict = kept_up(point.rate, served, merged or 0, point.distribution, full_log)
+                    row.update(delayed_pct=verdict.delayed_pct)
+                    if verdict.status != "ok":
+                        row.update(status=verdict.status, error=verdict.reason)
                 return row
             except ValueError:
                 pass  # exit 0 with no row: perf_analyzer stopped early on an unstable point
         if done.timed_out:
-            row.update(status="error", error=f"perf_analyzer timed out after {m.timeout_s:.0f} s")
+            row.update(status="error", error=f"perf_analyzer timed out after {timeout_s:.0f} s")
             return row
         if UNSTABLE_MARK in log or done.returncode == 0:
             passes = pass_throughputs(log_path.read_text(errors="replace"))

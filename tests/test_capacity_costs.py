@@ -84,6 +84,8 @@ def test_usd_per_million_is_at_the_traffic_not_the_capacity():
 
 
 def test_joules_per_inference():
+    # from the energy counter, when the point has it: it wins over the mean power
+    assert plan(40.0, 100.0, 0.3, power_w=200.0, joules_per_inference=4.2).joules_per_inference == 4.2
     assert plan(40.0, 100.0, 0.3, power_w=200.0).joules_per_inference == pytest.approx(5.0)
     assert plan(40.0, 100.0, 0.3, batch_size=8, power_w=200.0).joules_per_inference == pytest.approx(200 / 320)
 

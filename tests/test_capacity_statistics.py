@@ -7,7 +7,7 @@ import math
 import pytest
 from pydantic import ValidationError
 
-from tbench.capacity.statistics import PercentileRule, behind_tolerance
+from tbench.capacity.statistics import PercentileRule
 
 
 def test_default_rule_is_p99_at_95_percent_with_half_the_tail():
@@ -107,31 +107,12 @@ def test_rule_round_trips_through_json():
     assert PercentileRule.model_validate_json(rule.model_dump_json()) == rule
 
 
-@pytest.mark.parametrize(
-    ("requests", "expected"),
-    [
-        (100, 0.3),
-        (1522, 3 / math.sqrt(1522)),
-        (10_000, 0.03),
-        (22_500, 0.02),  # where 3/sqrt(n) meets the floor
-        (90_000, 0.02),
-        (262_742, 0.02),
-    ],
-)
-def test_behind_tolerance(requests, expected):
-    assert behind_tolerance(requests) == pytest.approx(expected)
+def test_a_percentile_measurement_holds_the_requests_the_rule_needs():
+    """The search's p99 budget and capacity's rate points: the 3 merged windows hold at least the rule's requests."""
+    from tbench.capacity.statistics import percentile_measurement
+    from tbench.request import Measurement
 
-
-def test_behind_tolerance_floor_is_two_percent():
-    assert min(behind_tolerance(n) for n in (10**k for k in range(1, 9))) == pytest.approx(0.02)
-
-
-@pytest.mark.parametrize("requests", [0, -5])
-def test_behind_tolerance_without_requests_is_finite(requests):
-    assert behind_tolerance(requests) == pytest.approx(3.0)
-
-
-def test_behind_tolerance_shrinks_with_more_requests():
-    values = [behind_tolerance(n) for n in (10, 100, 1000, 10_000)]
-    assert values == sorted(values, reverse=True)
-    assert len(set(values)) == len(values)
+    m = percentile_measurement(Measurement(), PercentileRule())
+    assert m.min_requests == 508 and 3 * m.min_requests >= PercentileRule().requests()
+    assert percentile_measurement(Measurement(min_requests=5000), PercentileRule()).min_requests == 5000
+    assert percentile_measurement(Measurement(), PercentileRule(percentile=90)).min_requests == 47

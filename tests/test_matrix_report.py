@@ -94,3 +94,11 @@ def test_runs_that_did_not_finish_are_listed_and_kept_out_of_the_tables(tmp_path
     html = write_html_report(out / "report.md").read_text()
     # the message with a | in it is one cell of the rendered table, not split across two
     assert "model a|b did not load</td>" in html
+
+
+def test_a_rate_point_is_labelled_by_its_offered_rate():
+    from tbench.results.matrix_report import load_label
+
+    row = pd.Series({"batch_size": 1, "concurrency": float("nan"), "request_rate": 50.0})
+    assert (load_label("rate", row), load_label("offline", row)) == ("r50", "b1")
+    assert load_label("online", pd.Series({"batch_size": 1, "concurrency": 4, "request_rate": float("nan")})) == "c4"

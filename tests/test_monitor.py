@@ -6,7 +6,7 @@ import pytest
 from conftest import GOLDEN
 
 from tbench.node.hardware import parse_gpu_query
-from tbench.triton.monitor import PointMonitor, cross_check, gpu_series, parse_gpu_metrics, per_request_ms
+from tbench.triton.monitor import ENERGY_TOTAL, PointMonitor, cross_check, gpu_series, parse_gpu_metrics, per_request_ms
 
 
 def test_statistics_diff_is_per_request_ms():
@@ -64,13 +64,19 @@ def test_every_gpu_of_a_four_gpu_page_is_read_by_its_uuid():
 
 def test_only_the_serving_gpu_is_measured():
     """GPU 0 holds another process's 41 GiB: summing the page would charge it to the model."""
-    assert parse_gpu_metrics(PAGE, [UUIDS[1]]) == {"gpu_util_pct": 87.0, "gpu_mem_mb": 3072.0, "gpu_power_w": 312.5}
+    assert parse_gpu_metrics(PAGE, [UUIDS[1]]) == {
+        "gpu_util_pct": 87.0,
+        "gpu_mem_mb": 3072.0,
+        "gpu_power_w": 312.5,
+        ENERGY_TOTAL: 118902.377,
+    }
 
 
 def test_several_serving_gpus_mean_utilisation_and_sum_memory_and_power():
     got = parse_gpu_metrics(PAGE, [UUIDS[1], UUIDS[3]])
     assert got["gpu_util_pct"] == pytest.approx(90.0)  # the mean: each GPU's share of its own time
     assert got["gpu_mem_mb"] == 4096.0 and got["gpu_power_w"] == 600.25  # sums: what the model holds and draws
+    assert got[ENERGY_TOTAL] == pytest.approx(118902.377 + 109334.6)
 
 
 def test_a_page_without_the_serving_gpu_gives_nothing_rather_than_another_gpus_numbers():
@@ -81,3 +87,14 @@ def test_a_page_without_the_serving_gpu_gives_nothing_rather_than_another_gpus_n
 def test_the_monitor_polls_gpu_metrics_only_for_a_model_on_a_gpu():
     assert PointMonitor("h:1", "m", metrics_url="http://h:2/metrics").metrics_url is None
     assert PointMonitor("h:1", "m", metrics_url="http://h:2/metrics", gpu_uuids=[UUIDS[1]]).metrics_url
+
+
+def test_a_points_energy_is_the_counters_difference_over_it(monkeypatch):
+    """Triton's energy counter (J since the server started), read when the point starts and when it stops: the
+    difference is the point's energy, whatever the power did in between."""
+    readings = iter([1000.0, 1250.5])
+    monitor = PointMonitor("h:1", "m", metrics_url="http://h:2/metrics", gpu_uuids=[UUIDS[1]], interval_s=60)
+    monkeypatch.setattr(monitor, "_energy", lambda: next(readings))
+    monkeypatch.setattr(monitor, "_client", lambda: (_ for _ in ()).throw(OSError("no statistics here")))
+    monitor.start()
+    assert monitor.stop()["gpu_energy_j"] == pytest.approx(250.5)

@@ -129,6 +129,19 @@ def test_windows_are_sized_by_time_from_the_calibrated_latency_and_double_on_ret
     assert m.requests_per_window(None, 2) == 4  # no calibration: the floor
 
 
+def test_a_rate_points_windows_are_sized_from_its_rate_and_its_time_limit_fits_them():
+    """5 req/s on a 1 ms model: a window is window_s of arrivals (10 requests, the floor 16), not window_s / latency
+    (2,000: 400 s a window); capacity's 508-request windows at 5/s get a limit that holds all the windows."""
+    m = Measurement()
+    assert m.requests_per_window(0.001, 1, offered_rate=5.0) == 16
+    assert m.requests_per_window(0.001, 1, offered_rate=500.0) == 1000
+    assert m.requests_per_window(0.001, 1, attempt=1, measured_rate=4.0, offered_rate=5.0) == 20
+    assert m.point_timeout_s(16, 5.0) == m.timeout_s == m.point_timeout_s(10_000, None)
+    slow = m.model_copy(update={"min_requests": 508})
+    n = slow.requests_per_window(0.001, 1, offered_rate=5.0)
+    assert n == 508 and slow.point_timeout_s(n, 5.0) >= slow.max_trials * n / 5.0
+
+
 def test_window_duration_comes_from_the_merged_windows_in_the_log():
     from tbench.loadgen.perf_analyzer import merged_requests, pass_throughputs, window_seconds
 

@@ -60,16 +60,20 @@ def plan(
     batch_size: int = 1,
     usd_per_hour: float | None = None,
     power_w: float | None = None,
+    joules_per_inference: float | None = None,
 ) -> Plan:
     """Instances = ceil(traffic x (1 + headroom) / sustainable rate); cost per million inferences at the traffic
-    = instances x price per hour / (traffic x batch x 3600) x 1e6; energy per inference = the GPU's power at the
-    sustainable rate / the inferences per second it served then."""
+    = instances x price per hour / (traffic x batch x 3600) x 1e6; energy per inference = the GPUs' energy counter's
+    difference over the sustainable rate's point / the inferences served in it (without the counter, the mean power /
+    the inferences per second)."""
     if sustainable_rps <= 0:
         raise ConfigError("a sustainable rate must be positive to plan instances for it")
     instances = max(1, math.ceil(traffic_rps * (1 + headroom) / sustainable_rps - 1e-9))
     cost = None if usd_per_hour is None else instances * usd_per_hour
     per_million = None if cost is None else cost / (traffic_rps * batch_size * 3600) * 1e6
-    joules = None if not power_w else power_w / (sustainable_rps * batch_size)
+    joules = joules_per_inference
+    if joules is None and power_w:  # no energy counter: the mean power over the inferences it served per second
+        joules = power_w / (sustainable_rps * batch_size)
     return Plan(
         sustainable_rps=sustainable_rps,
         traffic_rps=traffic_rps,

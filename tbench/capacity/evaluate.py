@@ -5,17 +5,16 @@ perf_analyzer files (`<candidate>/sustainable_rate.json`), so a report, or a res
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from tbench.capacity.rate_search import RatePoint, SustainableRate, find_sustainable_rate, judge
-from tbench.capacity.statistics import PercentileRule
+from tbench.capacity.statistics import PercentileRule, percentile_measurement
 from tbench.core import progress
 from tbench.core.enums import Scenario
-from tbench.core.layout import RunLayout, perf_log_for
-from tbench.loadgen.perf_analyzer import STABLE_WINDOWS, Point, delayed_percent
+from tbench.core.layout import RunLayout
+from tbench.loadgen.perf_analyzer import Point
 from tbench.request import Measurement
 from tbench.search.evaluate import ServedVariant, TritonEvaluator
 from tbench.search.strategies import Candidate, Observation
@@ -26,10 +25,9 @@ RATE_SEARCH_JSON = "sustainable_rate.json"
 
 
 def rate_measurement(base: Measurement, rule: PercentileRule) -> Measurement:
-    """The measurement of one rate point: windows of at least a third of the requests the percentile needs (the
-    result merges the last three), and no retry: a rate that does not settle is a rate the system does not sustain."""
-    per_window = math.ceil(rule.requests() / STABLE_WINDOWS)
-    return base.model_copy(update={"min_requests": max(base.min_requests, per_window), "retries": 0})
+    """The measurement of one rate point: windows holding the requests the percentile needs, and no retry: a rate
+    that does not settle is a rate the system does not sustain."""
+    return percentile_measurement(base, rule).model_copy(update={"retries": 0})
 
 
 def start_rate(latency_s: float | None, instances: int, given: float | None = None) -> float:
@@ -40,6 +38,20 @@ def start_rate(latency_s: float | None, instances: int, given: float | None = No
     if not latency_s or latency_s <= 0:
         return 1.0
     return max(0.1, 0.5 * instances / latency_s)
+
+
+def measure_rate(
+    rate: float,
+    batch_size: int,
+    *,
+    slo_ms: float,
+    rule: PercentileRule,
+    **measure,
+) -> RatePoint:
+    """One Poisson rate point measured (`tbench.sweep.measure_point`, which checks it kept up with the load) and
+    judged against the SLO; `measure` are measure_point's keyword arguments (model, grpc_url, spec, m, layout, ...)."""
+    point = Point(Scenario.RATE, batch_size, None, round(rate, 3), "poisson")
+    return judge(point.rate, batch_size, measure_point(point, **measure), slo_ms, rule)
 
 
 def emit_rate_point(candidate: Candidate, point: RatePoint) -> None:
@@ -81,9 +93,16 @@ class RateEvaluator(TritonEvaluator):
         m = rate_measurement(self.measurement, self.rule)
 
         def at(rate: float) -> RatePoint:
-            point = Point(Scenario.RATE, batch, None, round(rate, 3), "poisson")
-            row = measure_point(
-                point,
+            monitor = PointMonitor(
+                self.server.endpoints.grpc_url,
+                self.name,
+                self.server.processes,
+                self.server.endpoints.metrics_url,
+                gpu_uuids=self.gpu_uuids,
+            )
+            return measure_rate(
+                rate,
+                batch,
                 model=self.name,
                 grpc_url=self.server.endpoints.grpc_url,
                 spec=variant.artifact.io_spec,
@@ -91,19 +110,12 @@ class RateEvaluator(TritonEvaluator):
                 layout=layout,
                 binary=self.binary,
                 env=self.env,
+                slo_ms=self.slo_ms,
+                rule=self.rule,
                 inputs=self.inputs,
                 latency_s=latency,
-                monitor=PointMonitor(
-                    self.server.endpoints.grpc_url,
-                    self.name,
-                    self.server.processes,
-                    self.server.endpoints.metrics_url,
-                    gpu_uuids=self.gpu_uuids,
-                ),
+                monitor=monitor,
             )
-            log = layout.run_dir / perf_log_for(row["source_file"]) if row.get("source_file") else None
-            delayed = delayed_percent(log.read_text(errors="replace")) if log and log.exists() else None
-            return judge(point.rate, batch, row, self.slo_ms, self.rule, delayed)
 
         path = rate_search_path(self.work_dir, candidate)
         so_far = SustainableRate(stopped="not finished (interrupted or failed): the points measured so far")

@@ -12,9 +12,9 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from tbench.capacity.statistics import PercentileRule, behind_tolerance
+from tbench.capacity.statistics import PercentileRule
 
-Status = Literal["pass", "over_slo", "behind", "too_few", "unstable", "error"]
+Status = Literal["pass", "client_bound", "over_slo", "behind", "too_few", "unstable", "error"]
 
 
 class RatePoint(BaseModel):
@@ -25,56 +25,63 @@ class RatePoint(BaseModel):
     reason: str = ""
     latency_ms: float | None = Field(None, description="The SLO's percentile latency at this rate.")
     throughput: float | None = Field(None, description="Served inferences per second.")
+    served_rps: float | None = Field(None, description="Served requests per second (throughput / batch size).")
     requests: int | None = Field(None, description="Requests the percentile comes from.")
     delayed_pct: float | None = Field(None, description="Requests perf_analyzer could not send on time, %.")
     power_w: float | None = None
+    joules_per_inference: float | None = Field(
+        None, description="The serving GPUs' energy over the point (their counter's difference) per inference served."
+    )
     seconds: float = 0.0
     source_file: str = ""
 
     @property
     def passed(self) -> bool:
-        return self.status == "pass"
+        """Within the SLO at the load it carried (client-bound: at least that load)."""
+        return self.status in ("pass", "client_bound")
+
+    @property
+    def sustained_rps(self) -> float:
+        """What the point shows the server sustains: the offered rate, or less where it served less (within the
+        arrivals' randomness, as judged) -- a plan must not count requests that were offered but not served."""
+        return min(self.rate, self.served_rps) if self.served_rps else self.rate
 
 
-def judge(
-    rate: float,
-    batch_size: int,
-    row: dict,
-    slo_ms: float,
-    rule: PercentileRule,
-    delayed_pct: float | None = None,
-    max_delayed_pct: float = 1.0,
-) -> RatePoint:
-    """A measured row (tbench.sweep.measure_point's) at an offered rate -> pass, or why not. A point that falls
-    behind its offered rate fails whatever its latency: its percentile describes a load it did not carry."""
+def per_inference(energy_j: float | None, requests: float | None, batch_size: int) -> float | None:
+    """Energy per inference: the energy over the point over the inferences the server served in the same span."""
+    return energy_j / (requests * batch_size) if energy_j is not None and requests else None
+
+
+def judge(rate: float, batch_size: int, row: dict, slo_ms: float, rule: PercentileRule) -> RatePoint:
+    """A measured row (tbench.sweep.measure_point's) at an offered rate -> pass, or why not. A point that fell behind
+    its offered rate fails whatever its latency: its percentile describes a load it did not carry. A client-bound one
+    (perf_analyzer could not send on time; the server kept up) passes as a lower bound of what the server sustains."""
 
     def number(key):
         value = row.get(key)
         return None if value is None or (isinstance(value, float) and math.isnan(value)) else float(value)
 
     merged = number("window_requests")
+    throughput = number("throughput_infer_per_s")
     point = RatePoint(
         rate=rate,
         status="pass",
         latency_ms=number(rule.column),
-        throughput=number("throughput_infer_per_s"),
+        throughput=throughput,
+        served_rps=throughput / batch_size if throughput is not None else None,
         requests=round(merged * 3) if merged else None,
-        delayed_pct=delayed_pct,
+        delayed_pct=number("delayed_pct"),
         power_w=number("gpu_power_w"),
+        joules_per_inference=per_inference(number("gpu_energy_j"), number("triton_requests"), batch_size),
         seconds=number("measure_seconds") or 0.0,
         source_file=str(row.get("source_file") or ""),
     )
-    if row.get("status") != "ok":
-        status = "unstable" if row.get("status") == "unstable" else "error"
+    status = row.get("status")
+    if status not in ("ok", "client_bound"):
+        status = status if status in ("unstable", "behind") else "error"
         return point.model_copy(update={"status": status, "reason": str(row.get("error") or row.get("status"))})
-    served = (point.throughput or 0.0) / batch_size
-    tolerance = behind_tolerance(point.requests or 0)
-    if served < rate * (1 - tolerance):
-        reason = f"served {served:.3g} req/s of {rate:.3g} offered (more than {100 * tolerance:.1f}% behind)"
-        return point.model_copy(update={"status": "behind", "reason": reason})
-    if delayed_pct is not None and delayed_pct > max_delayed_pct:
-        reason = f"{delayed_pct:g}% of the requests could not be sent on time (limit {max_delayed_pct:g}%)"
-        return point.model_copy(update={"status": "behind", "reason": reason})
+    if point.served_rps is None:
+        return point.model_copy(update={"status": "behind", "reason": "no throughput reported: nothing served"})
     if point.requests is None or point.requests < rule.requests():
         reason = f"{point.requests or 0} requests measured; p{rule.percentile} needs {rule.requests()}"
         return point.model_copy(update={"status": "too_few", "reason": reason})
@@ -82,6 +89,8 @@ def judge(
         measured = "not reported" if point.latency_ms is None else f"{point.latency_ms:.3g} ms"
         reason = f"p{rule.percentile} {measured} > SLO {slo_ms:g} ms"
         return point.model_copy(update={"status": "over_slo", "reason": reason})
+    if status == "client_bound":
+        return point.model_copy(update={"status": "client_bound", "reason": str(row.get("error") or "")})
     return point
 
 
@@ -93,11 +102,20 @@ class SustainableRate(BaseModel):
     points: list[RatePoint] = []
     seconds: float = 0.0
     stopped: str = Field("", description="Why the search stopped where it did.")
+    lower_bound: bool = Field(
+        False, description="The load generator could not offer more: the server sustains at least this rate."
+    )
 
     @property
     def at_rate(self) -> RatePoint | None:
         """The passing point the answer is (the highest rate that passed)."""
         return max((p for p in self.points if p.passed), key=lambda p: p.rate, default=None)
+
+    @property
+    def sustained_rps(self) -> float | None:
+        """What a plan may count on: the answer's rate, or what was served there if less."""
+        at = self.at_rate
+        return at.sustained_rps if at else None
 
 
 def find_sustainable_rate(
@@ -123,13 +141,24 @@ def find_sustainable_rate(
             on_point(point)
         return point
 
+    def client_bound(point: RatePoint) -> bool:
+        """A passing point perf_analyzer could not offer on time: no higher rate can be measured from here."""
+        if point.status != "client_bound":
+            return False
+        result.lower_bound = True
+        result.stopped = (
+            f"client-bound at {point.rate:.4g}/s: perf_analyzer could not send faster while the server kept up, so "
+            f"the server sustains at least {point.sustained_rps:.4g}/s (a lower bound)"
+        )
+        return True
+
     rate = max(start, min_rate)
     while len(result.points) < max_points:  # bracket
         point = run(rate)
         rate = point.rate
         if point.passed:
             lo = rate if lo is None else max(lo, rate)
-            if hi is not None:
+            if client_bound(point) or hi is not None:
                 break
             if max_rate is not None and rate >= max_rate:
                 result.stopped = f"passed at the highest rate allowed ({max_rate:g}/s)"
@@ -143,13 +172,17 @@ def find_sustainable_rate(
                 result.stopped = f"failed down to {rate:g}/s (the lowest rate tried): {point.reason}"
                 break
             rate /= 2
-    while lo is not None and hi is not None and hi / lo > 1 + tolerance and len(result.points) < max_points:
+    while not result.lower_bound and lo is not None and hi is not None and hi / lo > 1 + tolerance:
+        if len(result.points) >= max_points:
+            break
         point = run(math.sqrt(lo * hi))
         if point.rate in (lo, hi):  # the rate's precision cannot split the bracket further
             result.stopped = f"bracketed as finely as rates are set: passes at {lo:.4g}/s, fails at {hi:.4g}/s"
             break
         if point.passed:
             lo = point.rate
+            if client_bound(point):
+                break
         else:
             hi = point.rate
     if not result.stopped:

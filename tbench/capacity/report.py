@@ -72,12 +72,13 @@ def pool_answer(
     price = price_for(load_prices(cap.prices), pool) if pool else None
     at = found.at_rate
     costs = plan(
-        found.rate,
+        found.sustained_rps,
         cap.traffic_rps,
         cap.headroom,
         batch_size,
         usd_per_hour=float(price["usd_per_hour"]) if price else None,
         power_w=at.power_w if at else None,
+        joules_per_inference=at.joules_per_inference if at else None,
     )
     reason = "" if price else f"no price for pool {pool!r} in the price table"
     return answer.model_copy(
@@ -152,7 +153,7 @@ def capacity_markdown(answers: list[PoolAnswer], cap: CapacityRequest, model: st
         p = a.plan
         config = _config_label(a.configuration) if a.configuration else f"**{a.status}**: {a.reason}"
         lines.append(
-            f"| {i} | {a.pool or 'this machine'} | {a.hardware} | {config} | {_fmt(a.rate.rate if a.rate else None)} "
+            f"| {i} | {a.pool or 'this machine'} | {a.hardware} | {config} | {_sustained(a.rate)} "
             f"| {_fmt(p.instances if p else None, 'd')} | {_fmt(p.cost_per_hour if p else None, '.2f')} "
             f"| {_fmt(p.usd_per_million if p else None, '.3g')} | {_fmt(p.joules_per_inference if p else None)} "
             f"| {_fmt(at.latency_ms if at else None)} |"
@@ -160,13 +161,17 @@ def capacity_markdown(answers: list[PoolAnswer], cap: CapacityRequest, model: st
     lines += ["", "How it was measured:", "", f"- {rule.describe()}."]
     lines += [
         "- Each rate is one perf_analyzer run with Poisson arrivals, sent asynchronously. A rate passes when the "
-        f"p{rule.percentile} is within the SLO, the server kept up with the offered rate (served within 3/√n of it, "
-        "at least 2%; at most 1% of the requests sent late) and the percentile rests on enough requests.",
+        f"p{rule.percentile} is within the SLO, the percentile rests on enough requests and the server kept up with "
+        "the offered rate: it served within 3/√n of it (at least 2%), its latency did not keep rising over the "
+        "windows, and at most 1% of the requests were sent late. Late sends while the server served all it was "
+        "offered are the load generator's limit: the rate is then a lower bound (≥).",
+        "- The sustainable rate is what the highest passing rate served (never more than was offered).",
         f"- The sustainable rate is the highest passing rate of a bracketing search (double or halve, then bisect) "
         f"that stops when the passing and failing rates are within {100 * cap.tolerance:g}%, or after "
         f"{cap.max_points} rates.",
         "- Instances = ⌈traffic × (1 + headroom) / sustainable rate⌉; $/million = instances × $/h / (traffic × 3600) "
-        "× 10⁶; energy per inference from the serving GPUs' power at the sustainable rate (none on a CPU).",
+        "× 10⁶; energy per inference: the serving GPUs' energy counter over the sustainable rate's point / the "
+        "inferences served in it (none on a CPU).",
         "",
     ]
     if plot:
@@ -175,6 +180,13 @@ def capacity_markdown(answers: list[PoolAnswer], cap: CapacityRequest, model: st
         lines += _pool_section(a, cap)
     lines += _prices_section(answers)
     return "\n".join(lines)
+
+
+def _sustained(found: SustainableRate | None) -> str:
+    """The sustainable rate a plan counts on; a lower bound is marked ≥."""
+    if not found or found.sustained_rps is None:
+        return _fmt(None)
+    return ("≥ " if found.lower_bound else "") + _fmt(found.sustained_rps)
 
 
 def _config_label(c: dict) -> str:

@@ -20,6 +20,8 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from tbench.request import Measurement
+
 
 class PercentileRule(BaseModel):
     """The percentile an SLO bounds, and how sure a measurement of it must be."""
@@ -63,8 +65,7 @@ class PercentileRule(BaseModel):
         )
 
 
-def behind_tolerance(requests: int) -> float:
-    """How far below the offered rate a point's throughput may be and still count as keeping up: three standard
-    deviations of a Poisson count of `requests` (3/sqrt(n)), at least 2%. A system that keeps up serves what was
-    offered, within the arrivals' own randomness; below that it is falling behind and the point fails."""
-    return max(0.02, 3 / math.sqrt(max(requests, 1)))
+def percentile_measurement(base: Measurement, rule: PercentileRule) -> Measurement:
+    """A measurement whose merged windows (the last 3) hold the requests the rule's percentile needs: windows of at
+    least a third of them. Without it a slow model's p99 comes from a few dozen requests: their maximum."""
+    return base.model_copy(update={"min_requests": max(base.min_requests, math.ceil(rule.requests() / 3))})

@@ -69,12 +69,14 @@ _MEASUREMENT = {
     "format": "Our name of the served format (onnx, ts-trace, ts-script, tf-savedmodel, trt, tf-trt, ...)",
     "request_rate": "The offered request rate of a rate point, in requests/s",
     "request_distribution": "A rate point's arrivals: poisson or constant",
-    "status": "ok, unstable (measured, not stable within the windows) or error",
+    "status": "ok, unstable (measured, not stable within the windows), behind (a rate point the server did not keep up "
+    "with), client_bound (a rate point perf_analyzer could not send on time; the server kept up) or error",
     "error": "Why a point is unstable or failed, in one line",
     "attempts": "perf_analyzer calls the point took (a retry has windows twice as long)",
     "measurement_request_count": "Requests per window asked of perf_analyzer in the attempt that counted",
     "window_s": "How long one of the point's measurement windows lasted (its requests at the measured throughput)",
     "window_requests": "Requests per stable window: one more or less at a window's edge is the throughput's resolution",
+    "delayed_pct": "Of a rate point, the requests perf_analyzer could not send on schedule, in %",
     "stability_percentage": "The stability rule: the largest spread allowed over the last 3 windows, in %",
     "max_trials": "Windows perf_analyzer may try before giving up on the point",
     "shared_memory": "How tensors went to the server: system, cuda or none",
@@ -99,6 +101,7 @@ _SERVER = {
     "gpu_util_pct": "Mean utilisation of the serving GPUs from Triton's metrics (empty without a GPU)",
     "gpu_mem_mb": "Memory used on the serving GPUs, summed, in MB (empty without a GPU)",
     "gpu_power_w": "Power of the serving GPUs, summed, in W (empty without a GPU)",
+    "gpu_energy_j": "Energy the serving GPUs used over the point (their energy counter's difference), in J",
 }
 COLUMN_DESCRIPTIONS = {**_PUBLISHED, **_METRIC_DESCRIPTIONS, **_MEASUREMENT, **_SERVER}
 PUBLISHED_COLUMNS = [*_PUBLISHED, *(m.column for m in METRICS)]

@@ -29,7 +29,8 @@ IMAGE_TYPES = {
     ".jpeg": "image/jpeg",
     ".gif": "image/gif",
 }
-FAILED_CELLS = {"NO", "unstable", "error"}  # a check that did not pass, a point that did not stabilise or failed
+# a check that did not pass, a point that did not stabilise, fell behind its offered rate or failed
+FAILED_CELLS = {"NO", "unstable", "behind", "error"}
 REMOTE_SCHEMES = {"http", "https"}
 SAFE_LINK_SCHEMES = {"", "http", "https", "mailto"}
 _NUMBER = re.compile(r"[+-]?(?:(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?%?")

@@ -27,6 +27,15 @@ def _best(rows: pd.DataFrame) -> pd.Series | None:
     return ok.loc[ok[TPUT].idxmax()] if not ok.empty else None
 
 
+def load_label(scenario: str, row: pd.Series) -> str:
+    """Where a point sits in its scenario's grid: b8 (offline), c4 (online) or r50 (rate: the offered requests/s)."""
+    if scenario == "offline":
+        return f"b{row['batch_size']:g}"
+    if scenario == "rate":
+        return f"r{row['request_rate']:g}"
+    return f"c{row['concurrency']:g}"
+
+
 def side_by_side(results: pd.DataFrame) -> pd.DataFrame:
     """One row per model x format x precision x scenario, one column pair per GPU."""
     rows = []
@@ -36,11 +45,7 @@ def side_by_side(results: pd.DataFrame) -> pd.DataFrame:
         row = {"Model": model, "Format": fmt, "Precision": precision, "Scenario": scenario}
         for gpu, per_gpu in group.groupby("gpu", sort=True):
             best = _best(per_gpu)
-            where = (
-                ""
-                if best is None
-                else (f"b{best['batch_size']:g}" if scenario == "offline" else f"c{best['concurrency']:g}")
-            )
+            where = "" if best is None else load_label(scenario, best)
             row[f"{gpu}: best infer/s"] = "-" if best is None else f"{best[TPUT]:.1f} ({where})"
             row[f"{gpu}: p99 ms"] = "-" if best is None else f"{best['p99_ms']:.2f}"
         rows.append(row)

@@ -42,6 +42,8 @@ GPU_FAMILIES = (
     "nv_energy_consumption",
 )
 
+ENERGY_TOTAL = "gpu_energy_total_j"
+
 _METRIC_LINE = re.compile(r"^(\w+)\{([^}]*)\}\s+(\S+)$")
 _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 
@@ -114,6 +116,8 @@ def parse_gpu_metrics(text: str, gpu_uuids: Collection[str]) -> dict[str, float]
         out["gpu_mem_mb"] = sum(used) / 2**20
     if power := values("nv_gpu_power_usage"):
         out["gpu_power_w"] = sum(power)
+    if energy := values("nv_energy_consumption"):
+        out[ENERGY_TOTAL] = sum(energy)  # a counter since the server started: a point's energy is its difference
     return out
 
 
@@ -144,6 +148,7 @@ class PointMonitor:
         self._thread: threading.Thread | None = None
         self._samples = _Samples()
         self._before: dict[str, int] | None = None
+        self._energy_before: float | None = None
 
     def _client(self):
         import tritonclient.grpc as grpcclient
@@ -157,8 +162,23 @@ class PointMonitor:
                 self._before = model_statistics(client, self.model)
         except Exception:
             self._before = None  # no statistics: the point is still measured, its stats columns stay empty
+        self._energy_before = self._energy()
         self._thread = threading.Thread(target=self._sample, daemon=True)
         self._thread.start()
+
+    def _gpu_metrics(self) -> dict[str, float]:
+        if not self.metrics_url:
+            return {}
+        try:
+            with urllib.request.urlopen(self.metrics_url, timeout=2) as reply:
+                return parse_gpu_metrics(reply.read().decode(), self.gpu_uuids)
+        except OSError:
+            return {}
+
+    def _energy(self) -> float | None:
+        """The serving GPUs' energy counter now (J), read beside the statistics snapshots so both span the same
+        requests."""
+        return self._gpu_metrics().get(ENERGY_TOTAL)
 
     def _sample(self) -> None:
         procs = {p.pid: p for p in self.processes()}
@@ -178,18 +198,17 @@ class PointMonitor:
             if procs:
                 self._samples.cpu.append(cpu)
                 self._samples.rss.append(rss / 2**20)
-            if self.metrics_url:
-                try:
-                    with urllib.request.urlopen(self.metrics_url, timeout=2) as reply:
-                        self._samples.gpu.append(parse_gpu_metrics(reply.read().decode(), self.gpu_uuids))
-                except OSError:
-                    pass
+            if gpu := self._gpu_metrics():
+                self._samples.gpu.append(gpu)
 
     def stop(self) -> dict[str, float]:
         self._stop.set()
         if self._thread:
             self._thread.join(timeout=5)
         row: dict[str, float] = {}
+        energy_after = self._energy()
+        if self._energy_before is not None and energy_after is not None:
+            row["gpu_energy_j"] = energy_after - self._energy_before
         if self._before is not None:
             try:
                 with self._client() as client:

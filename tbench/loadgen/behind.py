@@ -1,0 +1,111 @@
+"""Whether an open-loop (request-rate) point kept up with the load it was offered, and if not, whose limit it was.
+
+A rate point's figures describe the offered load only if the server carried it. It did not when:
+
+- it served less than was offered, beyond the arrivals' own randomness: a Poisson schedule's count over n requests
+  varies by 1/sqrt(n), so 3/sqrt(n) (at least 2%); a constant schedule has no randomness, only a request at each
+  window's edge, so 2%;
+- its latency kept rising: a queue that grows shows as each window's latency higher than the last. perf_analyzer, in
+  its asynchronous request-rate mode, accepts a point whose throughput is steady while latency is not, with a warning
+  ("Request latency is not stabilizing"), and goes on; requests still queued when a window closes are not in its
+  percentiles, so such a point's p99 reads low exactly when the queue grows. The warning alone is not the test: it
+  fires whenever the last 3 windows' average latency differ by more than the stability percentage, which a server
+  that keeps up does at high load (seen at 60% of a known capacity with 200-request windows, latency flat at 17-24
+  ms). The test is a trend over all the point's windows, in the order measured: the Mann-Kendall statistic (one-sided,
+  p < 0.01; Mann 1945, Kendall 1975: the rank test for a monotonic trend that makes no assumption on the noise's
+  distribution) and a rise of the fitted (Theil-Sen) line over the windows of more than 10% of their median;
+- perf_analyzer could not send on schedule (more than `max_delayed_pct` of the requests were late).
+
+Late sends are the load generator's own limit, not the server's: when the server served everything it was offered
+(within the tolerance) and its latency was steady, the point is client-bound: the server sustains at least what was
+served, and a higher rate needs more load generators, not another measurement.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from statistics import NormalDist
+
+import numpy as np
+
+from tbench.loadgen.perf_analyzer import delayed_percent, parse_windows
+
+LATENCY_NOT_STABLE = "Request latency is not stabilizing"
+MAX_DELAYED_PCT = 1.0  # perf_analyzer warns of any late send; a few late sends do not change the load
+TREND_P = 0.01  # the Mann-Kendall test's one-sided significance
+RISE_LIMIT = 0.10  # and the rise over the windows, as a fraction of their median latency
+
+
+def behind_tolerance(requests: int, distribution: str = "poisson") -> float:
+    """How far below the offered rate a point's throughput may be and still count as keeping up: for Poisson arrivals
+    three standard deviations of a count of `requests` (3/sqrt(n)), at least 2%; for a constant schedule 2%."""
+    if distribution == "constant":
+        return 0.02
+    return max(0.02, 3 / math.sqrt(max(requests, 1)))
+
+
+def mann_kendall_p(values: list[float]) -> float:
+    """One-sided p-value of the Mann-Kendall test for an increasing trend (normal approximation with continuity
+    correction; ties count zero). 1.0 for fewer than 3 values."""
+    n = len(values)
+    if n < 3:
+        return 1.0
+    s = sum(np.sign(values[j] - values[i]) for i in range(n) for j in range(i + 1, n))
+    sigma = math.sqrt(n * (n - 1) * (2 * n + 5) / 18)
+    return 1 - NormalDist().cdf((s - 1) / sigma) if s > 0 else 1.0
+
+
+def latency_rise(log_text: str) -> tuple[float, float, int] | None:
+    """The windows' latency trend: (rise of the Theil-Sen line over the windows as a fraction of their median, the
+    Mann-Kendall p-value, windows), over every window the log has, in order; None for fewer than 3."""
+    latencies = [w.latency_us for w in parse_windows(log_text)]
+    n = len(latencies)
+    if n < 3 or float(np.median(latencies)) <= 0:
+        return None
+    slope = float(np.median([(latencies[j] - latencies[i]) / (j - i) for i in range(n) for j in range(i + 1, n)]))
+    return slope * (n - 1) / float(np.median(latencies)), mann_kendall_p(latencies), n
+
+
+@dataclass(frozen=True)
+class KeptUp:
+    """The verdict on one rate point: `status` "ok", "behind" (the server fell behind) or "client_bound" (the load
+    generator could not send on time while the server served all it was given), with the reason in words."""
+
+    status: str
+    reason: str = ""
+    served_rps: float | None = None
+    delayed_pct: float = 0.0
+
+
+def kept_up(
+    rate: float,
+    served_rps: float,
+    requests: int,
+    distribution: str,
+    log_text: str,
+    max_delayed_pct: float = MAX_DELAYED_PCT,
+    rise_limit: float = RISE_LIMIT,
+) -> KeptUp:
+    """Judge a measured rate point: offered `rate` requests/s, `served_rps` the requests/s perf_analyzer counted
+    (its throughput over the batch size), `requests` the merged windows' requests, `log_text` its -v log."""
+    delayed = delayed_percent(log_text)
+    tolerance = behind_tolerance(requests, distribution)
+    verdict = dict(served_rps=served_rps, delayed_pct=delayed)
+    if not served_rps >= rate * (1 - tolerance):  # NaN (nothing reported) included
+        late = f"; {delayed:g}% of the sends were late" if delayed > max_delayed_pct else ""
+        reason = f"served {served_rps:.4g} req/s of {rate:.4g} offered (more than {100 * tolerance:.1f}% behind){late}"
+        return KeptUp("behind", reason, **verdict)
+    trend = latency_rise(log_text)
+    if trend is not None and trend[0] > rise_limit and trend[1] < TREND_P:
+        rise, p, windows = trend
+        warned = " (perf_analyzer: not stabilizing)" if LATENCY_NOT_STABLE in log_text else ""
+        reason = f"latency rose {100 * rise:.0f}% over {windows} windows, a growing queue (trend p={p:.2g}){warned}"
+        return KeptUp("behind", reason, **verdict)
+    if delayed > max_delayed_pct:
+        reason = (
+            f"client-bound: {delayed:g}% of the sends were late while the server served all it was offered "
+            f"({served_rps:.4g} of {rate:.4g} req/s); it sustains at least {min(rate, served_rps):.4g} req/s"
+        )
+        return KeptUp("client_bound", reason, **verdict)
+    return KeptUp("ok", **verdict)

@@ -1,0 +1,106 @@
+"""Whether a rate point kept up with its load (tbench.loadgen.behind): the arrivals' randomness, a latency trend over
+the windows, late sends, and a real perf_analyzer log that warns of latency while the server kept up."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from conftest import GOLDEN
+
+from tbench.loadgen.behind import behind_tolerance, kept_up, latency_rise, mann_kendall_p
+
+NOT_STABILIZING = GOLDEN / "perf_analyzer" / "rate_r60_poisson_latency_not_stabilizing.log"
+
+
+def log(latencies_us: list[float], throughput: float = 100.0, tail: str = "") -> str:
+    """A perf_analyzer -v log with one Pass line per window, as it writes them."""
+    passes = "".join(
+        f"  Pass [{i}] throughput: {throughput:g} infer/sec. Avg latency: {lat:g} usec (std 1000 usec). \n"
+        for i, lat in enumerate(latencies_us, 1)
+    )
+    return f"Request Rate: 100 inference requests per seconds\n{passes}{tail}  Client: \n    Request count: 1800\n"
+
+
+FLAT = log([20_000, 21_000, 19_500])
+
+
+@pytest.mark.parametrize(
+    ("requests", "expected"),
+    [
+        (100, 0.3),
+        (1522, 3 / math.sqrt(1522)),
+        (10_000, 0.03),
+        (22_500, 0.02),  # where 3/sqrt(n) meets the floor
+        (90_000, 0.02),
+        (262_742, 0.02),
+    ],
+)
+def test_behind_tolerance(requests, expected):
+    assert behind_tolerance(requests) == pytest.approx(expected)
+
+
+def test_behind_tolerance_floor_is_two_percent():
+    assert min(behind_tolerance(n) for n in (10**k for k in range(1, 9))) == pytest.approx(0.02)
+
+
+@pytest.mark.parametrize("requests", [0, -5])
+def test_behind_tolerance_without_requests_is_finite(requests):
+    assert behind_tolerance(requests) == pytest.approx(3.0)
+
+
+def test_a_constant_schedule_has_no_arrival_randomness_to_allow_for():
+    assert behind_tolerance(100, "constant") == behind_tolerance(10**6, "constant") == pytest.approx(0.02)
+
+
+def test_served_below_offered_beyond_the_arrivals_randomness_is_behind():
+    # 1800 requests: 3/sqrt(1800) = 7.07%; 90 of 100 is 10% behind
+    verdict = kept_up(100.0, 90.0, 1800, "poisson", FLAT)
+    assert verdict.status == "behind" and "served 90 req/s of 100" in verdict.reason
+    assert kept_up(100.0, 94.0, 1800, "poisson", FLAT).status == "ok"  # 6%: within the randomness
+    assert kept_up(100.0, 94.0, 1800, "constant", FLAT).status == "behind"  # a constant schedule has none
+    assert kept_up(100.0, 98.5, 1800, "constant", FLAT).status == "ok"
+
+
+def test_a_latency_that_rises_window_after_window_is_a_growing_queue():
+    rising = log([20_000 + 8_000 * i for i in range(10)], tail="Warning: Request latency is not stabilizing. x\n")
+    verdict = kept_up(100.0, 99.0, 1800, "poisson", rising)
+    assert verdict.status == "behind"
+    assert "latency rose" in verdict.reason and "10 windows" in verdict.reason and "not stabilizing" in verdict.reason
+
+
+def test_a_small_or_noisy_rise_is_not_a_trend():
+    assert kept_up(100.0, 99.0, 1800, "poisson", log([20_000, 20_100, 20_200, 20_300, 20_400, 20_500])).status == "ok"
+    noisy = log([20_000, 26_000, 19_000, 25_000, 21_000, 27_000, 20_000, 24_000, 22_000, 23_000])
+    assert kept_up(100.0, 99.0, 1800, "poisson", noisy).status == "ok"
+
+
+def test_perf_analyzers_latency_warning_alone_is_not_falling_behind():
+    """A real log: 10 windows at 60/s on a server of capacity ~95/s; perf_analyzer warns that latency is not
+    stabilising, yet the windows' latency is flat (17.8-24.4 ms) and it served 59.8 of 60 req/s."""
+    text = NOT_STABILIZING.read_text()
+    assert "Request latency is not stabilizing" in text
+    rise, p, windows = latency_rise(text)
+    assert windows == 10 and p > 0.05
+    assert kept_up(60.0, 59.8049, 718, "poisson", text).status == "ok"
+
+
+def test_late_sends_while_the_server_kept_up_are_the_load_generators_limit():
+    late = log([20_000, 21_000, 19_500], tail="  2.4% of the requests were delayed. \n")
+    verdict = kept_up(100.0, 100.3, 1800, "poisson", late)
+    assert verdict.status == "client_bound" and verdict.delayed_pct == 2.4
+    assert "at least 100 req/s" in verdict.reason
+    # ... but when it also served less than it was offered, the server fell behind
+    behind = kept_up(100.0, 80.0, 1800, "poisson", late)
+    assert behind.status == "behind" and "2.4% of the sends were late" in behind.reason
+    # a few late sends do not change the load
+    few = log([20_000, 21_000, 19_500], tail="  0.5% of the requests were delayed. \n")
+    assert kept_up(100.0, 100.0, 1800, "poisson", few).status == "ok"
+    assert kept_up(100.0, 100.0, 1800, "poisson", few, max_delayed_pct=0.1).status == "client_bound"
+
+
+def test_mann_kendall():
+    assert mann_kendall_p(list(range(10))) < 1e-4
+    assert mann_kendall_p(list(range(10, 0, -1))) == 1.0
+    assert mann_kendall_p([1.0, 2.0]) == 1.0
+    assert 0.05 < mann_kendall_p([3, 1, 4, 1, 5, 9, 2, 6, 5, 3]) < 1.0  # a weak rise: not significant
