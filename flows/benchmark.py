@@ -39,7 +39,7 @@ from tbench.pools import check_worker_hardware
 from tbench.request import BenchmarkRequest, adapter_for, adapter_notes, plain_name, request_from_argv
 from tbench.run import COMPLETED_WITH_FAILURES, FAILED, STATE_COMPLETED_WITH_FAILURES, RunTracker
 from tbench.store import run_url
-from tbench.sweep import plan_points, prepare_inputs
+from tbench.sweep import dynamic_shapes, plan_points, prepare_inputs
 from tbench.triton.monitor import PointMonitor
 from tbench.triton.repository import (
     backend_label,
@@ -102,6 +102,7 @@ def _benchmark(req, hardware, adapter, tracker: RunTracker) -> str:
             perf_inputs = prepare_inputs(
                 adapter, module, layout.run_dir / "perf_input.json", shared_memory=offline_shared_memory(req, hardware)
             )
+            tracker.measured_shapes = dynamic_shapes(adapter.io_spec(), perf_inputs.shapes)
         served = [a for fmt in req.serve_formats for a in artifacts if a.format is fmt]
         composing = [(req.part_name(p.part.name), arts[0]) for p, arts in zip(parts, part_artifacts)]
         with tracker.stage("server"):  # what the server can run decides how the repository serves each format
@@ -259,6 +260,7 @@ def _finish(tracker: RunTracker, req, hardware, server, error: BaseException | N
         "request": req.model_dump(mode="json"),
         "hardware": hardware.model_dump(),
         "served_on": tracker.served_on,  # per measured format: the results' gpu label, and why
+        "measured_shapes": tracker.measured_shapes,  # each dynamic dim's measured value
         "artifact_url": run_url(req.output, layout.run_id),
         "local_dir": str(layout.run_dir),
     }
@@ -289,6 +291,7 @@ def _finish(tracker: RunTracker, req, hardware, server, error: BaseException | N
                 status=tracker.status,
                 error=tracker.error or tracker.status_line,
                 comparison_lines=comparison_lines,
+                measured_shapes=tracker.measured_shapes,
             )
 
     return finish_run(tracker, error, manifest, server=server, output=req.output, report=report)

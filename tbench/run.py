@@ -54,6 +54,7 @@ class RunTracker:
         self.accuracy: list[AccuracyResult] = []  # one per served format
         self.served_by: dict[str, str] = {}  # format -> the backend serving it, once the server stage has decided
         self.served_on: dict[str, dict] = {}  # format -> where it ran (tbench.serving.ServedOn), once measured
+        self.measured_shapes: list[str] = []  # inputs with a dynamic dim and the shape perf_analyzer sent
         self._log_handler: logging.Handler | None = None
 
     @contextlib.contextmanager

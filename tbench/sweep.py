@@ -124,6 +124,17 @@ def prepare_inputs(
     )
 
 
+def dynamic_shapes(spec: IoSpec, shapes: dict[str, list[int]] | None) -> list[str]:
+    """Each input with a dynamic dim and the shape it was measured at (`input_ids [-1] measured as [16]`): a model's
+    speed depends on it (an NLP model at 16 tokens looks far faster than at 512), so a report must say it."""
+    shapes = shapes or {}
+    return [
+        f"{t.name} {t.shape} measured as {shapes[t.name] if t.name in shapes else 'the input data gives it'}"
+        for t in spec.inputs
+        if -1 in t.shape
+    ]
+
+
 def cache_key(point: Point, model: str) -> dict:
     """A point's key in the point cache: the model by its plain name (a remote run's Triton names are its own)."""
     return {

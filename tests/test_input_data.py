@@ -444,3 +444,8 @@ def test_a_bert_like_model_file_with_input_data_runs_end_to_end(prefect_harness,
     (log,) = (run / "logs" / "perf_analyzer").glob("*_offline_b2_c1_try0.log")
     assert f"--shape token_type_ids:{SEQ}" in log.read_text().splitlines()[0]
     assert "| Input data " in report and str(data) in report
+    # the report says at which length the dynamic dims were measured: a model's speed depends on it
+    assert f"token_type_ids [-1] measured as [{SEQ}]" in report
+    assert (
+        f"token_type_ids [-1] measured as [{SEQ}]" in json.loads((run / "manifest.json").read_text())["measured_shapes"]
+    )

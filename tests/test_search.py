@@ -384,3 +384,26 @@ def test_resume_refuses_a_checkpoint_of_another_search_in_one_line(tmp_path):
     # a dict field is named by the keys that differ
     with pytest.raises(ConfigError, match=r"another server\.binary, server\.mode, server\.url \(see"):
         resume_checkpoint(str(tmp_path), refused["server.url"])
+
+
+def test_a_near_tie_within_noise_goes_to_the_cheaper_configuration():
+    """2 instances measure 1% more than 1 instance, with 2% noise in each: the windows cannot tell them apart, so
+    the cheaper configuration is the answer; a 20% lead, or unknown noise, keeps the measured best."""
+
+    def obs(instances: int, throughput: float, cv: float | None = 0.02) -> Observation:
+        c = Candidate(instances=instances, max_batch_size=8, preferred_batch_sizes=(), queue_delay_us=500)
+        return Observation(candidate=c, throughput=throughput, p99_ms=10.0, avg_ms=5.0, throughput_cv=cv)
+
+    def best(*observations: Observation) -> int:
+        result = SearchResult(
+            strategy="exhaustive",
+            objective=Objective(p99_budget_ms=50.0),
+            grid_size=2,
+            budget=2,
+            observations=list(observations),
+        )
+        return result.best.candidate.instances
+
+    assert best(obs(2, 101.0), obs(1, 100.0)) == 1
+    assert best(obs(2, 120.0), obs(1, 100.0)) == 2
+    assert best(obs(2, 101.0, None), obs(1, 100.0, None)) == 2

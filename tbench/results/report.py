@@ -457,6 +457,7 @@ def render_report(
     model_notes: list[str] | None = None,
     comparison_lines: list[str] | None = None,
     served_on: dict[str, dict] | None = None,
+    measured_shapes: list[str] | None = None,
 ) -> str:
     served_by = served_by or {}
     title = request.model_file or f"{request.model} ({request.size}, {request.framework})"
@@ -487,6 +488,7 @@ def render_report(
                     if getattr(request, "value_ranges", None)
                     else []
                 ),
+                *([("Dynamic dims", "; ".join(measured_shapes))] if measured_shapes else []),
                 ("Exported formats", ", ".join(f.value for f in request.formats)),
                 (
                     "Served formats",

@@ -18,8 +18,8 @@ from pathlib import Path
 from tbench.core.artifacts import ModelArtifact
 from tbench.core.enums import Scenario
 from tbench.core.errors import ConfigError, PerfAnalyzerError, ServerStartError
-from tbench.core.layout import RunLayout
-from tbench.loadgen.perf_analyzer import PerfInputs, Point
+from tbench.core.layout import RunLayout, perf_log_for
+from tbench.loadgen.perf_analyzer import PerfInputs, Point, noise_from_log
 from tbench.node import tools
 from tbench.request import Measurement
 from tbench.search.strategies import (
@@ -202,7 +202,15 @@ class TritonEvaluator:
             inputs=self.inputs,
             latency_s=self.warmed_latency(variant),
         )
-        return observation_from_row(candidate, row, 0.0)
+        observation = observation_from_row(candidate, row, 0.0)
+        log = layout.run_dir / perf_log_for(row["source_file"]) if row.get("source_file") else None
+        if observation.ok and log is not None and log.is_file():
+            noise = noise_from_log(log.read_text(errors="replace"))
+            if not noise.assumed:
+                observation = observation.model_copy(
+                    update={"throughput_cv": noise.throughput_cv, "latency_cv": noise.latency_cv}
+                )
+        return observation
 
 
 def artifact_key(text: str) -> str:

@@ -58,6 +58,12 @@ class Candidate(BaseModel):
     )
 
     @property
+    def cost(self) -> tuple[int, int, int, int]:
+        """What serving it takes, smallest first: instances (memory, devices), then max batch, preferred sizes and
+        queue delay (latency a request may wait)."""
+        return (self.instances, self.max_batch_size, len(self.preferred_batch_sizes), self.queue_delay_us)
+
+    @property
     def key(self) -> str:
         """A stable, file-name-safe identifier: i2_b16_p8-16_d500[_onnx-fp16]."""
         pref = "-".join(map(str, self.preferred_batch_sizes)) or "none"
@@ -203,10 +209,15 @@ class Observation(BaseModel):
     status: str = Field("ok", description="ok | unstable | error")
     error: str = ""
     seconds: float = Field(0.0, description="Wall time of the measurement (load + measure).")
+    throughput_cv: float | None = Field(None, description="The throughput's noise: its CV over the stable windows.")
+    latency_cv: float | None = Field(None, description="The latency's noise: its CV over the stable windows.")
 
     @property
     def ok(self) -> bool:
         return self.status == "ok" and self.throughput is not None and self.p99_ms is not None
+
+
+TIE_K = 2.0  # candidates within 2 x their combined window noise of the best are a tie: the cheaper one wins
 
 
 class Objective(BaseModel):
@@ -245,6 +256,15 @@ class Objective(BaseModel):
         if self.goal == "max_throughput":
             return 0.0 if self.p99_budget_ms is None else max(0.0, o.p99_ms / self.p99_budget_ms - 1)
         return 0.0 if not self.throughput_floor else max(0.0, 1 - o.throughput / self.throughput_floor)
+
+    def within_noise(self, best: Observation, other: Observation, k: float = TIE_K) -> bool:
+        """Whether `other`'s objective is within `k` times the two measurements' combined noise of `best`'s: a
+        difference the windows cannot tell from noise. Unknown noise ties nothing."""
+        attr = "throughput_cv" if self.goal == "max_throughput" else "latency_cv"
+        noise = [getattr(o, attr) for o in (best, other)]
+        if any(n is None or math.isnan(n) for n in noise):
+            return False
+        return abs(self.value(best) - self.value(other)) <= k * math.hypot(*noise) * abs(self.value(best))
 
     def rank(self, o: Observation) -> tuple[int, float]:
         """Sort key, larger is better: feasible before infeasible, then the objective's value, else the smaller
@@ -345,8 +365,13 @@ class SearchResult(BaseModel):
 
     @property
     def best(self) -> Observation | None:
+        """The best feasible observation; among those within noise of it, the cheapest configuration (fewest
+        instances, then the smallest max batch, fewest preferred sizes and shortest queue delay)."""
         feasible = self.feasible()
-        return feasible[0] if feasible else None
+        if not feasible:
+            return None
+        tied = [o for o in feasible if o is feasible[0] or self.objective.within_noise(feasible[0], o)]
+        return min(tied, key=lambda o: (o.candidate.cost, -self.objective.value(o)))
 
     def closest(self) -> Observation | None:
         """The best-ranked observation, feasible or not (the least violation when none is feasible)."""
