@@ -6,7 +6,8 @@ offered Poisson rate, the measurement a run makes of a rate point (`tbench.sweep
 - `--repeats` unchanged runs (same service time, same rate), each judged against the baseline: the verdict must be
   "no significant change" (a false regression here would fail a CI gate for nothing);
 - one planted run with a longer service time at the same rate: throughput equals the offered rate (the server keeps
-  up) while latency rises; the verdict must be "regression" with a non-zero exit code.
+  up) while latency rises; the verdict must be "regression" with a non-zero exit code;
+- a rate point at 10 req/s on the sleeper at 1 ms: it completes in its windows' time, not a timeout.
 
 Each judgement is the real command a CI job runs: `tbench compare BASELINE CANDIDATE`, its exit code recorded.
 
@@ -55,6 +56,25 @@ def measured_run(work: Path, name: str, service_ms: float, rate: float) -> Path:
     return layout.run_dir
 
 
+def low_rate_point(work: Path) -> dict:
+    """A rate point at 10 req/s on a 1 ms model: its windows hold window_s of arrivals (not window_s / latency, which
+    asked for 2,000 requests a window and timed out after 300 s); how long it took, and whether it kept up."""
+    import pandas as pd
+
+    run_dir = measured_run(work, "low_rate", 1.0, 10.0)
+    row = pd.read_parquet(run_dir / "results.parquet").iloc[0]
+    return {
+        "service_ms": 1.0,
+        "rate": 10.0,
+        "status": row["status"],
+        "error": row["error"],
+        "measurement_request_count": int(row["measurement_request_count"]),
+        "window_s": round(float(row["window_s"]), 2),
+        "measure_seconds": round(float(row["measure_seconds"]), 1),
+        "throughput_infer_per_s": round(float(row["throughput_infer_per_s"]), 3),
+    }
+
+
 def compare(baseline: Path, candidate: Path, out: Path) -> dict:
     done = subprocess.run(
         [TBENCH, "compare", str(baseline), str(candidate), "--output", str(out)], capture_output=True, text=True
@@ -96,6 +116,8 @@ def main() -> None:
         print(f"planted: {record['planted']}", flush=True)
         false_alarms = [r for r in record["unchanged"] if r["exit_code"] != 0]
         record["false_regressions"] = len(false_alarms)
+        record["low_rate"] = low_rate_point(work)
+        print(f"low rate: {record['low_rate']}", flush=True)
         record["planted_caught"] = record["planted"]["exit_code"] != 0 and "regression" in record["planted"]["summary"]
 
 
