@@ -191,11 +191,15 @@ def measure_point(
         log_path = layout.perf_log(model, point.scenario, point.label, attempt)
         with shm.system_regions_held() if row["shared_memory"] == "system" else contextlib.nullcontext():
             monitor.start()
+            done = None
             try:
                 done = procs.run(argv, log_path, timeout_s, env)
             finally:  # an unstable, killed or timed-out perf_analyzer leaves its regions registered
                 if row["shared_memory"] != "none":
-                    release_shared_memory(grpc_url, row["shared_memory"], spec.input_names() + spec.output_names())
+                    tensors = spec.input_names() + spec.output_names()
+                    release_shared_memory(grpc_url, row["shared_memory"], tensors)
+                    if row["shared_memory"] == "system" and (done is None or done.returncode != 0):
+                        remove_unregistered_regions(tensors)
             observed = monitor.stop()
         row.update(
             attempts=attempt + 1,
@@ -287,6 +291,16 @@ def release_shared_memory(grpc_url: str, kind: str, tensors: list[str] | None = 
     for region in regions.values():
         (shm.SHM_DIR / region.get("key", "").lstrip("/")).unlink(missing_ok=True)
     return list(regions)
+
+
+def remove_unregistered_regions(tensors: list[str]) -> list[str]:
+    """After a perf_analyzer that did not end cleanly, under the host-wide lock on system regions: the region files
+    named after these tensors that no process maps, which it created and never registered (killed in between) or
+    registered with a server that is gone; nothing else on the host uses those names while the lock is held."""
+    removed = [p for p in shm.unmapped_regions() if perf_analyzer_region(p.name, tensors)]
+    for path in removed:
+        path.unlink(missing_ok=True)
+    return [p.name for p in removed]
 
 
 def measurement_order(points: list[Point], m: Measurement) -> list[Point]:

@@ -231,7 +231,8 @@ def test_every_benchmark_writes_through_provenance(script):
     other way, and has its command in provenance.COMMANDS (the docs' page on our own figures lists the same)."""
     source = script.read_text()
     assert "from provenance import" in source and "recorded(RESULTS / " in source
-    assert "model_sizes" in source and ('"--size' in source or '"--plan"' in source)
+    # the sleeper's size is its service time (benchmarks/capacity_truth.py)
+    assert "model_sizes" in source and any(f'"--{o}' in source for o in ("size", "plan", "service-ms"))
     assert "write_text(json.dumps" not in source and "json.dump(" not in source
     outputs = [name for name, command in provenance.COMMANDS.items() if f" benchmarks/{script.name} " in command + " "]
     assert outputs, f"{script.name} has no command in provenance.COMMANDS"

@@ -638,3 +638,24 @@ def test_a_remote_run_leaves_the_shared_servers_own_model_of_that_name_alone(
         client.close()
     finally:
         theirs.stop()
+
+
+def test_region_files_a_killed_perf_analyzer_never_registered_are_removed():
+    """Killed between creating a region and registering it, perf_analyzer leaves a file no process maps: the sweep
+    removes those named after its tensors; a mapped one, and another name, stay."""
+    import mmap
+
+    from tbench.sweep import remove_unregistered_regions
+
+    names = ["tbench_probe_out", "tbench_probe_out_0_1", "tbench_probe_mapped", "tbench_other"]
+    paths = [shm.SHM_DIR / n for n in names]
+    for path in paths:
+        path.write_bytes(b"\0" * 4096)
+    with open(paths[2], "r+b") as f, mmap.mmap(f.fileno(), 4096):
+        try:
+            removed = remove_unregistered_regions(["tbench_probe_out", "tbench_probe_mapped"])
+            assert sorted(removed) == ["tbench_probe_out", "tbench_probe_out_0_1"]
+            assert [p.exists() for p in paths] == [False, False, True, True]
+        finally:
+            for path in paths:
+                path.unlink(missing_ok=True)

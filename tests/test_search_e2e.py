@@ -43,7 +43,13 @@ def test_search_flow_measures_every_candidate_and_resumes(prefect_harness, tmp_p
     summary = json.loads((run / "search.json").read_text())
     best = Observation.model_validate(summary["best"])
     assert summary["measured"] == 4 and summary["grid_size"] == 4
-    assert best.ok and best.p99_ms <= 2000 and best.throughput == max(o.throughput for o in observations)
+    # the best, or a cheaper configuration within the windows' noise of it (a near-tie goes to the cheaper one)
+    top = max(observations, key=lambda o: o.throughput)
+    assert all(o.throughput_cv is not None for o in observations)  # each candidate's noise, from its windows
+    assert best.ok and best.p99_ms <= 2000
+    assert best.throughput == top.throughput or (
+        search.objective.within_noise(top, best) and best.candidate.cost <= top.candidate.cost
+    )
     report = (run / "search.md").read_text()
     assert "Measured **4 of 4** configurations" in report and best.candidate.describe() in report
     assert (run / "plots" / "search.png").exists()

@@ -15,7 +15,7 @@ import pytest
 from conftest import GOLDEN
 
 from tbench.node.hardware import Hardware, parse_gpu_query
-from tbench.triton.monitor import parse_gpu_metrics
+from tbench.triton.monitor import ENERGY_TOTAL, parse_gpu_metrics
 from tbench.triton.serving import (
     CPU_LABEL,
     DEVICE_MARK,
@@ -91,10 +91,11 @@ def test_the_serving_gpu_decides_which_series_of_the_metrics_page_are_read():
         "gpu_util_pct": 12.0,
         "gpu_mem_mb": 42000.0,
         "gpu_power_w": 96.317,
+        ENERGY_TOTAL: 41783.912,
     }
     docker = served_on("docker", NODE, None, docker_gpus="1,3")
     assert parse_gpu_metrics(PAGE, docker.gpu_uuids) == pytest.approx(
-        {"gpu_util_pct": 90.0, "gpu_mem_mb": 4096.0, "gpu_power_w": 600.25}
+        {"gpu_util_pct": 90.0, "gpu_mem_mb": 4096.0, "gpu_power_w": 600.25, ENERGY_TOTAL: 118902.377 + 109334.6}
     )
     assert parse_gpu_metrics(PAGE, served_on("embedded", NODE, "onnxruntime").gpu_uuids) == {}  # on the CPU
 
