@@ -44,8 +44,10 @@ class Measurement(BaseModel):
     """How perf_analyzer measures a point (count_windows mode), sized by time rather than by a fixed request count.
 
     The rule: before a sweep, timed warm-up requests give each batch size's single-request latency L (calibration).
-    A window then asks for max(min_requests, 2 x concurrency, ceil(window_s / L)) requests, and perf_analyzer's
-    count_windows mode closes a window at the first whole second by which it has that many. So a fast model gets
+    A window then asks for max(min_requests, 2 x concurrency, ceil(window_s x R)) requests, R being the rate the point
+    will run at: a rate point's offered rate, an online point's at least what a lower concurrency served earlier in the
+    sweep, else 1 / L. perf_analyzer's count_windows mode closes a window at the first whole second by which it has
+    that many. So a fast model gets
     windows of about max(1 s, window_s) holding thousands of requests, a slow one windows of min_requests requests
     (seconds each), which bounds the throughput's resolution (one request at a window's edge) at about 1/(3 x
     min_requests) over the 3 windows merged. perf_analyzer measures windows until the last 3 agree within

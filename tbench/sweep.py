@@ -164,12 +164,15 @@ def measure_point(
     inputs: PerfInputs = PerfInputs(),
     monitor=None,
     latency_s: float | None = None,
+    expected_rate: float | None = None,
 ) -> dict:
     """Measure one point, retrying with longer windows; always returns a row (status ok | unstable | error), with
-    what the server did during the attempt that counted when a monitor watches it. `latency_s` is the calibrated
-    single-request latency at this batch size: windows are sized from it (Measurement.requests_per_window)."""
+    what the server did during the attempt that counted when a monitor watches it. Windows are sized
+    (Measurement.requests_per_window) from the rate the point will run at: a rate point's offered rate, else
+    `expected_rate` (requests/s the sweep already saw at a lower concurrency), else the calibrated single-request
+    latency `latency_s` at this batch size."""
     monitor = monitor or NoMonitor()
-    measured_rate = None  # requests/s a failed attempt saw: the next attempt's windows are sized from it
+    measured_rate = expected_rate  # requests/s: what the sweep expects, then what a failed attempt saw
     row = empty_row()
     row.update(
         scenario=point.scenario.value,
@@ -235,7 +238,7 @@ def measure_point(
             return row
         if UNSTABLE_MARK in log or done.returncode == 0:
             passes = pass_throughputs(log_path.read_text(errors="replace"))
-            measured_rate = float(np.median(passes)) / point.batch_size if passes else None
+            measured_rate = float(np.median(passes)) / point.batch_size if passes else measured_rate
             spread = (
                 f", throughput spread {100 * (max(passes) - min(passes)) / max(passes):.0f}%"
                 if passes and max(passes) > 0
@@ -291,6 +294,16 @@ def release_shared_memory(grpc_url: str, kind: str, tensors: list[str] | None = 
     for region in regions.values():
         (shm.SHM_DIR / region.get("key", "").lstrip("/")).unlink(missing_ok=True)
     return list(regions)
+
+
+def expected_online_rate(point: Point, served: dict[int, dict[int, float]]) -> float | None:
+    """Requests/s an online point will serve at least: the most a lower (or equal) concurrency at its batch size
+    served earlier in the sweep (`served`: batch -> {concurrency: requests/s}), since more requests in flight never
+    serve fewer; None for other points or when none was measured yet."""
+    if point.scenario is not Scenario.ONLINE:
+        return None
+    lower = [r for c, r in served.get(point.batch_size, {}).items() if c <= (point.concurrency or 0)]
+    return max(lower, default=None)
 
 
 def remove_unregistered_regions(tensors: list[str]) -> list[str]:
@@ -390,6 +403,8 @@ def run_sweep(
         if to_measure
         else {}
     )
+    served: dict[int, dict[int, float]] = {}  # online points measured so far: batch -> {concurrency: requests/s}
+
     for i, point in enumerate(order):
         if i in reused:
             row = {**empty_row(), **reused[i], "composing": cache.composing(cache_key(point, model))}
@@ -406,10 +421,13 @@ def run_sweep(
                 inputs=inputs,
                 monitor=monitor,
                 latency_s=latency.get(point.batch_size),
+                expected_rate=expected_online_rate(point, served),
             )
             if cache is not None:
                 cache.put(cache_key(point, model), row, layout.run_dir, layout.run_id)
         row.update(static, point_index=i)
+        if point.scenario is Scenario.ONLINE and row["status"] == "ok":
+            served.setdefault(point.batch_size, {})[point.concurrency] = row[THROUGHPUT.column] / point.batch_size
         composing = row.pop("composing", [])
         if composing and on_composing:
             keys = {k: row[k] for k in ("scenario", "format", "batch_size", "concurrency", "request_rate")}

@@ -218,3 +218,16 @@ def test_points_are_measured_in_a_seeded_shuffled_order():
     assert sorted(shuffled, key=lambda p: p.batch_size) == points and shuffled != points
     assert measurement_order(points, Measurement()) == shuffled  # the same seed, the same order
     assert measurement_order(points, Measurement(order="ascending")) == points
+
+
+def test_an_online_point_expects_at_least_what_a_lower_concurrency_served():
+    from tbench.sweep import expected_online_rate
+
+    served = {1: {1: 100.0, 4: 300.0}, 8: {1: 20.0}}
+    assert expected_online_rate(Point(Scenario.ONLINE, 1, 8), served) == 300.0
+    assert expected_online_rate(Point(Scenario.ONLINE, 1, 2), served) == 100.0
+    assert expected_online_rate(Point(Scenario.ONLINE, 8, 16), served) == 20.0
+    assert expected_online_rate(Point(Scenario.ONLINE, 4, 2), served) is None  # nothing at that batch size yet
+    assert expected_online_rate(Point(Scenario.OFFLINE, 1, 1), served) is None
+    # windows sized from it: window_s worth at 300 requests/s, not at the single-request latency's 1,000
+    assert Measurement().requests_per_window(0.001, 8, measured_rate=300.0) == 600
