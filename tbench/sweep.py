@@ -23,7 +23,7 @@ from tbench.core.errors import PerfAnalyzerError
 from tbench.core.iospec import IoSpec
 from tbench.core.layout import RunLayout
 from tbench.core.metrics import RESULT_COLUMNS, THROUGHPUT
-from tbench.loadgen.behind import kept_up
+from tbench.loadgen.behind import arrival_stability, kept_up
 from tbench.loadgen.perf_analyzer import (
     STABLE_WINDOWS,
     UNSTABLE_MARK,
@@ -189,8 +189,13 @@ def measure_point(
     for attempt in range(1 + m.retries):
         request_count = m.requests_per_window(latency_s, point.concurrency or 1, attempt, measured_rate, point.rate)
         timeout_s = m.point_timeout_s(request_count, point.rate)
+        attempt_m = m
+        if point.rate is not None:
+            stability = arrival_stability(m.stability_percentage, request_count, point.distribution)
+            attempt_m = m.model_copy(update={"stability_percentage": stability})
+            row.update(stability_percentage=stability)
         csv_path = layout.perf_csv(model, point.scenario, point.label, attempt)
-        argv = perf_argv(binary, model, grpc_url, point, m, request_count, csv_path, spec, inputs)
+        argv = perf_argv(binary, model, grpc_url, point, attempt_m, request_count, csv_path, spec, inputs)
         log_path = layout.perf_log(model, point.scenario, point.label, attempt)
         with shm.system_regions_held() if row["shared_memory"] == "system" else contextlib.nullcontext():
             monitor.start()

@@ -56,6 +56,17 @@ def mann_kendall_p(values: list[float]) -> float:
     return 1 - NormalDist().cdf((s - 1) / sigma) if s > 0 else 1.0
 
 
+def arrival_stability(stability_pct: float, requests: int, distribution: str) -> float:
+    """The stability percentage a rate point's windows can meet: with Poisson arrivals a window of n requests varies by
+    the arrivals' own count noise (1/sqrt(n)) whatever the server does, so at few requests a window perf_analyzer's
+    throughput rule could only fail (5 req/s, 20-request windows: spreads of 45%). Widened to two of those standard
+    deviations (3 windows then agree about 96% of the time) where that is larger; whether the server kept up is
+    judged by `kept_up` over the merged windows, not by this."""
+    if distribution != "poisson":
+        return stability_pct
+    return max(stability_pct, round(200 / math.sqrt(max(requests, 1)), 1))
+
+
 def latency_rise(log_text: str) -> tuple[float, float, int] | None:
     """The windows' latency trend: (rise of the Theil-Sen line over the windows as a fraction of their median, the
     Mann-Kendall p-value, windows), over every window the log has, in order; None for fewer than 3."""
