@@ -402,12 +402,16 @@ def test_a_registered_model_takes_input_data_too(tmp_path):
         ),
     ],
 )
-def test_the_cli_reads_the_input_options_and_fails_in_one_line(bert_onnx, args, message):
+@pytest.mark.parametrize(
+    "command", [["run"], ["search"], ["capacity", "--slo-p99-ms", "50", "--traffic", "10"]], ids=lambda c: c[0]
+)
+def test_the_cli_reads_the_input_options_and_fails_in_one_line(bert_onnx, args, message, command):
+    """Every command that measures a model takes a model file and its input options, read the same way."""
     from typer.testing import CliRunner
 
     from tbench.cli import app
 
-    result = CliRunner().invoke(app, ["run", "--model-file", str(bert_onnx), *args])
+    result = CliRunner().invoke(app, [*command, "--model-file", str(bert_onnx), *args])
     lines = [ln for ln in result.output.splitlines() if ln.strip()]
     assert result.exit_code == 2 and len(lines) == 1 and lines[0].startswith(message), result.output
 

@@ -302,3 +302,13 @@ def search_space(
         queue_delays_us=parse_int_list(queue_delays_us, "queue delays"),
         formats=_split(variants) or [""],
     )
+
+
+def model_file_fields(model_file, shape, value_range, input_data) -> dict:
+    """The request fields of a model file and its input options: the same on every command that measures a model."""
+    return dict(
+        model_file=model_file,
+        shapes=parse_named(shape, "shape", _dims),
+        input_data=input_data,
+        value_ranges=parse_named(value_range, "--value-range (NAME:LO,HI)", _bounds),
+    )

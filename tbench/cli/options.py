@@ -32,6 +32,24 @@ _LIST = "On the command line: comma-separated, e.g. {}."
 
 # Positional model name of `search` and `submit` (`run`'s is optional: --model-file replaces it).
 ModelName = Annotated[str, typer.Argument(help="Model adapter name (see `tbench models`).")]
+# a model file (another team's export) and how to feed it: the same options on every command that measures a model
+ModelOrFile = Annotated[
+    str | None, typer.Argument(help="Model adapter name (see `tbench models`); not needed with --model-file.")
+]
+ModelFile = Annotated[str | None, typer.Option("--model-file", help=field_help("model_file"))]
+Shape = Annotated[
+    list[str] | None,
+    typer.Option("--shape", help="--model-file: an input's non-batch shape, NAME:D1,D2 (repeat per input)."),
+]
+ValueRange = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--value-range",
+        help="--model-file: an input's synthetic values in LO..HI, NAME:LO,HI (repeat per input); integers "
+        "inclusive, floats uniform.",
+    ),
+]
+InputData = Annotated[str | None, typer.Option("--input-data", help=field_help("input_data"))]
 
 # What to benchmark
 Size = Annotated[str | None, typer.Option(help=field_help("size"))]

@@ -6,14 +6,13 @@ import typer
 
 from tbench.cli.common import (
     EXIT_BAD_OPTIONS,
-    _bounds,
-    _dims,
     _given,
     _quiet_prefect,
     _run_with_progress,
     _shape_range,
     _split,
     cli_errors,
+    model_file_fields,
     parse_float_list,
     parse_int_list,
     parse_named,
@@ -30,15 +29,20 @@ from tbench.cli.options import (
     Gpus,
     GrpcPort,
     HttpPort,
+    InputData,
     MaxTrials,
+    ModelFile,
+    ModelOrFile,
     Output,
     PrecisionOpt,
     Reuse,
     Scenarios,
     Server,
     ServerUrl,
+    Shape,
     Size,
     Stability,
+    ValueRange,
     Verbose,
     WindowS,
     field_help,
@@ -51,21 +55,14 @@ from tbench.preflight import preflight
 
 
 def run(
-    model: str = typer.Argument(None, help="Model adapter name (see `tbench models`); not needed with --model-file."),
-    model_file: str = typer.Option(None, "--model-file", help=field_help("model_file")),
-    shape: list[str] = typer.Option(
-        None, "--shape", help="--model-file: an input's non-batch shape, NAME:D1,D2 (repeat per input)."
-    ),
+    model: ModelOrFile = None,
+    model_file: ModelFile = None,
+    shape: Shape = None,
     dtype: list[str] = typer.Option(
         None, "--dtype", help="--model-file: an input's numpy dtype, NAME:int64 (TorchScript)."
     ),
-    value_range: list[str] = typer.Option(
-        None,
-        "--value-range",
-        help="--model-file: an input's synthetic values in "
-        "LO..HI, NAME:LO,HI (repeat per input); integers inclusive, floats uniform.",
-    ),
-    input_data: str = typer.Option(None, "--input-data", help=field_help("input_data")),
+    value_range: ValueRange = None,
+    input_data: InputData = None,
     trt_shape: list[str] = typer.Option(
         None,
         "--trt-shape",
@@ -129,11 +126,8 @@ def run(
             formats=_split(formats),
             serve_formats=_split(serve),
             framework=framework,
-            model_file=model_file,
-            shapes=parse_named(shape, "shape", _dims),
+            **model_file_fields(model_file, shape, value_range, input_data),
             input_dtypes=parse_named(dtype, "dtype", str),
-            input_data=input_data,
-            value_ranges=parse_named(value_range, "--value-range (NAME:LO,HI)", _bounds),
             trt_shapes=parse_named(trt_shape, "--trt-shape (NAME:MIN,OPT,MAX)", _shape_range),
             calibration_samples=calibration_samples,
             precision=precision,

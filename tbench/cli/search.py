@@ -11,13 +11,12 @@ from tbench.capacity.request import CapacityRequest
 from tbench.capacity.statistics import PercentileRule
 from tbench.cli.common import (
     EXIT_BAD_OPTIONS,
-    _dims,
     _given,
     _quiet_prefect,
     _run_with_progress,
     _split,
     cli_errors,
-    parse_named,
+    model_file_fields,
     search_space,
 )
 from tbench.cli.options import (
@@ -28,17 +27,21 @@ from tbench.cli.options import (
     Gpus,
     GrpcPort,
     HttpPort,
+    InputData,
     Instances,
     MaxBatchSizes,
     MaxTrials,
-    ModelName,
+    ModelFile,
+    ModelOrFile,
     Output,
     Preferred,
     QueueDelaysUs,
     Server,
     ServerUrl,
+    Shape,
     Size,
     Stability,
+    ValueRange,
     Verbose,
     WindowS,
     field_help,
@@ -51,7 +54,11 @@ from tbench.preflight import preflight
 
 
 def search(
-    model: ModelName,
+    model: ModelOrFile = None,
+    model_file: ModelFile = None,
+    shape: Shape = None,
+    value_range: ValueRange = None,
+    input_data: InputData = None,
     size: Size = None,
     framework: Framework = None,
     variants: str = typer.Option(
@@ -105,8 +112,11 @@ def search(
             if throughput_floor is not None
             else Objective(p99_budget_ms=p99_budget_ms)
         )
+        if not model and not model_file:
+            raise ConfigError("name a model (see `tbench models`) or give --model-file PATH")
         request = BenchmarkRequest(
-            model=model,
+            model=model or "resnet50",
+            **model_file_fields(model_file, shape, value_range, input_data),
             size=size,
             framework=framework,
             **_given(output=output),
@@ -140,11 +150,11 @@ def search(
 
 
 def capacity(
-    model: str = typer.Argument(None, help="Model adapter name (see `tbench models`); not needed with --model-file."),
-    model_file: str = typer.Option(None, "--model-file", help=field_help("model_file")),
-    shape: list[str] = typer.Option(
-        None, "--shape", help="--model-file: an input's non-batch shape, NAME:D1,D2 (repeat per input)."
-    ),
+    model: ModelOrFile = None,
+    model_file: ModelFile = None,
+    shape: Shape = None,
+    value_range: ValueRange = None,
+    input_data: InputData = None,
     slo_p99_ms: float = typer.Option(..., "--slo-p99-ms", help=field_help("slo_ms", model=CapacityRequest)),
     traffic: float = typer.Option(..., "--traffic", help=field_help("traffic_rps", model=CapacityRequest)),
     headroom: float = typer.Option(0.2, help=field_help("headroom", model=CapacityRequest)),
@@ -202,8 +212,7 @@ def capacity(
             raise ConfigError("name a model (see `tbench models`) or give --model-file PATH")
         request = BenchmarkRequest(
             model=model or "resnet50",
-            model_file=model_file,
-            shapes=parse_named(shape, "shape", _dims),
+            **model_file_fields(model_file, shape, value_range, input_data),
             size=size,
             framework=framework,
             **_given(output=output),
