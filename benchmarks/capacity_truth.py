@@ -22,7 +22,6 @@ Writes benchmarks/results/capacity_truth.json, whole, with its provenance (bench
 from __future__ import annotations
 
 import argparse
-import math
 import tempfile
 from pathlib import Path
 
@@ -37,6 +36,7 @@ from tbench.capacity.statistics import PercentileRule
 from tbench.core.enums import Scenario
 from tbench.core.iospec import IoSpec, TensorSpec
 from tbench.core.layout import RunLayout, perf_log_for
+from tbench.loadgen.behind import behind_tolerance
 from tbench.loadgen.perf_analyzer import PerfInputs, Point, delayed_percent
 from tbench.node import tools
 from tbench.request import Measurement
@@ -116,7 +116,7 @@ def former_rule_passes(point: RatePoint, slo_ms: float) -> bool | None:
     offered, at most 1% of sends late, enough requests and the p99 within the SLO."""
     if point.served_rps is None or point.requests is None or point.latency_ms is None:
         return None
-    tolerance = max(0.02, 3 / math.sqrt(point.requests))
+    tolerance = behind_tolerance(point.requests)  # the Poisson rule, unchanged
     return (
         point.served_rps >= point.rate * (1 - tolerance)
         and (point.delayed_pct or 0.0) <= 1.0

@@ -284,20 +284,19 @@ def release_shared_memory(grpc_url: str, kind: str, tensors: list[str] | None = 
 
     try:
         with grpcclient.InferenceServerClient(grpc_url) as client:
-            if kind == "cuda":
-                regions = client.get_cuda_shared_memory_status(as_json=True).get("regions", {})
-                regions = {name: r for name, r in regions.items() if ours(name)}
-                for name in regions:
-                    client.unregister_cuda_shared_memory(name)
-                return list(regions)
-            regions = client.get_system_shared_memory_status(as_json=True).get("regions", {})
-            regions = {name: r for name, r in regions.items() if ours(name)}
+            status, unregister = (
+                (client.get_cuda_shared_memory_status, client.unregister_cuda_shared_memory)
+                if kind == "cuda"
+                else (client.get_system_shared_memory_status, client.unregister_system_shared_memory)
+            )
+            regions = {name: r for name, r in status(as_json=True).get("regions", {}).items() if ours(name)}
             for name in regions:
-                client.unregister_system_shared_memory(name)
+                unregister(name)
     except Exception:  # a server that cannot answer fails the point itself, with perf_analyzer's own error
         return []
-    for region in regions.values():
-        (shm.SHM_DIR / region.get("key", "").lstrip("/")).unlink(missing_ok=True)
+    if kind != "cuda":  # a system region is a file under /dev/shm
+        for region in regions.values():
+            (shm.SHM_DIR / region.get("key", "").lstrip("/")).unlink(missing_ok=True)
     return list(regions)
 
 

@@ -172,9 +172,13 @@ def find_sustainable_rate(
                 result.stopped = f"failed down to {rate:g}/s (the lowest rate tried): {point.reason}"
                 break
             rate /= 2
-    while not result.lower_bound and lo is not None and hi is not None and hi / lo > 1 + tolerance:
-        if len(result.points) >= max_points:
-            break
+    while (
+        not result.lower_bound
+        and lo is not None
+        and hi is not None
+        and hi / lo > 1 + tolerance
+        and len(result.points) < max_points
+    ):
         point = run(math.sqrt(lo * hi))
         if point.rate in (lo, hi):  # the rate's precision cannot split the bracket further
             result.stopped = f"bracketed as finely as rates are set: passes at {lo:.4g}/s, fails at {hi:.4g}/s"

@@ -20,6 +20,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from tbench.loadgen.perf_analyzer import STABLE_WINDOWS
 from tbench.request import Measurement
 
 
@@ -68,4 +69,5 @@ class PercentileRule(BaseModel):
 def percentile_measurement(base: Measurement, rule: PercentileRule) -> Measurement:
     """A measurement whose merged windows (the last 3) hold the requests the rule's percentile needs: windows of at
     least a third of them. Without it a slow model's p99 comes from a few dozen requests: their maximum."""
-    return base.model_copy(update={"min_requests": max(base.min_requests, math.ceil(rule.requests() / 3))})
+    per_window = math.ceil(rule.requests() / STABLE_WINDOWS)
+    return base.model_copy(update={"min_requests": max(base.min_requests, per_window)})

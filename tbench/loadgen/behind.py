@@ -72,10 +72,11 @@ def latency_rise(log_text: str) -> tuple[float, float, int] | None:
     Mann-Kendall p-value, windows), over every window the log has, in order; None for fewer than 3."""
     latencies = [w.latency_us for w in parse_windows(log_text)]
     n = len(latencies)
-    if n < 3 or float(np.median(latencies)) <= 0:
+    median = float(np.median(latencies)) if latencies else 0.0
+    if n < 3 or median <= 0:
         return None
     slope = float(np.median([(latencies[j] - latencies[i]) / (j - i) for i in range(n) for j in range(i + 1, n)]))
-    return slope * (n - 1) / float(np.median(latencies)), mann_kendall_p(latencies), n
+    return slope * (n - 1) / median, mann_kendall_p(latencies), n
 
 
 @dataclass(frozen=True)
@@ -85,7 +86,6 @@ class KeptUp:
 
     status: str
     reason: str = ""
-    served_rps: float | None = None
     delayed_pct: float = 0.0
 
 
@@ -102,7 +102,7 @@ def kept_up(
     (its throughput over the batch size), `requests` the merged windows' requests, `log_text` its -v log."""
     delayed = delayed_percent(log_text)
     tolerance = behind_tolerance(requests, distribution)
-    verdict = dict(served_rps=served_rps, delayed_pct=delayed)
+    verdict = dict(delayed_pct=delayed)
     if not served_rps >= rate * (1 - tolerance):  # NaN (nothing reported) included
         late = f"; {delayed:g}% of the sends were late" if delayed > max_delayed_pct else ""
         reason = f"served {served_rps:.4g} req/s of {rate:.4g} offered (more than {100 * tolerance:.1f}% behind){late}"
