@@ -32,6 +32,7 @@ from tbench.search.plan import (
     CHECKPOINT,
     CONTEXT,
     check_resumable,
+    fit_search,
     resume_checkpoint,
     search_context,
     search_server_options,
@@ -60,6 +61,7 @@ def run_search(request: BenchmarkRequest, search: SearchRequest, capacity: Capac
     check_worker_hardware(hardware)
     req = request.resolve(hardware.has_gpu)
     adapter = adapter_for(req)
+    search, _ = fit_search(search, req)  # the CLI has said why where the grid shrank
     plan = variant_plan(search.space, req, hardware.has_gpu)
     context = search_context(req, search, plan, hardware)
     resume = resume_checkpoint(search.resume_from, context)

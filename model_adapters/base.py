@@ -59,6 +59,9 @@ class ModelAdapter(ABC):
     default_size: str = "full"
     options: dict[str, str] = {}  # model-specific options this adapter takes: name -> description
     given_samples = None  # tbench.input_data.InputSamples (--input-data): what every stage draws from instead
+    # False: axis 0 is not a batch axis (a file exported at a fixed batch); served with max_batch_size 0, every request
+    # is one call of the model at its own shapes, and batches() yields those shapes
+    batching: bool = True
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -165,6 +168,8 @@ def _given_samples_first(batches):
         if self.given_samples is None:
             return batches(self, n_samples, batch_size, seed)
         # the same samples from the first one on, whatever the seed: every stage sends the user's data in order
+        if not self.batching:  # each sample is a whole request at the model's own shapes
+            return (Batch(inputs=self.given_samples.one(i)) for i in range(n_samples))
         return (Batch(inputs=inputs) for inputs in self.given_samples.batches(n_samples, batch_size))
 
     return wrapper

@@ -31,11 +31,7 @@ class ModelFileAdapter(ModelAdapter):
         super().__init__(size="file")
         self.path, self.shapes, self.dtypes, self.value_ranges = str(path), shapes, dtypes, value_ranges
         self.file = read_model_file(Path(path), shapes=shapes, dtypes=dtypes, value_ranges=value_ranges)
-        if not self.file.batching:
-            raise ConfigError(
-                f"{path}: the first dimension of its inputs and outputs is not dynamic; tbench measures models "
-                "with a batch axis (export the model with a dynamic first dimension)"
-            )
+        self.batching = self.file.batching
         self.framework = self.file.format.value  # the file is its own source: served as it is, or converted onward
         stem = Path(path).name.split(".")[0] or "model"
         self.name = re.sub(r"[^A-Za-z0-9_-]", "_", stem)
@@ -115,6 +111,18 @@ class ModelFileAdapter(ModelAdapter):
         raise NotImplementedError("a model file has no labels")
 
     def defaults(self, profile: str) -> ServingDefaults:
+        if not self.batching:  # each request is the model's own batch: nothing to batch, sweep or prefer
+            return ServingDefaults(
+                max_batch_size=0,
+                model_instances=2 if profile == "gpu" else 1,
+                preferred_batch_sizes=[],
+                max_queue_delay_us=0,
+                offline_batch_sizes=[1],
+                online_concurrency=list(range(8, 129, 8)) if profile == "gpu" else [1, 2, 4, 8],
+                accuracy_samples=64 if profile == "gpu" else 16,
+                accuracy_batch_size=1,
+                formats=[self.framework],
+            )
         if profile == "gpu":
             return ServingDefaults(
                 max_batch_size=64,

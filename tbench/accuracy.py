@@ -19,12 +19,17 @@ def infer_triton(client, model_name: str, spec, inputs: dict[str, np.ndarray]) -
     tensors = []
     for t in spec.inputs:
         value = np.ascontiguousarray(inputs[t.name])
+        value = value if t.shape else value.reshape(*value.shape, 1)  # served as [1] (config.served_dims)
         tensor = grpcclient.InferInput(t.name, list(value.shape), t.triton_dtype)
         tensor.set_data_from_numpy(value)
         tensors.append(tensor)
     outputs = [grpcclient.InferRequestedOutput(n) for n in spec.output_names()]
     result = client.infer(model_name, tensors, outputs=outputs)
-    return {n: result.as_numpy(n) for n in spec.output_names()}
+    served = {}
+    for t in spec.outputs:
+        value = result.as_numpy(t.name)
+        served[t.name] = value if t.shape else value.reshape(value.shape[:-1])  # back from [1] to no dims
+    return served
 
 
 def _worst(rows: list[list[OutputError]]) -> list[OutputError]:

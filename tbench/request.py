@@ -371,6 +371,27 @@ class BenchmarkRequest(BaseModel):
         if self.calibration_samples and builds and precision is Precision.INT8:
             check_calibration_samples(self.calibration_samples, opt_batch_size(batch_sizes, max_batch))
 
+    def _check_unbatched(self, adapter) -> None:
+        """A model without a batch axis is served with max_batch_size 0: each request is one call at the model's own
+        shapes, so the options that batch are refused, each in one line."""
+        why = (
+            f"model {adapter.name!r} has no batch axis (the first dim of its tensors is fixed), so Triton serves it "
+            "with max_batch_size 0 and each request is the model's own batch"
+        )
+        given = {
+            "--max-batch-size": self.max_batch_size,
+            "--preferred-batch-sizes": self.preferred_batch_sizes,
+            "--queue-delay-us": self.max_queue_delay_us,
+            "--accuracy-batch-size": self.accuracy_batch_size not in (None, 1) and self.accuracy_batch_size,
+        }
+        for flag, value in given.items():
+            if value:
+                raise ConfigError(f"{flag}: {why}; drop {flag}")
+        if self.batch_sizes and set(self.batch_sizes) != {1}:
+            raise ConfigError(f"--batch-sizes: {why}; the offline scenario measures batch 1 only: drop --batch-sizes")
+        if (self.online_batch_size or 1) != 1:
+            raise ConfigError(f"--online-batch-size: {why}; drop --online-batch-size")
+
     def resolve(self, has_gpu: bool) -> ResolvedRequest:
         adapter = adapter_for(self)
         adapter.check_resources()
@@ -412,11 +433,13 @@ class BenchmarkRequest(BaseModel):
             server=self.server,
             parts=adapter.part_formats(),
         )
+        if not adapter.batching:
+            self._check_unbatched(adapter)
         max_batch = self.max_batch_size or d.max_batch_size
         batch_sizes = sorted(set(self.batch_sizes or d.offline_batch_sizes))
         preferred = sorted(set(self.preferred_batch_sizes or [b for b in d.preferred_batch_sizes if b <= max_batch]))
         for label, values in (("batch size", batch_sizes), ("preferred batch size", preferred)):
-            too_big = [b for b in values if b > max_batch]
+            too_big = [b for b in values if b > max(max_batch, 1)]  # max_batch_size 0: one request, batch 1
             if too_big:
                 raise ConfigError(f"{label} {too_big[0]} is above max_batch_size {max_batch}")
             if any(b < 1 for b in values):
@@ -424,7 +447,7 @@ class BenchmarkRequest(BaseModel):
         self._check_engine_options(adapter, formats, precision, batch_sizes, max_batch)
         scenarios = [Scenario.parse(s) for s in (self.scenarios or d.scenarios)]
         online_batch = self.online_batch_size or d.online_batch_size
-        if online_batch > max_batch and (Scenario.ONLINE in scenarios or Scenario.RATE in scenarios):
+        if online_batch > max(max_batch, 1) and (Scenario.ONLINE in scenarios or Scenario.RATE in scenarios):
             raise ConfigError(f"online batch size {online_batch} is above max_batch_size {max_batch}")
         rates = sorted(set(self.request_rates or []))
         if Scenario.RATE in scenarios and not rates:
@@ -455,7 +478,7 @@ class BenchmarkRequest(BaseModel):
             batch_sizes=batch_sizes,
             concurrency=concurrency,
             accuracy_samples=self.accuracy_samples or d.accuracy_samples,
-            accuracy_batch_size=min(self.accuracy_batch_size or d.accuracy_batch_size, max_batch),
+            accuracy_batch_size=min(self.accuracy_batch_size or d.accuracy_batch_size, max(max_batch, 1)),
             measurement=self._measurement(profile, d.measurement),
             tolerance_atol=DEFAULT_TOLERANCES[precision][0] if self.tolerance_atol is None else self.tolerance_atol,
             tolerance_rtol=DEFAULT_TOLERANCES[precision][1] if self.tolerance_rtol is None else self.tolerance_rtol,

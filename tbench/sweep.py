@@ -77,7 +77,7 @@ def perf_json_value(sample: np.ndarray) -> dict:
     """One sample of one input in perf_analyzer's JSON input data. FP16 and BF16 go as their little-endian bytes (b64),
     the only form perf_analyzer takes them in; other values as numbers, floats unrounded (a float32 written as its
     double is read back exactly: perf_analyzer sends what correctness and accuracy checked)."""
-    shape = list(sample.shape)
+    shape = list(sample.shape) or [1]  # a tensor whose only axis is the batch is served as [1] (config.served_dims)
     if sample.dtype.itemsize == 2 and sample.dtype.kind == "f" or sample.dtype.name == "bfloat16":
         raw = np.ascontiguousarray(sample, dtype=sample.dtype.newbyteorder("<")).tobytes()
         return {"b64": base64.b64encode(raw).decode("ascii"), "shape": shape}
@@ -97,14 +97,22 @@ def prepare_inputs(
     all_float = all(a.dtype.kind == "f" for a in one.values())
     if samples is None:
         samples = max(4, min(256, SMALL_SAMPLES_VALUES // max(per_sample, 1)))
-    batch = adapter.sample_batch(max(1, min(samples, MAX_INPUT_VALUES // max(per_sample, 1))))
-    # outputs of the very samples perf_analyzer sends (padded to the longest where lengths vary), per sample; the
-    # framework runs them in chunks, and a model too slow to run them all within OUTPUT_PROBE_BUDGET_S sends fewer
-    n = len(next(iter(batch.values())))
+    count = max(1, min(samples, MAX_INPUT_VALUES // max(per_sample, 1)))
+    if adapter.batching:  # rows of one batch (padded to the longest where lengths vary); perf_analyzer adds the axis
+        batch = adapter.sample_batch(count)
+        rows = len(next(iter(batch.values())))
+        requests = [{name: a[i] for name, a in batch.items()} for i in range(rows)]
+        chunk_of = lambda start: {name: a[start : start + OUTPUT_PROBE_CHUNK] for name, a in batch.items()}  # noqa: E731
+    else:  # no batch axis: each sample is a whole request at the model's own shapes, run one at a time
+        requests = [b.inputs for b in adapter.batches(count, 1, seed=1234)]
+        chunk_of = lambda start: requests[start]  # noqa: E731
+    # outputs of the very samples perf_analyzer sends, per sample; the framework runs them in chunks, and a model too
+    # slow to run them all within OUTPUT_PROBE_BUDGET_S sends fewer
+    n = len(requests)
     per_sample_bytes, done, started = 0, 0, time.perf_counter()
     while done < n:
-        chunk = {name: a[done : done + OUTPUT_PROBE_CHUNK] for name, a in batch.items()}
-        size = len(next(iter(chunk.values())))
+        chunk = chunk_of(done)
+        size = len(next(iter(chunk.values()))) if adapter.batching else 1
         outputs = run_source(adapter.framework, module, adapter.io_spec(), chunk)
         per_sample_bytes = max(per_sample_bytes, *(v.nbytes // size for v in outputs.values()))
         done += size
@@ -113,12 +121,13 @@ def prepare_inputs(
     n = done
     data_file = None
     if per_sample <= MAX_INPUT_VALUES or not all_float:
-        entries = [{name: perf_json_value(a[i]) for name, a in batch.items()} for i in range(n)]
+        entries = [{name: perf_json_value(a) for name, a in request.items()} for request in requests[:n]]
         path.write_text(json.dumps({"data": entries}))
         data_file = path
     return PerfInputs(
         data_file=data_file,
         shapes=adapter.input_shapes(),
+        batching=adapter.batching,
         sample_output_bytes=per_sample_bytes,
         shared_memory=shared_memory,
     )
@@ -339,6 +348,7 @@ def warm_up(
     shapes: dict[str, list[int]] | None = None,
     calibrate_s: float = 0.25,
     max_timed: int = 10,
+    batching: bool = True,
 ) -> dict[int, float]:
     """Warm up and calibrate: `requests` untimed requests at every batch size of the sweep (runtimes allocate and
     optimise per input shape on their first calls, which would otherwise land in the first windows), then timed ones
@@ -353,7 +363,9 @@ def warm_up(
     try:
         for batch in batch_sizes:
             inputs = {
-                t.name: np.zeros([batch, *((shapes or {}).get(t.name) or [max(d, 1) for d in t.shape])], t.np_dtype)
+                t.name: np.zeros(
+                    [batch] * batching + ((shapes or {}).get(t.name) or [max(d, 1) for d in t.shape]), t.np_dtype
+                )
                 for t in spec.inputs
             }
             for _ in range(requests):
@@ -403,7 +415,15 @@ def run_sweep(
     }
     to_measure = [p for i, p in enumerate(order) if i not in reused]
     latency = (
-        warm_up(grpc_url, model, spec, sorted({p.batch_size for p in to_measure}), m.warmup_requests, inputs.shapes)
+        warm_up(
+            grpc_url,
+            model,
+            spec,
+            sorted({p.batch_size for p in to_measure}),
+            m.warmup_requests,
+            inputs.shapes,
+            batching=inputs.batching,
+        )
         if to_measure
         else {}
     )

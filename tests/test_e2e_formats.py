@@ -187,3 +187,108 @@ def test_a_file_with_external_data_and_fp16_inputs_is_served_and_swept(prefect_h
     ]
     sample = json.loads((run / "perf_input.json").read_text())["data"][0]["x"]
     assert set(sample) == {"b64", "shape"} and sample["shape"] == [16]
+
+
+# ---- files as other teams export them: no batch axis, and tensors whose only axis is the batch
+
+
+def _write_fixed_batch_onnx(path: Path) -> Path:
+    """A small vision net exported at a fixed batch of 1, as model-zoo and vendor files are: no batch axis."""
+    import torch
+
+    torch.manual_seed(0)
+    module = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 4, 3),
+        torch.nn.ReLU(),
+        torch.nn.AdaptiveAvgPool2d(1),
+        torch.nn.Flatten(),
+        torch.nn.Linear(4, 5),
+    ).eval()
+    out = path / "fixed.onnx"
+    torch.onnx.export(
+        module, (torch.randn(1, 3, 16, 16),), str(out), dynamo=False, input_names=["image"], output_names=["logits"]
+    )
+    return out
+
+
+def _write_one_sample_torchscript(path: Path) -> Path:
+    """A module written for one sample (it views its input as [1, 12]): it runs at batch 1 only."""
+    import torch
+
+    class OneSample(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.fc = torch.nn.Linear(12, 3)
+
+        def forward(self, x):
+            return self.fc(x.view(1, 12))
+
+    out = path / "one_sample.pt"
+    torch.jit.script(OneSample().eval()).save(str(out))
+    return out
+
+
+@pytest.mark.parametrize(
+    "writer, extra, served_input",
+    [
+        (_write_fixed_batch_onnx, {}, [1, 3, 16, 16]),
+        (_write_one_sample_torchscript, {"shapes": {"x": [3, 4]}}, [1, 3, 4]),
+    ],
+    ids=["onnx", "torchscript"],
+)
+def test_a_model_without_a_batch_axis_is_served_unbatched(prefect_harness, tmp_path, writer, extra, served_input):
+    model_file = writer(tmp_path)
+    quick = {**QUICK, "batch_sizes": None, "concurrency": [1, 2]}
+    run, results, report = run_flow(
+        tmp_path, BenchmarkRequest(model_file=str(model_file), output=str(tmp_path), **extra, **quick)
+    )
+    (config_path,) = (run / "model_repository").glob("*/config.pbtxt")
+    config = config_path.read_text()
+    assert "max_batch_size" not in config and "dynamic_batching" not in config  # 0: Triton's default, left out
+    iospec = json.loads((run / "io_spec.json").read_text())
+    assert iospec["inputs"][0]["shape"] == served_input
+    (accuracy,) = json.loads((run / "accuracy.json").read_text())
+    assert all(o["passed"] for o in accuracy["outputs"])
+    assert (results["status"] == "ok").all(), results[["scenario", "batch_size", "status", "error"]]
+    assert list(results[results["scenario"] == "offline"]["batch_size"]) == [1]
+    assert sorted(results[results["scenario"] == "online"]["concurrency"]) == [1, 2]
+    assert "no batch axis" in report and "max_batch_size 0" in report
+    sample = json.loads((run / "perf_input.json").read_text())["data"][0]
+    assert next(iter(sample.values()))["shape"] == served_input  # a whole request, not a row of a batch
+
+
+def _write_one_d_onnx(path: Path) -> Path:
+    """A classifier whose label output and weight input have the batch as their only axis (skl2onnx's zipmap=False
+    labels are shaped so): Triton takes them as dims [1] reshaped to []."""
+    import torch
+
+    class Labeller(torch.nn.Module):
+        def forward(self, features, weight):
+            scores = features * weight.unsqueeze(1)
+            return scores.argmax(dim=1), scores.max(dim=1).values
+
+    out = path / "labeller.onnx"
+    torch.onnx.export(
+        Labeller(),
+        (torch.randn(2, 4), torch.rand(2)),
+        str(out),
+        dynamo=False,
+        input_names=["features", "weight"],
+        output_names=["label", "score"],
+        dynamic_axes={n: {0: "b"} for n in ("features", "weight", "label", "score")},
+    )
+    return out
+
+
+def test_tensors_whose_only_axis_is_the_batch_are_served_and_swept(prefect_harness, tmp_path):
+    model_file = _write_one_d_onnx(tmp_path)
+    run, results, report = run_flow(
+        tmp_path, BenchmarkRequest(model_file=str(model_file), output=str(tmp_path), **QUICK)
+    )
+    config = (run / "model_repository/labeller/config.pbtxt").read_text()
+    assert config.count("reshape {") == 3 and "max_batch_size: 8" in config  # weight, label, score
+    (accuracy,) = json.loads((run / "accuracy.json").read_text())
+    assert {o["output"] for o in accuracy["outputs"] if o["passed"]} == {"label", "score"}
+    assert (results["status"] == "ok").all(), results[["scenario", "batch_size", "status", "error"]]
+    assert json.loads((run / "perf_input.json").read_text())["data"][0]["weight"]["shape"] == [1]

@@ -315,3 +315,20 @@ def test_external_data_files_are_listed_and_hashed(tmp_path):
     data[0] ^= 1  # other weights, the same model file
     (tmp_path / "w.bin").write_bytes(bytes(data))
     assert source_digest("onnx", path) != before
+
+
+def test_a_torchscript_module_for_one_sample_is_read_without_a_batch_axis(tmp_path):
+    class OneSample(torch.nn.Module):
+        def forward(self, x):
+            return x.view(1, 12).sum(dim=1, keepdim=True)
+
+    class Unbatched(torch.nn.Module):  # takes the --shape as its whole input: a matrix, nothing before it
+        def forward(self, x):
+            return torch.mm(x.t(), x)
+
+    for module, shape, spec in ((OneSample(), [3, 4], ([1, 3, 4], [1, 1])), (Unbatched(), [5, 2], ([5, 2], [2, 2]))):
+        path = tmp_path / f"{type(module).__name__}.pt"
+        torch.jit.script(module).save(str(path))
+        mf = read_model_file(path, shapes={"x": shape})
+        assert not mf.batching and (mf.io_spec.inputs[0].shape, mf.io_spec.outputs[0].shape) == spec
+        assert run_model_file(mf, synthetic_inputs(mf, batch_size=4))["output__0"].shape == tuple(spec[1])

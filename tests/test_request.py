@@ -232,3 +232,34 @@ def test_calibration_samples_must_be_positive():
 
     with pytest.raises(ValidationError, match="calibration_samples"):
         BenchmarkRequest(calibration_samples=0)
+
+
+@pytest.fixture(scope="module")
+def fixed_batch_onnx(tmp_path_factory):
+    import torch
+
+    path = tmp_path_factory.mktemp("fixed") / "fixed.onnx"
+    torch.onnx.export(torch.nn.Linear(3, 2), (torch.randn(1, 3),), str(path), dynamo=False, input_names=["x"])
+    return str(path)
+
+
+def test_a_model_without_a_batch_axis_resolves_to_max_batch_size_0(fixed_batch_onnx):
+    r = BenchmarkRequest(model_file=fixed_batch_onnx).resolve(has_gpu=False)
+    assert (r.max_batch_size, r.batch_sizes, r.preferred_batch_sizes, r.max_queue_delay_us) == (0, [1], [], 0)
+    assert (r.online_batch_size, r.accuracy_batch_size) == (1, 1)
+    assert BenchmarkRequest(model_file=fixed_batch_onnx, batch_sizes=[1]).resolve(has_gpu=False).batch_sizes == [1]
+
+
+@pytest.mark.parametrize(
+    "kwargs, flag",
+    [
+        ({"max_batch_size": 8}, "--max-batch-size"),
+        ({"batch_sizes": [1, 2]}, "--batch-sizes"),
+        ({"preferred_batch_sizes": [2]}, "--preferred-batch-sizes"),
+        ({"max_queue_delay_us": 100}, "--queue-delay-us"),
+        ({"online_batch_size": 4}, "--online-batch-size"),
+    ],
+)
+def test_batching_options_on_a_model_without_a_batch_axis_are_refused(fixed_batch_onnx, kwargs, flag):
+    with pytest.raises(ConfigError, match=f"^{flag}: model 'fixed' has no batch axis .* drop {flag}"):
+        BenchmarkRequest(model_file=fixed_batch_onnx, **kwargs).resolve(has_gpu=False)

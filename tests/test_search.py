@@ -407,3 +407,17 @@ def test_a_near_tie_within_noise_goes_to_the_cheaper_configuration():
     assert best(obs(2, 101.0), obs(1, 100.0)) == 1
     assert best(obs(2, 120.0), obs(1, 100.0)) == 2
     assert best(obs(2, 101.0, None), obs(1, 100.0, None)) == 2
+
+
+def test_a_model_without_a_batch_axis_searches_what_does_not_batch():
+    space = SearchSpace(instances=[1, 2], max_batch_sizes=[1, 8], preferred=["none", "max"], queue_delays_us=[0, 500])
+    assert space.fitted_to(8) is space
+    fitted = space.fitted_to(0)
+    assert [c.key for c in fitted.grid()] == [c.key for c in fitted.grid()] and len(fitted.grid()) == 2
+    assert {(c.instances, c.max_batch_size, c.preferred_batch_sizes, c.queue_delay_us) for c in fitted.grid()} == {
+        (1, 0, (), 0),
+        (2, 0, (), 0),
+    }
+    SearchSpace.model_validate(fitted.model_dump())  # a resumed search reads it back
+    with pytest.raises(ValidationError, match="max batch sizes must be >= 1"):
+        SearchSpace(max_batch_sizes=[0, 8])

@@ -274,3 +274,18 @@ def test_backend_label_names_what_serves_the_model():
     assert backend_label(Format.ONNX, native=True) == "onnxruntime_onnx"
     assert backend_label(Format.ONNX, native=False) == "python (onnxruntime)"
     assert backend_label(Format.TS_TRACE, native=False) == "python (torchscript)"
+
+
+def test_a_tensor_whose_only_axis_is_the_batch_is_served_as_one_reshaped_to_none():
+    """Triton refuses a tensor without dims ("must specify 'dims'"); its documented way is dims [1], reshape []."""
+    io = IoSpec(
+        inputs=[TensorSpec(name="x", dtype="float32", shape=[4]), TensorSpec(name="w", dtype="float32", shape=[])],
+        outputs=[TensorSpec(name="label", dtype="int64", shape=[])],
+    )
+    config = model_config(ModelConfigSpec(name="m", io=io, max_batch_size=8, warmup=Warmup()))
+    (x, w), (label,) = config.input, config.output
+    assert list(x.dims) == [4] and not x.HasField("reshape")
+    for tensor in (w, label):
+        assert list(tensor.dims) == [1] and tensor.HasField("reshape") and list(tensor.reshape.shape) == []
+    assert "reshape {\n  }" in to_pbtxt(config)  # written out, though empty
+    assert list(config.model_warmup[0].inputs["w"].dims) == [1]

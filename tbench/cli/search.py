@@ -127,7 +127,7 @@ def search(
             ),
         )
         from tbench.node import hardware
-        from tbench.search.plan import resume_checkpoint, search_context, variant_plan
+        from tbench.search.plan import fit_search, resume_checkpoint, search_context, variant_plan
         from tbench.search.request import SearchRequest
 
         search_request = SearchRequest(
@@ -140,7 +140,10 @@ def search(
         )
         machine = hardware.detect()
         resolved = request.resolve(machine.has_gpu)
-        plan = variant_plan(space, resolved, machine.has_gpu)  # fail fast, before Prefect starts
+        search_request, note = fit_search(search_request, resolved)
+        if note:
+            typer.echo(note, err=True)
+        plan = variant_plan(search_request.space, resolved, machine.has_gpu)  # fail fast, before Prefect starts
         preflight(resolved)  # ports, paths, output root, artifact store, this node's tools: before anything starts
         resume_checkpoint(resume, search_context(resolved, search_request, plan, machine))
     start_early()  # the run's Prefect API starts while the flows are imported
@@ -232,7 +235,13 @@ def capacity(
         else:
             from tbench.node import hardware
 
-            preflight(request.resolve(hardware.detect().has_gpu))
+            resolved = request.resolve(hardware.detect().has_gpu)
+            preflight(resolved)
+            from tbench.search.plan import fit_search
+
+            _, note = fit_search(cap.search(), resolved)
+            if note:
+                typer.echo(note, err=True)
     start_early()
     from flows.capacity import capacity_flow
 

@@ -41,6 +41,10 @@ class InputSamples:
         index = np.arange(start, start + n) % self.count
         return {name: a[index] for name, a in self.arrays.items()}
 
+    def one(self, i: int) -> dict[str, np.ndarray]:
+        """Sample i (cycling), without the stacking axis: a whole request of a model without a batch axis."""
+        return {name: a[i % self.count] for name, a in self.arrays.items()}
+
     def batches(self, n_samples: int, batch_size: int) -> Iterator[dict[str, np.ndarray]]:
         for start in range(0, n_samples, batch_size):
             yield self.take(start, min(batch_size, n_samples - start))

@@ -29,7 +29,10 @@ ACCEPTED = (
 SHAPE_FLAG = "--shape NAME:D1,D2,..."
 RANGE_FLAG = "--value-range NAME:LO,HI"
 TS_IO_SPEC = "io_spec.json"  # optional extra file of a TorchScript archive holding IoSpec JSON
-_PROBE_BATCHES = (2, 3)  # TorchScript outputs are found by running the module at these batch sizes
+# what a TorchScript module's inputs are tried with before the user's --shape, in order: a batch axis (two sizes), a
+# batch fixed at 1 (a module that takes one sample), nothing (the --shape is the whole shape); the last two are served
+# without a batch axis
+_PROBE_LEADS = (([2], [3]), ([1], [1]), ([], []))
 
 
 class ModelFile(BaseModel):
@@ -422,7 +425,17 @@ def _read_torchscript(
         )
     inputs = [TensorSpec(name=n, dtype=dtypes.get(n, "float32"), shape=_positive(n, shapes[n])) for n in names]
     _check_ranges(IoSpec(inputs=inputs, outputs=[]), ranges)  # before the probe draws its inputs from them
-    return IoSpec(inputs=inputs, outputs=_probe_outputs(module, inputs, path, int_high, ranges)), True, True
+    failed = None
+    for leads in _PROBE_LEADS:
+        try:
+            outputs = _probe_outputs(module, inputs, path, int_high, ranges, leads)
+        except ConfigError as err:
+            failed = failed or err  # the batch axis' error is the one to show: it is what was expected
+            continue
+        batching = leads == _PROBE_LEADS[0]
+        served = inputs if batching else [t.model_copy(update={"shape": leads[0] + t.shape}) for t in inputs]
+        return IoSpec(inputs=served, outputs=outputs), batching, True
+    raise failed
 
 
 def _torchscript(path: Path) -> tuple[Any, str]:
@@ -464,15 +477,22 @@ def _positive(name: str, shape: list[int]) -> list[int]:
 
 
 def _probe_outputs(
-    module: Any, inputs: list[TensorSpec], path: Path, int_high: int, ranges: dict[str, list[float]]
+    module: Any,
+    inputs: list[TensorSpec],
+    path: Path,
+    int_high: int,
+    ranges: dict[str, list[float]],
+    leads: tuple[list[int], list[int]] = _PROBE_LEADS[0],
 ) -> list[TensorSpec]:
-    """Output count, dtypes and shapes, from two runs; dims that move with the inputs are dynamic."""
+    """Output count, dtypes and shapes, from two runs with the inputs' `leads` put before their shapes; dims that move
+    with the inputs are dynamic. With a batch axis (two batch sizes) the outputs must keep it on axis 0, and their
+    shapes are given without it; otherwise whole."""
     runs = []
-    for grow, batch in enumerate(_PROBE_BATCHES):
+    for grow, lead in enumerate(leads):
         feeds = {
             t.name: _random(
                 t.dtype,
-                [batch] + [_probe_dim(d, grow) for d in t.shape],
+                lead + [_probe_dim(d, grow) for d in t.shape],
                 np.random.default_rng(grow),
                 ranges.get(t.name),
                 int_high,
@@ -481,14 +501,16 @@ def _probe_outputs(
         }
         runs.append(_run_torchscript_module(module, inputs, feeds, path))
     first, second = runs
+    batching = leads[0] != leads[1]
     outputs = []
     for i, (a, b) in enumerate(zip(first, second)):
-        if a.ndim == 0 or a.shape[0] != _PROBE_BATCHES[0] or b.shape[0] != _PROBE_BATCHES[1]:
+        if batching and (a.ndim == 0 or a.shape[0] != leads[0][0] or b.shape[0] != leads[1][0]):
             raise ConfigError(
                 f"output {i} of TorchScript {path} does not keep the batch on axis 0 "
-                f"(shapes {list(a.shape)} at batch {_PROBE_BATCHES[0]}, {list(b.shape)} at batch {_PROBE_BATCHES[1]})"
+                f"(shapes {list(a.shape)} at batch {leads[0][0]}, {list(b.shape)} at batch {leads[1][0]})"
             )
-        shape = [da if da == db else -1 for da, db in zip(a.shape[1:], b.shape[1:])]
+        skip = 1 if batching else 0
+        shape = [da if da == db else -1 for da, db in zip(a.shape[skip:], b.shape[skip:])]
         outputs.append(_tensor(f"output__{i}", a.dtype, shape, path))
     return outputs
 

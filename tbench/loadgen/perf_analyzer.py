@@ -49,6 +49,7 @@ class PerfInputs:
 
     data_file: Path | None = None
     shapes: dict[str, list[int]] | None = None
+    batching: bool = True  # False: the model has no batch axis, each request is whole (max_batch_size 0)
     sample_output_bytes: int | None = None
     shared_memory: str = "system"  # offline scenario: "system", or "cuda" when client and server share a GPU node
 

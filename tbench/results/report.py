@@ -297,6 +297,9 @@ def server_lines(rows: pd.DataFrame) -> list[str]:
     ]
 
 
+UNBATCHED = "one call of the model at its own input shapes (max_batch_size 0)"
+
+
 def how_measured(rows: pd.DataFrame) -> str:
     """What a quoted figure rests on: window length, stability rule, precision served."""
     windows = rows["window_s"].dropna()
@@ -320,6 +323,7 @@ def format_section(
     plots_dir: Path,
     composing: pd.DataFrame | None = None,
     online_batch_size: int = 1,
+    batching: bool = True,
 ) -> list[str]:
     """One served format: how it is served, its correctness and accuracy, and the guides' tables and plots."""
     run_dir = plots_dir.parent
@@ -335,8 +339,12 @@ def format_section(
         lines += [
             "### Offline scenario",
             "",
-            "Static batching (the model reloaded without its dynamic batcher, so no "
-            f"queue delay): one client (concurrency 1), {offline['shared_memory'].iloc[0]} shared memory. "
+            (
+                "Static batching (the model reloaded without its dynamic batcher, so no queue delay)"
+                if batching
+                else f"No batch sweep: the model has no batch axis, so each request is {UNBATCHED}"
+            )
+            + f": one client (concurrency 1), {offline['shared_memory'].iloc[0]} shared memory. "
             f"{how_measured(offline)}",
             "",
             f"| ![]({left}) | ![]({right}) |",
@@ -351,9 +359,13 @@ def format_section(
         lines += [
             "### Online scenario",
             "",
-            f"Dynamic batching on the server (max queue delay "
-            f"{online['max_queue_delay_us'].iloc[0]:g} us); each client sends batch {online_batch_size} over gRPC. "
-            f"{how_measured(online)}",
+            (
+                f"Dynamic batching on the server (max queue delay {online['max_queue_delay_us'].iloc[0]:g} us); "
+                f"each client sends batch {online_batch_size} over gRPC. "
+                if batching
+                else f"No batching (the model has no batch axis): each request is {UNBATCHED}, sent over gRPC. "
+            )
+            + how_measured(online),
             "",
             f"![]({plot})",
             "",
@@ -366,8 +378,13 @@ def format_section(
         lines += [
             "### Rate scenario",
             "",
-            f"Open loop: requests sent at a fixed rate whatever the answers, batch {online_batch_size}, "
-            "dynamic batching on the server; throughput below the offered rate means the server fell behind. "
+            "Open loop: requests sent at a fixed rate whatever the answers, "
+            + (
+                f"batch {online_batch_size}, dynamic batching on the server"
+                if batching
+                else f"each request {UNBATCHED}, no batching"
+            )
+            + "; throughput below the offered rate means the server fell behind. "
             f"{how_measured(rate)}",
             "",
             f"![]({plot})",
@@ -498,7 +515,10 @@ def render_report(
                     ),
                 ),
                 ("Requested precision", request.precision.value.upper()),  # the tables: what each format served
-                ("Max Batch Size", request.max_batch_size),
+                (
+                    "Max Batch Size",
+                    request.max_batch_size or f"0 (no batch axis: each request is {UNBATCHED})",
+                ),
                 ("Number of model instances", request.model_instances),
                 ("Triton Max Queue Delay (us)", request.max_queue_delay_us),
                 ("Triton Preferred Batch Sizes", " ".join(map(str, request.preferred_batch_sizes))),
@@ -553,6 +573,7 @@ def render_report(
             plots_dir,
             composing,
             request.online_batch_size,
+            batching=request.max_batch_size > 0,
         )
     if not results.empty:
         flagged = results[results["status"] != "ok"]

@@ -150,7 +150,7 @@ class TritonEvaluator:
         def failed(status: str, error: str) -> Observation:
             return Observation(candidate=candidate, status=status, error=error, seconds=time.monotonic() - started)
 
-        if candidate.max_batch_size < self.online_batch_size:
+        if max(candidate.max_batch_size, 1) < self.online_batch_size:  # 0: no batch axis, each request one call
             return failed(
                 "error", f"max batch {candidate.max_batch_size} is below the request's {self.online_batch_size} samples"
             )
@@ -183,9 +183,15 @@ class TritonEvaluator:
         spec = variant.artifact.io_spec
         batch = self.online_batch_size
         grpc_url = self.server.endpoints.grpc_url
-        return warm_up(grpc_url, self.name, spec, [batch], self.measurement.warmup_requests, self.inputs.shapes).get(
-            batch
-        )
+        return warm_up(
+            grpc_url,
+            self.name,
+            spec,
+            [batch],
+            self.measurement.warmup_requests,
+            self.inputs.shapes,
+            batching=self.inputs.batching,
+        ).get(batch)
 
     def measure(self, candidate: Candidate, variant: ServedVariant, layout: RunLayout) -> Observation:
         """One loaded candidate at the search's closed-loop load: `concurrency` clients."""

@@ -37,6 +37,18 @@ def resume_checkpoint(resume_from: str | None, context: dict | None = None) -> P
     return path
 
 
+def fit_search(search: SearchRequest, req) -> tuple[SearchRequest, str | None]:
+    """The search a model can take (SearchSpace.fitted_to) and, where its grid shrank, the line that says why."""
+    space = search.space.fitted_to(req.max_batch_size)
+    if space == search.space:
+        return search, None
+    note = (
+        f"model {req.model!r} has no batch axis (served with max_batch_size 0): the search varies instances and "
+        "formats only; max batch sizes, preferred batch sizes and queue delays do not apply"
+    )
+    return search.model_copy(update={"space": space}), note
+
+
 def search_context(req, search: SearchRequest, plan: dict, hardware) -> dict:
     """What a search's measurements were taken for, besides the server (added once it runs: TritonServer.identity),
     as JSON reads it back. A resume must match it: another model, grid or setting would mix numbers."""

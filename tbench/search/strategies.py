@@ -50,7 +50,7 @@ class Candidate(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     instances: int = Field(ge=1, description="Model instances (instance_group count).")
-    max_batch_size: int = Field(ge=1)
+    max_batch_size: int = Field(ge=0, description="0: a model without a batch axis (SearchSpace.fitted_to).")
     preferred_batch_sizes: tuple[int, ...] = Field((), description="Dynamic batcher preferred sizes; () for none.")
     queue_delay_us: int = Field(0, ge=0, description="Dynamic batcher max_queue_delay_microseconds.")
     format: str = Field(
@@ -124,11 +124,19 @@ class SearchSpace(BaseModel):
 
     @model_validator(mode="after")
     def _check(self) -> SearchSpace:
-        if min(self.instances) < 1 or min(self.max_batch_sizes) < 1 or min(self.queue_delays_us) < 0:
+        batches = self.max_batch_sizes == [0] or min(self.max_batch_sizes) >= 1  # [0]: no batch axis (fitted_to)
+        if min(self.instances) < 1 or not batches or min(self.queue_delays_us) < 0:
             raise ValueError("instances and max batch sizes must be >= 1, queue delays >= 0")
         if not self.formats or len(set(self.formats)) != len(self.formats):
             raise ValueError("formats must be a non-empty list without duplicates")
         return self
+
+    def fitted_to(self, max_batch_size: int) -> SearchSpace:
+        """The grid a model can take: one without a batch axis (max_batch_size 0) varies only what does not batch
+        (instances, formats); max batch, preferred sizes and the batcher's delay are dropped."""
+        if max_batch_size > 0:
+            return self
+        return self.model_copy(update={"max_batch_sizes": [0], "preferred": ["none"], "queue_delays_us": [0]})
 
     # the search's coordinate axes, in the order a grid index lists them
     AXES: ClassVar[tuple[str, ...]] = ("format", "instances", "max_batch_size", "preferred", "queue_delay_us")

@@ -114,12 +114,19 @@ def _dtype(t: TensorSpec) -> int:
     return mc.DataType.Value("TYPE_" + t.triton_dtype)
 
 
+def served_dims(t: TensorSpec) -> list[int]:
+    """Triton's dims of a tensor: a tensor whose only axis is the batch (a classifier's labels) has none, which Triton
+    refuses; it is served as [1] and reshaped to [] for the model (Triton's documented way)."""
+    return t.shape or [1]
+
+
 def _add_tensors(config: mc.ModelConfig, io: IoSpec, reshape: dict[str, list[int]]) -> None:
     for field, tensors in ((config.input, io.inputs), (config.output, io.outputs)):
         for t in tensors:
-            tensor = field.add(name=t.name, data_type=_dtype(t), dims=t.shape)
-            if t.name in reshape:
-                tensor.reshape.shape.extend(reshape[t.name])
+            tensor = field.add(name=t.name, data_type=_dtype(t), dims=served_dims(t))
+            if t.name in reshape or not t.shape:
+                tensor.reshape.SetInParent()  # present even when the shape is [] (the message, not its list)
+                tensor.reshape.shape.extend(reshape.get(t.name, []))
 
 
 def model_config(spec: ModelConfigSpec, fmt: Format | None = None) -> mc.ModelConfig:
@@ -153,7 +160,7 @@ def model_config(spec: ModelConfigSpec, fmt: Format | None = None) -> mc.ModelCo
         for t in spec.io.inputs:
             data = warm.inputs[t.name]
             data.data_type = _dtype(t)
-            data.dims.extend(max(d, 1) for d in t.shape)  # a dynamic dimension warms up at size 1
+            data.dims.extend(max(d, 1) for d in served_dims(t))  # a dynamic dimension warms up at size 1
             if spec.warmup.data == "random":
                 data.random_data = True
             else:
