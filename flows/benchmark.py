@@ -102,7 +102,10 @@ def _benchmark(req, hardware, adapter, tracker: RunTracker) -> str:
             perf_inputs = prepare_inputs(
                 adapter, module, layout.run_dir / "perf_input.json", shared_memory=offline_shared_memory(req, hardware)
             )
-            tracker.measured_shapes = dynamic_shapes(adapter.io_spec(), perf_inputs.shapes)
+            given = adapter.given_samples
+            tracker.measured_shapes = dynamic_shapes(
+                adapter.io_spec(), perf_inputs.shapes, given.distribution() if given is not None else None
+            )
         served = [a for fmt in req.serve_formats for a in artifacts if a.format is fmt]
         composing = [(req.part_name(p.part.name), arts[0]) for p, arts in zip(parts, part_artifacts)]
         with tracker.stage("server"):  # what the server can run decides how the repository serves each format

@@ -392,6 +392,20 @@ class BenchmarkRequest(BaseModel):
         if (self.online_batch_size or 1) != 1:
             raise ConfigError(f"--online-batch-size: {why}; drop --online-batch-size")
 
+    def _check_varying(self, given, batch_sizes: list[int]) -> list[int]:
+        """Samples of varying shapes go one per request, each at its own shape: perf_analyzer batches only samples of
+        one shape, so the offline scenario measures batch 1, and a batch the user asks for is refused."""
+        name, spread = next(iter(given.distribution().items()))
+        why = (
+            f"the samples of {name} in {given.path} vary in shape ({spread}): each request carries one sample at its "
+            "own shape, as perf_analyzer cannot batch samples of different shapes"
+        )
+        if self.batch_sizes and set(self.batch_sizes) != {1}:
+            raise ConfigError(f"--batch-sizes: {why}; drop --batch-sizes, or give samples padded to one length")
+        if (self.online_batch_size or 1) != 1:
+            raise ConfigError(f"--online-batch-size: {why}; drop --online-batch-size")
+        return [1]
+
     def resolve(self, has_gpu: bool) -> ResolvedRequest:
         adapter = adapter_for(self)
         adapter.check_resources()
@@ -437,6 +451,8 @@ class BenchmarkRequest(BaseModel):
             self._check_unbatched(adapter)
         max_batch = self.max_batch_size or d.max_batch_size
         batch_sizes = sorted(set(self.batch_sizes or d.offline_batch_sizes))
+        if adapter.given_samples is not None and adapter.given_samples.varying:
+            batch_sizes = self._check_varying(adapter.given_samples, batch_sizes)
         preferred = sorted(set(self.preferred_batch_sizes or [b for b in d.preferred_batch_sizes if b <= max_batch]))
         for label, values in (("batch size", batch_sizes), ("preferred batch size", preferred)):
             too_big = [b for b in values if b > max(max_batch, 1)]  # max_batch_size 0: one request, batch 1

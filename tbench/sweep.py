@@ -98,7 +98,12 @@ def prepare_inputs(
     if samples is None:
         samples = max(4, min(256, SMALL_SAMPLES_VALUES // max(per_sample, 1)))
     count = max(1, min(samples, MAX_INPUT_VALUES // max(per_sample, 1)))
-    if adapter.batching:  # rows of one batch (padded to the longest where lengths vary); perf_analyzer adds the axis
+    given = adapter.given_samples
+    if given is not None and given.varying:  # the user's samples, each request at its own shape, run one at a time
+        requests = [given.one(i) for i in range(min(count, given.count))]
+        lead = (lambda a: a[None]) if adapter.batching else (lambda a: a)
+        chunk_of = lambda start: {name: lead(a) for name, a in requests[start].items()}  # noqa: E731
+    elif adapter.batching:  # rows of one batch (padded to the longest where lengths vary); perf_analyzer adds the axis
         batch = adapter.sample_batch(count)
         rows = len(next(iter(batch.values())))
         requests = [{name: a[i] for name, a in batch.items()} for i in range(rows)]
@@ -112,7 +117,7 @@ def prepare_inputs(
     per_sample_bytes, done, started = 0, 0, time.perf_counter()
     while done < n:
         chunk = chunk_of(done)
-        size = len(next(iter(chunk.values()))) if adapter.batching else 1
+        size = len(next(iter(chunk.values()))) if adapter.batching else 1  # rows of the chunk
         outputs = run_source(adapter.framework, module, adapter.io_spec(), chunk)
         per_sample_bytes = max(per_sample_bytes, *(v.nbytes // size for v in outputs.values()))
         done += size
@@ -128,20 +133,26 @@ def prepare_inputs(
         data_file=data_file,
         shapes=adapter.input_shapes(),
         batching=adapter.batching,
+        varying=tuple(given.distribution()) if given is not None and data_file is not None else (),
         sample_output_bytes=per_sample_bytes,
         shared_memory=shared_memory,
     )
 
 
-def dynamic_shapes(spec: IoSpec, shapes: dict[str, list[int]] | None) -> list[str]:
-    """Each input with a dynamic dim and the shape it was measured at (`input_ids [-1] measured as [16]`): a model's
-    speed depends on it (an NLP model at 16 tokens looks far faster than at 512), so a report must say it."""
-    shapes = shapes or {}
-    return [
-        f"{t.name} {t.shape} measured as {shapes[t.name] if t.name in shapes else 'the input data gives it'}"
-        for t in spec.inputs
-        if -1 in t.shape
-    ]
+def dynamic_shapes(
+    spec: IoSpec, shapes: dict[str, list[int]] | None, varying: dict[str, str] | None = None
+) -> list[str]:
+    """Each input with a dynamic dim and the shape it was measured at (`input_ids [-1] measured as [16]`), or the
+    distribution of the shapes its requests had (`varying`, from the user's samples): a model's speed depends on it
+    (an NLP model at 16 tokens looks far faster than at 512), so a report must say it."""
+    shapes, varying = shapes or {}, varying or {}
+
+    def measured(name: str) -> str:
+        if name in varying:
+            return f"each request at its own shape, {varying[name]}"
+        return str(shapes[name]) if name in shapes else "the input data gives it"
+
+    return [f"{t.name} {t.shape} measured as {measured(t.name)}" for t in spec.inputs if -1 in t.shape]
 
 
 def cache_key(point: Point, model: str) -> dict:

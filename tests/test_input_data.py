@@ -316,15 +316,6 @@ def test_bad_input_data_is_one_clear_line(bert_onnx, tmp_path, form, data, messa
         ({"inputs": []}, 'is not perf_analyzer input data: it needs a "data" list of samples'),
         ({"data": []}, 'holds no samples: its "data" list is empty'),
         (
-            {
-                "data": [
-                    {n: {"content": [1] * SEQ, "shape": [SEQ]} for n in NAMES},
-                    {n: {"content": [1] * 4, "shape": [4]} for n in NAMES},
-                ]
-            },
-            "the samples of input_ids have different shapes ([4], [6]); tbench batches samples",
-        ),
-        (
             {"data": [{**{n: [1] * SEQ for n in NAMES}, "input_ids": {"b64": "AAA="}}]},
             "b64 holds 2 bytes, not a whole number of int64 values",
         ),
@@ -453,3 +444,67 @@ def test_a_bert_like_model_file_with_input_data_runs_end_to_end(prefect_harness,
     assert (
         f"token_type_ids [-1] measured as [{SEQ}]" in json.loads((run / "manifest.json").read_text())["measured_shapes"]
     )
+
+
+def varying_samples(lengths: list[int]) -> dict:
+    """perf_analyzer JSON input data whose samples have their own lengths, as a tokenizer without padding gives."""
+    rng = np.random.default_rng(0)
+    return {
+        "data": [
+            {
+                "input_ids": {"content": rng.integers(0, VOCAB, n).tolist(), "shape": [n]},
+                "attention_mask": {"content": [1] * n, "shape": [n]},
+                "token_type_ids": {"content": rng.integers(0, TYPES, n).tolist(), "shape": [n]},
+            }
+            for n in lengths
+        ]
+    }
+
+
+def test_samples_of_varying_lengths_are_kept_each_at_its_own_shape(bert_onnx, tmp_path):
+    path = tmp_path / "varying.json"
+    path.write_text(json.dumps(varying_samples([12, 12, 30, 7, 7, 7])))
+    given = ModelFileAdapter(str(bert_onnx)).use_input_data(str(path)).given_samples
+    assert given.varying and given.count == 6 and given.shapes()["input_ids"] == [30]
+    assert given.distribution()["input_ids"] == "[7..30] (median [9.5]) over 6 samples"
+    # a batch holds consecutive samples of one shape: a request carries one shape
+    assert [b["input_ids"].shape for b in given.batches(8, 4)] == [(2, 12), (1, 30), (3, 7), (2, 12)]
+    assert given.one(2)["input_ids"].shape == (30,) and given.one(2)["input_ids"].dtype == np.int64
+
+
+def test_varying_samples_measure_batch_1_and_refuse_a_batch(bert_onnx, tmp_path):
+    path = tmp_path / "varying.json"
+    path.write_text(json.dumps(varying_samples([12, 30])))
+    r = BenchmarkRequest(model_file=str(bert_onnx), input_data=str(path)).resolve(has_gpu=False)
+    assert r.batch_sizes == [1]
+    with pytest.raises(ConfigError, match=r"^--batch-sizes: the samples of input_ids in .* vary in shape \(\[12..30\]"):
+        BenchmarkRequest(model_file=str(bert_onnx), input_data=str(path), batch_sizes=[1, 4]).resolve(has_gpu=False)
+
+
+@pytest.mark.e2e
+def test_samples_of_varying_lengths_are_sent_each_at_its_own_shape(prefect_harness, tmp_path):
+    from conftest import run_flow
+
+    from tbench.request import Measurement
+
+    model = write_bert_onnx(tmp_path / "bert.onnx")
+    data = tmp_path / "varying.json"
+    data.write_text(json.dumps(varying_samples([12, 40, 96, 12, 25])))
+    run, results, report = run_flow(
+        tmp_path,
+        BenchmarkRequest(
+            model_file=str(model),
+            input_data=str(data),
+            output=str(tmp_path),
+            concurrency=[2],
+            measurement=Measurement(window_s=0.5, stability_percentage=50),
+        ),
+    )
+    assert (results["status"] == "ok").all() and list(results["batch_size"]) == [1, 1], results
+    (accuracy,) = json.loads((run / "accuracy.json").read_text())
+    assert all(o["passed"] for o in accuracy["outputs"])
+    sent = json.loads((run / "perf_input.json").read_text())["data"]
+    assert [s["input_ids"]["shape"] for s in sent] == [[12], [40], [96], [12], [25]]
+    for log in (run / "logs" / "perf_analyzer").glob("*.log"):
+        assert "--shape" not in log.read_text().splitlines()[0]  # the data gives each request's shape
+    assert "input_ids [-1] measured as each request at its own shape, [12..96] (median [25]) over 5 samples" in report

@@ -27,27 +27,64 @@ FORMS = "a perf_analyzer JSON file, an .npz file or a folder of NAME.npy files"
 
 
 class InputSamples:
-    """The samples of every input, stacked on axis 0; batches cycle through them from the first sample."""
+    """The samples of every input, stacked on axis 0 (or, where their shapes vary, a list of them: each request is then
+    sent at its own shape, as real traffic is); batches cycle through them from the first sample."""
 
-    def __init__(self, path: str, arrays: dict[str, np.ndarray]):
+    def __init__(self, path: str, arrays: dict[str, np.ndarray | list[np.ndarray]]):
         self.path, self.arrays = str(path), arrays
         self.count = len(next(iter(arrays.values())))
 
+    @property
+    def varying(self) -> bool:
+        """The samples of some input differ in shape (a text model's lengths)."""
+        return any(isinstance(a, list) for a in self.arrays.values())
+
     def shapes(self) -> dict[str, list[int]]:
-        """The non-batch shape of each input (every sample of an input has the same one)."""
-        return {name: list(a.shape[1:]) for name, a in self.arrays.items()}
+        """The non-batch shape of each input: the one every sample has, or where they vary the largest sample's (what
+        warm-up sends and perf_analyzer's --shape names; each request still carries its own)."""
+        return {
+            name: list(max(a, key=np.size).shape if isinstance(a, list) else a.shape[1:])
+            for name, a in self.arrays.items()
+        }
+
+    def distribution(self) -> dict[str, str]:
+        """Per input whose samples vary in shape: their range and median per dim, e.g. '[12..96] (median [50]) over 32
+        samples'."""
+        described = {}
+        for name, a in self.arrays.items():
+            if isinstance(a, list):
+                dims = np.array([s.shape for s in a])
+                spans = [f"{lo}..{hi}" if lo != hi else f"{lo}" for lo, hi in zip(dims.min(0), dims.max(0))]
+                median = ",".join(f"{m:g}" for m in np.median(dims, axis=0))
+                described[name] = f"[{','.join(spans)}] (median [{median}]) over {len(a)} samples"
+        return described
+
+    def one(self, i: int) -> dict[str, np.ndarray]:
+        """Sample i (cycling), without the stacking axis: one request's row, or the whole request of a model without a
+        batch axis."""
+        return {name: a[i % self.count] for name, a in self.arrays.items()}
 
     def take(self, start: int, n: int) -> dict[str, np.ndarray]:
         index = np.arange(start, start + n) % self.count
-        return {name: a[index] for name, a in self.arrays.items()}
-
-    def one(self, i: int) -> dict[str, np.ndarray]:
-        """Sample i (cycling), without the stacking axis: a whole request of a model without a batch axis."""
-        return {name: a[i % self.count] for name, a in self.arrays.items()}
+        return {
+            name: np.stack([a[i] for i in index]) if isinstance(a, list) else a[index]
+            for name, a in self.arrays.items()
+        }
 
     def batches(self, n_samples: int, batch_size: int) -> Iterator[dict[str, np.ndarray]]:
-        for start in range(0, n_samples, batch_size):
-            yield self.take(start, min(batch_size, n_samples - start))
+        """`n_samples` samples from the first, in batches of at most `batch_size`; where shapes vary, a batch holds
+        consecutive samples of one shape (a request carries one shape), so it may be smaller."""
+        start, end = 0, n_samples
+        while start < end:
+            n = min(batch_size, end - start)
+            if self.varying:
+                first = self._shapes_of(start)
+                n = next((k for k in range(1, n) if self._shapes_of(start + k) != first), n)
+            yield self.take(start, n)
+            start += n
+
+    def _shapes_of(self, i: int) -> tuple:
+        return tuple(a.shape for a in self.one(i).values())
 
 
 def load_input_data(
@@ -75,7 +112,12 @@ def load_input_data(
     missing = [n for n in names if n not in raw]
     if missing:
         raise ConfigError(f"{where} lacks input(s) {', '.join(missing)}; the model's inputs are {', '.join(names)}")
-    arrays = {t.name: _checked(raw[t.name], t, where) for t in spec.inputs}
+    arrays = {
+        t.name: [_checked(v[None], t, where)[0] for v in raw[t.name]]
+        if isinstance(raw[t.name], list)
+        else _checked(raw[t.name], t, where)
+        for t in spec.inputs
+    }
     counts = {name: len(a) for name, a in arrays.items()}
     if len(set(counts.values())) > 1:
         listed = ", ".join(f"{n}: {c}" for n, c in counts.items())
@@ -160,7 +202,7 @@ def _read_json(
             samples[name].append(flat.reshape(shape))
     if not entries:
         raise ConfigError(f'{where} holds no samples: its "data" list is empty')
-    return {name: _stack(values, name, where) for name, values in samples.items()}
+    return {name: _stack(values) for name, values in samples.items()}
 
 
 def _json_value(value, t: TensorSpec, what: str) -> tuple[np.ndarray, list[int] | None]:
@@ -216,14 +258,10 @@ def _implied_shape(size: int, t: TensorSpec, default: list[int] | None, what: st
     )
 
 
-def _stack(values: list[np.ndarray], name: str, where: str) -> np.ndarray:
-    shapes = sorted({v.shape for v in values})
-    if len(shapes) > 1:
-        listed = ", ".join(_dims(list(s)) for s in shapes[:3])
-        raise ConfigError(
-            f"{where}: the samples of {name} have different shapes ({listed}); tbench batches samples, "
-            "so every sample of an input needs the same shape"
-        )
+def _stack(values: list[np.ndarray]) -> np.ndarray | list[np.ndarray]:
+    """The samples of one input stacked, or kept as a list where their shapes vary (each request its own shape)."""
+    if len({v.shape for v in values}) > 1:
+        return values
     return np.stack(values)
 
 

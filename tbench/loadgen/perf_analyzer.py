@@ -50,6 +50,9 @@ class PerfInputs:
     data_file: Path | None = None
     shapes: dict[str, list[int]] | None = None
     batching: bool = True  # False: the model has no batch axis, each request is whole (max_batch_size 0)
+    # inputs whose samples vary in shape: each request is sent at its sample's own shape, which perf_analyzer reads
+    # from the data file; a --shape would make it refuse every other one
+    varying: tuple[str, ...] = ()
     sample_output_bytes: int | None = None
     shared_memory: str = "system"  # offline scenario: "system", or "cuda" when client and server share a GPU node
 
@@ -63,11 +66,12 @@ def output_shm_bytes(spec: IoSpec, batch_size: int, sample_output_bytes: int | N
     return max(sizes + [1024])
 
 
-def shape_args(spec: IoSpec, shapes: dict[str, list[int]] | None) -> list[str]:
-    """--shape for every input with a dynamic non-batch dimension, so perf_analyzer sends what the model takes."""
+def shape_args(spec: IoSpec, shapes: dict[str, list[int]] | None, varying: tuple[str, ...] = ()) -> list[str]:
+    """--shape for every input with a dynamic non-batch dimension, so perf_analyzer sends what the model takes; not
+    for the `varying` ones, whose shapes the data file gives per sample."""
     args = []
     for t in spec.inputs:
-        if -1 in t.shape:
+        if -1 in t.shape and t.name not in varying:
             if not shapes or t.name not in shapes:
                 raise PerfAnalyzerError(
                     f"input {t.name} has dynamic dims {t.shape}; perf_analyzer needs a concrete shape for it"
@@ -118,7 +122,7 @@ def perf_argv(
         str(csv_path),
         "--verbose-csv",
         "-v",  # every window's throughput and latency in the log: why a point did not stabilise
-        *shape_args(spec, inputs.shapes),
+        *shape_args(spec, inputs.shapes, inputs.varying),
     ]
     if inputs.data_file:
         argv += ["--input-data", str(inputs.data_file)]
