@@ -152,11 +152,12 @@ def has_credentials(url: str) -> bool:
 def adapter_for(req: BenchmarkRequest | ResolvedRequest):
     """The model adapter a request names: a registered one, or one over a user's model file."""
     import model_adapters
+    from tbench.core.handover import local_path  # a submitted file: fetched from the artifact store and checked
 
     if req.model_file:
         from model_adapters.file_model import ModelFileAdapter
 
-        adapter = ModelFileAdapter(req.model_file, req.shapes, req.input_dtypes, req.value_ranges)
+        adapter = ModelFileAdapter(local_path(req.model_file), req.shapes, req.input_dtypes, req.value_ranges)
     else:
         if req.value_ranges:
             raise ConfigError(
@@ -169,7 +170,7 @@ def adapter_for(req: BenchmarkRequest | ResolvedRequest):
     if req.input_data:
         if req.dataset:
             raise ConfigError("give --dataset or --input-data, not both")
-        adapter.use_input_data(req.input_data)
+        adapter.use_input_data(local_path(req.input_data))
     return adapter
 
 

@@ -17,6 +17,7 @@ from tbench.cli.common import (
     _split,
     cli_errors,
     console,
+    model_file_fields,
     parse_int_list,
     parse_job_variables,
 )
@@ -25,14 +26,18 @@ from tbench.cli.options import (
     Concurrency,
     Formats,
     Framework,
+    InputData,
     MaxTrials,
-    ModelName,
+    ModelFile,
+    ModelOrFile,
     Output,
     PrecisionOpt,
     Reuse,
     Scenarios,
+    Shape,
     Size,
     Stability,
+    ValueRange,
     WindowS,
     measurement_overrides,
 )
@@ -40,7 +45,11 @@ from tbench.core.errors import ConfigError
 
 
 def submit(
-    model: ModelName,
+    model: ModelOrFile = None,
+    model_file: ModelFile = None,
+    shape: Shape = None,
+    value_range: ValueRange = None,
+    input_data: InputData = None,
     pool: str = typer.Option("cpu", help="The work pool whose workers run it: a100, v100, t4, a30, a40, h100 or cpu."),
     # no defaults of its own: only the options given are sent, the worker's request fills the rest
     size: Size = None,
@@ -76,8 +85,12 @@ def submit(
             raise ConfigError(
                 "PREFECT_API_URL is not set: point it at the team's Prefect server (or `tbench stack env`)"
             )
+        if not model and not model_file:
+            raise ConfigError("name a model (see `tbench models`) or give --model-file PATH")
+        files = {k: v for k, v in model_file_fields(model_file, shape, value_range, input_data).items() if v}
         request = BenchmarkRequest(
-            model=model,
+            model=model or "resnet50",
+            **files,
             **_given(
                 size=size,
                 framework=framework,
@@ -91,9 +104,15 @@ def submit(
                 measurement=measurement_overrides(window_s, stability, max_trials),
             ),
         )
-        import model_adapters
+        if request.model_file:  # read here as the worker will (a bad file fails here), then handed over
+            from tbench.request import adapter_for
 
-        model_adapters.get(request.model, request.size)  # an unknown model fails here, not on the worker
+            adapter_for(request)
+            request = hand_over(request, output or os.environ.get("TBENCH_ARTIFACT_ROOT", "runs"))
+        else:
+            import model_adapters
+
+            model_adapters.get(request.model, request.size)  # an unknown model fails here, not on the worker
         parameters = {"request": request.model_dump(mode="json", exclude_unset=True)}
         variables = parse_job_variables(job_variables)
         started = time.monotonic()
@@ -116,6 +135,22 @@ def submit(
     if result.state_name == "CompletedWithFailures":  # flows/benchmark.py's state for a run with failed points
         console.print(f"[yellow]completed with failed points:[/] {result.message}")
         raise typer.Exit(EXIT_FAILED_POINTS)
+
+
+def hand_over(request, root: str):
+    """The request with its model file and input data where the pool's workers can read them: uploaded to the shared
+    artifact root under their content digest (tbench.core.handover), or, with a local root (a worker on this
+    machine), as absolute paths."""
+    from tbench.core import handover
+
+    fields = {}
+    for field in ("model_file", "input_data"):
+        value = getattr(request, field)
+        if value:
+            shared = handover.is_remote(root)
+            fields[field] = handover.upload(value, root) if shared else str(Path(value).resolve())
+            console.print(f"{field.replace('_', ' ')}: {fields[field]}", markup=False, highlight=False)
+    return request.model_copy(update=fields)
 
 
 def upload(

@@ -1,0 +1,133 @@
+"""A user's files handed to a pool's worker through the artifact store: `tbench submit --model-file` uploads the model
+file (with every file it references: an ONNX file's external data, a SavedModel's folder) and the input samples under
+their content digest, and sends their URLs; the worker fetches them into its cache and checks every byte before it
+reads them.
+
+    <root>/inputs/<digest>/handover.json   {"entry": "model.onnx", "files": {"model.onnx": "<sha256>", ...}}
+    <root>/inputs/<digest>/model.onnx ...
+
+The digest is the sha256 of handover.json's "files" (names and contents), so a file is stored once however often it is
+submitted, and a URL names exactly the bytes it was made from. A worker's copy lives under
+~/.cache/tbench/inputs/<digest>/ and is used again only once every file has been checked.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+
+from tbench.core.errors import ConfigError, StorageError
+from tbench.core.storage import error_cause, join, store_errors, url_to_fs
+
+INPUTS_DIR = "inputs"
+MANIFEST = "handover.json"
+CHECKED = ".checked"  # written last in a worker's copy: every file of it was verified
+CACHE_ENV = "TBENCH_INPUTS_CACHE"  # where a worker keeps fetched uploads (~/.cache/tbench/inputs)
+
+
+def is_remote(path: str | None) -> bool:
+    return bool(path) and "://" in path and not path.startswith("file://")
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get(CACHE_ENV, Path.home() / ".cache" / "tbench" / INPUTS_DIR))
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def handed_files(path: Path) -> tuple[Path, dict[str, Path]]:
+    """(the folder names are relative to, {relative name: file}) of what must travel with `path`: a folder's every file,
+    or a file and the external data it references."""
+    from tbench.core.model_file import onnx_external_files
+
+    path = path.resolve()
+    if path.is_dir():
+        return path.parent, {f.relative_to(path.parent).as_posix(): f for f in sorted(path.rglob("*")) if f.is_file()}
+    if not path.is_file():
+        raise ConfigError(f"{path} does not exist")
+    files = {path.name: path}
+    for location in onnx_external_files(path):
+        source = path.parent / location
+        if not source.is_file():
+            raise ConfigError(f"{path} keeps weights in {location}, which is not next to it ({source})")
+        files[Path(location).as_posix()] = source
+    return path.parent, files
+
+
+def digest_of(sums: dict[str, str]) -> str:
+    return hashlib.sha256(json.dumps(sorted(sums.items())).encode()).hexdigest()
+
+
+def upload(path: str | Path, root: str) -> str:
+    """Puts `path` and what travels with it under `<root>/inputs/<digest>/` (once: an upload already there is kept) and
+    returns the URL a worker fetches it by."""
+    path = Path(path)
+    _, files = handed_files(path)
+    sums = {name: _sha256(f) for name, f in files.items()}
+    digest = digest_of(sums)
+    entry = path.resolve().name
+    target = join(root, INPUTS_DIR, digest)
+    fs, base = url_to_fs(target)
+    try:
+        if not fs.exists(f"{base}/{MANIFEST}"):
+            for name, f in files.items():
+                fs.put_file(str(f), f"{base}/{name}")
+            # the manifest last: its presence says the upload is whole
+            fs.pipe_file(f"{base}/{MANIFEST}", json.dumps({"entry": entry, "files": sums}, indent=1).encode())
+    except store_errors() as err:
+        raise StorageError(f"cannot upload {path} to {target}: {error_cause(err)}") from None
+    return f"{target}/{entry}"
+
+
+def fetch(url: str) -> Path:
+    """The local copy of an uploaded file (`<root>/inputs/<digest>/<entry>`), fetched once into the cache and checked
+    file by file against the manifest and the digest its URL names."""
+    folder, _, entry = url.rstrip("/").rpartition("/")
+    digest = folder.rpartition("/")[2]
+    local = cache_root() / digest
+    if (local / CHECKED).is_file():
+        return local / entry
+    fs, base = url_to_fs(folder)
+    try:
+        manifest = json.loads(fs.cat_file(f"{base}/{MANIFEST}"))
+    except FileNotFoundError:
+        raise ConfigError(f"{url}: no upload there ({MANIFEST} missing): submit the file again") from None
+    except store_errors() as err:
+        raise StorageError(f"cannot fetch {url}: {error_cause(err)}") from None
+    sums = manifest["files"]
+    if digest_of(sums) != digest:
+        raise ConfigError(f"{url}: its manifest does not match the digest {digest[:12]}... its URL names")
+    shutil.rmtree(local, ignore_errors=True)  # a copy that was not checked to the end starts again
+    partial = local.with_name(local.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    try:
+        for name, expected in sums.items():
+            target = partial / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            fs.get_file(f"{base}/{name}", str(target))
+            if _sha256(target) != expected:
+                raise ConfigError(f"{url}: {name} does not have the content it was uploaded with (sha256 differs)")
+    except store_errors() as err:
+        raise StorageError(f"cannot fetch {url}: {error_cause(err)}") from None
+    (partial / CHECKED).write_text(digest)
+    try:
+        partial.rename(local)
+    except OSError:  # another run on this machine fetched it first: theirs is as good
+        if not (local / CHECKED).is_file():
+            raise
+        shutil.rmtree(partial, ignore_errors=True)
+    return local / manifest["entry"]
+
+
+def local_path(path: str | None) -> str | None:
+    """A request's file as this machine reads it: fetched when it is an upload's URL, else as given."""
+    return str(fetch(path)) if is_remote(path) else path
