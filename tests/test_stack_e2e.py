@@ -82,6 +82,24 @@ def test_a_submitted_run_is_picked_up_and_its_artifacts_read_back_from_s3(stack)
     assert results.returncode == 0 and manifest["run_id"] in results.stdout, results.stdout + results.stderr
 
 
+def test_a_model_file_from_a_laptop_is_handed_to_the_pool_and_benchmarked(stack, tmp_path):
+    """`tbench submit --model-file`: the file and its external data go to S3 under their digest; the worker (another
+    process, its own cache) fetches, checks and benchmarks them."""
+    from test_handover import external_data_onnx
+
+    model = external_data_onnx(tmp_path / "laptop")
+    quick = ["--batch-sizes", "1,2", "--concurrency", "2", "--window-s", "0.5", "--stability", "50"]
+    done = in_stack(stack, [TBENCH, "submit", "--model-file", str(model), *quick, "--pool", "cpu"])
+    output = done.stdout + done.stderr
+    assert done.returncode == 0 and "state: Completed" in output, output[-3000:]
+    uploaded = next(line.split(": ", 1)[1] for line in output.splitlines() if line.startswith("model file: "))
+    assert uploaded.startswith("s3://tbench/runs/inputs/") and uploaded.endswith("/mlp.onnx")
+    report = next(line.split("report:", 1)[1].strip() for line in output.splitlines() if "report:" in line)
+    stored = read_back(stack, report.rsplit("/", 1)[0])
+    assert stored["manifest"]["request"]["model_file"] == uploaded and stored["points"] == stored["ok"] == 3
+    assert any(p.endswith("models/onnx/weights.bin") for p in stored["present"])  # the weights travelled on
+
+
 def test_the_deployment_form_shows_our_fields_with_their_descriptions(stack):
     from prefect.client.orchestration import get_client
     from prefect.settings import PREFECT_API_URL, temporary_settings
