@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
+import onnx
 import pytest
 import torch
 
@@ -332,3 +335,26 @@ def test_a_torchscript_module_for_one_sample_is_read_without_a_batch_axis(tmp_pa
         mf = read_model_file(path, shapes={"x": shape})
         assert not mf.batching and (mf.io_spec.inputs[0].shape, mf.io_spec.outputs[0].shape) == spec
         assert run_model_file(mf, synthetic_inputs(mf, batch_size=4))["output__0"].shape == tuple(spec[1])
+
+
+@pytest.mark.parametrize(
+    "elem_type, fix",
+    [
+        (onnx.TensorProto.STRING, "export the model to take token ids (int64)"),
+        (onnx.TensorProto.BFLOAT16, "export it with float16 or float32 at the model's edge"),
+    ],
+    ids=["bytes", "bf16"],
+)
+def test_a_dtype_tbench_cannot_feed_is_refused_naming_the_fix(tmp_path, elem_type, fix):
+    from onnx import helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["s"], ["o"])],
+        "g",
+        [helper.make_tensor_value_info("s", elem_type, ["b", 4])],
+        [helper.make_tensor_value_info("o", elem_type, ["b", 4])],
+    )
+    path = tmp_path / "m.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    with pytest.raises(ConfigError, match=f"^ONNX tensor s of .* {re.escape(fix)}"):
+        read_model_file(path)

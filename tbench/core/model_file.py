@@ -326,6 +326,19 @@ def _onnx_table_rows(graph: Any, names: list[str]) -> dict[str, int]:
     return found
 
 
+# ONNX element types tbench cannot generate, send or compare, with the fix a user can make in the export
+_CAST_INSIDE = "export it with float16 or float32 at the model's edge (cast inside the model)"
+_UNFED_ONNX_TYPES = {
+    16: f"is bfloat16, which numpy cannot hold and perf_analyzer takes only as raw bytes: {_CAST_INSIDE}",  # BFLOAT16
+    8: (  # STRING
+        "is a string tensor (Triton's BYTES), which tbench cannot generate or compare: export the model to take "
+        "token ids (int64) and tokenize before it"
+    ),
+    **{t: f"is an 8-bit float, which numpy cannot hold: {_CAST_INSIDE}" for t in (17, 18, 19, 20)},  # FLOAT8*
+    **{t: "is a complex tensor, which Triton has no type for" for t in (14, 15)},  # COMPLEX64, COMPLEX128
+}
+
+
 def _onnx_tensor(value: Any, path: Path) -> TensorSpec:
     from onnx.helper import tensor_dtype_to_np_dtype
 
@@ -344,6 +357,8 @@ def _onnx_tensor(value: Any, path: Path) -> TensorSpec:
     if not tensor_type.HasField("shape"):
         raise ConfigError(f"ONNX tensor {value.name} of {path} has no declared rank")
     shape = [d.dim_value if d.HasField("dim_value") else -1 for d in tensor_type.shape.dim]
+    if tensor_type.elem_type in _UNFED_ONNX_TYPES:  # numpy has no such dtype (bf16, fp8) or holds it as objects
+        raise ConfigError(f"ONNX tensor {value.name} of {path} {_UNFED_ONNX_TYPES[tensor_type.elem_type]}")
     try:
         dtype = tensor_dtype_to_np_dtype(tensor_type.elem_type)
     except KeyError:
