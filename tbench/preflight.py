@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 
 from tbench.core.errors import ConfigError
-from tbench.core.storage import error_cause, store_errors, url_to_fs
+from tbench.core.storage import error_cause, is_remote, store_errors, url_to_fs
 from tbench.node.ports import port_in_use
 
 BINDING_MODES = ("embedded", "local", "docker")  # the server modes that bind http_port/grpc_port on this machine
@@ -40,10 +40,6 @@ def preflight(request) -> None:
     check_output(request.output)
 
 
-def is_url(value: str) -> bool:
-    return "://" in value and not value.startswith("file://")
-
-
 def check_ports(request) -> None:
     ports = {name: getattr(request, name) for name in ("http_port", "grpc_port") if getattr(request, name) is not None}
     for name, port in ports.items():  # the request model bounds them too; this holds for one built without it
@@ -64,7 +60,7 @@ def check_ports(request) -> None:
 def check_input_paths(request) -> None:
     for field, option in INPUT_PATHS.items():
         value = getattr(request, field, None)
-        if value and not is_url(value) and not Path(value).expanduser().exists():
+        if value and not is_remote(value) and not Path(value).expanduser().exists():
             raise ConfigError(f"{option} {value} does not exist")
 
 
@@ -89,7 +85,7 @@ def check_node(request) -> None:
 
 
 def check_output(root: str) -> None:
-    if is_url(root):
+    if is_remote(root):
         check_store(root)
     else:
         check_local_output(root)

@@ -142,13 +142,13 @@ def hand_over(request, root: str):
     artifact root under their content digest (tbench.core.handover), or, with a local root (a worker on this
     machine), as absolute paths."""
     from tbench.core import handover
+    from tbench.core.storage import is_remote
 
     fields = {}
     for field in ("model_file", "input_data"):
         value = getattr(request, field)
         if value:
-            shared = handover.is_remote(root)
-            fields[field] = handover.upload(value, root) if shared else str(Path(value).resolve())
+            fields[field] = handover.upload(value, root) if is_remote(root) else str(Path(value).resolve())
             console.print(f"{field.replace('_', ' ')}: {fields[field]}", markup=False, highlight=False)
     return request.model_copy(update=fields)
 

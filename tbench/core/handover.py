@@ -20,16 +20,12 @@ import shutil
 from pathlib import Path
 
 from tbench.core.errors import ConfigError, StorageError
-from tbench.core.storage import error_cause, join, store_errors, url_to_fs
+from tbench.core.storage import error_cause, is_remote, join, store_errors, url_to_fs
 
 INPUTS_DIR = "inputs"
 MANIFEST = "handover.json"
 CHECKED = ".checked"  # written last in a worker's copy: every file of it was verified
 CACHE_ENV = "TBENCH_INPUTS_CACHE"  # where a worker keeps fetched uploads (~/.cache/tbench/inputs)
-
-
-def is_remote(path: str | None) -> bool:
-    return bool(path) and "://" in path and not path.startswith("file://")
 
 
 def cache_root() -> Path:
@@ -44,14 +40,14 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def handed_files(path: Path) -> tuple[Path, dict[str, Path]]:
-    """(the folder names are relative to, {relative name: file}) of what must travel with `path`: a folder's every file,
-    or a file and the external data it references."""
+def handed_files(path: Path) -> dict[str, Path]:
+    """{name relative to the folder `path` is in: file} of what must travel with `path`: a folder's every file, or a
+    file and the external data it references."""
     from tbench.core.model_file import onnx_external_files
 
     path = path.resolve()
     if path.is_dir():
-        return path.parent, {f.relative_to(path.parent).as_posix(): f for f in sorted(path.rglob("*")) if f.is_file()}
+        return {f.relative_to(path.parent).as_posix(): f for f in sorted(path.rglob("*")) if f.is_file()}
     if not path.is_file():
         raise ConfigError(f"{path} does not exist")
     files = {path.name: path}
@@ -60,7 +56,7 @@ def handed_files(path: Path) -> tuple[Path, dict[str, Path]]:
         if not source.is_file():
             raise ConfigError(f"{path} keeps weights in {location}, which is not next to it ({source})")
         files[Path(location).as_posix()] = source
-    return path.parent, files
+    return files
 
 
 def digest_of(sums: dict[str, str]) -> str:
@@ -71,7 +67,7 @@ def upload(path: str | Path, root: str) -> str:
     """Puts `path` and what travels with it under `<root>/inputs/<digest>/` (once: an upload already there is kept) and
     returns the URL a worker fetches it by."""
     path = Path(path)
-    _, files = handed_files(path)
+    files = handed_files(path)
     sums = {name: _sha256(f) for name, f in files.items()}
     digest = digest_of(sums)
     entry = path.resolve().name

@@ -35,11 +35,16 @@ def _block_options(name: str) -> tuple[tuple[str, object], ...]:
     return tuple(sorted(value.items()))
 
 
+def is_remote(url: str | None) -> bool:
+    """An fsspec URL of another machine (s3://, gs://...), not a local folder or file:// path."""
+    return bool(url) and "://" in url and not url.startswith("file://")
+
+
 def storage_options(url: str) -> dict:
     """fsspec options for a remote URL: the Prefect block's when TBENCH_STORAGE_BLOCK is set, else none (the
     backend reads the environment itself)."""
     name = os.environ.get(STORAGE_BLOCK_ENV)
-    if not name or "://" not in url or url.startswith("file://"):
+    if not name or not is_remote(url):
         return {}
     return dict(_block_options(name))
 
@@ -48,7 +53,7 @@ def url_to_fs(url: str, **extra):
     """(filesystem, path) for a local folder or any fsspec URL; a clear StorageError for what fsspec cannot open.
     `extra` are backend options the caller needs (a credentials block's options win over them)."""
     options = {**extra, **storage_options(url)}
-    if "://" in url and not url.startswith("file://"):
+    if is_remote(url):
         # fsspec reuses a filesystem made with the same arguments, but s3fs reads the endpoint and credentials from
         # the environment when it is made: a cached one would keep talking to yesterday's endpoint
         options.setdefault("skip_instance_cache", True)
