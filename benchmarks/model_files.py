@@ -11,7 +11,7 @@ Each case ends as: completed (every point stable, or the points that were not na
 it must name a fix), or failed (anything else: the goal is none). Then the online curve of one model without a batch
 axis beside the same model exported with one, on the same server kind and settings.
 
-Usage: PYTHONPATH=DIR .venv/bin/python benchmarks/model_files.py [--only TEXT] [--window-s 0.5]
+Usage: PYTHONPATH=DIR .venv/bin/python benchmarks/model_files.py [--plan TEXT] [--window-s 0.5]
 Writes benchmarks/results/model_files.json with its provenance (benchmarks/provenance.py).
 """
 
@@ -203,7 +203,8 @@ def bert_samples(out: Path) -> Path:
         {"input_ids": rng.integers(0, 1000, 48).tolist(), "attention_mask": [1] * 40 + [0] * 8} for _ in range(16)
     ]
     path = out / "bert_samples.json"
-    path.write_text(json.dumps({"data": entries}))
+    samples = json.dumps({"data": entries})  # an input of the runs, not a result
+    path.write_text(samples)
     return path
 
 
@@ -279,7 +280,7 @@ def run_case(path: Path, options: list[str], out: Path, window_s: float, extra: 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--only", default="", help="run the cases whose name holds this text")
+    parser.add_argument("--plan", default="", help="only the cases whose name holds this text (all by default)")
     parser.add_argument("--window-s", type=float, default=0.5)
     args = parser.parse_args()
     with recorded(RESULTS / "model_files.json", ["model files set"]) as record:
@@ -290,7 +291,7 @@ def main() -> None:
         record["window_s"] = args.window_s
         record["cases"] = []
         for name, build, options, stands_for in CASES:
-            if args.only not in name:
+            if args.plan not in name:
                 continue
             case = {"name": name, "stands_for": stands_for}
             try:
@@ -301,6 +302,8 @@ def main() -> None:
                 given = [str(samples) if o == "{samples}" else o for o in options]
                 case.update(file=path.name, options=" ".join(options), **run_case(path, given, out, args.window_s))
             print(f"{name}: {case['status']} {case.get('line', '')}", flush=True)
+            if "file" in case:
+                record.model_sizes.append(f"{case['file']} file")
             record["cases"].append(case)
             record.save()
         statuses = [c["status"] for c in record["cases"]]

@@ -47,6 +47,8 @@ COMMANDS = {
     "capacity.json": ".venv/bin/python benchmarks/capacity.py",
     "capacity_truth.json": ".venv/bin/python benchmarks/capacity_truth.py",
     "latency_verdict.json": ".venv/bin/python benchmarks/latency_verdict.py",
+    "change_detection.json": ".venv/bin/python benchmarks/change_detection.py",
+    "model_files.json": "PYTHONPATH=SCRATCH .venv/bin/python benchmarks/model_files.py",
     "default_runs.json": ".venv/bin/python benchmarks/default_runs.py",
     "fast_feedback.json": ".venv/bin/python benchmarks/fast_feedback.py",
     "docker_vs_embedded.json": ".venv/bin/python benchmarks/docker_vs_embedded.py --size small --repeats 2",

@@ -37,6 +37,7 @@ from tbench.plan import (
 )
 from tbench.pools import check_worker_hardware
 from tbench.request import BenchmarkRequest, adapter_for, adapter_notes, plain_name, request_from_argv
+from tbench.results.point_cache import tool_versions
 from tbench.run import COMPLETED_WITH_FAILURES, FAILED, STATE_COMPLETED_WITH_FAILURES, RunTracker
 from tbench.store import run_url
 from tbench.sweep import dynamic_shapes, plan_points, prepare_inputs
@@ -172,8 +173,14 @@ def _benchmark(req, hardware, adapter, tracker: RunTracker) -> str:
                 tracker.accuracy.append(result)
                 tracker.save_json(layout.accuracy_json, [r.model_dump(mode="json") for r in tracker.accuracy])
                 require_same_answers(result, name)
+        identity = server.identity()
+        tracker.environment = {
+            "server": identity,
+            "tools": tool_versions(),
+            "model_digests": {a.format.value: a.source_hash for a in served + [a for _, a in composing]},
+        }
         cache = (
-            point_cache(req, hardware, server.identity(), served + [a for _, a in composing], perf_inputs)
+            point_cache(req, hardware, identity, served + [a for _, a in composing], perf_inputs)
             if req.reuse_measurements
             else None
         )
@@ -264,6 +271,7 @@ def _finish(tracker: RunTracker, req, hardware, server, error: BaseException | N
         "hardware": hardware.model_dump(),
         "served_on": tracker.served_on,  # per measured format: the results' gpu label, and why
         "measured_shapes": tracker.measured_shapes,  # each dynamic dim's measured value
+        "environment": tracker.environment,  # server identity, tool versions, model digests (tbench.history)
         "artifact_url": run_url(req.output, layout.run_id),
         "local_dir": str(layout.run_dir),
     }

@@ -8,6 +8,7 @@ import contextlib
 import logging
 from collections.abc import Callable, Iterator
 
+from tasks.history import history_task
 from tasks.store import store_task
 from tbench.core import progress
 from tbench.core.errors import BenchError
@@ -118,4 +119,7 @@ def finish_run(
             if summary is not None:
                 manifest["summary"] = summary()
             end["url"] = store_task(layout.run_dir, output, layout.run_id, tracker.manifest(**manifest))
+        if not tracker.results.empty and manifest.get("request", {}).get("model"):
+            with tracker.stage("history"):
+                history_task(output, manifest["request"]["model"], layout.run_id)
     return end["url"]

@@ -30,6 +30,7 @@ from tbench.loadgen.perf_analyzer import (
     PerfInputs,
     Point,
     merged_requests,
+    noise_from_log,
     parse_composing,
     parse_perf_csv,
     pass_throughputs,
@@ -247,6 +248,9 @@ def measure_point(
                 merged = merged_requests(full_log)
                 row["window_requests"] = merged / STABLE_WINDOWS if merged else np.nan
                 row["window_s"] = window_seconds(merged, point.batch_size, row[THROUGHPUT.column])
+                noise = noise_from_log(full_log)  # kept with the point: a history judges a change against it
+                if not noise.assumed:
+                    row.update(throughput_cv=noise.throughput_cv, latency_cv=noise.latency_cv)
                 row["composing"] = parse_composing(full_log)  # an ensemble's steps; else []
                 row.update(observed, stats_max_rel_diff=cross_check({**row, **observed}))
                 if point.rate is not None:  # an open-loop point's figures hold only if it carried the load

@@ -9,6 +9,7 @@ import typer
 from rich.console import Console
 
 from tbench.cli.common import EXIT_FAILED, cli_errors, console
+from tbench.core.errors import StorageError
 
 
 def compare(
@@ -96,3 +97,34 @@ def pd_missing(value) -> bool:
     import pandas as pd
 
     return value is None or (not isinstance(value, str) and bool(pd.isna(value)))
+
+
+def history(
+    root: str = typer.Argument(
+        None, help="The artifact root holding the results dataset (default: $TBENCH_ARTIFACT_ROOT, else ./runs)."
+    ),
+    output: str = typer.Option(
+        None, "--output", "-o", help="Where the site goes: a folder or an fsspec URL (default: ROOT/history)."
+    ),
+    model: str = typer.Option(None, help="Only this model's series."),
+    gpu: str = typer.Option(None, help="Only this GPU's series (as the results name it, e.g. 'CPU')."),
+    min_effect: float = typer.Option(0.05, help="Smallest relative step that counts as a change, e.g. 0.05 for 5%."),
+) -> None:
+    """Every series of the stored runs judged for step changes, each change put down to what differed in the runs'
+    manifests, and a static site of it all; exit 0 (no regression), 1 (a regression in a series' newest runs)."""
+    from tbench.core.storage import error_cause, store_errors
+    from tbench.history.analysis import EXIT_CODES, analyse
+    from tbench.history.site import default_target, publish_site
+
+    root = root or os.environ.get("TBENCH_ARTIFACT_ROOT", "runs")
+    with cli_errors(EXIT_FAILED):
+        try:
+            judged = analyse(root, model=model, gpu=gpu, min_effect=min_effect)
+            index = publish_site(judged, output or default_target(root))
+        except store_errors() as err:
+            raise StorageError(f"cannot read or write the history of {root}: {error_cause(err)}") from None
+    for finding in judged.findings:
+        if finding.recent:
+            console.print(finding.line(), markup=False, highlight=False)
+    typer.echo(f"{judged.verdict}: {len(judged.series)} series over {judged.runs} runs; site: {index}")
+    raise typer.Exit(EXIT_CODES[judged.verdict])

@@ -76,6 +76,8 @@ _MEASUREMENT = {
     "measurement_request_count": "Requests per window asked of perf_analyzer in the attempt that counted",
     "window_s": "How long one of the point's measurement windows lasted (its requests at the measured throughput)",
     "window_requests": "Requests per stable window: one more or less at a window's edge is the throughput's resolution",
+    "throughput_cv": "The point's own noise: the coefficient of variation of its throughput over the stable windows",
+    "latency_cv": "The coefficient of variation of its average latency over the stable windows",
     "delayed_pct": "Of a rate point, the requests perf_analyzer could not send on schedule, in %",
     "stability_percentage": "The stability rule: the largest spread allowed over the last 3 windows, in %",
     "max_trials": "Windows perf_analyzer may try before giving up on the point",

@@ -1,0 +1,42 @@
+"""After a run is stored: its model's history judged and the static site refreshed (tbench.history), a link to the site
+on the flow run's page, and, where the newest run made a series regress, a Prefect event that an automation can act
+on (`tbench.history.regressed`). A history that cannot be read or written is a warning, never the run's failure."""
+
+from __future__ import annotations
+
+from prefect import get_run_logger, task
+from prefect.artifacts import create_link_artifact
+from prefect.cache_policies import NO_CACHE
+from prefect.events import emit_event
+
+from tbench.history.analysis import analyse
+from tbench.history.site import default_target, publish_site
+
+HISTORY_LINK_KEY = "benchmark-history"
+REGRESSED_EVENT = "tbench.history.regressed"
+
+
+@task(name="history", cache_policy=NO_CACHE)
+def history_task(root_url: str, model: str, run_id: str) -> str | None:
+    logger = get_run_logger()
+    try:
+        judged = analyse(root_url, model=model)
+        index = publish_site(judged, default_target(root_url))
+    except Exception as err:  # the run is stored; its history is a view of it
+        logger.warning("the history of %s was not refreshed: %s", model, err)
+        return None
+    create_link_artifact(
+        index, link_text=f"History of {model}", key=HISTORY_LINK_KEY, description="Every series of the model, judged"
+    )
+    news = [f for f in judged.regressions if run_id in set(f.series.runs["run_id"].iloc[f.change.index :])]
+    news = [f for f in news if f.recent]
+    if news:
+        for finding in news:
+            logger.warning("regression: %s", finding.line())
+        emit_event(
+            event=REGRESSED_EVENT,
+            resource={"prefect.resource.id": f"tbench.model.{model}", "prefect.resource.name": model},
+            related=[{"prefect.resource.id": f"tbench.run.{run_id}", "prefect.resource.role": "run"}],
+            payload={"run_id": run_id, "site": index, "regressions": [f.line() for f in news]},
+        )
+    return index

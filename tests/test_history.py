@@ -1,0 +1,149 @@
+"""The history of stored runs (tbench.history): series built from the results dataset, step changes found and put down
+to what differed in the manifests, the static site and the CLI verdict. Runs are written as the store writes them
+(results into the Hive-partitioned dataset, a manifest per run folder), with a planted step: one model instance fewer
+from the tenth run on."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from tbench.core.metrics import RESULT_COLUMNS
+from tbench.history.analysis import analyse
+from tbench.history.attribute import differences
+from tbench.history.series import build_series, load_points
+from tbench.history.site import write_site
+from tbench.results.dataset import add_run_to_dataset
+
+TBENCH = str(Path(sys.executable).with_name("tbench"))
+RUNS, STEP_AT, DROP = 12, 9, 0.15
+CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
+
+
+def store_run(root: Path, night: int, throughput: float, instances: int, onnxruntime: str = "1.32.0") -> str:
+    started = dt.datetime(2026, 11, 1, 2, 0, tzinfo=dt.UTC) + dt.timedelta(days=night)
+    run_id = f"tiny-{started:%Y%m%d-%H%M%S}-{night:06x}"
+    run_dir = root / run_id
+    run_dir.mkdir(parents=True)
+    row = {c: np.nan for c in RESULT_COLUMNS}
+    row.update(
+        model="tiny", model_size="file", gpu="CPU", format="onnx", precision="fp32", scenario="online",
+        batch_size=1, concurrency=4, request_distribution=None, status="ok", throughput_infer_per_s=throughput,
+        p50_ms=4000 / throughput, p99_ms=6000 / throughput, throughput_cv=0.01, latency_cv=0.01,
+    )  # fmt: skip
+    pd.DataFrame([row]).to_parquet(run_dir / "results.parquet")
+    manifest = {
+        "run_id": run_id,
+        "status": "completed",
+        "started_at": started.isoformat(),
+        "finished_at": (started + dt.timedelta(minutes=5)).isoformat(),
+        "request": {"model": "tiny", "model_instances": instances, "max_batch_size": 8},
+        "hardware": {"hostname": "worker-1", "cpu_cores": 2, "gpus": []},
+        "environment": {"server": {"mode": "embedded", "version": "2.51.0"}, "tools": {"onnxruntime": onnxruntime}},
+    }
+    (run_dir / "manifest.json").write_text(json.dumps(manifest))
+    add_run_to_dataset(run_dir, str(root), run_id, "completed")
+    return run_id
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    root = tmp_path_factory.mktemp("artifacts")
+    rng = np.random.default_rng(3)
+    for night in range(RUNS):
+        level = 1000 * (1 - DROP) if night >= STEP_AT else 1000
+        store_run(root, night, level * (1 + rng.normal(0, 0.01)), 1 if night >= STEP_AT else 2)
+    return root
+
+
+def test_a_series_is_one_metric_of_one_point_over_the_runs_in_order(root):
+    points, manifests = load_points(str(root))
+    series = build_series(points)
+    assert len(manifests) == RUNS and [s.metric.label for s in series] == ["throughput", "p50 latency", "p99 latency"]
+    throughput = series[0]
+    assert throughput.point == "concurrency 4" and len(throughput.runs) == RUNS
+    assert throughput.runs["started_at"].is_monotonic_increasing and throughput.runs["noise"].eq(0.01).all()
+
+
+def test_the_planted_step_is_found_where_it_was_planted_and_put_down_to_the_instances(root):
+    history = analyse(str(root))
+    assert history.verdict == "regression"
+    found = {f.series.metric.label: f for f in history.findings if not f.candidate}
+    assert set(found) == {"throughput", "p50 latency", "p99 latency"}  # nothing else: the runs before are flat
+    assert all(f.change.index == STEP_AT and f.regression and f.recent for f in found.values())
+    assert found["throughput"].change.relative == pytest.approx(-DROP, abs=0.03)
+    (cause,) = found["throughput"].differences
+    assert cause.line() == "model instances: 2 → 1" and cause.at_change
+
+
+def test_differences_list_what_the_runs_after_agree_on_and_the_runs_before_never_had():
+    def manifest(ort, host):
+        return {"environment": {"tools": {"onnxruntime": ort}}, "hardware": {"hostname": host}}
+
+    before = [manifest("1.32.0", "a"), manifest("1.32.0", "b")]
+    after = [manifest("1.33.0", "a"), manifest("1.33.0", "b")]
+    assert [d.line() for d in differences(before, after)] == ["tool versions: onnxruntime: 1.32.0 → 1.33.0"]
+
+
+def test_the_site_has_an_index_model_pages_with_plots_and_the_regressions(root, tmp_path):
+    history = analyse(str(root))
+    index = write_site(history, tmp_path / "site")
+    text = index.read_text()
+    assert "regression" in text and "tiny file · onnx fp32 · CPU · online concurrency 4 · throughput" in text
+    model_page = (tmp_path / "site" / "model-tiny.html").read_text()
+    assert model_page.count("<img") == 3 and len(list((tmp_path / "site" / "plots").glob("*.png"))) == 3
+    assert "model instances: 2 → 1" in (tmp_path / "site" / "regressions.html").read_text()
+    assert (root / history.series[0].runs["run_id"].iloc[0]).as_uri() in model_page  # each run links to its folder
+
+
+def test_the_cli_exits_1_on_a_regression_and_0_on_a_flat_history(root, tmp_path):
+    done = subprocess.run(
+        [TBENCH, "history", str(root), "--output", str(tmp_path / "site")], capture_output=True, text=True
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert done.stdout.startswith("regression: 3 series over 12 runs") and "model instances: 2 → 1" in done.stderr
+    flat = tmp_path / "flat"
+    for night in range(8):
+        store_run(flat, night, 1000 * (1 + 0.01 * np.sin(night)), 2)
+    done = subprocess.run([TBENCH, "history", str(flat)], capture_output=True, text=True)
+    assert done.returncode == 0 and done.stdout.startswith("no regression"), done.stdout + done.stderr
+    assert (flat / "history" / "index.html").is_file()
+
+
+@pytest.mark.skipif(
+    not (CHROMIUM.exists() and CHROMEDRIVER.exists()),
+    reason="Debian's chromium and chromium-driver are not installed (scripts/test.sh installs them as root)",
+)
+def test_the_site_reads_in_a_real_browser(root, tmp_path):
+    from selenium import webdriver
+    from selenium.webdriver.chrome.options import Options
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.common.by import By
+
+    index = write_site(analyse(str(root)), tmp_path / "site")
+    options = Options()
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1400,2000"):
+        options.add_argument(arg)
+    options.binary_location = str(CHROMIUM)
+    browser = webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=options)
+    try:
+        browser.get(index.as_uri())
+        assert "Verdict: regression" in browser.find_element(By.TAG_NAME, "body").text
+        browser.find_element(By.LINK_TEXT, "Regressions").click()
+        assert "model instances: 2 → 1" in browser.find_element(By.TAG_NAME, "body").text
+        browser.get(index.as_uri())
+        browser.find_element(By.PARTIAL_LINK_TEXT, "throughput").click()
+        images = browser.find_elements(By.TAG_NAME, "img")
+        # every plot loaded (a broken image has no natural width)
+        assert len(images) == 3 and all(
+            browser.execute_script("return arguments[0].naturalWidth", i) > 0 for i in images
+        )
+    finally:
+        browser.quit()

@@ -1,0 +1,120 @@
+"""tbench.history.detect: step changes in a series of nightly values (seeded simulated series; no server)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tbench.history.detect import Change, detect_changes, judge_latest, series_noise
+
+SEEDS = range(5)
+
+
+def noisy(n: int, cv: float, seed: int, level: float = 1000.0) -> np.ndarray:
+    return level * (1 + np.random.default_rng(seed).normal(0.0, cv, n))
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("step", [0.10, -0.10])
+def test_a_clean_step_is_found_where_it_is_with_its_sign(seed, step):
+    values = noisy(30, 0.02, seed)
+    values[18:] *= 1 + step
+    changes = detect_changes(values, [0.02] * 30)
+    assert len(changes) == 1
+    c = changes[0]
+    assert isinstance(c, Change) and c.confirmed
+    assert c.index == 18 and np.sign(c.relative) == np.sign(step)
+    assert c.relative == pytest.approx(step, abs=0.02) and c.p_value <= 0.001
+    assert c.before == pytest.approx(values[:18].mean()) and c.after == pytest.approx(values[18:].mean())
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("where", [0, 12, 29])
+def test_a_single_outlier_is_not_a_change(seed, where):
+    values = noisy(30, 0.02, seed)
+    values[where] *= 1.4
+    assert detect_changes(values, 0.02) == []
+    values[where] /= 1.4 * 1.4  # and the other way
+    assert detect_changes(values, 0.02) == []
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_a_flat_noisy_series_gives_nothing(seed):
+    values = noisy(40, 0.04, seed)
+    assert detect_changes(values, np.full(40, 0.04)) == []
+    assert detect_changes(values) == []  # no noise known: the series' own spread alone
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_two_steps_are_both_found(seed):
+    values = noisy(40, 0.02, seed)
+    values[12:] *= 0.85  # a regression
+    values[27:] *= 1.20  # then a recovery past where it was
+    changes = detect_changes(values, 0.02)
+    assert [c.index for c in changes] == [12, 27]
+    assert changes[0].relative < 0 < changes[1].relative
+    assert changes[0].after == pytest.approx(changes[1].before)  # segments run change to change
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_the_points_own_noise_widens_the_threshold(seed):
+    values = noisy(30, 0.01, seed)
+    values[15:] *= 1.06
+    quiet = detect_changes(values, np.full(30, 0.01))
+    assert [c.index for c in quiet] == [15] and quiet[0].relative == pytest.approx(0.06, abs=0.01)
+    assert detect_changes(values, np.full(30, 0.10)) == []  # runs whose windows scatter by 10% cannot show 6%
+
+
+def test_the_minimum_effect_is_a_floor():
+    values = noisy(40, 0.005, 1)
+    values[20:] *= 1.03  # clearly significant in 0.5% noise, but under 5%
+    assert detect_changes(values, 0.005) == []
+    assert [c.index for c in detect_changes(values, 0.005, min_effect=0.02)] == [20]
+
+
+def test_nan_values_are_skipped_and_indexes_count_them():
+    values = noisy(30, 0.02, 3)
+    values[18:] *= 0.9
+    values[[4, 17]] = np.nan
+    noise = np.full(30, 0.02)
+    noise[7] = np.nan  # unknown noise for one point
+    changes = detect_changes(values, noise)
+    assert [c.index for c in changes] == [18] and changes[0].relative < 0
+
+
+def test_short_series_and_noise_free_series():
+    assert detect_changes([]) == [] and detect_changes([1.0, 2.0, 3.0]) == []
+    flat = np.full(20, 5.0)
+    assert detect_changes(flat) == [] and judge_latest(flat) is None
+    stepped = np.r_[np.full(10, 5.0), np.full(10, 6.0)]
+    (c,) = detect_changes(stepped)
+    assert c.index == 10 and c.relative == pytest.approx(0.2)
+    assert series_noise(np.array([1.0, 1.0])) == 0.0
+
+
+def test_judge_latest_flat_series_and_unknown_newest_value():
+    values = noisy(25, 0.03, 4)
+    assert judge_latest(values, 0.03) is None
+    assert judge_latest(np.r_[values, np.nan], 0.03) is None
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_judge_latest_a_single_newest_run_is_a_candidate_only_far_outside(seed):
+    history = noisy(20, 0.02, seed)
+    assert judge_latest(np.r_[history, 1000 * 1.06], 0.02) is None  # 3 sigma: could be a noisy night
+    far = judge_latest(np.r_[history, 1000 * 0.70], 0.02)  # 15 sigma
+    assert far is not None and not far.confirmed and far.index == 20 and far.relative < -0.2
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_judge_latest_confirms_a_step_once(seed):
+    values = noisy(30, 0.02, seed)
+    values[20:] *= 0.88
+    verdicts = {t: judge_latest(values[:t], 0.02) for t in range(12, 31)}
+    assert all(v is None for t, v in verdicts.items() if t <= 20)  # nothing before the step
+    flagged = {t: v for t, v in verdicts.items() if v is not None}
+    confirmed = [t for t, v in flagged.items() if v.confirmed]
+    assert len(confirmed) == 1 and confirmed[0] <= 23  # by the third run after it, and reported once
+    for v in flagged.values():
+        assert abs(v.index - 20) <= 1 and v.relative < 0
+    assert [c.index for c in detect_changes(values, 0.02)] == [20]
