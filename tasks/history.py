@@ -9,11 +9,11 @@ from prefect.artifacts import create_link_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.events import emit_event
 
+from tbench.alerts import REGRESSED_EVENT
 from tbench.history.analysis import analyse
 from tbench.history.site import default_target, publish_site
 
 HISTORY_LINK_KEY = "benchmark-history"
-REGRESSED_EVENT = "tbench.history.regressed"
 
 
 @task(name="history", cache_policy=NO_CACHE)
@@ -28,15 +28,20 @@ def history_task(root_url: str, model: str, run_id: str) -> str | None:
     create_link_artifact(
         index, link_text=f"History of {model}", key=HISTORY_LINK_KEY, description="Every series of the model, judged"
     )
-    news = [f for f in judged.regressions if run_id in set(f.series.runs["run_id"].iloc[f.change.index :])]
-    news = [f for f in news if f.recent]
+    news = judged.news(run_id)
+    for finding in news:
+        logger.warning("regression: %s", finding.line())
     if news:
-        for finding in news:
-            logger.warning("regression: %s", finding.line())
-        emit_event(
-            event=REGRESSED_EVENT,
-            resource={"prefect.resource.id": f"tbench.model.{model}", "prefect.resource.name": model},
-            related=[{"prefect.resource.id": f"tbench.run.{run_id}", "prefect.resource.role": "run"}],
-            payload={"run_id": run_id, "site": index, "regressions": [f.line() for f in news]},
-        )
+        emit_regressed(model, run_id, index, [f.line() for f in news])
     return index
+
+
+def emit_regressed(model: str, run_id: str, site: str, lines: list[str]) -> None:
+    """The event an automation acts on (tbench.alerts): the model as its resource, the run related, the lines in its
+    payload."""
+    emit_event(
+        event=REGRESSED_EVENT,
+        resource={"prefect.resource.id": f"tbench.model.{model}", "prefect.resource.name": model},
+        related=[{"prefect.resource.id": f"tbench.run.{run_id}", "prefect.resource.role": "run"}],
+        payload={"run_id": run_id, "site": site, "regressions": lines},
+    )

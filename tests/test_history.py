@@ -147,3 +147,10 @@ def test_the_site_reads_in_a_real_browser(root, tmp_path):
         )
     finally:
         browser.quit()
+
+
+def test_a_run_is_news_when_it_is_in_a_confirmed_regression_among_the_newest_runs(root):
+    history = analyse(str(root))
+    run_ids = list(history.series[0].runs["run_id"])
+    assert {f.series.metric.label for f in history.news(run_ids[-1])} == {"throughput", "p50 latency", "p99 latency"}
+    assert history.news(run_ids[STEP_AT - 1]) == []  # a run before the step

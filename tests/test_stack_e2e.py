@@ -100,6 +100,52 @@ def test_a_model_file_from_a_laptop_is_handed_to_the_pool_and_benchmarked(stack,
     assert any(p.endswith("models/onnx/weights.bin") for p in stored["present"])  # the weights travelled on
 
 
+def test_a_regression_event_reaches_the_teams_webhook_through_the_automation(stack):
+    """tbench.alerts on the stack's server (a webhook block and an automation), the event the history stage emits,
+    and a local HTTP receiver standing in for the team's chat."""
+    import http.server
+    import threading
+
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from tasks.history import emit_regressed
+
+    received = []
+
+    class Receiver(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802 - the stdlib's name
+            received.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    receiver = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Receiver)
+    threading.Thread(target=receiver.serve_forever, daemon=True).start()
+    try:
+        stack.alert_webhook = f"http://127.0.0.1:{receiver.server_address[1]}/hook"
+        stack.install_alert()
+        stack.install_alert()  # set-up run twice keeps one automation
+        line = (
+            "tiny file · onnx fp32 · CPU · online concurrency 4 · throughput: regression -13.7%; model instances: 2 → 1"
+        )
+        with temporary_settings({PREFECT_API_URL: stack.api_url}):
+            from prefect.automations import Automation
+
+            assert Automation.read(name="tbench: a series regressed").actions[0].type == "send-notification"
+            emit_regressed("tiny", "tiny-run-1", "s3://tbench/runs/history/index.html", [line])
+        deadline = time.monotonic() + 60
+        while not received and time.monotonic() < deadline:
+            time.sleep(0.5)
+    finally:
+        receiver.shutdown()
+    assert received, "the automation did not post to the webhook within 60 s"
+    (message,) = received
+    assert message["subject"] == "tbench: tiny regressed in run tiny-run-1"
+    assert line in message["text"] and "s3://tbench/runs/history/index.html" in message["text"]
+
+
 def test_the_deployment_form_shows_our_fields_with_their_descriptions(stack):
     from prefect.client.orchestration import get_client
     from prefect.settings import PREFECT_API_URL, temporary_settings

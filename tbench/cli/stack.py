@@ -36,6 +36,12 @@ def stack_up(
         "gets the password: stack.json and what is printed show the URL with ***.",
     ),
     port: int = typer.Option(4200, help="The Prefect server's port (its UI too)."),
+    alert_webhook: str | None = typer.Option(
+        None,
+        envvar="TBENCH_ALERT_WEBHOOK",
+        help="Post to this URL when a stored run makes a series regress (a Prefect automation on the "
+        "tbench.history.regressed event, with a webhook block).",
+    ),
     pools: str | None = typer.Option(
         None,
         help="Only these pools and their deployments, comma-separated; the cpu pool, which the stack's worker "
@@ -50,7 +56,9 @@ def stack_up(
     with cli_errors(EXIT_BAD_OPTIONS):
         if error := unknown_pools(list(selected)):
             raise ConfigError(error)
-    s = stack.Stack(root=_stack_dir(folder), database_url=database_url, api_port=port, pools=selected)
+    s = stack.Stack(
+        root=_stack_dir(folder), database_url=database_url, api_port=port, pools=selected, alert_webhook=alert_webhook
+    )
     with cli_errors(EXIT_FAILED):
         try:
             s.up()

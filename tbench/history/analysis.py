@@ -51,6 +51,17 @@ class History:
     def regressions(self) -> list[Finding]:
         return [f for f in self.findings if f.regression]
 
+    def news(self, run_id: str) -> list[Finding]:
+        """The confirmed regressions `run_id` is part of, among a series' newest runs: what to tell people about."""
+        return [
+            f
+            for f in self.findings
+            if f.regression
+            and f.recent
+            and not f.candidate
+            and run_id in set(f.series.runs["run_id"][f.change.index :])
+        ]
+
     @property
     def verdict(self) -> str:
         """A confirmed regression in some series' newest runs; a candidate (the newest run alone, which cannot tell a
