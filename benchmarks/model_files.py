@@ -1,5 +1,5 @@
 """Model files as other teams hand them over, each run as a new user would: `tbench run --model-file FILE` with the
-options a user would know to give (a TorchScript file's --shape, their own samples), nothing else but short windows.
+options a user would know to give (a TorchScript file's --shape, their own samples), nothing else.
 
 The set is built here by real exporters: torch.onnx (a vision net with and without a batch axis, 1-D tensors, FP16,
 external data, a module for one sample), TorchScript, and, where importable, scikit-learn through skl2onnx and Hugging
@@ -11,7 +11,7 @@ Each case ends as: completed (every point stable, or the points that were not na
 it must name a fix), or failed (anything else: the goal is none). Then the online curve of one model without a batch
 axis beside the same model exported with one, on the same server kind and settings.
 
-Usage: PYTHONPATH=DIR .venv/bin/python benchmarks/model_files.py [--plan TEXT] [--window-s 0.5]
+Usage: PYTHONPATH=DIR .venv/bin/python benchmarks/model_files.py [--plan TEXT] [--window-s S]
 Writes benchmarks/results/model_files.json with its provenance (benchmarks/provenance.py).
 """
 
@@ -244,10 +244,11 @@ def last_line(text: str) -> str:
     return lines[-1].removeprefix("error: ") if lines else ""
 
 
-def run_case(path: Path, options: list[str], out: Path, window_s: float, extra: list[str] | None = None) -> dict:
+def run_case(path: Path, options: list[str], out: Path, window_s: float | None, extra: list[str] | None = None) -> dict:
     started = time.monotonic()
+    windows = ["--window-s", str(window_s)] if window_s else []
     code, stdout, stderr = tbench(
-        ["run", "--model-file", str(path), *options, "--output", str(out), "--window-s", str(window_s), *(extra or [])],
+        ["run", "--model-file", str(path), *options, "--output", str(out), *windows, *(extra or [])],
         timeout_s=900,
     )
     entry: dict = {"exit": code, "seconds": round(time.monotonic() - started, 1)}
@@ -281,7 +282,7 @@ def run_case(path: Path, options: list[str], out: Path, window_s: float, extra: 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--plan", default="", help="only the cases whose name holds this text (all by default)")
-    parser.add_argument("--window-s", type=float, default=0.5)
+    parser.add_argument("--window-s", type=float, default=None, help="the profile's own windows by default")
     args = parser.parse_args()
     with recorded(RESULTS / "model_files.json", ["model files set"]) as record:
         work = Path(tempfile.mkdtemp(prefix="tbench-model-files-"))
