@@ -68,7 +68,9 @@ def plot(series: Series, path: Path) -> None:
             ax.axvline(change.index - 0.5, color="#b00020", ls="--", lw=1)
             ax.annotate(f"{change.relative:+.1%}", (change.index - 0.5, ax.get_ylim()[1]), color="#b00020", fontsize=8)
         start = end
-    ax.set_xticks(x, [t.strftime("%m-%d %H:%M") for t in runs["started_at"]], rotation=45, ha="right", fontsize=7)
+    ticks = x[:: max(1, len(x) // 12)]  # a dozen dates at most: a label per run of a long history costs seconds
+    labels = [runs["started_at"].iloc[i].strftime("%m-%d %H:%M") for i in ticks]
+    ax.set_xticks(ticks, labels, rotation=45, ha="right", fontsize=7)
     ax.set_ylabel(f"{series.metric.label} ({series.metric.unit})", fontsize=8)
     ax.grid(alpha=0.3)
     fig.tight_layout()
