@@ -12,10 +12,7 @@ REGRESSED_EVENT = "tbench.history.regressed"
 WEBHOOK_BLOCK = "tbench-regression-webhook"
 AUTOMATION = "tbench: a series regressed"
 SUBJECT = "tbench: {{ event.resource['prefect.resource.name'] }} regressed in run {{ event.payload.run_id }}"
-BODY = (
-    "{% for line in event.payload.regressions %}{{ line }}\n{% endfor %}"
-    "History: {{ event.payload.site }}"
-)
+BODY = "{% for line in event.payload.regressions %}{{ line }}\n{% endfor %}History: {{ event.payload.site }}"
 
 
 def install_regression_alert(webhook_url: str) -> str:
