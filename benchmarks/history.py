@@ -40,7 +40,7 @@ def real_history(record, runs: int, change_at: int, plan: str) -> None:
     model = build_tiny_image_onnx(work / "tiny.onnx") if plan == "tiny" else Path(plan).resolve()
     root = work / "artifacts"
     tbench = str(Path(sys.executable).with_name("tbench"))
-    walls = []
+    walls, run_ids = [], []
     for i in range(runs):
         pinned = i >= change_at
         argv = (["taskset", "-c", "0"] if pinned else []) + [tbench, "run", "--model-file", str(model), *GRID]
@@ -50,6 +50,7 @@ def real_history(record, runs: int, change_at: int, plan: str) -> None:
         print(f"run {i + 1}/{runs}{' pinned to cpu 0' if pinned else ''}: exit {done.returncode}", flush=True)
         if done.returncode not in (0, 3):
             raise SystemExit(f"run {i + 1} failed: {done.stderr.strip().splitlines()[-1:]}")
+        run_ids.append(Path(done.stdout.strip().splitlines()[-1]).name)
     started = time.monotonic()
     history = analyse(str(root))
     judged_s = time.monotonic() - started
@@ -57,10 +58,12 @@ def real_history(record, runs: int, change_at: int, plan: str) -> None:
     for f in history.findings:
         if f.candidate:
             continue
-        entry = {"series": f.series.name, "index": f.change.index, "relative": round(f.change.relative, 4)}
+        # by run, not by position: a series misses the runs whose point was not stable
+        at_run = run_ids.index(f.run_after) + 1
+        entry = {"series": f.series.name, "at_run": at_run, "relative": round(f.change.relative, 4)}
         entry["differences"] = [d.line() for d in f.differences]
-        (moved if f.change.index == change_at else flagged_before).append(entry)
-        if f.change.index == change_at and "CPUs the worker may use: 2 → 1" in entry["differences"]:
+        (moved if at_run == change_at + 1 else flagged_before).append(entry)
+        if at_run == change_at + 1 and "CPUs the worker may use: 2 → 1" in entry["differences"]:
             right.append(f.series.name)
     record["real"] = {
         "runs": runs,
