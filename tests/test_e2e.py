@@ -400,7 +400,7 @@ def test_python_runtime_serves_multi_io_integer_and_variable_length_requests(tmp
     artifact = ModelArtifact(
         format=Format.ONNX, precision=Precision.FP32, path=str(path), io_spec=spec, source_hash="x", seconds=0
     )
-    write_repository(tmp_path / "repo", ServingConfig("embed", 8, [8], 2_000_000, 1), artifact)
+    write_repository(tmp_path / "repo", ServingConfig("embed", 8, [8], 5_000_000, 1), artifact)
     rng = np.random.default_rng(0)
     requests = [
         (rng.integers(0, 50, (rows, n)), np.full((rows, 1), 0.5 * (i + 1), np.float32))
@@ -421,7 +421,7 @@ def test_python_runtime_serves_multi_io_integer_and_variable_length_requests(tmp
             inputs[1].set_data_from_numpy(scale)
             prepared.append(inputs)
         results = {}
-        for i, inputs in enumerate(prepared):  # the 2 s queue delay gathers them, even on a machine busy elsewhere
+        for i, inputs in enumerate(prepared):  # the 5 s queue delay gathers them, even on a machine busy elsewhere
             client.async_infer(
                 "embed", inputs, callback=lambda result, error, i=i: results.__setitem__(i, (result, error))
             )
