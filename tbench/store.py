@@ -9,7 +9,6 @@ partitioned results dataset (`tasks.results_dataset`).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import uuid
@@ -18,7 +17,7 @@ from pathlib import Path
 from fsspec.implementations.local import LocalFileSystem
 
 from tbench.core.errors import StorageError
-from tbench.core.storage import url_to_fs
+from tbench.core.storage import file_sha256, url_to_fs
 from tbench.results.dataset import add_run_to_dataset
 
 MANIFEST = "manifest.json"
@@ -43,12 +42,8 @@ def run_url(root_url: str, run_id: str) -> str:
 def file_entries(run_dir: Path) -> list[dict]:
     entries = []
     for path in sorted(p for p in run_dir.rglob("*") if p.is_file() and p.name != MANIFEST):
-        digest = hashlib.sha256()
-        with open(path, "rb") as f:
-            for chunk in iter(lambda: f.read(1 << 20), b""):
-                digest.update(chunk)
         entries.append(
-            {"path": path.relative_to(run_dir).as_posix(), "bytes": path.stat().st_size, "sha256": digest.hexdigest()}
+            {"path": path.relative_to(run_dir).as_posix(), "bytes": path.stat().st_size, "sha256": file_sha256(path)}
         )
     return entries
 

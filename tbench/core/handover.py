@@ -20,7 +20,7 @@ import shutil
 from pathlib import Path
 
 from tbench.core.errors import ConfigError, StorageError
-from tbench.core.storage import error_cause, is_remote, join, store_errors, url_to_fs
+from tbench.core.storage import error_cause, file_sha256, is_remote, join, store_errors, url_to_fs
 
 INPUTS_DIR = "inputs"
 MANIFEST = "handover.json"
@@ -30,14 +30,6 @@ CACHE_ENV = "TBENCH_INPUTS_CACHE"  # where a worker keeps fetched uploads (~/.ca
 
 def cache_root() -> Path:
     return Path(os.environ.get(CACHE_ENV, Path.home() / ".cache" / "tbench" / INPUTS_DIR))
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def handed_files(path: Path) -> dict[str, Path]:
@@ -68,7 +60,7 @@ def upload(path: str | Path, root: str) -> str:
     returns the URL a worker fetches it by."""
     path = Path(path)
     files = handed_files(path)
-    sums = {name: _sha256(f) for name, f in files.items()}
+    sums = {name: file_sha256(f) for name, f in files.items()}
     digest = digest_of(sums)
     entry = path.resolve().name
     target = join(root, INPUTS_DIR, digest)
@@ -110,7 +102,7 @@ def fetch(url: str) -> Path:
             target = partial / name
             target.parent.mkdir(parents=True, exist_ok=True)
             fs.get_file(f"{base}/{name}", str(target))
-            if _sha256(target) != expected:
+            if file_sha256(target) != expected:
                 raise ConfigError(f"{url}: {name} does not have the content it was uploaded with (sha256 differs)")
     except store_errors() as err:
         raise StorageError(f"cannot fetch {url}: {error_cause(err)}") from None

@@ -10,6 +10,7 @@ Credentials are never part of a URL, a log line or a manifest:
 
 from __future__ import annotations
 
+import hashlib
 import os
 from functools import lru_cache
 
@@ -33,6 +34,16 @@ def _block_options(name: str) -> tuple[tuple[str, object], ...]:
     if not isinstance(value, dict):
         raise StorageError(f"the storage credentials block {name!r} must hold a JSON object of fsspec options")
     return tuple(sorted(value.items()))
+
+
+def file_sha256(path) -> str:
+    """The sha256 (hex) of a file's bytes, read in 1 MiB chunks: what the manifest, the point cache and the handover
+    record of a file."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 def is_remote(url: str | None) -> bool:

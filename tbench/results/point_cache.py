@@ -22,6 +22,7 @@ import uuid
 from pathlib import Path
 
 from tbench.core.layout import perf_log_for
+from tbench.core.storage import file_sha256
 
 CACHE_ENV = "TBENCH_POINT_CACHE_DIR"
 
@@ -59,11 +60,7 @@ def tool_versions() -> dict[str, str]:
 def file_digest(path: Path | None) -> str | None:
     if path is None or not Path(path).is_file():
         return None
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+    return file_sha256(path)
 
 
 class PointCache:
