@@ -46,6 +46,7 @@ configure_prefect_env()
 # (scripts/test.sh runs pytest-xdist) finish together; every other module follows in its usual order.
 SLOWEST_FIRST = (
     "test_stack_e2e",
+    "test_stack_schedules",
     "test_e2e",
     "test_faults",
     "test_stack_capacity",

@@ -38,6 +38,18 @@ def test_a_single_outlier_is_not_a_change(seed, where):
     assert detect_changes(values, 0.02) == []
 
 
+def test_a_step_with_two_runs_after_it_is_not_confirmed_one_run_early():
+    """Seen on the stack: five nights at 400/s, then the queue delay raised and two nights at 112/s. The third value
+    from the end must not be dropped as an outlier of the two after it to make a segment of three."""
+    before, after = [400.1, 399.4, 401.0, 400.3, 399.8], [112.7, 112.4]
+    cv = [0.01] * 7
+    assert detect_changes(before + after, cv) == []
+    (change,) = detect_changes([*before, *after, 112.5], [*cv, 0.01])
+    assert change.index == 5 and change.relative == pytest.approx(-0.72, abs=0.01)
+    latest = judge_latest(before + after, cv)
+    assert latest is not None and not latest.confirmed and latest.index == 5  # shown as a candidate, not gated
+
+
 @pytest.mark.parametrize("seed", range(20))
 def test_a_flat_noisy_series_gives_nothing(seed):
     values = noisy(40, 0.04, seed)

@@ -28,7 +28,9 @@ The rule
    (pooled variance, as Hunter's TTestSignificanceTester; the variance is floored by the noise of step 1, so a
    segment that happens to be quiet, or runs whose own windows were noisy, cannot make a small shift look
    significant; a value more than `outlier_z` (5) robust sigmas from its segment's median is left out of that
-   segment's mean and variance, so one wild night neither hides a step nor makes one). The weakest candidate
+   segment's mean and variance, so one wild night neither hides a step nor makes one; but a change needs
+   `min_size` values on each side that are not outliers, else a step one run before the true one would pass, its
+   first run dropped as an outlier of the two after it). The weakest candidate
    (largest p, then smallest effect) that fails is dropped, its neighbours are re-tested over the merged segments,
    until every change left has
    - p <= `alpha` (0.001, Hunter's default), and
@@ -156,13 +158,14 @@ class _Test:
     p_value: float
     threshold: float
     alpha: float = ALPHA
+    supported: bool = True  # at least min_size values on each side are not outliers of their segment
 
     @property
     def significant(self) -> bool:
         return self.p_value <= self.alpha
 
     def passes(self) -> bool:
-        return self.significant and abs(self.relative) >= self.threshold
+        return self.supported and self.significant and abs(self.relative) >= self.threshold
 
 
 def _inliers(p: _Prepared, seg: np.ndarray, opts: dict) -> np.ndarray:
@@ -185,7 +188,8 @@ def _test(p: _Prepared, lo: int, idx: int, hi: int, opts: dict) -> _Test:
     t = (m2 - m1) / math.sqrt(var * (1 / n1 + 1 / n2))
     relative = (m2 - m1) / m1 if m1 else math.copysign(math.inf, m2 - m1)
     threshold = _threshold(p, lo, hi, m1, opts["min_effect"], opts["noise_factor"])
-    return _Test(idx, m1, m2, relative, _p_value(t, df), threshold, opts["alpha"])
+    supported = min(n1, n2) >= opts["min_size"]
+    return _Test(idx, m1, m2, relative, _p_value(t, df), threshold, opts["alpha"], supported)
 
 
 def _candidates(p: _Prepared, opts: dict) -> list[int]:
@@ -208,7 +212,7 @@ def _merge(p: _Prepared, indexes: list[int], opts: dict) -> list[_Test]:
         failing = [t for t in tests if not t.passes()]
         if not failing:
             return tests
-        insignificant = [t for t in failing if not t.significant]
+        insignificant = [t for t in failing if not (t.significant and t.supported)]
         if insignificant:
             weakest = max(insignificant, key=lambda t: t.p_value)
         else:

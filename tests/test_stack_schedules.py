@@ -1,0 +1,216 @@
+"""Scheduled sweeps that watch themselves, on the local stack for real: the cpu pool's nightly deployment runs on a
+10 s schedule instead of at 02:00, each run is stored in S3 and judged against its history by the flow's history
+stage, and a change planted in the schedule's parameters half-way (the dynamic batcher's queue delay raised from
+2 ms to 8 ms, as a config change that slipped into a nightly would) is found at the run it started, put down to what
+differed, and posted to the team's webhook by the automation.
+
+Everything is the product's: the deployment and its schedule from deployments/prefect.yaml, the process worker, the
+embedded tritonserver and perf_analyzer, moto's S3 over HTTP, the automation and webhook block of tbench.alerts. The
+test only shortens the schedule, as a user would in the UI, and makes an overrunning night skip (CANCEL_NEW) rather
+than overlap the next one; the Prefect server's scheduler looks every 2 s instead of every 60 s."""
+
+from __future__ import annotations
+
+import datetime as dt
+import http.server
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from conftest import running_stack
+
+pytestmark = pytest.mark.e2e
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from tiny_model import build_tiny_image_onnx  # noqa: E402 - a fast model we did not write
+
+TBENCH = str(Path(sys.executable).with_name("tbench"))
+DEPLOYMENT = "triton-benchmark/benchmark-cpu"
+BEFORE, PLANTED = 2000, 8000  # queue delay (us) of the nights before the change and from it on
+NIGHTS_BEFORE, NIGHTS_AFTER = 4, 3  # the detector confirms a step with 3 runs after it (tbench.history.detect)
+
+
+class Receiver(http.server.ThreadingHTTPServer):
+    """The team's chat: a local HTTP endpoint that keeps what is posted to it."""
+
+    def __init__(self):
+        self.received: list[dict] = []
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self):  # noqa: N802 - the stdlib's name
+                outer.received.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+                self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        super().__init__(("127.0.0.1", 0), Handler)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}/hook"
+
+
+@pytest.fixture(scope="module")
+def receiver():
+    server = Receiver()
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield server
+    server.shutdown()
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory, receiver):
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS", "2")
+        yield from running_stack(tmp_path_factory.mktemp("stack"), pools=("cpu",), alert_webhook=receiver.url)
+
+
+def nightly_parameters(model: Path, queue_delay_us: int) -> dict:
+    """The nightly's request, made small: one online point whose latency the queue delay dominates."""
+    return {
+        "request": {
+            "model_file": str(model),
+            "scenarios": ["online"],
+            "concurrency": [1],
+            "max_queue_delay_us": queue_delay_us,
+            "measurement": {"window_s": 0.5},
+        }
+    }
+
+
+def runs_in(client, deployment_id, *state_types: str) -> list:
+    """The deployment's runs in these states (COMPLETED, RUNNING ...)."""
+    from prefect.client.schemas import filters
+
+    return client.read_flow_runs(
+        deployment_filter=filters.DeploymentFilter(id=filters.DeploymentFilterId(any_=[deployment_id])),
+        flow_run_filter=filters.FlowRunFilter(
+            state=filters.FlowRunFilterState(type=filters.FlowRunFilterStateType(any_=list(state_types)))
+        ),
+    )
+
+
+def wait_for_nights(client, deployment_id, queue_delay_us: int, count: int, timeout_s: float) -> list:
+    """The completed scheduled runs, in the order they started, once `count` of them asked for this queue delay."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        completed = runs_in(client, deployment_id, "COMPLETED")
+        nights = sorted((r for r in completed if r.auto_scheduled), key=lambda r: r.start_time)
+        if sum(r.parameters["request"]["max_queue_delay_us"] == queue_delay_us for r in nights) >= count:
+            return nights
+        time.sleep(2)
+    states = [r.state.name for r in client.read_flow_runs(limit=20)]
+    raise AssertionError(f"{count} nights at {queue_delay_us} us did not complete in {timeout_s:.0f} s: {states}")
+
+
+def wait_until_idle(client, deployment_id, timeout_s: float = 300) -> None:
+    """No run of the deployment is on its way (the stack goes down after this module)."""
+    deadline = time.monotonic() + timeout_s
+    while runs_in(client, deployment_id, "PENDING", "RUNNING") and time.monotonic() < deadline:
+        time.sleep(2)
+
+
+JUDGE = """
+import json, sys
+from tbench.history.analysis import analyse
+from tbench.history.series import load_points
+root = sys.argv[1]
+history = analyse(root, model="tiny")
+points, manifests = load_points(root, model="tiny")
+runs = points.sort_values("started_at")["run_id"].unique()
+delay = {run: manifests[run]["request"]["max_queue_delay_us"] for run in runs}
+print(json.dumps({
+    "runs": list(delay), "delay": delay,
+    "findings": [{"series": f.series.name, "after": f.run_after, "before": f.run_before, "candidate": f.candidate,
+                  "regression": f.regression, "relative": f.change.relative,
+                  "differences": [{"line": d.line(), "at_change": d.at_change} for d in f.differences]}
+                 for f in history.findings],
+}))
+"""
+
+
+def in_stack(stack, argv: list[str], timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        argv, env={**os.environ, **stack.client_env()}, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def test_a_change_planted_in_the_nightly_is_found_at_its_run_attributed_and_posted(stack, receiver, tmp_path):
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import DeploymentUpdate
+    from prefect.client.schemas.objects import ConcurrencyLimitStrategy, ConcurrencyOptions
+    from prefect.client.schemas.schedules import IntervalSchedule
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    model = build_tiny_image_onnx(tmp_path / "tiny.onnx")
+    with temporary_settings({PREFECT_API_URL: stack.api_url}), get_client(sync_client=True) as client:
+        deployment = client.read_deployment_by_name(DEPLOYMENT)
+        (nightly,) = deployment.schedules  # deployments/prefect.yaml's nightly, inactive as shipped
+        assert not nightly.active
+        client.update_deployment(
+            deployment.id,
+            DeploymentUpdate(
+                concurrency_limit=1,
+                concurrency_options=ConcurrencyOptions(collision_strategy=ConcurrencyLimitStrategy.CANCEL_NEW),
+            ),
+        )
+        every_10_s = IntervalSchedule(interval=dt.timedelta(seconds=10))
+        try:
+            client.update_deployment_schedule(
+                deployment.id,
+                nightly.id,
+                active=True,
+                schedule=every_10_s,
+                parameters=nightly_parameters(model, BEFORE),
+            )
+            wait_for_nights(client, deployment.id, BEFORE, NIGHTS_BEFORE, timeout_s=600)
+            # the planted change: the schedule's request now asks for a longer queue delay
+            client.update_deployment_schedule(deployment.id, nightly.id, parameters=nightly_parameters(model, PLANTED))
+            nights = wait_for_nights(client, deployment.id, PLANTED, NIGHTS_AFTER, timeout_s=600)
+        finally:
+            client.update_deployment_schedule(deployment.id, nightly.id, active=False)
+            wait_until_idle(client, deployment.id)
+        # every night linked its history site on its page
+        last = nights[-1]
+        links = [a for a in client.read_artifacts() if a.key == "benchmark-history" and a.flow_run_id == last.id]
+    assert links and f"{stack.artifact_root}/history/index.html" in links[0].data, links
+
+    judged = in_stack(stack, [sys.executable, "-c", JUDGE, stack.artifact_root])
+    assert judged.returncode == 0, judged.stderr[-3000:]
+    history = json.loads(judged.stdout)
+    delays = [history["delay"][run] for run in history["runs"]]
+    first_planted = history["runs"][delays.index(PLANTED)]
+    assert delays.count(BEFORE) >= NIGHTS_BEFORE and delays.count(PLANTED) >= NIGHTS_AFTER
+    assert delays == sorted(delays), "a night ran with the old request after the change"
+
+    confirmed = [f for f in history["findings"] if not f["candidate"]]
+    moved = {f["series"].rsplit(" · ", 1)[1] for f in confirmed}
+    assert {"throughput", "p50 latency"} <= moved, history["findings"]
+    for finding in confirmed:  # found at the run it started, nowhere else, and put down to the queue delay
+        assert finding["after"] == first_planted and finding["regression"], finding
+        assert {"line": f"queue delay (us): {BEFORE} → {PLANTED}", "at_change": True} in finding["differences"]
+
+    # the CLI's verdict for a CI job, from another process with the stack's environment only
+    cli = in_stack(stack, [TBENCH, "history", stack.artifact_root, "--model", "tiny", "--output", str(tmp_path / "s")])
+    printed = cli.stdout + cli.stderr
+    assert cli.returncode == 1 and "regression: 3 series over" in printed, printed
+    assert f"from run {first_planted} on" in printed and f"queue delay (us): {BEFORE} → {PLANTED}" in printed
+
+    # the night that confirmed the change told the team, through the automation and its webhook
+    deadline = time.monotonic() + 60
+    while not receiver.received and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert receiver.received, "no regression reached the webhook within 60 s"
+    for message in receiver.received:
+        run = message["subject"].removeprefix("tbench: tiny regressed in run ")
+        assert history["delay"][run] == PLANTED, message
+        assert f"queue delay (us): {BEFORE} → {PLANTED}" in message["text"]
+        assert f"{stack.artifact_root}/history/index.html" in message["text"]
