@@ -9,7 +9,7 @@ from prefect.artifacts import create_link_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.events import emit_event
 
-from tbench.alerts import REGRESSED_EVENT
+from tbench.history.alerts import REGRESSED_EVENT
 from tbench.history.analysis import analyse
 from tbench.history.site import default_target, publish_site
 
@@ -37,8 +37,8 @@ def history_task(root_url: str, model: str, run_id: str) -> str | None:
 
 
 def emit_regressed(model: str, run_id: str, site: str, lines: list[str]) -> None:
-    """The event an automation acts on (tbench.alerts): the model as its resource, the run related, the lines in its
-    payload."""
+    """The event an automation acts on (tbench.history.alerts): the model as its resource, the run related, the lines
+    in its payload."""
     emit_event(
         event=REGRESSED_EVENT,
         resource={"prefect.resource.id": f"tbench.model.{model}", "prefect.resource.name": model},

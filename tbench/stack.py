@@ -180,7 +180,7 @@ class Stack:
     worker: subprocess.Popen | None = None
     pools: tuple[str, ...] = ()  # all pools by default (tbench.pools.POOLS); only the cpu pool gets a worker
     cpu_pool_type: str = "process"  # or "docker": the cpu pool's runs go into containers (infra/pools/docker.json)
-    alert_webhook: str | None = None  # where a regression is posted (tbench.alerts); none by default
+    alert_webhook: str | None = None  # where a regression is posted (tbench.history.alerts); none by default
 
     @property
     def api_url(self) -> str:
@@ -283,10 +283,10 @@ class Stack:
             raise StackError(f"prefect deploy failed (log: {deployed.log_path}): {procs.tail(deployed.log_path, 5)}")
 
     def install_alert(self) -> str:
-        """The regression alert (tbench.alerts) on this stack's server: a webhook block and its automation."""
+        """The regression alert (tbench.history.alerts) on this stack's server: a webhook block and its automation."""
         from prefect.settings import PREFECT_API_URL, temporary_settings
 
-        from tbench.alerts import install_regression_alert
+        from tbench.history.alerts import install_regression_alert
 
         with temporary_settings({PREFECT_API_URL: self.api_url}):
             return install_regression_alert(self.alert_webhook)

@@ -110,8 +110,8 @@ EventsWorker.drain_all()
 
 
 def test_a_regression_event_reaches_the_teams_webhook_through_the_automation(stack):
-    """tbench.alerts on the stack's server (a webhook block and an automation), the event the history stage emits,
-    and a local HTTP receiver standing in for the team's chat."""
+    """tbench.history.alerts on the stack's server (a webhook block and an automation), the event the history stage
+    emits, and a local HTTP receiver standing in for the team's chat."""
     import http.server
     import threading
 

@@ -5,9 +5,9 @@ stage, and a change planted in the schedule's parameters half-way (the dynamic b
 differed, and posted to the team's webhook by the automation.
 
 Everything is the product's: the deployment and its schedule from deployments/prefect.yaml, the process worker, the
-embedded tritonserver and perf_analyzer, moto's S3 over HTTP, the automation and webhook block of tbench.alerts. The
-test only shortens the schedule, as a user would in the UI, and makes an overrunning night skip (CANCEL_NEW) rather
-than overlap the next one; the Prefect server's scheduler looks every 2 s instead of every 60 s."""
+embedded tritonserver and perf_analyzer, moto's S3 over HTTP, the automation and webhook block of
+tbench.history.alerts. The test only shortens the schedule, as a user would in the UI, and makes an overrunning night
+skip (CANCEL_NEW) rather than overlap the next one; the Prefect server's scheduler looks every 2 s instead of 60 s."""
 
 from __future__ import annotations
 
