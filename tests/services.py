@@ -1,4 +1,4 @@
-"""System services some end-to-end tests need: a Docker daemon and a PostgreSQL server.
+"""System services some end-to-end tests need: a Docker daemon, a PostgreSQL server, and a webhook receiver.
 
 Each is used when it already runs, started by the test session when it can be (as root, from Debian's packages that
 `scripts/test.sh` installs), stopped again at the end, and otherwise the tests that need it are skipped with the
@@ -7,12 +7,15 @@ reason and the fix."""
 from __future__ import annotations
 
 import glob
+import http.server
+import json
 import os
 import pwd
 import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -167,3 +170,44 @@ def postgres_server(user: str = "tbench", password: str = "s3cret-pw", database:
     finally:
         as_owner([pg_ctl, "-D", str(data), "-m", "fast", "-w", "stop"])
         shutil.rmtree(folder, ignore_errors=True)
+
+
+class WebhookReceiver(http.server.ThreadingHTTPServer):
+    """The team's chat: a local HTTP endpoint that keeps the JSON bodies posted to it (`received`)."""
+
+    def __init__(self):
+        self.received: list[dict] = []
+        received = self.received
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self):  # noqa: N802 - the stdlib's name
+                received.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+                self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        super().__init__(("127.0.0.1", 0), Handler)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}/hook"
+
+    def wait(self, timeout_s: float = 60) -> list[dict]:
+        """What was posted, once something was or the time is up."""
+        deadline = time.monotonic() + timeout_s
+        while not self.received and time.monotonic() < deadline:
+            time.sleep(0.5)
+        return self.received
+
+
+@contextmanager
+def webhook_receiver():
+    receiver = WebhookReceiver()
+    threading.Thread(target=receiver.serve_forever, daemon=True).start()
+    try:
+        yield receiver
+    finally:
+        receiver.shutdown()
+        receiver.server_close()

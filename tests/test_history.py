@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from browser import headless_chromium, needs_chromium
 
 from tbench.core.metrics import RESULT_COLUMNS
 from tbench.history.analysis import analyse
@@ -24,7 +25,6 @@ from tbench.results.dataset import add_run_to_dataset
 
 TBENCH = str(Path(sys.executable).with_name("tbench"))
 RUNS, STEP_AT, DROP = 12, 9, 0.15
-CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
 
 
 def store_run(root: Path, night: int, throughput: float, instances: int, onnxruntime: str = "1.32.0") -> str:
@@ -117,22 +117,12 @@ def test_the_cli_exits_1_on_a_regression_and_0_on_a_flat_history(root, tmp_path)
     assert (flat / "history" / "index.html").is_file()
 
 
-@pytest.mark.skipif(
-    not (CHROMIUM.exists() and CHROMEDRIVER.exists()),
-    reason="Debian's chromium and chromium-driver are not installed (scripts/test.sh installs them as root)",
-)
+@needs_chromium
 def test_the_site_reads_in_a_real_browser(root, tmp_path):
-    from selenium import webdriver
-    from selenium.webdriver.chrome.options import Options
-    from selenium.webdriver.chrome.service import Service
     from selenium.webdriver.common.by import By
 
     index = write_site(analyse(str(root)), tmp_path / "site")
-    options = Options()
-    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1400,2000"):
-        options.add_argument(arg)
-    options.binary_location = str(CHROMIUM)
-    browser = webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=options)
+    browser = headless_chromium()
     try:
         browser.get(index.as_uri())
         assert "Verdict: regression" in browser.find_element(By.TAG_NAME, "body").text

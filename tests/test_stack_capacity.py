@@ -14,8 +14,9 @@ import time
 import uuid
 
 import pytest
+from browser import headless_chromium, needs_chromium, open_until, page_text
 from conftest import running_stack
-from test_stack_e2e import CHROMEDRIVER, CHROMIUM, TBENCH, in_stack
+from test_stack_e2e import TBENCH, in_stack
 
 from tbench.stack import Stack
 
@@ -140,17 +141,11 @@ def test_capacity_from_the_cli_runs_on_the_cpu_pools_capacity_deployment(stack, 
     assert run.parameters["capacity"]["pool"] == "cpu" and run.parameters["capacity"]["pools"] == []
 
 
-@pytest.mark.skipif(
-    not (CHROMIUM.exists() and CHROMEDRIVER.exists()),
-    reason="Debian's chromium and chromium-driver are not installed (scripts/test.sh installs them as root)",
-)
+@needs_chromium
 def test_capacity_from_the_prefect_ui_form_runs_on_the_cpu_worker(stack, monkeypatch):
     from prefect.client.orchestration import get_client
     from prefect.settings import PREFECT_API_URL, temporary_settings
-    from selenium import webdriver
     from selenium.common.exceptions import TimeoutException
-    from selenium.webdriver.chrome.options import Options
-    from selenium.webdriver.chrome.service import Service
     from selenium.webdriver.common.by import By
     from selenium.webdriver.common.keys import Keys
     from selenium.webdriver.support.ui import WebDriverWait
@@ -160,25 +155,14 @@ def test_capacity_from_the_prefect_ui_form_runs_on_the_cpu_worker(stack, monkeyp
     for key, value in stack.client_env().items():  # S3 for fsspec in this process
         monkeypatch.setenv(key, value)
     stored_before = run_folders(stack)
-    options = Options()
-    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1400,2000"):
-        options.add_argument(arg)
-    options.binary_location = str(CHROMIUM)
-    options.set_capability("goog:loggingPrefs", {"performance": "ALL", "browser": "ALL"})  # for a failure's report
-    browser = webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=options)
+    browser = headless_chromium(logs=True)  # the console and the network log for a failure's report
     ui = stack.api_url.removesuffix("/api")
     try:
-
-        def page() -> str:
-            return browser.find_element(By.TAG_NAME, "body").text
-
         with temporary_settings({PREFECT_API_URL: stack.api_url}), get_client(sync_client=True) as client:
             deployment_id = client.read_deployment_by_name(DEPLOYMENT).id
-        browser.get(f"{ui}/deployments/deployment/{deployment_id}")  # the list pages its 22 deployments by 10
-        WebDriverWait(browser, 90).until(lambda _: "capacity-cpu" in page())
-        browser.get(f"{ui}/deployments/deployment/{deployment_id}/run")  # Run > Custom run
-        WebDriverWait(browser, 90).until(lambda _: "The latency SLO in ms" in page())
-        form = page()
+        deployment_page = f"{ui}/deployments/deployment/{deployment_id}"  # the list pages its 22 deployments by 10
+        open_until(browser, deployment_page, "capacity-cpu")
+        form = open_until(browser, f"{deployment_page}/run", "The latency SLO in ms")  # Run > Custom run
         for text in (
             "Slo Ms",
             "The latency SLO in ms, on the percentile (p99 by default).",
@@ -227,7 +211,7 @@ def test_capacity_from_the_prefect_ui_form_runs_on_the_cpu_worker(stack, monkeyp
                 )
                 break
             except TimeoutException:
-                print(f"no run 40 s after Submit; the page said: {page()[-300:]!r}")
+                print(f"no run 40 s after Submit; the page said: {page_text(browser)[-300:]!r}")
         [run_id] = WebDriverWait(browser, 30).until(lambda _: deployment_runs() - runs_before)
     except Exception:  # what the browser showed, for the failure's report
         browser.save_screenshot(str(stack.root / "ui-failure.png"))

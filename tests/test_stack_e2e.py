@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from browser import headless_chromium, needs_chromium, open_until
 
 from tbench.stack import Stack
 
@@ -112,26 +113,11 @@ EventsWorker.drain_all()
 def test_a_regression_event_reaches_the_teams_webhook_through_the_automation(stack):
     """tbench.history.alerts on the stack's server (a webhook block and an automation), the event the history stage
     emits, and a local HTTP receiver standing in for the team's chat."""
-    import http.server
-    import threading
-
     from prefect.settings import PREFECT_API_URL, temporary_settings
+    from services import webhook_receiver
 
-    received = []
-
-    class Receiver(http.server.BaseHTTPRequestHandler):
-        def do_POST(self):  # noqa: N802 - the stdlib's name
-            received.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
-            self.send_response(200)
-            self.end_headers()
-
-        def log_message(self, *args):
-            pass
-
-    receiver = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Receiver)
-    threading.Thread(target=receiver.serve_forever, daemon=True).start()
-    try:
-        stack.alert_webhook = f"http://127.0.0.1:{receiver.server_address[1]}/hook"
+    with webhook_receiver() as receiver:
+        stack.alert_webhook = receiver.url
         stack.install_alert()
         stack.install_alert()  # set-up run twice keeps one automation
         line = (
@@ -144,11 +130,7 @@ def test_a_regression_event_reaches_the_teams_webhook_through_the_automation(sta
         # from a process of its own, as a flow run emits it (this one's events client may serve another test's server)
         emitted = in_stack(stack, [sys.executable, "-c", EMIT, line], timeout=120)
         assert emitted.returncode == 0, emitted.stderr[-2000:]
-        deadline = time.monotonic() + 60
-        while not received and time.monotonic() < deadline:
-            time.sleep(0.5)
-    finally:
-        receiver.shutdown()
+        received = receiver.wait(60)
     assert received, "the automation did not post to the webhook within 60 s"
     (message,) = received
     assert message["subject"] == "tbench: tiny regressed in run tiny-run-1"
@@ -347,37 +329,17 @@ def test_a_matrix_child_past_its_limit_is_cancelled_on_its_worker(stack, monkeyp
             assert client.read_flow_run(child["flow_run"]).state.type.value == "CANCELLED"
 
 
-CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
-
-
-@pytest.mark.skipif(
-    not (CHROMIUM.exists() and CHROMEDRIVER.exists()),
-    reason="Debian's chromium and chromium-driver are not installed (scripts/test.sh installs them as root)",
-)
+@needs_chromium
 def test_the_prefect_ui_shows_the_deployment_form_with_our_fields(stack):
-    from selenium import webdriver
-    from selenium.webdriver.chrome.options import Options
-    from selenium.webdriver.chrome.service import Service
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import WebDriverWait
 
-    options = Options()
-    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1400,2000"):
-        options.add_argument(arg)
-    options.binary_location = str(CHROMIUM)
-    browser = webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=options)
+    browser = headless_chromium()
     ui = stack.api_url.removesuffix("/api")
     try:
-
-        def page() -> str:
-            return browser.find_element(By.TAG_NAME, "body").text
-
-        browser.get(f"{ui}/deployments")  # the deployments list, as a user opens it
-        WebDriverWait(browser, 90).until(lambda _: "benchmark-a100" in page())
+        open_until(browser, f"{ui}/deployments", "benchmark-a100")  # the deployments list, as a user opens it
         link = next(a for a in browser.find_elements(By.TAG_NAME, "a") if a.text.strip() == "benchmark-a100")
-        browser.get(link.get_attribute("href").rstrip("/") + "/run")  # its custom run form
-        WebDriverWait(browser, 90).until(lambda _: "Registered model adapter name" in page())
-        form = page()
+        run_form = link.get_attribute("href").rstrip("/") + "/run"  # its custom run form
+        form = open_until(browser, run_form, "Registered model adapter name")
         for text in (
             "Batch Sizes",
             "Offline scenario batch sizes (concurrency 1).",

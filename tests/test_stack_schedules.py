@@ -13,17 +13,16 @@ and keeps 3 runs ahead."""
 from __future__ import annotations
 
 import datetime as dt
-import http.server
 import json
 import os
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import pytest
 from conftest import running_stack
+from services import webhook_receiver
 
 pytestmark = pytest.mark.e2e
 
@@ -36,35 +35,10 @@ BEFORE, PLANTED = 2000, 8000  # queue delay (us) of the nights before the change
 NIGHTS_BEFORE, NIGHTS_AFTER = 4, 3  # the detector confirms a step with 3 runs after it (tbench.history.detect)
 
 
-class Receiver(http.server.ThreadingHTTPServer):
-    """The team's chat: a local HTTP endpoint that keeps what is posted to it."""
-
-    def __init__(self):
-        self.received: list[dict] = []
-        outer = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_POST(self):  # noqa: N802 - the stdlib's name
-                outer.received.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
-                self.send_response(200)
-                self.end_headers()
-
-            def log_message(self, *args):
-                pass
-
-        super().__init__(("127.0.0.1", 0), Handler)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}/hook"
-
-
 @pytest.fixture(scope="module")
 def receiver():
-    server = Receiver()
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield server
-    server.shutdown()
+    with webhook_receiver() as receiver:
+        yield receiver
 
 
 @pytest.fixture(scope="module")
@@ -223,11 +197,9 @@ def test_a_change_planted_in_the_nightly_is_found_at_its_run_attributed_and_post
     assert f"from run {first_planted} on" in printed and f"queue delay (us): {BEFORE} → {PLANTED}" in printed
 
     # the night that confirmed the change told the team, through the automation and its webhook
-    deadline = time.monotonic() + 60
-    while not receiver.received and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert receiver.received, "no regression reached the webhook within 60 s"
-    for message in receiver.received:
+    received = receiver.wait(60)
+    assert received, "no regression reached the webhook within 60 s"
+    for message in received:
         run = message["subject"].removeprefix("tbench: tiny regressed in run ")
         assert history["delay"][run] == PLANTED, message
         assert f"queue delay (us): {BEFORE} → {PLANTED}" in message["text"]

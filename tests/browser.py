@@ -1,0 +1,53 @@
+"""A real browser for the tests that look at pages as a user does: Debian's headless Chromium through selenium."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
+
+needs_chromium = pytest.mark.skipif(
+    not (CHROMIUM.exists() and CHROMEDRIVER.exists()),
+    reason="Debian's chromium and chromium-driver are not installed (scripts/test.sh installs them as root)",
+)
+
+
+def headless_chromium(logs: bool = False):
+    """A headless Chromium; with `logs`, it keeps the console and the network log for a failure's report."""
+    from selenium import webdriver
+    from selenium.webdriver.chrome.options import Options
+    from selenium.webdriver.chrome.service import Service
+
+    options = Options()
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1400,2000"):
+        options.add_argument(arg)
+    options.binary_location = str(CHROMIUM)
+    if logs:
+        options.set_capability("goog:loggingPrefs", {"performance": "ALL", "browser": "ALL"})
+    return webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=options)
+
+
+def page_text(browser) -> str:
+    from selenium.webdriver.common.by import By
+
+    return browser.find_element(By.TAG_NAME, "body").text
+
+
+def open_until(browser, url: str, text: str, wait_s: float = 60, tries: int = 3) -> str:
+    """Load `url` until `text` shows in the page, loading it again when it does not within `wait_s` (on a loaded
+    machine, the Prefect UI can stay on an empty page when one of its API calls timed out); the page's text."""
+    from selenium.common.exceptions import TimeoutException
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    for _ in range(tries):
+        browser.get(url)
+        try:
+            WebDriverWait(browser, wait_s).until(lambda b: text in page_text(b))
+            return page_text(browser)
+        except TimeoutException:
+            continue
+    raise AssertionError(
+        f"{text!r} did not show at {url} in {tries} loads; the page said: {page_text(browser)[:500]!r}"
+    )
