@@ -45,8 +45,8 @@ configure_prefect_env()
 # The modules that take longest (the `--durations` table of a full run), started first, so that parallel workers
 # (scripts/test.sh runs pytest-xdist) finish together; every other module follows in its usual order.
 SLOWEST_FIRST = (
+    "test_stack_schedules",  # one test of 4-5 min: started at once, beside test_stack_e2e on the other worker
     "test_stack_e2e",
-    "test_stack_schedules",
     "test_e2e",
     "test_faults",
     "test_stack_capacity",
