@@ -467,6 +467,13 @@ def scenario_rows(seen: Seen, scenario: str) -> dict[str, list[dict]]:
     return by_format
 
 
+def not_ok(rows: list[dict], label: str, key: str) -> str:
+    """The points that did not measure ok, one 'LABEL VALUE: STATUS ERROR' each, '; '-joined ('' when none)."""
+    return "; ".join(
+        f"{label} {r[key]}: {r.get('status')} {r.get('error', '')}".strip() for r in rows if r.get("status") != "ok"
+    )
+
+
 def check_offline_cuda_shm(seen: dict[str, Seen]) -> dict:
     offline = scenario_rows(seen["fp32"], "offline")
     need(set(offline) >= {"onnx", "ts-script"}, f"offline points of {sorted(offline)} only")
@@ -474,12 +481,7 @@ def check_offline_cuda_shm(seen: dict[str, Seen]) -> dict:
     for fmt, rs in offline.items():
         memory = {r.get("shared_memory") for r in rs}
         need(memory == {"cuda"}, f"{fmt}'s offline points sent their tensors through {sorted(memory)} shared memory")
-        bad = [
-            f"batch {r['batch_size']}: {r.get('status')} {r.get('error', '')}".strip()
-            for r in rs
-            if r["status"] != "ok"
-        ]
-        need(not bad, f"{fmt} offline points not ok: {'; '.join(bad)}")
+        need(not (bad := not_ok(rs, "batch", "batch_size")), f"{fmt} offline points not ok: {bad}")
         evidence[fmt] = {"points": len(rs), "batch_sizes": [r["batch_size"] for r in rs], "shared_memory": "cuda"}
     return evidence
 
@@ -489,12 +491,7 @@ def check_online(seen: dict[str, Seen]) -> dict:
     need(set(online) >= {"onnx", "ts-script"}, f"online points of {sorted(online)} only")
     evidence = {}
     for fmt, rs in online.items():
-        bad = [
-            f"concurrency {r['concurrency']}: {r['status']} {r.get('error', '')}".strip()
-            for r in rs
-            if r["status"] != "ok"
-        ]
-        need(not bad, f"{fmt} online points not ok: {'; '.join(bad)}")
+        need(not (bad := not_ok(rs, "concurrency", "concurrency")), f"{fmt} online points not ok: {bad}")
         evidence[fmt] = {
             "points": len(rs),
             "concurrency": [r["concurrency"] for r in rs],

@@ -46,11 +46,8 @@ def say(msg: str) -> None:
 
 
 def sha256(path: Path) -> str:
-    h = hashlib.sha256()
     with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 source = kit / "manifest.json" if (kit / "manifest.json").is_file() else home / "manifest.json"
@@ -104,40 +101,14 @@ for part in manifest["parts"]:
         tar.extractall(home, filter="data")
     pip = sorted(glob.glob(str(target / "pip" / "pip-*.whl")))[-1]
     wheels = sorted(str(w) for w in (target / "wheels").glob("*.whl"))
-    done = subprocess.run(
-        [
-            str(vpython),
-            f"{pip}/pip",
-            "install",
-            "--no-index",
-            "--no-deps",
-            "--quiet",
-            "--disable-pip-version-check",
-            "--no-warn-script-location",
-            *wheels,
-        ],
-        capture_output=True,
-        text=True,
-    )
+    pip_install = [str(vpython), f"{pip}/pip", "install", "--no-index", "--no-deps", "--quiet"]
+    pip_install.append("--disable-pip-version-check")
+    done = subprocess.run([*pip_install, "--no-warn-script-location", *wheels], capture_output=True, text=True)
     if done.returncode != 0:
         sys.exit(f"gpu_check: installing part {part['transfer']} failed: {(done.stdout + done.stderr)[-1500:]}")
     for wheel in (target / "stub-numpy").glob("*.whl"):  # numpy 1 for the python backend's stub (see below)
         shutil.rmtree(home / "stub-site", ignore_errors=True)
-        subprocess.run(
-            [
-                str(vpython),
-                f"{pip}/pip",
-                "install",
-                "--no-index",
-                "--no-deps",
-                "--quiet",
-                "--disable-pip-version-check",
-                "--target",
-                str(home / "stub-site"),
-                str(wheel),
-            ],
-            check=True,
-        )
+        subprocess.run([*pip_install, "--target", str(home / "stub-site"), str(wheel)], check=True)
     shutil.rmtree(target / "wheels")
     shutil.rmtree(target / "stub-numpy", ignore_errors=True)
     stamp.write_text(part["sha256"] + "\n")
