@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import signal
+import socket
 import subprocess
 
 import pandas as pd
@@ -17,6 +18,7 @@ from tritonclient.grpc import InferenceServerClient
 
 from tbench.core.errors import ServerStartError
 from tbench.node import procs
+from tbench.node.shm import unmapped_regions
 from tbench.triton.repository import ServingConfig, write_repository
 from tbench.triton.server import DockerServer
 
@@ -123,6 +125,27 @@ def test_a_model_that_fails_to_load_stops_and_removes_the_container(image, small
         server.start()
     assert "\n" not in str(err.value) and "resnet50" in str(err.value)
     assert containers() == before and server.proc is None
+
+
+def test_a_port_taken_before_the_container_binds_it_leaves_no_shared_memory(image, small_artifacts, tmp_path):
+    """The failure CI met: a port taken between our pick and the container's bind. The container's tritonserver loads
+    its models, fails to bind and exits without removing the python backend's shared memory; the start removes it,
+    and tries again on fresh ports."""
+    write_repository(tmp_path / "repo", ServingConfig("resnet50", 8, [8], 100, 1), small_artifacts[0])
+    server = DockerServer(tmp_path / "repo", tmp_path / "server.log", image=image, gpus=None, ulimits=[])
+    before = containers()
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", server.ports["metrics"]))  # the last port Triton binds: every model loaded by then
+        taken.listen()
+        regions_before = set(unmapped_regions())
+        try:
+            server.start()
+            assert server.ports["metrics"] != taken.getsockname()[1]
+            with InferenceServerClient(server.endpoints.grpc_url) as client:
+                assert client.is_model_ready("resnet50")
+        finally:
+            server.stop()
+    assert containers() == before and not set(unmapped_regions()) - regions_before
 
 
 def test_a_killed_cli_leaves_a_container_that_the_next_run_removes_with_its_shared_memory(image, tmp_path):

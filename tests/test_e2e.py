@@ -246,6 +246,37 @@ def test_a_second_start_is_refused_instead_of_orphaning_the_first_server(served_
     assert served_small.proc.pid == pid and served_small.alive()
 
 
+@pytest.mark.parametrize("port", ["http", "metrics"])
+def test_a_port_taken_before_the_server_binds_it_is_not_taken_for_ours(port, served_small, small_artifacts, tmp_path):
+    """A port taken between our pick and our server's bind: the HTTP port by another server, which answers ready for
+    a model of the same name, or the metrics port, which Triton binds last, after HTTP answers. Ours exits; the
+    start is not fooled, and tries again on fresh ports."""
+    import tritonclient.grpc as grpcclient
+
+    write_repository(tmp_path / "repo", ServingConfig("resnet50", 8, [8], 100, 1), small_artifacts[0])
+    server = EmbeddedServer(tmp_path / "repo", tmp_path / "server.log")
+    before = set(shm.unmapped_regions())
+    with socket.socket() as listener:
+        if port == "http":
+            taken = server.ports["http"] = served_small.ports["http"]  # as if it had been free when picked
+        else:
+            listener.bind(("127.0.0.1", server.ports["metrics"]))
+            listener.listen()
+            taken = server.ports["metrics"]
+        with server:
+            assert server.ports[port] != taken
+            assert server.log_path.read_text().count("$ ") == 2  # the failed try's log is kept
+            for url in (server.endpoints.grpc_url, served_small.endpoints.grpc_url):
+                with grpcclient.InferenceServerClient(url) as client:
+                    assert client.is_model_ready("resnet50")
+            with grpcclient.InferenceServerClient(server.endpoints.grpc_url) as client:
+                assert client.get_server_metadata().name == server.instance_id
+            time.sleep(1.0)
+            assert server.alive()
+            assert server.identity()["id"] == "triton"  # one server, whichever start measured
+    assert served_small.alive() and not set(shm.unmapped_regions()) - before
+
+
 def test_a_port_in_use_is_refused():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -447,7 +478,7 @@ def test_local_mode_runs_a_tritonserver_found_on_path(small_artifacts, tmp_path,
     from tbench.node import tools
 
     embedded = EmbeddedServer(GOLDEN, GOLDEN / "unused.log")
-    embedded._prepare_backends()  # a backend dir with this Python's stub, as an installed server would have
+    embedded._before_launch()  # a backend dir with this Python's stub, as an installed server would have
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     wrapper = bin_dir / "tritonserver"

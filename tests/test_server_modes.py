@@ -8,6 +8,7 @@ from tbench.triton.server import DockerServer, LocalServer, RemoteServer, make_s
 
 def fixed_ports(server):
     server.ports = {"http": 18000, "grpc": 18001, "metrics": 18002}
+    server.instance_id = "tbench-test"
     return server
 
 
@@ -37,6 +38,7 @@ def test_docker_run_command_line_on_the_host_network(tmp_path):
         "nvcr.io/nvidia/tritonserver:24.10-py3",
         "tritonserver",
         "--model-repository=/models",
+        "--id=tbench-test",
         "--allow-gpu-metrics=true",
         "--http-address=127.0.0.1",
         "--http-port=18000",
@@ -85,6 +87,7 @@ def test_docker_run_command_line_on_a_bridge_publishes_on_loopback(tmp_path):
         "img:1",
         "tritonserver",
         "--model-repository=/models",
+        "--id=tbench-test",
         "--allow-gpu-metrics=true",
         "--http-address=0.0.0.0",
         "--http-port=8000",
@@ -129,6 +132,7 @@ def test_local_command_line(tmp_path):
         "/opt/tritonserver/bin/tritonserver",
         f"--model-repository={tmp_path / 'repo'}",
         "--backend-directory=/opt/tritonserver/backends",
+        "--id=tbench-test",
         "--allow-gpu-metrics=true",
         "--http-address=127.0.0.1",
         "--http-port=18000",

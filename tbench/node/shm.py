@@ -48,11 +48,18 @@ def group_members(pgid: int) -> list[psutil.Process]:
 
 
 def mapped_regions(processes: list[psutil.Process]) -> set[Path]:
+    """The /dev/shm files the processes map, read from /proc/PID/maps (psutil's memory_maps reads smaps: 20 ms for
+    a tritonserver instead of 1)."""
     regions = set()
+    prefix = f"{SHM_DIR}/"
     for p in processes:
         try:
-            regions |= {Path(m.path) for m in p.memory_maps() if Path(m.path).parent == SHM_DIR}
-        except psutil.Error:
+            with open(f"/proc/{p.pid}/maps") as maps:
+                for line in maps:
+                    fields = line.rstrip("\n").split(None, 5)  # address perms offset dev inode [path]
+                    if len(fields) == 6 and fields[5].startswith(prefix):
+                        regions.add(Path(fields[5]))
+        except OSError:
             pass
     return regions
 

@@ -23,6 +23,7 @@ import sys
 import tempfile
 import time
 import uuid
+import weakref
 from abc import ABC, abstractmethod
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
@@ -35,7 +36,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from tbench.core.errors import ServerStartError
 from tbench.core.registry import Registry
 from tbench.node import containers, procs, shm, tools
-from tbench.node.ports import free_port, port_in_use
+from tbench.node import ports as loopback
 from tbench.request import run_suffix
 from tbench.triton.config import parse_pbtxt
 
@@ -43,6 +44,12 @@ NGC_ULIMITS = ("memlock=-1", "stack=67108864")  # NGC's advice for the Triton im
 NGC_IMAGE = "nvcr.io/nvidia/tritonserver:24.10-py3"  # Triton 2.51, the release of our perf_analyzer
 LOCAL_BACKENDS = Path("/opt/tritonserver/backends")  # where the NGC image and Triton's packages put them
 CONTAINER_PORTS = {"http": 8000, "grpc": 8001, "metrics": 8002}
+# Triton's words for a port it could not bind ("Socket '127.0.0.1:8001' already in use"), and docker's
+PORT_TAKEN = re.compile(r"already in use|port is already allocated", re.IGNORECASE)
+
+
+class PortTakenError(ServerStartError):
+    """Another process took a port between our pick and the server's bind."""
 
 
 def load_errors(log_text: str) -> str:
@@ -145,10 +152,14 @@ class TritonServer(ABC):
         deadline = time.monotonic() + self.start_timeout_s
         try:
             while time.monotonic() < deadline:
-                if not self.alive():
+                if not self._still_starting():
                     self._raise_failed(f"{what} exited while loading models")
                 try:
-                    if client.is_server_ready() and all(client.is_model_ready(m) for m in expected):
+                    if (
+                        client.is_server_ready()
+                        and all(client.is_model_ready(m) for m in expected)
+                        and self._is_ours(client.get_server_metadata())
+                    ):
                         return
                 except Exception:  # not listening yet
                     pass
@@ -157,10 +168,19 @@ class TritonServer(ABC):
         finally:
             client.close()
 
+    def _still_starting(self) -> bool:
+        """Whether the server is up, asked on every look while it starts."""
+        return self.alive()
+
+    def _is_ours(self, metadata: dict) -> bool:
+        """Whether the server that answers ready is the one this object started or addresses."""
+        return True
+
     def _raise_failed(self, what: str) -> None:
         time.sleep(0.2)  # let the last log lines land
         excerpt = load_errors(procs.tail(self.log_path, 200)) or procs.tail(self.log_path, 5)
-        raise ServerStartError(f"{what} (log: {self.log_path}): {one_line(excerpt)}")
+        error = PortTakenError if PORT_TAKEN.search(excerpt) else ServerStartError
+        raise error(f"{what} (log: {self.log_path}): {one_line(excerpt)}")
 
     def __enter__(self) -> TritonServer:
         self.start()
@@ -189,12 +209,21 @@ class ProcessServer(TritonServer):
         # run Triton in explicit model-control mode, so a model can be reloaded with another config (offline points).
         self.model_control = model_control
         for port in (http_port, grpc_port):
-            if port is not None and port_in_use(port):
+            if port is not None and loopback.port_in_use(port):
                 raise ServerStartError(
                     f"port {port} on 127.0.0.1 is already in use; pick another or leave it unset for a free one"
                 )
-        self.ports = {"http": http_port or free_port(), "grpc": grpc_port or free_port(), "metrics": free_port()}
+        self.chosen_ports = {"http": http_port, "grpc": grpc_port}
+        self.ports = self._pick_ports()
+        weakref.finalize(self, _release_all, self.ports)  # the reservations last as long as this object
+        # Triton's --id, one per object: the server answering on our ports must report it (see _is_ours)
+        self.instance_id = f"tbench-{uuid.uuid4().hex[:12]}"
         self.proc: subprocess.Popen | None = None
+        self.seen_regions: set[Path] = set()  # shared memory the server's processes mapped while it started
+
+    def _pick_ports(self) -> dict[str, int]:
+        chosen = {**self.chosen_ports, "metrics": None}
+        return {name: port or loopback.free_port() for name, port in chosen.items()}
 
     @property
     def endpoints(self) -> ServerEndpoints:
@@ -213,6 +242,7 @@ class ProcessServer(TritonServer):
         if backend_dir:
             args.append(f"--backend-directory={backend_dir}")
         return args + [
+            f"--id={self.instance_id}",
             f"--allow-gpu-metrics={str(self.gpu_metrics).lower()}",
             f"--http-address={address}",
             f"--http-port={ports['http']}",
@@ -233,16 +263,65 @@ class ProcessServer(TritonServer):
     def env(self) -> dict[str, str]:
         return dict(os.environ)
 
+    START_TRIES = 3  # a port taken between our pick and the server's bind: fresh ports, another start
+
     def start(self) -> ServerEndpoints:
         if self.alive():  # a second start would orphan the first server (and its stubs and shared memory)
             raise ServerStartError(f"this {self.mode} tritonserver is already running ({self._running_as()})")
-        self.proc = procs.start(self.argv(), self.log_path, env=self.env(), container=self._container_record())
-        try:
-            self._wait_ready(f"{self.mode} tritonserver")
-        except BaseException:
-            self.stop()
-            raise
-        return self.endpoints
+        for tries_left in reversed(range(self.START_TRIES)):
+            self._before_launch()
+            self.proc = procs.start(self.argv(), self.log_path, env=self.env(), container=self._container_record())
+            try:
+                self._wait_ready(f"{self.mode} tritonserver")
+                return self.endpoints
+            except PortTakenError:
+                self.stop()
+                if not tries_left or all(self.chosen_ports.values()):
+                    raise
+                _release_all(self.ports)
+                self.ports.update(self._pick_ports())  # in place: the finalizer releases what it holds at the end
+            except BaseException:
+                self.stop()
+                raise
+        raise AssertionError("unreachable")
+
+    def _before_launch(self) -> None:
+        """What a server mode prepares before each launch (stop() undoes it)."""
+
+    def _still_starting(self) -> bool:
+        # A server that exits while it starts (a port taken, a model that fails with --exit-on-error) does not
+        # remove the python backend's regions: stop() removes every region its processes were seen to map.
+        alive = self.alive()
+        if alive:
+            self.seen_regions |= shm.mapped_regions(self._server_processes())
+        return alive
+
+    def _is_ours(self, metadata: dict) -> bool:
+        """A port taken between our pick and our server's bind: another server on our HTTP port answers ready for
+        models of the same names, and Triton binds its metrics port last, after HTTP answers. Ours then exits, and
+        its failure is what start() reports. So ready means: the server on our HTTP port reports our id, and our
+        processes listen on every port (where this host may see their sockets)."""
+        if metadata.get("name") != self.instance_id:
+            return False
+        wanted = self.listen_ports()
+        processes = self._server_processes() if wanted else []
+        listening: set[int] = set()
+        for process in processes:
+            try:
+                listening |= {c.laddr.port for c in process.net_connections("tcp") if c.status == psutil.CONN_LISTEN}
+            except psutil.AccessDenied:  # a container's root processes, seen by a user: the id alone
+                return True
+            except psutil.Error:
+                pass
+        return not processes or wanted <= listening  # none seen: a daemon whose processes this host cannot see
+
+    def listen_ports(self) -> set[int]:
+        """The ports to find the server's processes listening on, in this host's network namespace."""
+        return set(self.ports.values())
+
+    def identity(self) -> dict:
+        # the id we gave it names this start, not the server: two starts of one server measure the same
+        return {**super().identity(), "id": "triton"}
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -286,7 +365,8 @@ class ProcessServer(TritonServer):
         killed perf_analyzer leaves behind) is removed."""
         if self.proc is None:
             return
-        regions = shm.mapped_regions(self._server_processes())
+        regions = shm.mapped_regions(self._server_processes()) | self.seen_regions
+        self.seen_regions = set()
         if self.proc.poll() is None:
             self._terminate(timeout_s)
         procs.kill_group(self.proc)
@@ -295,6 +375,11 @@ class ProcessServer(TritonServer):
         procs.forget(self.proc)
         self.proc = None
         shm.remove(regions)  # Triton removes its own on a clean exit; killed processes leave theirs behind
+
+
+def _release_all(ports: dict[str, int]) -> None:
+    for port in ports.values():
+        loopback.release(port)
 
 
 def _running(process: psutil.Process) -> bool:
@@ -328,7 +413,8 @@ class EmbeddedServer(ProcessServer):
     def where(self) -> dict:
         return {"binary": str(tools.pytriton_server_dir() / "bin" / "tritonserver")}
 
-    def _prepare_backends(self) -> None:
+    def _before_launch(self) -> None:
+        """A private backend directory: the python backend with this Python's stub."""
         server_dir = tools.pytriton_server_dir()
         self._work_dir = Path(tempfile.mkdtemp(prefix="tbench-triton-"))
         backends = self._work_dir / "backends"
@@ -338,11 +424,6 @@ class EmbeddedServer(ProcessServer):
         if not stub.exists():
             raise ServerStartError(f"the embedded server has no python backend stub for Python {version}")
         shutil.copy2(stub, backends / "python" / stub.name)
-
-    def start(self) -> ServerEndpoints:
-        if not self.alive():  # else the base class refuses a second start
-            self._prepare_backends()
-        return super().start()
 
     def argv(self) -> list[str]:
         server_dir = tools.pytriton_server_dir()
@@ -454,6 +535,10 @@ class DockerServer(ProcessServer):
         argv += ["-v", f"{self.repository.resolve()}:/models:ro", self.image, "tritonserver"]
         # inside its own network namespace the server listens on Triton's default ports; -p maps them to ours
         return argv + self.server_args("/models", None, address="0.0.0.0", ports=CONTAINER_PORTS)
+
+    def listen_ports(self) -> set[int]:
+        # on a bridge, the server listens in a namespace of its own, and docker fails the run on a port it cannot bind
+        return set(self.ports.values()) if self.network == "host" else set()
 
     def _running_as(self) -> str:
         return f"container {self.container}"
