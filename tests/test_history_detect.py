@@ -50,6 +50,16 @@ def test_a_step_with_two_runs_after_it_is_not_confirmed_one_run_early():
     assert latest is not None and not latest.confirmed and latest.index == 5  # shown as a candidate, not gated
 
 
+def test_a_night_within_its_own_noise_is_no_outlier_in_a_steady_series():
+    """Night to night steadier than each run's windows (0.2% against 3% window CV): the third night after the step,
+    4% off the other two but within its own noise, is no outlier of its segment, and confirms the change."""
+    before, after = [400.1, 399.4, 401.0, 400.3, 399.8], [112.5, 112.4, 107.5]
+    (change,) = detect_changes(before + after, [0.03] * 8)
+    assert change.index == 5 and change.confirmed
+    assert change.after == pytest.approx(sum(after) / 3)  # all three nights count
+    assert detect_changes(before + after) == []  # no noise known: by the series' sigma alone, it is an outlier
+
+
 @pytest.mark.parametrize("seed", range(20))
 def test_a_flat_noisy_series_gives_nothing(seed):
     values = noisy(40, 0.04, seed)

@@ -27,8 +27,10 @@ The rule
    the values back to the previous change against the values up to the next one, with Student's two-sample t-test
    (pooled variance, as Hunter's TTestSignificanceTester; the variance is floored by the noise of step 1, so a
    segment that happens to be quiet, or runs whose own windows were noisy, cannot make a small shift look
-   significant; a value more than `outlier_z` (5) robust sigmas from its segment's median is left out of that
-   segment's mean and variance, so one wild night neither hides a step nor makes one; but a change needs
+   significant; a value more than `outlier_z` (5) sigmas from its segment's median is left out of that segment's
+   mean and variance, so one wild night neither hides a step nor makes one (each value's sigma is the larger of the
+   series' night-to-night sigma and its own standard error: a series steadier than its runs' windows would
+   otherwise make outliers of values within their own noise); but a change needs
    `min_size` values on each side that are not outliers, else a step one run before the true one would pass, its
    first run dropped as an outlier of the two after it). The weakest candidate
    (largest p, then smallest effect) that fails is dropped, its neighbours are re-tested over the merged segments,
@@ -168,18 +170,25 @@ class _Test:
         return self.supported and self.significant and abs(self.relative) >= self.threshold
 
 
-def _inliers(p: _Prepared, seg: np.ndarray, opts: dict) -> np.ndarray:
-    """The segment without the values more than `outlier_z` robust sigmas from its median (at least 2 kept)."""
+def _inliers(p: _Prepared, lo: int, hi: int, opts: dict) -> np.ndarray:
+    """The values lo:hi without those more than `outlier_z` sigmas from their median (at least 2 kept), each value's
+    sigma the larger of the series' night-to-night sigma and its own standard error: in a series steadier than its
+    runs' own windows, a value within its own noise is no outlier."""
+    seg = p.y[lo:hi]
     z = opts.get("outlier_z")
-    if not z or len(seg) < 3 or p.sigma <= 0:
+    if not z or len(seg) < 3:
         return seg
-    keep = np.abs(seg - np.median(seg)) <= z * p.sigma
+    own = np.nan_to_num(p.cv[lo:hi] / math.sqrt(opts["noise_windows"]) * np.abs(seg))
+    sigma = np.maximum(p.sigma, own)
+    if not (sigma > 0).all():
+        return seg
+    keep = np.abs(seg - np.median(seg)) <= z * sigma
     return seg[keep] if keep.sum() >= 2 else seg
 
 
 def _test(p: _Prepared, lo: int, idx: int, hi: int, opts: dict) -> _Test:
     """Student's t-test of y[lo:idx] against y[idx:hi], the variance floored by the series' and the runs' noise."""
-    left, right = _inliers(p, p.y[lo:idx], opts), _inliers(p, p.y[idx:hi], opts)
+    left, right = _inliers(p, lo, idx, opts), _inliers(p, idx, hi, opts)
     n1, n2 = len(left), len(right)
     m1, m2 = float(left.mean()), float(right.mean())
     df = n1 + n2 - 2
@@ -311,7 +320,7 @@ def judge_latest(
     n = len(p.y)
     start = tests[-1].index if tests else 0
     for k in range(min(opts["min_size"] - 1, n - 1), 0, -1):
-        hist, new = _inliers(p, p.y[start : n - k], opts), p.y[n - k :]
+        hist, new = _inliers(p, start, n - k, opts), p.y[n - k :]
         if len(hist) < max(opts["min_size"], 2):
             continue
         m_h, m_new = float(hist.mean()), float(new.mean())
