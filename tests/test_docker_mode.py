@@ -13,12 +13,11 @@ import subprocess
 import pandas as pd
 import psutil
 import pytest
-from test_faults import SWEEP, CliRun, leftovers
+from test_faults import SWEEP, CliRun, lasting_unmapped_regions, leftovers
 from tritonclient.grpc import InferenceServerClient
 
 from tbench.core.errors import ServerStartError
 from tbench.node import procs
-from tbench.node.shm import unmapped_regions
 from tbench.triton.repository import ServingConfig, write_repository
 from tbench.triton.server import DockerServer
 
@@ -137,7 +136,7 @@ def test_a_port_taken_before_the_container_binds_it_leaves_no_shared_memory(imag
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", server.ports["metrics"]))  # the last port Triton binds: every model loaded by then
         taken.listen()
-        regions_before = set(unmapped_regions())
+        regions_before = set(lasting_unmapped_regions())
         try:
             server.start()
             assert server.ports["metrics"] != taken.getsockname()[1]
@@ -145,7 +144,7 @@ def test_a_port_taken_before_the_container_binds_it_leaves_no_shared_memory(imag
                 assert client.is_model_ready("resnet50")
         finally:
             server.stop()
-    assert containers() == before and not set(unmapped_regions()) - regions_before
+    assert containers() == before and not set(lasting_unmapped_regions()) - regions_before
 
 
 def test_a_killed_cli_leaves_a_container_that_the_next_run_removes_with_its_shared_memory(image, tmp_path):

@@ -15,6 +15,7 @@ import pandas as pd
 import psutil
 import pytest
 from conftest import GOLDEN
+from test_faults import lasting_unmapped_regions
 
 from tbench.accuracy import infer_triton, measure_accuracy
 from tbench.core.enums import Scenario
@@ -255,7 +256,7 @@ def test_a_port_taken_before_the_server_binds_it_is_not_taken_for_ours(port, ser
 
     write_repository(tmp_path / "repo", ServingConfig("resnet50", 8, [8], 100, 1), small_artifacts[0])
     server = EmbeddedServer(tmp_path / "repo", tmp_path / "server.log")
-    before = set(shm.unmapped_regions())
+    before = set(lasting_unmapped_regions())
     with socket.socket() as listener:
         if port == "http":
             taken = server.ports["http"] = served_small.ports["http"]  # as if it had been free when picked
@@ -274,7 +275,7 @@ def test_a_port_taken_before_the_server_binds_it_is_not_taken_for_ours(port, ser
             time.sleep(1.0)
             assert server.alive()
             assert server.identity()["id"] == "triton"  # one server, whichever start measured
-    assert served_small.alive() and not set(shm.unmapped_regions()) - before
+    assert served_small.alive() and not set(lasting_unmapped_regions()) - before
 
 
 def test_a_port_in_use_is_refused():
