@@ -14,9 +14,11 @@ def test_a_picked_port_is_outside_the_ephemeral_range_and_free():
         assert all(ports.LOWEST <= p <= 65535 and not low <= p <= high for p in picked)
         assert len(set(picked)) == len(picked)  # a port this process holds is not picked again
         assert not any(ports.port_in_use(p) for p in picked)
+        assert all((ports.RESERVATIONS / str(p)).exists() for p in picked)
     finally:
         for p in picked:
             ports.release(p)
+    assert not any((ports.RESERVATIONS / str(p)).exists() for p in picked)  # released: nothing left behind
 
 
 def test_a_port_another_process_holds_is_never_picked():

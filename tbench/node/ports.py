@@ -48,6 +48,8 @@ def _reserve(port: int) -> bool:
         return True
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        if os.fstat(fd).st_ino != os.stat(RESERVATIONS / str(port)).st_ino:
+            raise OSError("released and removed while we opened it")  # another picker may hold the new file
     except OSError:
         os.close(fd)
         return False
@@ -70,8 +72,11 @@ def free_port() -> int:
 
 
 def release(port: int) -> None:
+    """Give the port up, and its file (removed while locked: a picker that opened it before checks, see _reserve)."""
     fd = _held.pop(port, None)
     if fd is not None:
+        with contextlib.suppress(OSError):
+            (RESERVATIONS / str(port)).unlink()
         os.close(fd)
 
 
