@@ -268,7 +268,8 @@ class ProcessServer(TritonServer):
     def start(self) -> ServerEndpoints:
         if self.alive():  # a second start would orphan the first server (and its stubs and shared memory)
             raise ServerStartError(f"this {self.mode} tritonserver is already running ({self._running_as()})")
-        for tries_left in reversed(range(self.START_TRIES)):
+        tries = 1
+        while True:
             self._before_launch()
             self.proc = procs.start(self.argv(), self.log_path, env=self.env(), container=self._container_record())
             try:
@@ -276,14 +277,14 @@ class ProcessServer(TritonServer):
                 return self.endpoints
             except PortTakenError:
                 self.stop()
-                if not tries_left or all(self.chosen_ports.values()):
+                if tries == self.START_TRIES or all(self.chosen_ports.values()):
                     raise
+                tries += 1
                 _release_all(self.ports)
                 self.ports.update(self._pick_ports())  # in place: the finalizer releases what it holds at the end
             except BaseException:
                 self.stop()
                 raise
-        raise AssertionError("unreachable")
 
     def _before_launch(self) -> None:
         """What a server mode prepares before each launch (stop() undoes it)."""
