@@ -126,14 +126,16 @@ def _prepare(values, noise) -> _Prepared:
     return _Prepared(y=y, scale=scale, positions=positions, cv=cv, sigma=series_noise(y))
 
 
+def _own_se(p: _Prepared, lo: int, hi: int, noise_windows: int) -> np.ndarray:
+    """Each value's own standard error (window CV / sqrt(windows), in units of y) for lo:hi; NaN where unknown."""
+    return p.cv[lo:hi] / math.sqrt(noise_windows) * np.abs(p.y[lo:hi])
+
+
 def _own_var(p: _Prepared, lo: int, hi: int, noise_windows: int) -> float:
-    """Mean squared standard error (window CV / sqrt(windows), in units of y) of the values lo:hi; 0 if unknown."""
-    cv = p.cv[lo:hi]
-    known = np.isfinite(cv)
-    if not known.any():
-        return 0.0
-    se = cv[known] / math.sqrt(noise_windows) * np.abs(p.y[lo:hi][known])
-    return float(np.mean(se**2))
+    """Mean squared standard error of the values lo:hi; 0 if unknown."""
+    se = _own_se(p, lo, hi, noise_windows)
+    se = se[np.isfinite(se)]
+    return float(np.mean(se**2)) if len(se) else 0.0
 
 
 def _median_cv(p: _Prepared, lo: int, hi: int) -> float:
@@ -178,8 +180,7 @@ def _inliers(p: _Prepared, lo: int, hi: int, opts: dict) -> np.ndarray:
     z = opts.get("outlier_z")
     if not z or len(seg) < 3:
         return seg
-    own = np.nan_to_num(p.cv[lo:hi] / math.sqrt(opts["noise_windows"]) * np.abs(seg))
-    sigma = np.maximum(p.sigma, own)
+    sigma = np.maximum(p.sigma, np.nan_to_num(_own_se(p, lo, hi, opts["noise_windows"])))
     if not (sigma > 0).all():
         return seg
     keep = np.abs(seg - np.median(seg)) <= z * sigma
