@@ -2,11 +2,21 @@
 
 import math
 
+import numpy as np
 import pytest
 from conftest import GOLDEN
 
 from tbench.node.hardware import parse_gpu_query
-from tbench.triton.monitor import ENERGY_TOTAL, PointMonitor, cross_check, gpu_series, parse_gpu_metrics, per_request_ms
+from tbench.triton.monitor import (
+    ENERGY_TOTAL,
+    METRICS_INTERVAL_MS,
+    PointMonitor,
+    cross_check,
+    energy_under_load,
+    gpu_series,
+    parse_gpu_metrics,
+    per_request_ms,
+)
 
 
 def test_statistics_diff_is_per_request_ms():
@@ -98,3 +108,33 @@ def test_a_points_energy_is_the_counters_difference_over_it(monkeypatch):
     monkeypatch.setattr(monitor, "_client", lambda: (_ for _ in ()).throw(OSError("no statistics here")))
     monitor.start()
     assert monitor.stop()["gpu_energy_j"] == pytest.approx(250.5)
+
+
+def test_energy_over_the_load_with_the_counter_refreshed_every_100_ms_is_within_5pct_of_the_truth():
+    """A 7 s point: 1.2 s of perf_analyzer start-up at 60 W idle, 6 s of load at 250 W and 800 requests/s, 0.3 s of
+    wind-down. Triton refreshes its counter every 100 ms; the monitor reads it beside the served-request count every
+    100 ms. J per request over the load is 250/800; the whole span's difference would charge the idle start-up too."""
+    step = 0.001
+    t = np.arange(0, 7.5, step)
+    loaded = (t >= 1.2) & (t < 7.2)
+    energy = np.cumsum(np.where(loaded, 250.0, 60.0) * step)
+    served = np.cumsum(loaded * 800.0 * step)
+    interval = METRICS_INTERVAL_MS / 1000
+    reads = np.arange(0.037, 7.5, interval)
+    polls = np.floor((reads - 0.061) / interval) * interval + 0.061  # the counter is as of Triton's last poll
+    load = energy_under_load(reads, np.interp(polls, t, energy), np.floor(np.interp(reads, t, served)), interval)
+    assert METRICS_INTERVAL_MS <= 100
+    assert load.joules_per_request == pytest.approx(250 / 800, rel=0.05)
+    assert load.uncertainty_j / load.joules < 0.05 and 5.0 < load.span_s < 6.0
+    whole = (np.interp(7.45, t, energy) - energy[0]) / served[-1]
+    assert whole / (250 / 800) - 1 > 0.05  # the start-up's idle energy, charged to the requests
+
+
+def test_the_point_reports_the_energy_its_requests_drew_under_load(monkeypatch):
+    monitor = PointMonitor("h:1", "m", metrics_url="http://h:2/metrics", gpu_uuids=[UUIDS[1]])
+    monitor._samples.energy = [
+        (0.1 * k, 100.0 + (25.0 * k if k > 3 else 6.0 * k), 10 * max(0, k - 3)) for k in range(30)
+    ]
+    columns = monitor._energy_columns(requests=300)
+    assert columns["gpu_joules_per_request"] == pytest.approx(2.5)
+    assert columns["gpu_energy_j"] == pytest.approx(750.0) and columns["gpu_energy_uncertainty_j"] > 0

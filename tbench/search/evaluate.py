@@ -214,7 +214,11 @@ class TritonEvaluator:
             noise = noise_from_log(log.read_text(errors="replace"))
             if not noise.assumed:
                 observation = observation.model_copy(
-                    update={"throughput_cv": noise.throughput_cv, "latency_cv": noise.latency_cv}
+                    update={
+                        "throughput_cv": noise.throughput_cv,
+                        "latency_cv": noise.latency_cv,
+                        "windows": noise.windows,
+                    }
                 )
         return observation
 

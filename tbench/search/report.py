@@ -20,7 +20,8 @@ def write_search_files(layout: RunLayout, result, title: str) -> str:
     write_html_report(
         layout.run_dir / "search.md", layout.run_dir / "search.html"
     )  # search.html: the same page, self-contained
-    best = result.best
+    selection = result.selection
+    best = selection.best
     summary = {
         "strategy": result.strategy,
         "objective": result.objective.model_dump(),
@@ -30,6 +31,9 @@ def write_search_files(layout: RunLayout, result, title: str) -> str:
         "new_measurements": result.new_measurements,
         "seconds": round(result.seconds, 3),
         "best": best.model_dump(mode="json") if best else None,
+        "verdict": selection.verdict,  # best | tie | undetermined | none (tbench.search.objective.select)
+        "verdict_reason": selection.reason,
+        "not_separated": [o.candidate.key for o in selection.contenders],
     }
     (layout.run_dir / "search.json").write_text(json.dumps(summary, indent=2))
     return text

@@ -15,282 +15,32 @@ import json
 import math
 import os
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from pathlib import Path
-from typing import ClassVar, Literal, Protocol
+from typing import Protocol
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, Field
 
 from tbench.core.registry import Registry
-
-# Preferred batch size rules, each resolved against a candidate's max batch size B.
-PREFERRED_RULES = {
-    "none": lambda b: [],  # no preferred sizes: Triton batches as large as it can, up to B
-    "max": lambda b: [b],
-    "half": lambda b: [b // 2, b],  # [B/2, B]
-    "quarter": lambda b: [b // 4, b // 2, b],  # [B/4, B/2, B]
-}
+from tbench.search.objective import (  # noqa: F401  (re-exported: the search's names are importable from here)
+    FEASIBLE_K,
+    TIE_K,
+    TIE_MARGIN,
+    Objective,
+    Observation,
+    Selection,
+    pooled_noise,
+    select,
+)
+from tbench.search.space import (  # noqa: F401  (re-exported)
+    PREFERRED_RULES,
+    Candidate,
+    SearchSpace,
+    preferred_label,
+    resolve_preferred,
+)
 
 OnObservation = Callable[["Observation", int, int], None]  # (observation, measured so far, planned measurements)
-
-
-def resolve_preferred(rule: str | list[int], max_batch_size: int) -> tuple[int, ...]:
-    """A preferred-sizes rule ('none', 'max', 'half', 'quarter', or explicit sizes) as sizes for one max batch."""
-    sizes = PREFERRED_RULES[rule](max_batch_size) if isinstance(rule, str) else list(rule)
-    return tuple(sorted({s for s in sizes if 1 <= s <= max_batch_size}))
-
-
-def preferred_label(rule: str | list[int]) -> str:
-    return rule if isinstance(rule, str) else "[" + ",".join(map(str, rule)) + "]"
-
-
-class Candidate(BaseModel):
-    """One model configuration: what Triton's config.pbtxt says about scheduling, and which converted model."""
-
-    model_config = ConfigDict(frozen=True)
-
-    instances: int = Field(ge=1, description="Model instances (instance_group count).")
-    max_batch_size: int = Field(ge=0, description="0: a model without a batch axis (SearchSpace.fitted_to).")
-    preferred_batch_sizes: tuple[int, ...] = Field((), description="Dynamic batcher preferred sizes; () for none.")
-    queue_delay_us: int = Field(0, ge=0, description="Dynamic batcher max_queue_delay_microseconds.")
-    format: str = Field(
-        "", description="The served variant: a format, or 'format:precision' when several precisions are converted."
-    )
-
-    @property
-    def cost(self) -> tuple[int, int, int, int]:
-        """What serving it takes, smallest first: instances (memory, devices), then max batch, preferred sizes and
-        queue delay (latency a request may wait)."""
-        return (self.instances, self.max_batch_size, len(self.preferred_batch_sizes), self.queue_delay_us)
-
-    @property
-    def key(self) -> str:
-        """A stable, file-name-safe identifier: i2_b16_p8-16_d500[_onnx-fp16]."""
-        pref = "-".join(map(str, self.preferred_batch_sizes)) or "none"
-        key = f"i{self.instances}_b{self.max_batch_size}_p{pref}_d{self.queue_delay_us}"
-        return f"{key}_{self.format.replace(':', '-')}" if self.format else key
-
-    @property
-    def format_name(self) -> str:
-        return self.format.partition(":")[0]
-
-    @property
-    def precision(self) -> str:
-        return self.format.partition(":")[2]
-
-    def describe(self) -> str:
-        pref = list(self.preferred_batch_sizes) if self.preferred_batch_sizes else "none"
-        fmt = f", format {self.format}" if self.format else ""
-        return (
-            f"instances {self.instances}, max batch {self.max_batch_size}, preferred {pref}, "
-            f"queue delay {self.queue_delay_us} us{fmt}"
-        )
-
-
-class SearchSpace(BaseModel):
-    """The grid: every combination of the listed values (duplicates, such as 'half' and 'max' at max batch 1, once).
-    Ordered dimensions are searched in order of their values; formats are unordered."""
-
-    instances: list[int] = Field([1, 2], description="Instance counts to try.")
-    max_batch_sizes: list[int] = Field([1, 2, 4, 8, 16], description="Max batch sizes to try.")
-    preferred: list[str | list[int]] = Field(
-        ["none", "max"],
-        description="Preferred batch size choices: 'none', 'max' "
-        "([B]), 'half' ([B/2, B]), 'quarter' ([B/4, B/2, B]) or explicit sizes.",
-    )
-    queue_delays_us: list[int] = Field([0, 500, 2000], description="Dynamic batcher max queue delays to try, in us.")
-    formats: list[str] = Field(
-        [""], description="Served variants: formats, or 'format:precision'; [''] for the one served model."
-    )
-
-    @field_validator("instances", "max_batch_sizes", "queue_delays_us")
-    @classmethod
-    def _sorted_unique(cls, values: list[int]) -> list[int]:
-        if not values:
-            raise ValueError("needs at least one value")
-        return sorted(set(values))
-
-    @field_validator("preferred")
-    @classmethod
-    def _known_rules(cls, values: list) -> list:
-        if not values:
-            raise ValueError("needs at least one preferred batch size choice")
-        for v in values:
-            if isinstance(v, str) and v not in PREFERRED_RULES:
-                raise ValueError(
-                    f"unknown preferred batch size rule {v!r}; known: {', '.join(PREFERRED_RULES)} or a list of sizes"
-                )
-        return values
-
-    @model_validator(mode="after")
-    def _check(self) -> SearchSpace:
-        batches = self.max_batch_sizes == [0] or min(self.max_batch_sizes) >= 1  # [0]: no batch axis (fitted_to)
-        if min(self.instances) < 1 or not batches or min(self.queue_delays_us) < 0:
-            raise ValueError("instances and max batch sizes must be >= 1, queue delays >= 0")
-        if not self.formats or len(set(self.formats)) != len(self.formats):
-            raise ValueError("formats must be a non-empty list without duplicates")
-        return self
-
-    def fitted_to(self, max_batch_size: int) -> SearchSpace:
-        """The grid a model can take: one without a batch axis (max_batch_size 0) varies only what does not batch
-        (instances, formats); max batch, preferred sizes and the batcher's delay are dropped."""
-        if max_batch_size > 0:
-            return self
-        return self.model_copy(update={"max_batch_sizes": [0], "preferred": ["none"], "queue_delays_us": [0]})
-
-    # the search's coordinate axes, in the order a grid index lists them
-    AXES: ClassVar[tuple[str, ...]] = ("format", "instances", "max_batch_size", "preferred", "queue_delay_us")
-
-    def axis_values(self) -> dict[str, list]:
-        return {
-            "format": self.formats,
-            "instances": self.instances,
-            "max_batch_size": self.max_batch_sizes,
-            "preferred": self.preferred,
-            "queue_delay_us": self.queue_delays_us,
-        }
-
-    def shape(self) -> tuple[int, ...]:
-        values = self.axis_values()
-        return tuple(len(values[a]) for a in self.AXES)
-
-    def at(self, index: tuple[int, ...]) -> Candidate:
-        """The candidate at a grid index (format, instances, max batch, preferred, delay)."""
-        f, i, b, p, d = index
-        batch = self.max_batch_sizes[b]
-        return Candidate(
-            instances=self.instances[i],
-            max_batch_size=batch,
-            preferred_batch_sizes=resolve_preferred(self.preferred[p], batch),
-            queue_delay_us=self.queue_delays_us[d],
-            format=self.formats[f],
-        )
-
-    def indices(self) -> Iterable[tuple[int, ...]]:
-        return itertools.product(*(range(n) for n in self.shape()))
-
-    def grid(self) -> list[Candidate]:
-        """Every distinct candidate, in a stable order (format, instances, max batch, preferred, delay)."""
-        seen: dict[str, Candidate] = {}
-        for index in self.indices():
-            c = self.at(index)
-            seen.setdefault(c.key, c)
-        return list(seen.values())
-
-    def nearest(
-        self,
-        instances: int,
-        max_batch_size: int,
-        preferred_batch_sizes: Iterable[int] = (),
-        queue_delay_us: int = 0,
-        format: str | None = None,
-    ) -> tuple[int, ...]:
-        """The grid index nearest to a configuration (e.g. a guide's default), dimension by dimension: numbers by
-        log distance, preferred sizes by the rule that resolves closest, the format by name (else the first)."""
-
-        def closest(values: list[int], target: float) -> int:
-            return min(range(len(values)), key=lambda i: (abs(math.log1p(values[i]) - math.log1p(target)), values[i]))
-
-        b = closest(self.max_batch_sizes, max_batch_size)
-        want = set(preferred_batch_sizes)
-        batch = self.max_batch_sizes[b]
-        p = min(
-            range(len(self.preferred)),
-            key=lambda i: len(set(resolve_preferred(self.preferred[i], batch)) ^ {s for s in want if s <= batch}),
-        )
-        f = self.formats.index(format) if format in self.formats else 0
-        return (f, closest(self.instances, instances), b, p, closest(self.queue_delays_us, queue_delay_us))
-
-    def middle(self) -> tuple[int, ...]:
-        """The default start: the first format and preferred choice, the middle of each numeric dimension."""
-        _, ni, nb, _, nd = self.shape()
-        return (0, (ni - 1) // 2, nb // 2, 0, (nd - 1) // 2)
-
-
-class Observation(BaseModel):
-    """One measured candidate; a failed or unstable measurement is kept with its status and no numbers."""
-
-    candidate: Candidate
-    throughput: float | None = Field(None, description="Inferences per second.")
-    p99_ms: float | None = None
-    avg_ms: float | None = None
-    status: str = Field("ok", description="ok | unstable | error")
-    error: str = ""
-    seconds: float = Field(0.0, description="Wall time of the measurement (load + measure).")
-    throughput_cv: float | None = Field(None, description="The throughput's noise: its CV over the stable windows.")
-    latency_cv: float | None = Field(None, description="The latency's noise: its CV over the stable windows.")
-
-    @property
-    def ok(self) -> bool:
-        return self.status == "ok" and self.throughput is not None and self.p99_ms is not None
-
-
-TIE_K = 2.0  # candidates within 2 x their combined window noise of the best are a tie: the cheaper one wins
-
-
-class Objective(BaseModel):
-    """max_throughput: the highest throughput with p99 <= p99_budget_ms (no budget: unconstrained).
-    min_latency: the lowest p99 with throughput >= throughput_floor (no floor: unconstrained)."""
-
-    goal: Literal["max_throughput", "min_latency"] = "max_throughput"
-    p99_budget_ms: float | None = Field(None, gt=0, description="max_throughput: the p99 latency budget, in ms.")
-    throughput_floor: float | None = Field(
-        None, ge=0, description="min_latency: the least acceptable throughput, infer/s."
-    )
-
-    @model_validator(mode="after")
-    def _one_constraint(self) -> Objective:
-        if self.goal == "max_throughput" and self.throughput_floor is not None:
-            raise ValueError("max_throughput takes a p99 budget (p99_budget_ms), not a throughput floor")
-        if self.goal == "min_latency" and self.p99_budget_ms is not None:
-            raise ValueError("min_latency takes a throughput floor (throughput_floor), not a p99 budget")
-        return self
-
-    def feasible(self, o: Observation) -> bool:
-        if not o.ok:
-            return False
-        if self.goal == "max_throughput":
-            return self.p99_budget_ms is None or o.p99_ms <= self.p99_budget_ms
-        return self.throughput_floor is None or o.throughput >= self.throughput_floor
-
-    def value(self, o: Observation) -> float:
-        """Higher is better: throughput, or minus p99."""
-        return o.throughput if self.goal == "max_throughput" else -o.p99_ms
-
-    def violation(self, o: Observation) -> float:
-        """How far outside the constraint, relative (0 when feasible; inf when nothing was measured)."""
-        if not o.ok:
-            return math.inf
-        if self.goal == "max_throughput":
-            return 0.0 if self.p99_budget_ms is None else max(0.0, o.p99_ms / self.p99_budget_ms - 1)
-        return 0.0 if not self.throughput_floor else max(0.0, 1 - o.throughput / self.throughput_floor)
-
-    def within_noise(self, best: Observation, other: Observation, k: float = TIE_K) -> bool:
-        """Whether `other`'s objective is within `k` times the two measurements' combined noise of `best`'s: a
-        difference the windows cannot tell from noise. Unknown noise ties nothing."""
-        attr = "throughput_cv" if self.goal == "max_throughput" else "latency_cv"
-        noise = [getattr(o, attr) for o in (best, other)]
-        if any(n is None or math.isnan(n) for n in noise):
-            return False
-        return abs(self.value(best) - self.value(other)) <= k * math.hypot(*noise) * abs(self.value(best))
-
-    def rank(self, o: Observation) -> tuple[int, float]:
-        """Sort key, larger is better: feasible before infeasible, then the objective's value, else the smaller
-        violation (so a search can walk towards feasibility)."""
-        if self.feasible(o):
-            return (2, self.value(o))
-        return (1, -self.violation(o)) if o.ok else (0, 0.0)
-
-    def describe(self) -> str:
-        if self.goal == "max_throughput":
-            limit = f"p99 <= {self.p99_budget_ms:g} ms" if self.p99_budget_ms is not None else "no latency budget"
-            return f"highest throughput with {limit}"
-        limit = (
-            f"throughput >= {self.throughput_floor:g} infer/s"
-            if self.throughput_floor is not None
-            else "no throughput floor"
-        )
-        return f"lowest p99 latency with {limit}"
 
 
 class Evaluator(Protocol):
@@ -365,28 +115,35 @@ class SearchResult(BaseModel):
     def measured_fraction(self) -> float:
         return self.measured / self.grid_size if self.grid_size else 0.0
 
+    @property
+    def pooled(self) -> dict[str, float | None]:
+        return pooled_noise(self.observations)
+
     def feasible(self) -> list[Observation]:
-        """Feasible observations, best first."""
+        """Feasible observations (by FEASIBLE_K standard errors), best first."""
+        pooled = self.pooled
         return sorted(
-            (o for o in self.observations if self.objective.feasible(o)), key=self.objective.rank, reverse=True
+            (o for o in self.observations if self.objective.feasible(o, pooled)), key=self.objective.value, reverse=True
         )
 
     @property
+    def selection(self) -> Selection:
+        """The verdict: the best configuration, whether the windows could decide it, and why (objective.select)."""
+        return select(self.objective, self.observations)
+
+    @property
     def best(self) -> Observation | None:
-        """The best feasible observation; among those within noise of it, the cheapest configuration (fewest
-        instances, then the smallest max batch, fewest preferred sizes and shortest queue delay)."""
-        feasible = self.feasible()
-        if not feasible:
-            return None
-        tied = [o for o in feasible if o is feasible[0] or self.objective.within_noise(feasible[0], o)]
-        return min(tied, key=lambda o: (o.candidate.cost, -self.objective.value(o)))
+        """The chosen configuration: the measured best feasible one, or the cheapest of those shown equal to it
+        (fewest instances, then the smallest max batch, fewest preferred sizes and shortest queue delay)."""
+        return self.selection.best
 
     def closest(self) -> Observation | None:
         """The best-ranked observation, feasible or not (the least violation when none is feasible)."""
         return max(self.observations, key=self.objective.rank, default=None)
 
     def to_markdown(self, title: str = "Configuration search", plot: str | None = None) -> str:
-        best = self.best
+        selection = self.selection
+        best = selection.best
         lines = [
             f"## {title}",
             "",
@@ -403,6 +160,8 @@ class SearchResult(BaseModel):
                 f"**Best configuration**: {best.candidate.describe()}: **{best.throughput:.1f} infer/s**, "
                 f"p99 {best.p99_ms:.2f} ms.",
                 "",
+                _verdict_line(selection),
+                "",
             ]
         else:
             near = self.closest()
@@ -418,7 +177,8 @@ class SearchResult(BaseModel):
         top = self.feasible()[:10]
         if top:
             lines += ["### Top feasible configurations", "", _table(top), ""]
-        infeasible = sum(1 for o in self.observations if o.ok and not self.objective.feasible(o))
+        pooled = self.pooled
+        infeasible = sum(1 for o in self.observations if o.ok and not self.objective.feasible(o, pooled))
         failed = [o for o in self.observations if not o.ok]
         lines.append(
             f"Feasible: {len(self.feasible())}; over the limit: {infeasible}; failed or unstable: {len(failed)}."
@@ -440,11 +200,12 @@ class SearchResult(BaseModel):
         path.parent.mkdir(parents=True, exist_ok=True)
         fig, ax = plt.subplots(figsize=(7, 4.5))
         ok = [o for o in self.observations if o.ok]
+        pooled = self.pooled
         for feasible, style in (
             (True, dict(color="#76b900", label="feasible")),
             (False, dict(color="#999999", label="infeasible")),
         ):
-            pts = [o for o in ok if self.objective.feasible(o) == feasible]
+            pts = [o for o in ok if self.objective.feasible(o, pooled) == feasible]
             if pts:
                 ax.scatter([o.p99_ms for o in pts], [o.throughput for o in pts], s=22, alpha=0.8, **style)
         if self.objective.p99_budget_ms is not None:
@@ -482,6 +243,17 @@ class SearchResult(BaseModel):
         fig.savefig(path, dpi=110)
         plt.close(fig)
         return path
+
+
+def _verdict_line(selection: Selection) -> str:
+    """How sure the choice is: decided, a tie, or undetermined with the configurations the windows cannot separate."""
+    text = f"Verdict: **{selection.verdict}**: {selection.reason}."
+    if selection.contenders:
+        text += " Not separated from it: " + "; ".join(o.candidate.key for o in selection.contenders[:5])
+        text += " ..." if len(selection.contenders) > 5 else "."
+    if selection.near_limit:
+        text += f" {len(selection.near_limit)} configuration(s) meet the limit on their estimate but not by its noise."
+    return text
 
 
 def _table(observations: list[Observation]) -> str:

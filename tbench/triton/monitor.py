@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 import threading
+import time
 import urllib.request
 from collections.abc import Collection
 from dataclasses import dataclass, field
@@ -43,6 +44,9 @@ GPU_FAMILIES = (
 )
 
 ENERGY_TOTAL = "gpu_energy_total_j"
+# Triton refreshes its GPU metrics, the energy counter included, once per --metrics-interval-ms (default 2000): the
+# servers tbench starts pass this, so a point's energy is known to about one interval's worth at each end of its span
+METRICS_INTERVAL_MS = 100
 
 _METRIC_LINE = re.compile(r"^(\w+)\{([^}]*)\}\s+(\S+)$")
 _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
@@ -126,6 +130,41 @@ class _Samples:
     cpu: list[float] = field(default_factory=list)
     rss: list[float] = field(default_factory=list)
     gpu: list[dict[str, float]] = field(default_factory=list)
+    energy: list[tuple[float, float, int]] = field(default_factory=list)  # (monotonic s, counter J, requests served)
+
+
+@dataclass(frozen=True)
+class LoadEnergy:
+    """The serving GPUs' energy while the model served a steady load: per request, with what it rests on."""
+
+    joules_per_request: float
+    joules: float  # the counter's difference over the span
+    requests: int  # requests served in the same span
+    span_s: float
+    uncertainty_j: float  # of `joules`: one metrics interval's energy at each end (the counter is up to one poll old)
+
+
+def energy_under_load(
+    times: np.ndarray, energy: np.ndarray, requests: np.ndarray, interval_s: float = METRICS_INTERVAL_MS / 1000
+) -> LoadEnergy | None:
+    """Energy per request over the span the server was serving, from readings taken together of the energy counter
+    and the served-request count. The span starts one reading after the first that saw requests served (the counter
+    may be one poll old, still idle) and ends at the last reading before serving stopped, so perf_analyzer's start-up
+    and wind-down (idle power, no requests) are left out; under a steady load the measured windows draw the same
+    energy per request as the whole span. None when fewer than two readings fall under load."""
+    times, energy, requests = (np.asarray(a, dtype=float) for a in (times, energy, requests))
+    serving = np.flatnonzero(np.diff(requests) > 0)  # reading k -> k+1 saw requests served
+    if serving.size == 0:
+        return None
+    first, last = serving[0] + 2, serving[-1]
+    if last <= first:  # too short to leave the edges out: the whole span that served anything
+        first, last = serving[0], serving[-1] + 1
+    joules, served = energy[last] - energy[first], requests[last] - requests[first]
+    span = times[last] - times[first]
+    if served <= 0 or span <= 0:
+        return None
+    edge = joules / span * interval_s
+    return LoadEnergy(joules / served, joules, int(served), span, float(np.hypot(edge, edge)))
 
 
 class PointMonitor:
@@ -139,13 +178,16 @@ class PointMonitor:
         metrics_url: str | None = None,
         gpu_uuids: Collection[str] = (),
         interval_s: float = 0.5,
+        energy_interval_s: float = METRICS_INTERVAL_MS / 1000,
     ):
         self.grpc_url, self.model, self.processes = grpc_url, model, processes
         self.gpu_uuids = list(gpu_uuids)  # the GPUs serving the model (tbench.serving); none: no GPU columns
         self.metrics_url = metrics_url if self.gpu_uuids else None
         self.interval_s = interval_s
+        self.energy_interval_s = energy_interval_s  # readings of the energy counter and the request count, together
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._energy_thread: threading.Thread | None = None
         self._samples = _Samples()
         self._before: dict[str, int] | None = None
         self._energy_before: float | None = None
@@ -165,6 +207,9 @@ class PointMonitor:
         self._energy_before = self._energy()
         self._thread = threading.Thread(target=self._sample, daemon=True)
         self._thread.start()
+        if self.metrics_url:
+            self._energy_thread = threading.Thread(target=self._sample_energy, daemon=True)
+            self._energy_thread.start()
 
     def _gpu_metrics(self) -> dict[str, float]:
         if not self.metrics_url:
@@ -179,6 +224,22 @@ class PointMonitor:
         """The serving GPUs' energy counter now (J), read beside the statistics snapshots so both span the same
         requests."""
         return self._gpu_metrics().get(ENERGY_TOTAL)
+
+    def _sample_energy(self) -> None:
+        """The energy counter beside the model's served-request count, every energy interval (energy_under_load)."""
+        try:
+            client = self._client()
+        except Exception:
+            return
+        with client:
+            while not self._stop.wait(self.energy_interval_s):
+                try:
+                    served = model_statistics(client, self.model)["count"]
+                except Exception:
+                    return  # no statistics: the point keeps the counter's difference over it
+                joules = self._energy()
+                if joules is not None:
+                    self._samples.energy.append((time.monotonic(), joules, served))
 
     def _sample(self) -> None:
         procs = {p.pid: p for p in self.processes()}
@@ -203,8 +264,9 @@ class PointMonitor:
 
     def stop(self) -> dict[str, float]:
         self._stop.set()
-        if self._thread:
-            self._thread.join(timeout=5)
+        for thread in (self._thread, self._energy_thread):
+            if thread:
+                thread.join(timeout=5)
         row: dict[str, float] = {}
         energy_after = self._energy()
         if self._energy_before is not None and energy_after is not None:
@@ -215,6 +277,7 @@ class PointMonitor:
                     row.update(per_request_ms(self._before, model_statistics(client, self.model)))
             except Exception:
                 pass
+        row.update(self._energy_columns(row.get("triton_requests")))
         if self._samples.cpu:
             row["server_cpu_pct"] = float(np.mean(self._samples.cpu))  # 100 = one core busy
             row["server_rss_mb"] = float(np.max(self._samples.rss))
@@ -223,6 +286,23 @@ class PointMonitor:
             if values:
                 row[column] = float(np.mean(values)) if column != "gpu_mem_mb" else float(np.max(values))
         return row
+
+    def _energy_columns(self, requests: float | None) -> dict[str, float]:
+        """The point's energy as its requests drew it under load (energy_under_load x the point's requests: the
+        idle start-up and wind-down left out), its uncertainty and the span it was measured over."""
+        if len(self._samples.energy) < 2:
+            return {}
+        times, joules, served = np.array(self._samples.energy).T
+        load = energy_under_load(times, joules, served, METRICS_INTERVAL_MS / 1000)
+        if load is None:
+            return {}
+        scale = requests / load.requests if requests else 1.0
+        return {
+            "gpu_energy_j": load.joules * scale,
+            "gpu_energy_uncertainty_j": load.uncertainty_j * scale,
+            "gpu_energy_span_s": load.span_s,
+            "gpu_joules_per_request": load.joules_per_request,
+        }
 
 
 class NoMonitor:

@@ -39,6 +39,7 @@ from tbench.node import containers, procs, shm, tools
 from tbench.node import ports as loopback
 from tbench.request import run_suffix
 from tbench.triton.config import parse_pbtxt
+from tbench.triton.monitor import METRICS_INTERVAL_MS
 
 NGC_ULIMITS = ("memlock=-1", "stack=67108864")  # NGC's advice for the Triton image
 NGC_IMAGE = "nvcr.io/nvidia/tritonserver:24.10-py3"  # Triton 2.51, the release of our perf_analyzer
@@ -250,6 +251,7 @@ class ProcessServer(TritonServer):
             f"--grpc-port={ports['grpc']}",
             f"--metrics-address={address}",
             f"--metrics-port={ports['metrics']}",
+            f"--metrics-interval-ms={METRICS_INTERVAL_MS}",  # the energy counter's resolution (triton/monitor.py)
             "--model-control-mode=explicit",
             *(["--load-model=*"] if self.model_control == "all" else []),
             "--exit-on-error=true",
