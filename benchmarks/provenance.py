@@ -110,6 +110,9 @@ def git_state(root: str | Path = REPO) -> tuple[str | None, bool | None, list[st
         ).stdout
 
     try:
+        # a tree copied into another checkout (the GPU check's export) is not that checkout: its state is unknown
+        if Path(git("rev-parse", "--show-toplevel").strip()).resolve() != Path(root).resolve():
+            return None, None, []
         commit = git("rev-parse", "HEAD").strip()
         status = git(
             "status", "--porcelain", "--untracked-files=normal", "--", ":/", ":(top,exclude)benchmarks/results"

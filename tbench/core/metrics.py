@@ -70,7 +70,8 @@ _MEASUREMENT = {
     "request_rate": "The offered request rate of a rate point, in requests/s",
     "request_distribution": "A rate point's arrivals: poisson or constant",
     "status": "ok, unstable (measured, not stable within the windows), behind (a rate point the server did not keep up "
-    "with), client_bound (a rate point perf_analyzer could not send on time; the server kept up) or error",
+    "with), client_bound (a rate point perf_analyzer could not send on time; the server kept up), undetermined (a rate "
+    "point whose windows cannot tell whether it kept up: never read as ok) or error",
     "error": "Why a point is unstable or failed, in one line",
     "attempts": "perf_analyzer calls the point took (a retry has windows twice as long)",
     "measurement_request_count": "Requests per window asked of perf_analyzer in the attempt that counted",
@@ -103,8 +104,17 @@ _SERVER = {
     "gpu_util_pct": "Mean utilisation of the serving GPUs from Triton's metrics (empty without a GPU)",
     "gpu_mem_mb": "Memory used on the serving GPUs, summed, in MB (empty without a GPU)",
     "gpu_power_w": "Power of the serving GPUs, summed, in W (empty without a GPU)",
-    "gpu_energy_j": "Energy the serving GPUs used over the point (their energy counter's difference), in J",
+    "gpu_energy_j": "Energy the serving GPUs drew for the point's requests, in J: the energy per request over the span "
+    "requests were served (idle start-up and wind-down left out) times the requests Triton counted",
+    "gpu_energy_uncertainty_j": "gpu_energy_j's uncertainty, in J: the energy counter's refresh interval at either end "
+    "of the span",
+    "gpu_energy_span_s": "The span the energy was taken over: from the first to the last reading that saw requests served",
+    "gpu_joules_per_request": "Energy per request served over that span, in J",
 }
+# A point's status (the `status` column): the vocabulary every reader of results imports
+POINT_STATUSES = ("ok", "unstable", "behind", "client_bound", "undetermined", "error")
+UNDETERMINED = "undetermined"
+
 COLUMN_DESCRIPTIONS = {**_PUBLISHED, **_METRIC_DESCRIPTIONS, **_MEASUREMENT, **_SERVER}
 PUBLISHED_COLUMNS = [*_PUBLISHED, *(m.column for m in METRICS)]
 MEASUREMENT_COLUMNS = list(_MEASUREMENT)
