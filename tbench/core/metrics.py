@@ -108,7 +108,7 @@ _SERVER = {
     "requests were served (idle start-up and wind-down left out) times the requests Triton counted",
     "gpu_energy_uncertainty_j": "gpu_energy_j's uncertainty, in J: the energy counter's refresh interval at either end "
     "of the span",
-    "gpu_energy_span_s": "The span the energy was taken over: from the first to the last reading that saw requests served",
+    "gpu_energy_span_s": "The span the energy was taken over: the first to the last reading that saw requests served",
     "gpu_joules_per_request": "Energy per request served over that span, in J",
 }
 # A point's status (the `status` column): the vocabulary every reader of results imports
