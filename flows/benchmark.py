@@ -26,6 +26,7 @@ from tbench.core.precision import results_precision
 from tbench.correctness import require_passed
 from tbench.export import ConversionOptions
 from tbench.node import hardware as hw
+from tbench.node.host_load import HostLoad
 from tbench.plan import (
     accelerator_label,
     confirm_devices,
@@ -184,74 +185,77 @@ def _benchmark(req, hardware, adapter, tracker: RunTracker) -> str:
             if req.reuse_measurements
             else None
         )
-        for fmt, spec in measured:
-            name = req.triton_name(fmt)
-            model_format = (
-                fmt.label
-                if fmt is not Format.ENSEMBLE
-                else f"{fmt.label} ({' + '.join(a.format.label for _, a in composing)})"
-            )
-            # the models behind this one: itself, or an ensemble's composing models
-            behind = [n for n, _ in composing] if fmt is Format.ENSEMBLE else [name]
-            device = combined({plain_name(n): devices[n] for n in behind})  # the results name no GPU it did not use
-            tracker.served_on[fmt.value] = device.model_dump()
-            static = {
-                "model": req.model,
-                "model_size": req.size,
-                "gpu": device.label,
-                "format": fmt.value,
-                "backend": tracker.served_by[fmt.value],
-                "model_format": model_format,
-                "backend_accelerator": accelerator_label(req, hardware, fmt, native, device),
-                "precision": results_precision(  # what ran (tbench/precision.py), not what was asked
-                    [a for a in served if a.format is fmt] or [a for _, a in composing],
-                    req.precision,
-                    lambda f: accelerator_label(req, hardware, f, native, by_format[f]),
-                ),
-                "max_batch_size": req.max_batch_size,
-                "model_instances": req.model_instances,
-            }
-            for scenario in req.scenarios:
-                key = f"perf-{scenario.value}-{fmt.value}"
-                offline = scenario is Scenario.OFFLINE
-                served_as = serving_config(req, hardware, fmt, device)
-                served_as = served_as.static() if offline else served_as
-                batching = {"batching": served_as.batching, "max_queue_delay_us": served_as.queue_delay_us}
-                with (
-                    tracker.stage(key),
-                    configs_loaded(server, {n: offline_configs[n] for n in behind} if offline else {}),
-                ):
-                    points = plan_points(
-                        [scenario],
-                        req.batch_sizes,
-                        req.concurrency,
-                        req.request_rates,
-                        req.request_distribution,
-                        req.online_batch_size,
-                    )
-                    perf_task(
-                        scenario,
-                        points,
-                        model=name,
-                        grpc_url=server.endpoints.grpc_url,
-                        spec=spec,
-                        m=req.measurement,
-                        layout=layout,
-                        static={**static, **batching},
-                        on_row=lambda t, k=key: tracker.save_points(k, t),
-                        gpu_env=pinned_env(req.server, hardware),  # perf_analyzer's CUDA memory: the server's GPU
-                        server_alive=server.alive,
-                        inputs=perf_inputs,
-                        on_composing=tracker.save_composing,
-                        monitor=PointMonitor(
-                            server.endpoints.grpc_url,
-                            name,
-                            server.processes,
-                            server.endpoints.metrics_url,
-                            gpu_uuids=device.gpu_uuids,
-                        ),
-                        cache=cache.for_model(static) if cache else None,
-                    )
+        host_load = HostLoad(own=server.processes)  # other processes' CPU, over the measured sweeps only
+        tracker.host = host_load.summary  # filled in as it goes: an interrupted run keeps what was seen
+        with host_load:
+            for fmt, spec in measured:
+                name = req.triton_name(fmt)
+                model_format = (
+                    fmt.label
+                    if fmt is not Format.ENSEMBLE
+                    else f"{fmt.label} ({' + '.join(a.format.label for _, a in composing)})"
+                )
+                # the models behind this one: itself, or an ensemble's composing models
+                behind = [n for n, _ in composing] if fmt is Format.ENSEMBLE else [name]
+                device = combined({plain_name(n): devices[n] for n in behind})  # the results name no GPU it did not use
+                tracker.served_on[fmt.value] = device.model_dump()
+                static = {
+                    "model": req.model,
+                    "model_size": req.size,
+                    "gpu": device.label,
+                    "format": fmt.value,
+                    "backend": tracker.served_by[fmt.value],
+                    "model_format": model_format,
+                    "backend_accelerator": accelerator_label(req, hardware, fmt, native, device),
+                    "precision": results_precision(  # what ran (tbench/precision.py), not what was asked
+                        [a for a in served if a.format is fmt] or [a for _, a in composing],
+                        req.precision,
+                        lambda f: accelerator_label(req, hardware, f, native, by_format[f]),
+                    ),
+                    "max_batch_size": req.max_batch_size,
+                    "model_instances": req.model_instances,
+                }
+                for scenario in req.scenarios:
+                    key = f"perf-{scenario.value}-{fmt.value}"
+                    offline = scenario is Scenario.OFFLINE
+                    served_as = serving_config(req, hardware, fmt, device)
+                    served_as = served_as.static() if offline else served_as
+                    batching = {"batching": served_as.batching, "max_queue_delay_us": served_as.queue_delay_us}
+                    with (
+                        tracker.stage(key),
+                        configs_loaded(server, {n: offline_configs[n] for n in behind} if offline else {}),
+                    ):
+                        points = plan_points(
+                            [scenario],
+                            req.batch_sizes,
+                            req.concurrency,
+                            req.request_rates,
+                            req.request_distribution,
+                            req.online_batch_size,
+                        )
+                        perf_task(
+                            scenario,
+                            points,
+                            model=name,
+                            grpc_url=server.endpoints.grpc_url,
+                            spec=spec,
+                            m=req.measurement,
+                            layout=layout,
+                            static={**static, **batching},
+                            on_row=lambda t, k=key: tracker.save_points(k, t),
+                            gpu_env=pinned_env(req.server, hardware),  # perf_analyzer's CUDA memory: the server's GPU
+                            server_alive=server.alive,
+                            inputs=perf_inputs,
+                            on_composing=tracker.save_composing,
+                            monitor=PointMonitor(
+                                server.endpoints.grpc_url,
+                                name,
+                                server.processes,
+                                server.endpoints.metrics_url,
+                                gpu_uuids=device.gpu_uuids,
+                            ),
+                            cache=cache.for_model(static) if cache else None,
+                        )
     except BaseException as err:
         _finish(tracker, req, hardware, server, error=err)
         raise
@@ -272,6 +276,7 @@ def _finish(tracker: RunTracker, req, hardware, server, error: BaseException | N
         "served_on": tracker.served_on,  # per measured format: the results' gpu label, and why
         "measured_shapes": tracker.measured_shapes,  # each dynamic dim's measured value
         "environment": tracker.environment,  # server identity, tool versions, model digests (tbench.history)
+        "host": tracker.host,  # other processes' CPU during the sweeps (tbench.node.host_load, tbench.history)
         "artifact_url": run_url(req.output, layout.run_id),
         "local_dir": str(layout.run_dir),
     }

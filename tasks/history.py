@@ -1,6 +1,7 @@
 """After a run is stored: its model's history judged and the static site refreshed (tbench.history), a link to the site
-on the flow run's page, and, where the newest run made a series regress, a Prefect event that an automation can act
-on (`tbench.history.regressed`). A history that cannot be read or written is a warning, never the run's failure."""
+on the flow run's page, and, where the newest run confirmed a regression, a Prefect event that an automation can act
+on (`tbench.history.regressed`): once per change, from the run that confirms it, however late (History.news). A
+history that cannot be read or written is a warning, never the run's failure."""
 
 from __future__ import annotations
 

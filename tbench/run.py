@@ -58,6 +58,8 @@ class RunTracker:
         # what was underneath the numbers (the server that answered, tool and runtime versions, each served model's
         # source digest), so a change in a history of runs can be put down to what differed
         self.environment: dict = {}
+        # other processes' CPU while the sweeps measured (tbench.node.host_load), so a noisy neighbour can be named
+        self.host: dict = {}
         self._log_handler: logging.Handler | None = None
 
     @contextlib.contextmanager

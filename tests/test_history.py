@@ -17,8 +17,8 @@ import pytest
 from browser import headless_chromium, needs_chromium
 
 from tbench.core.metrics import RESULT_COLUMNS
-from tbench.history.analysis import analyse
-from tbench.history.attribute import differences
+from tbench.history.analysis import EXIT_CODES, MIN_RUNS, REGRESSION, UNDETERMINED, analyse
+from tbench.history.attribute import OTHER_CPU_MOVED_PCT, differences
 from tbench.history.series import build_series, load_points
 from tbench.history.site import write_site
 from tbench.results.dataset import add_run_to_dataset
@@ -27,7 +27,14 @@ TBENCH = str(Path(sys.executable).with_name("tbench"))
 RUNS, STEP_AT, DROP = 12, 9, 0.15
 
 
-def store_run(root: Path, night: int, throughput: float, instances: int, onnxruntime: str = "1.32.0") -> str:
+def store_run(
+    root: Path,
+    night: int,
+    throughput: float,
+    instances: int,
+    onnxruntime: str = "1.32.0",
+    other_cpu_pct: float | None = None,
+) -> str:
     started = dt.datetime(2026, 11, 1, 2, 0, tzinfo=dt.UTC) + dt.timedelta(days=night)
     run_id = f"tiny-{started:%Y%m%d-%H%M%S}-{night:06x}"
     run_dir = root / run_id
@@ -48,6 +55,8 @@ def store_run(root: Path, night: int, throughput: float, instances: int, onnxrun
         "hardware": {"hostname": "worker-1", "cpu_cores": 2, "gpus": []},
         "environment": {"server": {"mode": "embedded", "version": "2.51.0"}, "tools": {"onnxruntime": onnxruntime}},
     }
+    if other_cpu_pct is not None:  # as tbench.node.host_load records it
+        manifest["host"] = {"other_cpu_pct": {"mean": other_cpu_pct, "max": other_cpu_pct * 1.1}}
     (run_dir / "manifest.json").write_text(json.dumps(manifest))
     add_run_to_dataset(run_dir, str(root), run_id, "completed")
     return run_id
@@ -77,7 +86,7 @@ def test_the_planted_step_is_found_where_it_was_planted_and_put_down_to_the_inst
     assert history.verdict == "regression"
     found = {f.series.metric.label: f for f in history.findings if not f.candidate}
     assert set(found) == {"throughput", "p50 latency", "p99 latency"}  # nothing else: the runs before are flat
-    assert all(f.change.index == STEP_AT and f.regression and f.recent for f in found.values())
+    assert all(f.change.index == STEP_AT and f.regression and f.new for f in found.values())
     assert found["throughput"].change.relative == pytest.approx(-DROP, abs=0.03)
     (cause,) = found["throughput"].differences
     assert cause.line() == "model instances: 2 → 1" and cause.at_change
@@ -103,7 +112,7 @@ def test_the_site_has_an_index_model_pages_with_plots_and_the_regressions(root, 
     assert (root / history.series[0].runs["run_id"].iloc[0]).as_uri() in model_page  # each run links to its folder
 
 
-def test_the_cli_exits_1_on_a_regression_and_0_on_a_flat_history(root, tmp_path):
+def test_the_cli_exits_1_on_a_regression_0_on_a_flat_history_and_2_on_too_few_runs(root, tmp_path):
     done = subprocess.run(
         [TBENCH, "history", str(root), "--output", str(tmp_path / "site")], capture_output=True, text=True
     )
@@ -115,6 +124,11 @@ def test_the_cli_exits_1_on_a_regression_and_0_on_a_flat_history(root, tmp_path)
     done = subprocess.run([TBENCH, "history", str(flat)], capture_output=True, text=True)
     assert done.returncode == 0 and done.stdout.startswith("no regression"), done.stdout + done.stderr
     assert (flat / "history" / "index.html").is_file()
+    short = tmp_path / "short"  # fewer runs than a change needs to be confirmed: the CLI says so, and exits 2
+    for night in range(MIN_RUNS - 1):
+        store_run(short, night, 1000 * (1 + 0.01 * np.sin(night)), 2)
+    done = subprocess.run([TBENCH, "history", str(short)], capture_output=True, text=True)
+    assert done.returncode == 2 and done.stdout.startswith("undetermined: 3 series over 5 runs (not enough runs")
 
 
 @needs_chromium
@@ -144,3 +158,79 @@ def test_a_run_is_news_when_it_is_in_a_confirmed_regression_among_the_newest_run
     run_ids = list(history.series[0].runs["run_id"])
     assert {f.series.metric.label for f in history.news(run_ids[-1])} == {"throughput", "p50 latency", "p99 latency"}
     assert history.news(run_ids[STEP_AT - 1]) == []  # a run before the step
+
+
+def jitter(night: int) -> float:
+    return 1 + 0.005 * np.sin(1.7 * night)
+
+
+def throughput_finding(history, index: int):
+    (finding,) = [f for f in history.findings if f.series.metric.label == "throughput" and f.change.index == index]
+    return finding
+
+
+# a 10% drop at night 8 with two odd nights among the five after it: confirmed by the fifth (tests/test_history_detect)
+LATE = [1000, 1004, 996, 1002, 998, 1001, 999, 1003] + [901, 700, 899, 1150, 902, 898, 903]
+
+
+def test_a_change_confirmed_on_the_fifth_run_after_it_alerts_once_on_that_run(tmp_path):
+    told, codes = {}, {}
+    for night, throughput in enumerate(LATE):
+        run_id = store_run(tmp_path, night, throughput, 2)
+        history = analyse(str(tmp_path))  # as the nightly history stage judges the run just stored
+        told[night] = {f.series.metric.label for f in history.news(run_id)}
+        codes[night] = EXIT_CODES[history.verdict]
+    assert [n for n, labels in told.items() if "throughput" in labels] == [12]  # the fifth run after the step
+    assert codes[12] == 1 and all(codes[n] == 1 for n, labels in told.items() if labels)
+    assert all(codes[n] == 0 for n, labels in told.items() if not labels and n + 1 >= MIN_RUNS)
+    for label in ("throughput", "p50 latency", "p99 latency"):  # each series tells its change once at most
+        assert sum(label in labels for labels in told.values()) <= 1
+
+
+def test_a_later_change_of_the_same_field_keeps_the_cause_of_the_first(tmp_path):
+    """onnxruntime 1.17 -> 1.18 came with the regression; 1.19 later changed nothing."""
+    for night in range(22):
+        runtime = "1.17.0" if night < 8 else "1.18.0" if night < 16 else "1.19.0"
+        store_run(tmp_path, night, (850 if night >= 8 else 1000) * jitter(night), 2, onnxruntime=runtime)
+    finding = throughput_finding(analyse(str(tmp_path)), 8)
+    assert finding.regression and finding.differences[0].line() == "tool versions: onnxruntime: 1.17.0 → 1.18.0"
+    assert finding.differences[0].at_change
+
+
+def test_a_revert_names_the_field_at_both_changes(tmp_path):
+    for night in range(24):
+        runtime = "1.18.0" if 8 <= night < 16 else "1.17.0"
+        store_run(tmp_path, night, (850 if 8 <= night < 16 else 1000) * jitter(night), 2, onnxruntime=runtime)
+    history = analyse(str(tmp_path))
+    regression, recovery = throughput_finding(history, 8), throughput_finding(history, 16)
+    assert regression.regression and not recovery.regression
+    assert [d.line() for d in regression.differences] == ["tool versions: onnxruntime: 1.17.0 → 1.18.0"]
+    assert [d.line() for d in recovery.differences] == ["tool versions: onnxruntime: 1.18.0 → 1.17.0"]
+
+
+def test_a_noisy_neighbour_is_named(tmp_path):
+    """The issue's reproduction: 8 runs, two busy loops beside runs 5-8; the manifests' host load names them."""
+    for night in range(8):
+        busy = night >= 4
+        store_run(tmp_path, night, (330 if busy else 1000) * jitter(night), 2, other_cpu_pct=190.0 if busy else 8.0)
+    finding = throughput_finding(analyse(str(tmp_path)), 4)
+    assert [d.line() for d in finding.differences] == ["other processes used 1.9 cores during runs 5-8, 0.1 before"]
+
+
+def test_other_processes_cpu_that_moved_less_than_its_threshold_is_not_named():
+    def manifest(cpu):
+        return {"host": {"other_cpu_pct": {"mean": cpu, "max": cpu}}}
+
+    before, after = [manifest(10.0)] * 4, [manifest(10.0 + OTHER_CPU_MOVED_PCT - 1)] * 3
+    assert differences(before, after) == []
+    assert len(differences(before, [manifest(10.0 + OTHER_CPU_MOVED_PCT)] * 3)) == 1
+
+
+def test_too_few_runs_are_undetermined_not_no_regression(tmp_path):
+    for night in range(MIN_RUNS - 1):
+        store_run(tmp_path, night, 1000 * jitter(night), 2)
+    history = analyse(str(tmp_path))
+    assert history.verdict == UNDETERMINED and EXIT_CODES[history.verdict] == 2
+    assert "not enough runs" in history.summary()
+    store_run(tmp_path, MIN_RUNS - 1, 1000, 2)
+    assert analyse(str(tmp_path)).verdict not in (UNDETERMINED, REGRESSION)  # flat, and long enough to judge

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tbench.history.detect import Change, detect_changes, judge_latest, series_noise
+from tbench.history.detect import MIN_SIZE, detect_changes, judge, judge_latest, series_noise
 
 SEEDS = range(5)
 
@@ -22,10 +22,11 @@ def test_a_clean_step_is_found_where_it_is_with_its_sign(seed, step):
     changes = detect_changes(values, [0.02] * 30)
     assert len(changes) == 1
     c = changes[0]
-    assert isinstance(c, Change) and c.confirmed
     assert c.index == 18 and np.sign(c.relative) == np.sign(step)
     assert c.relative == pytest.approx(step, abs=0.02) and c.p_value <= 0.001
     assert c.before == pytest.approx(values[:18].mean()) and c.after == pytest.approx(values[18:].mean())
+    told = [runs for runs in range(19, 31) if judge(values[:runs], [0.02] * runs).new]
+    assert len(told) == 1 and told[0] <= 18 + 2 * MIN_SIZE  # confirmed, and told, once
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -140,3 +141,36 @@ def test_judge_latest_confirms_a_step_once(seed):
     for v in flagged.values():
         assert abs(v.index - 20) <= 1 and v.relative < 0
     assert [c.index for c in detect_changes(values, 0.02)] == [20]
+
+
+# eight steady nights, a 10% drop, and two odd nights among the five after it: the third run after the step is not
+# enough, the change is confirmed by the fifth (before, a change was news only while its start was among the newest
+# 3 runs, so this one was never told)
+LATE = [1000, 1004, 996, 1002, 998, 1001, 999, 1003] + [901, 700, 899, 1150, 902, 898, 903]
+LATE_STEP = 8
+
+
+def test_a_change_confirmed_on_the_fifth_run_after_its_step_is_new_once_on_that_run():
+    news = {runs: judge(LATE[:runs], 0.01).new for runs in range(1, len(LATE) + 1)}
+    confirming = [runs for runs, new in news.items() if new]
+    assert confirming == [LATE_STEP + 5]
+    (change,) = news[LATE_STEP + 5]
+    assert abs(change.index - LATE_STEP) <= 1 and change.relative == pytest.approx(-0.10, abs=0.01)
+    for runs in range(LATE_STEP + 6, len(LATE) + 1):  # still a change on the runs after, and no longer news
+        judged = judge(LATE[:runs], 0.01)
+        assert [c.index for c in judged.changes] == [LATE_STEP] and judged.new == [] and judged.candidate is None
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_judge_tells_each_change_once_night_by_night(seed):
+    values = noisy(30, 0.02, seed)
+    values[10:] *= 0.88
+    values[20:] /= 0.88  # and back
+    told = [(runs, c) for runs in range(1, 31) for c in judge(values[:runs], 0.02).new]
+    assert [np.sign(c.relative) for _, c in told] == [-1, 1]  # the drop once, then the recovery once
+    assert [abs(c.index - at) < MIN_SIZE for (_, c), at in zip(told, (10, 20))] == [True, True]
+
+
+def test_judge_a_short_series_cannot_decide():
+    assert not judge([1000.0, 900.0, 905.0, 898.0, 902.0], 0.01).decidable
+    assert judge(LATE[:6], 0.01).decidable

@@ -111,7 +111,8 @@ def history(
     min_effect: float = typer.Option(0.05, help="Smallest relative step that counts as a change, e.g. 0.05 for 5%."),
 ) -> None:
     """Every series of the stored runs judged for step changes, each change put down to what differed in the runs'
-    manifests, and a static site of it all; exit 0 (no regression), 1 (a regression in a series' newest runs)."""
+    manifests, and a static site of it all; exit 0 (no regression), 1 (a series' newest run confirmed a regression:
+    once per change, on the run that confirms it), 2 (undetermined: no series has enough runs to confirm a change)."""
     from tbench.core.storage import error_cause, store_errors
     from tbench.history.analysis import EXIT_CODES, analyse
     from tbench.history.site import default_target, publish_site
@@ -124,7 +125,7 @@ def history(
         except store_errors() as err:
             raise StorageError(f"cannot read or write the history of {root}: {error_cause(err)}") from None
     for finding in judged.findings:
-        if finding.recent:
+        if finding.new or finding.candidate:  # what the newest runs said; older changes are on the site
             console.print(finding.line(), markup=False, highlight=False)
-    typer.echo(f"{judged.verdict}: {len(judged.series)} series over {judged.runs} runs; site: {index}")
+    typer.echo(f"{judged.summary()}; site: {index}")
     raise typer.Exit(EXIT_CODES[judged.verdict])

@@ -1,17 +1,20 @@
 """A history judged: every series of an artifact root (tbench.history.series) run through the change detector
-(tbench.history.detect), each change attributed from the manifests (tbench.history.attribute), and a verdict a
-scheduled run or a CI job can gate on: a regression in the newest runs of any series."""
+(tbench.history.detect), each change attributed from the manifests of its neighbouring segments
+(tbench.history.attribute), and a verdict a scheduled run or a CI job can gate on: a regression that a series' newest
+run confirmed. Each change is news once, on the run that confirms it; the runs after it see it as history."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from tbench.history.attribute import Difference, differences
-from tbench.history.detect import Change, detect_changes, judge_latest
+from tbench.history.detect import MIN_SIZE, Change, judge
 from tbench.history.series import Series, build_series, load_points
 
-RECENT_RUNS = 3  # a change that starts within a series' newest runs is news: the verdict is about these
-EXIT_CODES = {"no regression": 0, "regression": 1, "no history": 0}
+MIN_RUNS = 2 * MIN_SIZE  # a series shorter than this cannot hold a confirmed change: it cannot be judged yet
+NO_HISTORY, NO_REGRESSION, REGRESSION, UNDETERMINED = "no history", "no regression", "regression", "undetermined"
+# undetermined: no series has MIN_RUNS runs yet; like compare's "not comparable", a gate must not read it as a pass
+EXIT_CODES = {NO_REGRESSION: 0, REGRESSION: 1, NO_HISTORY: 0, UNDETERMINED: 2}
 
 
 @dataclass
@@ -20,8 +23,8 @@ class Finding:
     change: Change
     regression: bool  # the metric moved the bad way (throughput down, latency up)
     differences: list[Difference]
-    recent: bool  # it starts within the series' newest RECENT_RUNS runs
-    candidate: bool = False  # the newest run alone: not yet confirmed by runs after it (judge_latest)
+    new: bool = False  # the series' newest run confirmed it (no run before did): what to alert on, once
+    candidate: bool = False  # the newest run alone: not yet confirmed by runs after it
 
     @property
     def run_before(self) -> str:
@@ -30,6 +33,10 @@ class Finding:
     @property
     def run_after(self) -> str:
         return self.series.runs["run_id"].iloc[self.change.index]
+
+    @property
+    def newest_run(self) -> str:
+        return self.series.runs["run_id"].iloc[-1]
 
     def line(self) -> str:
         kind = "regression" if self.regression else "improvement"
@@ -51,29 +58,64 @@ class History:
     def regressions(self) -> list[Finding]:
         return [f for f in self.findings if f.regression]
 
+    @property
+    def alerts(self) -> list[Finding]:
+        """The confirmed regressions that their series' newest run confirmed: what the verdict gates on."""
+        return [f for f in self.findings if f.regression and f.new and not f.candidate]
+
     def news(self, run_id: str) -> list[Finding]:
-        """The confirmed regressions `run_id` is part of, among a series' newest runs: what to tell people about."""
-        return [
-            f
-            for f in self.findings
-            if f.regression
-            and f.recent
-            and not f.candidate
-            and run_id in set(f.series.runs["run_id"][f.change.index :])
-        ]
+        """The confirmed regressions `run_id` confirmed, each told once: on a later run it is no longer news, and a
+        series that `run_id` did not measure has nothing new to say."""
+        return [f for f in self.alerts if f.newest_run == run_id]
+
+    @property
+    def too_short(self) -> list[Series]:
+        """The series with fewer than MIN_RUNS runs: no change in them can be confirmed yet."""
+        return [s for s in self.series if s.runs["value"].notna().sum() < MIN_RUNS]
 
     @property
     def verdict(self) -> str:
-        """A confirmed regression in some series' newest runs; a candidate (the newest run alone, which cannot tell a
-        step from an odd night) is shown, not gated on."""
+        """A regression that a series' newest run confirmed; a candidate (the newest run alone, which cannot tell a
+        step from an odd night) is shown, not gated on; no series long enough to judge is "undetermined"."""
         if not self.series:
-            return "no history"
-        news = [f for f in self.findings if f.regression and f.recent and not f.candidate]
-        return "regression" if news else "no regression"
+            return NO_HISTORY
+        if self.alerts:
+            return REGRESSION
+        return UNDETERMINED if len(self.too_short) == len(self.series) else NO_REGRESSION
+
+    def summary(self) -> str:
+        """The verdict in one line, with why where the runs cannot decide."""
+        line = f"{self.verdict}: {len(self.series)} series over {self.runs} runs"
+        if self.verdict == UNDETERMINED:
+            return line + f" (not enough runs: every series has fewer than {MIN_RUNS}, the fewest to confirm a change)"
+        short = len(self.too_short)
+        return line + (f" ({short} not judged yet: fewer than {MIN_RUNS} runs)" if short else "")
 
 
 def _is_regression(series: Series, change: Change) -> bool:
     return (change.relative < 0) if series.metric.higher_is_better else (change.relative > 0)
+
+
+def judge_series(series: Series, manifests: dict[str, dict], min_effect: float = 0.05) -> list[Finding]:
+    """One series judged as of its newest run (tbench.history.detect.judge): its changes (set on the series), which of
+    them its newest run confirmed, a candidate, and what differed at each. The decision `tbench history`, the nightly
+    history stage and benchmarks/calibration_history.py all take."""
+    values, noise = series.runs["value"].to_numpy(float), series.runs["noise"].to_numpy(float)
+    judged = judge(values, noise, min_effect=min_effect)
+    series.changes = judged.changes
+    run_ids = list(series.runs["run_id"])
+    ends = [0, *(c.index for c in judged.changes), len(run_ids)]
+    found = [(c, ends[i], ends[i + 2], c in judged.new, False) for i, c in enumerate(judged.changes)]
+    if judged.candidate is not None:
+        found.append((judged.candidate, ends[-2], len(run_ids), False, True))
+    findings = []
+    for change, start, end, new, candidate in found:
+        # the neighbouring segments only: a later change of the same field (or its revert) cannot erase this one
+        before = [manifests.get(r, {}) for r in run_ids[start : change.index]]
+        after = [manifests.get(r, {}) for r in run_ids[change.index : end]]
+        cause = differences(before, after, first_run=start)
+        findings.append(Finding(series, change, _is_regression(series, change), cause, new=new, candidate=candidate))
+    return findings
 
 
 def analyse(root: str, model: str | None = None, gpu: str | None = None, min_effect: float = 0.05) -> History:
@@ -81,24 +123,5 @@ def analyse(root: str, model: str | None = None, gpu: str | None = None, min_eff
     points, manifests = load_points(root, model=model, gpu=gpu)
     history = History(root=root, series=build_series(points), runs=len(manifests))
     for series in history.series:
-        values, noise = series.runs["value"].to_numpy(float), series.runs["noise"].to_numpy(float)
-        series.changes = detect_changes(values, noise, min_effect=min_effect)
-        found = [(c, False) for c in series.changes]
-        latest = judge_latest(values, noise, min_effect=min_effect)
-        if latest is not None and not latest.confirmed:  # a confirmed one is among the changes already
-            found.append((latest, True))
-        run_ids = list(series.runs["run_id"])
-        for change, candidate in found:
-            before = [manifests.get(r, {}) for r in run_ids[: change.index]]
-            after = [manifests.get(r, {}) for r in run_ids[change.index :]]
-            history.findings.append(
-                Finding(
-                    series=series,
-                    change=change,
-                    regression=_is_regression(series, change),
-                    differences=differences(before, after),
-                    recent=change.index >= len(run_ids) - RECENT_RUNS,
-                    candidate=candidate,
-                )
-            )
+        history.findings += judge_series(series, manifests, min_effect=min_effect)
     return history

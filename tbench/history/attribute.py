@@ -1,16 +1,22 @@
 """Attribution: what differed underneath a series between the runs before a change and the runs after it, read from
 their manifests: the server (mode, binary or image, version), the tool and runtime versions, the model's source
 digest, the serving configuration, the measurement settings, the worker host and its hardware (CPUs it may use, GPU
-UUIDs, driver, CUDA).
+UUIDs, driver, CUDA), and the CPU that other processes on the host used while the run measured (a noisy neighbour,
+the commonest cause of a step on a shared node; tbench.node.host_load).
 
-A benchmark tool alone sees a step; the manifests say whether it came with a new onnxruntime, a different GPU or one
-instance fewer. What differed is not proof of cause, so every difference is listed, the ones that flipped exactly at
-the change first.
+A benchmark tool alone sees a step; the manifests say whether it came with a new onnxruntime, a different GPU, one
+instance fewer or a busy neighbour. What differed is not proof of cause, so every difference is listed, the ones that
+flipped exactly at the change first. Each change is compared over its neighbouring segments only (back to the previous
+change, on to the next), so a field that changes again later, or reverts, still names the change it came with.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+import numpy as np
+
+from tbench.history.detect import MIN_SIZE
 
 # manifest paths worth comparing (dotted), and the label a reader knows them by
 WATCHED = {
@@ -38,15 +44,31 @@ WATCHED = {
 }
 
 
+NONE = "(none)"  # a field a manifest does not have
+
+# other processes' CPU during a run's measured sweeps, in % of one core (tbench.node.host_load): a move of a quarter
+# core is far above what an idle node drifts by (a few %) and well below one busy neighbour (100 per busy thread)
+OTHER_CPU_MOVED_PCT = 25.0
+# numeric manifest paths (dotted): label, how far their median must move across a change to count, how to say it
+NUMERIC = {
+    "host.other_cpu_pct.mean": (
+        "other processes' CPU",
+        OTHER_CPU_MOVED_PCT,
+        "other processes used {after:.1f} cores during {runs}, {before:.1f} before",
+    ),
+}
+
+
 @dataclass(frozen=True)
 class Difference:
     what: str  # the label (WATCHED), with the sub-key for dicts: "tool versions: onnxruntime"
     before: str
     after: str
     at_change: bool  # the last run before and the first run after differ in it (not only somewhere in the segments)
+    words: str = ""  # how to say it where "what: before → after" would not (a numeric field's levels and runs)
 
     def line(self) -> str:
-        return f"{self.what}: {self.before} → {self.after}"
+        return self.words or f"{self.what}: {self.before} → {self.after}"
 
 
 def flatten(manifest: dict) -> dict[str, str]:
@@ -54,14 +76,19 @@ def flatten(manifest: dict) -> dict[str, str]:
     key."""
     values = {}
     for path, label in WATCHED.items():
-        value = manifest
-        for part in path.split("."):
-            value = value.get(part) if isinstance(value, dict) else None
+        value = _get(manifest, path)
         if isinstance(value, dict):
             values.update({f"{label}: {k}": _text(v) for k, v in sorted(value.items())})
         elif value is not None:
             values[label] = _text(value)
     return values
+
+
+def _get(manifest: dict, path: str):
+    value = manifest
+    for part in path.split("."):
+        value = value.get(part) if isinstance(value, dict) else None
+    return value
 
 
 def _text(value) -> str:
@@ -70,18 +97,68 @@ def _text(value) -> str:
     return str(value)
 
 
-def differences(before: list[dict], after: list[dict]) -> list[Difference]:
-    """What differs between the manifests of the runs before a change and after it (each oldest first): a value is
-    listed when the runs after it agree on one the runs before never had. Those that flipped exactly between the last
-    run before and the first after come first."""
+def differences(before: list[dict], after: list[dict], first_run: int = 0) -> list[Difference]:
+    """What differs between the manifests of the runs before a change and after it (each oldest first; pass the
+    neighbouring segments, previous change to this one to the next, so that a later change of the same field does not
+    hide this one). `first_run`: the position of before[0] in the series, to name runs by their number.
+
+    A value is listed when the runs that confirmed the change (the first `MIN_SIZE` after it) agree on one that the
+    runs before never had, or that differs from the one the runs just before agreed on; it may flip up to
+    MIN_SIZE - 1 runs off the change's index, where a noisy series can put it. A numeric field (NUMERIC) is listed
+    when its median moved by its threshold. Those that flipped exactly between the last run before and the first after
+    come first."""
     if not before or not after:
         return []
-    flat_before, flat_after = [flatten(m) for m in before], [flatten(m) for m in after]
-    found = []
-    for label in sorted(set().union(*flat_before, *flat_after)):
-        seen_before = {f.get(label, "(none)") for f in flat_before}
-        seen_after = {f.get(label, "(none)") for f in flat_after}
-        if len(seen_after) == 1 and not seen_after & seen_before:
-            last, first = flat_before[-1].get(label, "(none)"), flat_after[0].get(label, "(none)")
-            found.append(Difference(label, last, first, at_change=last != first))
+    found = _flipped(before, after) + _moved(before, after, first_run)
     return sorted(found, key=lambda d: (not d.at_change, d.what))
+
+
+def _flipped(before: list[dict], after: list[dict]) -> list[Difference]:
+    runs = [flatten(m) for m in before + after]
+    change, confirming = len(before), min(MIN_SIZE, len(after))
+    labels = sorted(set().union(*runs))
+    found = {}
+    # exactly at the change first, then up to min_size - 1 runs either side: a noisy series can put the change a run or
+    # two off the one whose manifest flipped (judge() takes a change moved by less than min_size as the same one)
+    splits = [change + offset for distance in range(MIN_SIZE) for offset in sorted({-distance, distance})]
+    for split in (s for s in splits if 0 < s < len(runs)):
+        for label in (label for label in labels if label not in found):
+            value = _agreed(runs[split : split + confirming], label)
+            if value is None or not _new_at(runs, split, label, value, confirming):
+                continue
+            at_change = runs[change - 1].get(label, NONE) != runs[change].get(label, NONE)
+            found[label] = Difference(label, runs[split - 1].get(label, NONE), value, at_change=at_change)
+    return list(found.values())
+
+
+def _agreed(runs: list[dict[str, str]], label: str) -> str | None:
+    """The one value the runs have for `label`, or None where they differ."""
+    values = {r.get(label, NONE) for r in runs}
+    return next(iter(values)) if len(values) == 1 else None
+
+
+def _new_at(runs: list[dict[str, str]], split: int, label: str, value: str, confirming: int) -> bool:
+    """`value` starts at `split`: no run of the segment before had it, or the runs just before agreed on another (a
+    revert to a value the segment had earlier, e.g. 1.17 -> 1.18 -> 1.17 with the first change not found)."""
+    if value not in {r.get(label, NONE) for r in runs[:split]}:
+        return True
+    just_before = _agreed(runs[max(0, split - confirming) : split], label)
+    return just_before is not None and just_before != value
+
+
+def _moved(before: list[dict], after: list[dict], first_run: int) -> list[Difference]:
+    found = []
+    start = first_run + len(before) + 1  # runs are numbered from 1 in the series
+    runs = f"run {start}" if len(after) == 1 else f"runs {start}-{start + len(after) - 1}"
+    for path, (label, threshold, words) in NUMERIC.items():
+        old, new = _median(before, path), _median(after, path)
+        if old is None or new is None or abs(new - old) < threshold:
+            continue
+        text = words.format(before=old / 100, after=new / 100, runs=runs)  # % of one core, said in cores
+        found.append(Difference(label, f"{old / 100:.1f} cores", f"{new / 100:.1f} cores", True, words=text))
+    return found
+
+
+def _median(manifests: list[dict], path: str) -> float | None:
+    values = [v for v in (_get(m, path) for m in manifests) if isinstance(v, int | float)]
+    return float(np.median(values)) if values else None

@@ -42,9 +42,12 @@ The rule
      significant. A step in runs with 10% window CV has to be 10%; in runs with 1% it has to be 5%.
    With `min_size` 3, a change is confirmed by at least three runs after it, and a single outlier (or two) cannot
    be a segment of its own, so it is never a change.
-4. **The newest run** (`judge_latest`): a change is reported as soon as it is confirmed (the run that makes step 3
-   find it); before that, the newest 1 or 2 runs (fewer than `min_size`) are a *candidate* (``confirmed=False``)
-   when they lie far outside the current segment: two runs, each beyond the effect threshold on the same side, with
+4. **The newest run** (`judge`, and `judge_latest` for the newest change alone): a change is news on the run that
+   confirms it (the run that makes step 3 find it, whenever that is: 3 runs after the step, or 4 to 13 in a noisy
+   series or one with an odd night among them) and on no other: a change that no judgement of the series without
+   its newest run had (nor, for one that came and went, of the `RECONFIRM_LOOKBACK` runs before). Before that, the
+   newest 1 or 2 runs (fewer than `min_size`) are a *candidate* (``confirmed=False``) when they lie far outside the
+   current segment: two runs, each beyond the effect threshold on the same side, with
    t-test p <= `alpha` against it, or a single run beyond the threshold and at least `candidate_z` (5) standard
    deviations from it, a lookback z-score as Conbench's (which scores a result against the distribution of earlier
    results on the same hardware, up to 100 commits back) but against the runs since the last change only. A single
@@ -82,6 +85,8 @@ PENALTY = 2.0  # PELT's penalty per change, in sigma^2 * log(n) (BIC)
 NOISE_WINDOWS = 3  # perf_analyzer's value is the mean of this many windows (STABLE_WINDOWS)
 CANDIDATE_Z = 5.0  # a single newest run is a candidate this many standard deviations out
 OUTLIER_Z = 5.0  # a value this many robust sigmas from its segment's median is left out of its t-test
+# a change confirmed, lost to a later odd night and confirmed again within this many runs is not news again (judge)
+RECONFIRM_LOOKBACK = 30
 _TINY = 1e-9  # a noise floor (relative), so that a noise-free series has a finite penalty and t
 
 
@@ -307,10 +312,9 @@ def judge_latest(
     - None when the newest value is not finite, or nothing is new.
     """
     opts = _options(min_effect, alpha, min_size, noise_factor, penalty, noise_windows, outlier_z)
-    v = np.asarray(values, dtype=float).ravel()
+    v, nz = _arrays(values, noise)
     if len(v) == 0 or not np.isfinite(v[-1]):
         return None
-    nz = None if noise is None else np.broadcast_to(np.asarray(noise, dtype=float), v.shape)
     p = _prepare(v, nz)
     tests = _detect(p, opts)
     if tests:
@@ -318,6 +322,87 @@ def judge_latest(
         last = tests[-1]
         if all(abs(t.index - last.index) > 1 for t in earlier):  # compressed indexes agree: v[-1] is finite
             return _change(p, last)
+    return _candidate(p, tests, opts, candidate_z)
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """A series judged as of its newest value (`judge`)."""
+
+    changes: list[Change]  # every confirmed change, in time order (detect_changes)
+    new: list[Change]  # those the newest value confirmed: no run before it had them (what to alert on, once)
+    candidate: Change | None  # the newest 1 or 2 runs far off the current segment, not yet confirmed
+    finite_values: int  # how many values were judged (NaNs left out)
+    min_size: int = MIN_SIZE
+
+    @property
+    def decidable(self) -> bool:
+        """False while the series is too short for any change to be confirmed (fewer than 2 x min_size values)."""
+        return self.finite_values >= 2 * self.min_size
+
+
+def judge(
+    values: Sequence[float] | np.ndarray,
+    noise: Sequence[float] | np.ndarray | float | None = None,
+    *,
+    min_effect: float = MIN_EFFECT,
+    alpha: float = ALPHA,
+    min_size: int = MIN_SIZE,
+    noise_factor: float = NOISE_FACTOR,
+    penalty: float = PENALTY,
+    noise_windows: int = NOISE_WINDOWS,
+    outlier_z: float | None = OUTLIER_Z,
+    candidate_z: float = CANDIDATE_Z,
+    lookback: int = RECONFIRM_LOOKBACK,
+) -> Judgement:
+    """The series' confirmed changes, the ones its newest value confirmed, and a candidate (the rule's step 4).
+
+    A change is new when no earlier run's judgement had it: not the series without its newest value, and, for a
+    change that came and went (confirmed, then lost to a later odd night, then confirmed again), none of the
+    `lookback` runs before either. So each change is news exactly once, on the run that confirms it, however many
+    runs after the step that takes (4 to 13 in noisy series), and never again on the runs after."""
+    opts = _options(min_effect, alpha, min_size, noise_factor, penalty, noise_windows, outlier_z)
+    v, nz = _arrays(values, noise)
+    p = _prepare(v, nz)
+    tests = _detect(p, opts)
+    changes = [_change(p, t) for t in tests]
+    extra = {"finite_values": len(p.y), "min_size": opts["min_size"]}
+    if len(v) == 0 or not np.isfinite(v[-1]):  # a run that measured nothing here confirms nothing
+        return Judgement(changes, [], None, **extra)
+    new = _not_seen_before(v, nz, changes, opts, lookback)
+    candidate = None if new else _candidate(p, tests, opts, candidate_z)
+    return Judgement(changes, new, candidate, **extra)
+
+
+def _arrays(values, noise) -> tuple[np.ndarray, np.ndarray | None]:
+    v = np.asarray(values, dtype=float).ravel()
+    return v, None if noise is None else np.broadcast_to(np.asarray(noise, dtype=float), v.shape)
+
+
+def _same_change(a: Change, b: Change, min_size: int) -> bool:
+    """One change seen by two runs' judgements: the same way, its index moved by less than a segment (two confirmed
+    changes are at least min_size apart, so this never merges two)."""
+    return np.sign(a.relative) == np.sign(b.relative) and abs(a.index - b.index) < min_size
+
+
+def _not_seen_before(v, nz, changes: list[Change], opts: dict, lookback: int) -> list[Change]:
+    """The changes that no judgement of the series cut 1..lookback runs short had (it stops once every change left
+    is too late for the cut series to hold, even moved by min_size - 1)."""
+    fresh = list(changes)
+    for cut in range(1, lookback + 1):
+        end = len(v) - cut
+        checkable = [c for c in fresh if c.index + 1 <= end]
+        if not checkable:
+            break
+        cut_series = _prepare(v[:end], None if nz is None else nz[:end])
+        earlier = [_change(cut_series, t) for t in _detect(cut_series, opts)]
+        seen = [c for c in checkable if any(_same_change(c, e, opts["min_size"]) for e in earlier)]
+        fresh = [c for c in fresh if c not in seen]
+    return fresh
+
+
+def _candidate(p: _Prepared, tests: list[_Test], opts: dict, candidate_z: float) -> Change | None:
+    """The newest k < min_size values far off the runs since the last confirmed change (judge_latest's second case)."""
     n = len(p.y)
     start = tests[-1].index if tests else 0
     for k in range(min(opts["min_size"] - 1, n - 1), 0, -1):

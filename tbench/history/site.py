@@ -17,7 +17,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from tbench.core.storage import is_remote, join, url_to_fs  # noqa: E402
-from tbench.history.analysis import History  # noqa: E402
+from tbench.history.analysis import MIN_RUNS, REGRESSION, UNDETERMINED, Finding, History  # noqa: E402
 from tbench.history.series import Series  # noqa: E402
 
 STYLE = """body{font-family:system-ui,sans-serif;margin:2rem;max-width:1200px;color:#222}
@@ -84,6 +84,12 @@ def _run_link(root: str, run_id: str) -> str:
     return f'<a href="{html.escape(href)}">{html.escape(run_id)}</a>'
 
 
+def _evidence(finding: Finding) -> str:
+    if finding.candidate:
+        return "newest run only"
+    return f"p = {finding.change.p_value:.1g}" + (", confirmed by the newest run" if finding.new else "")
+
+
 def write_site(history: History, out: Path) -> Path:
     """The site's pages and plots in the local folder `out`; returns index.html."""
     out.mkdir(parents=True, exist_ok=True)
@@ -102,8 +108,12 @@ def write_site(history: History, out: Path) -> Path:
                 '<span class="bad">regressed</span>' if id(s) in flagged else "",
             ]
         )
-    verdict = f'<p>Verdict: <b class="{"bad" if history.verdict == "regression" else "good"}">{history.verdict}</b>'
-    verdict += f" over {history.runs} runs and {len(history.series)} series of {html.escape(history.root)}.</p>"
+    tone = {REGRESSION: "bad", UNDETERMINED: "muted"}.get(history.verdict, "good")
+    verdict = f'<p>Verdict: <b class="{tone}">{history.verdict}</b>'
+    verdict += f" over {history.runs} runs and {len(history.series)} series of {html.escape(history.root)}."
+    if history.too_short:
+        verdict += f" {len(history.too_short)} series have fewer than {MIN_RUNS} runs: not enough to confirm a change."
+    verdict += "</p>"
     models_list = " ".join(f'<a href="{_model_page(m)}">{html.escape(m)}</a>' for m in models)
     index = _page(
         "Benchmark history",
@@ -142,7 +152,7 @@ def write_site(history: History, out: Path) -> Path:
             f'<span class="bad">{f.change.relative:+.1%}</span>',
             _run_link(history.root, f.run_before) + " → " + _run_link(history.root, f.run_after),
             "<br>".join(html.escape(d.line()) for d in f.differences) or '<span class="muted">nothing differed</span>',
-            "newest run only" if f.candidate else f"p = {f.change.p_value:.1g}",
+            _evidence(f),
         ]
         for f in history.regressions
     ]

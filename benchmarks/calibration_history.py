@@ -1,0 +1,295 @@
+"""The history's verdict against a known truth: simulated nightly series with planted regressions, replayed night by
+night through the project's own decision (tbench.history.analysis.judge_series and History.news / verdict, what
+`tbench history` and the nightly history stage take), counting the alerts each planted change gets.
+
+Each series is one metric of one point (throughput, or p99 latency) over `NIGHTS` nights, with the noise of
+benchmarks/change_detection.py (`simulate`: a night-to-night CV drawn from our repeated runs, window CVs from real
+perf_analyzer logs), plus outlier nights (each night, with probability OUTLIER_NIGHT_P, 10-25% off either way, as a
+night with a noisy neighbour or a slow start), which delay confirmation. Each night's run has a manifest: the
+onnxruntime version, and the CPU other processes used during the run (host.other_cpu_pct, tbench.node.host_load).
+
+Planted cases (a regression of 7, 10 or 20% at a night drawn so that at least 3 nights follow):
+- runtime: onnxruntime 1.17.0 -> 1.18.0 at the step;
+- runtime_bumped_later: the same, then 1.19.0 some nights later with no effect (finding 6: erased the cause);
+- runtime_reverted: the same, then back to 1.17.0 and the old level (a second, improving change; finding 6);
+- neighbour: other processes go from ~0.1 to 1.2-1.9 cores at the step and stay;
+- neighbour_leaves: the same, and the neighbour leaves later, the level back;
+- none: no change (false alerts), other processes' CPU jittering as on an idle node.
+
+Measured (shares over planted regressions that the detector confirmed on some night):
+- alerted_share: alerted exactly once, on the night that first confirmed it, with the verdict's exit code 1 that night;
+- never_alerted, alerted_twice_or_more; late_confirmed (4+ runs after the step) and how those fared;
+- false_alerts_per_100_series_nights: alerts matching no planted regression (within 2 nights), over every series-night;
+- attribution_correct: on the last night (after any later bump or revert), the regression's finding names the flipped
+  field with its old and new value (runtime cases) or other processes' CPU rising (neighbour cases), over the changes
+  the last night still finds (confirmed_then_lost_by_last_night: those it dropped, a detector matter);
+  attribution_correct_at_alert: the same on the alert night; neighbour_named: the neighbour cases alone;
+- recent_runs_3_never_alerted: what the rule before (a change is news while its start is among the newest 3 runs)
+  would have missed, for comparison.
+
+Usage: .venv/bin/python benchmarks/calibration_history.py [--seed 0] [--scale 1.0]   (prints the JSON; writes nothing)
+`calibrate()` is what benchmarks/calibration.py imports.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # standalone: the repository's tbench
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # change_detection and provenance, as siblings
+
+from change_detection import measured_noise, simulate  # noqa: E402
+
+from tbench.history import attribute, detect  # noqa: E402
+from tbench.history.analysis import EXIT_CODES, MIN_RUNS, History, judge_series  # noqa: E402
+from tbench.history.series import METRICS, Series  # noqa: E402
+
+NIGHTS = 24  # night-by-night replay costs ~nights^2 detections: long enough for a 13-run confirmation lag
+STEPS = (0.07, 0.10, 0.20)
+CASES = ("runtime", "runtime_bumped_later", "runtime_reverted", "neighbour", "neighbour_leaves")
+SERIES_PER_CASE = 100  # at scale 1; and as many without a change
+OUTLIER_NIGHT_P = 0.04
+IDLE_OTHER_CPU = (0.0, 15.0)  # % of one core: an idle node's own daemons
+NEIGHBOUR_OTHER_CPU = (120.0, 190.0)  # one or two busy processes beside the run
+RUNTIMES = ("1.17.0", "1.18.0", "1.19.0")
+METRIC = {"throughput": METRICS[0], "latency": METRICS[2]}  # throughput, p99 latency
+ONNXRUNTIME = "tool versions: onnxruntime"
+OTHER_CPU = attribute.NUMERIC["host.other_cpu_pct.mean"][0]
+DATES = pd.date_range("2026-11-01", periods=NIGHTS, freq="D", tz="UTC")
+
+
+@dataclass
+class Planted:
+    case: str
+    kind: str
+    step: float
+    at: int  # the first night after the step
+    later: int | None  # the night of the later bump, revert or the neighbour leaving
+    values: np.ndarray
+    noise: np.ndarray
+    manifests: list[dict]
+    alerts: list[int] = field(default_factory=list)  # nights whose news held this change
+    confirmed_on: int | None = None  # the first night a confirmed finding matched it
+    confirmed_index: int | None = None  # where that night's finding put it
+    exit_on_confirming_night: int | None = None
+    named_at_alert: bool = False
+    found_at_end: bool = False  # the last night's judgement still has it (the detector may drop a confirmed change)
+    named_at_end: bool = False
+    named_else_at_end: bool = False  # the finding also named a field other than the planted one (spurious)
+    revert_named: bool | None = None  # runtime_reverted: the revert's own finding names 1.18.0 -> 1.17.0
+
+
+def _manifest(runtime: str, other_cpu: float) -> dict:
+    return {
+        "environment": {"tools": {"onnxruntime": runtime}},
+        "hardware": {"hostname": "worker-1", "cpu_cores": 2},
+        "host": {"other_cpu_pct": {"mean": round(other_cpu, 1), "max": round(other_cpu * 1.2, 1)}},
+    }
+
+
+def _plant(rng, case: str, kind: str, step: float, noise: dict) -> Planted:
+    values, reported, _, _ = simulate(rng, kind, noise, NIGHTS, 0.0)
+    hit = rng.random(NIGHTS) < OUTLIER_NIGHT_P
+    values[hit] *= 1 + rng.choice([-1.0, 1.0], hit.sum()) * rng.uniform(0.10, 0.25, hit.sum())
+    other = rng.uniform(*IDLE_OTHER_CPU, NIGHTS)
+    runtime = np.array([RUNTIMES[0]] * NIGHTS, dtype=object)
+    at = later = None
+    if case != "none":
+        worse = 1 - step if kind == "throughput" else 1 + step
+        later_room = case in ("runtime_bumped_later", "runtime_reverted", "neighbour_leaves")
+        # the step with 3+ nights after it, and a later event 6+ nights after the step with 3+ nights after it
+        at = int(rng.integers(detect.MIN_SIZE, NIGHTS - 3 - (6 if later_room else 0) + 1))
+        later = int(rng.integers(at + 6, NIGHTS - 3 + 1)) if later_room else None
+        end = later if case in ("runtime_reverted", "neighbour_leaves") else NIGHTS
+        values[at:end] *= worse
+        if case.startswith("runtime"):
+            runtime[at:] = RUNTIMES[1]
+            if later is not None:
+                runtime[later:] = RUNTIMES[2] if case == "runtime_bumped_later" else RUNTIMES[0]
+        else:
+            other[at:end] = rng.uniform(*NEIGHBOUR_OTHER_CPU, end - at)
+    manifests = [_manifest(r, o) for r, o in zip(runtime, other)]
+    return Planted(case, kind, step, at if at is not None else -1, later, values, reported, manifests)
+
+
+def _series(p: Planted, number: int) -> tuple[Series, dict[str, dict]]:
+    """The whole series as the history builds it (tbench.history.series), and its runs' manifests."""
+    run_ids = [f"s{number}-night{n:02d}" for n in range(NIGHTS)]
+    runs = pd.DataFrame({"run_id": run_ids, "started_at": DATES, "value": p.values, "noise": p.noise})
+    key = {"model": "sim", "model_size": "small", "gpu": "CPU", "format": "onnx", "precision": "fp32"}
+    series = Series(key=key | {"scenario": "online", "concurrency": number}, metric=METRIC[p.kind], runs=runs)
+    return series, dict(zip(run_ids, p.manifests))
+
+
+def _matches(p: Planted, change: detect.Change) -> bool:
+    return p.at >= 0 and abs(change.index - p.at) < detect.MIN_SIZE  # the same change to judge(): within 2 nights
+
+
+def _names_cause(p: Planted, finding) -> bool:
+    if p.case.startswith("runtime"):
+        return any(d.what == ONNXRUNTIME and (d.before, d.after) == RUNTIMES[:2] for d in finding.differences)
+    cores = [
+        (float(d.before.split()[0]), float(d.after.split()[0])) for d in finding.differences if d.what == OTHER_CPU
+    ]
+    return any(after > before for before, after in cores)
+
+
+def _replay(p: Planted, number: int) -> int:
+    """Every night judged as the nightly stage judges it; returns the false alerts (news matching no planted change)."""
+    false_alerts = 0
+    whole, manifests = _series(p, number)
+    for night in range(1, NIGHTS + 1):
+        series = Series(key=whole.key, metric=whole.metric, runs=whole.runs.iloc[:night])  # as stored by that night
+        history = History(root="simulated", series=[series], runs=night)
+        history.findings = judge_series(series, manifests)
+        newest = series.runs["run_id"].iloc[-1]
+        for finding in history.news(newest):
+            if _matches(p, finding.change):
+                p.alerts.append(night)
+                p.named_at_alert |= _names_cause(p, finding)
+            else:
+                false_alerts += 1
+        confirming = [f for f in history.findings if f.regression and not f.candidate and _matches(p, f.change)]
+        if p.confirmed_on is None and confirming:
+            p.confirmed_on, p.confirmed_index = night, confirming[0].change.index
+            p.exit_on_confirming_night = EXIT_CODES[history.verdict]
+    for finding in history.findings:  # the last night: after any later bump, revert or the neighbour leaving
+        if finding.candidate:
+            continue
+        if finding.regression and _matches(p, finding.change):
+            p.found_at_end = True
+            p.named_at_end |= _names_cause(p, finding)
+            planted_field = ONNXRUNTIME if p.case.startswith("runtime") else OTHER_CPU
+            p.named_else_at_end |= any(d.what != planted_field for d in finding.differences)
+        elif p.case == "runtime_reverted" and abs(finding.change.index - p.later) < detect.MIN_SIZE:
+            p.revert_named = any(
+                d.what == ONNXRUNTIME and (d.before, d.after) == (RUNTIMES[1], RUNTIMES[0]) for d in finding.differences
+            )
+    return false_alerts
+
+
+def _share(items: list, test) -> float | None:
+    return round(sum(1 for x in items if test(x)) / len(items), 4) if items else None
+
+
+def _exactly_once(p: Planted) -> bool:
+    return p.alerts == [p.confirmed_on] and p.exit_on_confirming_night == 1
+
+
+def calibrate(seed: int = 0, scale: float = 1.0) -> dict:
+    started = time.monotonic()
+    rng = np.random.default_rng(seed)
+    noise = measured_noise(None)
+    per_case = max(1, round(SERIES_PER_CASE * scale))
+    planted, false_alerts, series_nights = [], Counter(), Counter()
+    number = 0
+    for case in (*CASES, "none"):
+        for i in range(per_case):
+            kind = ("throughput", "latency")[i % 2]
+            p = _plant(rng, case, kind, STEPS[(i // 2) % len(STEPS)], noise)
+            without = "without_change" if case == "none" else "with_change"
+            false_alerts[without] += _replay(p, number)
+            series_nights[without] += NIGHTS
+            number += 1
+            if case != "none":
+                planted.append(p)
+    confirmed = [p for p in planted if p.confirmed_on is not None]
+    late = [p for p in confirmed if p.confirmed_on - p.at > 3]  # nights counted from 1: confirmed_on - at runs after
+    lags = Counter(p.confirmed_on - p.at for p in confirmed)
+    kept = [p for p in confirmed if p.found_at_end]  # attribution is judged where the last night still has the change
+    neighbours = [p for p in kept if p.case.startswith("neighbour")]
+    reverts = [p for p in confirmed if p.revert_named is not None]
+    history = {
+        "alerted_share": _share(confirmed, _exactly_once),
+        "never_alerted": _share(confirmed, lambda p: not p.alerts),
+        "alerted_twice_or_more": _share(confirmed, lambda p: len(p.alerts) >= 2),
+        "alerted_on_confirming_run_with_exit_1": _share(
+            confirmed, lambda p: p.confirmed_on in p.alerts and p.exit_on_confirming_night == 1
+        ),
+        "false_alerts_per_100_series_nights": round(100 * false_alerts.total() / series_nights.total(), 4),
+        "false_alerts_per_100_series_nights_without_change": round(
+            100 * false_alerts["without_change"] / series_nights["without_change"], 4
+        ),
+        "false_alerts": dict(false_alerts),
+        "attribution_correct": _share(kept, lambda p: p.named_at_end),
+        "attribution_correct_at_alert": _share([p for p in confirmed if p.alerts], lambda p: p.named_at_alert),
+        "attribution_correct_by_case": {
+            case: _share([p for p in kept if p.case == case], lambda p: p.named_at_end) for case in CASES
+        },
+        "attribution_named_an_unchanged_field": _share(kept, lambda p: p.named_else_at_end),
+        "revert_attributed": _share(reverts, lambda p: p.revert_named),
+        "neighbour_named": _share(neighbours, lambda p: p.named_at_end),
+        "neighbour_named_at_alert": _share(
+            [p for p in confirmed if p.case.startswith("neighbour") and p.alerts], lambda p: p.named_at_alert
+        ),
+        "confirmed_share": _share(planted, lambda p: p.confirmed_on is not None),
+        "confirmed_then_lost_by_last_night": _share(confirmed, lambda p: not p.found_at_end),
+        "planted": len(planted),
+        "confirmed": len(confirmed),
+        "late_confirmed": len(late),
+        "late_confirmed_alerted_share": _share(late, _exactly_once),
+        "confirmation_lag_runs": {str(k): v for k, v in sorted(lags.items())},
+        # the rule before: news while the change's index is among the newest 3 runs, on the night that confirms it
+        "recent_runs_3_never_alerted": _share(confirmed, lambda p: p.confirmed_index < p.confirmed_on - 3),
+    }
+    return {
+        "rules": {"history": history},
+        "conditions": {
+            "history": {
+                "steps": list(STEPS),
+                "cases": [*CASES, "none"],
+                "series_per_case": per_case,
+                "series": number,
+                "nights_per_series": NIGHTS,
+                "metrics": ["throughput", "p99 latency"],
+                "noise": "benchmarks/change_detection.py simulate(): night-to-night CV "
+                f"{sorted({s['cv_pct'] for k in ('throughput', 'latency') for s in noise['run_to_run_cv_pct'][k]})} %"
+                f", window CVs {noise['window_cv_pct']} %",
+                "outlier_nights": f"each night with p={OUTLIER_NIGHT_P}, 10-25% off either way",
+                "other_cpu_pct": {"idle": list(IDLE_OTHER_CPU), "neighbour": list(NEIGHBOUR_OTHER_CPU)},
+                "step_night": f"uniform in [{detect.MIN_SIZE}, {NIGHTS} - 3] (- 6 where a later event follows)",
+                "match": "a finding within min_size - 1 = 2 nights of the planted step (as judge() tells apart)",
+                "seed": seed,
+                "scale": scale,
+                "seconds": round(time.monotonic() - started, 1),
+            }
+        },
+        "parameters": {
+            "history": {
+                "module": "tbench.history.analysis.judge_series (tbench.history.detect.judge)",
+                "min_size": detect.MIN_SIZE,
+                "min_runs_to_judge": MIN_RUNS,
+                "alpha": detect.ALPHA,
+                "min_effect": detect.MIN_EFFECT,
+                "noise_factor": detect.NOISE_FACTOR,
+                "penalty": detect.PENALTY,
+                "outlier_z": detect.OUTLIER_Z,
+                "candidate_z": detect.CANDIDATE_Z,
+                "news_rule": "newly confirmed by the series' newest run (RECENT_RUNS=3 before)",
+                "reconfirm_lookback_runs": detect.RECONFIRM_LOOKBACK,
+                "other_cpu_moved_pct": attribute.OTHER_CPU_MOVED_PCT,
+                "exit_codes": EXIT_CODES,
+            }
+        },
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--scale", type=float, default=1.0)
+    args = parser.parse_args()
+    print(json.dumps(calibrate(args.seed, args.scale), indent=1))
+
+
+if __name__ == "__main__":
+    main()
