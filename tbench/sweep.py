@@ -254,11 +254,7 @@ def measure_point(
                 row["composing"] = parse_composing(full_log)  # an ensemble's steps; else []
                 row.update(observed, stats_max_rel_diff=cross_check({**row, **observed}))
                 if point.rate is not None:  # an open-loop point's figures hold only if it carried the load
-                    served = row[THROUGHPUT.column] / point.batch_size
-                    verdict = kept_up(point.rate, served, merged or 0, point.distribution, full_log)
-                    row.update(delayed_pct=verdict.delayed_pct)
-                    if verdict.status != "ok":
-                        row.update(status=verdict.status, error=verdict.reason)
+                    row.update(rate_point_verdict(point, row, merged, full_log))
                 return row
             except ValueError:
                 pass  # exit 0 with no row: perf_analyzer stopped early on an unstable point
@@ -285,6 +281,17 @@ def measure_point(
             row.update(status="error", error=last[-1].strip() if last else f"perf_analyzer exited {done.returncode}")
         return row
     return row
+
+
+def rate_point_verdict(point: Point, row: dict, merged: int | None, log_text: str) -> dict:
+    """What a measured open-loop point's row becomes: its late sends, and its status and reason when it did not carry
+    the load (behind, client-bound, or undetermined when its windows cannot tell)."""
+    served = row[THROUGHPUT.column] / point.batch_size
+    verdict = kept_up(point.rate, served, merged or 0, point.distribution, log_text)
+    update = {"delayed_pct": verdict.delayed_pct}
+    if verdict.status != "ok":
+        update.update(status=verdict.status, error=verdict.reason)
+    return update
 
 
 def perf_analyzer_region(name: str, tensors: list[str]) -> bool:

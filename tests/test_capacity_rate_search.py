@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from tbench.capacity.rate_search import RatePoint, SustainableRate, find_sustainable_rate, judge
+from tbench.capacity.rate_search import STATUSES, RatePoint, SustainableRate, find_sustainable_rate, judge
 from tbench.capacity.statistics import PercentileRule
 
 RULE = PercentileRule()  # p99, 1522 requests
@@ -309,8 +309,8 @@ def test_max_points_is_respected_while_bisecting(max_points):
 def test_max_rate_stops_the_doubling():
     system = System(capacity=1000.0)
     found = find_sustainable_rate(system, 10.0, max_rate=50.0)
-    assert system.asked == [10.0, 20.0, 40.0, 50.0]
-    assert found.rate == 50.0
+    assert system.asked == [10.0, 20.0, 40.0, 50.0, 50.0]  # the answer measured again: its confirmation
+    assert found.rate == 50.0 and found.confirmed
     assert found.failed_above is None
     assert "highest rate allowed" in found.stopped and "50" in found.stopped
 
@@ -390,7 +390,7 @@ def test_result_round_trips_through_json():
     again = SustainableRate.model_validate_json(found.model_dump_json())
     assert again == found
     assert again.at_rate == found.at_rate
-    assert found.seconds >= 0.0
+    assert again.confirmed and "confirmed" in again.stopped
 
 
 def test_search_is_geometric_between_bracket_ends():
@@ -429,3 +429,32 @@ def test_energy_per_inference_is_the_points_energy_over_the_inferences_the_serve
     point = judge(100.0, 4, row(gpu_energy_j=900.0, triton_requests=1500), SLO_MS, RULE)
     assert point.joules_per_inference == pytest.approx(900.0 / 6000)
     assert judge(100.0, 1, row(), SLO_MS, RULE).joules_per_inference is None  # no GPU: none
+
+
+# -- the winner's curse: a noisy system whose passes above capacity are luck ------------------------------------------
+
+
+class LuckySystem(System):
+    """Passes at or below its capacity; up to 30% above it, passes the first time a rate is measured (a lucky short
+    run: near capacity a short run's percentile reads low), and fails when measured again."""
+
+    def __call__(self, rate: float) -> RatePoint:
+        lucky = self.capacity < rate <= 1.3 * self.capacity and rate not in self.asked
+        point = super().__call__(rate)
+        return point.model_copy(update={"status": "pass", "reason": ""}) if lucky else point
+
+
+def test_a_lucky_pass_above_capacity_is_not_kept_unconfirmed():
+    system = LuckySystem()
+    found = find_sustainable_rate(system, 10.0, max_points=20)
+    assert found.rate is not None and found.rate <= CAPACITY and found.confirmed
+    assert found.at_rate is not None and found.at_rate.rate == found.rate
+    # without the confirmation, the search keeps the lucky pass above capacity
+    unconfirmed = find_sustainable_rate(LuckySystem(), 10.0, max_points=20, confirmations=0)
+    assert unconfirmed.rate > CAPACITY
+
+
+def test_an_undetermined_point_is_not_a_pass():
+    assert "undetermined" in STATUSES
+    point = judge(100.0, 1, row(status="undetermined", error="3 windows cannot tell"), SLO_MS, RULE)
+    assert point.status == "undetermined" and not point.passed and point.reason == "3 windows cannot tell"

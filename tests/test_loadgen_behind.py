@@ -116,3 +116,40 @@ def test_a_poisson_points_stability_rule_allows_for_the_arrivals_own_noise():
     assert arrival_stability(10.0, 508, "poisson") == 10.0
     assert arrival_stability(10.0, 20, "constant") == 10.0
     assert arrival_stability(50.0, 20, "poisson") == 50.0
+
+
+# -- the review's scenarios (issue 34): few windows, a saturated point within the arrivals' tolerance ----------------
+
+
+def test_three_windows_of_steeply_rising_latency_are_a_growing_queue():
+    """perf_analyzer often stops a rate point after 3 windows, where Mann-Kendall cannot reach p < 0.01 (best 0.148):
+    20 -> 60 -> 180 ms, the last the slowest and 9x the first, is a queue that kept growing."""
+    verdict = kept_up(100.0, 99.0, 1800, "poisson", log([20_000, 60_000, 180_000]))
+    assert verdict.status == "behind" and "3 windows" in verdict.reason
+
+
+def test_served_short_with_rising_latency_is_behind_though_within_three_sigma():
+    """50 offered, 42 served on 300 requests is 2.8 Poisson standard deviations short (inside 3/sqrt(n) = 17%), and
+    latency rose 150 -> 420 -> 700 ms: the server fell behind."""
+    verdict = kept_up(50.0, 42.0, 300, "poisson", log([150_000, 420_000, 700_000]))
+    assert verdict.status == "behind"
+
+
+def test_too_few_windows_to_tell_a_modest_rise_is_undetermined_never_ok():
+    from tbench.core.metrics import POINT_STATUSES, UNDETERMINED
+
+    verdict = kept_up(100.0, 99.5, 1800, "poisson", log([20_000, 24_000, 30_000]))
+    assert verdict.status == UNDETERMINED and verdict.status in POINT_STATUSES
+    assert "3 windows cannot tell" in verdict.reason
+    # the same rise on enough windows for the trend test is decided, either way
+    many = kept_up(100.0, 99.5, 1800, "poisson", log([20_000 + 1_200 * i for i in range(8)]))
+    assert many.status == "behind"
+    # and few flat windows are ok: nothing rose
+    assert kept_up(100.0, 99.5, 1800, "poisson", FLAT).status == "ok"
+
+
+def test_the_kept_up_vocabulary_is_the_results_vocabulary():
+    from tbench.core.metrics import POINT_STATUSES
+    from tbench.loadgen.behind import KEPT_UP_STATUSES
+
+    assert set(KEPT_UP_STATUSES) <= set(POINT_STATUSES)

@@ -137,4 +137,7 @@ class RateEvaluator(TritonEvaluator):
         best = found.at_rate
         if best is None:
             return Observation(candidate=candidate, status="over_slo", error=f"no rate met the SLO: {found.stopped}")
-        return Observation(candidate=candidate, throughput=best.throughput, p99_ms=best.latency_ms, avg_ms=None)
+        # ranked on what a plan counts on (min(offered, served) x batch), not the served throughput: a candidate that
+        # served 104 at 100 offered plans with 100; the "p99_ms" field holds the rule's percentile (rule.column)
+        sustained = found.sustained_rps * batch if found.sustained_rps is not None else best.throughput
+        return Observation(candidate=candidate, throughput=sustained, p99_ms=best.latency_ms, avg_ms=None)

@@ -8,13 +8,19 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from typing import Literal
+from typing import Literal, get_args
 
 from pydantic import BaseModel, Field
 
 from tbench.capacity.statistics import PercentileRule
 
-Status = Literal["pass", "client_bound", "over_slo", "behind", "too_few", "unstable", "error"]
+# The answer is measured again before it is kept: a short run's percentile is noisy, and the highest of several
+# noisy passes is biased towards a lucky one (the winner's curse); a rate must pass every time to be the answer
+CONFIRMATIONS = 1
+
+Status = Literal["pass", "client_bound", "over_slo", "behind", "undetermined", "too_few", "unstable", "error"]
+STATUSES: tuple[str, ...] = get_args(Status)
+PASSING: tuple[Status, ...] = ("pass", "client_bound")
 
 
 class RatePoint(BaseModel):
@@ -38,7 +44,7 @@ class RatePoint(BaseModel):
     @property
     def passed(self) -> bool:
         """Within the SLO at the load it carried (client-bound: at least that load)."""
-        return self.status in ("pass", "client_bound")
+        return self.status in PASSING
 
     @property
     def sustained_rps(self) -> float:
@@ -77,8 +83,8 @@ def judge(rate: float, batch_size: int, row: dict, slo_ms: float, rule: Percenti
         source_file=str(row.get("source_file") or ""),
     )
     status = row.get("status")
-    if status not in ("ok", "client_bound"):
-        status = status if status in ("unstable", "behind") else "error"
+    if status not in ("ok", "client_bound"):  # undetermined is no pass: the windows could not show it kept up
+        status = status if status in ("unstable", "behind", "undetermined") else "error"
         return point.model_copy(update={"status": status, "reason": str(row.get("error") or row.get("status"))})
     if point.served_rps is None:
         return point.model_copy(update={"status": "behind", "reason": "no throughput reported: nothing served"})
@@ -106,9 +112,15 @@ class SustainableRate(BaseModel):
         False, description="The load generator could not offer more: the server sustains at least this rate."
     )
 
+    confirmed: bool = Field(False, description="The answer's rate passed again when measured a second time.")
+
     @property
     def at_rate(self) -> RatePoint | None:
-        """The passing point the answer is (the highest rate that passed)."""
+        """The passing point the answer is: of the measurements at the answer's rate, the one that served least (the
+        highest rate that passed while the search is unfinished)."""
+        if self.rate is not None:
+            at = [p for p in self.points if p.passed and p.rate == self.rate]
+            return min(at, key=lambda p: p.sustained_rps, default=None)
         return max((p for p in self.points if p.passed), key=lambda p: p.rate, default=None)
 
     @property
@@ -127,8 +139,11 @@ def find_sustainable_rate(
     min_rate: float = 0.1,
     max_rate: float | None = None,
     on_point: Callable[[RatePoint], None] | None = None,
+    confirmations: int = CONFIRMATIONS,
 ) -> SustainableRate:
-    """Bracket, then bisect; at most `max_points` measurements. The answer is the highest rate that passed."""
+    """Bracket, then bisect; at most `max_points` measurements. The answer is the highest rate that passed, measured
+    `confirmations` more times and passing each (a confirmation that fails moves the bracket's top down to it and the
+    answer to the highest other rate that passed)."""
     started = time.monotonic()
     result = SustainableRate()
     lo: float | None = None  # highest passing rate
@@ -172,26 +187,39 @@ def find_sustainable_rate(
                 result.stopped = f"failed down to {rate:g}/s (the lowest rate tried): {point.reason}"
                 break
             rate /= 2
-    while (
-        not result.lower_bound
-        and lo is not None
-        and hi is not None
-        and hi / lo > 1 + tolerance
-        and len(result.points) < max_points
-    ):
-        point = run(math.sqrt(lo * hi))
-        if point.rate in (lo, hi):  # the rate's precision cannot split the bracket further
-            result.stopped = f"bracketed as finely as rates are set: passes at {lo:.4g}/s, fails at {hi:.4g}/s"
+    passes: dict[float, int] = {}  # rate -> times it passed (a rate that failed once is out)
+    for p in result.points:
+        passes[p.rate] = passes.get(p.rate, 0) + 1 if p.passed else 0
+    passes = {r: n for r, n in passes.items() if n}
+    while not result.lower_bound and lo is not None and len(result.points) < max_points:
+        if hi is not None and hi / lo > 1 + tolerance:  # bisect
+            point = run(math.sqrt(lo * hi))
+            if point.rate in (lo, hi):  # the rate's precision cannot split the bracket further
+                result.stopped = f"bracketed as finely as rates are set: passes at {lo:.4g}/s, fails at {hi:.4g}/s"
+                break
+        elif passes[lo] <= confirmations:  # confirm the answer: measured again, it must pass again
+            point = run(lo)
+        else:
             break
         if point.passed:
-            lo = point.rate
+            passes[point.rate] = passes.get(point.rate, 0) + 1
+            lo = max(lo, point.rate)
             if client_bound(point):
                 break
         else:
-            hi = point.rate
+            hi = point.rate if hi is None else min(hi, point.rate)
+            passes.pop(point.rate, None)
+            if point.rate <= lo:  # the answer failed its confirmation: back to the highest other rate that passed
+                lo = max((r for r in passes if r < point.rate), default=None)
+    if lo is not None and passes.get(lo, 0) <= confirmations and not result.lower_bound:
+        result.stopped = result.stopped or f"the point budget ({max_points}) was spent before {lo:.4g}/s was confirmed"
+        lower = [r for r, n in passes.items() if n > confirmations]
+        lo = max(lower, default=lo)
+    result.confirmed = lo is not None and passes.get(lo, 0) > confirmations
     if not result.stopped:
         if lo is not None and hi is not None and hi / lo <= 1 + tolerance:
-            result.stopped = f"bracketed within {100 * tolerance:g}%: passes at {lo:.4g}/s, fails at {hi:.4g}/s"
+            again = f" (confirmed by {confirmations} more)" if confirmations and result.confirmed else ""
+            result.stopped = f"bracketed within {100 * tolerance:g}%: passes at {lo:.4g}/s{again}, fails at {hi:.4g}/s"
         else:
             result.stopped = f"the point budget ({max_points}) was spent"
     result.rate, result.failed_above = lo, hi

@@ -163,9 +163,11 @@ def capacity_markdown(answers: list[PoolAnswer], cap: CapacityRequest, model: st
         "- Each rate is one perf_analyzer run with Poisson arrivals, sent asynchronously. A rate passes when the "
         f"p{rule.percentile} is within the SLO, the percentile rests on enough requests and the server kept up with "
         "the offered rate: it served within 3/√n of it (at least 2%), its latency did not keep rising over the "
-        "windows, and at most 1% of the requests were sent late. Late sends while the server served all it was "
-        "offered are the load generator's limit: the rate is then a lower bound (≥).",
-        "- The sustainable rate is what the highest passing rate served (never more than was offered).",
+        "windows, and at most 1% of the requests were sent late; a point whose windows cannot tell (undetermined) "
+        "does not pass. Late sends while the server served all it was offered are the load generator's limit: the "
+        "rate is then a lower bound (≥).",
+        "- The sustainable rate is what the highest passing rate served (never more than was offered), measured again "
+        "and passing again (a confirmation); configurations are ranked on it.",
         f"- The sustainable rate is the highest passing rate of a bracketing search (double or halve, then bisect) "
         f"that stops when the passing and failing rates are within {100 * cap.tolerance:g}%, or after "
         f"{cap.max_points} rates.",

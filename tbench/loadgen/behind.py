@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from statistics import NormalDist
+from typing import Literal, get_args
 
 import numpy as np
 
@@ -35,6 +36,14 @@ LATENCY_NOT_STABLE = "Request latency is not stabilizing"
 MAX_DELAYED_PCT = 1.0  # perf_analyzer warns of any late send; a few late sends do not change the load
 TREND_P = 0.01  # the Mann-Kendall test's one-sided significance
 RISE_LIMIT = 0.10  # and the rise over the windows, as a fraction of their median latency
+# A queue that grows leaves the last window the slowest: more than GROWTH_FACTOR x the first is a growing queue on
+# any number of windows; a rise above RISE_LIMIT with the served count over SHORT_SIGMAS Poisson standard deviations
+# short of the offered one is too (calibrated in benchmarks/calibration_rates.py)
+GROWTH_FACTOR = 3.0
+SHORT_SIGMAS = 2.0
+
+KeptUpStatus = Literal["ok", "behind", "client_bound", "undetermined"]
+KEPT_UP_STATUSES: tuple[str, ...] = get_args(KeptUpStatus)
 
 
 def behind_tolerance(requests: int, distribution: str = "poisson") -> float:
@@ -54,6 +63,9 @@ def mann_kendall_p(values: list[float]) -> float:
     s = sum(np.sign(values[j] - values[i]) for i in range(n) for j in range(i + 1, n))
     sigma = math.sqrt(n * (n - 1) * (2 * n + 5) / 18)
     return 1 - NormalDist().cdf((s - 1) / sigma) if s > 0 else 1.0
+
+
+MIN_TREND_WINDOWS = next(n for n in range(3, 20) if mann_kendall_p(list(range(n))) < TREND_P)
 
 
 def arrival_stability(stability_pct: float, requests: int, distribution: str) -> float:
@@ -79,12 +91,28 @@ def latency_rise(log_text: str) -> tuple[float, float, int] | None:
     return slope * (n - 1) / median, mann_kendall_p(latencies), n
 
 
+def trend_decidable(windows: int, p: float = TREND_P) -> bool:
+    """Whether the trend test can reach significance `p` on this many windows at all (a perfectly monotone rise gives
+    Mann-Kendall's smallest p: 0.148 for 3 windows, 0.045 for 4, 0.014 for 5, 0.004 for 6)."""
+    return mann_kendall_p(list(range(windows))) < p
+
+
+def rose_to_the_end(latencies: list[float], factor: float) -> bool:
+    """The last window is the slowest and more than `factor` times the first: the shape of a queue that kept growing
+    until perf_analyzer stopped."""
+    return len(latencies) >= 2 and latencies[-1] >= max(latencies) and latencies[-1] > factor * latencies[0]
+
+
+def shortfall_sigmas(rate: float, served_rps: float, requests: int) -> float:
+    """How far below the offered rate the point served, in standard deviations of a Poisson count of `requests`."""
+    return (1 - served_rps / rate) * math.sqrt(max(requests, 1)) if rate > 0 else 0.0
+
+
 @dataclass(frozen=True)
 class KeptUp:
-    """The verdict on one rate point: `status` "ok", "behind" (the server fell behind) or "client_bound" (the load
-    generator could not send on time while the server served all it was given), with the reason in words."""
+    """The verdict on one rate point (`status`, one of `KEPT_UP_STATUSES`), with the reason in words."""
 
-    status: str
+    status: KeptUpStatus
     reason: str = ""
     delayed_pct: float = 0.0
 
@@ -103,16 +131,39 @@ def kept_up(
     delayed = delayed_percent(log_text)
     tolerance = behind_tolerance(requests, distribution)
     verdict = dict(delayed_pct=delayed)
+    latencies = [w.latency_us for w in parse_windows(log_text)]
+    late = f"; {delayed:g}% of the sends were late" if delayed > max_delayed_pct else ""
+    warned = " (perf_analyzer: not stabilizing)" if LATENCY_NOT_STABLE in log_text else ""
+    served = f"served {served_rps:.4g} req/s of {rate:.4g} offered"
     if not served_rps >= rate * (1 - tolerance):  # NaN (nothing reported) included
-        late = f"; {delayed:g}% of the sends were late" if delayed > max_delayed_pct else ""
-        reason = f"served {served_rps:.4g} req/s of {rate:.4g} offered (more than {100 * tolerance:.1f}% behind){late}"
+        reason = f"{served} (more than {100 * tolerance:.1f}% behind){late}"
+        return KeptUp("behind", reason, **verdict)
+    rising = rose_to_the_end(latencies, 1 + rise_limit)
+    sigmas = shortfall_sigmas(rate, served_rps, requests) if distribution == "poisson" else 0.0
+    if rising and sigmas > SHORT_SIGMAS:
+        reason = (
+            f"{served} ({sigmas:.1f} standard deviations short) while latency rose to the last window "
+            f"({latencies[0] / 1000:.3g} -> {latencies[-1] / 1000:.3g} ms): a growing queue{late}"
+        )
+        return KeptUp("behind", reason, **verdict)
+    if rose_to_the_end(latencies, GROWTH_FACTOR):
+        reason = (
+            f"latency rose {latencies[-1] / latencies[0]:.2g}x over {len(latencies)} windows, the last the slowest "
+            f"({latencies[0] / 1000:.3g} -> {latencies[-1] / 1000:.3g} ms): a growing queue{warned}"
+        )
         return KeptUp("behind", reason, **verdict)
     trend = latency_rise(log_text)
     if trend is not None and trend[0] > rise_limit and trend[1] < TREND_P:
         rise, p, windows = trend
-        warned = " (perf_analyzer: not stabilizing)" if LATENCY_NOT_STABLE in log_text else ""
         reason = f"latency rose {100 * rise:.0f}% over {windows} windows, a growing queue (trend p={p:.2g}){warned}"
         return KeptUp("behind", reason, **verdict)
+    if rising and not trend_decidable(len(latencies)):
+        reason = (
+            f"latency rose to the last window ({latencies[0] / 1000:.3g} -> {latencies[-1] / 1000:.3g} ms) and "
+            f"{len(latencies)} windows cannot tell a growing queue from noise (the trend test needs "
+            f"{MIN_TREND_WINDOWS}); measure longer windows or a lower rate"
+        )
+        return KeptUp("undetermined", reason, **verdict)
     if delayed > max_delayed_pct:
         reason = (
             f"client-bound: {delayed:g}% of the sends were late while the server served all it was offered "
