@@ -1,6 +1,7 @@
 """The reference pages, generated from the code at every `mkdocs build` (mkdocs-gen-files runs this file): the CLI from
 typer, the request fields from the pydantic models, the results columns from tbench.core.metrics, the deployments from
-deployments/prefect.yaml. Nothing here is written twice: a new option, field, column or deployment appears by itself."""
+deployments/prefect.yaml, how far to trust each verdict from benchmarks/results/calibration.json. Nothing here is
+written twice: a new option, field, column, deployment or calibration figure appears by itself."""
 
 from __future__ import annotations
 
@@ -138,11 +139,76 @@ def deployments_page() -> str:
     return "\n".join(lines) + "\n"
 
 
+# What each verdict decides, in words; its figures, parameters and conditions come from the record
+VERDICTS = {
+    "compare": "`tbench compare`'s verdict and exit code: each matched point's throughput, p99 and mean latency "
+    "against their noise (k standard errors, at least the minimum effect); a point the candidate lost is never "
+    "left out.",
+    "kept_up": "Whether a rate point carried the load it was offered (ok, behind, client-bound, undetermined): served "
+    "against offered within the arrivals' randomness, and the latency's trend over the windows.",
+    "capacity": "A capacity plan's sustainable rate: the highest Poisson rate whose percentile holds and that kept up, "
+    "from a bracketing search whose answer is measured again.",
+    "history": "The history's regression alert and `tbench history`'s exit code: a change alerts once, on the run that "
+    "confirms it, put down to what differed in the manifests of the neighbouring runs.",
+    "search": "The search's best configuration: candidates ranked on the mean's standard error, ties within 2%, "
+    "feasibility on p99 plus its error within the budget; undetermined where the leaders cannot be separated.",
+    "energy": "Energy per inference: the serving GPUs' energy counter, polled every 100 ms, over the span requests "
+    "were served, with its uncertainty.",
+}
+
+
+def _cell(value) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    if isinstance(value, dict | list):
+        text = ", ".join(f"{k}: {_cell(v)}" for k, v in value.items()) if isinstance(value, dict) else str(value)
+        return text.replace("|", "&#124;")
+    return str(value).replace("|", "&#124;")
+
+
+def verdicts_page() -> str:
+    """benchmarks/results/calibration.json as a page: per rule, its goals and measured shares, every other figure the
+    harness reported, its parameters and the conditions tried."""
+    import json
+
+    record = json.loads((ROOT / "benchmarks" / "results" / "calibration.json").read_text())
+    prov = record["provenance"]
+    lines = [
+        "# How far to trust a verdict",
+        "",
+        "Every verdict tbench gives (ok, behind, regression, best) was measured against a known truth: a simulated "
+        "server, series or power trace whose answer is known, driving the project's own decision code unchanged. "
+        "This page is generated from `benchmarks/results/calibration.json` (`benchmarks/calibration.py`), commit "
+        f"`{str(prov['commit'])[:10]}`{' (dirty)' if prov['dirty'] else ''}, {prov['started'][:10]}, "
+        f"seed {record['seed']}, scale {record['scale']:g}, {prov['wall_s']:.0f} s.",
+        "",
+    ]
+    for rule, words in VERDICTS.items():
+        goals = record.get("goals", {}).get(rule, {})
+        figures = record.get("rules", {}).get(rule, {})
+        lines += [f"## {rule}", "", words, "", "| goal | measured | met |", "|---|---|---|"]
+        for key, goal in goals.items():
+            met = {True: "yes", False: "**no**", None: "not run"}[goal["met"]]
+            lines.append(f"| {goal['words']} (`{key}` {goal['goal']}) | {_cell(goal['value'])} | {met} |")
+        others = {k: v for k, v in figures.items() if k not in goals}
+        if others:
+            lines += ["", "Every figure the harness reported:", "", "| figure | value |", "|---|---|"]
+            lines += [f"| `{k}` | {_cell(v)} |" for k, v in others.items()]
+        for part, title in (("parameters", "Parameters (read from the code)"), ("conditions", "Conditions tried")):
+            items = record.get(part, {}).get(rule, {})
+            if items:
+                lines += ["", f"{title}:", "", "| name | value |", "|---|---|"]
+                lines += [f"| `{k}` | {_cell(v)} |" for k, v in items.items()]
+        lines.append("")
+    return "\n".join(lines) + "\n"
+
+
 for path, build in (
     ("reference/cli.md", cli_page),
     ("reference/request.md", request_page),
     ("reference/results.md", results_page),
     ("reference/deployments.md", deployments_page),
+    ("concepts/verdicts.md", verdicts_page),
 ):
     with mkdocs_gen_files.open(path, "w") as f:
         f.write(build())
