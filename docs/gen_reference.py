@@ -157,13 +157,19 @@ VERDICTS = {
 }
 
 
-def _cell(value) -> str:
+def _cell(value, limit: int = 400) -> str:
+    """A figure in a table cell: numbers to 4 significant figures, nested ones inline, long lists left to the record."""
     if isinstance(value, float):
         return f"{value:.4g}"
-    if isinstance(value, dict | list):
-        text = ", ".join(f"{k}: {_cell(v)}" for k, v in value.items()) if isinstance(value, dict) else str(value)
-        return text.replace("|", "&#124;")
-    return str(value).replace("|", "&#124;")
+    if isinstance(value, dict):
+        text = "; ".join(f"{k}: ({_cell(v)})" if isinstance(v, dict) else f"{k}: {_cell(v)}" for k, v in value.items())
+    elif isinstance(value, list):
+        text = ", ".join(_cell(v) for v in value)
+    else:
+        text = str(value)
+    if len(text) > limit:
+        text = f"{len(value)} entries: see the record" if isinstance(value, list | dict) else text[:limit] + "…"
+    return text.replace("|", "&#124;")
 
 
 def verdicts_page() -> str:
