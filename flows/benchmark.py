@@ -23,6 +23,7 @@ from tbench.accuracy import require_same_answers
 from tbench.core.enums import Format, Scenario
 from tbench.core.errors import PerfAnalyzerError
 from tbench.core.precision import results_precision
+from tbench.core.progress import warn
 from tbench.correctness import require_passed
 from tbench.export import ConversionOptions
 from tbench.node import hardware as hw
@@ -105,9 +106,12 @@ def _benchmark(req, hardware, adapter, tracker: RunTracker) -> str:
                 adapter, module, layout.run_dir / "perf_input.json", shared_memory=offline_shared_memory(req, hardware)
             )
             given = adapter.given_samples
+            sent = perf_inputs.sent or None  # the samples perf_analyzer is given, where they vary in shape
             tracker.measured_shapes = dynamic_shapes(
-                adapter.io_spec(), perf_inputs.shapes, given.distribution() if given is not None else None
+                adapter.io_spec(), perf_inputs.shapes, given.distribution(sent) if given is not None else None
             )
+            if sent and len(sent) < given.count:  # the figures describe these samples, not the whole file
+                warn(f"{len(sent)} of the {given.count} input samples are sent, spread over them: see the report")
         served = [a for fmt in req.serve_formats for a in artifacts if a.format is fmt]
         composing = [(req.part_name(p.part.name), arts[0]) for p, arts in zip(parts, part_artifacts)]
         with tracker.stage("server"):  # what the server can run decides how the repository serves each format

@@ -101,7 +101,8 @@ def prepare_inputs(
     count = max(1, min(samples, MAX_INPUT_VALUES // max(per_sample, 1)))
     given = adapter.given_samples
     if given is not None and given.varying:  # the user's samples, each request at its own shape, run one at a time
-        requests = [given.one(i) for i in range(min(count, given.count))]
+        picked = given.spread(min(count, given.count))  # spread over the file, not its first samples
+        requests = [given.one(i) for i in picked]
         lead = (lambda a: a[None]) if adapter.batching else (lambda a: a)
         chunk_of = lambda start: {name: lead(a) for name, a in requests[start].items()}  # noqa: E731
     elif adapter.batching:  # rows of one batch (padded to the longest where lengths vary); perf_analyzer adds the axis
@@ -135,6 +136,7 @@ def prepare_inputs(
         shapes=adapter.input_shapes(),
         batching=adapter.batching,
         varying=tuple(given.distribution()) if given is not None and data_file is not None else (),
+        sent=tuple(picked[:n]) if given is not None and given.varying and data_file is not None else (),
         sample_output_bytes=per_sample_bytes,
         shared_memory=shared_memory,
     )

@@ -472,6 +472,24 @@ def test_samples_of_varying_lengths_are_kept_each_at_its_own_shape(bert_onnx, tm
     assert given.one(2)["input_ids"].shape == (30,) and given.one(2)["input_ids"].dtype == np.int64
 
 
+def test_the_samples_sent_are_spread_over_a_sorted_file_and_described_as_sent(bert_onnx, tmp_path):
+    """A file sorted by length, of which perf_analyzer gets only some: those spread over it, and the report's
+    distribution is theirs, saying how many of the file's they are (a prefix measured the shortest samples only)."""
+    path = tmp_path / "sorted.json"
+    path.write_text(json.dumps(varying_samples(list(range(8, 108)))))  # 100 samples, 8..107 tokens
+    given = ModelFileAdapter(str(bert_onnx)).use_input_data(str(path)).given_samples
+    order = given.spread(100)
+    assert sorted(order) == list(range(100))  # all of them when all fit
+    assert order[:3] == [0, 99, 50]  # and any prefix spans the file
+    first = given.spread(5)
+    assert first == order[:5] and max(first) == 99 and min(first) == 0
+    assert (
+        given.distribution(first)["input_ids"]
+        == "[8..107] (median [58]) over 5 samples of the 100 given, spread over them"
+    )
+    assert given.distribution()["input_ids"] == "[8..107] (median [57.5]) over 100 samples"
+
+
 def test_varying_samples_measure_batch_1_and_refuse_a_batch(bert_onnx, tmp_path):
     path = tmp_path / "varying.json"
     path.write_text(json.dumps(varying_samples([12, 30])))
@@ -504,7 +522,10 @@ def test_samples_of_varying_lengths_are_sent_each_at_its_own_shape(prefect_harne
     (accuracy,) = json.loads((run / "accuracy.json").read_text())
     assert all(o["passed"] for o in accuracy["outputs"])
     sent = json.loads((run / "perf_input.json").read_text())["data"]
-    assert [s["input_ids"]["shape"] for s in sent] == [[12], [40], [96], [12], [25]]
-    for log in (run / "logs" / "perf_analyzer").glob("*.log"):
+    # every sample, in an order whose every prefix spans the file (the first, the last, the middle, ...)
+    assert [s["input_ids"]["shape"] for s in sent] == [[12], [25], [96], [40], [12]]
+    logs = list((run / "logs" / "perf_analyzer").glob("*.log"))
+    assert logs
+    for log in logs:
         assert "--shape" not in log.read_text().splitlines()[0]  # the data gives each request's shape
     assert "input_ids [-1] measured as each request at its own shape, [12..96] (median [25]) over 5 samples" in report

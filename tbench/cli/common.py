@@ -9,6 +9,7 @@ from contextlib import contextmanager
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -178,6 +179,8 @@ class RichProgress:
             self.bar.console.print(
                 f"  [yellow]waiting[/] {data['waited_s']:.0f} s for the device lock: held by {data['holder']}"
             )
+        elif event == "warning":
+            self.bar.console.print(f"  [yellow]note[/] {escape(data['line'])}", highlight=False)
         elif event == "lock_reclaimed":
             self.bar.console.print(f"  [yellow]reclaimed[/] the device lock from {data['holder']} (its lease is stale)")
         elif event == "run_start":

@@ -15,7 +15,7 @@ import base64
 import binascii
 import json
 import zipfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -47,17 +47,34 @@ class InputSamples:
             for name, a in self.arrays.items()
         }
 
-    def distribution(self) -> dict[str, str]:
+    def distribution(self, sent: Sequence[int] | None = None) -> dict[str, str]:
         """Per input whose samples vary in shape: their range and median per dim, e.g. '[12..96] (median [50]) over 32
-        samples'."""
+        samples', over the samples `sent` (indices) where perf_analyzer was given only those, saying so."""
         described = {}
+        chosen = range(self.count) if sent is None else sent
+        of = f" of the {self.count} given, spread over them" if len(chosen) < self.count else ""
         for name, a in self.arrays.items():
             if isinstance(a, list):
-                dims = np.array([s.shape for s in a])
+                dims = np.array([a[i].shape for i in chosen])
                 spans = [f"{lo}..{hi}" if lo != hi else f"{lo}" for lo, hi in zip(dims.min(0), dims.max(0))]
                 median = ",".join(f"{m:g}" for m in np.median(dims, axis=0))
-                described[name] = f"[{','.join(spans)}] (median [{median}]) over {len(a)} samples"
+                described[name] = f"[{','.join(spans)}] (median [{median}]) over {len(chosen)} samples{of}"
         return described
+
+    def spread(self, wanted: int) -> list[int]:
+        """`wanted` sample indices spread over all the samples, in an order whose every prefix spans them too (the
+        first, the last, the middle, the quarters...): a prefix of the user's file (often sorted by length) would
+        measure its shortest samples only, and perf_analyzer may be sent only the first few of these."""
+        order: list[int] = []
+        seen: set[int] = set()
+        parts = 1
+        while len(order) < min(wanted, self.count):
+            for i in np.linspace(0, self.count - 1, parts + 1).round().astype(int).tolist():
+                if i not in seen and len(order) < wanted:
+                    seen.add(i)
+                    order.append(i)
+            parts *= 2
+        return order
 
     def one(self, i: int) -> dict[str, np.ndarray]:
         """Sample i (cycling), without the stacking axis: one request's row, or the whole request of a model without a

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 Listener = Callable[..., None]
@@ -20,3 +21,9 @@ def unsubscribe(listener: Listener) -> None:
 def emit(event: str, **data) -> None:
     for listener in list(_listeners):
         listener(event, **data)
+
+
+def warn(line: str) -> None:
+    """A line the user should read before the figures: on the terminal (the CLI's listener) and in the run's log."""
+    logging.getLogger("prefect.tbench").warning(line)
+    emit("warning", line=line)

@@ -53,6 +53,8 @@ class PerfInputs:
     # inputs whose samples vary in shape: each request is sent at its sample's own shape, which perf_analyzer reads
     # from the data file; a --shape would make it refuse every other one
     varying: tuple[str, ...] = ()
+    # the user's samples written to the data file (indices), where they vary in shape: what the report describes
+    sent: tuple[int, ...] = ()
     sample_output_bytes: int | None = None
     shared_memory: str = "system"  # offline scenario: "system", or "cuda" when client and server share a GPU node
 
