@@ -48,6 +48,7 @@ COMMANDS = {
     "capacity_truth.json": ".venv/bin/python benchmarks/capacity_truth.py",
     "latency_verdict.json": ".venv/bin/python benchmarks/latency_verdict.py",
     "change_detection.json": ".venv/bin/python benchmarks/change_detection.py",
+    "calibration.json": ".venv/bin/python benchmarks/calibration.py",
     "history.json": ".venv/bin/python benchmarks/history.py",
     "model_files.json": "PYTHONPATH=SCRATCH .venv/bin/python benchmarks/model_files.py",
     "default_runs.json": ".venv/bin/python benchmarks/default_runs.py",

@@ -29,7 +29,12 @@ def _load(name: str, path: Path):
 # the scripts import it as `provenance` (run as scripts, benchmarks/ is their sys.path[0])
 provenance = sys.modules.get("provenance") or _load("provenance", BENCHMARKS / "provenance.py")
 # tiny_model: a model, no figure
-SCRIPTS = sorted(p for p in BENCHMARKS.glob("*.py") if p.name not in ("provenance.py", "tiny_model.py"))
+# calibration_*.py are the harnesses benchmarks/calibration.py runs and records: modules that write nothing themselves
+SCRIPTS = sorted(
+    p
+    for p in BENCHMARKS.glob("*.py")
+    if p.name not in ("provenance.py", "tiny_model.py") and not p.name.startswith("calibration_")
+)
 ISO_UTC = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?\+00:00$")
 
 
@@ -231,8 +236,9 @@ def test_every_benchmark_writes_through_provenance(script):
     other way, and has its command in provenance.COMMANDS (the docs' page on our own figures lists the same)."""
     source = script.read_text()
     assert "from provenance import" in source and "recorded(RESULTS / " in source
-    # the sleeper's size is its service time (benchmarks/capacity_truth.py)
-    assert "model_sizes" in source and any(f'"--{o}' in source for o in ("size", "plan", "service-ms"))
+    # the sleeper's size is its service time (benchmarks/capacity_truth.py), a simulation's the truth it simulates
+    sized = any(f'"--{o}' in source for o in ("size", "plan", "service-ms")) or 'model_sizes=["simulated' in source
+    assert "model_sizes" in source and sized
     assert "write_text(json.dumps" not in source and "json.dump(" not in source
     outputs = [name for name, command in provenance.COMMANDS.items() if f" benchmarks/{script.name} " in command + " "]
     assert outputs, f"{script.name} has no command in provenance.COMMANDS"
