@@ -380,9 +380,20 @@ def _arrays(values, noise) -> tuple[np.ndarray, np.ndarray | None]:
 
 
 def _same_change(a: Change, b: Change, min_size: int) -> bool:
-    """One change seen by two runs' judgements: the same way, its index moved by less than a segment (two confirmed
-    changes are at least min_size apart, so this never merges two)."""
-    return np.sign(a.relative) == np.sign(b.relative) and abs(a.index - b.index) < min_size
+    """One change seen by two runs' judgements: the same way, its index moved by at most a segment (a change is first
+    placed up to min_size runs late, then moves as runs after it come in; `_seen` pairs each earlier change with one
+    change at most, so two confirmed changes a segment apart are not merged)."""
+    return np.sign(a.relative) == np.sign(b.relative) and abs(a.index - b.index) <= min_size
+
+
+def _seen(changes: list[Change], earlier: list[Change], min_size: int) -> list[Change]:
+    """The changes an earlier judgement had: each earlier change paired with the nearest change it can be, once."""
+    seen: list[Change] = []
+    for e in earlier:
+        same = [c for c in changes if c not in seen and _same_change(c, e, min_size)]
+        if same:
+            seen.append(min(same, key=lambda c: abs(c.index - e.index)))
+    return seen
 
 
 def _not_seen_before(v, nz, changes: list[Change], opts: dict, lookback: int) -> list[Change]:
@@ -396,7 +407,7 @@ def _not_seen_before(v, nz, changes: list[Change], opts: dict, lookback: int) ->
             break
         cut_series = _prepare(v[:end], None if nz is None else nz[:end])
         earlier = [_change(cut_series, t) for t in _detect(cut_series, opts)]
-        seen = [c for c in checkable if any(_same_change(c, e, opts["min_size"]) for e in earlier)]
+        seen = _seen(checkable, earlier, opts["min_size"])
         fresh = [c for c in fresh if c not in seen]
     return fresh
 
