@@ -22,6 +22,7 @@ from tasks.server import server_task
 from tbench.accuracy import require_same_answers
 from tbench.core.enums import Format, Scenario
 from tbench.core.errors import PerfAnalyzerError
+from tbench.core.measured import input_data_label, shapes_label
 from tbench.core.precision import results_precision
 from tbench.core.progress import warn
 from tbench.correctness import require_passed
@@ -218,6 +219,8 @@ def _benchmark(req, hardware, adapter, tracker: RunTracker) -> str:
                     ),
                     "max_batch_size": req.max_batch_size,
                     "model_instances": req.model_instances,
+                    "shapes": shapes_label(adapter.io_spec(), perf_inputs.shapes, perf_inputs.varying),
+                    "input_data": input_data_label(adapter.given_samples),
                 }
                 for scenario in req.scenarios:
                     key = f"perf-{scenario.value}-{fmt.value}"

@@ -357,6 +357,21 @@ def test_constant_and_poisson_arrivals_never_match(tmp_path):
     assert len(c3.points) == 4 and c3.unmatched.empty
 
 
+def test_points_measured_at_other_shapes_or_data_never_match(tmp_path):
+    """Runs at 16 and at 512 tokens, or on other samples, are not one point: not comparable, each point named; a run
+    stored before these labels matches on the others."""
+    at = lambda shapes, data="synthetic": lambda df: df.assign(shapes=shapes, input_data=data)  # noqa: E731
+    short, long = make_run(tmp_path, "short", at("input_ids=16")), make_run(tmp_path, "long", at("input_ids=512"))
+    c = compare_runs(short, long)
+    assert c.points.empty and c.verdict == NOT_COMPARABLE and verdict_exit_code(c) == EXIT_CODES[NOT_COMPARABLE]
+    assert set(c.unmatched["shapes"]) == {"input_ids=16", "input_ids=512"}
+    other_data = make_run(tmp_path, "other", at("input_ids=16", "sha256:0123456789abcdef"))
+    assert compare_runs(short, other_data).verdict == NOT_COMPARABLE
+    same = compare_runs(short, make_run(tmp_path, "again", at("input_ids=16")))
+    assert len(same.points) == 4 and same.verdict == NO_CHANGE
+    assert len(compare_runs(BASELINE, long).points) == 4  # the golden run has no such columns: an older run
+
+
 def perf_percentiles(latencies: np.ndarray) -> dict[str, np.ndarray]:
     """perf_analyzer's percentiles of each row: the sorted latencies at index p/100 x (n - 1), rounded."""
     ordered = np.sort(latencies, axis=-1)

@@ -529,3 +529,32 @@ def test_samples_of_varying_lengths_are_sent_each_at_its_own_shape(prefect_harne
     for log in logs:
         assert "--shape" not in log.read_text().splitlines()[0]  # the data gives each request's shape
     assert "input_ids [-1] measured as each request at its own shape, [12..96] (median [25]) over 5 samples" in report
+
+
+def test_what_the_points_were_measured_at_is_labelled_by_content(bert_onnx, tmp_path):
+    """The results' shapes and input_data labels: the dynamic dims as measured (none for a fixed-shape model), the
+    samples by content whatever file form they came in."""
+    from tbench.core.measured import SYNTHETIC, input_data_label, shapes_label
+
+    spec = IoSpec(
+        inputs=[
+            TensorSpec(name="input_ids", dtype="int64", shape=[-1]),
+            TensorSpec(name="x", dtype="float32", shape=[3]),
+        ],
+        outputs=[TensorSpec(name="y", dtype="float32", shape=[1])],
+    )
+    assert shapes_label(spec, {"input_ids": [128], "x": [3]}) == "input_ids=128"
+    assert shapes_label(spec, {"input_ids": [128]}, varying=("input_ids",)) == "input_ids=varies"
+    fixed = IoSpec(inputs=[spec.inputs[1]], outputs=spec.outputs)
+    assert shapes_label(fixed, {"x": [3]}) is None and input_data_label(None) == SYNTHETIC
+    as_json = tmp_path / "samples.json"
+    as_json.write_text(json.dumps(varying_samples([12, 30])))
+    given = ModelFileAdapter(str(bert_onnx)).use_input_data(str(as_json)).given_samples
+    label = input_data_label(given)
+    assert label.startswith("sha256:") and len(label) == len("sha256:") + 16
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps(varying_samples([12, 31])))
+    assert input_data_label(ModelFileAdapter(str(bert_onnx)).use_input_data(str(other)).given_samples) != label
+    again = tmp_path / "again.json"  # the same samples, written again: the same label
+    again.write_text(json.dumps(varying_samples([12, 30]), indent=2))
+    assert input_data_label(ModelFileAdapter(str(bert_onnx)).use_input_data(str(again)).given_samples) == label

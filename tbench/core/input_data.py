@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
 import json
 import zipfile
 from collections.abc import Callable, Iterator, Sequence
@@ -60,6 +61,16 @@ class InputSamples:
                 median = ",".join(f"{m:g}" for m in np.median(dims, axis=0))
                 described[name] = f"[{','.join(spans)}] (median [{median}]) over {len(chosen)} samples{of}"
         return described
+
+    def digest(self) -> str:
+        """sha256 of the samples' contents (names, dtypes, shapes, values), whichever file form they came in."""
+        h = hashlib.sha256()
+        for name in sorted(self.arrays):
+            a = self.arrays[name]
+            for sample in a if isinstance(a, list) else [a]:
+                h.update(f"{name}:{sample.dtype.str}:{sample.shape};".encode())
+                h.update(np.ascontiguousarray(sample).tobytes())
+        return h.hexdigest()
 
     def spread(self, wanted: int) -> list[int]:
         """`wanted` sample indices spread over all the samples, in an order whose every prefix spans them too (the

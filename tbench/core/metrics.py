@@ -69,6 +69,9 @@ _MEASUREMENT = {
     "format": "Our name of the served format (onnx, ts-trace, ts-script, tf-savedmodel, trt, tf-trt, ...)",
     "request_rate": "The offered request rate of a rate point, in requests/s",
     "request_distribution": "A rate point's arrivals: poisson or constant",
+    "shapes": "The dynamic dims' measured shapes (input_ids=128; ...), `varies` where each request carried its own "
+    "sample's; empty where no input has a dynamic dim",
+    "input_data": "The given input data by content (sha256:...), or synthetic",
     "status": "ok, unstable (measured, not stable within the windows), behind (a rate point the server did not keep up "
     "with), client_bound (a rate point perf_analyzer could not send on time; the server kept up), undetermined (a rate "
     "point whose windows cannot tell whether it kept up: never read as ok) or error",

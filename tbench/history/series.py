@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
+from tbench.core.measured import SYNTHETIC
 from tbench.core.storage import join, url_to_fs
 from tbench.results.dataset import query_results
 
@@ -32,6 +33,8 @@ SERIES_KEYS = [
     "concurrency",
     "request_rate",
     "request_distribution",
+    "shapes",  # None for a model without dynamic dims, as in runs stored before the label
+    "input_data",
 ]
 
 
@@ -71,15 +74,23 @@ class Series:
         )
 
     @property
+    def measured_at(self) -> list[str]:
+        """The shapes and input data the point was measured at, where they were recorded (not for a fixed-shape model
+        on synthetic data)."""
+        return [str(self.key[k]) for k in ("shapes", "input_data") if self.key.get(k) and pd.notna(self.key[k])]
+
+    @property
     def name(self) -> str:
         k = self.key
         served = f"{k['format']} {k['precision']} · {k['gpu']}"
-        return f"{k['model']} {k['model_size']} · {served} · {k['scenario']} {self.point} · {self.metric.label}"
+        load = " · ".join([f"{k['scenario']} {self.point}", *self.measured_at])
+        return f"{k['model']} {k['model_size']} · {served} · {load} · {self.metric.label}"
 
     @property
     def slug(self) -> str:
         k = self.key
-        parts = [k["model_size"], k["format"], k["precision"], k["gpu"], k["scenario"], self.point, self.metric.label]
+        parts = [k["model_size"], k["format"], k["precision"], k["gpu"], k["scenario"], self.point, *self.measured_at]
+        parts.append(self.metric.label)
         return "-".join("".join(c if c.isalnum() else "_" for c in str(p)) for p in parts)
 
 
@@ -125,6 +136,8 @@ def build_series(points: pd.DataFrame, metrics: list[Metric] = METRICS) -> list[
         return []
     found = []
     keyed = points.assign(**{k: points[k].astype(object).where(points[k].notna(), None) for k in SERIES_KEYS})
+    # synthetic data is what runs stored before the label measured: one series across the upgrade
+    keyed["input_data"] = keyed["input_data"].where(keyed["input_data"] != SYNTHETIC, None)
     for key_values, rows in keyed.groupby(SERIES_KEYS, dropna=False, sort=True):
         key = dict(zip(SERIES_KEYS, key_values))
         for metric in metrics:

@@ -59,7 +59,11 @@ MATCH_KEYS = [
     "concurrency",
     "request_rate",
     "request_distribution",
+    "shapes",  # runs at 16 and at 512 tokens are not one point
+    "input_data",
 ]
+# labels recorded since the calibration issue: where one run has none (stored before them), the other keys match
+RECENT_KEYS = ("shapes", "input_data")
 NUMERIC_KEYS = {"batch_size", "concurrency", "request_rate"}
 P99 = "p99_ms"
 AVG_MS = AVG.column
@@ -207,9 +211,15 @@ def point_key(row) -> tuple:
     return tuple(key[c] for c in MATCH_KEYS)
 
 
-def _keyed(results: pd.DataFrame) -> dict[tuple, list[int]]:
+def _recorded(results: pd.DataFrame, column: str) -> bool:
+    return column in results and bool(results[column].notna().any())
+
+
+def _keyed(results: pd.DataFrame, ignored: set[str] = frozenset()) -> dict[tuple, list[int]]:
     keys: dict[tuple, list[int]] = {}
-    columns = {c: results[c].tolist() if c in results else [None] * len(results) for c in MATCH_KEYS}
+    columns = {
+        c: results[c].tolist() if c in results and c not in ignored else [None] * len(results) for c in MATCH_KEYS
+    }
     for pos, i in enumerate(results.index):
         keys.setdefault(point_key({c: v[pos] for c, v in columns.items()}), []).append(i)
     return keys
@@ -448,7 +458,8 @@ def compare_runs(
     base = baseline if isinstance(baseline, RunResults) else load_run(baseline)
     cand = candidate if isinstance(candidate, RunResults) else load_run(candidate)
     b_res, c_res = base.results, cand.results
-    b_keys, c_keys = _keyed(b_res), _keyed(c_res)
+    older = {k for k in RECENT_KEYS if not (_recorded(b_res, k) and _recorded(c_res, k))}
+    b_keys, c_keys = _keyed(b_res, older), _keyed(c_res, older)
 
     rows, keys, unmatched = [], [], []
     for key in list(b_keys) + [key for key in c_keys if key not in b_keys]:
