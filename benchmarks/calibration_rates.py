@@ -38,10 +38,9 @@ from tbench.capacity.rate_search import (
 from tbench.capacity.statistics import PercentileRule
 from tbench.core.enums import Scenario
 from tbench.loadgen import behind
-from tbench.loadgen.behind import arrival_stability
-from tbench.loadgen.perf_analyzer import STABLE_WINDOWS, Point
+from tbench.loadgen.perf_analyzer import STABLE_WINDOWS, Point, requests_from_export
 from tbench.request import Measurement
-from tbench.sweep import rate_point_verdict
+from tbench.sweep import measure_again, rate_point_verdict, rate_stability
 
 PERCENTILES = (50, 90, 95, 99)
 
@@ -129,6 +128,7 @@ class Simulated:
     queue_ms: float
     compute_ms: float
     seconds: float
+    export: dict | None = None  # what --profile-export-file writes (perf_analyzer 2.51's format, tensors left out)
 
 
 def perf_rate_points(
@@ -148,7 +148,9 @@ def perf_rate_points(
     arrivals, latency, wait, service = sojourns(rng, server, rate, rows, n)
     departs = arrivals + latency
     order = np.argsort(departs, axis=1, kind="stable")
-    latency, wait, service = (np.take_along_axis(a, order, axis=1) for a in (latency, wait, service))
+    latency, wait, service, arrivals = (
+        np.take_along_axis(a, order, axis=1) for a in (latency, wait, service, arrivals)
+    )
     departs = np.take_along_axis(departs, order, axis=1)
     # completions by each whole second: windows close on whole seconds from the first one's start
     second = np.minimum(np.ceil(departs), horizon + 1).astype(int)
@@ -156,12 +158,31 @@ def perf_rate_points(
     np.add.at(counts, (np.repeat(np.arange(rows), n), second.ravel()), 1)
     done_by = np.cumsum(counts, axis=1)[:, : horizon + 1]  # done_by[t]: requests completed by second t
     return [
-        _one_call(rate, latency[r], wait[r], service[r], done_by[r], window_requests, max_trials, stability_pct)
+        _one_call(
+            rate, arrivals[r], latency[r], wait[r], service[r], done_by[r], window_requests, max_trials, stability_pct
+        )
         for r in range(rows)
     ]
 
 
-def _one_call(rate, latency, wait, service, done_by, window_requests, max_trials, stability_pct) -> Simulated:
+def profile_export(rate: float, sent_s: np.ndarray, latency_s: np.ndarray, bounds: list[int]) -> dict:
+    """perf_analyzer's --profile-export-file of one call: the requests answered by its last window's end (those still
+    in flight are not listed), in the order answered, with the windows' boundaries; nanoseconds from an epoch."""
+    epoch = 1_700_000_000 * 10**9
+    sent = (sent_s * 1e9).astype(np.int64) + epoch
+    answered = ((sent_s + latency_s) * 1e9).astype(np.int64) + epoch
+    requests = [
+        {"timestamp": s, "response_timestamps": [a]} for s, a in zip(sent.tolist(), answered.tolist(), strict=True)
+    ]
+    experiment = {
+        "experiment": {"mode": "request_rate", "value": rate},
+        "requests": requests,
+        "window_boundaries": [epoch + b * 10**9 for b in bounds],
+    }
+    return {"experiments": [experiment], "version": "2.51.0", "service_kind": "triton", "endpoint": ""}
+
+
+def _one_call(rate, arrivals, latency, wait, service, done_by, window_requests, max_trials, stability_pct) -> Simulated:
     seconds = np.arange(len(done_by))
     bounds, stats = [0], []
     stable_at, warned = None, False
@@ -210,7 +231,9 @@ def _one_call(rate, latency, wait, service, done_by, window_requests, max_trials
         + f"{int(queue_ms * 1000)} usec + compute input 30 usec + compute infer {int(compute_ms * 1000)} usec + "
         + "compute output 10 usec)\n"
     )
-    return Simulated(log, "ok", len(stats), len(merged), tput, lat_ms, queue_ms, compute_ms, elapsed)
+    answered = done_by[bounds[-1]]
+    export = profile_export(rate, arrivals[:answered], latency[:answered], bounds)
+    return Simulated(log, "ok", len(stats), len(merged), tput, lat_ms, queue_ms, compute_ms, elapsed, export)
 
 
 def perf_row(sim: Simulated) -> dict:
@@ -229,11 +252,13 @@ def perf_row(sim: Simulated) -> dict:
 
 
 def judged_row(sim: Simulated, rate: float) -> dict:
-    """The row as a sweep keeps it: an open-loop point's figures hold only if it carried the load."""
+    """The row as a sweep keeps it: an open-loop point's figures hold only if it carried the load (judged from its
+    export as tbench.sweep.measure_point reads it)."""
     row = perf_row(sim)
     if sim.status == "ok":
         point = Point(Scenario.RATE, 1, None, rate, "poisson")
-        row.update(rate_point_verdict(point, row, sim.merged_requests, sim.log))
+        requests = requests_from_export(sim.export) if sim.export else None
+        row.update(rate_point_verdict(point, row, sim.merged_requests, sim.log, requests))
     return row
 
 
@@ -249,24 +274,43 @@ LOADS_OK = (0.5, 0.7, 0.85)
 LOADS_SATURATED = (1.0, 1.05, 1.1, 1.25, 1.5)
 
 
-def sweep_windows(rate: float, m: Measurement) -> tuple[int, float]:
-    """Requests per window and stability percentage a sweep's rate point gets (tbench.sweep.measure_point)."""
-    count = m.requests_per_window(None, 1, 0, None, rate)
-    return count, arrival_stability(m.stability_percentage, count, "poisson")
+def sweep_windows(rate: float, m: Measurement, attempt: int = 0) -> tuple[int, float]:
+    """Requests per window and stability percentage a sweep's rate point gets (tbench.sweep.measure_point; every
+    request exported)."""
+    count = m.requests_per_window(None, 1, attempt, None, rate)
+    return count, rate_stability(m, count, "poisson", exported=True)
+
+
+def sweep_rate_points(rng, server: Server, rate: float, m: Measurement, trials: int) -> list[tuple[str, Simulated]]:
+    """`trials` rate points measured as a sweep measures them: a point its requests could not judge (undetermined)
+    measured again with longer windows (tbench.sweep.measure_again). Each: (status, the attempt that counted)."""
+    count, stability = sweep_windows(rate, m)
+    sims = perf_rate_points(rng, server, rate, count, m.max_trials, stability, trials)
+    rows = [judged_row(s, rate) for s in sims]
+    out = [(row["status"], sim) for row, sim in zip(rows, sims, strict=True)]
+    for attempt in range(1, m.retries + 1):
+        again = [i for i, (status, _) in enumerate(out) if measure_again({"status": status}, attempt - 1, m)]
+        if not again:
+            break
+        count, stability = sweep_windows(rate, m, attempt)
+        for i, sim in zip(again, perf_rate_points(rng, server, rate, count, m.max_trials, stability, len(again))):
+            out[i] = (judged_row(sim, rate)["status"], sim)
+    return out
 
 
 def calibrate_kept_up(rng, trials: int) -> tuple[dict, dict]:
     m = Measurement()
     outcomes: dict[str, dict[float, list[str]]] = {}
     windows: list[int] = []
+    requests: list[int] = []
     for name, server in KEPT_UP_SERVERS.items():
         outcomes[name] = {}
         for load in LOADS_OK + LOADS_SATURATED:
             rate = round(load * server.capacity, 3)
-            count, stability = sweep_windows(rate, m)
-            sims = perf_rate_points(rng, server, rate, count, m.max_trials, stability, trials)
-            windows += [s.windows for s in sims]
-            outcomes[name][load] = [judged_row(s, rate)["status"] for s in sims]
+            judged = sweep_rate_points(rng, server, rate, m, trials)
+            windows += [s.windows for _, s in judged]
+            requests += [len(s.export["experiments"][0]["requests"]) for _, s in judged if s.export]
+            outcomes[name][load] = [status for status, _ in judged]
 
     def share(loads, status):
         got = [s for o in outcomes.values() for load in loads for s in o[load]]
@@ -290,8 +334,10 @@ def calibrate_kept_up(rng, trials: int) -> tuple[dict, dict]:
         "loads_saturated": list(LOADS_SATURATED),
         "servers": {name: asdict(s) | {"capacity_rps": s.capacity} for name, s in KEPT_UP_SERVERS.items()},
         "windows_per_point": _spread(windows),
-        "requests_per_window": f"a sweep's: max(min_requests {m.min_requests}, window_s {m.window_s} x rate); "
-        f"stability max({m.stability_percentage}%, 200/sqrt(n))",
+        "requests_per_point": _spread(requests),
+        "requests_per_window": f"a sweep's: max(min_requests {m.min_requests}, window_s {m.window_s} x rate), "
+        f"doubled on a retry of an undetermined point ({m.retries} retry); every request exported, so perf_analyzer "
+        "stops after 3 windows",
         "max_trials": m.max_trials,
         "arrivals": "poisson, sent on schedule (async); each point from an empty server",
         "not_tried": "dynamic batching; late sends (client-bound)",
@@ -330,10 +376,11 @@ def simulated_measure(rng, server: Server, slo_ms: float, m: Measurement, log: l
     def measure(rate: float) -> RatePoint:
         rate = round(rate, 3)
         count = m.requests_per_window(None, 1, 0, None, rate)
-        stability = arrival_stability(m.stability_percentage, count, "poisson")
+        stability = rate_stability(m, count, "poisson", exported=True)
         sim = perf_rate_points(rng, server, rate, count, m.max_trials, stability, 1)[0]
         log.append(sim.seconds)
-        return judge(rate, 1, judged_row(sim, rate), slo_ms, RULE)
+        requests = requests_from_export(sim.export) if sim.export else None
+        return judge(rate, 1, judged_row(sim, rate), slo_ms, RULE, requests)
 
     return measure
 

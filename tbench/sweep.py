@@ -29,12 +29,17 @@ from tbench.loadgen.perf_analyzer import (
     UNSTABLE_MARK,
     PerfInputs,
     Point,
+    RequestLog,
+    compact_profile_export,
+    export_fits,
     merged_requests,
     noise_from_log,
     parse_composing,
     parse_perf_csv,
     pass_throughputs,
     perf_argv,
+    profile_export_path,
+    read_profile_export,
     window_seconds,
 )
 from tbench.node import procs, shm, tools
@@ -170,6 +175,25 @@ def cache_key(point: Point, model: str) -> dict:
     }
 
 
+# A rate point whose every request is exported is judged from them (kept_up), not by perf_analyzer's agreement of
+# windows: it is asked for a spread it always meets, so it stops after its first 3 windows (the point's span) and never
+# calls an open-loop point "unstable" for the arrivals' own noise
+EXPORTED_RATE_STABILITY_PCT = 1000.0
+
+
+def rate_stability(m: Measurement, request_count: int, distribution: str, exported: bool) -> float:
+    """The stability percentage of a rate point's perf_analyzer call."""
+    if exported:
+        return EXPORTED_RATE_STABILITY_PCT
+    return arrival_stability(m.stability_percentage, request_count, distribution)
+
+
+def measure_again(row: dict, attempt: int, m: Measurement) -> bool:
+    """Whether a measured rate point is measured again with longer windows: its requests could not tell whether it
+    kept up (undetermined), and a retry is left."""
+    return row.get("status") == "undetermined" and attempt < m.retries
+
+
 def empty_row() -> dict:
     return {c: np.nan for c in RESULT_COLUMNS}
 
@@ -195,6 +219,7 @@ def measure_point(
     `expected_rate` (requests/s the sweep already saw at a lower concurrency), else the calibrated single-request
     latency `latency_s` at this batch size."""
     monitor = monitor or NoMonitor()
+    exported = point.rate is not None and export_fits(spec, point.batch_size, inputs)
     measured_rate = expected_rate  # requests/s: what the sweep expects, then what a failed attempt saw
     row = empty_row()
     row.update(
@@ -214,11 +239,12 @@ def measure_point(
         timeout_s = m.point_timeout_s(request_count, point.rate)
         attempt_m = m
         if point.rate is not None:
-            stability = arrival_stability(m.stability_percentage, request_count, point.distribution)
+            stability = rate_stability(m, request_count, point.distribution, exported)
             attempt_m = m.model_copy(update={"stability_percentage": stability})
             row.update(stability_percentage=stability)
         csv_path = layout.perf_csv(model, point.scenario, point.label, attempt)
-        argv = perf_argv(binary, model, grpc_url, point, attempt_m, request_count, csv_path, spec, inputs)
+        export = profile_export_path(csv_path) if exported else None
+        argv = perf_argv(binary, model, grpc_url, point, attempt_m, request_count, csv_path, spec, inputs, export)
         log_path = layout.perf_log(model, point.scenario, point.label, attempt)
         with shm.system_regions_held() if row["shared_memory"] == "system" else contextlib.nullcontext():
             monitor.start()
@@ -256,7 +282,11 @@ def measure_point(
                 row["composing"] = parse_composing(full_log)  # an ensemble's steps; else []
                 row.update(observed, stats_max_rel_diff=cross_check({**row, **observed}))
                 if point.rate is not None:  # an open-loop point's figures hold only if it carried the load
-                    row.update(rate_point_verdict(point, row, merged, full_log))
+                    requests = point_requests(export)
+                    row.update(rate_point_verdict(point, row, merged, full_log, requests))
+                    if measure_again(row, attempt, m):
+                        measured_rate = point.rate
+                        continue
                 return row
             except ValueError:
                 pass  # exit 0 with no row: perf_analyzer stopped early on an unstable point
@@ -285,11 +315,22 @@ def measure_point(
     return row
 
 
-def rate_point_verdict(point: Point, row: dict, merged: int | None, log_text: str) -> dict:
+def point_requests(export: Path | None) -> RequestLog | None:
+    """A rate point's exported requests, its file then rewritten with their timestamps only (small); None without."""
+    if export is None:
+        return None
+    requests = read_profile_export(export)
+    compact_profile_export(export)
+    return requests
+
+
+def rate_point_verdict(
+    point: Point, row: dict, merged: int | None, log_text: str, requests: RequestLog | None = None
+) -> dict:
     """What a measured open-loop point's row becomes: its late sends, and its status and reason when it did not carry
-    the load (behind, client-bound, or undetermined when its windows cannot tell)."""
+    the load (behind, client-bound, or undetermined when its requests, or its windows without them, cannot tell)."""
     served = row[THROUGHPUT.column] / point.batch_size
-    verdict = kept_up(point.rate, served, merged or 0, point.distribution, log_text)
+    verdict = kept_up(point.rate, served, merged or 0, point.distribution, log_text, request_log=requests)
     update = {"delayed_pct": verdict.delayed_pct}
     if verdict.status != "ok":
         update.update(status=verdict.status, error=verdict.reason)

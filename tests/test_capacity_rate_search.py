@@ -458,3 +458,19 @@ def test_an_undetermined_point_is_not_a_pass():
     assert "undetermined" in STATUSES
     point = judge(100.0, 1, row(status="undetermined", error="3 windows cannot tell"), SLO_MS, RULE)
     assert point.status == "undetermined" and not point.passed and point.reason == "3 windows cannot tell"
+
+
+def test_judge_from_exported_requests_uses_an_upper_bound_after_the_warm_up():
+    import numpy as np
+
+    from tbench.loadgen.perf_analyzer import RequestLog
+
+    rng = np.random.default_rng(0)
+    sent = np.sort(rng.uniform(0, 30, 3000))
+    latency = np.where(sent < 5, 0.2, rng.uniform(0.005, 0.010, 3000))  # a slow start, then fast
+    log = RequestLog(sent, latency, 30.0, (0.0, 30.0))
+    row = {"status": "ok", "throughput_infer_per_s": 100.0, "window_requests": 1000, "p99_ms": 200.0}
+    point = judge(100.0, 1, row, 50.0, PercentileRule(), log)
+    assert point.status == "pass" and point.latency_ms <= 10.0
+    slow = RequestLog(sent, np.full(3000, 0.06), 30.0, (0.0, 30.0))
+    assert judge(100.0, 1, row, 50.0, PercentileRule(), slow).status == "over_slo"

@@ -116,3 +116,26 @@ def test_a_percentile_measurement_holds_the_requests_the_rule_needs():
     assert m.min_requests == 508 and 3 * m.min_requests >= PercentileRule().requests()
     assert percentile_measurement(Measurement(min_requests=5000), PercentileRule()).min_requests == 5000
     assert percentile_measurement(Measurement(), PercentileRule(percentile=90)).min_requests == 47
+
+
+def test_percentile_upper_bound_is_an_order_statistic_above_the_percentile():
+    import numpy as np
+
+    from tbench.capacity.statistics import percentile_upper_bound
+
+    values = np.random.default_rng(0).exponential(1.0, 2000)
+    upper = percentile_upper_bound(values, 99, 0.95)
+    assert upper in values and upper > np.percentile(values, 99)
+    assert percentile_upper_bound(values[:50], 99, 0.95) is None  # rank above n: cannot bound p99
+
+
+def test_steady_latencies_drop_the_warm_up_and_the_end():
+    import numpy as np
+
+    from tbench.capacity.statistics import WARMUP_SHARE, steady_latencies
+    from tbench.loadgen.perf_analyzer import RequestLog
+
+    sent = np.linspace(0, 9.9, 100)
+    log = RequestLog(sent, np.full(100, 0.01), 10.0, (0.0, 10.0))
+    kept = steady_latencies(log, tail_s=1.0)
+    assert len(kept) == int(np.sum((sent >= WARMUP_SHARE * 10) & (sent <= 9.0)))

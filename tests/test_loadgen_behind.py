@@ -153,3 +153,61 @@ def test_the_kept_up_vocabulary_is_the_results_vocabulary():
     from tbench.loadgen.behind import KEPT_UP_STATUSES
 
     assert set(KEPT_UP_STATUSES) <= set(POINT_STATUSES)
+
+
+# --- from every request's timestamps (perf_analyzer's --profile-export-file) ---
+
+import numpy as np  # noqa: E402
+
+from tbench.loadgen.behind import KEPT_UP_STATUSES, backlogged_paces  # noqa: E402
+from tbench.loadgen.perf_analyzer import RequestLog, read_profile_export  # noqa: E402
+
+KEPT = GOLDEN / "perf_analyzer" / "rate_r25_sleeper20ms.requests.json"  # 25/s on a ~48/s sleeper: real
+OVERLOADED = GOLDEN / "perf_analyzer" / "rate_r55_sleeper20ms.requests.json"  # 55/s on the same server
+
+
+def queue(rate: float, service_s: float, n: int, seed: int = 0) -> RequestLog:
+    """An M/D/1 queue from empty: Poisson sends at `rate`, a fixed service time; the requests answered by the end."""
+    rng = np.random.default_rng(seed)
+    sent = np.cumsum(rng.exponential(1 / rate, n))
+    done, free = np.empty(n), 0.0
+    for i, t in enumerate(sent):
+        free = max(free, t) + service_s
+        done[i] = free
+    span = float(np.ceil(sent[-1]))
+    keep = done <= span
+    return RequestLog(sent[keep], (done - sent)[keep], span, (0.0, span))
+
+
+def test_real_export_of_a_server_that_kept_up_is_ok():
+    requests = read_profile_export(KEPT)
+    verdict = kept_up(25, len(requests) / requests.span_s, len(requests), "poisson", "", request_log=requests)
+    assert verdict.status == "ok"
+
+
+def test_real_export_of_an_overloaded_server_is_behind():
+    requests = read_profile_export(OVERLOADED)
+    verdict = kept_up(55, 47.8, 287, "poisson", "", request_log=requests)
+    assert verdict.status == "behind"
+
+
+def test_backlogged_pace_is_the_service_rate():
+    paces = backlogged_paces(queue(90, 0.01, 1500))
+    assert paces and paces[0].rate == pytest.approx(100, rel=0.02)
+
+
+def test_saturated_queue_is_never_ok_and_85pct_is_ok():
+    for seed in range(5):
+        at_capacity = queue(100, 0.01, 600, seed)
+        served = len(at_capacity) / at_capacity.span_s
+        assert kept_up(100, served, len(at_capacity), "poisson", "", request_log=at_capacity).status != "ok"
+        light = queue(85, 0.01, 600, seed)
+        served = len(light) / light.span_s
+        assert kept_up(85, served, len(light), "poisson", "", request_log=light).status == "ok"
+
+
+def test_too_few_requests_are_undetermined_with_a_reason():
+    few = queue(95, 0.01, 30)
+    verdict = kept_up(95, len(few) / few.span_s, len(few), "poisson", "", request_log=few)
+    assert verdict.status in KEPT_UP_STATUSES and verdict.status != "ok"
+    assert verdict.reason

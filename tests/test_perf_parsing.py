@@ -231,3 +231,33 @@ def test_an_online_point_expects_at_least_what_a_lower_concurrency_served():
     assert expected_online_rate(Point(Scenario.OFFLINE, 1, 1), served) is None
     # windows sized from it: window_s worth at 300 requests/s, not at the single-request latency's 1,000
     assert Measurement().requests_per_window(0.001, 8, measured_rate=300.0) == 600
+
+
+def test_profile_export_golden_holds_every_window_and_answered_requests_only():
+    from tbench.loadgen.perf_analyzer import read_profile_export
+
+    requests = read_profile_export(GOLDEN / "perf_analyzer" / "rate_r55_sleeper20ms.requests.json")
+    # the -v log merged 287 requests over its last 3 of 6 windows; the export lists all 6 windows' answered requests
+    assert len(requests) == 559 and len(requests.boundaries_s) == 7
+    assert np.all(np.diff(requests.sent_s) >= 0) and np.all(requests.latency_s > 0)
+    assert requests.answered_s.max() <= requests.span_s  # those still in flight at the end are not listed
+
+
+def test_rate_points_only_ask_for_the_export(tmp_path):
+    from tbench.loadgen.perf_analyzer import export_fits, profile_export_path
+
+    spec = IoSpec(
+        inputs=[TensorSpec(name="INPUT0", dtype="float32", shape=[1])],
+        outputs=[TensorSpec(name="OUTPUT0", dtype="float32", shape=[1])],
+    )
+    csv = tmp_path / "m_rate_b1_r50_poisson_try0.csv"
+    export = profile_export_path(csv)
+    assert export.parent == csv.parent and export.name == "m_rate_b1_r50_poisson_try0.requests.json"
+    assert export_fits(spec, 1)
+    big = IoSpec(inputs=[TensorSpec(name="x", dtype="float32", shape=[3, 224, 224])], outputs=spec.outputs)
+    assert not export_fits(big, 1)
+    point = Point(Scenario.RATE, 1, None, 50.0, "poisson")
+    argv = perf_argv(Path("pa"), "m", "u", point, Measurement(), 100, csv, spec, profile_export=export)
+    assert argv[argv.index("--profile-export-file") + 1] == str(export)
+    closed = perf_argv(Path("pa"), "m", "u", Point(Scenario.ONLINE, 1, 2), Measurement(), 100, csv, spec)
+    assert "--profile-export-file" not in closed

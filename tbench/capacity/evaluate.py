@@ -5,16 +5,17 @@ perf_analyzer files (`<candidate>/sustainable_rate.json`), so a report, or a res
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from tbench.capacity.rate_search import RatePoint, SustainableRate, find_sustainable_rate, judge
-from tbench.capacity.statistics import PercentileRule, percentile_measurement
+from tbench.capacity.statistics import WARMUP_SHARE, PercentileRule, percentile_measurement
 from tbench.core import progress
 from tbench.core.enums import Scenario
 from tbench.core.layout import RunLayout
-from tbench.loadgen.perf_analyzer import Point
+from tbench.loadgen.perf_analyzer import STABLE_WINDOWS, Point, RequestLog, profile_export_path, read_profile_export
 from tbench.request import Measurement
 from tbench.search.evaluate import ServedVariant, TritonEvaluator
 from tbench.search.strategies import Candidate, Observation
@@ -25,9 +26,12 @@ RATE_SEARCH_JSON = "sustainable_rate.json"
 
 
 def rate_measurement(base: Measurement, rule: PercentileRule) -> Measurement:
-    """The measurement of one rate point: windows holding the requests the percentile needs, and no retry: a rate
-    that does not settle is a rate the system does not sustain."""
-    return percentile_measurement(base, rule).model_copy(update={"retries": 0})
+    """The measurement of one rate point: windows (its first 3, every request exported) holding the requests the
+    percentile needs once the warm-up share of the span is left out, and no retry: a rate that does not settle is a
+    rate the system does not sustain."""
+    m = percentile_measurement(base, rule)
+    per_window = math.ceil(rule.requests() / (1 - WARMUP_SHARE) / STABLE_WINDOWS)
+    return m.model_copy(update={"retries": 0, "min_requests": max(m.min_requests, per_window)})
 
 
 def start_rate(latency_s: float | None, instances: int, given: float | None = None) -> float:
@@ -51,7 +55,16 @@ def measure_rate(
     """One Poisson rate point measured (`tbench.sweep.measure_point`, which checks it kept up with the load) and
     judged against the SLO; `measure` are measure_point's keyword arguments (model, grpc_url, spec, m, layout, ...)."""
     point = Point(Scenario.RATE, batch_size, None, round(rate, 3), "poisson")
-    return judge(point.rate, batch_size, measure_point(point, **measure), slo_ms, rule)
+    row = measure_point(point, **measure)
+    return judge(point.rate, batch_size, row, slo_ms, rule, exported_requests(measure["layout"], row))
+
+
+def exported_requests(layout: RunLayout, row: dict) -> RequestLog | None:
+    """The requests a measured rate point's perf_analyzer exported (beside its CSV, `source_file`); None without."""
+    source = row.get("source_file")
+    if not source or not isinstance(source, str):
+        return None
+    return read_profile_export(profile_export_path(layout.run_dir / source))
 
 
 def emit_rate_point(candidate: Candidate, point: RatePoint) -> None:

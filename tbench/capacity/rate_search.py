@@ -12,7 +12,8 @@ from typing import Literal, get_args
 
 from pydantic import BaseModel, Field
 
-from tbench.capacity.statistics import PercentileRule
+from tbench.capacity.statistics import PercentileRule, percentile_upper_bound, steady_latencies
+from tbench.loadgen.perf_analyzer import RequestLog
 
 # The answer is measured again before it is kept: a short run's percentile is noisy, and the highest of several
 # noisy passes is biased towards a lucky one (the winner's curse); a rate must pass every time to be the answer
@@ -58,10 +59,19 @@ def per_inference(energy_j: float | None, requests: float | None, batch_size: in
     return energy_j / (requests * batch_size) if energy_j is not None and requests else None
 
 
-def judge(rate: float, batch_size: int, row: dict, slo_ms: float, rule: PercentileRule) -> RatePoint:
+def judge(
+    rate: float,
+    batch_size: int,
+    row: dict,
+    slo_ms: float,
+    rule: PercentileRule,
+    requests: RequestLog | None = None,
+) -> RatePoint:
     """A measured row (tbench.sweep.measure_point's) at an offered rate -> pass, or why not. A point that fell behind
     its offered rate fails whatever its latency: its percentile describes a load it did not carry. A client-bound one
-    (perf_analyzer could not send on time; the server kept up) passes as a lower bound of what the server sustains."""
+    (perf_analyzer could not send on time; the server kept up) passes as a lower bound of what the server sustains.
+    With the point's exported `requests`, the percentile is an upper confidence bound from the requests after its
+    warm-up (tbench.capacity.statistics), else perf_analyzer's merged windows' figure."""
 
     def number(key):
         value = row.get(key)
@@ -82,18 +92,27 @@ def judge(rate: float, batch_size: int, row: dict, slo_ms: float, rule: Percenti
         seconds=number("measure_seconds") or 0.0,
         source_file=str(row.get("source_file") or ""),
     )
+    bound = ""
+    if requests is not None:
+        steady = steady_latencies(requests, tail_s=slo_ms / 1000)
+        upper = percentile_upper_bound(steady * 1000, rule.percentile, rule.confidence, slo_ms)
+        point = point.model_copy(update={"latency_ms": upper, "requests": len(steady)})
+        bound = f" (upper {100 * rule.confidence:g}% bound, {len(steady)} requests after the warm-up)"
     status = row.get("status")
     if status not in ("ok", "client_bound"):  # undetermined is no pass: the windows could not show it kept up
         status = status if status in ("unstable", "behind", "undetermined") else "error"
         return point.model_copy(update={"status": status, "reason": str(row.get("error") or row.get("status"))})
     if point.served_rps is None:
         return point.model_copy(update={"status": "behind", "reason": "no throughput reported: nothing served"})
-    if point.requests is None or point.requests < rule.requests():
+    if requests is not None and point.latency_ms is None:
+        reason = f"{point.requests} requests after the warm-up cannot bound p{rule.percentile}: measure longer windows"
+        return point.model_copy(update={"status": "too_few", "reason": reason})
+    if requests is None and (point.requests is None or point.requests < rule.requests()):
         reason = f"{point.requests or 0} requests measured; p{rule.percentile} needs {rule.requests()}"
         return point.model_copy(update={"status": "too_few", "reason": reason})
     if point.latency_ms is None or point.latency_ms > slo_ms:
         measured = "not reported" if point.latency_ms is None else f"{point.latency_ms:.3g} ms"
-        reason = f"p{rule.percentile} {measured} > SLO {slo_ms:g} ms"
+        reason = f"p{rule.percentile} {measured}{bound} > SLO {slo_ms:g} ms"
         return point.model_copy(update={"status": "over_slo", "reason": reason})
     if status == "client_bound":
         return point.model_copy(update={"status": "client_bound", "reason": str(row.get("error") or "")})

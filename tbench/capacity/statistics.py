@@ -10,6 +10,14 @@ requests (the normal approximation of the binomial count of requests below the p
 uses c = 99% and m = (1 - p) / 20: 262,742 requests for p99 (LoadGen rounds up to 270,336). That is hours on a CPU, so
 our default is c = 95% and m = (1 - p) / 2 (1,522 requests for p99): the measured p99 is then the true p98.5..p99.5
 with 95% confidence. Both are settings (`confidence`, `margin_fraction`); MLPerf's are `0.99` and `0.05`.
+
+Where every request's latency is exported (a rate point's perf_analyzer --profile-export-file), the percentile is judged
+from them, not the merged windows': a point starts from an empty queue, so the requests sent in its first
+`WARMUP_SHARE` of the span are left out (a short run's percentile otherwise reads low near capacity), and so are those
+sent within the SLO of its end (one still in flight there is missing from the export, and it is a slow one). The SLO is
+met when an upper confidence bound of the percentile is within it: the order statistic of rank
+n·p + z·sqrt(n·p·(1-p)) (the binomial count of requests below the true percentile, normal approximation; z one-sided at
+the rule's confidence), so a lucky short run does not pass at a rate whose true percentile is over the SLO.
 """
 
 from __future__ import annotations
@@ -18,10 +26,13 @@ import math
 from statistics import NormalDist
 from typing import Literal
 
+import numpy as np
 from pydantic import BaseModel, Field
 
-from tbench.loadgen.perf_analyzer import STABLE_WINDOWS
+from tbench.loadgen.perf_analyzer import STABLE_WINDOWS, RequestLog
 from tbench.request import Measurement
+
+WARMUP_SHARE = 0.2  # of a rate point's span, from its start: the queue fills from empty
 
 
 class PercentileRule(BaseModel):
@@ -71,3 +82,42 @@ def percentile_measurement(base: Measurement, rule: PercentileRule) -> Measureme
     least a third of them. Without it a slow model's p99 comes from a few dozen requests: their maximum."""
     per_window = math.ceil(rule.requests() / STABLE_WINDOWS)
     return base.model_copy(update={"min_requests": max(base.min_requests, per_window)})
+
+
+def steady_latencies(log: RequestLog, tail_s: float = 0.0, warmup_share: float = WARMUP_SHARE) -> np.ndarray:
+    """Latencies (s) of the requests sent after the warm-up share of the span and at least `tail_s` before its end."""
+    keep = (log.sent_s >= warmup_share * log.span_s) & (log.sent_s <= log.span_s - tail_s)
+    return log.latency_s[keep]
+
+
+INFLATION_BLOCKS = 10  # consecutive blocks of requests whose shares above the percentile measure their correlation
+
+
+def variance_inflation(values: np.ndarray, threshold: float, blocks: int = INFLATION_BLOCKS) -> float:
+    """How much more the count of requests above `threshold` varies than a binomial count (at least 1): the latencies
+    of a queue are correlated (a busy spell delays many requests in a row, so slow requests come in clusters), and n of
+    them hold fewer independent ones. From the spread of that share over `blocks` consecutive blocks (batch means)."""
+    above = np.asarray(values) > threshold
+    n, share = len(above), float(above.mean()) if len(above) else 0.0
+    if n < blocks * 10 or share in (0.0, 1.0):
+        return 1.0
+    shares = np.array([b.mean() for b in np.array_split(above, blocks)])
+    return max(1.0, float(shares.var(ddof=1)) / (share * (1 - share) / (n / blocks)))
+
+
+def percentile_upper_bound(
+    values: np.ndarray, percentile: float, confidence: float, threshold: float | None = None
+) -> float | None:
+    """An upper `confidence` bound of the `percentile`-th percentile of what `values` (in the order sent) sample: their
+    order statistic of rank ceil(n·p + z·sqrt(f·n·p·(1-p))), f the `variance_inflation` of the requests above
+    `threshold` (the SLO the bound is compared with; the percentile itself without one); None when n is too small for
+    that rank to exist."""
+    n, p = len(values), percentile / 100
+    if n == 0:
+        return None
+    z = NormalDist().inv_cdf(confidence)
+    f = variance_inflation(values, np.percentile(values, percentile) if threshold is None else threshold)
+    rank = math.ceil(n * p + z * math.sqrt(f * n * p * (1 - p)))
+    if rank > n:
+        return None
+    return float(np.partition(np.asarray(values, dtype=float), rank - 1)[rank - 1])

@@ -16,6 +16,16 @@ A rate point's figures describe the offered load only if the server carried it. 
   distribution) and a rise of the fitted (Theil-Sen) line over the windows of more than 10% of their median;
 - perf_analyzer could not send on schedule (more than `max_delayed_pct` of the requests were late).
 
+With every request's timestamps (perf_analyzer's --profile-export-file, `RequestLog`), the point is judged from them
+instead (`kept_up_from_requests`): the windows' averages cannot tell a server at 85% of its capacity from one at 100%
+(at 100% the queue is a random walk that wanders, at 85% it relaxes slowly from an empty start; both look alike over a
+few windows), but the requests can. While requests wait, a server answers at its own pace: the gaps between answers
+given while at least k requests were in flight are its service gaps, whatever the load, for every k up to its
+instances (batching only makes a deeper backlog faster). The highest of those paces, less `EXPORT_Z` standard errors
+(the gaps' own CV over their count), is a lower bound of what it can serve; the point kept up when that bound is above
+the offered rate. It fell behind when it served short of it or when the mean latency of 10 equal blocks of the span
+rose with a significant trend; else it is undetermined (measured again with longer windows by the sweep).
+
 Late sends are the load generator's own limit, not the server's: when the server served everything it was offered
 (within the tolerance) and its latency was steady, the point is client-bound: the server sustains at least what was
 served, and a higher rate needs more load generators, not another measurement.
@@ -30,7 +40,7 @@ from typing import Literal, get_args
 
 import numpy as np
 
-from tbench.loadgen.perf_analyzer import delayed_percent, parse_windows
+from tbench.loadgen.perf_analyzer import RequestLog, delayed_percent, parse_windows
 
 LATENCY_NOT_STABLE = "Request latency is not stabilizing"
 MAX_DELAYED_PCT = 1.0  # perf_analyzer warns of any late send; a few late sends do not change the load
@@ -41,6 +51,13 @@ RISE_LIMIT = 0.10  # and the rise over the windows, as a fraction of their media
 # short of the offered one is too (calibrated in benchmarks/calibration_rates.py)
 GROWTH_FACTOR = 3.0
 SHORT_SIGMAS = 2.0
+
+# per-request data (calibrated in benchmarks/calibration_rates.py)
+EXPORT_Z = 4.0  # standard errors below the backlogged pace for a lower bound of the capacity (max over the levels)
+MAX_LEVEL = 8  # backlog depths tried (requests in flight)
+MIN_GAPS = 20  # answers given at one backlog depth before its pace counts
+MIN_GAP_CV = 0.1  # the gaps' CV counted at least this: a nearly constant service (or a too-short sample) is no proof
+TREND_BLOCKS = 10  # equal blocks of the span whose mean latencies the trend test orders
 
 KeptUpStatus = Literal["ok", "behind", "client_bound", "undetermined"]
 KEPT_UP_STATUSES: tuple[str, ...] = get_args(KeptUpStatus)
@@ -125,10 +142,14 @@ def kept_up(
     log_text: str,
     max_delayed_pct: float = MAX_DELAYED_PCT,
     rise_limit: float = RISE_LIMIT,
+    request_log: RequestLog | None = None,
 ) -> KeptUp:
     """Judge a measured rate point: offered `rate` requests/s, `served_rps` the requests/s perf_analyzer counted
-    (its throughput over the batch size), `requests` the merged windows' requests, `log_text` its -v log."""
+    (its throughput over the batch size), `requests` the merged windows' requests, `log_text` its -v log; from every
+    request's timestamps when `request_log` (its export) is given, else from the windows."""
     delayed = delayed_percent(log_text)
+    if request_log is not None and len(request_log) >= 2:
+        return kept_up_from_requests(rate, served_rps, request_log, distribution, delayed, max_delayed_pct, rise_limit)
     tolerance = behind_tolerance(requests, distribution)
     verdict = dict(delayed_pct=delayed)
     latencies = [w.latency_us for w in parse_windows(log_text)]
@@ -171,3 +192,103 @@ def kept_up(
         )
         return KeptUp("client_bound", reason, **verdict)
     return KeptUp("ok", **verdict)
+
+
+@dataclass(frozen=True)
+class Pace:
+    """How fast the server answered while at least `level` requests were in flight: `rate` answers/s over `gaps`
+    gaps between answers, `se` its relative standard error (the gaps' CV over sqrt(gaps))."""
+
+    level: int
+    rate: float
+    se: float
+    gaps: int
+
+    def lower(self, z: float = EXPORT_Z) -> float:
+        return self.rate * max(0.0, 1 - z * self.se)
+
+
+def backlogged_paces(log: RequestLog, max_level: int = MAX_LEVEL, min_gaps: int = MIN_GAPS) -> list[Pace]:
+    """The server's pace at each backlog depth 1..max_level with at least `min_gaps` gaps. Only up to the last listed
+    send: a request sent later may still be in flight at the end and missing from the export, so the count in flight
+    after it is not known."""
+    cut = float(log.sent_s[-1])
+    answered = np.sort(log.answered_s)
+    answered = answered[answered <= cut]
+    if len(answered) < 2:
+        return []
+    in_flight = np.searchsorted(log.sent_s, answered, side="right") - np.arange(1, len(answered) + 1)
+    gaps = np.diff(answered)
+    paces = []
+    for level in range(1, max_level + 1):
+        g = gaps[in_flight[:-1] >= level]
+        if len(g) < min_gaps or g.mean() <= 0:
+            break
+        gap_cv = max(MIN_GAP_CV, float(g.std(ddof=1) / g.mean()))
+        paces.append(Pace(level, 1 / float(g.mean()), gap_cv / math.sqrt(len(g)), len(g)))
+    return paces
+
+
+def block_latencies(log: RequestLog, blocks: int = TREND_BLOCKS) -> list[float]:
+    """Mean latency of the requests answered in each of `blocks` equal blocks of the span (empty blocks left out)."""
+    index = np.minimum((log.answered_s / log.span_s * blocks).astype(int), blocks - 1)
+    return [float(log.latency_s[index == b].mean()) for b in range(blocks) if np.any(index == b)]
+
+
+def theil_sen_rise(values: list[float]) -> float:
+    """The rise of the Theil-Sen line over the values, as a fraction of their median."""
+    n, median = len(values), float(np.median(values))
+    if n < 2 or median <= 0:
+        return 0.0
+    slope = float(np.median([(values[j] - values[i]) / (j - i) for i in range(n) for j in range(i + 1, n)]))
+    return slope * (n - 1) / median
+
+
+def kept_up_from_requests(
+    rate: float,
+    served_rps: float,
+    log: RequestLog,
+    distribution: str,
+    delayed: float = 0.0,
+    max_delayed_pct: float = MAX_DELAYED_PCT,
+    rise_limit: float = RISE_LIMIT,
+    z: float = EXPORT_Z,
+) -> KeptUp:
+    """Judge a rate point from every request's timestamps (see the module's docstring)."""
+    verdict = dict(delayed_pct=delayed)
+    late = f"; {delayed:g}% of the sends were late" if delayed > max_delayed_pct else ""
+    n = len(log)
+    served = f"served {served_rps:.4g} req/s of {rate:.4g} offered"
+    tolerance = behind_tolerance(n, distribution)
+    if not served_rps >= rate * (1 - tolerance):
+        return KeptUp("behind", f"{served} (more than {100 * tolerance:.1f}% behind){late}", **verdict)
+    paces = backlogged_paces(log)
+    best = max(paces, key=lambda p: p.lower(z), default=None)
+    if best is not None and best.lower(z) > rate:
+        if delayed > max_delayed_pct:
+            reason = (
+                f"client-bound: {delayed:g}% of the sends were late while the server kept up "
+                f"({served_rps:.4g} of {rate:.4g} req/s); it sustains at least {min(rate, served_rps):.4g} req/s"
+            )
+            return KeptUp("client_bound", reason, **verdict)
+        return KeptUp("ok", **verdict)
+    blocks = block_latencies(log)
+    rise, p = theil_sen_rise(blocks), mann_kendall_p(blocks)
+    if rise > rise_limit and p < TREND_P:
+        reason = (
+            f"latency rose {100 * rise:.0f}% over {len(blocks)} blocks of the {log.span_s:.3g} s span "
+            f"({1000 * blocks[0]:.3g} -> {1000 * blocks[-1]:.3g} ms, trend p={p:.2g}): a growing queue{late}"
+        )
+        return KeptUp("behind", reason, **verdict)
+    if best is None:
+        reason = (
+            f"{n} requests, too few waited (fewer than {MIN_GAPS} answers with one in flight) to show the server's "
+            "pace; measure longer windows"
+        )
+    else:
+        reason = (
+            f"the server's pace while requests waited, {best.rate:.4g} req/s (at {best.level}+ in flight, "
+            f"{best.gaps} answers, lower bound {best.lower(z):.4g}), is not clearly above the {rate:.4g} req/s "
+            f"offered: {n} requests cannot tell whether it keeps up; measure longer windows"
+        )
+    return KeptUp("undetermined", reason, **verdict)

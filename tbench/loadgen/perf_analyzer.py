@@ -1,8 +1,9 @@
 """perf_analyzer, in one place: the command line of one call, its CSV, its -v log (windows, their noise, the
-requests they merged) and the composing models' rows of an ensemble."""
+requests they merged), a rate point's per-request export and the composing models' rows of an ensemble."""
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from dataclasses import dataclass
@@ -100,7 +101,10 @@ def perf_argv(
     csv_path: Path,
     spec: IoSpec,
     inputs: PerfInputs = PerfInputs(),
+    profile_export: Path | None = None,
 ) -> list[str]:
+    """One perf_analyzer call; `profile_export`: where it writes every request's timestamps (a rate point's
+    `profile_export_path`, see `export_fits`)."""
     argv = [
         str(binary),
         "-m",
@@ -128,6 +132,8 @@ def perf_argv(
     ]
     if inputs.data_file:
         argv += ["--input-data", str(inputs.data_file)]
+    if profile_export is not None:
+        argv += ["--profile-export-file", str(profile_export)]
     if point.scenario is Scenario.OFFLINE and inputs.shared_memory != "none":
         argv += [
             "--shared-memory",
@@ -236,6 +242,106 @@ def noise_from_log(log_text: str, windows: int = STABLE_WINDOWS, default: float 
     if len(used) < 2:
         return Noise(default, default, 0, True, f"{len(used)} measurement window(s) in the log")
     return Noise(cv(w.throughput for w in used), cv(w.latency_us for w in used), len(used), False)
+
+
+# --- a rate point's per-request export (--profile-export-file) ---
+
+# perf_analyzer 2.51's export is {"experiments": [{"experiment": {"mode": "request_rate", "value": R},
+# "requests": [{"timestamp": SEND_NS, "request_inputs": {...}, "response_timestamps": [NS, ...],
+# "response_outputs": [...]}, ...], "window_boundaries": [NS, ...]}], "version": "2.51.0", ...}. It holds the requests
+# of every window it measured (the unstable first ones too, not only the 3 it merged), in no particular order, each with
+# its input and output tensors written out as numbers; a request still in flight when the last window closed is not in
+# it (seen on a sleeper server at 115% of its capacity: the requests of the last 1.4 s, its queue, were absent). The
+# boundaries are the windows' edges, the first the call's start: the span the requests were sent and answered in.
+PROFILE_EXPORT_SUFFIX = ".requests.json"
+# the tensors make the file ~20 bytes per value per request, and perf_analyzer holds them in memory through the run
+# (an input of 4,096 floats left the file empty): the export is asked for only where a request's tensors are small
+EXPORT_MAX_VALUES = 1024
+
+
+def profile_export_path(csv_path: Path) -> Path:
+    """A rate point's per-request export, beside its CSV: perf/X_try0.csv -> perf/X_try0.requests.json."""
+    return csv_path.with_name(csv_path.stem + PROFILE_EXPORT_SUFFIX)
+
+
+def export_fits(spec: IoSpec, batch_size: int, inputs: PerfInputs = PerfInputs()) -> bool:
+    """Whether one request's tensors are small enough to export every request (at most EXPORT_MAX_VALUES values of
+    inputs and outputs); dynamic dims count as their measured shapes, unknown ones as large."""
+    shapes = inputs.shapes or {}
+    values = 0
+    for t in spec.inputs + spec.outputs:
+        dims = shapes.get(t.name) or t.shape
+        if any(d < 0 for d in dims):
+            if t in spec.outputs and inputs.sample_output_bytes is not None:
+                values += inputs.sample_output_bytes // max(t.np_dtype.itemsize, 1)
+                continue
+            return False
+        values += math.prod(dims)
+    return batch_size * values <= EXPORT_MAX_VALUES
+
+
+@dataclass(frozen=True)
+class RequestLog:
+    """The requests a rate point's export lists, in send order: when each was sent and how long it took (seconds from
+    the call's start), and the span of the call's windows. Requests in flight at the end are not in it."""
+
+    sent_s: np.ndarray
+    latency_s: np.ndarray
+    span_s: float
+    boundaries_s: tuple[float, ...]
+
+    @property
+    def answered_s(self) -> np.ndarray:
+        return self.sent_s + self.latency_s
+
+    def __len__(self) -> int:
+        return len(self.sent_s)
+
+
+def requests_from_export(export: dict) -> RequestLog | None:
+    """The first experiment of a parsed export -> RequestLog; None when it has no requests or no windows."""
+    experiments = export.get("experiments") or []
+    if not experiments:
+        return None
+    exp = experiments[0]
+    rows = [r for r in exp.get("requests") or [] if r.get("response_timestamps")]
+    bounds = exp.get("window_boundaries") or []
+    if not rows or len(bounds) < 2:
+        return None
+    sent = np.array([r["timestamp"] for r in rows], dtype=np.int64)
+    answered = np.array([r["response_timestamps"][-1] for r in rows], dtype=np.int64)
+    order = np.argsort(sent, kind="stable")
+    start = int(bounds[0])
+    return RequestLog(
+        sent_s=(sent[order] - start) / 1e9,
+        latency_s=(answered[order] - sent[order]) / 1e9,
+        span_s=(int(bounds[-1]) - start) / 1e9,
+        boundaries_s=tuple((int(b) - start) / 1e9 for b in bounds),
+    )
+
+
+def read_profile_export(path: Path) -> RequestLog | None:
+    """A rate point's export file -> RequestLog; None when it is missing, empty or not an export."""
+    try:
+        export = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return requests_from_export(export) if isinstance(export, dict) else None
+
+
+def compact_profile_export(path: Path) -> None:
+    """Rewrite an export with its timestamps only (the same format without the tensors), so a stored run keeps every
+    request's timing in a small file."""
+    try:
+        export = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return
+    for exp in export.get("experiments") or []:
+        exp["requests"] = [
+            {"timestamp": r["timestamp"], "response_timestamps": r.get("response_timestamps", [])}
+            for r in exp.get("requests") or []
+        ]
+    path.write_text(json.dumps(export, separators=(",", ":")))
 
 
 # --- the composing models of an ensemble ---
