@@ -33,6 +33,12 @@ GOALS: dict[str, dict[str, tuple[str, float, str]]] = {
     "kept_up": {
         "ok_at_saturation": ("<=", 0.0, "at ≥ 100% of true capacity never ok"),
         "ok_at_85pct": (">=", 0.95, "at 85% of capacity ok ≥ 95%"),
+        "ok_at_saturation_large_requests": (
+            "<=",
+            0.0,
+            "the same, requests too large for perf_analyzer's export (window rule): never ok at saturation",
+        ),
+        "ok_at_85pct_large_requests": (">=", 0.95, "the same, requests too large to export: ok at 85% ≥ 95%"),
     },
     "capacity": {
         "above_truth": ("<=", 0.01, "plan ≤ true capacity in ≥ 99% of searches"),

@@ -251,13 +251,13 @@ def perf_row(sim: Simulated) -> dict:
     return row
 
 
-def judged_row(sim: Simulated, rate: float) -> dict:
+def judged_row(sim: Simulated, rate: float, exported: bool = True) -> dict:
     """The row as a sweep keeps it: an open-loop point's figures hold only if it carried the load (judged from its
-    export as tbench.sweep.measure_point reads it)."""
+    export as tbench.sweep.measure_point reads it; from its windows where its requests are too large to export)."""
     row = perf_row(sim)
     if sim.status == "ok":
         point = Point(Scenario.RATE, 1, None, rate, "poisson")
-        requests = requests_from_export(sim.export) if sim.export else None
+        requests = requests_from_export(sim.export) if sim.export and exported else None
         row.update(rate_point_verdict(point, row, sim.merged_requests, sim.log, requests))
     return row
 
@@ -274,27 +274,28 @@ LOADS_OK = (0.5, 0.7, 0.85)
 LOADS_SATURATED = (1.0, 1.05, 1.1, 1.25, 1.5)
 
 
-def sweep_windows(rate: float, m: Measurement, attempt: int = 0) -> tuple[int, float]:
-    """Requests per window and stability percentage a sweep's rate point gets (tbench.sweep.measure_point; every
-    request exported)."""
+def sweep_windows(rate: float, m: Measurement, attempt: int = 0, exported: bool = True) -> tuple[int, float]:
+    """Requests per window and stability percentage a sweep's rate point gets (tbench.sweep.measure_point)."""
     count = m.requests_per_window(None, 1, attempt, None, rate)
-    return count, rate_stability(m, count, "poisson", exported=True)
+    return count, rate_stability(m, count, "poisson", exported=exported)
 
 
-def sweep_rate_points(rng, server: Server, rate: float, m: Measurement, trials: int) -> list[tuple[str, Simulated]]:
+def sweep_rate_points(
+    rng, server: Server, rate: float, m: Measurement, trials: int, exported: bool = True
+) -> list[tuple[str, Simulated]]:
     """`trials` rate points measured as a sweep measures them: a point its requests could not judge (undetermined)
     measured again with longer windows (tbench.sweep.measure_again). Each: (status, the attempt that counted)."""
-    count, stability = sweep_windows(rate, m)
+    count, stability = sweep_windows(rate, m, exported=exported)
     sims = perf_rate_points(rng, server, rate, count, m.max_trials, stability, trials)
-    rows = [judged_row(s, rate) for s in sims]
+    rows = [judged_row(s, rate, exported) for s in sims]
     out = [(row["status"], sim) for row, sim in zip(rows, sims, strict=True)]
     for attempt in range(1, m.retries + 1):
         again = [i for i, (status, _) in enumerate(out) if measure_again({"status": status}, attempt - 1, m)]
         if not again:
             break
-        count, stability = sweep_windows(rate, m, attempt)
+        count, stability = sweep_windows(rate, m, attempt, exported)
         for i, sim in zip(again, perf_rate_points(rng, server, rate, count, m.max_trials, stability, len(again))):
-            out[i] = (judged_row(sim, rate)["status"], sim)
+            out[i] = (judged_row(sim, rate, exported)["status"], sim)
     return out
 
 
@@ -320,6 +321,16 @@ def calibrate_kept_up(rng, trials: int) -> tuple[dict, dict]:
         f"{load:g}": {status: share([load], status) for status in ("ok", "behind", "undetermined", "unstable")}
         for load in LOADS_OK + LOADS_SATURATED
     }
+    # requests too large to export (over 1,024 values: image models) are judged by the window rule
+    large: dict[float, list[str]] = {}
+    for server in KEPT_UP_SERVERS.values():
+        for load in (0.85, *LOADS_SATURATED):
+            judged = sweep_rate_points(rng, server, round(load * server.capacity, 3), m, trials, exported=False)
+            large.setdefault(load, []).extend(status for status, _ in judged)
+
+    def share_large(loads, status):
+        return float(np.mean([s == status for load in loads for s in large[load]]))
+
     rules = {
         "ok_at_saturation": share(LOADS_SATURATED, "ok"),
         "ok_at_85pct": share([0.85], "ok"),
@@ -327,6 +338,9 @@ def calibrate_kept_up(rng, trials: int) -> tuple[dict, dict]:
         "undetermined_share": share(LOADS_OK + LOADS_SATURATED, "undetermined"),
         "undetermined_at_85pct": share([0.85], "undetermined"),
         "by_load": by_load,
+        "ok_at_saturation_large_requests": share_large(LOADS_SATURATED, "ok"),
+        "ok_at_85pct_large_requests": share_large([0.85], "ok"),
+        "undetermined_at_85pct_large_requests": share_large([0.85], "undetermined"),
         "trials_per_load": trials * len(KEPT_UP_SERVERS),
     }
     conditions = {
@@ -336,8 +350,9 @@ def calibrate_kept_up(rng, trials: int) -> tuple[dict, dict]:
         "windows_per_point": _spread(windows),
         "requests_per_point": _spread(requests),
         "requests_per_window": f"a sweep's: max(min_requests {m.min_requests}, window_s {m.window_s} x rate), "
-        f"doubled on a retry of an undetermined point ({m.retries} retry); every request exported, so perf_analyzer "
-        "stops after 3 windows",
+        f"doubled on a retry of an undetermined point ({m.retries} retry); every request exported (requests of at "
+        "most 1,024 values), so perf_analyzer stops after 3 windows; *_large_requests: the same points judged by the "
+        "window rule, as for requests too large to export",
         "max_trials": m.max_trials,
         "arrivals": "poisson, sent on schedule (async); each point from an empty server",
         "not_tried": "dynamic batching; late sends (client-bound)",
