@@ -6,9 +6,13 @@ grows with batch up to a saturation and with instances by n^eta; preferred sizes
 percent, which makes the near-ties that a real grid has; p99 = the closed loop's mean latency x a dispersion that grows
 with the batch, + the queue delay), a p99 budget at a quantile of the grid's true p99s, and a measurement of every
 candidate as perf_analyzer gives it: 3 windows with a window CV, their mean and CVs, and a p99 estimate whose error is
-`tail` x CV / sqrt(3). The project's own selection (`SearchResult.selection`, i.e. tbench.search.objective.select) picks
-the best; the rule of dd6368f (one window's CV as the tie band, p99 <= budget on the estimate) is re-implemented
-here to score the same draws, as `before`.
+`tail` x CV / sqrt(3). The project's own search (`exhaustive_search`, unchanged) measures the grid through a simulated
+evaluator (`SimulatedWindows`) and confirms: a re-measurement draws 3 new windows of the same candidate's truth (and a
+new p99 estimate), and the search combines them with the earlier ones (tbench.search.confirm); its selection
+(tbench.search.objective.select) picks the best. The same first draws are also scored without the confirmation
+(`no_confirmation`: select on the first measurements alone) and by the rule of dd6368f (one window's CV as the tie
+band, p99 <= budget on the estimate; re-implemented here), as `before`. `extra_measurements_*`: the re-measurements a
+search made; `within_2pct_by_verdict`: how far each verdict can be trusted.
 
 Usage: .venv/bin/python benchmarks/calibration_search.py   (prints the JSON; writes nothing)
 """
@@ -22,8 +26,9 @@ import time
 
 import numpy as np
 
-from tbench.search.objective import FEASIBLE_K, P99_TAIL, TIE_K, TIE_MARGIN, WINDOWS
-from tbench.search.strategies import Objective, Observation, SearchResult, SearchSpace
+from tbench.search.confirm import CONFIRM_ROUNDS, CONFIRM_WIDTH
+from tbench.search.objective import FEASIBLE_K, P99_TAIL, TIE_K, TIE_MARGIN, WINDOWS, select
+from tbench.search.strategies import Candidate, Objective, Observation, SearchSpace, exhaustive_search
 
 GRIDS = {
     "small": SearchSpace(
@@ -36,6 +41,7 @@ GRIDS = {
         queue_delays_us=[0, 500, 2000],
     ),
 }
+GRIDS_BY_SIZE = {len(space.grid()): space for space in GRIDS.values()}
 WINDOW_CVS = (0.01, 0.02, 0.04, 0.06)
 TAILS = (1.0, 2.0)  # the p99 estimate's noise relative to the windows' mean-latency CV (the rule assumes P99_TAIL)
 BUDGET_QUANTILES = (0.2, 0.4, 0.6)
@@ -76,6 +82,7 @@ def measured(throughput, p99, cv: float, tail: float, rng) -> dict[str, np.ndarr
     latency = CONCURRENCY / windows
     return {
         "throughput": windows.mean(1),
+        "avg_ms": 1000 * latency.mean(1),
         "throughput_cv": windows.std(1, ddof=1) / windows.mean(1),
         "latency_cv": latency.std(1, ddof=1) / latency.mean(1),
         "p99_ms": p99 * np.exp(tail * cv / math.sqrt(WINDOWS) * rng.standard_normal(throughput.size)),
@@ -108,34 +115,59 @@ def score(chosen: Observation | None, index: dict, throughput, p99, budget: floa
     return bool(throughput[i] >= 0.98 * true_best), bool(p99[i] > budget)
 
 
-def trial(g, index, cv, tail, quantile, rng) -> dict:
+class SimulatedWindows:
+    """The search's evaluator over a drawn truth: a candidate's first measurement is the one drawn for every candidate
+    at once (`measured`, so the rules without confirmation score the same draws); a re-measurement (a confirmation
+    round) draws WINDOWS new windows of the same candidate's truth, from its own generator."""
+
+    def __init__(self, g, index, throughput, p99, first: dict[str, np.ndarray], cv, tail, rng):
+        self.g, self.index, self.throughput, self.p99 = g, index, throughput, p99
+        self.first, self.cv, self.tail, self.rng = first, cv, tail, rng
+        self.again = 0
+
+    def observation(self, i: int, m: dict[str, np.ndarray], j: int) -> Observation:
+        return Observation(
+            candidate=self.g["candidates"][i],
+            throughput=float(m["throughput"][j]),
+            p99_ms=float(m["p99_ms"][j]),
+            avg_ms=float(m["avg_ms"][j]),
+            throughput_cv=float(m["throughput_cv"][j]),
+            latency_cv=float(m["latency_cv"][j]),
+        )
+
+    def evaluate(self, candidate: Candidate, confirm_round: int = 0) -> Observation:
+        i = self.index[candidate.key]
+        if not confirm_round:
+            return self.observation(i, self.first, i)
+        self.again += 1
+        return self.observation(
+            i, measured(self.throughput[i : i + 1], self.p99[i : i + 1], self.cv, self.tail, self.rng), 0
+        )
+
+
+def trial(g, index, cv, tail, quantile, rng, again_rng) -> dict:
     throughput, p99 = true_surface(g, rng)
     budget = float(np.quantile(p99, quantile))
     m = measured(throughput, p99, cv, tail, rng)
-    observations = [
-        Observation(
-            candidate=c,
-            throughput=float(m["throughput"][i]),
-            p99_ms=float(m["p99_ms"][i]),
-            throughput_cv=float(m["throughput_cv"][i]),
-            latency_cv=float(m["latency_cv"][i]),
-        )
-        for i, c in enumerate(g["candidates"])
-    ]
     objective = Objective(p99_budget_ms=budget)
-    selection = SearchResult(
-        strategy="exhaustive",
-        objective=objective,
-        grid_size=len(observations),
-        budget=len(observations),
-        observations=observations,
-    ).selection
+    evaluator = SimulatedWindows(g, index, throughput, p99, m, cv, tail, again_rng)
+    result = exhaustive_search(GRIDS_BY_SIZE[len(index)], objective, evaluator)
+    selection = result.selection
+    first = [evaluator.observation(i, m, i) for i in range(len(index))]
+    unconfirmed = select(objective, first)
     within, over = score(selection.best, index, throughput, p99, budget)
-    old_within, old_over = score(before_rule(objective, observations), index, throughput, p99, budget)
+    old_within, old_over = score(before_rule(objective, first), index, throughput, p99, budget)
+    first_within, first_over = score(unconfirmed.best, index, throughput, p99, budget)
+    assert result.remeasurements == evaluator.again
     return {
         "within": within,
         "over": over,
         "verdict": selection.verdict,
+        "extra": evaluator.again,
+        "rounds": len(result.confirmation),
+        "first_within": first_within,
+        "first_over": first_over,
+        "first_verdict": unconfirmed.verdict,
         "before_within": old_within,
         "before_over": old_over,
     }
@@ -146,12 +178,26 @@ def share(rows: list[dict], key: str, value=True) -> float:
 
 
 def summary(rows: list[dict]) -> dict:
+    extra = [r["extra"] for r in rows] or [0]
     return {
         "within_2pct": share(rows, "within"),
         "over_budget": share(rows, "over"),
         "undetermined": share(rows, "verdict", "undetermined"),
         "tie": share(rows, "verdict", "tie"),
         "none_feasible": share(rows, "verdict", "none"),
+        "extra_measurements_mean": round(float(np.mean(extra)), 2),
+        "extra_measurements_max": int(max(extra)),
+        "confirmed": round(1 - share(rows, "rounds", 0), 4),
+        "within_2pct_by_verdict": {
+            v: {"within_2pct": share(sub, "within"), "searches": len(sub)}
+            for v in ("best", "tie", "undetermined")
+            if (sub := [r for r in rows if r["verdict"] == v])
+        },
+        "no_confirmation": {
+            "within_2pct": share(rows, "first_within"),
+            "over_budget": share(rows, "first_over"),
+            "undetermined": share(rows, "first_verdict", "undetermined"),
+        },
         "before_within_2pct": share(rows, "before_within"),
         "before_over_budget": share(rows, "before_over"),
         "searches": len(rows),
@@ -170,14 +216,17 @@ def calibrate(seed: int = 0, scale: float = 1.0) -> dict:
             for tail in TAILS:
                 for q in BUDGET_QUANTILES:
                     for _ in range(trials):
-                        rows.append({"grid": grid_name, "cv": cv, "tail": tail, **trial(g, index, cv, tail, q, rng)})
+                        again = np.random.default_rng([seed, len(rows)])  # the re-measurements' own stream
+                        row = trial(g, index, cv, tail, q, rng, again)
+                        rows.append({"grid": grid_name, "cv": cv, "tail": tail, **row})
     by_cv = {f"{cv:g}": summary([r for r in rows if r["cv"] == cv]) for cv in WINDOW_CVS}
     by_tail = {f"{t:g}": summary([r for r in rows if r["tail"] == t]) for t in TAILS}
     return {
         "rules": {"search": {**summary(rows), "by_window_cv": by_cv, "by_p99_tail": by_tail}},
         "conditions": {
             "search": {
-                "strategy": "exhaustive (every candidate measured once; the verdict is the selection rule's)",
+                "strategy": "exhaustive: every candidate measured once, then the confirmation's re-measurements "
+                "(3 new windows of the candidate's truth each); the verdict is the selection rule's",
                 "grids": {name: len(space.grid()) for name, space in GRIDS.items()},
                 "window_cvs": list(WINDOW_CVS),
                 "windows": WINDOWS,
@@ -199,6 +248,8 @@ def calibrate(seed: int = 0, scale: float = 1.0) -> dict:
                 "FEASIBLE_K": FEASIBLE_K,
                 "P99_TAIL": P99_TAIL,
                 "WINDOWS": WINDOWS,
+                "CONFIRM_ROUNDS": CONFIRM_ROUNDS,
+                "CONFIRM_WIDTH": CONFIRM_WIDTH,
             }
         },
     }

@@ -151,7 +151,8 @@ VERDICTS = {
     "history": "The history's regression alert and `tbench history`'s exit code: a change alerts once, on the run that "
     "confirms it, put down to what differed in the manifests of the neighbouring runs.",
     "search": "The search's best configuration: candidates ranked on the mean's standard error, ties within 2%, "
-    "feasibility on p99 plus its error within the budget; undetermined where the leaders cannot be separated.",
+    "feasibility on p99 plus its error within the budget; where the leaders cannot be separated, they are measured "
+    "again (up to 6 rounds of 3) and judged on all their windows; undetermined where that still cannot decide.",
     "energy": "Energy per inference: the serving GPUs' energy counter, polled every 100 ms, over the span requests "
     "were served, with its uncertainty.",
 }

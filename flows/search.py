@@ -174,6 +174,8 @@ def run_search(request: BenchmarkRequest, search: SearchRequest, capacity: Capac
                     budget_fraction=search.budget_fraction,
                     start=start,
                     label=layout.run_id,
+                    # a capacity candidate's figure is a rate search, with no windows' noise to confirm
+                    confirm_rounds=search.confirm_rounds if capacity is None else 0,
                 )
         except BaseException as err:
             _finish(tracker, req, search, hardware, server, result, concurrency, device, capacity, error=err)

@@ -29,6 +29,7 @@ def search_task(
     budget_fraction: float = 0.10,
     start: Candidate | None = None,
     label: str = "",
+    confirm_rounds: int | None = None,
 ) -> SearchResult:
     """Run one search strategy; a Prefect progress artifact follows every measured candidate."""
     search = STRATEGIES.get(strategy)  # an unknown name fails before the progress artifact
@@ -39,7 +40,8 @@ def search_task(
     )
 
     def on_observation(obs: Observation, measured: int, limit: int) -> None:
-        # `limit`: what the strategy plans to measure (the whole grid for exhaustive, its budget for smart)
+        # `limit`: what the strategy plans to measure (the whole grid for exhaustive, its budget for smart); a
+        # confirmation's re-measurement (obs.confirm_round > 0) leaves `measured` as it was
         update_progress_artifact(artifact, 100.0 * measured / limit)
         progress.emit(
             "search_point",
@@ -50,6 +52,7 @@ def search_task(
             p99_ms=obs.p99_ms,
             measured=measured,
             limit=limit,
+            confirm_round=obs.confirm_round,
         )
 
     result = search(
@@ -60,6 +63,7 @@ def search_task(
         budget_fraction=budget_fraction,
         start=start,
         on_observation=on_observation,
+        **({"confirm_rounds": confirm_rounds} if confirm_rounds is not None else {}),
     )
     update_progress_artifact(artifact, 100.0)
     return result

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from tbench.search.objective import FEASIBLE_K, P99_TAIL, TIE_K
+from tbench.search import confirm
+from tbench.search.objective import FEASIBLE_K, P99_TAIL, TIE_K, WINDOWS
 from tbench.search.strategies import (
     Candidate,
     Checkpoint,
@@ -459,3 +460,138 @@ def test_a_model_without_a_batch_axis_searches_what_does_not_batch():
     SearchSpace.model_validate(fitted.model_dump())  # a resumed search reads it back
     with pytest.raises(ValidationError, match="max batch sizes must be >= 1"):
         SearchSpace(max_batch_sizes=[0, 8])
+
+
+class Noisy:
+    """A fixed-seed simulated evaluator: every call draws WINDOWS new windows of the candidate's true throughput
+    (window CV `cv`); `first` fixes a candidate's first measurement (its windows' mean, at the same CV), so a search
+    can start from a misleading draw. `fail_after` calls, it is killed."""
+
+    def __init__(self, truth: dict[str, float], cv=0.02, seed=0, first=None, fail_after=None):
+        self.truth, self.cv, self.rng, self.first = truth, cv, np.random.default_rng(seed), first or {}
+        self.fail_after = fail_after
+        self.calls: list[tuple[str, int]] = []
+
+    def evaluate(self, c: Candidate, confirm_round: int = 0) -> Observation:
+        if self.fail_after is not None and len(self.calls) >= self.fail_after:
+            raise RuntimeError("killed")
+        self.calls.append((c.key, confirm_round))
+        if not confirm_round and c.key in self.first:
+            windows = self.first[c.key] * (1 + self.cv * np.array([-1.0, 0.0, 1.0]))
+        else:
+            windows = self.truth[c.key] * (1 + self.cv * self.rng.standard_normal(WINDOWS))
+        cv = float(windows.std(ddof=1) / windows.mean())
+        throughput = float(windows.mean())
+        return Observation(
+            candidate=c,
+            throughput=throughput,
+            p99_ms=1000 * 8 / throughput,
+            avg_ms=1000 * 4 / throughput,
+            throughput_cv=cv,
+            latency_cv=cv,
+            windows=WINDOWS,
+        )
+
+
+PAIR = SearchSpace(instances=[1, 2], max_batch_sizes=[8], preferred=["none"], queue_delays_us=[0])
+
+
+def test_a_near_tie_is_resolved_by_confirmation_in_favour_of_the_truly_faster_configuration():
+    """2 instances are truly 6% faster than 1, but their first measurements say the opposite (105 against 104, 2%
+    window CV): the windows cannot decide, and without confirmation the slower, cheaper one is reported. The
+    confirmation re-measures both (new windows of the truth), combines them with the first, and the faster one is
+    then the best, decided; each rests on more windows, and the rounds are in the report and the result."""
+    one, two = (c.key for c in PAIR.grid())
+    truth, first = {one: 100.0, two: 106.0}, {one: 105.0, two: 104.0}
+    objective = Objective(p99_budget_ms=1000)
+    unconfirmed = exhaustive_search(PAIR, objective, Noisy(truth, first=first), confirm_rounds=0)
+    assert unconfirmed.selection.verdict == "undetermined" and unconfirmed.best.candidate.key == one
+    assert unconfirmed.confirmation == [] and unconfirmed.remeasurements == 0
+
+    evaluator = Noisy(truth, first=first, seed=1)
+    result = exhaustive_search(PAIR, objective, evaluator)
+    selection = result.selection
+    assert (selection.verdict, selection.best.candidate.key) == ("best", two)
+    assert (result.confirmation[0].verdict_before, result.confirmation[0].remeasured) == ("undetermined", [one, two])
+    assert len(result.confirmation) <= confirm.CONFIRM_ROUNDS and all(
+        len(r.remeasured) <= confirm.CONFIRM_WIDTH for r in result.confirmation
+    )
+    assert result.remeasurements == len(evaluator.calls) - 2
+    assert [k for k, r in evaluator.calls if r] == [k for r in result.confirmation for k in r.remeasured]
+    best = selection.best
+    rounds = sum(two in r.remeasured for r in result.confirmation)
+    assert best.measurements == 1 + rounds and best.windows == WINDOWS * (1 + rounds)
+    assert result.measured == 2 and result.new_measurements == 2  # re-measurements are counted apart
+    text = result.to_markdown()
+    assert "Verdict: **best**" in text and "Confirmation: " in text and f"{two} ({best.windows} windows)" in text
+
+
+def test_combined_measurements_rest_on_all_their_windows():
+    """The mean over every window and the CV over every window: two equal measurements halve the variance of the
+    mean (the standard error narrows as 1/sqrt(windows)); two that disagree widen the CV by their difference."""
+    c = Candidate(instances=1, max_batch_size=8)
+    a = Observation(candidate=c, throughput=100.0, p99_ms=10.0, avg_ms=5.0, throughput_cv=0.02, latency_cv=0.02)
+    again = a.model_copy(update={"confirm_round": 1})
+    both = confirm.combine([a, again])
+    assert (both.windows, both.measurements, both.confirm_round) == (6, 2, 1) and both.throughput == 100.0
+    assert both.throughput_cv == pytest.approx(0.02 * math.sqrt(4 / 5))  # (2 x 2 dof) / 5 dof, no spread between
+    objective = Objective(p99_budget_ms=50)
+    assert objective.standard_error(both, "throughput") == pytest.approx(
+        objective.standard_error(a, "throughput") * math.sqrt(4 / 5) / math.sqrt(2)
+    )
+    apart = confirm.combine([a, again.model_copy(update={"throughput": 110.0})])
+    assert apart.throughput == 105.0 and apart.throughput_cv > 0.04  # the measurements disagree: the noise says so
+    failed = Observation(candidate=c, status="unstable", error="not stable", confirm_round=1)
+    assert confirm.combine([a, failed]).throughput == 100.0 and confirm.combine([a, failed]).windows == WINDOWS
+
+
+def test_a_resumed_search_reads_its_re_measurements_back(tmp_path):
+    """A search killed in its confirmation keeps, in its checkpoint, the first measurements and the re-measurements
+    made so far (each a line tagged with its round); resumed, it measures only what is missing and reaches the same
+    answer as the search that was not killed. A finished search resumed measures nothing, and the interrupted one's
+    report (report.partial_result's reading) combines the lines the same way."""
+    space = SearchSpace(instances=[1, 2], max_batch_sizes=[4, 8], preferred=["none"], queue_delays_us=[0, 500])
+    keys = [c.key for c in space.grid()]
+    truth = {k: 100.0 * (1 + 0.01 * i) for i, k in enumerate(keys)}
+    objective = Objective(p99_budget_ms=1000)
+    reference = exhaustive_search(space, objective, Noisy(truth, cv=0.04), Checkpoint(tmp_path / "whole.jsonl"))
+    assert reference.remeasurements >= 3  # at least a round's worth to be killed in
+
+    path = tmp_path / "search.jsonl"
+    killed = Noisy(truth, cv=0.04, fail_after=len(keys) + 2)  # killed at its third re-measurement
+    with pytest.raises(RuntimeError, match="killed"):
+        exhaustive_search(space, objective, killed, Checkpoint(path))
+    lines = Checkpoint(path).load()
+    assert len(lines) == len(keys) + 2 and [o.confirm_round for o in lines[-2:]] == [1, 1]
+    interrupted = confirm.combined_lines(lines)
+    assert [o.candidate.key for o in interrupted] == keys and sum(o.measurements > 1 for o in interrupted) == 2
+    assert [r.remeasured for r in confirm.rounds_from_checkpoint(lines, interrupted)] == [
+        [o.candidate.key for o in lines[-2:]]
+    ]
+
+    # the same draws from where it stopped: the generator skips what the killed run drew
+    rest = Noisy(truth, cv=0.04)
+    for _ in range(len(keys) + 2):
+        rest.rng.standard_normal(WINDOWS)
+    resumed = exhaustive_search(space, objective, rest, Checkpoint(path))
+    assert all(r > 0 for _, r in rest.calls) and len(rest.calls) == reference.remeasurements - 2
+    assert resumed.confirmation[0].from_checkpoint == 2 and resumed.new_measurements == 0
+    assert [r.remeasured for r in resumed.confirmation] == [r.remeasured for r in reference.confirmation]
+    assert resumed.observations == reference.observations and resumed.selection.verdict == reference.selection.verdict
+    assert len(Checkpoint(path).load()) == len(keys) + reference.remeasurements
+
+    again = exhaustive_search(space, objective, Noisy(truth, cv=0.04, fail_after=0), Checkpoint(path))
+    assert again.observations == reference.observations and again.remeasurements == reference.remeasurements
+    assert sum(r.from_checkpoint for r in again.confirmation) == reference.remeasurements
+
+
+def test_confirmation_leaves_unknown_noise_alone_and_a_smart_search_confirms_at_its_end():
+    """Without the windows' noise a re-measurement could not decide anything: none is made. A smart search confirms
+    too, beyond its budget, with fewer rounds."""
+    result = exhaustive_search(SearchSpace(), Objective(p99_budget_ms=30), Synthetic())
+    assert result.confirmation == [] and result.remeasurements == 0
+    one, two = (c.key for c in PAIR.grid())
+    evaluator = Noisy({one: 100.0, two: 106.0}, first={one: 105.0, two: 104.0}, seed=1)
+    smart = smart_search(PAIR, Objective(p99_budget_ms=1000), evaluator, budget_fraction=1.0)
+    assert smart.measured == 2 and 1 <= len(smart.confirmation) <= confirm.SMART_CONFIRM_ROUNDS
+    assert smart.best.candidate.key == two

@@ -220,7 +220,8 @@ class RichProgress:
                 if data["status"] == "ok"
                 else f"[yellow]{data['status']}[/]: {data['error']}"
             )
-            self.bar.console.print(f"    {data['key']}: {what}")
+            again = f" (confirmation round {data['confirm_round']})" if data.get("confirm_round") else ""
+            self.bar.console.print(f"    {data['key']}{again}: {what}")
         elif event == "rate_point":
             latency = f", latency {data['latency_ms']:.3g} ms" if data.get("latency_ms") is not None else ""
             why = f" ({data['reason']})" if data.get("reason") else ""

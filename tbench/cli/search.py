@@ -76,6 +76,13 @@ def search(
     ),
     strategy: str = typer.Option("smart", help="smart (measures a budget share of the grid) or exhaustive."),
     budget_fraction: float = typer.Option(0.10, help="smart: the largest share of the grid measured."),
+    confirm_rounds: int = typer.Option(
+        None,
+        "--confirm-rounds",
+        min=0,
+        help="Rounds that re-measure the leader and the configurations the windows cannot separate from it "
+        "(0: none; default 6 exhaustive, 2 smart).",
+    ),
     concurrency: int = typer.Option(
         None, help="Closed-loop clients per measurement (the model's largest online concurrency by default)."
     ),
@@ -136,6 +143,7 @@ def search(
             strategy=strategy,
             budget_fraction=budget_fraction,
             concurrency=concurrency,
+            confirm_rounds=confirm_rounds,
             resume_from=resume,
         )
         machine = hardware.detect()

@@ -1,7 +1,8 @@
 """The search's real evaluator: one Triton server in explicit model-control mode for the whole search; per candidate
 the model's config is written (instances, max batch, preferred sizes, queue delay), the model is loaded through the
 client, measured with one perf_analyzer point at the search's concurrency (online scenario: dynamic batching) by
-`tasks.perf.measure_point` (the benchmark's windows, stability and retries), and unloaded.
+`tasks.perf.measure_point` (the benchmark's windows, stability and retries), and unloaded. A confirmation round's
+re-measurement is the same call again (the configuration loaded anew, measured, unloaded).
 
 A candidate that does not load, or whose point is unstable or fails, is an infeasible observation kept with its
 status; a server that died is an error that stops the search (the checkpoint keeps what was measured).
@@ -141,7 +142,9 @@ class TritonEvaluator:
         finally:
             client.close()
 
-    def evaluate(self, candidate: Candidate) -> Observation:
+    def evaluate(self, candidate: Candidate, confirm_round: int = 0) -> Observation:
+        """Write, load, measure and unload one candidate. A confirmation's re-measurement (`confirm_round` r >= 1) is
+        the same call: the configuration is written and loaded again, and its files go to <key>.confirm<r>/."""
         from tritonclient.utils import InferenceServerException
 
         self.evaluations += 1
@@ -171,7 +174,8 @@ class TritonEvaluator:
                 ) from None
             return failed("error", f"load failed: {one_line(err.message() or str(err))}")
         try:
-            observation = self.measure(candidate, variant, RunLayout(self.work_dir, candidate.key).create())
+            folder = candidate.key + (f".confirm{confirm_round}" if confirm_round else "")
+            observation = self.measure(candidate, variant, RunLayout(self.work_dir, folder).create())
         finally:
             self.unload()
         if observation.status == "error" and not self.server.alive():

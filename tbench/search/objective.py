@@ -5,8 +5,11 @@ Each measurement is the mean of perf_analyzer's last windows, so its noise is th
 their count (the mean's standard error), not one window's CV. A candidate meets the limit only when it does by
 FEASIBLE_K standard errors: the best of many candidates is otherwise, more often than not, one whose estimate fell
 under the budget by chance. Two candidates tie only when their difference is shown to be small (TIE_MARGIN, the
-difference's TIE_K-standard-error interval inside it); a difference the windows can neither confirm nor rule out
-leaves the verdict "undetermined", with the contenders named, rather than a silent pick."""
+difference's TIE_K-standard-error interval inside it). A candidate the windows cannot separate from the answer is
+harmless when it is shown at most TIE_MARGIN better (the answer is then within the margin of it, whichever is ahead);
+one that may be more than TIE_MARGIN better leaves the verdict "undetermined", with the contenders named, rather than a
+silent pick. A search measures those again before it settles (tbench.search.confirm), and a measurement over more
+windows (`Observation.windows`, its measurements combined) has a smaller standard error."""
 
 from __future__ import annotations
 
@@ -39,6 +42,14 @@ class Observation(BaseModel):
     throughput_cv: float | None = Field(None, description="The throughput's noise: its CV over the stable windows.")
     latency_cv: float | None = Field(None, description="The latency's noise: its CV over the stable windows.")
     windows: int = Field(WINDOWS, ge=1, description="How many windows the figures are the mean of.")
+    measurements: int = Field(
+        1, ge=1, description="How many measurements (the first and its re-measurements) the figures combine."
+    )
+    confirm_round: int = Field(
+        0,
+        ge=0,
+        description="0: measured by the search; r >= 1: re-measured in confirmation round r (tbench.search.confirm).",
+    )
 
     @property
     def ok(self) -> bool:
@@ -138,6 +149,15 @@ class Objective(BaseModel):
             return "tie"
         return "undetermined"
 
+    def at_most_margin_better(self, answer: Observation, other: Observation, pooled: Pooled | None = None) -> bool:
+        """Whether `other` is shown to be at most TIE_MARGIN better than `answer` (its excess, plus TIE_K standard
+        errors of the difference, within the margin): then `answer` is within the margin of it, whichever is ahead."""
+        errors = [self.value_error(o, pooled) for o in (answer, other)]
+        if any(e is None for e in errors):
+            return False
+        excess = (self.value(other) - self.value(answer)) / abs(self.value(answer))
+        return excess + TIE_K * math.hypot(*errors) <= TIE_MARGIN
+
     def within_noise(self, best: Observation, other: Observation, pooled: Pooled | None = None) -> bool:
         """Whether the windows cannot tell `other` from `best` (a tie or undetermined)."""
         return self.compare(best, other, pooled) != "worse"
@@ -166,15 +186,17 @@ Verdict = Literal["best", "tie", "undetermined", "none"]
 
 @dataclass
 class Selection:
-    """The search's answer: `best` (None when nothing meets the limit), how sure it is (`verdict`: best -- ahead of
-    every other by more than the noise; tie -- the cheapest of candidates shown equal; undetermined -- the measured
-    leader, with `contenders` the windows cannot separate from it), and why, in a sentence."""
+    """The search's answer: `best` (None when nothing meets the limit), how sure it is (`verdict`: best -- the measured
+    leader, every other behind it by more than the noise or shown at most TIE_MARGIN ahead of it; tie -- the cheapest
+    of candidates shown equal; undetermined -- the measured leader, with `contenders` that may be more than TIE_MARGIN
+    better than it), and why, in a sentence. For best and tie, `contenders` are those it was not separated from."""
 
     best: Observation | None
     verdict: Verdict
     reason: str
     contenders: list[Observation] = field(default_factory=list)
     near_limit: list[Observation] = field(default_factory=list)  # within the limit, but not by FEASIBLE_K errors
+    leader: Observation | None = None  # the feasible configuration measured best (`best` may be a cheaper tie)
 
 
 def select(objective: Objective, observations: list[Observation]) -> Selection:
@@ -190,21 +212,33 @@ def select(objective: Objective, observations: list[Observation]) -> Selection:
     leader = feasible[0]
     verdicts = {id(o): objective.compare(leader, o, pooled) for o in feasible[1:]}
     tied = [leader] + [o for o in feasible[1:] if verdicts[id(o)] == "tie"]
-    open_ = [o for o in feasible[1:] if verdicts[id(o)] == "undetermined"]
     best = min(tied, key=lambda o: (o.candidate.cost, -objective.value(o)))
+    unseparated = [o for o in feasible[1:] if verdicts[id(o)] == "undetermined"]
+    open_ = [o for o in unseparated if not objective.at_most_margin_better(best, o, pooled)]
     if open_:
-        se = objective.value_error(leader, pooled)
+        se = objective.value_error(best, pooled)
         noise = f"{100 * se:.1f}%" if se is not None else "unknown"
         reason = (
-            f"{len(open_)} other configuration(s) within the noise of the measured best (its standard error "
-            f"{noise}), neither shown equal nor worse: the windows cannot decide"
+            f"{len(open_)} other configuration(s) may be more than {100 * TIE_MARGIN:g}% better than it (its "
+            f"standard error {noise}): the windows cannot decide"
         )
-        return Selection(best, "undetermined", reason, contenders=open_, near_limit=near)
+        return Selection(best, "undetermined", reason, contenders=open_, near_limit=near, leader=leader)
+    within = f"; the {len(unseparated)} not separated from it are shown at most {100 * TIE_MARGIN:g}% better"
     if best is not leader:
         reason = f"the cheapest of {len(tied)} configurations shown within {100 * TIE_MARGIN:g}% of each other"
-        return Selection(best, "tie", reason, contenders=[o for o in tied if o is not best], near_limit=near)
+        reason += within if unseparated else ""
+        others = [o for o in tied if o is not best] + unseparated
+        return Selection(best, "tie", reason, contenders=others, near_limit=near, leader=leader)
     if objective.value_error(leader, pooled) is None:
         return Selection(
-            best, "best", "the measured best; the windows' noise is unknown, so untested against it", [], near
+            best, "best", "the measured best; the windows' noise is unknown, so untested against it", [], near, leader
         )
-    return Selection(best, "best", "ahead of every other feasible configuration by more than the noise", [], near)
+    if unseparated:
+        behind = len(feasible) - 1 - len(unseparated)
+        reason = f"the measured best{within}" + (
+            f"; {behind} other(s) behind it by more than the noise" if behind else ""
+        )
+        return Selection(best, "best", reason, unseparated, near, leader)
+    return Selection(
+        best, "best", "ahead of every other feasible configuration by more than the noise", [], near, leader
+    )

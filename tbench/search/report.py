@@ -7,6 +7,7 @@ import json
 
 from tbench.core.layout import RunLayout
 from tbench.results.html_report import write_html_report
+from tbench.search.confirm import combined_lines, rounds_from_checkpoint
 from tbench.search.plan import CHECKPOINT
 from tbench.search.request import SearchRequest
 from tbench.search.strategies import Checkpoint, SearchResult
@@ -34,6 +35,9 @@ def write_search_files(layout: RunLayout, result, title: str) -> str:
         "verdict": selection.verdict,  # best | tie | undetermined | none (tbench.search.objective.select)
         "verdict_reason": selection.reason,
         "not_separated": [o.candidate.key for o in selection.contenders],
+        # the confirmation (tbench.search.confirm): the rounds, the candidates each re-measured and their windows
+        "remeasurements": result.remeasurements,
+        "confirmation": [r.model_dump(mode="json") for r in result.confirmation],
     }
     (layout.run_dir / "search.json").write_text(json.dumps(summary, indent=2))
     return text
@@ -42,7 +46,8 @@ def write_search_files(layout: RunLayout, result, title: str) -> str:
 def partial_result(layout: RunLayout, search: SearchRequest):
     """What an interrupted search measured, from its checkpoint (resume it with resume_from=<this run folder>)."""
     keys = {c.key for c in search.space.grid()}
-    observations = [o for o in Checkpoint(layout.run_dir / CHECKPOINT).load() if o.candidate.key in keys]
+    lines = [o for o in Checkpoint(layout.run_dir / CHECKPOINT).load() if o.candidate.key in keys]
+    observations = combined_lines(lines)
     return SearchResult(
         strategy=f"{search.strategy} (interrupted)",
         objective=search.objective,
@@ -50,4 +55,5 @@ def partial_result(layout: RunLayout, search: SearchRequest):
         budget=len(keys),
         observations=observations,
         new_measurements=len(observations),
+        confirmation=rounds_from_checkpoint(lines, observations),
     )

@@ -34,6 +34,13 @@ class SearchRequest(BaseModel):
         ge=1,
         description="Closed-loop clients per measurement; the largest of the request's online concurrency by default.",
     )
+    confirm_rounds: int | None = Field(
+        None,
+        ge=0,
+        le=20,
+        description="Confirmation rounds at most: the leader and the configurations the windows cannot separate from "
+        "it are measured again (a few per round) and selected again; 0: none; default: 6 exhaustive, 2 smart.",
+    )
     resume_from: str | None = Field(
         None,
         description="Resume an interrupted search: its checkpoint (search.jsonl) or "

@@ -5,15 +5,17 @@ batch sizes x queue delay). An `Objective` says what is best: the highest throug
 lowest p99 with throughput above a floor. An `Evaluator` measures one candidate (a real Triton server, or a simulated
 response surface) and returns an `Observation`. `exhaustive_search` measures the whole grid; `smart_search` measures
 at most `budget_fraction` of it. Both write every observation to a `Checkpoint` (JSON lines, fsync'ed) as soon as it
-is measured, and a search started on an existing checkpoint measures only what it does not hold (resume).
+is measured, and a search started on an existing checkpoint measures only what it does not hold (resume). Both end
+with a confirmation (tbench.search.confirm): what the windows could not separate is measured again, a few candidates
+for a round or two, and each candidate's measurements are combined before the final selection.
 """
 
 from __future__ import annotations
 
+import inspect
 import itertools
 import json
 import math
-import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -22,6 +24,15 @@ from typing import Protocol
 from pydantic import BaseModel, Field
 
 from tbench.core.registry import Registry
+from tbench.search.checkpoint import Checkpoint  # noqa: F401  (re-exported)
+from tbench.search.confirm import (  # noqa: F401  (re-exported)
+    CONFIRM_ROUNDS,
+    CONFIRM_WIDTH,
+    SMART_CONFIRM_ROUNDS,
+    ConfirmationRound,
+    combine,
+    confirm,
+)
 from tbench.search.objective import (  # noqa: F401  (re-exported: the search's names are importable from here)
     FEASIBLE_K,
     TIE_K,
@@ -44,58 +55,10 @@ OnObservation = Callable[["Observation", int, int], None]  # (observation, measu
 
 
 class Evaluator(Protocol):
+    """Measures a candidate; a re-measurement is the same call (an evaluator may also take `confirm_round`, the
+    confirmation round it measures for, to keep that measurement's files apart)."""
+
     def evaluate(self, candidate: Candidate) -> Observation: ...
-
-
-class Checkpoint:
-    """A JSON-lines file, one Observation per measured candidate, appended and fsync'ed after every measurement.
-    `load()` reads it back; a last line cut short (the process was killed mid-write) is dropped from the file, a
-    corrupt line elsewhere is an error (that is not what a kill leaves)."""
-
-    def __init__(self, path: str | Path):
-        self.path = Path(path)
-
-    def load(self) -> list[Observation]:
-        if not self.path.exists():
-            return []
-        raw = self.path.read_bytes()
-        lines = raw.split(b"\n")  # the last item is what follows the final newline (empty when the file ends with one)
-        observations: list[Observation] = []
-        offset = good_end = 0  # good_end: the byte just past the last line that parsed
-        for i, line in enumerate(lines):
-            end = offset + len(line) + (1 if i < len(lines) - 1 else 0)
-            if line.strip():
-                try:
-                    observations.append(Observation.model_validate_json(line))
-                except ValueError:
-                    if any(rest.strip() for rest in lines[i + 1 :]):
-                        raise ValueError(
-                            f"{self.path}: line {i + 1} is not an observation and is not the last line; "
-                            "the checkpoint is corrupt"
-                        ) from None
-                    break  # a torn last line: keep what came before it
-            good_end = offset = end
-        if good_end < len(raw) or (good_end and not raw[:good_end].endswith(b"\n")):
-            self._repair(raw[:good_end])
-        return observations
-
-    def _repair(self, good: bytes) -> None:
-        """Drop a torn tail so the next append starts on a line of its own."""
-        if good and not good.endswith(b"\n"):
-            good += b"\n"
-        with open(self.path, "r+b") as f:
-            f.seek(0)
-            f.write(good)
-            f.truncate()
-            f.flush()
-            os.fsync(f.fileno())
-
-    def append(self, observation: Observation) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.path, "a", encoding="utf-8") as f:
-            f.write(observation.model_dump_json() + "\n")
-            f.flush()
-            os.fsync(f.fileno())
 
 
 class SearchResult(BaseModel):
@@ -105,11 +68,19 @@ class SearchResult(BaseModel):
     budget: int = Field(description="The most candidates the strategy may measure.")
     observations: list[Observation] = Field(description="Every candidate the search looked at, in order.")
     new_measurements: int = Field(0, description="Measured by this run; the rest came from the checkpoint.")
+    confirmation: list[ConfirmationRound] = Field(
+        default_factory=list, description="The confirmation rounds: the candidates re-measured and their windows."
+    )
     seconds: float = 0.0
 
     @property
     def measured(self) -> int:
         return len(self.observations)
+
+    @property
+    def remeasurements(self) -> int:
+        """The confirmation's measurements (beyond the `measured` candidates' first ones)."""
+        return sum(len(r.remeasured) for r in self.confirmation)
 
     @property
     def measured_fraction(self) -> float:
@@ -163,6 +134,8 @@ class SearchResult(BaseModel):
                 _verdict_line(selection),
                 "",
             ]
+        if self.confirmation:
+            lines += [_confirmation_line(self.confirmation), ""]
         else:
             near = self.closest()
             lines += [
@@ -256,15 +229,32 @@ def _verdict_line(selection: Selection) -> str:
     return text
 
 
+def _confirmation_line(rounds: list[ConfirmationRound]) -> str:
+    """What the confirmation re-measured, round by round, and the windows each re-measured candidate rests on."""
+    total = sum(len(r.remeasured) for r in rounds)
+    text = f"Confirmation: {len(rounds)} round(s), {total} re-measurement(s)"
+    read = sum(r.from_checkpoint for r in rounds)
+    text += f" ({read} read back from the checkpoint)." if read else "."
+    for r in rounds:
+        why = f" ({r.verdict_before}: {r.reason})" if r.verdict_before else ""
+        measured = ", ".join(f"{k} ({r.windows.get(k, '?')} windows)" for k in r.remeasured)
+        failed = "".join(f"; {k} failed: {why_}" for k, why_ in r.failed.items())
+        text += f"\n- round {r.round}{why}: {measured}{failed}"
+    return text
+
+
 def _table(observations: list[Observation]) -> str:
-    header = "| # | format | instances | max batch | preferred | queue delay (us) | throughput (infer/s) | p99 (ms) |"
-    rows = [header, "|---|---|---:|---:|---|---:|---:|---:|"]
+    header = (
+        "| # | format | instances | max batch | preferred | queue delay (us) | throughput (infer/s) | p99 (ms) | "
+        "windows |"
+    )
+    rows = [header, "|---|---|---:|---:|---|---:|---:|---:|---:|"]
     for i, o in enumerate(observations, 1):
         c = o.candidate
         pref = ",".join(map(str, c.preferred_batch_sizes)) or "none"
         rows.append(
             f"| {i} | {c.format or '-'} | {c.instances} | {c.max_batch_size} | {pref} | {c.queue_delay_us} | "
-            f"{o.throughput:.1f} | {o.p99_ms:.2f} |"
+            f"{o.throughput:.1f} | {o.p99_ms:.2f} | {o.windows} |"
         )
     return "\n".join(rows)
 
@@ -275,15 +265,25 @@ class BudgetSpent(Exception):
 
 class _Session:
     """Measures candidates for a strategy: from the checkpoint when it holds them, else through the evaluator
-    (and appended to the checkpoint at once); counts what the strategy looked at against its budget."""
+    (and appended to the checkpoint at once); counts what the strategy looked at against its budget. A confirmation
+    round's re-measurements (`remeasure`) are checkpoint lines of their own, tagged with the round; a candidate's
+    observation is then its measurements combined (tbench.search.confirm.combine)."""
 
     def __init__(
         self, evaluator: Evaluator, checkpoint: Checkpoint | None, limit: int, on_observation: OnObservation | None
     ):
         self.evaluator, self.checkpoint, self.limit, self.on_observation = evaluator, checkpoint, limit, on_observation
-        self.stored = {o.candidate.key: o for o in reversed(checkpoint.load())} if checkpoint else {}
-        self.seen: dict[str, Observation] = {}
-        self.new = 0
+        self.stored: dict[str, Observation] = {}  # the first measurement of each candidate the checkpoint holds
+        self.stored_again: dict[tuple[str, int], Observation] = {}  # (key, round) -> its re-measurement
+        for o in checkpoint.load() if checkpoint else []:
+            if o.confirm_round:
+                self.stored_again.setdefault((o.candidate.key, o.confirm_round), o)
+            else:
+                self.stored.setdefault(o.candidate.key, o)
+        self.seen: dict[str, Observation] = {}  # what the strategy saw: first measurements (its path depends on them)
+        self.again: dict[str, list[Observation]] = {}  # re-measurements, in round order
+        self.new = self.new_again = self.read_back = 0
+        self.confirmation: list[ConfirmationRound] = []
 
     def known(self, c: Candidate) -> Observation | None:
         return self.seen.get(c.key)
@@ -304,16 +304,49 @@ class _Session:
             self.on_observation(obs, len(self.seen), self.limit)
         return obs
 
+    def remeasure(self, c: Candidate, confirm_round: int) -> Observation:
+        """The candidate measured again, by the evaluator's own call, in a confirmation round."""
+        obs = self.stored_again.get((c.key, confirm_round))
+        if obs is None:
+            obs = _evaluate_again(self.evaluator, c, confirm_round).model_copy(update={"confirm_round": confirm_round})
+            if self.checkpoint is not None:
+                self.checkpoint.append(obs)
+            self.new_again += 1
+        else:
+            self.read_back += 1
+        self.again.setdefault(c.key, []).append(obs)
+        if self.on_observation is not None:
+            self.on_observation(obs, len(self.seen), self.limit)
+        return obs
+
+    def observations(self) -> list[Observation]:
+        """Every candidate looked at, in order, its re-measurements combined with its first measurement."""
+        return [combine([o, *self.again.get(key, [])]) for key, o in self.seen.items()]
+
+    def confirm(self, objective: Objective, rounds: int) -> None:
+        self.confirmation = confirm(objective, self, rounds=rounds)
+
     def result(self, strategy: str, objective: Objective, grid_size: int, started: float) -> SearchResult:
         return SearchResult(
             strategy=strategy,
             objective=objective,
             grid_size=grid_size,
             budget=self.limit,
-            observations=list(self.seen.values()),
+            observations=self.observations(),
             new_measurements=self.new,
+            confirmation=self.confirmation,
             seconds=time.monotonic() - started,
         )
+
+
+def _evaluate_again(evaluator: Evaluator, c: Candidate, confirm_round: int) -> Observation:
+    """The evaluator's call for a re-measurement: told the round where it takes it (a real evaluator keeps that
+    measurement's files apart), else the plain call."""
+    try:
+        takes_round = "confirm_round" in inspect.signature(evaluator.evaluate).parameters
+    except (TypeError, ValueError):
+        takes_round = False
+    return evaluator.evaluate(c, confirm_round=confirm_round) if takes_round else evaluator.evaluate(c)
 
 
 def exhaustive_search(
@@ -322,13 +355,16 @@ def exhaustive_search(
     evaluator: Evaluator,
     checkpoint: Checkpoint | None = None,
     on_observation: OnObservation | None = None,
+    confirm_rounds: int = CONFIRM_ROUNDS,
 ) -> SearchResult:
-    """Measure every candidate of the grid in grid order (those already in the checkpoint are read back)."""
+    """Measure every candidate of the grid in grid order (those already in the checkpoint are read back), then
+    confirm: re-measure what the windows could not separate, up to `confirm_rounds` rounds (tbench.search.confirm)."""
     started = time.monotonic()
     grid = space.grid()
     session = _Session(evaluator, checkpoint, len(grid), on_observation)
     for c in grid:
         session.measure(c)
+    session.confirm(objective, confirm_rounds)
     return session.result("exhaustive", objective, len(grid), started)
 
 
@@ -352,6 +388,7 @@ def smart_search(
     start: tuple[int, ...] | Candidate | None = None,
     on_observation: OnObservation | None = None,
     max_measurements: int | None = None,
+    confirm_rounds: int = SMART_CONFIRM_ROUNDS,
 ) -> SearchResult:
     """Coordinate search from the guide's default (`start`, else the middle of the grid): max batch, instances, queue
     delay, preferred sizes and format are line-searched in turn, with steps that start at half the dimension's range
@@ -360,7 +397,9 @@ def smart_search(
     a step down that dropped throughput under the floor).
     Passes repeat until none moves; then the rest of the budget refines around the best point (its unmeasured
     neighbours one step away in one or two dimensions, the passes restarting from any that improves), and no more than
-    `budget_fraction` of the grid (or `max_measurements`) is ever measured.
+    `budget_fraction` of the grid (or `max_measurements`) is ever measured. At the end, what the windows could not
+    separate is re-measured, up to `confirm_rounds` rounds of a few candidates (tbench.search.confirm), beyond that
+    budget.
 
     The search is deterministic given what it measures, so on a checkpoint it replays its path from the stored
     observations and measures only where it had not got to."""
@@ -376,6 +415,7 @@ def smart_search(
         _CoordinateSearch(space, objective, session).run(tuple(start) if start is not None else space.middle())
     except BudgetSpent:
         pass
+    session.confirm(objective, confirm_rounds)
     return session.result("smart", objective, len(grid), started)
 
 
@@ -387,9 +427,12 @@ def _exhaustive(
     budget_fraction: float = 1.0,
     start: tuple[int, ...] | Candidate | None = None,
     on_observation: OnObservation | None = None,
+    confirm_rounds: int = CONFIRM_ROUNDS,
 ) -> SearchResult:
     """exhaustive_search called as smart_search is: it has no budget and no start point, so it ignores them."""
-    return exhaustive_search(space, objective, evaluator, checkpoint, on_observation=on_observation)
+    return exhaustive_search(
+        space, objective, evaluator, checkpoint, on_observation=on_observation, confirm_rounds=confirm_rounds
+    )
 
 
 # The strategies by name, all called as smart_search is; their order is the one the search flow's field lists.
