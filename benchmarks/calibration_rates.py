@@ -270,7 +270,7 @@ KEPT_UP_SERVERS = {
     "lognormal cv0.5, 2 instances, noisy": Server(20.0, 0.5, "lognormal", 2, noise=0.05),
     "gamma cv0.2, 1 instance, slow (8/s)": Server(125.0, 0.2, noise=0.03),
 }
-LOADS_OK = (0.5, 0.7, 0.85)
+LOADS_OK = (0.1, 0.5, 0.7, 0.85)
 LOADS_SATURATED = (1.0, 1.05, 1.1, 1.25, 1.5)
 
 

@@ -159,7 +159,12 @@ def test_the_kept_up_vocabulary_is_the_results_vocabulary():
 
 import numpy as np  # noqa: E402
 
-from tbench.loadgen.behind import KEPT_UP_STATUSES, backlogged_paces  # noqa: E402
+from tbench.loadgen.behind import (  # noqa: E402
+    KEPT_UP_STATUSES,
+    LIGHT_LOAD_BUSY_SHARE,
+    backlogged_paces,
+    busy_share_bound,
+)
 from tbench.loadgen.perf_analyzer import RequestLog, read_profile_export  # noqa: E402
 
 KEPT = GOLDEN / "perf_analyzer" / "rate_r25_sleeper20ms.requests.json"  # 25/s on a ~48/s sleeper: real
@@ -211,3 +216,13 @@ def test_too_few_requests_are_undetermined_with_a_reason():
     verdict = kept_up(95, len(few) / few.span_s, len(few), "poisson", "", request_log=few)
     assert verdict.status in KEPT_UP_STATUSES and verdict.status != "ok"
     assert verdict.reason
+
+
+def test_a_light_load_whose_requests_rarely_waited_is_ok():
+    """10/s on a 1 ms server (1% busy): too few requests waited to show the server's pace, but most found it idle,
+    which no saturated server does (benchmarks/latency_verdict.py's low-rate point was undetermined before)."""
+    light = queue(10, 0.001, 145)
+    assert busy_share_bound(light) < LIGHT_LOAD_BUSY_SHARE
+    assert kept_up(10, len(light) / light.span_s, len(light), "poisson", "", request_log=light).status == "ok"
+    saturated = queue(100, 0.01, 145)
+    assert busy_share_bound(saturated) >= LIGHT_LOAD_BUSY_SHARE

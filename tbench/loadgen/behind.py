@@ -56,6 +56,8 @@ SHORT_SIGMAS = 2.0
 EXPORT_Z = 4.0  # standard errors below the backlogged pace for a lower bound of the capacity (max over the levels)
 MAX_LEVEL = 8  # backlog depths tried (requests in flight)
 MIN_GAPS = 20  # answers given at one backlog depth before its pace counts
+# at most this share of requests (its upper bound) found another in flight: a light load, far from saturation
+LIGHT_LOAD_BUSY_SHARE = 0.5
 MIN_GAP_CV = 0.1  # the gaps' CV counted at least this: a nearly constant service (or a too-short sample) is no proof
 TREND_BLOCKS = 10  # equal blocks of the span whose mean latencies the trend test orders
 
@@ -229,6 +231,19 @@ def backlogged_paces(log: RequestLog, max_level: int = MAX_LEVEL, min_gaps: int 
     return paces
 
 
+def busy_share_bound(log: RequestLog, z: float = EXPORT_Z) -> float:
+    """An upper bound of the share of requests that found another one in flight when sent. Poisson arrivals see the
+    server as time does (PASTA): a server whose requests mostly found it idle is far from saturated (the share is at
+    least each instance's utilisation), though too few requests waited to show its pace (a light load)."""
+    n = len(log)
+    if n == 0:
+        return 1.0
+    answered = np.sort(log.answered_s)
+    in_flight = np.arange(n) - np.searchsorted(answered, log.sent_s, side="right")
+    busy = int(np.count_nonzero(in_flight > 0))
+    return min(1.0, (busy + z * math.sqrt(busy + 1)) / n)
+
+
 def block_latencies(log: RequestLog, blocks: int = TREND_BLOCKS) -> list[float]:
     """Mean latency of the requests answered in each of `blocks` equal blocks of the span (empty blocks left out)."""
     index = np.minimum((log.answered_s / log.span_s * blocks).astype(int), blocks - 1)
@@ -264,7 +279,11 @@ def kept_up_from_requests(
         return KeptUp("behind", f"{served} (more than {100 * tolerance:.1f}% behind){late}", **verdict)
     paces = backlogged_paces(log)
     best = max(paces, key=lambda p: p.lower(z), default=None)
-    if best is not None and best.lower(z) > rate:
+    blocks = block_latencies(log)
+    rise, p = theil_sen_rise(blocks), mann_kendall_p(blocks)
+    rising = rise > rise_limit and p < TREND_P
+    # kept up: its pace while requests waited is clearly above the offered rate, or it was mostly idle (a light load)
+    if (best is not None and best.lower(z) > rate) or (busy_share_bound(log, z) < LIGHT_LOAD_BUSY_SHARE and not rising):
         if delayed > max_delayed_pct:
             reason = (
                 f"client-bound: {delayed:g}% of the sends were late while the server kept up "
@@ -272,9 +291,7 @@ def kept_up_from_requests(
             )
             return KeptUp("client_bound", reason, **verdict)
         return KeptUp("ok", **verdict)
-    blocks = block_latencies(log)
-    rise, p = theil_sen_rise(blocks), mann_kendall_p(blocks)
-    if rise > rise_limit and p < TREND_P:
+    if rising:
         reason = (
             f"latency rose {100 * rise:.0f}% over {len(blocks)} blocks of the {log.span_s:.3g} s span "
             f"({1000 * blocks[0]:.3g} -> {1000 * blocks[-1]:.3g} ms, trend p={p:.2g}): a growing queue{late}"
