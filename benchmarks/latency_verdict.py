@@ -30,6 +30,7 @@ from tbench.core.enums import Scenario
 from tbench.core.layout import RunLayout
 from tbench.loadgen.perf_analyzer import PerfInputs
 from tbench.request import Measurement
+from tbench.results.compare import EXIT_CODES, REGRESSION
 from tbench.sweep import plan_points, run_sweep
 from tbench.triton.server import EmbeddedServer
 
@@ -118,7 +119,7 @@ def main() -> None:
         record["false_regressions"] = len(false_alarms)
         record["low_rate"] = low_rate_point(work)
         print(f"low rate: {record['low_rate']}", flush=True)
-        record["planted_caught"] = record["planted"]["exit_code"] != 0 and "regression" in record["planted"]["summary"]
+        record["planted_caught"] = record["planted"]["exit_code"] == EXIT_CODES[REGRESSION]  # the gate's own code
 
 
 if __name__ == "__main__":
