@@ -187,13 +187,18 @@ def kept_up(
             f"{MIN_TREND_WINDOWS}); measure longer windows or a lower rate"
         )
         return KeptUp("undetermined", reason, **verdict)
+    return kept_up_or_client_bound(rate, served_rps, delayed, max_delayed_pct)
+
+
+def kept_up_or_client_bound(rate: float, served_rps: float, delayed: float, max_delayed_pct: float) -> KeptUp:
+    """A point the server kept up with: ok, or client-bound where perf_analyzer sent too many requests late."""
     if delayed > max_delayed_pct:
         reason = (
-            f"client-bound: {delayed:g}% of the sends were late while the server served all it was offered "
+            f"client-bound: {delayed:g}% of the sends were late while the server kept up "
             f"({served_rps:.4g} of {rate:.4g} req/s); it sustains at least {min(rate, served_rps):.4g} req/s"
         )
-        return KeptUp("client_bound", reason, **verdict)
-    return KeptUp("ok", **verdict)
+        return KeptUp("client_bound", reason, delayed_pct=delayed)
+    return KeptUp("ok", delayed_pct=delayed)
 
 
 @dataclass(frozen=True)
@@ -284,13 +289,7 @@ def kept_up_from_requests(
     rising = rise > rise_limit and p < TREND_P
     # kept up: its pace while requests waited is clearly above the offered rate, or it was mostly idle (a light load)
     if (best is not None and best.lower(z) > rate) or (busy_share_bound(log, z) < LIGHT_LOAD_BUSY_SHARE and not rising):
-        if delayed > max_delayed_pct:
-            reason = (
-                f"client-bound: {delayed:g}% of the sends were late while the server kept up "
-                f"({served_rps:.4g} of {rate:.4g} req/s); it sustains at least {min(rate, served_rps):.4g} req/s"
-            )
-            return KeptUp("client_bound", reason, **verdict)
-        return KeptUp("ok", **verdict)
+        return kept_up_or_client_bound(rate, served_rps, delayed, max_delayed_pct)
     if rising:
         reason = (
             f"latency rose {100 * rise:.0f}% over {len(blocks)} blocks of the {log.span_s:.3g} s span "
