@@ -10,7 +10,7 @@ deviation, perf_analyzer's stopping rule (the last 3 windows within the stabilit
 latency, else at max trials a warning or a failure), the merged last 3 windows' request count, throughput and
 percentiles, the server's queue and compute times, and the `-v` log text. The queue carries over from window to
 window within a point and each point starts empty, as a real perf_analyzer call does. The project's own decision code
-then runs unchanged on it: `tbench.sweep.rate_point_verdict` (kept_up, as a sweep judges a rate point),
+then runs unchanged on it: `tbench.stages.sweep.rate_point_verdict` (kept_up, as a sweep judges a rate point),
 `tbench.capacity.rate_search.judge` and `find_sustainable_rate` (a capacity plan's search).
 
 `calibrate(seed, scale)` returns {"rules": ..., "conditions": ..., "parameters": ...}; standalone it prints that JSON.
@@ -39,8 +39,8 @@ from tbench.capacity.statistics import PercentileRule
 from tbench.core.enums import Scenario
 from tbench.loadgen import behind
 from tbench.loadgen.perf_analyzer import STABLE_WINDOWS, Point, requests_from_export
-from tbench.request import Measurement
-from tbench.sweep import measure_again, rate_point_verdict, rate_stability
+from tbench.request.benchmark import Measurement
+from tbench.stages.sweep import measure_again, rate_point_verdict, rate_stability
 
 PERCENTILES = (50, 90, 95, 99)
 
@@ -237,7 +237,7 @@ def _one_call(rate, arrivals, latency, wait, service, done_by, window_requests, 
 
 
 def perf_row(sim: Simulated) -> dict:
-    """The tidy row tbench.sweep.measure_point builds from a call (its columns the verdicts read)."""
+    """The tidy row tbench.stages.sweep.measure_point builds from a call (its columns the verdicts read)."""
     row = {"status": sim.status, "error": "" if sim.status == "ok" else "not stable", "measure_seconds": sim.seconds}
     if sim.status == "ok":
         row.update(
@@ -253,7 +253,7 @@ def perf_row(sim: Simulated) -> dict:
 
 def judged_row(sim: Simulated, rate: float, exported: bool = True) -> dict:
     """The row as a sweep keeps it: an open-loop point's figures hold only if it carried the load (judged from its
-    export as tbench.sweep.measure_point reads it; from its windows where its requests are too large to export)."""
+    export as stages.sweep.measure_point reads it; from its windows where its requests are too large to export)."""
     row = perf_row(sim)
     if sim.status == "ok":
         point = Point(Scenario.RATE, 1, None, rate, "poisson")
@@ -275,7 +275,7 @@ LOADS_SATURATED = (1.0, 1.05, 1.1, 1.25, 1.5)
 
 
 def sweep_windows(rate: float, m: Measurement, attempt: int = 0, exported: bool = True) -> tuple[int, float]:
-    """Requests per window and stability percentage a sweep's rate point gets (tbench.sweep.measure_point)."""
+    """Requests per window and stability percentage a sweep's rate point gets (tbench.stages.sweep.measure_point)."""
     count = m.requests_per_window(None, 1, attempt, None, rate)
     return count, rate_stability(m, count, "poisson", exported=exported)
 
@@ -284,7 +284,7 @@ def sweep_rate_points(
     rng, server: Server, rate: float, m: Measurement, trials: int, exported: bool = True
 ) -> list[tuple[str, Simulated]]:
     """`trials` rate points measured as a sweep measures them: a point its requests could not judge (undetermined)
-    measured again with longer windows (tbench.sweep.measure_again). Each: (status, the attempt that counted)."""
+    measured again with longer windows (tbench.stages.sweep.measure_again). Each: (status, the attempt that counted)."""
     count, stability = sweep_windows(rate, m, exported=exported)
     sims = perf_rate_points(rng, server, rate, count, m.max_trials, stability, trials)
     rows = [judged_row(s, rate, exported) for s in sims]

@@ -39,8 +39,8 @@ from tbench.core.layout import RunLayout, perf_log_for
 from tbench.loadgen.behind import behind_tolerance
 from tbench.loadgen.perf_analyzer import PerfInputs, Point, delayed_percent
 from tbench.node import tools
-from tbench.request import Measurement
-from tbench.sweep import measure_point, warm_up
+from tbench.request.benchmark import Measurement
+from tbench.stages.sweep import measure_point, warm_up
 from tbench.triton.server import EmbeddedServer
 
 MODEL = "sleeper"

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from provenance import RESULTS, recorded
 
-from tbench.stack import Stack
+from tbench.team.stack import Stack
 
 PARAMETERS = {
     "request": {
@@ -50,7 +50,7 @@ def measure(n_runs: int, parameters: dict) -> dict:
     stack.up()
     up_s = time.monotonic() - t0
     os.environ.update(stack.client_env())
-    from tbench.submit import follow, submit
+    from tbench.team.submit import follow, submit
 
     runs = []
     try:

@@ -17,7 +17,7 @@ on a reduced grid; a failure is recorded and the next one runs):
 The wider sweep for an image with every backend stays: --plan formats,seeds,modes (each format at FP32/FP16, INT8
 where it applies; each seed's gpu profile; each server mode), each case one `tbench run` judged by its exit code.
 
-Cases this node cannot run are not started: preflight's own check (tbench.doctor.missing_for) on the doctor's report
+Cases this node cannot run are not started: preflight's own check (planning.doctor.missing_for) on the doctor's report
 says why; a run that refuses (exit 2: this node cannot run it) is not executable there, with its line. Without a GPU
 nothing runs: every case is "not executed: no GPU here" (--cpu-rehearsal runs the paths on a CPU all the same, to
 rehearse the check itself).
@@ -227,8 +227,8 @@ def plan(report, groups=("paths",), profile: str = "gpu") -> tuple[list[Run], li
 
 def skip_reasons(runs: list[Run], report) -> None:
     """Mark the runs this node cannot run, with preflight's own reasons."""
-    from tbench.doctor import missing_for
-    from tbench.request import BenchmarkRequest
+    from tbench.planning.doctor import missing_for
+    from tbench.request.benchmark import BenchmarkRequest
 
     for r in runs:
         if r.status == "planned" and r.request and (missing := missing_for(BenchmarkRequest(**r.request), report)):
@@ -239,7 +239,7 @@ def skip_reasons(runs: list[Run], report) -> None:
 
 
 def doctor_report(seconds: list | None = None):
-    from tbench.doctor import NodeReport
+    from tbench.planning.doctor import NodeReport
 
     started = time.monotonic()
     done = subprocess.run(
@@ -520,7 +520,7 @@ def check_gpu_metrics(seen: dict[str, Seen]) -> dict:
 
 
 def check_windows(seen: dict[str, Seen]) -> dict:
-    from tbench.request import PROFILE_MEASUREMENT
+    from tbench.request.benchmark import PROFILE_MEASUREMENT
 
     evidence = {}
     for key in ("fp32", "fp16"):

@@ -1,6 +1,6 @@
 """`tbench compare`'s verdict against a latency change we planted, and against none: the sleeper of
 benchmarks/capacity_truth.py (a python-backend model with a fixed service time, one instance) measured at the same
-offered Poisson rate, the measurement a run makes of a rate point (`tbench.sweep.run_sweep`, default windows).
+offered Poisson rate, the measurement a run makes of a rate point (`tbench.stages.sweep.run_sweep`, default windows).
 
 - a baseline run at the base service time;
 - `--repeats` unchanged runs (same service time, same rate), each judged against the baseline: the verdict must be
@@ -29,9 +29,9 @@ from provenance import RESULTS, recorded
 from tbench.core.enums import Scenario
 from tbench.core.layout import RunLayout
 from tbench.loadgen.perf_analyzer import PerfInputs
-from tbench.request import Measurement
+from tbench.request.benchmark import Measurement
 from tbench.results.compare import EXIT_CODES, REGRESSION
-from tbench.sweep import plan_points, run_sweep
+from tbench.stages.sweep import plan_points, run_sweep
 from tbench.triton.server import EmbeddedServer
 
 TBENCH = str(Path(sys.executable).with_name("tbench"))

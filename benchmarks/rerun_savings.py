@@ -40,7 +40,7 @@ def measure(model: str, size: str) -> dict:
     import pandas as pd
 
     from flows.benchmark import benchmark_flow
-    from tbench.request import BenchmarkRequest
+    from tbench.request.benchmark import BenchmarkRequest
 
     request = BenchmarkRequest(model=model, size=size, output=str(work / "runs"), reuse_measurements=True)
     runs = []

@@ -249,10 +249,10 @@ def real(concurrency: int, work: Path, size: str = "small") -> dict:
     import model_adapters
     from tbench.core.enums import Format
     from tbench.core.runtimes import source_digest
-    from tbench.export import export_model
-    from tbench.request import Measurement
+    from tbench.request.benchmark import Measurement
     from tbench.search.evaluate import ServedVariant, TritonEvaluator
-    from tbench.sweep import prepare_inputs
+    from tbench.stages.export import export_model
+    from tbench.stages.sweep import prepare_inputs
     from tbench.triton.server import EmbeddedServer
 
     t0 = time.monotonic()

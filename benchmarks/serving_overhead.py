@@ -30,10 +30,10 @@ from model_adapters.file_model import ModelFileAdapter
 from tbench.core.enums import Format, Scenario
 from tbench.core.layout import RunLayout
 from tbench.core.runtimes import source_digest
-from tbench.export import export_model
 from tbench.loadgen.perf_analyzer import Point
-from tbench.request import Measurement
-from tbench.sweep import run_sweep
+from tbench.request.benchmark import Measurement
+from tbench.stages.export import export_model
+from tbench.stages.sweep import run_sweep
 from tbench.triton.repository import ServingConfig, write_repository
 from tbench.triton.server import EmbeddedServer
 

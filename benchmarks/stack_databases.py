@@ -21,7 +21,7 @@ from pathlib import Path
 
 from provenance import RESULTS, recorded
 
-from tbench.stack import Stack
+from tbench.team.stack import Stack
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from services import postgres_server  # noqa: E402  (the tests' way of starting PostgreSQL)
@@ -41,7 +41,7 @@ PARAMETERS = {
 def one_stack(database_url: str | None, n_runs: int, parameters: dict) -> dict:
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    from tbench.submit import follow, submit
+    from tbench.team.submit import follow, submit
 
     stack = Stack(root=Path(tempfile.mkdtemp(prefix="tbench-stack-")), database_url=database_url)
     t0 = time.monotonic()

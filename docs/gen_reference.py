@@ -77,7 +77,7 @@ def model_section(model: type[BaseModel], seen: set) -> list[str]:
 def request_page() -> str:
     from flows.matrix import MatrixRequest
     from tbench.capacity.request import CapacityRequest
-    from tbench.request import BenchmarkRequest
+    from tbench.request.benchmark import BenchmarkRequest
     from tbench.search.request import SearchRequest
 
     lines = [

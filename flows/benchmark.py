@@ -19,17 +19,14 @@ from tasks.perf import perf_task
 from tasks.report import report_task
 from tasks.repository import repository_task
 from tasks.server import server_task
-from tbench.accuracy import require_same_answers
 from tbench.core.enums import Format, Scenario
 from tbench.core.errors import PerfAnalyzerError
 from tbench.core.measured import input_data_label, shapes_label
 from tbench.core.precision import results_precision
 from tbench.core.progress import warn
-from tbench.correctness import require_passed
-from tbench.export import ConversionOptions
 from tbench.node import hardware as hw
 from tbench.node.host_load import HostLoad
-from tbench.plan import (
+from tbench.planning.plan import (
     accelerator_label,
     confirm_devices,
     offline_shared_memory,
@@ -38,12 +35,15 @@ from tbench.plan import (
     server_options,
     serving_config,
 )
-from tbench.pools import check_worker_hardware
-from tbench.request import BenchmarkRequest, adapter_for, adapter_notes, plain_name, request_from_argv
+from tbench.request.benchmark import BenchmarkRequest, adapter_for, adapter_notes, plain_name, request_from_argv
 from tbench.results.point_cache import tool_versions
-from tbench.run import COMPLETED_WITH_FAILURES, FAILED, STATE_COMPLETED_WITH_FAILURES, RunTracker
-from tbench.store import run_url
-from tbench.sweep import dynamic_shapes, plan_points, prepare_inputs
+from tbench.stages.accuracy import require_same_answers
+from tbench.stages.correctness import require_passed
+from tbench.stages.export import ConversionOptions
+from tbench.stages.store import run_url
+from tbench.stages.sweep import dynamic_shapes, plan_points, prepare_inputs
+from tbench.stages.tracker import COMPLETED_WITH_FAILURES, FAILED, STATE_COMPLETED_WITH_FAILURES, RunTracker
+from tbench.team.pools import check_worker_hardware
 from tbench.triton.monitor import PointMonitor
 from tbench.triton.repository import (
     backend_label,

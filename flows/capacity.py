@@ -21,9 +21,9 @@ from tbench.capacity.request import CapacityRequest
 from tbench.core.errors import BenchError
 from tbench.core.layout import RunLayout, new_run_id
 from tbench.core.storage import url_to_fs
-from tbench.request import BenchmarkRequest
-from tbench.run import RunTracker
-from tbench.store import run_url, staging_root
+from tbench.request.benchmark import BenchmarkRequest
+from tbench.stages.store import run_url, staging_root
+from tbench.stages.tracker import RunTracker
 
 
 class CapacityIncomplete(BenchError):

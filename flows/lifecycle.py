@@ -16,9 +16,9 @@ from tbench.core.layout import RunLayout, new_run_id
 from tbench.node import procs
 from tbench.node.device_lock import device_lock
 from tbench.node.interrupts import second_signal_exits
-from tbench.preflight import preflight
-from tbench.run import RunTracker
-from tbench.store import staging_root
+from tbench.planning.preflight import preflight
+from tbench.stages.store import staging_root
+from tbench.stages.tracker import RunTracker
 
 log = logging.getLogger("prefect.tbench.lifecycle")
 

@@ -28,12 +28,12 @@ from tasks.store import store_task
 from tbench.core.errors import BenchError, one_line
 from tbench.core.layout import RunLayout, new_run_id
 from tbench.core.storage import url_to_fs
-from tbench.matrix_runs import ChildRun
-from tbench.pools import POOLS
 from tbench.results.html_report import write_html_report
 from tbench.results.matrix_report import matrix_markdown
-from tbench.run import RunTracker
-from tbench.store import run_url, staging_root
+from tbench.stages.store import run_url, staging_root
+from tbench.stages.tracker import RunTracker
+from tbench.team.matrix_runs import ChildRun
+from tbench.team.pools import POOLS
 
 
 class MatrixIncomplete(BenchError):

@@ -20,13 +20,9 @@ from tbench.capacity.evaluate import RateEvaluator, emit_rate_point
 from tbench.capacity.report import pool_answer, write_capacity_files
 from tbench.capacity.request import CapacityRequest
 from tbench.capacity.statistics import PercentileRule, percentile_measurement
-from tbench.correctness import require_passed
-from tbench.export import ConversionOptions
 from tbench.node import hardware as hw
-from tbench.plan import plan_devices
-from tbench.pools import check_worker_hardware, pool_of
-from tbench.request import DEFAULT_TOLERANCES, BenchmarkRequest, adapter_for, request_from_argv
-from tbench.run import RunTracker
+from tbench.planning.plan import plan_devices
+from tbench.request.benchmark import DEFAULT_TOLERANCES, BenchmarkRequest, adapter_for, request_from_argv
 from tbench.search.evaluate import ServedVariant, TritonEvaluator, artifact_key
 from tbench.search.plan import (
     CHECKPOINT,
@@ -41,8 +37,12 @@ from tbench.search.plan import (
 from tbench.search.report import partial_result, write_search_files
 from tbench.search.request import SearchRequest
 from tbench.search.strategies import Candidate, Checkpoint
-from tbench.store import run_url
-from tbench.sweep import prepare_inputs
+from tbench.stages.correctness import require_passed
+from tbench.stages.export import ConversionOptions
+from tbench.stages.store import run_url
+from tbench.stages.sweep import prepare_inputs
+from tbench.stages.tracker import RunTracker
+from tbench.team.pools import check_worker_hardware, pool_of
 from tbench.triton.repository import serves_natively
 from tbench.triton.server import make_server
 from tbench.triton.serving import combined, pinned_env

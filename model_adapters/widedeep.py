@@ -227,7 +227,7 @@ class WideDeep(ModelAdapter):
         # cpu: measured on 2 cores, the full model's forward pass (Keras, eager) takes ~180 ms at batch 1024 and ~100 ms
         # at batch 1 (per-call overhead); as a graph (what the SavedModel serves) ~3 ms at batch 1, ~33 ms at 256,
         # ~110 ms at 1024 and ~420 ms at 4096 (~0.1 ms per sample); windows are sized by time
-        # (tbench.request.Measurement), so the big batches get the minimum 4 requests a window and batch 1 about a
+        # (request.benchmark.Measurement), so the big batches get the minimum 4 requests a window and batch 1 about a
         # second's worth.
         # ONNX only for the small size here: tf2onnx 1.17 freezes and deep-copies the graph with its 370 MB of
         # embedding tables inlined many times over and needed more than the 23 GB this machine has (OOM-killed);

@@ -70,7 +70,7 @@ def form_picture(work: Path) -> Path:
     from prefect.client.orchestration import get_client
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    from tbench.stack import Stack
+    from tbench.team.stack import Stack
 
     stack = Stack(root=work / "stack", pools=("cpu",)).up()
     try:

@@ -1,13 +1,13 @@
-"""Stage: accuracy on the served model: the Prefect task; the logic is in tbench.accuracy."""
+"""Stage: accuracy on the served model: the Prefect task; the logic is in tbench.stages.accuracy."""
 
 from __future__ import annotations
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from tbench.accuracy import measure_accuracy
 from tbench.core.artifacts import AccuracyResult
 from tbench.core.enums import Format
+from tbench.stages.accuracy import measure_accuracy
 
 
 @task(name="accuracy", task_run_name="accuracy-{model_name}", cache_policy=NO_CACHE)

@@ -1,4 +1,4 @@
-"""Stage 2: each converted format against the source model: the Prefect task; the logic is in tbench.correctness."""
+"""Stage 2: each converted format against the source model; the Prefect task (logic: tbench.stages.correctness)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from tbench.core.artifacts import CorrectnessResult
-from tbench.correctness import check_artifacts
+from tbench.stages.correctness import check_artifacts
 
 
 @task(name="correctness", cache_policy=NO_CACHE)

@@ -1,4 +1,4 @@
-"""Stage 1: export and convert the model to each format (the Prefect task; the logic is tbench.export)."""
+"""Stage 1: export and convert the model to each format (the Prefect task; the logic is tbench.stages.export)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from model_adapters.base import ModelAdapter
 from tbench.core.artifacts import ModelArtifact
 from tbench.core.enums import Format
 from tbench.core.runtimes import source_digest
-from tbench.export import ConversionOptions, export_model
+from tbench.stages.export import ConversionOptions, export_model
 
 
 @task(name="export", cache_policy=NO_CACHE)

@@ -43,6 +43,6 @@ def emit_regressed(model: str, run_id: str, site: str, lines: list[str]) -> None
     emit_event(
         event=REGRESSED_EVENT,
         resource={"prefect.resource.id": f"tbench.model.{model}", "prefect.resource.name": model},
-        related=[{"prefect.resource.id": f"tbench.run.{run_id}", "prefect.resource.role": "run"}],
+        related=[{"prefect.resource.id": f"tbench.stages.tracker.{run_id}", "prefect.resource.role": "run"}],
         payload={"run_id": run_id, "site": site, "regressions": lines},
     )

@@ -1,4 +1,4 @@
-"""One run of the matrix, submitted to a pool and followed: the Prefect task; the logic is in tbench.matrix_runs."""
+"""One run of the matrix, submitted to a pool and followed; the Prefect task (logic: tbench.team.matrix_runs)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from tbench.core.errors import one_line
-from tbench.matrix_runs import ChildRun, state_of, watch
-from tbench.submit import deployment_name, report_link
+from tbench.team.matrix_runs import ChildRun, state_of, watch
+from tbench.team.submit import deployment_name, report_link
 
 
 @task(name="matrix-run", task_run_name="{pool}-{model}-{fmt}-{precision}", cache_policy=NO_CACHE)

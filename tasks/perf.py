@@ -1,4 +1,4 @@
-"""Stage 5: perf_analyzer sweeps: the Prefect task; the logic is in tbench.sweep."""
+"""Stage 5: perf_analyzer sweeps: the Prefect task; the logic is in tbench.stages.sweep."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from prefect.cache_policies import NO_CACHE
 from tbench.core import progress
 from tbench.core.enums import Scenario
 from tbench.loadgen.perf_analyzer import Point
-from tbench.sweep import run_sweep
+from tbench.stages.sweep import run_sweep
 
 
 @task(name="perf-sweep", task_run_name="perf-{scenario.value}-{model}", cache_policy=NO_CACHE)

@@ -1,4 +1,4 @@
-"""Stage 9: the run folder to the artifact store: the Prefect task; the logic is in tbench.store."""
+"""Stage 9: the run folder to the artifact store: the Prefect task; the logic is in tbench.stages.store."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ from prefect.artifacts import create_link_artifact
 from prefect.cache_policies import NO_CACHE
 
 from tbench.results.dataset import add_run_to_dataset
-from tbench.store import (
+from tbench.stages.store import (
     upload_run,
     write_manifest,
 )
-from tbench.submit import REPORT_LINK_KEY
+from tbench.team.submit import REPORT_LINK_KEY
 
 REPORT_PAGES = ("report.html", "capacity.html", "search.html")
 

@@ -114,7 +114,7 @@ def small_artifacts(small_adapter, small_module, tmp_path_factory):
     """The small ResNet-50 exported once for the session: [onnx, ts-trace]."""
     from tbench.core.enums import Format
     from tbench.core.runtimes import source_digest
-    from tbench.export import export_model
+    from tbench.stages.export import export_model
 
     out = tmp_path_factory.mktemp("models")
     digest = source_digest("pytorch", small_module)
@@ -138,7 +138,7 @@ def served_small(small_artifacts, tmp_path_factory):
 @pytest.fixture
 def s3_to_stop(tmp_path, monkeypatch):
     """A private S3 endpoint (moto's server) that the test may stop: its environment set, stopped at the end if not."""
-    from tbench.stack import S3Endpoint
+    from tbench.team.stack import S3Endpoint
 
     endpoint = S3Endpoint(tmp_path / "moto.log").start()
     for key, value in endpoint.env().items():
@@ -156,7 +156,7 @@ def stack(tmp_path_factory):
 
 def running_stack(root: Path, **options):
     """A stack brought up in `root` for a fixture to yield, and taken down after it (Stack's options as keywords)."""
-    from tbench.stack import Stack
+    from tbench.team.stack import Stack
 
     clear_s3_clients()  # a filesystem cached by an earlier module points at its stopped S3
     s = Stack(root=root, **options)

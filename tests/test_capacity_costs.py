@@ -9,7 +9,7 @@ import pytest
 
 from tbench.capacity.costs import PRICE_COLUMNS, Plan, load_prices, plan, price_for
 from tbench.core.errors import ConfigError
-from tbench.pools import POOLS
+from tbench.team.pools import POOLS
 
 # -- plan ------------------------------------------------------------------------------------------------------------
 

@@ -15,7 +15,7 @@ SLO_MS = 50.0
 
 
 def row(**overrides) -> dict:
-    """A row as tbench.sweep.measure_point returns it: 600 requests per window (1800 merged), 100 inferences/s."""
+    """A row as stages.sweep.measure_point returns it: 600 requests per window (1800 merged), 100 inferences/s."""
     base = {
         "status": "ok",
         "error": "",

@@ -110,7 +110,7 @@ def test_rule_round_trips_through_json():
 def test_a_percentile_measurement_holds_the_requests_the_rule_needs():
     """The search's p99 budget and capacity's rate points: the 3 merged windows hold at least the rule's requests."""
     from tbench.capacity.statistics import percentile_measurement
-    from tbench.request import Measurement
+    from tbench.request.benchmark import Measurement
 
     m = percentile_measurement(Measurement(), PercentileRule())
     assert m.min_requests == 508 and 3 * m.min_requests >= PercentileRule().requests()

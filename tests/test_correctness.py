@@ -4,7 +4,7 @@ import pytest
 from tbench.core.artifacts import CorrectnessResult
 from tbench.core.enums import Format
 from tbench.core.errors import CorrectnessError
-from tbench.correctness import check_artifacts, compare, require_passed
+from tbench.stages.correctness import check_artifacts, compare, require_passed
 
 
 def test_compare_uses_tolerance_relative_to_the_outputs_magnitude():

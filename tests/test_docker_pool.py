@@ -17,7 +17,7 @@ import time
 import pytest
 from test_stack_e2e import TBENCH, in_stack, read_back
 
-from tbench.stack import PROJECT, Stack
+from tbench.team.stack import PROJECT, Stack
 
 pytestmark = pytest.mark.e2e
 

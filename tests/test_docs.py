@@ -64,7 +64,7 @@ def test_the_request_results_and_deployment_references_are_complete(site):
     from flows.matrix import MatrixRequest
     from tbench.capacity.request import CapacityRequest
     from tbench.core.metrics import COLUMN_DESCRIPTIONS, RESULT_COLUMNS
-    from tbench.request import BenchmarkRequest
+    from tbench.request.benchmark import BenchmarkRequest
     from tbench.search.request import SearchRequest
 
     requests = page_text(site, "reference/request")

@@ -10,13 +10,13 @@ import pytest
 from conftest import GOLDEN
 from typer.testing import CliRunner
 
-from tbench import doctor
 from tbench.cli import app
 from tbench.core.errors import ConfigError
-from tbench.doctor import Check, NodeReport, missing_for
 from tbench.node.hardware import Hardware, parse_gpu_query
-from tbench.preflight import preflight
-from tbench.request import BenchmarkRequest
+from tbench.planning import doctor
+from tbench.planning.doctor import Check, NodeReport, missing_for
+from tbench.planning.preflight import preflight
+from tbench.request.benchmark import BenchmarkRequest
 
 GPU_NODE = Hardware(
     cpu_model="AMD EPYC 7742",
@@ -31,7 +31,7 @@ CPU_NODE = Hardware(cpu_model="Intel Xeon", cpu_cores=2, memory_gib=8.0, gpus=[]
 
 def converter(source: str, target: str):
     from tbench.core.enums import Format
-    from tbench.export import REGISTRY
+    from tbench.stages.export import REGISTRY
 
     return REGISTRY[(source, Format(target))]
 

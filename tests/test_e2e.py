@@ -17,7 +17,6 @@ import pytest
 from conftest import GOLDEN
 from test_faults import lasting_unmapped_regions
 
-from tbench.accuracy import infer_triton, measure_accuracy
 from tbench.core.enums import Scenario
 from tbench.core.errors import ServerStartError
 from tbench.core.layout import RunLayout
@@ -25,8 +24,9 @@ from tbench.core.metrics import RESULT_COLUMNS, SERVER_COLUMNS
 from tbench.core.runtimes import run_pytorch
 from tbench.loadgen.perf_analyzer import Point, pass_throughputs
 from tbench.node import shm
-from tbench.request import BenchmarkRequest, Measurement
-from tbench.sweep import plan_points, run_sweep
+from tbench.request.benchmark import BenchmarkRequest, Measurement
+from tbench.stages.accuracy import infer_triton, measure_accuracy
+from tbench.stages.sweep import plan_points, run_sweep
 from tbench.triton.monitor import PointMonitor
 from tbench.triton.repository import ServingConfig, build_config, write_repository
 from tbench.triton.server import EmbeddedServer, LocalServer, RemoteServer, configs_loaded
@@ -567,7 +567,7 @@ def test_remote_mode_uploads_loads_and_unloads_through_the_client(small_artifact
 def test_regions_a_killed_perf_analyzer_left_registered_are_released(served_small, small_artifacts, tmp_path):
     import tritonclient.grpc as grpcclient
 
-    from tbench.sweep import release_shared_memory
+    from tbench.stages.sweep import release_shared_memory
 
     def registered():
         with grpcclient.InferenceServerClient(served_small.endpoints.grpc_url) as client:
@@ -677,7 +677,7 @@ def test_region_files_a_killed_perf_analyzer_never_registered_are_removed():
     removes those named after its tensors; a mapped one, and another name, stay."""
     import mmap
 
-    from tbench.sweep import remove_unregistered_regions
+    from tbench.stages.sweep import remove_unregistered_regions
 
     names = ["tbench_probe_out", "tbench_probe_out_0_1", "tbench_probe_mapped", "tbench_other"]
     paths = [shm.SHM_DIR / n for n in names]

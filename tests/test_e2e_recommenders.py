@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 from conftest import run_flow
 
-from tbench.request import BenchmarkRequest, Measurement
+from tbench.request.benchmark import BenchmarkRequest, Measurement
 
 pytestmark = pytest.mark.e2e
 

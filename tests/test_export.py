@@ -10,8 +10,8 @@ import pytest
 from tbench.core.enums import Format, Precision
 from tbench.core.errors import ConfigError, ConversionError, Unavailable
 from tbench.core.runtimes import source_digest
-from tbench.correctness import check_artifacts
-from tbench.export import (
+from tbench.stages.correctness import check_artifacts
+from tbench.stages.export import (
     REGISTRY,
     CalibrationData,
     CalibrationSet,
@@ -194,7 +194,7 @@ def test_engine_fields_key_only_the_steps_that_build_engines(small_adapter):
 
 
 def test_conversion_options_come_from_the_run():
-    from tbench.request import BenchmarkRequest
+    from tbench.request.benchmark import BenchmarkRequest
 
     req = BenchmarkRequest(
         model="resnet50", batch_sizes=[1, 2, 4, 8, 16], max_batch_size=16, calibration_samples=256

@@ -11,8 +11,8 @@ from model_adapters.fastpitch import MAX_FRAMES_PER_TOKEN, MAX_TOKEN_FRAMES, N_M
 from tbench.core.enums import Format
 from tbench.core.errors import ConfigError
 from tbench.core.runtimes import run_pytorch, source_digest
-from tbench.correctness import check_artifacts
-from tbench.export import export_model
+from tbench.stages.correctness import check_artifacts
+from tbench.stages.export import export_model
 
 SEQ = 16  # the small size's sequence length
 
@@ -251,7 +251,7 @@ def test_export_and_correctness(adapter, module, artifacts):
 def test_served_outputs_match_the_module(adapter, module, artifacts, tmp_path):
     import tritonclient.grpc as grpcclient
 
-    from tbench.accuracy import infer_triton
+    from tbench.stages.accuracy import infer_triton
     from tbench.triton.repository import ServingConfig, write_repository
     from tbench.triton.server import EmbeddedServer
 

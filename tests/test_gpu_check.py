@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tbench.doctor import Check, NodeReport
+from tbench.planning.doctor import Check, NodeReport
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 GPU, UUID = "NVIDIA H100 80GB HBM3", "GPU-1"

@@ -13,8 +13,8 @@ import torch
 from tbench.core import handover
 from tbench.core.errors import ConfigError
 from tbench.core.storage import url_to_fs
-from tbench.request import BenchmarkRequest, adapter_for
-from tbench.stack import S3Endpoint
+from tbench.request.benchmark import BenchmarkRequest, adapter_for
+from tbench.team.stack import S3Endpoint
 
 
 @pytest.fixture(scope="module")

@@ -17,8 +17,8 @@ from tbench.core.enums import Precision
 from tbench.core.errors import ConfigError, CorrectnessError
 from tbench.core.iospec import IoSpec, TensorSpec
 from tbench.core.model_file import read_model_file, synthetic_inputs
-from tbench.correctness import check_artifacts
-from tbench.request import BenchmarkRequest, adapter_for
+from tbench.request.benchmark import BenchmarkRequest, adapter_for
+from tbench.stages.correctness import check_artifacts
 
 NAMES = ["input_ids", "attention_mask", "token_type_ids"]
 VOCAB, TYPES, SEQ = 30, 2, 6
@@ -231,7 +231,7 @@ def write_input_data(tmp_path, data: dict[str, np.ndarray], form: str):
 
 @pytest.mark.parametrize("form", ["json", "json-content-shape-b64", "npz", "npy-folder"])
 def test_each_input_data_form_feeds_correctness_and_perf(bert_onnx, tmp_path, form):
-    from tbench.sweep import prepare_inputs
+    from tbench.stages.sweep import prepare_inputs
 
     given = samples(3)
     path = write_input_data(tmp_path, given, form)
@@ -414,7 +414,7 @@ def test_the_cli_reads_the_input_options_and_fails_in_one_line(bert_onnx, args, 
 def test_a_bert_like_model_file_with_input_data_runs_end_to_end(prefect_harness, tmp_path):
     from conftest import run_flow
 
-    from tbench.request import Measurement
+    from tbench.request.benchmark import Measurement
 
     model = write_bert_onnx(tmp_path / "bert.onnx")
     data = write_input_data(tmp_path, samples(4), "json")
@@ -503,7 +503,7 @@ def test_varying_samples_measure_batch_1_and_refuse_a_batch(bert_onnx, tmp_path)
 def test_samples_of_varying_lengths_are_sent_each_at_its_own_shape(prefect_harness, tmp_path):
     from conftest import run_flow
 
-    from tbench.request import Measurement
+    from tbench.request.benchmark import Measurement
 
     model = write_bert_onnx(tmp_path / "bert.onnx")
     data = tmp_path / "varying.json"

@@ -12,7 +12,7 @@ def test_children_nobody_runs_are_cancelled_and_reported(prefect_harness, tmp_pa
     from prefect.states import Pending
 
     from flows.matrix import MatrixRequest, matrix_flow
-    from tbench.pool_setup import create_pools
+    from tbench.team.pool_setup import create_pools
 
     create_pools(pool_type="process", names=["a100", "t4"])
     with get_client(sync_client=True) as client:

@@ -298,7 +298,7 @@ def test_external_data_files_are_listed_and_hashed(tmp_path):
     import onnx
     import torch
 
-    from tbench.core.model_file import onnx_external_files
+    from tbench.core.onnx_files import onnx_external_files
     from tbench.core.runtimes import source_digest
 
     module = torch.nn.Linear(8, 4).eval()

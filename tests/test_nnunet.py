@@ -27,7 +27,7 @@ def model(adapter):
 def artifacts(adapter, model, tmp_path_factory):
     """The small model exported once for the module: [ts-script, onnx], the defaults' formats."""
     from tbench.core.runtimes import source_digest
-    from tbench.export import export_model
+    from tbench.stages.export import export_model
 
     out = tmp_path_factory.mktemp("nnunet-models")
     digest = source_digest("pytorch", model)
@@ -245,7 +245,7 @@ def test_defaults():
 
 
 def test_export_ts_script_and_onnx_pass_correctness(adapter, model, artifacts):
-    from tbench.correctness import check_artifacts, require_passed
+    from tbench.stages.correctness import check_artifacts, require_passed
 
     assert [a.format for a in artifacts] == [Format.TS_SCRIPT, Format.ONNX]
     results = check_artifacts(adapter, model, artifacts, atol=1e-3, rtol=1e-3)
@@ -258,7 +258,7 @@ def test_export_ts_script_and_onnx_pass_correctness(adapter, model, artifacts):
 def test_served_inference_matches_the_module(adapter, model, artifacts, tmp_path):
     import tritonclient.grpc as grpcclient
 
-    from tbench.accuracy import infer_triton
+    from tbench.stages.accuracy import infer_triton
     from tbench.triton.repository import ServingConfig, write_repository
     from tbench.triton.server import EmbeddedServer
 

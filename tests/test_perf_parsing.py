@@ -10,8 +10,8 @@ from tbench.core.enums import Scenario
 from tbench.core.iospec import IoSpec, TensorSpec
 from tbench.core.metrics import BREAKDOWN, PUBLISHED_COLUMNS, RESULT_COLUMNS
 from tbench.loadgen.perf_analyzer import Point, output_shm_bytes, parse_perf_csv, perf_argv
-from tbench.request import Measurement
-from tbench.sweep import plan_points
+from tbench.request.benchmark import Measurement
+from tbench.stages.sweep import plan_points
 
 PA = GOLDEN / "perf_analyzer"
 
@@ -158,8 +158,8 @@ def test_perf_input_data_holds_real_samples_and_skips_huge_float_ones(
     import base64
     import json
 
-    from tbench import sweep as perf
-    from tbench.sweep import prepare_inputs
+    from tbench.stages import sweep as perf
+    from tbench.stages.sweep import prepare_inputs
 
     inputs = prepare_inputs(small_adapter, small_module, tmp_path / "data.json", samples=3)
     entries = json.loads((tmp_path / "data.json").read_text())["data"]
@@ -189,7 +189,7 @@ def test_offline_shared_memory_follows_the_node(tmp_path):
     from types import SimpleNamespace
 
     from tbench.loadgen.perf_analyzer import PerfInputs
-    from tbench.plan import offline_shared_memory
+    from tbench.planning.plan import offline_shared_memory
 
     spec = IoSpec(
         inputs=[TensorSpec(name="x", dtype="float32", shape=[4])],
@@ -211,7 +211,7 @@ def test_offline_shared_memory_follows_the_node(tmp_path):
 
 
 def test_points_are_measured_in_a_seeded_shuffled_order():
-    from tbench.sweep import measurement_order
+    from tbench.stages.sweep import measurement_order
 
     points = plan_points([Scenario.OFFLINE], [1, 2, 4, 8, 16, 32], [])
     shuffled = measurement_order(points, Measurement())
@@ -221,7 +221,7 @@ def test_points_are_measured_in_a_seeded_shuffled_order():
 
 
 def test_an_online_point_expects_at_least_what_a_lower_concurrency_served():
-    from tbench.sweep import expected_online_rate
+    from tbench.stages.sweep import expected_online_rate
 
     served = {1: {1: 100.0, 4: 300.0}, 8: {1: 20.0}}
     assert expected_online_rate(Point(Scenario.ONLINE, 1, 8), served) == 300.0

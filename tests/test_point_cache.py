@@ -11,9 +11,9 @@ import pytest
 from tbench.core.enums import Scenario
 from tbench.core.layout import RunLayout
 from tbench.loadgen.perf_analyzer import Point
-from tbench.request import BenchmarkRequest, Measurement
+from tbench.request.benchmark import BenchmarkRequest, Measurement
 from tbench.results.point_cache import PointCache
-from tbench.sweep import run_sweep
+from tbench.stages.sweep import run_sweep
 
 pytestmark = pytest.mark.e2e
 

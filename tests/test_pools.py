@@ -12,9 +12,9 @@ from conftest import GOLDEN
 from tbench.core.errors import ConfigError
 from tbench.node.device_lock import lock_name
 from tbench.node.hardware import Hardware, parse_cuda_version, parse_gpu_query
-from tbench.pool_setup import INFRA, pool_template
-from tbench.pools import POOLS, check_worker_hardware, gpu_matches
-from tbench.stack import PROJECT
+from tbench.team.pool_setup import INFRA, pool_template
+from tbench.team.pools import POOLS, check_worker_hardware, gpu_matches
+from tbench.team.stack import PROJECT
 
 
 def machine(*gpus: str, uuids: list[str] | None = None) -> Hardware:
@@ -180,7 +180,7 @@ def test_pool_defaults_add_to_env_and_replace_the_rest():
 
 
 def test_a_stack_with_a_docker_cpu_pool_deploys_only_its_pools_and_passes_its_endpoints(tmp_path):
-    from tbench.stack import S3Endpoint, Stack
+    from tbench.team.stack import S3Endpoint, Stack
 
     stack = Stack(root=tmp_path, pools=("cpu",), cpu_pool_type="docker", s3=S3Endpoint(tmp_path / "s3.log", port=9000))
     args = stack.deploy_args()

@@ -16,9 +16,9 @@ from tbench.core.errors import ConfigError
 from tbench.core.iospec import IoSpec, TensorSpec
 from tbench.core.precision import results_precision, served_precision
 from tbench.core.runtimes import run_file, source_digest
-from tbench.correctness import check_artifacts
-from tbench.export import REGISTRY, ConversionOptions, cache_key, export_model, file_precision, tool_versions
-from tbench.request import DEFAULT_TOLERANCES, BenchmarkRequest
+from tbench.request.benchmark import DEFAULT_TOLERANCES, BenchmarkRequest
+from tbench.stages.correctness import check_artifacts
+from tbench.stages.export import REGISTRY, ConversionOptions, cache_key, export_model, file_precision, tool_versions
 
 FP16_TOL = DEFAULT_TOLERANCES[Precision.FP16]
 
@@ -294,7 +294,7 @@ def test_an_fp16_run_serves_fp16_files_and_says_so(prefect_harness, tmp_path):
 
     from conftest import run_flow
 
-    from tbench.request import Measurement
+    from tbench.request.benchmark import Measurement
 
     run, results, report = run_flow(
         tmp_path,

@@ -7,7 +7,7 @@ import httpx
 import pytest
 from prefect.settings import PREFECT_API_URL, temporary_settings
 
-from tbench import prefect_api
+from tbench.team import prefect_api
 
 
 @pytest.fixture

@@ -13,8 +13,8 @@ from typer.testing import CliRunner
 
 from tbench.cli import app, validation_line
 from tbench.core.errors import ConfigError
-from tbench.preflight import check_store, preflight
-from tbench.request import BenchmarkRequest, has_credentials
+from tbench.planning.preflight import check_store, preflight
+from tbench.request.benchmark import BenchmarkRequest, has_credentials
 
 
 def request(tmp_path, **fields) -> BenchmarkRequest:

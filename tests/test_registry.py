@@ -1,5 +1,6 @@
 """The one registry style: a name registered twice by different objects is refused, in each place that registers."""
 
+import re
 from types import SimpleNamespace
 
 import pytest
@@ -105,13 +106,13 @@ def test_plugin_duplicating_a_built_in_is_refused_at_load(monkeypatch):
 
 
 def test_converter_duplicate_is_refused():
-    from tbench.export import REGISTRY, converter
+    from tbench.stages.export import REGISTRY, converter
 
     before = REGISTRY[("pytorch", Format.ONNX)]
     with pytest.raises(
         RegistryError,
-        match=r"converter pytorch/onnx is registered twice: by "
-        r"tbench\.export:pytorch_to_onnx and by .*another",
+        match=rf"converter pytorch/onnx is registered twice: by "
+        rf"{re.escape(before.run.__module__)}:pytorch_to_onnx and by .*another",
     ):
 
         @converter("pytorch", Format.ONNX, tools=("torch",))

@@ -105,7 +105,7 @@ def test_gpu_accelerator_only_on_native_gpu_models():
 
 
 def test_the_guides_accelerator_is_a_gpu_profile_default():
-    from tbench.request import BenchmarkRequest
+    from tbench.request.benchmark import BenchmarkRequest
 
     assert BenchmarkRequest(model="widedeep").resolve(has_gpu=True).accelerators == {
         "tf-savedmodel": "auto_mixed_precision"

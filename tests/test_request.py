@@ -2,7 +2,7 @@ import pytest
 
 from tbench.core.enums import Format, Scenario
 from tbench.core.errors import ConfigError
-from tbench.request import BenchmarkRequest
+from tbench.request.benchmark import BenchmarkRequest
 
 
 def test_cpu_profile_fills_the_adapters_defaults():
@@ -67,7 +67,7 @@ def test_impossible_requests_fail_with_one_clear_line(kwargs, message):
 
 
 def test_plain_flow_run_reads_request_fields_from_argv():
-    from tbench.request import request_from_argv
+    from tbench.request.benchmark import request_from_argv
 
     r = request_from_argv(["resnet50", "size=small", "batch_sizes=[1,4]", "output=/tmp/x"])
     assert (r.model, r.size, r.batch_sizes, r.output) == ("resnet50", "small", [1, 4], "/tmp/x")
@@ -80,7 +80,7 @@ def test_tolerances_follow_precision_unless_given():
 
 
 def test_profiles_scale_what_a_model_needs_on_the_cpu():
-    from tbench.request import adapter_for
+    from tbench.request.benchmark import adapter_for
 
     nnunet = BenchmarkRequest(model="nnunet").resolve(has_gpu=False)
     assert nnunet.measurement.min_requests == 4 and nnunet.batch_sizes == [1]
@@ -117,7 +117,7 @@ def test_online_batch_size_is_checked_against_max_batch():
 
 
 def test_measurement_options_override_single_fields_of_the_profile():
-    from tbench.request import Measurement, MeasurementOverrides
+    from tbench.request.benchmark import Measurement, MeasurementOverrides
 
     r = BenchmarkRequest(model="resnet50", measurement=MeasurementOverrides(stability_percentage=25)).resolve(
         has_gpu=True
@@ -140,7 +140,7 @@ def test_a_retired_or_misspelt_measurement_setting_is_refused():
 def test_a_remote_run_names_its_triton_models_its_own_way():
     """A remote server is shared: every name a run loads there ends with a suffix of its own; results show the plain
     one."""
-    from tbench.request import plain_name
+    from tbench.request.benchmark import plain_name
 
     first = BenchmarkRequest(model="dlrm", size="tiny", server="remote", server_url="h:8001").resolve(has_gpu=False)
     second = BenchmarkRequest(model="dlrm", size="tiny", server="remote", server_url="h:8001").resolve(has_gpu=False)

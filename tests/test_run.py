@@ -10,7 +10,7 @@ import pytest
 
 from tbench.core.errors import ServerStartError
 from tbench.core.layout import RunLayout
-from tbench.run import COMPLETED, COMPLETED_WITH_FAILURES, FAILED, INTERRUPTED, RunTracker
+from tbench.stages.tracker import COMPLETED, COMPLETED_WITH_FAILURES, FAILED, INTERRUPTED, RunTracker
 
 
 class FakeTermination(BaseException):  # the shape of Prefect's TerminationSignal

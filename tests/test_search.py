@@ -347,7 +347,7 @@ def test_search_request_and_resume_paths(tmp_path):
 def test_resume_refuses_a_checkpoint_of_another_search_in_one_line(tmp_path):
     from tbench.core.errors import ConfigError
     from tbench.node.hardware import Hardware
-    from tbench.request import BenchmarkRequest
+    from tbench.request.benchmark import BenchmarkRequest
     from tbench.search.plan import CHECKPOINT, CONTEXT, resume_checkpoint, search_context, variant_plan
     from tbench.search.request import SearchRequest
 

@@ -9,7 +9,7 @@ import re
 import pytest
 
 from tbench.core.errors import ConfigError
-from tbench.request import BenchmarkRequest, Measurement
+from tbench.request.benchmark import BenchmarkRequest, Measurement
 from tbench.search.confirm import combined_lines
 from tbench.search.strategies import Objective, Observation, SearchSpace
 from tbench.triton.config import parse_pbtxt

@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 CHECK = """
 import sys
-from tbench.request import BenchmarkRequest
+from tbench.request.benchmark import BenchmarkRequest
 from tbench.search.plan import resume_checkpoint, search_context, variant_plan
 from tbench.search.report import partial_result, write_search_files
 from tbench.search.request import SearchRequest

@@ -111,8 +111,8 @@ def test_docker_refuses_an_unknown_network(tmp_path):
 
 
 def test_docker_options_of_a_request_reach_the_command_line(tmp_path):
-    from tbench.plan import server_options
-    from tbench.request import BenchmarkRequest
+    from tbench.planning.plan import server_options
+    from tbench.request.benchmark import BenchmarkRequest
 
     options = server_options(BenchmarkRequest(server="docker", gpus="none", docker_network="bridge", docker_ulimits=[]))
     argv = make_server("docker", tmp_path, tmp_path / "s.log", **options).argv()
@@ -158,8 +158,8 @@ def test_local_without_a_server_on_path_says_so(tmp_path, monkeypatch):
 
 
 def test_docker_defaults_to_every_gpu(tmp_path):
-    from tbench.plan import server_options
-    from tbench.request import BenchmarkRequest
+    from tbench.planning.plan import server_options
+    from tbench.request.benchmark import BenchmarkRequest
 
     options = server_options(BenchmarkRequest(server="docker"))
     argv = make_server("docker", tmp_path, tmp_path / "s.log", **options).argv()
@@ -195,8 +195,8 @@ def test_the_point_cache_key_holds_the_server_identity():
     """Points measured on one server are not another's: the key changes with the server's address, mode and version."""
     from tbench.loadgen.perf_analyzer import PerfInputs
     from tbench.node.hardware import Hardware
-    from tbench.plan import point_cache
-    from tbench.request import BenchmarkRequest
+    from tbench.planning.plan import point_cache
+    from tbench.request.benchmark import BenchmarkRequest
 
     req = BenchmarkRequest(model="resnet50", size="small", server="remote", server_url="a:8001").resolve(False)
     machine = Hardware(cpu_model="cpu", cpu_cores=2, memory_gib=8.0, gpus=[], os="linux")

@@ -131,13 +131,13 @@ def test_an_ensemble_names_the_gpu_only_with_the_parts_that_ran_elsewhere():
 
 
 def test_the_flow_plans_and_confirms_per_triton_model(monkeypatch, tmp_path):
-    """tbench/plan.py: python-backend models on the GPU only where their runtime has CUDA; then the log decides."""
-    import tbench.doctor
+    """planning/plan.py: python-backend models on the GPU only where their runtime has CUDA; then the log decides."""
+    import tbench.planning.doctor
     from tbench.core.enums import Format
-    from tbench.plan import confirm_devices, plan_devices, server_options
-    from tbench.request import BenchmarkRequest
+    from tbench.planning.plan import confirm_devices, plan_devices, server_options
+    from tbench.request.benchmark import BenchmarkRequest
 
-    monkeypatch.setattr(tbench.doctor, "cuda_runtimes", lambda runtimes: {"onnxruntime"} & set(runtimes))
+    monkeypatch.setattr(tbench.planning.doctor, "cuda_runtimes", lambda runtimes: {"onnxruntime"} & set(runtimes))
     req = BenchmarkRequest(model="resnet50", server="embedded")
     devices = plan_devices(req, NODE, {"resnet50": (Format.ONNX, False), "resnet50_ts": (Format.TS_TRACE, False)})
     assert devices["resnet50"].gpu_uuids == [UUIDS[0]] and devices["resnet50_ts"].label == CPU_LABEL

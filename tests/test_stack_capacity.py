@@ -18,7 +18,7 @@ from browser import headless_chromium, needs_chromium, open_until, page_text
 from conftest import running_stack
 from test_stack_e2e import TBENCH, in_stack
 
-from tbench.stack import Stack
+from tbench.team.stack import Stack
 
 pytestmark = pytest.mark.e2e
 
@@ -150,7 +150,7 @@ def test_capacity_from_the_prefect_ui_form_runs_on_the_cpu_worker(stack, monkeyp
     from selenium.webdriver.common.keys import Keys
     from selenium.webdriver.support.ui import WebDriverWait
 
-    from tbench.submit import follow
+    from tbench.team.submit import follow
 
     for key, value in stack.client_env().items():  # S3 for fsspec in this process
         monkeypatch.setenv(key, value)

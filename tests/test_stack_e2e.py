@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from browser import headless_chromium, needs_chromium, open_until
 
-from tbench.stack import Stack
+from tbench.team.stack import Stack
 
 pytestmark = pytest.mark.e2e
 
@@ -158,7 +158,7 @@ def test_a_worker_without_the_pools_gpu_refuses_the_run(stack):
     from prefect.deployments import run_deployment
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    from tbench.submit import follow
+    from tbench.team.submit import follow
 
     with temporary_settings({PREFECT_API_URL: stack.api_url}):
         # the cpu pool's worker, told by the run's job variables that it serves the A100 pool
@@ -196,7 +196,7 @@ def test_stopping_s3_mid_run_loses_nothing_and_a_retry_finishes_the_upload(stack
     try:
         from prefect.settings import PREFECT_API_URL, temporary_settings
 
-        from tbench.submit import follow
+        from tbench.team.submit import follow
 
         with temporary_settings({PREFECT_API_URL: stack.api_url}):
             result = follow(__import__("uuid").UUID(run_id), lambda line: None, timeout_s=400)
@@ -222,7 +222,7 @@ def test_a_killed_worker_loses_nothing_and_a_rerun_with_reuse_measures_only_the_
     import pandas as pd
     import psutil
 
-    from tbench.stack import stop_process
+    from tbench.team.stack import stop_process
 
     # a worker with an empty point cache of its own: no point of an earlier run can be taken for this one's
     monkeypatch.setenv("TBENCH_POINT_CACHE_DIR", str(tmp_path / "points"))

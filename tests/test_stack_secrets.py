@@ -7,8 +7,8 @@ import json
 
 from typer.testing import CliRunner
 
-from tbench import stack
 from tbench.cli import app
+from tbench.team import stack
 
 URL = "postgresql+asyncpg://tbench:S3cr3t%40pw@db.example:5432/prefect"
 PASSWORD = "S3cr3t"  # the decoded password is S3cr3t@pw: neither form may show

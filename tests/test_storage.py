@@ -11,8 +11,8 @@ from tbench.core.errors import StorageError
 from tbench.core.layout import RunLayout
 from tbench.core.storage import url_to_fs
 from tbench.results.dataset import query_results
-from tbench.stack import S3_CREDENTIALS, S3Endpoint
-from tbench.store import upload_run, write_manifest
+from tbench.stages.store import upload_run, write_manifest
+from tbench.team.stack import S3_CREDENTIALS, S3Endpoint
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,7 @@ import pytest
 
 from tbench.core.errors import StorageError
 from tbench.core.layout import RunLayout
-from tbench.store import file_entries, is_local, staging_root, upload_run, write_manifest
+from tbench.stages.store import file_entries, is_local, staging_root, upload_run, write_manifest
 
 
 def make_run(tmp_path):
@@ -62,7 +62,7 @@ def test_unreachable_storage_keeps_the_local_copy_and_says_where(tmp_path):
 def test_a_retried_upload_sends_only_what_is_missing_and_the_manifest_last(tmp_path, monkeypatch):
     from fsspec.implementations.memory import MemoryFileSystem
 
-    from tbench.store import retry_upload
+    from tbench.stages.store import retry_upload
 
     layout = make_run(tmp_path)
     write_manifest(layout.run_dir, {"run_id": "m-1", "artifact_url": "memory://retry/runs/m-1"})

@@ -1,11 +1,11 @@
-"""TensorRT's optimisation profile and INT8 calibration set (tbench/trt_profiles.py), on golden inputs: no TensorRT."""
+"""TensorRT's optimisation profile and INT8 calibration set (request/trt_profiles.py), on golden inputs: no TensorRT."""
 
 import numpy as np
 import pytest
 
 from tbench.core.errors import ConfigError, ConversionError
 from tbench.core.iospec import IoSpec, TensorSpec
-from tbench.trt_profiles import (
+from tbench.request.trt_profiles import (
     calibration_batches,
     check_calibration_samples,
     default_calibration_samples,

@@ -91,7 +91,7 @@ def test_the_correctness_stage_reports_an_unavailable_runtime_as_it_is(
 ):
     from tbench.core.artifacts import ModelArtifact
     from tbench.core.enums import Precision
-    from tbench.correctness import check_artifacts
+    from tbench.stages.correctness import check_artifacts
 
     monkeypatch.setitem(sys.modules, "tensorrt", None)
     plan = tmp_path / "model.plan"
@@ -120,7 +120,7 @@ def _tiny_onnx(tmp_path):
     """A small model over a dynamic sequence dim: Linear -> ReLU -> mean over the sequence -> Linear."""
     import torch
 
-    from tbench.export import ConversionOptions, pytorch_to_onnx
+    from tbench.stages.export import ConversionOptions, pytorch_to_onnx
 
     class Tiny(torch.nn.Module):
         def __init__(self):
@@ -153,8 +153,8 @@ def test_a_built_engine_matches_onnx_runtime(tmp_path, precision, tolerance):
     import json
 
     from tbench.core.enums import Precision
-    from tbench.correctness import compare
-    from tbench.export import ConversionOptions, onnx_to_tensorrt
+    from tbench.stages.correctness import compare
+    from tbench.stages.export import ConversionOptions, onnx_to_tensorrt
 
     onnx_path, sample = _tiny_onnx(tmp_path)
     options = ConversionOptions(

@@ -228,7 +228,7 @@ def test_exports_to_savedmodel_and_onnx(adapter, model, tmp_path, monkeypatch):
 
     from tbench.core.enums import Format
     from tbench.core.runtimes import run_file, source_digest
-    from tbench.export import export_model
+    from tbench.stages.export import export_model
 
     monkeypatch.setenv("TBENCH_CACHE_DIR", str(tmp_path / "cache"))
     digest = source_digest("tensorflow", model)

@@ -16,10 +16,10 @@ from tbench.core import progress
 from tbench.core.enums import Scenario
 from tbench.core.layout import RunLayout
 from tbench.loadgen.perf_analyzer import STABLE_WINDOWS, Point, RequestLog, profile_export_path, read_profile_export
-from tbench.request import Measurement
+from tbench.request.benchmark import Measurement
 from tbench.search.evaluate import ServedVariant, TritonEvaluator
 from tbench.search.strategies import Candidate, Observation
-from tbench.sweep import measure_point
+from tbench.stages.sweep import measure_point
 from tbench.triton.monitor import PointMonitor
 
 RATE_SEARCH_JSON = "sustainable_rate.json"
@@ -52,7 +52,7 @@ def measure_rate(
     rule: PercentileRule,
     **measure,
 ) -> RatePoint:
-    """One Poisson rate point measured (`tbench.sweep.measure_point`, which checks it kept up with the load) and
+    """One Poisson rate point measured (`tbench.stages.sweep.measure_point`, which checks it kept up with the load) and
     judged against the SLO; `measure` are measure_point's keyword arguments (model, grpc_url, spec, m, layout, ...)."""
     point = Point(Scenario.RATE, batch_size, None, round(rate, 3), "poisson")
     row = measure_point(point, **measure)

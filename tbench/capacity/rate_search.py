@@ -67,7 +67,7 @@ def judge(
     rule: PercentileRule,
     requests: RequestLog | None = None,
 ) -> RatePoint:
-    """A measured row (tbench.sweep.measure_point's) at an offered rate -> pass, or why not. A point that fell behind
+    """A measured row (stages.sweep.measure_point's) at an offered rate -> pass, or why not. A point that fell behind
     its offered rate fails whatever its latency: its percentile describes a load it did not carry. A client-bound one
     (perf_analyzer could not send on time; the server kept up) passes as a lower bound of what the server sustains.
     With the point's exported `requests`, the percentile is an upper confidence bound from the requests after its

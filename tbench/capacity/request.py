@@ -6,9 +6,9 @@ from __future__ import annotations
 from pydantic import BaseModel, Field, field_validator
 
 from tbench.capacity.statistics import PercentileRule
-from tbench.pools import unknown_pools
 from tbench.search.request import SearchRequest, StrategyName
 from tbench.search.strategies import Objective, SearchSpace
+from tbench.team.pools import unknown_pools
 
 
 def capacity_space() -> SearchSpace:

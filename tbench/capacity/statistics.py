@@ -30,7 +30,7 @@ import numpy as np
 from pydantic import BaseModel, Field
 
 from tbench.loadgen.perf_analyzer import STABLE_WINDOWS, RequestLog
-from tbench.request import Measurement
+from tbench.request.benchmark import Measurement
 
 WARMUP_SHARE = 0.2  # of a rate point's span, from its start: the queue fills from empty
 

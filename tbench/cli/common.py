@@ -242,7 +242,7 @@ def _run_with_progress(start_flow, done: str, verbose: bool = False) -> None:
     failed 1 (a BenchError's message, or the type and first line of anything else; the traceback is in the run's
     logs, and on the terminal with -v), interrupted 130 (Ctrl-C or SIGTERM)."""
     from tbench.node.interrupts import EXIT_INTERRUPTED, cli_signal_handlers, is_interrupt, signal_name
-    from tbench.prefect_api import prefect_api
+    from tbench.team.prefect_api import prefect_api
 
     columns = [
         SpinnerColumn(),

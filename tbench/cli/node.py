@@ -22,7 +22,7 @@ def doctor(
     GPU metrics, CUDA in each framework); `tbench run` refuses what it lacks."""
     from rich.table import Table
 
-    from tbench.doctor import full_report, image_problems
+    from tbench.planning.doctor import full_report, image_problems
 
     with cli_errors(EXIT_FAILED):
         report = full_report()

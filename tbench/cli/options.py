@@ -1,6 +1,6 @@
 """The options `tbench run`, `search` and `submit` share, declared once.
 
-An option that sets a request field takes its help from that field's description in tbench/request.py, so what a
+An option that sets a request field takes its help from that field's description in request/benchmark.py, so what a
 field means is written in one place: the CLI, the Python API and Prefect's parameter form say the same. Where the
 command line spells a value differently from the field (a list as '1,2,4'), a short note follows the description.
 Defaults stay in each command's signature: `run` sends every option, `submit` only the ones given.
@@ -12,7 +12,7 @@ from typing import Annotated
 
 import typer
 
-from tbench.request import BenchmarkRequest, MeasurementOverrides
+from tbench.request.benchmark import BenchmarkRequest, MeasurementOverrides
 
 
 def field_help(name: str, cli: str = "", model: type = BenchmarkRequest) -> str:

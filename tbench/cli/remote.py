@@ -74,9 +74,9 @@ def submit(
     ),
 ) -> None:
     """Send a benchmark run to a pool of the Prefect server at PREFECT_API_URL and follow it; `tbench run` runs here."""
-    from tbench import submit as remote
-    from tbench.pools import POOLS
-    from tbench.request import BenchmarkRequest
+    from tbench.request.benchmark import BenchmarkRequest
+    from tbench.team import submit as remote
+    from tbench.team.pools import POOLS
 
     with cli_errors(EXIT_BAD_OPTIONS, options=True):
         if pool not in POOLS:
@@ -105,7 +105,7 @@ def submit(
             ),
         )
         if request.model_file:  # read here as the worker will (a bad file fails here), then handed over
-            from tbench.request import adapter_for
+            from tbench.request.benchmark import adapter_for
 
             adapter_for(request)
             request = hand_over(request, output or os.environ.get("TBENCH_ARTIFACT_ROOT", "runs"))
@@ -160,7 +160,7 @@ def upload(
     ),
 ) -> None:
     """Finish the upload of a kept run folder: files already in the store are skipped, the manifest goes last."""
-    from tbench.store import retry_upload
+    from tbench.stages.store import retry_upload
 
     with cli_errors(EXIT_FAILED):
         url = retry_upload(Path(run_folder), to)

@@ -50,8 +50,8 @@ from tbench.cli.options import (
     server_fields,
 )
 from tbench.core.errors import ConfigError
-from tbench.prefect_api import start_early
-from tbench.preflight import preflight
+from tbench.planning.preflight import preflight
+from tbench.team.prefect_api import start_early
 
 
 def run(
@@ -112,7 +112,7 @@ def run(
 ) -> None:
     """Export, check, serve and measure MODEL; prints the run folder."""
     _quiet_prefect(verbose)
-    from tbench.request import BenchmarkRequest
+    from tbench.request.benchmark import BenchmarkRequest
 
     with cli_errors(EXIT_BAD_OPTIONS, options=True):
         if not model and not model_file:

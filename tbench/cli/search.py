@@ -49,8 +49,8 @@ from tbench.cli.options import (
     server_fields,
 )
 from tbench.core.errors import ConfigError
-from tbench.prefect_api import start_early
-from tbench.preflight import preflight
+from tbench.planning.preflight import preflight
+from tbench.team.prefect_api import start_early
 
 
 def search(
@@ -106,7 +106,7 @@ def search(
     """Search MODEL's Triton configuration grid for the best throughput under a p99 budget (or the lowest p99 above a
     throughput floor); prints the run folder, whose search.md names the best configuration."""
     _quiet_prefect(verbose)
-    from tbench.request import BenchmarkRequest
+    from tbench.request.benchmark import BenchmarkRequest
     from tbench.search.strategies import Objective
 
     with cli_errors(EXIT_BAD_OPTIONS, options=True):
@@ -204,7 +204,7 @@ def capacity(
     each configuration's sustainable Poisson rate, the instances the traffic needs and their cost; prints the run
     folder, whose capacity.md has the answer."""
     _quiet_prefect(verbose)
-    from tbench.request import BenchmarkRequest
+    from tbench.request.benchmark import BenchmarkRequest
 
     with cli_errors(EXIT_BAD_OPTIONS, options=True):
         cap = CapacityRequest(

@@ -17,7 +17,7 @@ StackFolder = Annotated[str | None, typer.Option(help="The stack's folder (~/.ca
 
 
 def _stack_dir(folder: str | None) -> Path:
-    from tbench import stack
+    from tbench.team import stack
 
     return Path(folder) if folder else stack.DEFAULT_DIR
 
@@ -49,8 +49,8 @@ def stack_up(
     ),
 ) -> None:
     """Start the stack and deploy; prints the environment a shell needs (also: tbench stack env)."""
-    from tbench import stack
-    from tbench.pools import unknown_pools
+    from tbench.team import stack
+    from tbench.team.pools import unknown_pools
 
     selected = tuple(dict.fromkeys(["cpu", *(_split(pools) or [])])) if pools else ()
     with cli_errors(EXIT_BAD_OPTIONS):
@@ -76,7 +76,7 @@ def stack_up(
 @stack_app.command("env")
 def stack_env(folder: StackFolder = None) -> None:
     """Shell exports for the running stack: eval "$(tbench stack env)"."""
-    from tbench import stack
+    from tbench.team import stack
 
     with cli_errors(EXIT_FAILED):
         state = stack.load_state(_stack_dir(folder))
@@ -88,7 +88,7 @@ def stack_env(folder: StackFolder = None) -> None:
 @stack_app.command("down")
 def stack_down(folder: StackFolder = None) -> None:
     """Stop the worker, the Prefect server and the S3 endpoint."""
-    from tbench import stack
+    from tbench.team import stack
 
     with cli_errors(EXIT_FAILED):
         stopped = stack.down_from_state(_stack_dir(folder))

@@ -35,7 +35,7 @@ def cache_root() -> Path:
 def handed_files(path: Path) -> dict[str, Path]:
     """{name relative to the folder `path` is in: file} of what must travel with `path`: a folder's every file, or a
     file and the external data it references."""
-    from tbench.core.model_file import onnx_external_files
+    from tbench.core.onnx_files import onnx_external_files
 
     path = path.resolve()
     if path.is_dir():

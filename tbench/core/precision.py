@@ -5,7 +5,7 @@ at the graph's edges), TorchScript (the module in half precision; the io stays F
 saved module), TensorRT and TF-TRT (their builders' FP16 mode). A TF SavedModel holds FP32 weights: its FP16 is a GPU
 execution accelerator of Triton's TensorFlow backend, automatic mixed precision (the guides' "Automatic FP16", the
 default) or TensorRT at precision_mode FP16, so it needs a GPU and a native TensorFlow backend. INT8: TensorRT and
-TF-TRT only (calibrated on a calibration set: tbench/trt_profiles.py). Anything else is refused in one line before
+TF-TRT only (calibrated on a calibration set: request/trt_profiles.py). Anything else is refused in one line before
 anything runs.
 """
 

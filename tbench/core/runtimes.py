@@ -119,7 +119,7 @@ def source_digest(framework: str, module) -> str:
             h.update(w.path.encode() if hasattr(w, "path") else w.name.encode())
             h.update(np.ascontiguousarray(w.numpy()).tobytes())
     else:
-        from tbench.core.model_file import onnx_external_files
+        from tbench.core.onnx_files import onnx_external_files
 
         path = Path(module)
         for f in sorted(path.rglob("*")) if path.is_dir() else [path]:

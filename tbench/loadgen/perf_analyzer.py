@@ -16,7 +16,7 @@ from tbench.core.enums import Scenario
 from tbench.core.errors import PerfAnalyzerError
 from tbench.core.iospec import IoSpec
 from tbench.core.metrics import AVG, BREAKDOWN, METRICS
-from tbench.request import Measurement
+from tbench.request.benchmark import Measurement
 
 UNSTABLE_MARK = "Failed to obtain stable measurement"
 

@@ -1,5 +1,5 @@
 """`tbench compare`'s words and pictures: the one-line summary, the markdown section and the plot of a `Comparison`
-(the rule itself is tbench.results.compare, which re-exports these names)."""
+(the rule is tbench.results.compare, which re-exports these names; the vocabulary tbench.results.comparison)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 
 from tbench.loadgen.perf_analyzer import STABLE_WINDOWS
-from tbench.results.compare import (
+from tbench.results.comparison import (
     FASTER,
     HIGHER_LATENCY,
     IMPROVEMENT,

@@ -30,7 +30,7 @@ from tbench.core.storage import join, url_to_fs
 
 DATASET = "results"
 PARTITIONS = ("model", "gpu", "date")
-COMPLETE = ("completed", "completed_with_failures")  # a run's status (tbench/run.py) whose points stand for the run
+COMPLETE = ("completed", "completed_with_failures")  # a run's status (stages/tracker.py) whose points stand for it
 UNKNOWN = "unknown"  # a file from before runs carried their status, or a run folder without one
 
 

@@ -22,12 +22,12 @@ from tbench.core.errors import ConfigError, PerfAnalyzerError, ServerStartError
 from tbench.core.layout import RunLayout, perf_log_for
 from tbench.loadgen.perf_analyzer import PerfInputs, Point, noise_from_log
 from tbench.node import tools
-from tbench.request import Measurement
+from tbench.request.benchmark import Measurement
 from tbench.search.strategies import (
     Candidate,
     Observation,
 )
-from tbench.sweep import measure_point, warm_up
+from tbench.stages.sweep import measure_point, warm_up
 from tbench.triton.repository import ServingConfig, write_repository
 from tbench.triton.server import RemoteServer, TritonServer, one_line
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from tbench.core.enums import Format, Precision
 from tbench.core.errors import ConfigError
 from tbench.core.precision import refusal
-from tbench.plan import server_options
+from tbench.planning.plan import server_options
 from tbench.search.request import SearchRequest
 from tbench.search.strategies import SearchSpace
 

@@ -14,8 +14,8 @@ from tbench.core.artifacts import ModelArtifact
 from tbench.core.enums import Format
 from tbench.core.errors import ConfigError
 from tbench.core.iospec import IoSpec
-from tbench.core.model_file import copy_onnx_external_files
-from tbench.request import PYTHON_BACKEND_RUNTIMES
+from tbench.core.onnx_files import copy_onnx_external_files
+from tbench.request.benchmark import PYTHON_BACKEND_RUNTIMES
 from tbench.triton.config import (
     BACKEND_DIRS,
     MODEL_FILENAMES,

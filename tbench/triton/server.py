@@ -37,7 +37,7 @@ from tbench.core.errors import ServerStartError
 from tbench.core.registry import Registry
 from tbench.node import containers, procs, shm, tools
 from tbench.node import ports as loopback
-from tbench.request import run_suffix
+from tbench.request.benchmark import run_suffix
 from tbench.triton.config import parse_pbtxt
 from tbench.triton.monitor import METRICS_INTERVAL_MS
 

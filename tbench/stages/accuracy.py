@@ -10,7 +10,7 @@ from tbench.core.artifacts import AccuracyResult, OutputError
 from tbench.core.enums import Format
 from tbench.core.errors import AccuracyError
 from tbench.core.runtimes import run_source
-from tbench.correctness import compare
+from tbench.stages.correctness import compare
 
 
 def infer_triton(client, model_name: str, spec, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

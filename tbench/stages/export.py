@@ -36,7 +36,7 @@ from tbench.core.errors import BenchError, ConversionError, Unavailable
 from tbench.core.iospec import IoSpec
 from tbench.core.registry import Registry, qualified_name
 from tbench.core.trt_runtime import TRT_WHERE
-from tbench.trt_profiles import (
+from tbench.request.trt_profiles import (
     CALIBRATION_SEED,
     TrtProfile,
     calibration_batches,
@@ -61,7 +61,7 @@ CONVERSION_JSON = "conversion.json"  # a step's own record next to its output (T
 
 
 class ConversionOptions(BaseModel):
-    """The guides' conversion knobs. The TensorRT builders' profile and calibration: tbench/trt_profiles.py."""
+    """The guides' conversion knobs. The TensorRT builders' profile and calibration: tbench/request/trt_profiles.py."""
 
     onnx_opset: int = 17
     precision: Precision = Precision.FP32
@@ -576,7 +576,7 @@ def _reproduce_script(
         f"# Re-runs this conversion step: {conv.source} -> {conv.target.value}\n"
         "from pathlib import Path\n\nimport model_adapters\nimport model_adapters.ensemble  # noqa: F401\n"
         "from model_adapters.file_model import ModelFileAdapter  # noqa: F401\n"
-        "from tbench.export import REGISTRY, CalibrationData, ConversionOptions  # noqa: F401\n"
+        "from tbench.stages.export import REGISTRY, CalibrationData, ConversionOptions  # noqa: F401\n"
         "from tbench.core.enums import Format\n\n"
         f"adapter = {adapter.reproduce_expr()}\n"
         f"options = ConversionOptions.model_validate_json({options.model_dump_json()!r})\n"
@@ -662,7 +662,7 @@ def _record_lines(record: dict | None) -> list[str]:
 def _copy_source_file(adapter: ModelAdapter, path: Path, fmt: Format, out_dir: Path) -> Path:
     """A user's model file served as it is: copied into the run, with the files an ONNX model keeps its weights in
     (external data, at the same relative places), so the run folder is complete."""
-    from tbench.core.model_file import copy_onnx_external_files
+    from tbench.core.onnx_files import copy_onnx_external_files
 
     target = out_dir / fmt.value / FILE_NAMES[fmt]
     shutil.rmtree(target.parent, ignore_errors=True)

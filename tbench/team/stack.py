@@ -28,7 +28,7 @@ from tbench.core.errors import BenchError
 from tbench.node import procs
 from tbench.node.ports import free_port
 
-PROJECT = Path(__file__).resolve().parents[1]
+PROJECT = Path(__file__).resolve().parents[2]
 DEFAULT_DIR = Path(os.environ.get("TBENCH_STACK_DIR", Path.home() / ".cache" / "tbench" / "stack"))
 BUCKET = "tbench"
 # moto accepts any credentials: these fixed, fake ones are printed and saved on purpose (a shell needs them). A real
@@ -178,7 +178,7 @@ class Stack:
     s3: S3Endpoint | None = None
     server: subprocess.Popen | None = None
     worker: subprocess.Popen | None = None
-    pools: tuple[str, ...] = ()  # all pools by default (tbench.pools.POOLS); only the cpu pool gets a worker
+    pools: tuple[str, ...] = ()  # all pools by default (tbench.team.pools.POOLS); only the cpu pool gets a worker
     cpu_pool_type: str = "process"  # or "docker": the cpu pool's runs go into containers (infra/pools/docker.json)
     alert_webhook: str | None = None  # where a regression is posted (tbench.history.alerts); none by default
 
@@ -255,7 +255,7 @@ class Stack:
         return [arg for name in names for arg in ("--name", name)]
 
     def setup_pools_and_deploy(self) -> None:
-        from tbench.pool_setup import create_pools
+        from tbench.team.pool_setup import create_pools
 
         create_pools(
             api_url=self.api_url,

@@ -15,7 +15,7 @@ from uuid import UUID
 from pydantic import BaseModel
 
 from tbench.core.errors import one_line
-from tbench.submit import TERMINAL
+from tbench.team.submit import TERMINAL
 
 POLL_S = 2.0  # one flow-run and one pool read per child per poll
 CANCEL_GRACE_S = 60.0  # how long a cancelled running child gets to reach Cancelled (its worker kills the process)

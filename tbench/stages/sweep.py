@@ -43,7 +43,7 @@ from tbench.loadgen.perf_analyzer import (
     window_seconds,
 )
 from tbench.node import procs, shm, tools
-from tbench.request import Measurement, plain_name
+from tbench.request.benchmark import Measurement, plain_name
 from tbench.triton.monitor import NoMonitor, cross_check
 
 
@@ -421,7 +421,7 @@ def warm_up(
     Returns {batch_size: latency_s}; empty where the model cannot answer zeros (its points will say why)."""
     import tritonclient.grpc as grpcclient
 
-    from tbench.accuracy import infer_triton
+    from tbench.stages.accuracy import infer_triton
 
     latencies: dict[int, float] = {}
     client = grpcclient.InferenceServerClient(grpc_url)

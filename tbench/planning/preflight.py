@@ -3,7 +3,7 @@
 `request.resolve()` checks what the options mean (a known model, batch sizes under the max...); `preflight` checks
 what the run will touch: the ports it binds, the output root it writes, the files it reads and the artifact store it
 uploads to, so that a typo fails in a second rather than after an export, or as a traceback from bind or mkdir; and
-what the node must have for the run to mean anything (tbench.doctor.missing_for): the converters its formats need,
+what the node must have for the run to mean anything (planning.doctor.missing_for): the converters its formats need,
 its server mode, a GPU for the gpu profile.
 """
 
@@ -77,8 +77,8 @@ def check_local_server(request) -> None:
 
 
 def check_node(request) -> None:
-    """What the request needs of this node (tbench/doctor.py), all of it in one line."""
-    from tbench import doctor
+    """What the request needs of this node (tbench/planning/doctor.py), all of it in one line."""
+    from tbench.planning import doctor
 
     if missing := doctor.missing_for(request, doctor.report_for(request)):
         raise ConfigError("this node cannot run the request: " + " | ".join(missing))

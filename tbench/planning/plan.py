@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from tbench.core.enums import Format
-from tbench.request import PYTHON_BACKEND_RUNTIMES
+from tbench.request.benchmark import PYTHON_BACKEND_RUNTIMES
 from tbench.results.point_cache import PointCache, file_digest, tool_versions
 from tbench.triton.repository import ACCELERATOR_LABELS, RUNTIME_MODEL, ServingConfig
 from tbench.triton.serving import ServedOn, confirmed, device_reports, pinned_env, served_on
@@ -41,8 +41,8 @@ def offline_shared_memory(req, hardware) -> str:
 
 def plan_devices(req, hardware, models: dict[str, tuple[Format, bool]]) -> dict[str, ServedOn]:
     """{Triton model name: where it will run}, from (format, served natively) per model: a python-backend model runs
-    on the GPU only where its runtime has CUDA here (tbench.doctor.cuda_runtimes)."""
-    from tbench.doctor import cuda_runtimes
+    on the GPU only where its runtime has CUDA here (tbench.planning.doctor.cuda_runtimes)."""
+    from tbench.planning.doctor import cuda_runtimes
 
     runtimes = {name: None if is_native else PYTHON_BACKEND_RUNTIMES[fmt] for name, (fmt, is_native) in models.items()}
     cuda = cuda_runtimes({r for r in runtimes.values() if r}) if hardware.has_gpu else set()

@@ -6,7 +6,7 @@ Each pool gets the base job template of its type with the pool's GPU kind in the
 first). GPU locks: a run takes the global concurrency limit named after its GPU's UUID and creates it when missing
 (`tbench.device_lock`); `--gpu-uuid` creates them ahead, e.g. to see them in the UI before the first run.
 
-Usage: python -m tbench.pool_setup [--type docker|kubernetes|process] [--cpu-type process|docker|kubernetes]
+Usage: python -m tbench.team.pool_setup [--type docker|kubernetes|process] [--cpu-type process|docker|kubernetes]
 [--pool a100 ...] [--gpu-uuid GPU-... ...]
 (PREFECT_API_URL names the server). Re-running updates the pools' templates; nothing is deleted.
 """
@@ -19,9 +19,9 @@ import json
 import os
 from pathlib import Path
 
-from tbench.pools import POOL_GPU_ENV, POOLS
+from tbench.team.pools import POOL_GPU_ENV, POOLS
 
-INFRA = Path(__file__).resolve().parents[1] / "infra" / "pools"
+INFRA = Path(__file__).resolve().parents[2] / "infra" / "pools"
 QUEUES = {"default": 1, "nightly": 2}
 
 

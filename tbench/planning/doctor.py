@@ -28,7 +28,7 @@ from tbench.node import hardware as hw
 
 PYTRITON = "pip install nvidia-pytriton==0.7.0 (a dependency of this project: `pip install -e .`)"
 WORKER_IMAGE = "the worker image (infra/worker.Dockerfile)"
-# the python backend's runtimes (tbench.request.PYTHON_BACKEND_RUNTIMES) -> the framework whose CUDA they use
+# the python backend's runtimes (tbench.request.benchmark.PYTHON_BACKEND_RUNTIMES) -> the framework whose CUDA they use
 RUNTIME_FRAMEWORKS = {"onnxruntime": "onnxruntime", "torchscript": "torch", "tensorflow": "tensorflow"}
 
 
@@ -126,7 +126,7 @@ def converter_check(conv) -> Check:
 
 
 def export_checks(converters: Iterable | None = None) -> list[Check]:
-    from tbench.export import REGISTRY
+    from tbench.stages.export import REGISTRY
 
     return [converter_check(c) for c in (REGISTRY.values() if converters is None else converters)]
 
@@ -441,7 +441,7 @@ def _formats(request) -> list[Format]:
 
 
 def _part_formats(request) -> list[Format]:
-    from tbench.request import adapter_for
+    from tbench.request.benchmark import adapter_for
 
     try:
         parts = adapter_for(request).part_formats()
@@ -454,7 +454,7 @@ def _steps(request, fmt: Format) -> tuple[list, bool]:
     """The converters that make `fmt` from the request's framework, and whether that framework is known (without it:
     every converter to the format, any one of which may be the one used). A format's own precision step is left out:
     its tools are those that made the format."""
-    from tbench.export import REGISTRY, plan
+    from tbench.stages.export import REGISTRY, plan
 
     framework = getattr(request, "framework", None)
     if framework == fmt.value:  # a model file served as it is: nothing to convert

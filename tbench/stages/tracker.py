@@ -18,7 +18,7 @@ from tbench.core.layout import RunLayout
 from tbench.core.metrics import RESULT_COLUMNS
 from tbench.loadgen.perf_analyzer import COMPOSING_COLUMNS
 from tbench.node.interrupts import is_interrupt, signal_name
-from tbench.store import write_local_atomic, write_manifest
+from tbench.stages.store import write_local_atomic, write_manifest
 
 # A run's status, as the manifest, the report, the results dataset and the CLI's exit code say it.
 COMPLETED, COMPLETED_WITH_FAILURES, FAILED, INTERRUPTED = (

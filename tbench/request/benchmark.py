@@ -14,7 +14,12 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from tbench.core.enums import Format, Precision, Scenario
 from tbench.core.errors import ConfigError
 from tbench.core.precision import GPU_BUILT, check_precision
-from tbench.trt_profiles import DEFAULT_CALIBRATION_SAMPLES, check_calibration_samples, check_trt_shapes, opt_batch_size
+from tbench.request.trt_profiles import (
+    DEFAULT_CALIBRATION_SAMPLES,
+    check_calibration_samples,
+    check_trt_shapes,
+    opt_batch_size,
+)
 
 PROFILES = ("cpu", "gpu")
 

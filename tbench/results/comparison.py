@@ -1,0 +1,126 @@
+"""What a comparison of two runs says, in the project's words: the keys points match on, the verdicts, the exit codes,
+and the `Comparison` itself (the rule that makes one is tbench.results.compare; its words and pictures are
+tbench.results.compare_report)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from tbench.core.metrics import AVG, THROUGHPUT
+
+MATCH_KEYS = [
+    "model",
+    "model_size",
+    "format",
+    "scenario",
+    "precision",
+    "gpu",
+    "batch_size",
+    "concurrency",
+    "request_rate",
+    "request_distribution",
+    "shapes",  # runs at 16 and at 512 tokens are not one point
+    "input_data",
+]
+# labels recorded since the calibration issue: where one run has none (stored before them), the other keys match
+RECENT_KEYS = ("shapes", "input_data")
+NUMERIC_KEYS = {"batch_size", "concurrency", "request_rate"}
+P99 = "p99_ms"
+AVG_MS = AVG.column
+TPUT = THROUGHPUT.column
+
+REGRESSION, IMPROVEMENT, NO_CHANGE, NOT_COMPARABLE = (
+    "regression",
+    "improvement",
+    "no significant change",
+    "not comparable",
+)
+SLOWER, FASTER, WITHIN = "slower", "faster", "within noise"
+HIGHER_LATENCY, LOWER_LATENCY = "higher latency", "lower latency"
+LATENCY_MOVES = (HIGHER_LATENCY, LOWER_LATENCY)
+EXIT_CODES = {NO_CHANGE: 0, IMPROVEMENT: 0, REGRESSION: 1, NOT_COMPARABLE: 2}
+UNDETERMINED = "undetermined"  # a metric's change that its sample cannot decide
+MIN_P99_REQUESTS = 150  # below this, the requests beyond a p99 are one or two: the p99 is the sample's largest
+P99_Z = 1.0  # the rank interval's half-width, in binomial standard deviations: ± one standard error
+
+
+def _missing(v) -> bool:
+    if v is None or v is pd.NA or v is pd.NaT:
+        return True
+    try:
+        return bool(isinstance(v, float) and math.isnan(v)) or (isinstance(v, np.floating) and np.isnan(v))
+    except TypeError:
+        return False
+
+
+@dataclass
+class Comparison:
+    baseline: str  # sources, as given
+    candidate: str
+    min_effect: float
+    k: float
+    verdict: str  # regression | improvement | no significant change | not comparable
+    summary: str  # one line
+    points: pd.DataFrame  # matched ok points: values, deltas, noise, thresholds, verdicts
+    unmatched: pd.DataFrame  # points not compared, and why (plus duplicated points: compared=True, the last row used)
+    best: pd.DataFrame = field(default_factory=pd.DataFrame)  # per format x scenario: the best-throughput point
+    reason: str = ""  # why not comparable
+
+    @property
+    def slower(self) -> pd.DataFrame:
+        return self.points[self.points["throughput_verdict"] == SLOWER]
+
+    @property
+    def faster(self) -> pd.DataFrame:
+        return self.points[self.points["throughput_verdict"] == FASTER]
+
+    @property
+    def lost(self) -> pd.DataFrame:
+        """Points ok in the baseline that the candidate measured but not ok, or did not measure at all."""
+        if self.unmatched.empty:
+            return self.unmatched
+        return self.unmatched.loc[self.unmatched["lost"].astype(bool)]
+
+
+POINT_COLUMNS = [
+    *MATCH_KEYS,
+    "baseline_throughput",
+    "candidate_throughput",
+    "throughput_delta",
+    "throughput_noise",
+    "throughput_threshold",
+    "throughput_verdict",
+    "baseline_p99_ms",
+    "candidate_p99_ms",
+    "p99_delta",
+    "p99_noise",
+    "p99_threshold",
+    "p99_verdict",  # undetermined where either side's p99 rests on fewer than MIN_P99_REQUESTS requests
+    "p99_requests",  # the fewer of the two sides' (NaN when not recorded)
+    "baseline_avg_ms",
+    "candidate_avg_ms",
+    "avg_delta",
+    "avg_verdict",
+    "latency_noise",
+    "latency_threshold",
+    "latency_verdict",  # of p99 and mean together: higher if either rose, lower if both fell
+    "noise_assumed",
+    "verdict",
+    "best",  # the baseline's best-throughput point of its format x scenario
+]
+# lost: ok in the baseline, not ok (or absent) in the candidate; measured: the candidate has a row for it
+UNMATCHED_COLUMNS = [
+    *MATCH_KEYS,
+    "baseline_status",
+    "candidate_status",
+    "reason",
+    "compared",
+    "lost",
+    "measured",
+    "best",
+    "baseline_throughput",
+]
