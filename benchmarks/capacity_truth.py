@@ -41,7 +41,7 @@ from tbench.loadgen.perf_analyzer import PerfInputs, Point, delayed_percent
 from tbench.node import tools
 from tbench.request.benchmark import Measurement
 from tbench.stages.sweep import measure_point, warm_up
-from tbench.triton.server import EmbeddedServer
+from tbench.triton.process_server import EmbeddedServer
 
 MODEL = "sleeper"
 SPEC = IoSpec(

@@ -32,7 +32,7 @@ from tbench.loadgen.perf_analyzer import PerfInputs
 from tbench.request.benchmark import Measurement
 from tbench.results.compare import EXIT_CODES, REGRESSION
 from tbench.stages.sweep import plan_points, run_sweep
-from tbench.triton.server import EmbeddedServer
+from tbench.triton.process_server import EmbeddedServer
 
 TBENCH = str(Path(sys.executable).with_name("tbench"))
 STATIC = {"model": MODEL, "model_size": "sleeper", "format": "python", "precision": "FP32", "gpu": "CPU"}

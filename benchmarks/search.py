@@ -253,7 +253,7 @@ def real(concurrency: int, work: Path, size: str = "small") -> dict:
     from tbench.search.evaluate import ServedVariant, TritonEvaluator
     from tbench.stages.export import export_model
     from tbench.stages.sweep import prepare_inputs
-    from tbench.triton.server import EmbeddedServer
+    from tbench.triton.process_server import EmbeddedServer
 
     t0 = time.monotonic()
     adapter = model_adapters.get("resnet50", size)

@@ -34,8 +34,8 @@ from tbench.loadgen.perf_analyzer import Point
 from tbench.request.benchmark import Measurement
 from tbench.stages.export import export_model
 from tbench.stages.sweep import run_sweep
+from tbench.triton.process_server import EmbeddedServer
 from tbench.triton.repository import ServingConfig, write_repository
-from tbench.triton.server import EmbeddedServer
 
 MEASUREMENT = Measurement()  # the defaults a run uses
 THROUGHPUT_BATCH = 8

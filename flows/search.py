@@ -21,7 +21,7 @@ from tbench.capacity.report import pool_answer, write_capacity_files
 from tbench.capacity.request import CapacityRequest
 from tbench.capacity.statistics import PercentileRule, percentile_measurement
 from tbench.node import hardware as hw
-from tbench.planning.plan import plan_devices
+from tbench.planning.run_plan import RunPlan
 from tbench.request.benchmark import DEFAULT_TOLERANCES, BenchmarkRequest, adapter_for, request_from_argv
 from tbench.search.evaluate import ServedVariant, TritonEvaluator, artifact_key
 from tbench.search.plan import (
@@ -37,15 +37,14 @@ from tbench.search.plan import (
 from tbench.search.report import partial_result, write_search_files
 from tbench.search.request import SearchRequest
 from tbench.search.strategies import Candidate, Checkpoint
+from tbench.stages.converters.registry import ConversionOptions
 from tbench.stages.correctness import require_passed
-from tbench.stages.export import ConversionOptions
 from tbench.stages.store import run_url
-from tbench.stages.sweep import prepare_inputs
+from tbench.stages.sweep import measured_inputs
 from tbench.stages.tracker import RunTracker
 from tbench.team.pools import check_worker_hardware, pool_of
 from tbench.triton.repository import serves_natively
-from tbench.triton.server import make_server
-from tbench.triton.serving import combined, pinned_env
+from tbench.triton.server_modes import make_server
 
 
 @flow(name="triton-search")
@@ -62,6 +61,7 @@ def run_search(request: BenchmarkRequest, search: SearchRequest, capacity: Capac
     req = request.resolve(hardware.has_gpu)
     adapter = adapter_for(req)
     search, _ = fit_search(search, req)  # the CLI has said why where the grid shrank
+    run_plan = RunPlan(req, hardware)
     plan = variant_plan(search.space, req, hardware.has_gpu)
     context = search_context(req, search, plan, hardware)
     resume = resume_checkpoint(search.resume_from, context)
@@ -103,7 +103,9 @@ def run_search(request: BenchmarkRequest, search: SearchRequest, capacity: Capac
                     tracker.correctness += correctness_task(adapter, module, [artifact], atol, rtol)
                 tracker.save_json(layout.correctness_json, [c.model_dump(mode="json") for c in tracker.correctness])
                 require_passed(tracker.correctness)
-                perf_inputs = prepare_inputs(adapter, module, layout.run_dir / "perf_input.json")
+                perf_inputs, tracker.measured_shapes = measured_inputs(
+                    adapter, module, layout.run_dir / "perf_input.json"
+                )
             with tracker.stage("server"):
                 server = make_server(
                     req.server,
@@ -121,7 +123,7 @@ def run_search(request: BenchmarkRequest, search: SearchRequest, capacity: Capac
                 }
                 # one instance kind for every candidate: the GPU only where every variant runs there
                 served = {e: (v.artifact.format, v.native) for e, v in variants.items()}
-                device = combined(plan_devices(req, hardware, served))
+                device = run_plan.one_device(served)
             with tracker.stage("server-start"):
                 server_task(server)
                 context["server"] = server.identity()
@@ -140,7 +142,7 @@ def run_search(request: BenchmarkRequest, search: SearchRequest, capacity: Capac
                 online_batch_size=req.online_batch_size,
                 kind=device.kind,
                 cpu_cores=hardware.cpu_cores,
-                gpu_env=pinned_env(req.server, hardware),
+                gpu_env=run_plan.gpu_env,
             )
             if capacity is None:
                 if search.objective.p99_budget_ms is not None:  # a p99 a candidate is judged by needs the requests

@@ -11,7 +11,8 @@ from model_adapters.base import ModelAdapter
 from tbench.core.artifacts import ModelArtifact
 from tbench.core.enums import Format
 from tbench.core.runtimes import source_digest
-from tbench.stages.export import ConversionOptions, export_model
+from tbench.stages.converters.registry import ConversionOptions
+from tbench.stages.export import export_model
 
 
 @task(name="export", cache_policy=NO_CACHE)

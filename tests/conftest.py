@@ -124,8 +124,8 @@ def small_artifacts(small_adapter, small_module, tmp_path_factory):
 @pytest.fixture(scope="session")
 def served_small(small_artifacts, tmp_path_factory):
     """A real embedded tritonserver serving the small model (onnxruntime inside the python backend)."""
+    from tbench.triton.process_server import EmbeddedServer
     from tbench.triton.repository import ServingConfig, write_repository
-    from tbench.triton.server import EmbeddedServer
 
     root = tmp_path_factory.mktemp("served")
     write_repository(root / "repo", ServingConfig("resnet50", 8, [4, 8], 1000, 1), small_artifacts[0])

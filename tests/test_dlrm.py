@@ -373,7 +373,8 @@ def test_defaults():
 def test_sparse_part_exports_to_savedmodel(tmp_path):
     from tbench.core.enums import Format
     from tbench.core.runtimes import run_file
-    from tbench.stages.export import ConversionOptions, keras_to_savedmodel
+    from tbench.stages.converters.registry import ConversionOptions
+    from tbench.stages.converters.tensorflow import keras_to_savedmodel
 
     adapter = DLRM("tiny")
     sparse = adapter.parts(adapter.build())[0]
@@ -387,7 +388,8 @@ def test_dense_part_exports_to_onnx(built, tmp_path):
     """The project's own chain: Keras -> SavedModel (ExportArchive) -> ONNX (tf2onnx's command line)."""
     from tbench.core.enums import Format
     from tbench.core.runtimes import run_file
-    from tbench.stages.export import ConversionOptions, keras_to_savedmodel, savedmodel_to_onnx
+    from tbench.stages.converters.registry import ConversionOptions
+    from tbench.stages.converters.tensorflow import keras_to_savedmodel, savedmodel_to_onnx
 
     adapter, model = built
     sparse, dense = adapter.parts(model)

@@ -18,8 +18,8 @@ from tritonclient.grpc import InferenceServerClient
 
 from tbench.core.errors import ServerStartError
 from tbench.node import procs
+from tbench.triton.process_server import DockerServer
 from tbench.triton.repository import ServingConfig, write_repository
-from tbench.triton.server import DockerServer
 
 pytestmark = pytest.mark.e2e
 

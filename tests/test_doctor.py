@@ -31,7 +31,7 @@ CPU_NODE = Hardware(cpu_model="Intel Xeon", cpu_cores=2, memory_gib=8.0, gpus=[]
 
 def converter(source: str, target: str):
     from tbench.core.enums import Format
-    from tbench.stages.export import REGISTRY
+    from tbench.stages.converters.registry import REGISTRY
 
     return REGISTRY[(source, Format(target))]
 

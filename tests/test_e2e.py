@@ -28,8 +28,10 @@ from tbench.request.benchmark import BenchmarkRequest, Measurement
 from tbench.stages.accuracy import infer_triton, measure_accuracy
 from tbench.stages.sweep import plan_points, run_sweep
 from tbench.triton.monitor import PointMonitor
+from tbench.triton.process_server import EmbeddedServer, LocalServer
+from tbench.triton.remote_server import RemoteServer
 from tbench.triton.repository import ServingConfig, build_config, write_repository
-from tbench.triton.server import EmbeddedServer, LocalServer, RemoteServer, configs_loaded
+from tbench.triton.server import configs_loaded
 
 pytestmark = pytest.mark.e2e
 

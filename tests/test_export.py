@@ -10,20 +10,10 @@ import pytest
 from tbench.core.enums import Format, Precision
 from tbench.core.errors import ConfigError, ConversionError, Unavailable
 from tbench.core.runtimes import source_digest
+from tbench.stages.converters.registry import REGISTRY, ConversionOptions, Converter
+from tbench.stages.converters.tensorrt import CalibrationData, CalibrationSet, engine_profile
 from tbench.stages.correctness import check_artifacts
-from tbench.stages.export import (
-    REGISTRY,
-    CalibrationData,
-    CalibrationSet,
-    ConversionOptions,
-    ConversionUnavailable,
-    Converter,
-    cache_key,
-    engine_profile,
-    export_model,
-    plan,
-    run_step,
-)
+from tbench.stages.export import ConversionUnavailable, cache_key, export_model, plan, run_step
 
 
 def test_chains_are_planned_over_the_registry():

@@ -252,8 +252,8 @@ def test_served_outputs_match_the_module(adapter, module, artifacts, tmp_path):
     import tritonclient.grpc as grpcclient
 
     from tbench.stages.accuracy import infer_triton
+    from tbench.triton.process_server import EmbeddedServer
     from tbench.triton.repository import ServingConfig, write_repository
-    from tbench.triton.server import EmbeddedServer
 
     def name(artifact):
         return "fastpitch_" + artifact.format.value.replace("-", "_")

@@ -203,8 +203,8 @@ def test_the_trimmed_server_starts_and_serves_a_python_backend_model(kit_server,
     import onnxruntime as ort
     import tritonclient.grpc as grpcclient
 
+    from tbench.triton.process_server import EmbeddedServer
     from tbench.triton.repository import ServingConfig, write_repository
-    from tbench.triton.server import EmbeddedServer
 
     onnx = small_artifacts[0]
     write_repository(tmp_path / "repo", ServingConfig("resnet50", 8, [4, 8], 1000, 1), onnx)

@@ -259,8 +259,8 @@ def test_served_inference_matches_the_module(adapter, model, artifacts, tmp_path
     import tritonclient.grpc as grpcclient
 
     from tbench.stages.accuracy import infer_triton
+    from tbench.triton.process_server import EmbeddedServer
     from tbench.triton.repository import ServingConfig, write_repository
-    from tbench.triton.server import EmbeddedServer
 
     artifact = artifacts[0]  # ts-script, the guide's format (TorchScript inside the python backend here)
     write_repository(tmp_path / "repo", ServingConfig("nnunet", 4, [4], 1000, 1), artifact)

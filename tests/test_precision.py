@@ -17,8 +17,9 @@ from tbench.core.iospec import IoSpec, TensorSpec
 from tbench.core.precision import results_precision, served_precision
 from tbench.core.runtimes import run_file, source_digest
 from tbench.request.benchmark import DEFAULT_TOLERANCES, BenchmarkRequest
+from tbench.stages.converters.registry import REGISTRY, ConversionOptions
 from tbench.stages.correctness import check_artifacts
-from tbench.stages.export import REGISTRY, ConversionOptions, cache_key, export_model, file_precision, tool_versions
+from tbench.stages.export import cache_key, export_model, file_precision, tool_versions
 
 FP16_TOL = DEFAULT_TOLERANCES[Precision.FP16]
 

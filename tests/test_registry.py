@@ -106,7 +106,7 @@ def test_plugin_duplicating_a_built_in_is_refused_at_load(monkeypatch):
 
 
 def test_converter_duplicate_is_refused():
-    from tbench.stages.export import REGISTRY, converter
+    from tbench.stages.converters.registry import REGISTRY, converter
 
     before = REGISTRY[("pytorch", Format.ONNX)]
     with pytest.raises(
@@ -123,7 +123,8 @@ def test_converter_duplicate_is_refused():
 
 
 def test_server_mode_duplicate_is_refused_and_modes_are_the_registry():
-    from tbench.triton.server import SERVER_MODES, LocalServer
+    from tbench.triton.process_server import LocalServer
+    from tbench.triton.server_modes import SERVER_MODES
 
     assert SERVER_MODES.names() == ["embedded", "local", "docker", "remote"]
     with pytest.raises(RegistryError, match="server mode docker is registered twice"):

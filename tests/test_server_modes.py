@@ -3,7 +3,9 @@
 import pytest
 
 from tbench.core.errors import ServerStartError
-from tbench.triton.server import DockerServer, LocalServer, RemoteServer, make_server
+from tbench.triton.process_server import DockerServer, LocalServer
+from tbench.triton.remote_server import RemoteServer
+from tbench.triton.server_modes import make_server
 
 
 def fixed_ports(server):
@@ -215,7 +217,7 @@ def test_the_point_cache_key_holds_the_server_identity():
 def test_embedded_and_local_servers_see_the_runs_gpu_and_report_its_metrics(tmp_path):
     """On a GPU node the embedded server asks Triton for GPU metrics and, like the local one, sees the run's GPU
     only."""
-    from tbench.triton.server import EmbeddedServer
+    from tbench.triton.process_server import EmbeddedServer
 
     pinned = {"CUDA_VISIBLE_DEVICES": "GPU-5b9e1c44-2a7f-4d3e-8c61-7f0a3b9d2e15"}
     cpu = EmbeddedServer(tmp_path / "repo", tmp_path / "s.log")

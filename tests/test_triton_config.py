@@ -26,8 +26,8 @@ from tbench.triton.config import (
     parse_pbtxt,
     to_pbtxt,
 )
+from tbench.triton.process_server import EmbeddedServer, backends_in
 from tbench.triton.repository import ServingConfig, serves_natively, write_repository
-from tbench.triton.server import EmbeddedServer, backends_in
 
 IMAGE = IoSpec(
     inputs=[TensorSpec(name="input__0", dtype="float32", shape=[3, 224, 224])],

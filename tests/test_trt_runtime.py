@@ -120,7 +120,8 @@ def _tiny_onnx(tmp_path):
     """A small model over a dynamic sequence dim: Linear -> ReLU -> mean over the sequence -> Linear."""
     import torch
 
-    from tbench.stages.export import ConversionOptions, pytorch_to_onnx
+    from tbench.stages.converters.pytorch import pytorch_to_onnx
+    from tbench.stages.converters.registry import ConversionOptions
 
     class Tiny(torch.nn.Module):
         def __init__(self):
@@ -153,8 +154,9 @@ def test_a_built_engine_matches_onnx_runtime(tmp_path, precision, tolerance):
     import json
 
     from tbench.core.enums import Precision
+    from tbench.stages.converters.registry import ConversionOptions
+    from tbench.stages.converters.tensorrt import onnx_to_tensorrt
     from tbench.stages.correctness import compare
-    from tbench.stages.export import ConversionOptions, onnx_to_tensorrt
 
     onnx_path, sample = _tiny_onnx(tmp_path)
     options = ConversionOptions(

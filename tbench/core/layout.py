@@ -79,6 +79,11 @@ class RunLayout:
         return self.run_dir / "accuracy.json"
 
     @property
+    def artifacts_json(self) -> Path:
+        """What was converted, and what came from the conversion cache."""
+        return self.run_dir / "artifacts.json"
+
+    @property
     def iospec_json(self) -> Path:
         return self.run_dir / "io_spec.json"
 

@@ -126,7 +126,7 @@ def converter_check(conv) -> Check:
 
 
 def export_checks(converters: Iterable | None = None) -> list[Check]:
-    from tbench.stages.export import REGISTRY
+    from tbench.stages.converters.registry import REGISTRY
 
     return [converter_check(c) for c in (REGISTRY.values() if converters is None else converters)]
 
@@ -136,7 +136,7 @@ def export_checks(converters: Iterable | None = None) -> list[Check]:
 
 def embedded_check() -> Check:
     from tbench.node import tools
-    from tbench.triton.server import backends_in
+    from tbench.triton.process_server import backends_in
 
     try:
         server_dir = tools.pytriton_server_dir()
@@ -162,7 +162,7 @@ def embedded_check() -> Check:
 
 
 def local_check(binary: str | None = None, backend_dir: str | None = None) -> Check:
-    from tbench.triton.server import LOCAL_BACKENDS, backends_in
+    from tbench.triton.process_server import LOCAL_BACKENDS, backends_in
 
     found = _which(binary or "tritonserver") or (binary if binary and Path(binary).is_file() else None)
     folder = Path(backend_dir) if backend_dir else LOCAL_BACKENDS
@@ -196,7 +196,7 @@ def local_check(binary: str | None = None, backend_dir: str | None = None) -> Ch
 
 
 def docker_check(image: str | None = None) -> Check:
-    from tbench.triton.server import NGC_IMAGE
+    from tbench.triton.process_server import NGC_IMAGE
 
     image = image or NGC_IMAGE
     if not _which("docker"):
@@ -454,7 +454,8 @@ def _steps(request, fmt: Format) -> tuple[list, bool]:
     """The converters that make `fmt` from the request's framework, and whether that framework is known (without it:
     every converter to the format, any one of which may be the one used). A format's own precision step is left out:
     its tools are those that made the format."""
-    from tbench.stages.export import REGISTRY, plan
+    from tbench.stages.converters.registry import REGISTRY
+    from tbench.stages.export import plan
 
     framework = getattr(request, "framework", None)
     if framework == fmt.value:  # a model file served as it is: nothing to convert

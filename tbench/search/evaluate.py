@@ -28,8 +28,9 @@ from tbench.search.strategies import (
     Observation,
 )
 from tbench.stages.sweep import measure_point, warm_up
+from tbench.triton.remote_server import RemoteServer
 from tbench.triton.repository import ServingConfig, write_repository
-from tbench.triton.server import RemoteServer, TritonServer, one_line
+from tbench.triton.server import TritonServer, one_line
 
 
 def _number(value) -> float | None:

@@ -163,6 +163,18 @@ def dynamic_shapes(
     return [f"{t.name} {t.shape} measured as {measured(t.name)}" for t in spec.inputs if -1 in t.shape]
 
 
+def measured_inputs(adapter, module, path: Path, shared_memory: str = "system") -> tuple[PerfInputs, list[str]]:
+    """perf_analyzer's inputs (`prepare_inputs`) and the shapes they are measured at (`dynamic_shapes`); where only
+    some of the user's samples are sent, the terminal says so before the first point (the figures describe those)."""
+    inputs = prepare_inputs(adapter, module, path, shared_memory=shared_memory)
+    given = adapter.given_samples
+    sent = inputs.sent or None  # the samples perf_analyzer is given, where they vary in shape
+    shapes = dynamic_shapes(adapter.io_spec(), inputs.shapes, given.distribution(sent) if given is not None else None)
+    if sent and len(sent) < given.count:
+        progress.warn(f"{len(sent)} of the {given.count} input samples are sent, spread over them: see the report")
+    return inputs, shapes
+
+
 def cache_key(point: Point, model: str) -> dict:
     """A point's key in the point cache: the model by its plain name (a remote run's Triton names are its own)."""
     return {

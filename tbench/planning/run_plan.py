@@ -1,0 +1,231 @@
+"""The run plan: what one benchmark run exports, where each Triton model is served and with which config, and how its
+results are labelled, decided once from the request and the hardware; and, once the server has said which backends it
+has, from what was exported. The benchmark flow's stages each take a piece of it (`RunPlan`, then `Serving`, then one
+`MeasuredModel` per sweep) and none goes back to the request to derive a label or a config again. Pure: the decisions
+themselves are tbench.planning.plan's functions, unit-tested there and here."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from model_adapters.ensemble import part_adapters
+from tbench.core.artifacts import ModelArtifact
+from tbench.core.enums import Format, Scenario
+from tbench.core.iospec import IoSpec
+from tbench.core.measured import input_data_label, shapes_label
+from tbench.core.precision import results_precision
+from tbench.loadgen.perf_analyzer import PerfInputs, Point
+from tbench.node.hardware import Hardware
+from tbench.planning.plan import (
+    accelerator_label,
+    confirm_devices,
+    offline_shared_memory,
+    plan_devices,
+    point_cache,
+    server_options,
+    serving_config,
+)
+from tbench.request.benchmark import ResolvedRequest, plain_name
+from tbench.results.point_cache import PointCache
+from tbench.stages.converters.registry import ConversionOptions
+from tbench.stages.sweep import plan_points
+from tbench.triton.repository import ServingConfig, backend_label, serves_natively
+from tbench.triton.serving import ServedOn, combined, pinned_env
+
+
+@dataclass(frozen=True)
+class PartExport:
+    """One composing model of an ensemble to export: its adapter, its formats (the first is served) and its folder."""
+
+    adapter: Any
+    formats: list[Format]
+    out_dir: Path
+
+
+@dataclass(frozen=True)
+class Exported:
+    """What the export stage made: the model, its artifact per format, and an ensemble's composing models' artifacts
+    (each part's first format is the one served)."""
+
+    module: Any
+    artifacts: list[ModelArtifact]
+    parts: list[PartExport] = field(default_factory=list)
+    part_artifacts: list[list[ModelArtifact]] = field(default_factory=list)
+
+    @property
+    def every_artifact(self) -> list[ModelArtifact]:
+        return self.artifacts + [a for arts in self.part_artifacts for a in arts]
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """What a run does on this machine, from its resolved request and the hardware."""
+
+    req: ResolvedRequest
+    hardware: Hardware
+
+    @property
+    def conversion(self) -> ConversionOptions:
+        return ConversionOptions.for_run(self.req)
+
+    def parts(self, adapter, module, models_dir: Path) -> list[PartExport]:
+        """An ensemble's composing models, each exported in its own formats into its own folder; none otherwise."""
+        if not adapter.is_ensemble:
+            return []
+        return [
+            PartExport(p, [Format.parse(f) for f in p.part.formats], models_dir / p.part.name)
+            for p in part_adapters(adapter, module)
+        ]
+
+    @property
+    def tolerances(self) -> tuple[float, float]:
+        """(atol, rtol): how far a converted or served model's outputs may be from the source model's."""
+        return self.req.tolerance_atol, self.req.tolerance_rtol
+
+    @property
+    def server_options(self) -> dict:
+        """make_server's options for the request's mode (tbench.planning.plan.server_options)."""
+        return server_options(self.req, self.hardware)
+
+    @property
+    def shared_memory(self) -> str:
+        """The shared memory perf_analyzer's offline points use."""
+        return offline_shared_memory(self.req, self.hardware)
+
+    @property
+    def gpu_env(self) -> dict[str, str]:
+        """perf_analyzer's view of the GPUs: the server's GPU only (its CUDA memory is there)."""
+        return pinned_env(self.req.server, self.hardware)
+
+    def points(self, scenario: Scenario) -> list[Point]:
+        req = self.req
+        return plan_points(
+            [scenario],
+            req.batch_sizes,
+            req.concurrency,
+            req.request_rates,
+            req.request_distribution,
+            req.online_batch_size,
+        )
+
+    def one_device(self, models: dict[str, tuple[Format, bool]]) -> ServedOn:
+        """Where models that take turns under one config run (a search's variants, per name: (format, served
+        natively)): one instance kind for all, the GPU only where every one of them runs there."""
+        return combined(plan_devices(self.req, self.hardware, models))
+
+    def serving(self, exported: Exported, backends: set[str]) -> Serving:
+        """Where each Triton model will run and how, once the server has said which backends it has (a format
+        without its own backend is served through the python-backend runtime)."""
+        req = self.req
+        served = [a for fmt in req.serve_formats for a in exported.artifacts if a.format is fmt]
+        composing = [
+            (req.part_name(p.adapter.part.name), arts[0]) for p, arts in zip(exported.parts, exported.part_artifacts)
+        ]
+        native = {a.format: serves_natively(a.format, backends) for a in served + [a for _, a in composing]}
+        models = {req.triton_name(a.format): a for a in served} | dict(composing)
+        devices = plan_devices(req, self.hardware, {name: (a.format, native[a.format]) for name, a in models.items()})
+        return Serving(self, served, composing, native, models, devices)
+
+
+@dataclass(frozen=True)
+class MeasuredModel:
+    """What one format's sweeps measure: a served format, or the ensemble over its composing models."""
+
+    format: Format
+    name: str  # the Triton model perf_analyzer calls
+    spec: IoSpec
+    behind: list[str]  # the Triton models that serve it: itself, or an ensemble's composing models
+    device: ServedOn  # where those run: the results name no GPU they did not use
+    labels: dict  # the results' static columns
+    online: ServingConfig  # its config in the online scenarios (offline: its static-batching twin)
+
+    def batching(self, scenario: Scenario) -> dict:
+        served_as = self.online.static() if scenario is Scenario.OFFLINE else self.online
+        return {"batching": served_as.batching, "max_queue_delay_us": served_as.queue_delay_us}
+
+
+@dataclass(frozen=True)
+class Serving:
+    """Each Triton model the run loads: its artifact, whether its format's own backend serves it, and where it runs
+    (planned; `confirmed` once the server has loaded it)."""
+
+    plan: RunPlan
+    served: list[ModelArtifact]  # the served formats' artifacts
+    composing: list[tuple[str, ModelArtifact]]  # an ensemble's composing models: (Triton name, served artifact)
+    native: dict[Format, bool]
+    models: dict[str, ModelArtifact]  # Triton name -> artifact, composing models included
+    devices: dict[str, ServedOn]
+
+    @property
+    def served_by(self) -> dict[str, str]:
+        """Per served format (and the ensemble): the backend that serves it, in words."""
+        by = {a.format.value: backend_label(a.format, self.native[a.format]) for a in self.served}
+        if self.composing:
+            by[Format.ENSEMBLE.value] = "ensemble of " + ", ".join(
+                f"{plain_name(name)} ({backend_label(a.format, self.native[a.format])})" for name, a in self.composing
+            )
+        return by
+
+    @property
+    def configs(self) -> list[tuple[ServingConfig, ModelArtifact, bool]]:
+        """What each Triton model is served with: (config, artifact, native); an ensemble's batching is its parts'."""
+        req, hardware = self.plan.req, self.plan.hardware
+        return [
+            (serving_config(req, hardware, a.format, self.devices[name], name), a, self.native[a.format])
+            for name, a in self.models.items()
+        ]
+
+    @property
+    def model_digests(self) -> dict[str, str]:
+        return {a.format.value: a.source_hash for a in self.served + [a for _, a in self.composing]}
+
+    def confirmed(self, server) -> Serving:
+        """The plan checked against what the server's instances report in its log."""
+        return replace(self, devices=confirm_devices(self.devices, server, self.plan.hardware))
+
+    def point_cache(self, identity: dict, inputs: PerfInputs) -> PointCache:
+        artifacts = self.served + [a for _, a in self.composing]
+        return point_cache(self.plan.req, self.plan.hardware, identity, artifacts, inputs)
+
+    def measured(self, spec: IoSpec, inputs: PerfInputs, given_samples) -> list[MeasuredModel]:
+        """What perf_analyzer measures: each served format, or the ensemble over its composing models (`spec`: the
+        whole model's io spec), each with the results' static labels."""
+        req, hardware = self.plan.req, self.plan.hardware
+        by_format = {a.format: self.devices[name] for name, a in self.models.items()}
+        served_by = self.served_by
+        whats = [(a.format, a.io_spec, [a]) for a in self.served]
+        if self.composing:
+            whats.append((Format.ENSEMBLE, spec, [a for _, a in self.composing]))
+        measured = []
+        for fmt, io_spec, artifacts in whats:
+            name = req.triton_name(fmt)
+            behind = [n for n, _ in self.composing] if fmt is Format.ENSEMBLE else [name]
+            device = combined({plain_name(n): self.devices[n] for n in behind})
+            model_format = (
+                fmt.label
+                if fmt is not Format.ENSEMBLE
+                else f"{fmt.label} ({' + '.join(a.format.label for a in artifacts)})"
+            )
+            labels = {
+                "model": req.model,
+                "model_size": req.size,
+                "gpu": device.label,
+                "format": fmt.value,
+                "backend": served_by[fmt.value],
+                "model_format": model_format,
+                "backend_accelerator": accelerator_label(req, hardware, fmt, self.native, device),
+                "precision": results_precision(  # what ran (tbench/core/precision.py), not what was asked
+                    artifacts,
+                    req.precision,
+                    lambda f: accelerator_label(req, hardware, f, self.native, by_format[f]),
+                ),
+                "max_batch_size": req.max_batch_size,
+                "model_instances": req.model_instances,
+                "shapes": shapes_label(spec, inputs.shapes, inputs.varying),
+                "input_data": input_data_label(given_samples),
+            }
+            online = serving_config(req, hardware, fmt, device)
+            measured.append(MeasuredModel(fmt, name, io_spec, behind, device, labels, online))
+        return measured
