@@ -77,7 +77,7 @@ if not vpython.exists():
     (purelib / "_tbench_node_site.pth").write_text(f"import site; [site.addsitedir(p) for p in {node_sites!r}]\n")
 (purelib / "_tbench_checkout.pth").write_text(f"{repo}\n")  # this checkout's tbench, tasks, flows, model_adapters
 tbench = venv / "bin" / "tbench"
-tbench.write_text(f"#!{vpython}\nimport sys\nfrom tbench.cli import app\nsys.exit(app())\n")
+tbench.write_text(f"#!{vpython}\nfrom tbench.cli import main\nmain()\n")
 tbench.chmod(0o755)
 
 missing = []

@@ -125,3 +125,24 @@ def test_trt_shapes_read_min_opt_max_with_dims_joined_by_x():
         "ids": [[16], [128], [512]],
         "mel": [[80, 16], [80, 400], [80, 1000]],
     }
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["run", "resnet50", "--instances", "x"], "error: Invalid value for '--instances'"),
+        (["run", "resnet50", "--no-such-option", "1"], "error: No such option: --no-such-option"),
+        (["compare"], "error: Missing argument 'baseline'."),
+    ],
+)
+def test_the_console_script_says_a_usage_error_in_one_line(args, message):
+    """What the parser refuses (a wrong type, an unknown option, a missing argument) is one line naming the help to
+    read, like every other refusal: not typer's panel, and never a traceback."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "tbench.cli", *args], capture_output=True, text=True, timeout=120)
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert done.returncode == 2 and len(lines) == 1, done.stderr
+    assert lines[0].startswith(message) and lines[0].endswith("--help')")
+    assert done.stdout == ""

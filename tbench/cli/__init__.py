@@ -56,3 +56,29 @@ app.command()(results.history)
 app.add_typer(stack.stack_app, name="stack")
 app.command()(node.doctor)
 app.command()(node.models)
+
+
+def main() -> None:
+    """The `tbench` console script: the app, with its usage errors (a wrong type, an unknown option, a missing
+    argument) in one line naming the fix, as every other refusal is; typer draws them as a multi-line panel."""
+    import sys
+
+    from typer import rich_utils
+    from typer._click import exceptions as usage  # typer's own click, whose exceptions its commands raise
+
+    try:
+        code = app(standalone_mode=False)
+    except usage.NoArgsIsHelpError as err:  # a bare `tbench` or `tbench stack`: the help, as typer shows it
+        rich_utils.rich_format_error(err)
+        sys.exit(err.exit_code)
+    except usage.UsageError as err:
+        command = err.ctx.command_path if err.ctx is not None else "tbench"
+        print(f"error: {err.format_message()} (see '{command} --help')", file=sys.stderr)
+        sys.exit(err.exit_code)
+    except usage.ClickException as err:
+        print(f"error: {err.format_message()}", file=sys.stderr)
+        sys.exit(err.exit_code)
+    except usage.Abort:
+        print("Aborted!", file=sys.stderr)
+        sys.exit(1)
+    sys.exit(code if isinstance(code, int) else 0)
