@@ -5,6 +5,7 @@
 #
 #   scripts/gpu_kit.sh                 # builds (or finds up to date) gpu_kit/: its parts and manifest.json
 #   scripts/gpu_kit.sh --out DIR       # elsewhere;  --force: rebuild even if up to date
+#   scripts/gpu_kit.sh --check         # only find it up to date (exit 3 where it is not built: nothing is built)
 #
 # The parts (xz-compressed tars, each < 56 MiB: a transfer is 64 MiB with the working tree):
 #   - nvidia-pytriton 0.7.0's wheel, trimmed: tritonserver 2.51, the python backend, only the Python 3.12 stub and
@@ -305,7 +306,12 @@ def shared_libpython() -> Path | None:
             [exe, "-c", "import sysconfig; print(sysconfig.get_config_var('LIBDIR'))"], capture_output=True, text=True
         )
         candidates.append(Path(out.stdout.strip()) / f"libpython{PY}.so.1.0")
-    candidates += sorted(Path.home().glob(f".pyenv/versions/{PY}.*/lib/libpython{PY}.so.1.0"), reverse=True)
+    pyenv = shutil.which("pyenv")  # its root, wherever HOME is (a user's ~/.pyenv, or PYENV_ROOT)
+    roots = [os.environ.get("PYENV_ROOT"), str(Path.home() / ".pyenv")]
+    if pyenv:
+        roots.append(subprocess.run([pyenv, "root"], capture_output=True, text=True).stdout.strip())
+    for root in dict.fromkeys(filter(None, roots)):
+        candidates += sorted(Path(root).glob(f"versions/{PY}.*/lib/libpython{PY}.so.1.0"), reverse=True)
     return next((c for c in candidates if c.is_file()), None)
 
 
@@ -489,6 +495,11 @@ def main() -> None:
         help="downloads, repacked wheels and parts (default: ~/.cache/tbench/gpu_kit)",
     )
     parser.add_argument("--force", action="store_true", help="rebuild the parts even if up to date")
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="only find the kit up to date (in --out or the cache) and say so; exit 3, building nothing, where it is not",
+    )
     args = parser.parse_args(sys.argv[2:])
     out_dir = (REPO / os.path.expanduser(args.out)).resolve()
     cache = Path(os.path.expanduser(args.cache)).resolve()
@@ -499,6 +510,9 @@ def main() -> None:
         manifest = current
     else:
         manifest = None if args.force else verified(cache / "out" / fp)
+        if manifest is None and args.check:
+            log(f"no kit built for {fp} (in {out_dir} or {cache / 'out'}): scripts/gpu_kit.sh builds it")
+            raise SystemExit(3)
         if manifest is None:
             manifest = build(out_dir, cache, fp)
         else:

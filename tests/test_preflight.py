@@ -118,6 +118,9 @@ def test_the_artifact_store_is_reached_once_with_a_short_timeout(s3_to_stop):
     check_store("s3://here")
     with pytest.raises(ConfigError, match="^the artifact store s3://nobucket/runs: s3://nobucket does not exist$"):
         check_store("s3://nobucket/runs")
+    for root in ("s3://", "s3:///"):  # fsspec would take it as the store's root
+        with pytest.raises(ConfigError, match="names no bucket: give s3://BUCKET or s3://BUCKET/PREFIX$"):
+            check_store(root)
     endpoint.stop()
     started = time.monotonic()
     with pytest.raises(ConfigError) as err:

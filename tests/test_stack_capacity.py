@@ -189,6 +189,23 @@ def test_capacity_from_the_prefect_ui_form_runs_on_the_cpu_worker(stack, monkeyp
         editor.send_keys(Keys.CONTROL, "a")
         editor.send_keys(Keys.DELETE)
         editor.send_keys(json.dumps(SMALL_CAPACITY))
+
+        def typed(_) -> bool:  # what the editor holds: its own bracket pairing can run behind the keys under load
+            try:
+                return json.loads(editor.get_attribute("value") or "") == SMALL_CAPACITY
+            except ValueError:
+                return False
+
+        try:
+            WebDriverWait(browser, 20).until(typed)
+        except TimeoutException:  # set it whole, as the editor's input event reports it, and check again
+            print(f"the editor held {editor.get_attribute('value')!r}: set whole")
+            browser.execute_script(
+                "arguments[0].value = arguments[1]; arguments[0].dispatchEvent(new Event('input', {bubbles: true}));",
+                editor,
+                json.dumps(SMALL_CAPACITY),
+            )
+            WebDriverWait(browser, 10).until(typed)
         from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
 
         def deployment_runs() -> set:  # the CLI test's child ran on this deployment too

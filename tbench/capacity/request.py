@@ -3,7 +3,7 @@ the CLI validates it before a run starts and the Prefect UI shows it as a form."
 
 from __future__ import annotations
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from tbench.capacity.statistics import PercentileRule
 from tbench.search.request import SearchRequest, StrategyName
@@ -18,6 +18,8 @@ def capacity_space() -> SearchSpace:
 
 class CapacityRequest(BaseModel):
     """The SLO, the traffic, and where to plan; the model, formats and server come from the BenchmarkRequest."""
+
+    model_config = ConfigDict(extra="forbid")  # a misspelt field in a form or a call is an error, not ignored
 
     slo_ms: float = Field(50.0, gt=0, description="The latency SLO in ms, on the percentile (p99 by default).")
     traffic_rps: float = Field(100.0, gt=0, description="The traffic to serve, in requests per second.")

@@ -118,6 +118,11 @@ def quick_options(url: str) -> dict:
 def check_store(url: str) -> None:
     """One look at the root in the artifact store: reachable, and its bucket (top folder) there. A root that does not
     exist yet is fine: the first upload makes it."""
+    protocol, _, rest = url.partition("://")
+    if not rest.strip("/"):  # "s3://" alone: fsspec takes it as the store's root, and nothing could be kept there
+        raise ConfigError(
+            f"the artifact root {url} names no bucket: give {protocol}://BUCKET or {protocol}://BUCKET/PREFIX"
+        )
     fs, path = url_to_fs(url, **quick_options(url))
     if hasattr(fs, "retries"):  # s3fs repeats a failed call itself (5 times) on top of botocore's attempts
         fs.retries = 1

@@ -188,6 +188,8 @@ def adapter_notes(req) -> list[str]:
 
 
 class BenchmarkRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")  # a misspelt field in a form or a call is an error, not ignored
+
     model: str = Field("resnet50", description="Registered model adapter name (ignored with model_file).")
     framework: str | None = Field(
         None, description="The model's implementation: 'pytorch' or 'tensorflow'; the adapter's first by default."
@@ -318,10 +320,10 @@ class BenchmarkRequest(BaseModel):
         None, ge=1, le=65535, description="Fixed gRPC port for Triton; a free one by default."
     )
     tolerance_atol: float | None = Field(
-        None, description="Correctness: absolute tolerance (plus rtol x max|ref|); by precision."
+        None, ge=0, description="Correctness: absolute tolerance (plus rtol x max|ref|); by precision."
     )
     tolerance_rtol: float | None = Field(
-        None, description="Correctness: tolerance relative to the output's max magnitude; by precision."
+        None, ge=0, description="Correctness: tolerance relative to the output's max magnitude; by precision."
     )
     trt_shapes: dict[str, list[list[int]]] | None = Field(
         None,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from tbench.search.strategies import STRATEGIES, Objective, SearchSpace
 
@@ -15,6 +15,8 @@ StrategyName = Literal[tuple(STRATEGIES.names())]  # type: ignore[valid-type]
 
 class SearchRequest(BaseModel):
     """What to search; the model, its formats, server and measurement settings come from the BenchmarkRequest."""
+
+    model_config = ConfigDict(extra="forbid")  # a misspelt field in a form or a call is an error, not ignored
 
     space: SearchSpace = Field(
         default_factory=SearchSpace,
