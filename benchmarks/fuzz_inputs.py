@@ -13,6 +13,7 @@ import itertools
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -23,7 +24,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 TBENCH = REPO / ".venv" / "bin" / "tbench"
-LIMIT_S = 90  # a refusal comes before anything starts: seconds, not minutes
+OUTSIDE = [Path("/nonexistent"), Path("/nonexistent.json")]  # paths the cases name that must stay absent
+LIMIT_S = 60  # a refusal comes before anything starts: seconds, not minutes
 
 # option -> bad values (a wrong type, an unknown name, a number out of range, a malformed list)
 RUN_OPTIONS = {
@@ -150,7 +152,7 @@ def cli_cases(fx: dict[str, Path], rng: random.Random) -> list[tuple[str, list[s
     ]
     search = {
         "--instances": ["0", "x", "-1"],
-        "--max-batch-sizes": ["abc", "0"],
+        "--max-batch-sizes": ["abc", "-1"],
         "--preferred": ["x"],
         "--queue-delays-us": ["-5", "x"],
         "--p99-budget-ms": ["-1", "x", "0"],
@@ -286,7 +288,10 @@ def run_cli(label: str, argv: list[str], work: Path) -> Outcome:
     outcome.traceback = "Traceback" in out + err
     outcome.refused = process.returncode not in (0, None) and not outcome.timed_out
     wrote = sorted(files([home, cwd]) - before)
-    outcome.wrote = [str(Path(w).relative_to(work)) for w in wrote]
+    outcome.wrote = [str(Path(w).relative_to(work)) for w in wrote if "/.cache/matplotlib/" not in w]  # its font list
+    for made in (p for p in OUTSIDE if p.exists()):  # the cases' absolute paths: nothing may make them
+        outcome.wrote.append(str(made))
+        shutil.rmtree(made, ignore_errors=True)
     return outcome
 
 

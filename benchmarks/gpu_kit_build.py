@@ -27,7 +27,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--keep-cache", action="store_true", help="build into ~/.cache/tbench/gpu_kit (warm) instead")
     args = parser.parse_args()
-    with recorded(RESULTS / "gpu_kit_build.json", model_sizes=["the offline GPU kit"]) as record:
+    with recorded(RESULTS / "gpu_kit_build.json", model_sizes=["no model: the offline GPU kit"]) as record:
         with tempfile.TemporaryDirectory(prefix="tbench-kit-") as cache:
             env = {**os.environ, **({} if args.keep_cache else {"TBENCH_GPU_KIT_CACHE": cache})}
             started = time.monotonic()

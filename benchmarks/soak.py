@@ -24,7 +24,7 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--workers", type=int, default=2, help="command lines run at once")
     args = parser.parse_args()
-    with recorded(RESULTS / "soak.json", model_sizes=["generated bad inputs"]) as record:
+    with recorded(RESULTS / "soak.json", model_sizes=["no model: generated bad inputs"]) as record:
         started = time.monotonic()
         found = fuzz(args.seed, args.workers, progress=lambda line: print(line, flush=True))
         record.update(

@@ -237,8 +237,11 @@ def test_every_benchmark_writes_through_provenance(script):
     other way, and has its command in provenance.COMMANDS (the docs' page on our own figures lists the same)."""
     source = script.read_text()
     assert "from provenance import" in source and "recorded(RESULTS / " in source
-    # the sleeper's size is its service time (benchmarks/capacity_truth.py), a simulation's the truth it simulates
-    sized = any(f'"--{o}' in source for o in ("size", "plan", "service-ms")) or 'model_sizes=["simulated' in source
+    # the sleeper's size is its service time (benchmarks/capacity_truth.py), a simulation's the truth it simulates; a
+    # script that measures no model (the fuzz, the kit's build) says so
+    sized = any(f'"--{o}' in source for o in ("size", "plan", "service-ms")) or any(
+        f'model_sizes=["{kind}' in source for kind in ("simulated", "no model: ")
+    )
     assert "model_sizes" in source and sized
     assert "write_text(json.dumps" not in source and "json.dump(" not in source
     outputs = [name for name, command in provenance.COMMANDS.items() if f" benchmarks/{script.name} " in command + " "]

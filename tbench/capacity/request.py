@@ -19,7 +19,7 @@ def capacity_space() -> SearchSpace:
 class CapacityRequest(BaseModel):
     """The SLO, the traffic, and where to plan; the model, formats and server come from the BenchmarkRequest."""
 
-    model_config = ConfigDict(extra="forbid")  # a misspelt field in a form or a call is an error, not ignored
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)  # a misspelt field is an error, not ignored
 
     slo_ms: float = Field(50.0, gt=0, description="The latency SLO in ms, on the percentile (p99 by default).")
     traffic_rps: float = Field(100.0, gt=0, description="The traffic to serve, in requests per second.")

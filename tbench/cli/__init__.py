@@ -58,6 +58,18 @@ app.command()(node.doctor)
 app.command()(node.models)
 
 
+def empty_option(argv: list[str]) -> str | None:
+    """The first option given an empty value (`--profile ""` or `--profile=`): a typo or an unset shell variable,
+    which the options would otherwise take as "not given"."""
+    for i, arg in enumerate(argv):
+        if not arg.startswith("--"):
+            continue
+        name, sep, value = arg.partition("=")
+        if (sep and not value) or (not sep and i + 1 < len(argv) and argv[i + 1] == ""):
+            return name
+    return None
+
+
 def main() -> None:
     """The `tbench` console script: the app, with its usage errors (a wrong type, an unknown option, a missing
     argument) in one line naming the fix, as every other refusal is; typer draws them as a multi-line panel."""
@@ -66,6 +78,9 @@ def main() -> None:
     from typer import rich_utils
     from typer._click import exceptions as usage  # typer's own click, whose exceptions its commands raise
 
+    if option := empty_option(sys.argv[1:]):
+        print(f"error: {option} is given an empty value: leave it out for its default", file=sys.stderr)
+        sys.exit(2)
     try:
         code = app(standalone_mode=False)
     except usage.NoArgsIsHelpError as err:  # a bare `tbench` or `tbench stack`: the help, as typer shows it

@@ -60,11 +60,13 @@ def parse_int_list(text: str | None, what: str) -> list[int] | None:
         for part in text.split(","):
             if ":" in part:
                 start, end, *step = (int(x) for x in part.split(":"))
-                values += list(range(start, end + 1, step[0] if step else 1))
-            elif part.strip():
-                values.append(int(part))
+                values += list(range(start, end + 1, step[0] if step else 1))  # a step of 0 is a ValueError
+                if not values or start > end:
+                    raise ValueError
+            else:
+                values.append(int(part))  # an empty item ("1,,2") is a ValueError too
     except ValueError:
-        raise ConfigError(f"cannot read {what} {text!r}: use '1,2,4' or 'start:end:step'") from None
+        raise ConfigError(f"cannot read {what} {text!r}: use '1,2,4' or 'start:end:step' (start <= end)") from None
     return values
 
 
@@ -72,7 +74,7 @@ def parse_float_list(text: str | None, what: str) -> list[float] | None:
     if not text:
         return None
     try:
-        return [float(p) for p in text.split(",") if p.strip()]
+        return [float(p) for p in text.split(",")]  # an empty item ("10,,20") is a ValueError
     except ValueError:
         raise ConfigError(f"cannot read {what} {text!r}: use '10,20,40'") from None
 
@@ -147,7 +149,13 @@ def _given(**values) -> dict:
 
 
 def _split(text: str | None) -> list[str] | None:
-    return [p.strip() for p in text.split(",") if p.strip()] if text else None
+    """A comma-separated list; an empty item (",", "onnx,,ts-trace") is refused, not dropped."""
+    if not text:
+        return None
+    items = [p.strip() for p in text.split(",")]
+    if not all(items):
+        raise ConfigError(f"cannot read {text!r}: an item of the list is empty (use 'a,b,c')")
+    return items
 
 
 def validation_line(err: ValueError) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 from pathlib import Path
 
@@ -15,7 +16,7 @@ from tbench.core.errors import StorageError
 def compare(
     baseline: str = typer.Argument(..., help="The baseline run folder (a path or an fsspec URL)."),
     candidate: str = typer.Argument(..., help="The run to judge against it."),
-    min_effect: float = typer.Option(0.05, help="Smallest relative change that can count, e.g. 0.05 for 5%."),
+    min_effect: float = typer.Option(0.05, min=0, help="Smallest relative change that can count, e.g. 0.05 for 5%."),
     k: float = typer.Option(3.0, "-k", help="How many times the combined window noise a change must exceed."),
     output: str = typer.Option(".", "--output", "-o", help="Folder for comparison.md and comparison.png."),
 ) -> None:
@@ -57,7 +58,10 @@ def results(
     from tbench.core.storage import error_cause, store_errors
     from tbench.results.dataset import best_per_run, query_results
 
-    root = root or os.environ.get("TBENCH_ARTIFACT_ROOT", "runs")
+    root = existing_root(root or os.environ.get("TBENCH_ARTIFACT_ROOT", "runs"))
+    if since:
+        with cli_errors(EXIT_FAILED, "cannot read --since (YYYY-MM-DD): ", also=(ValueError,)):
+            dt.date.fromisoformat(since)  # a ValueError names what it could not read
     # store_errors: an S3 endpoint that is down raises botocore's own errors, not OSErrors
     with cli_errors(
         EXIT_FAILED, f"cannot read the results dataset under {root}: ", also=store_errors(), describe=error_cause
@@ -93,6 +97,17 @@ def results(
     Console(width=None if console.is_terminal else 200).print(out)
 
 
+def existing_root(root: str) -> str:
+    """A local artifact root that is not there is a typo far more often than a store not yet written: refused in one
+    line (a remote root is read as it is: the first upload makes it)."""
+    from tbench.core.storage import is_remote
+
+    if not is_remote(root) and not Path(root.removeprefix("file://")).expanduser().is_dir():
+        console.print(f"[red]error:[/] no artifact root at {root}: runs are kept there by `tbench run -o {root}`")
+        raise typer.Exit(EXIT_FAILED)
+    return root
+
+
 def pd_missing(value) -> bool:
     import pandas as pd
 
@@ -108,7 +123,9 @@ def history(
     ),
     model: str = typer.Option(None, help="Only this model's series."),
     gpu: str = typer.Option(None, help="Only this GPU's series (as the results name it, e.g. 'CPU')."),
-    min_effect: float = typer.Option(0.05, help="Smallest relative step that counts as a change, e.g. 0.05 for 5%."),
+    min_effect: float = typer.Option(
+        0.05, min=0, help="Smallest relative step that counts as a change, e.g. 0.05 for 5%."
+    ),
 ) -> None:
     """Every series of the stored runs judged for step changes, each change put down to what differed in the runs'
     manifests, and a static site of it all; exit 0 (no regression), 1 (a series' newest run confirmed a regression:
@@ -117,7 +134,7 @@ def history(
     from tbench.history.analysis import EXIT_CODES, analyse
     from tbench.history.site import default_target, publish_site
 
-    root = root or os.environ.get("TBENCH_ARTIFACT_ROOT", "runs")
+    root = existing_root(root or os.environ.get("TBENCH_ARTIFACT_ROOT", "runs"))
     with cli_errors(EXIT_FAILED):
         try:
             judged = analyse(root, model=model, gpu=gpu, min_effect=min_effect)

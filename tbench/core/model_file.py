@@ -240,6 +240,8 @@ def _read_onnx(path: Path) -> tuple[IoSpec, bool, dict[str, int]]:
     initializers = {i.name for i in graph.initializer}  # old exporters list weights as graph inputs
     inputs = [_onnx_tensor(v, path) for v in graph.input if v.name not in initializers]
     outputs = [_onnx_tensor(v, path) for v in graph.output]
+    if not graph.node or not outputs:  # an empty file parses as an empty model: nothing to serve
+        raise ConfigError(f"ONNX model {path} holds no graph (is the file empty or cut short?)")
     rows = _onnx_table_rows(graph, [t.name for t in inputs if np.dtype(t.dtype).kind in "iu"])
     return *_split_batch(inputs, outputs), rows
 

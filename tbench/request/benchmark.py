@@ -59,7 +59,7 @@ class Measurement(BaseModel):
     `stability_percentage` (at most `max_trials`); each point records how long its windows lasted (`window_s`). An
     unstable point is measured again with windows sized from the throughput its failed attempt saw, twice as long."""
 
-    model_config = ConfigDict(extra="forbid")  # a misspelt or retired setting is an error, not silently ignored
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)  # a misspelt or retired setting is an error
 
     window_s: float = Field(2.0, gt=0, description="Target duration of one measurement window, in seconds.")
     # perf_analyzer's throughput counts the requests that end inside a window: one request more or less at a window's
@@ -113,7 +113,7 @@ class Measurement(BaseModel):
 class MeasurementOverrides(BaseModel):
     """Single measurement fields a user sets; the profile's (and the model's) settings hold for the rest."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     window_s: float | None = Field(None, gt=0, description="Target duration of one measurement window, in seconds.")
     min_requests: int | None = Field(None, ge=1, description="Fewest requests in a window.")
@@ -187,8 +187,19 @@ def adapter_notes(req) -> list[str]:
         return [f"(the model's notes could not be written: {err})", ""]
 
 
+# options that only one server mode reads
+SERVER_MODE_OPTIONS = {
+    "server_url": "remote",
+    "docker_image": "docker",
+    "gpus": "docker",
+    "docker_ulimits": "docker",
+    "tritonserver": "local",
+    "backend_dir": "local",
+}
+
+
 class BenchmarkRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")  # a misspelt field in a form or a call is an error, not ignored
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)  # a misspelt field is an error, not ignored
 
     model: str = Field("resnet50", description="Registered model adapter name (ignored with model_file).")
     framework: str | None = Field(
@@ -414,7 +425,21 @@ class BenchmarkRequest(BaseModel):
             raise ConfigError(f"--online-batch-size: {why}; drop --online-batch-size")
         return [1]
 
+    def check_server_options(self) -> None:
+        """A server mode's own options given with another mode would be silently ignored: refused, naming the mode;
+        and the remote mode needs the server's address."""
+        given = self.model_fields_set
+        for field, mode in SERVER_MODE_OPTIONS.items():
+            if field in given and getattr(self, field) is not None and self.server != mode:
+                flag = (
+                    "--docker-ulimit" if field == "docker_ulimits" else "--" + field.replace("_", "-")
+                )  # the CLI's name
+                raise ConfigError(f"{flag} is an option of --server {mode}, not of --server {self.server}")
+        if self.server == "remote" and not self.server_url:
+            raise ConfigError("--server remote needs the server's address: --server-url HOST:GRPC_PORT,HOST:HTTP_PORT")
+
     def resolve(self, has_gpu: bool) -> ResolvedRequest:
+        self.check_server_options()
         adapter = adapter_for(self)
         adapter.check_resources()
         profile = self.profile or ("gpu" if has_gpu else "cpu")

@@ -16,7 +16,7 @@ StrategyName = Literal[tuple(STRATEGIES.names())]  # type: ignore[valid-type]
 class SearchRequest(BaseModel):
     """What to search; the model, its formats, server and measurement settings come from the BenchmarkRequest."""
 
-    model_config = ConfigDict(extra="forbid")  # a misspelt field in a form or a call is an error, not ignored
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)  # a misspelt field is an error, not ignored
 
     space: SearchSpace = Field(
         default_factory=SearchSpace,
