@@ -146,3 +146,35 @@ def test_the_console_script_says_a_usage_error_in_one_line(args, message):
     assert done.returncode == 2 and len(lines) == 1, done.stderr
     assert lines[0].startswith(message) and lines[0].endswith("--help')")
     assert done.stdout == ""
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["run", "resnet50", "--gpus", "0"], "error: --gpus is an option of --server docker, not of --server embedded"),
+        (["run", "resnet50", "--server-url", "h:1,h:2"], "error: --server-url is an option of --server remote"),
+        (["run", "resnet50", "--server", "remote"], "error: --server remote needs the server's address"),
+        (["run", "resnet50", "--batch-sizes", "4:1:1"], "error: cannot read batch sizes '4:1:1'"),
+        (["run", "resnet50", "--batch-sizes", "1,,2"], "error: cannot read batch sizes '1,,2'"),
+        (["run", "resnet50", "--formats", ","], "error: cannot read ',': an item of the list is empty"),
+        (
+            ["run", "resnet50", "--request-rates", "nan"],
+            "error: invalid option: request_rates.0: Input should be a finite",
+        ),
+        (["history", "/nonexistent-root"], "error: no artifact root at /nonexistent-root"),
+        (["results", "--root", ".", "--since", "yesterday"], "error: cannot read --since (YYYY-MM-DD)"),
+    ],
+)
+def test_what_the_fuzz_found_is_refused_in_one_line(args, message):
+    """Bad input that once ran, or was silently read as something else (benchmarks/fuzz_inputs.py found them)."""
+    result = runner.invoke(app, args)
+    assert result.exit_code != 0
+    assert result.output.strip().splitlines()[0].startswith(message), result.output
+
+
+def test_an_empty_option_value_is_refused_before_anything_runs():
+    from tbench.cli import empty_option
+
+    assert empty_option(["run", "resnet50", "--profile", ""]) == "--profile"
+    assert empty_option(["run", "--output="]) == "--output"
+    assert empty_option(["run", "resnet50", "--profile", "cpu"]) is None

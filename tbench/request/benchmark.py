@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from tbench.core.enums import Format, Precision, Scenario
 from tbench.core.errors import ConfigError
 from tbench.core.precision import GPU_BUILT, check_precision
+from tbench.request.server_options import check_server_options
 from tbench.request.trt_profiles import (
     DEFAULT_CALIBRATION_SAMPLES,
     check_calibration_samples,
@@ -185,17 +186,6 @@ def adapter_notes(req) -> list[str]:
         return adapter_for(req).report_notes()
     except Exception as err:  # a report must not fail over a note
         return [f"(the model's notes could not be written: {err})", ""]
-
-
-# options that only one server mode reads
-SERVER_MODE_OPTIONS = {
-    "server_url": "remote",
-    "docker_image": "docker",
-    "gpus": "docker",
-    "docker_ulimits": "docker",
-    "tritonserver": "local",
-    "backend_dir": "local",
-}
 
 
 class BenchmarkRequest(BaseModel):
@@ -425,21 +415,8 @@ class BenchmarkRequest(BaseModel):
             raise ConfigError(f"--online-batch-size: {why}; drop --online-batch-size")
         return [1]
 
-    def check_server_options(self) -> None:
-        """A server mode's own options given with another mode would be silently ignored: refused, naming the mode;
-        and the remote mode needs the server's address."""
-        given = self.model_fields_set
-        for field, mode in SERVER_MODE_OPTIONS.items():
-            if field in given and getattr(self, field) is not None and self.server != mode:
-                flag = (
-                    "--docker-ulimit" if field == "docker_ulimits" else "--" + field.replace("_", "-")
-                )  # the CLI's name
-                raise ConfigError(f"{flag} is an option of --server {mode}, not of --server {self.server}")
-        if self.server == "remote" and not self.server_url:
-            raise ConfigError("--server remote needs the server's address: --server-url HOST:GRPC_PORT,HOST:HTTP_PORT")
-
     def resolve(self, has_gpu: bool) -> ResolvedRequest:
-        self.check_server_options()
+        check_server_options(self)
         adapter = adapter_for(self)
         adapter.check_resources()
         profile = self.profile or ("gpu" if has_gpu else "cpu")
