@@ -50,7 +50,7 @@ class MatrixRequest(BaseModel):
     precisions: list[str] = Field(
         ["fp32"],
         description="Precisions to serve, one run each (what each format can carry: "
-        "tbench/precision.py; int8 needs trt or tf-trt on GPU pools).",
+        "tbench/core/precision.py; int8 needs trt or tf-trt on GPU pools).",
     )
     pools: list[str] = Field(["cpu"], description="Work pools (GPU kinds) to run on: " + ", ".join(POOLS) + ".")
     request: dict = Field(

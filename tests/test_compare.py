@@ -1,4 +1,4 @@
-"""Run comparison with a noise-aware regression verdict (tbench/compare.py).
+"""Run comparison with a noise-aware regression verdict (tbench/results/compare.py).
 
 The baseline fixture is a real run (dlrm ensemble on CPU, /tmp/runs/dlrm-20261122-200716-e158d2): its results.csv and
 the perf_analyzer logs of its points trimmed to their "Pass" lines. Its CPU windows are noisy (CV 4-8 %), which is

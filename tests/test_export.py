@@ -76,7 +76,7 @@ def test_tensorrt_says_what_is_missing_here(small_adapter, small_module, tmp_pat
         ConversionUnavailable, match="needs tensorrt, which is not installed here.*GPU node with TensorRT"
     ) as err:
         export_model(small_adapter, small_module, Format.TRT, tmp_path, source_digest("pytorch", small_module))
-    assert isinstance(err.value, Unavailable)  # the same kind as a runtime that is not here (tbench/trt_runtime.py)
+    assert isinstance(err.value, Unavailable)  # the kind of a runtime not here (core/trt_runtime.py)
     assert (tmp_path / "onnx" / "model.onnx").exists()  # the chain got as far as it could
 
 

@@ -1,4 +1,4 @@
-"""TensorRT plans in TensorRT's own runtime (tbench/trt_runtime.py): chunking and profile checks on golden inputs here;
+"""TensorRT plans in TensorRT's own runtime (core/trt_runtime.py): chunking and profile checks on golden inputs here;
 the engine itself, built at FP32/FP16/INT8 and checked against ONNX Runtime, on a GPU node with TensorRT."""
 
 import sys

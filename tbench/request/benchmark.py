@@ -448,7 +448,7 @@ class BenchmarkRequest(BaseModel):
                     f"format {fmt.value!r} cannot be served by the embedded server (python backend); "
                     f"use one of: {known}"
                 )
-        precision = Precision.parse(self.precision)  # what each format can carry: tbench/precision.py
+        precision = Precision.parse(self.precision)  # what each format can carry: tbench/core/precision.py
         accelerators = check_precision(
             precision,
             serve,

@@ -103,7 +103,7 @@ def check_resumable(checkpoint: Path, context: dict) -> None:
 
 def variant_plan(space: SearchSpace, req, has_gpu: bool) -> dict[str, tuple[Format, Precision]]:
     """Each SearchSpace.formats entry as (format, precision); '' is the request's first served format. Refuses what
-    cannot be served: an ensemble, a precision the format cannot carry here (tbench/precision.py; the search's
+    cannot be served: an ensemble, a precision the format cannot carry here (tbench/core/precision.py; the search's
     configs apply no GPU accelerator, so no fp16 tf-savedmodel)."""
     plan = {}
     for entry in space.formats:

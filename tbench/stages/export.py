@@ -3,7 +3,7 @@ tbench/stages/converters/; a chain such as PyTorch -> ONNX -> TensorRT is planne
 Each step leaves its log and a reproduce script next to its output and is cached by content: same source, same
 options, same tool versions -> no rerun.
 
-Precision (what each format can hold: tbench/precision.py): the step that makes the target applies the requested
+Precision (what each format can hold: tbench/core/precision.py): the step that makes the target applies the requested
 precision where it can (TensorRT's builders, TF-TRT, the TorchScript exporters); otherwise a precision step registered
 as (format, format) converts the FP32 file (FP32 ONNX -> FP16 ONNX, also for other teams' files) into
 `<format>-<precision>/`. Steps before the last run at FP32. The artifact's precision is what its file holds."""

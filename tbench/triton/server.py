@@ -1,7 +1,7 @@
 """Stage 4: a Triton server behind one interface, in four launch modes.
 
 - embedded: the binary bundled in the nvidia-pytriton wheel (python backend only; on a GPU node its runtimes run on
-  the run's GPU where they have CUDA: tbench/serving.py);
+  the run's GPU where they have CUDA: tbench/triton/serving.py);
 - local: a `tritonserver` on PATH (e.g. inside the NGC Triton container GPU workers run);
 Embedded and local servers see only the run's GPU (`gpu_env`, tbench.serving.pinned_env).
 - docker: the NGC Triton image through the docker CLI, with GPUs, host ports, shm size and the repository mounted;
