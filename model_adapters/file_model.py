@@ -45,6 +45,19 @@ class ModelFileAdapter(ModelAdapter):
     def input_shapes(self) -> dict[str, list[int]]:
         return self.given_samples.shapes() if self.given_samples is not None else self.file.input_shapes
 
+    @property
+    def guessed_shapes(self) -> dict[str, list[int]]:
+        """The inputs whose dynamic dims neither --shape nor --input-data set, at the shape they are measured (each such
+        dim at tbench.core.model_file.DEFAULT_DYNAMIC_DIM): a model's speed depends on it, so the run says so."""
+        if self.given_samples is not None:
+            return {}
+        given = self.shapes or {}
+        return {
+            t.name: self.file.input_shapes[t.name]
+            for t in self.io_spec().inputs
+            if -1 in t.shape and t.name not in given
+        }
+
     def use_input_data(self, path: str) -> ModelFileAdapter:
         if self.value_ranges:
             raise ConfigError(
