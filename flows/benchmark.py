@@ -91,7 +91,8 @@ def _benchmark(plan: RunPlan, adapter, tracker: RunTracker) -> str:
             serving = plan.serving(exported, server.backends())
         tracker.served_by = serving.served_by
         with tracker.stage("repository"):
-            for cfg, artifact, is_native in serving.configs:
+            configs = serving.configs
+            for cfg, artifact, is_native in configs:
                 repository_task(layout.repository_dir, cfg, artifact, is_native)
             if serving.composing:
                 write_ensemble(
@@ -102,9 +103,7 @@ def _benchmark(plan: RunPlan, adapter, tracker: RunTracker) -> str:
                     [(name, a.io_spec) for name, a in serving.composing],
                 )
             offline_configs = (
-                write_offline_configs(layout.offline_configs_dir, serving.configs)
-                if Scenario.OFFLINE in req.scenarios
-                else {}
+                write_offline_configs(layout.offline_configs_dir, configs) if Scenario.OFFLINE in req.scenarios else {}
             )
         with tracker.stage("server-start"):
             server_task(server)

@@ -135,6 +135,12 @@ class ModelAdapter(ABC):
         """Concrete non-batch shape per input (dynamic dims as the data has them), for perf_analyzer's --shape."""
         return {name: list(value.shape[1:]) for name, value in self.sample_batch(1).items()}
 
+    @property
+    def guessed_shapes(self) -> dict[str, list[int]]:
+        """Inputs whose dynamic dims nobody sized, at the shape they are measured: none for an adapter, whose shapes
+        are its model's own (a model file's may be: model_adapters.file_model)."""
+        return {}
+
     def reproduce_expr(self) -> str:
         """Python that rebuilds this adapter, for the reproduce scripts next to each conversion."""
         return (

@@ -60,9 +60,10 @@ def parse_int_list(text: str | None, what: str) -> list[int] | None:
         for part in text.split(","):
             if ":" in part:
                 start, end, *step = (int(x) for x in part.split(":"))
-                values += list(range(start, end + 1, step[0] if step else 1))  # a step of 0 is a ValueError
-                if not values or start > end:
+                span = range(start, end + 1, step[0] if step else 1)  # a step of 0 is a ValueError
+                if start > end or not span:
                     raise ValueError
+                values += span
             else:
                 values.append(int(part))  # an empty item ("1,,2") is a ValueError too
     except ValueError:

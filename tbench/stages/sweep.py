@@ -172,7 +172,7 @@ def measured_inputs(adapter, module, path: Path, shared_memory: str = "system") 
     shapes = dynamic_shapes(adapter.io_spec(), inputs.shapes, given.distribution(sent) if given is not None else None)
     if sent and len(sent) < given.count:
         progress.warn(f"{len(sent)} of the {given.count} input samples are sent, spread over them: see the report")
-    if guessed := getattr(adapter, "guessed_shapes", None):  # a model file's dynamic dims that nobody sized
+    if guessed := adapter.guessed_shapes:  # a model file's dynamic dims that nobody sized
         named = ", ".join(f"{name} at {dims}" for name, dims in guessed.items())
         line = " ".join(f"--shape {name}:{','.join(map(str, dims))}" for name, dims in guessed.items())
         progress.warn(f"dynamic dims no --shape sets are measured as {named}; to choose: {line}")
