@@ -78,6 +78,7 @@ def _benchmark(plan: RunPlan, adapter, tracker: RunTracker) -> str:
             inputs, tracker.measured_shapes = measured_inputs(
                 adapter, module, layout.run_dir / "perf_input.json", plan.shared_memory
             )
+            tracker.guessed_shapes = adapter.guessed_shapes
         with tracker.stage("server"):  # what the server can run decides how the repository serves each format
             server = make_server(
                 req.server,
@@ -178,6 +179,7 @@ def _finish(tracker: RunTracker, plan: RunPlan, server, error: BaseException | N
         "hardware": hardware.model_dump(),
         "served_on": tracker.served_on,  # per measured format: the results' gpu label, and why
         "measured_shapes": tracker.measured_shapes,  # each dynamic dim's measured value
+        "guessed_shapes": tracker.guessed_shapes,  # the dims no --shape set: tbench chose them
         "environment": tracker.environment,  # server identity, tool versions, model digests (tbench.history)
         "host": tracker.host,  # other processes' CPU during the sweeps (tbench.node.host_load, tbench.history)
         "artifact_url": run_url(req.output, layout.run_id),
@@ -211,6 +213,7 @@ def _finish(tracker: RunTracker, plan: RunPlan, server, error: BaseException | N
                 error=tracker.error or tracker.status_line,
                 comparison_lines=comparison_lines,
                 measured_shapes=tracker.measured_shapes,
+                guessed_shapes=tracker.guessed_shapes,
             )
 
     return finish_run(tracker, error, manifest, server=server, output=req.output, report=report)

@@ -136,6 +136,14 @@ def test_a_model_file_is_read_served_checked_and_swept(prefect_harness, tmp_path
     seq = extra.get("shapes", {}).get("ids", [16])[0]
     seq = 16 if seq == -1 else seq  # dynamic dims the user leaves open get the default length
     assert f"--shape features:{seq},8" in argv and f"--shape ids:{seq}" in argv and "--input-data" in argv
+    # dims nobody sized are named beside the figures, with the --shape line that chooses them
+    guessed = json.loads((run / "manifest.json").read_text())["guessed_shapes"]
+    summary = report.split("## Summary")[1].split("\n## ")[0]
+    if "shapes" in extra:
+        assert guessed == {} and "Shapes tbench chose" not in report
+    else:
+        assert guessed == {"features": [16, 8], "ids": [16]}
+        assert "**Shapes tbench chose**" in summary and "--shape features:16,8 --shape ids:16" in summary
     assert "Served by: python" in report and "### Accuracy through Triton" in report
 
 

@@ -580,3 +580,11 @@ def _last_line(err: BaseException) -> str:
     """Framework errors span many lines (TorchScript tracebacks); the cause is on the last one."""
     lines = [line.strip() for line in str(err).splitlines() if line.strip()]
     return lines[-1] if lines else type(err).__name__
+
+
+def guessed_shapes_line(guessed: dict[str, list[int]]) -> str:
+    """The dims tbench chose for a model file's dynamic dims, and the --shape line that chooses them: on the terminal
+    before the first point and in the report's summary, as the figures hold at those shapes only."""
+    named = ", ".join(f"{name} at {dims}" for name, dims in guessed.items())
+    line = " ".join(f"--shape {name}:{','.join(map(str, dims))}" for name, dims in guessed.items())
+    return f"dynamic dims no --shape sets are measured as {named}; to choose: {line}"

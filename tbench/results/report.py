@@ -8,6 +8,7 @@ from pathlib import Path
 import pandas as pd
 
 from tbench.core.metrics import AVG, BREAKDOWN, PERCENTILES, THROUGHPUT
+from tbench.core.model_file import guessed_shapes_line
 from tbench.results.published import (
     PUBLISHED_GPUS,
     PUBLISHED_SIZE,
@@ -387,6 +388,7 @@ def render_report(
     comparison_lines: list[str] | None = None,
     served_on: dict[str, dict] | None = None,
     measured_shapes: list[str] | None = None,
+    guessed_shapes: dict[str, list[int]] | None = None,
 ) -> str:
     served_by = served_by or {}
     title = request.model_file or f"{request.model} ({request.size}, {request.framework})"
@@ -455,6 +457,8 @@ def render_report(
         "",
     ]
     lines += ["## Summary", "", *summary_lines(summary)]
+    if guessed_shapes:  # the figures hold at shapes the user did not choose: said beside them
+        lines += [f"**Shapes tbench chose**: {guessed_shapes_line(guessed_shapes)}.", ""]
     if not results.empty and results.loc[results["status"] == "ok", "format"].nunique() > 1:
         lines += [f"![]({plot_formats(results, plots_dir).relative_to(plots_dir.parent).as_posix()})", ""]
     lines += published_lines(results)

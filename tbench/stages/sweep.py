@@ -23,6 +23,7 @@ from tbench.core.errors import PerfAnalyzerError
 from tbench.core.iospec import IoSpec
 from tbench.core.layout import RunLayout
 from tbench.core.metrics import RESULT_COLUMNS, THROUGHPUT
+from tbench.core.model_file import guessed_shapes_line
 from tbench.loadgen.behind import arrival_stability, kept_up
 from tbench.loadgen.perf_analyzer import (
     STABLE_WINDOWS,
@@ -173,9 +174,7 @@ def measured_inputs(adapter, module, path: Path, shared_memory: str = "system") 
     if sent and len(sent) < given.count:
         progress.warn(f"{len(sent)} of the {given.count} input samples are sent, spread over them: see the report")
     if guessed := adapter.guessed_shapes:  # a model file's dynamic dims that nobody sized
-        named = ", ".join(f"{name} at {dims}" for name, dims in guessed.items())
-        line = " ".join(f"--shape {name}:{','.join(map(str, dims))}" for name, dims in guessed.items())
-        progress.warn(f"dynamic dims no --shape sets are measured as {named}; to choose: {line}")
+        progress.warn(guessed_shapes_line(guessed))
     return inputs, shapes
 
 

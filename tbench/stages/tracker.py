@@ -55,6 +55,7 @@ class RunTracker:
         self.served_by: dict[str, str] = {}  # format -> the backend serving it, once the server stage has decided
         self.served_on: dict[str, dict] = {}  # format -> where it ran (tbench.serving.ServedOn), once measured
         self.measured_shapes: list[str] = []  # inputs with a dynamic dim and the shape perf_analyzer sent
+        self.guessed_shapes: dict[str, list[int]] = {}  # of those, the dims no --shape set (tbench chose them)
         # what was underneath the numbers (the server that answered, tool and runtime versions, each served model's
         # source digest), so a change in a history of runs can be put down to what differed
         self.environment: dict = {}
