@@ -123,7 +123,16 @@ class TritonServer(ABC):
             client.close()
 
     def _load_args(self, name: str, config: mc.ModelConfig | None) -> dict:
-        return {"config": config_json(config)} if config is not None else {}
+        """Always a config: Triton keeps a load's config override through a later load without one, so the
+        repository's own is sent back explicitly (without it, the online scenario after the offline one ran with the
+        offline's static config, no dynamic batcher)."""
+        return {"config": config_json(config if config is not None else self.own_config(name))}
+
+    def own_config(self, name: str) -> mc.ModelConfig:
+        """A model's config as the repository has it."""
+        from tbench.triton.config import parse_pbtxt
+
+        return parse_pbtxt((self.repository / name / "config.pbtxt").read_text())
 
     def _client(self):
         import tritonclient.grpc as grpcclient
