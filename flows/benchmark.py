@@ -9,6 +9,7 @@ from prefect import flow
 from prefect.states import Completed
 
 from flows.lifecycle import finish_run, run_lifecycle
+from flows.served import served_benchmark
 from tasks.accuracy import accuracy_task
 from tasks.baseline import baseline_task
 from tasks.correctness import correctness_task
@@ -42,6 +43,8 @@ def benchmark_flow(request: BenchmarkRequest = BenchmarkRequest()) -> str:
     """Export, check, serve and measure one model in one or more formats; returns the URL of the run folder."""
     hardware = hw.detect()
     check_worker_hardware(hardware)  # a worker of the A100 pool must have an A100
+    if request.served_model:  # a model someone else serves, measured where it is
+        return served_benchmark(request, hardware)
     req = request.resolve(hardware.has_gpu)
     adapter = adapter_for(req)
     with run_lifecycle(req, hardware, req.model, req.model_dump(mode="json")) as tracker:

@@ -65,6 +65,7 @@ Reuse = Annotated[bool, typer.Option("--reuse", help=field_help("reuse_measureme
 # Where it is served
 Server = Annotated[str, typer.Option(help=field_help("server"))]
 ServerUrl = Annotated[str | None, typer.Option(help=field_help("server_url"))]
+ServedModel = Annotated[str | None, typer.Option("--served-model", help=field_help("served_model"))]
 DockerImage = Annotated[str | None, typer.Option(help=field_help("docker_image"))]
 Gpus = Annotated[str | None, typer.Option(help=field_help("gpus"))]
 DockerNetwork = Annotated[str, typer.Option(help=field_help("docker_network"))]

@@ -37,6 +37,7 @@ from tbench.cli.options import (
     PrecisionOpt,
     Reuse,
     Scenarios,
+    ServedModel,
     Server,
     ServerUrl,
     Shape,
@@ -99,6 +100,7 @@ def run(
     reuse: Reuse = False,
     server: Server = "embedded",
     server_url: ServerUrl = None,
+    served_model: ServedModel = None,
     docker_image: DockerImage = None,
     gpus: Gpus = None,
     docker_network: DockerNetwork = "host",
@@ -115,10 +117,13 @@ def run(
     from tbench.request.benchmark import BenchmarkRequest
 
     with cli_errors(EXIT_BAD_OPTIONS, options=True):
-        if not model and not model_file:
-            raise ConfigError("name a model (see `tbench models`) or give --model-file PATH")
+        if not model and not model_file and not served_model:
+            raise ConfigError(
+                "name a model (see `tbench models`), give --model-file PATH or --served-model NAME with --server-url"
+            )
         request = BenchmarkRequest(
-            model=model or "resnet50",
+            **({"model": model or "resnet50"} if not served_model else _given(model=model)),
+            served_model=served_model,
             size=size,
             model_options=parse_options(option),
             checkpoint=checkpoint,
@@ -150,10 +155,13 @@ def run(
                 server, server_url, docker_image, gpus, docker_network, docker_ulimit, http_port, grpc_port
             ),
         )
-        from tbench.node import hardware
+        if served_model:
+            preflight(served_model_answers(request))
+        else:
+            from tbench.node import hardware
 
-        resolved = request.resolve(hardware.detect().has_gpu)  # fail fast, before Prefect starts
-        preflight(resolved)  # ports, paths, output root, artifact store, this node's tools: before anything starts
+            resolved = request.resolve(hardware.detect().has_gpu)  # fail fast, before Prefect starts
+            preflight(resolved)  # ports, paths, output root, artifact store, this node's tools: before anything starts
 
     if not verbose:
         _quiet_onnxruntime()
@@ -161,6 +169,16 @@ def run(
     from flows.benchmark import benchmark_flow
 
     _run_with_progress(lambda: benchmark_flow(request), "report.md", verbose)
+
+
+def served_model_answers(request):
+    """A served model's request as its run reads it, once its server says the model is ready: before Prefect starts."""
+    from tbench.request.served import check_served
+    from tbench.triton.served import parse_served_model, read_served_model, split_server_url
+
+    checked = check_served(request)
+    read_served_model(split_server_url(checked.server_url)[0], *parse_served_model(checked.served_model))
+    return checked
 
 
 def _quiet_onnxruntime() -> None:

@@ -35,8 +35,8 @@ _PROBE_LEADS = (([2], [3]), ([1], [1]), ([], []))
 
 
 class ModelFile(BaseModel):
-    path: str
-    format: Format
+    path: str  # the file, or the address of the server that serves the model
+    format: Format | None  # None: a served model, known by its io spec only
     io_spec: IoSpec  # shapes exclude the batch axis when `batching`, else they are the full shapes
     input_shapes: dict[str, list[int]]  # concrete non-batch shape per input: synthetic data, perf_analyzer --shape
     batching: bool  # dim 0 of every input and output is dynamic
@@ -121,21 +121,37 @@ def read_model_file(
     else:
         spec, batching = _read_savedmodel(path)
         shapes_are_spec = False
-    _check_names(spec.input_names(), shapes, "--shape")
     _check_names(spec.input_names(), dtypes, "--dtype")
     _check_dtypes(spec, dtypes, path)
-    _check_ranges(spec, ranges)
     overrides = {} if shapes_are_spec else shapes  # then their -1 dims get the default like any dynamic dim
-    input_shapes = {t.name: _fill_shape(t, overrides.get(t.name)) for t in spec.inputs}
+    return described_model(str(path), fmt, spec, batching, overrides, ranges, int_high, table_rows)
+
+
+def described_model(
+    path: str,
+    fmt: Format | None,
+    spec: IoSpec,
+    batching: bool,
+    shapes: dict[str, list[int]] | None = None,
+    value_ranges: dict[str, list[float]] | None = None,
+    int_high: int = 16,
+    table_rows: dict[str, int] | None = None,
+) -> ModelFile:
+    """A model known by its io spec (read from a file, or from the server that serves it), with the user's --shape
+    and --value-range checked against it and every dynamic dim given a size."""
+    shapes = {name: [int(d) for d in dims] for name, dims in (shapes or {}).items()}
+    ranges = {name: list(bounds) for name, bounds in (value_ranges or {}).items()}
+    _check_names(spec.input_names(), shapes, "--shape")
+    _check_ranges(spec, ranges)
     return ModelFile(
-        path=str(path),
+        path=path,
         format=fmt,
         io_spec=spec,
-        input_shapes=input_shapes,
+        input_shapes={t.name: _fill_shape(t, shapes.get(t.name)) for t in spec.inputs},
         batching=batching,
         int_high=int_high,
         value_ranges=ranges,
-        table_rows=table_rows,
+        table_rows=table_rows or {},
     )
 
 

@@ -58,6 +58,7 @@ class PerfInputs:
     sent: tuple[int, ...] = ()
     sample_output_bytes: int | None = None
     shared_memory: str = "system"  # offline scenario: "system", or "cuda" when client and server share a GPU node
+    model_version: str = ""  # the version asked for (a served model's, where the user named one); "": the server's
 
 
 def output_shm_bytes(spec: IoSpec, batch_size: int, sample_output_bytes: int | None = None) -> int:
@@ -130,6 +131,8 @@ def perf_argv(
         "-v",  # every window's throughput and latency in the log: why a point did not stabilise
         *shape_args(spec, inputs.shapes, inputs.varying),
     ]
+    if inputs.model_version:
+        argv += ["-x", inputs.model_version]
     if inputs.data_file:
         argv += ["--input-data", str(inputs.data_file)]
     if profile_export is not None:

@@ -295,7 +295,14 @@ class BenchmarkRequest(BaseModel):
         "the worker's TBENCH_SERVER (the worker image: local), else embedded.",
     )
     server_url: str | None = Field(
-        None, description="remote: 'host:grpc_port,host:http_port' of a server in explicit model control mode."
+        None,
+        description="remote: 'host:grpc_port,host:http_port' of a server in explicit model control mode; with "
+        "served_model, of the server that serves it (any model control mode).",
+    )
+    served_model: str | None = Field(
+        None,
+        description="Measure this model where a running server (server_url) serves it, NAME or NAME:VERSION: its "
+        "inputs and batching read from the server, nothing exported, loaded or changed.",
     )
     docker_image: str | None = Field(None, description="docker: the Triton image (NGC's 24.10 by default).")
     gpus: str | None = Field(None, description="docker: GPUs for the container: 'all' (the default), '0,1', or 'none'.")

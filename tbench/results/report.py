@@ -211,6 +211,11 @@ def server_lines(rows: pd.DataFrame) -> list[str]:
 UNBATCHED = "one call of the model at its own input shapes (max_batch_size 0)"
 
 
+def shared_memory_words(kind: str) -> str:
+    """How the offline scenario's tensors travel: in shared memory, or over gRPC where the server may be elsewhere."""
+    return "tensors over gRPC (no shared memory)" if kind == "none" else f"{kind} shared memory"
+
+
 def how_measured(rows: pd.DataFrame) -> str:
     """What a quoted figure rests on: window length, stability rule, precision served."""
     windows = rows["window_s"].dropna()
@@ -235,8 +240,10 @@ def format_section(
     composing: pd.DataFrame | None = None,
     online_batch_size: int = 1,
     batching: bool = True,
+    served_as: str | None = None,
 ) -> list[str]:
-    """One served format: how it is served, its correctness and accuracy, and the guides' tables and plots."""
+    """One served format: how it is served, its correctness and accuracy, and the guides' tables and plots.
+    `served_as`: how a model someone else serves batches, said of every scenario in place of tbench's own configs."""
     run_dir = plots_dir.parent
     lines = [f"## Format `{fmt}`", "", f"Served by: {served_by}.", ""]
     if correctness:
@@ -251,11 +258,14 @@ def format_section(
             "### Offline scenario",
             "",
             (
-                "Static batching (the model reloaded without its dynamic batcher, so no queue delay)"
-                if batching
-                else f"No batch sweep: the model has no batch axis, so each request is {UNBATCHED}"
+                served_as
+                or (
+                    "Static batching (the model reloaded without its dynamic batcher, so no queue delay)"
+                    if batching
+                    else f"No batch sweep: the model has no batch axis, so each request is {UNBATCHED}"
+                )
             )
-            + f": one client (concurrency 1), {offline['shared_memory'].iloc[0]} shared memory. "
+            + f": one client (concurrency 1), {shared_memory_words(offline['shared_memory'].iloc[0])}. "
             f"{how_measured(offline)}",
             "",
             f"| ![]({left}) | ![]({right}) |",
@@ -271,7 +281,9 @@ def format_section(
             "### Online scenario",
             "",
             (
-                f"Dynamic batching on the server (max queue delay {online['max_queue_delay_us'].iloc[0]:g} us); "
+                f"{served_as}; each client sends batch {online_batch_size} over gRPC. "
+                if served_as
+                else f"Dynamic batching on the server (max queue delay {online['max_queue_delay_us'].iloc[0]:g} us); "
                 f"each client sends batch {online_batch_size} over gRPC. "
                 if batching
                 else f"No batching (the model has no batch axis): each request is {UNBATCHED}, sent over gRPC. "
@@ -291,7 +303,9 @@ def format_section(
             "",
             "Open loop: requests sent at a fixed rate whatever the answers, "
             + (
-                f"batch {online_batch_size}, dynamic batching on the server"
+                f"batch {online_batch_size}, {served_as}"
+                if served_as
+                else f"batch {online_batch_size}, dynamic batching on the server"
                 if batching
                 else f"each request {UNBATCHED}, no batching"
             )
@@ -491,6 +505,13 @@ def render_report(
             request.online_batch_size,
             batching=request.max_batch_size > 0,
         )
+    lines += closing_lines(results, stage_seconds)
+    return "\n".join(lines)
+
+
+def closing_lines(results: pd.DataFrame, stage_seconds: dict[str, float]) -> list[str]:
+    """The end of every report: the flagged points, the stage timings and the units."""
+    lines: list[str] = []
     if not results.empty:
         flagged = results[results["status"] != "ok"]
         if not flagged.empty:
@@ -514,4 +535,4 @@ def render_report(
             "",
         ]
     lines += [f"Latencies are in milliseconds; {AVG.header} is perf_analyzer's average client latency.", ""]
-    return "\n".join(lines)
+    return lines

@@ -92,13 +92,22 @@ def perf_json_value(sample: np.ndarray) -> dict:
 
 
 def prepare_inputs(
-    adapter, module, path: Path, samples: int | None = None, shared_memory: str = "system"
+    adapter,
+    module,
+    path: Path,
+    samples: int | None = None,
+    shared_memory: str = "system",
+    answer: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]] | None = None,
 ) -> PerfInputs:
     """Samples from the adapter's data (synthetic when it has no dataset) as perf_analyzer JSON, one entry per sample,
     so integer inputs such as token ids stay in range, which perf_analyzer's random data does not. Samples too big
-    for JSON (a 4 x 128^3 volume is 8M values) whose inputs are all floats get perf_analyzer's random data instead."""
+    for JSON (a 4 x 128^3 volume is 8M values) whose inputs are all floats get perf_analyzer's random data instead.
+    `answer` runs a chunk of samples to size the outputs: the source model (`module`) unless given (a served model's
+    server)."""
     from tbench.core.runtimes import run_source
 
+    if answer is None:
+        answer = lambda chunk: run_source(adapter.framework, module, adapter.io_spec(), chunk)  # noqa: E731
     one = adapter.sample_batch(1)
     per_sample = sum(int(np.prod(a.shape)) for a in one.values())
     all_float = all(a.dtype.kind == "f" for a in one.values())
@@ -126,7 +135,7 @@ def prepare_inputs(
     while done < n:
         chunk = chunk_of(done)
         size = len(next(iter(chunk.values()))) if adapter.batching else 1  # rows of the chunk
-        outputs = run_source(adapter.framework, module, adapter.io_spec(), chunk)
+        outputs = answer(chunk)
         per_sample_bytes = max(per_sample_bytes, *(v.nbytes // size for v in outputs.values()))
         done += size
         if (time.perf_counter() - started) / done * min(n, done + OUTPUT_PROBE_CHUNK) > OUTPUT_PROBE_BUDGET_S:
@@ -164,10 +173,12 @@ def dynamic_shapes(
     return [f"{t.name} {t.shape} measured as {measured(t.name)}" for t in spec.inputs if -1 in t.shape]
 
 
-def measured_inputs(adapter, module, path: Path, shared_memory: str = "system") -> tuple[PerfInputs, list[str]]:
+def measured_inputs(
+    adapter, module, path: Path, shared_memory: str = "system", answer=None
+) -> tuple[PerfInputs, list[str]]:
     """perf_analyzer's inputs (`prepare_inputs`) and the shapes they are measured at (`dynamic_shapes`); where only
     some of the user's samples are sent, the terminal says so before the first point (the figures describe those)."""
-    inputs = prepare_inputs(adapter, module, path, shared_memory=shared_memory)
+    inputs = prepare_inputs(adapter, module, path, shared_memory=shared_memory, answer=answer)
     given = adapter.given_samples
     sent = inputs.sent or None  # the samples perf_analyzer is given, where they vary in shape
     shapes = dynamic_shapes(adapter.io_spec(), inputs.shapes, given.distribution(sent) if given is not None else None)

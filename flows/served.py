@@ -1,0 +1,170 @@
+"""A model someone else serves, measured where it is (`--served-model` with `--server-url`): wiring only. Its stages
+read the model from the server, make its inputs, sweep it with perf_analyzer and report; nothing is exported,
+uploaded, loaded or changed on the server, and accuracy is not measured (there is no source model to compare with)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from flows.lifecycle import finish_run, run_lifecycle
+from tasks.metrics import metrics_task
+from tasks.perf import perf_task
+from tasks.report import served_report_task
+from tbench.core.errors import PerfAnalyzerError
+from tbench.core.handover import local_path
+from tbench.core.measured import input_data_label, shapes_label
+from tbench.loadgen.perf_analyzer import PerfInputs
+from tbench.request.benchmark import BenchmarkRequest
+from tbench.request.served import ServedSweep, check_served, resolve_served
+from tbench.results.point_cache import tool_versions
+from tbench.stages.sweep import measured_inputs, plan_points
+from tbench.stages.tracker import FAILED, RunTracker
+from tbench.triton.monitor import PointMonitor
+from tbench.triton.served import ServedModel, ServedServer, parse_served_model, read_served_model, served_infer
+from tbench.triton.serving import REMOTE_LABEL
+
+SERVED_CONFIG = "served_config.json"  # the model's config as the server serves it, in the run folder
+
+
+def served_benchmark(request: BenchmarkRequest, hardware) -> str:
+    """Measure `request.served_model` on the server at `request.server_url`; returns the URL of the run folder."""
+    name, version = parse_served_model(request.served_model)
+    req = check_served(request).model_copy(update={"model": name})
+    with run_lifecycle(req, hardware, name, req.model_dump(mode="json")) as tracker:
+        return _measure(req, hardware, name, version, tracker)
+
+
+def _measure(req: BenchmarkRequest, hardware, name: str, version: str, tracker: RunTracker) -> str:
+    from model_adapters.served_model import ServedModelAdapter
+
+    layout = tracker.layout
+    server, served, sweep = ServedServer(req.server_url, layout.server_log), None, None
+    try:
+        with tracker.stage("server"):  # asks only: the server is someone else's
+            server.start()
+            served = read_served_model(server.endpoints.grpc_url, name, version)
+            sweep = resolve_served(req, served.config.max_batch_size, hardware.has_gpu)
+            tracker.save_json(layout.run_dir / SERVED_CONFIG, served.config_json())
+            tracker.save_json(layout.iospec_json, served.io_spec.model_dump())
+            tracker.served_by = {served.format: f"{served.kind} (as served)"}
+        with tracker.stage("inputs"):
+            adapter = ServedModelAdapter(
+                name, server.endpoints.grpc_url, served.io_spec, served.batching, req.shapes, req.value_ranges
+            )
+            if req.input_data:
+                adapter.use_input_data(local_path(req.input_data))
+            inputs, tracker.measured_shapes = measured_inputs(
+                adapter,
+                None,
+                layout.run_dir / "perf_input.json",
+                "none",  # the server may be on another machine: no shared memory
+                answer=lambda chunk: served_infer(server.endpoints.grpc_url, served, chunk),
+            )
+            inputs = replace(inputs, model_version=version)
+            tracker.guessed_shapes = adapter.guessed_shapes
+        tracker.environment = {
+            "server": server.identity(),
+            "tools": tool_versions(),
+            "served_model": {"name": name, "version": served.version, "config": served.config_json()},
+        }
+        labels = _labels(req, served, inputs, tracker.measured_shapes, adapter.given_samples)
+        for scenario in sweep.scenarios:
+            key = f"perf-{scenario.value}-{served.format}"
+            with tracker.stage(key):
+                perf_task(
+                    scenario,
+                    plan_points(
+                        [scenario],
+                        sweep.batch_sizes,
+                        sweep.concurrency,
+                        sweep.request_rates,
+                        sweep.request_distribution,
+                        sweep.online_batch_size,
+                    ),
+                    model=name,
+                    grpc_url=server.endpoints.grpc_url,
+                    spec=served.io_spec,
+                    m=sweep.measurement,
+                    layout=layout,
+                    static=labels,
+                    on_row=lambda t, k=key: tracker.save_points(k, t),
+                    server_alive=server.alive,
+                    inputs=inputs,
+                    monitor=PointMonitor(server.endpoints.grpc_url, name),
+                )
+    except BaseException as err:
+        _finish(tracker, req, hardware, server, served, sweep, error=err)
+        raise
+    url = _finish(tracker, req, hardware, server, served, sweep)
+    if tracker.status == FAILED:
+        raise PerfAnalyzerError(f"{tracker.status_line}; the run folder is {url}")
+    return url
+
+
+def _labels(req, served: ServedModel, inputs: PerfInputs, measured_shapes: list[str], given) -> dict:
+    """The results' static columns of a served model: what the server says it serves, not what tbench chose."""
+    return {
+        "model": served.name,
+        "model_size": f"served v{served.version}" if served.version else "served",
+        "gpu": REMOTE_LABEL,
+        "format": served.format,
+        "backend": f"{served.kind} (as served)",
+        "model_format": served.model_format,
+        "backend_accelerator": "as served",
+        "precision": "as served",
+        "max_batch_size": served.config.max_batch_size,
+        "model_instances": served.instances,
+        "shapes": shapes_label(served.io_spec, inputs.shapes, inputs.varying),
+        "input_data": input_data_label(given),
+        "batching": "dynamic" if served.queue_delay_us is not None else "static",
+        "max_queue_delay_us": served.queue_delay_us or 0,
+    }
+
+
+def _finish(
+    tracker: RunTracker,
+    req: BenchmarkRequest,
+    hardware,
+    server: ServedServer,
+    served: ServedModel | None,
+    sweep: ServedSweep | None,
+    error: BaseException | None = None,
+) -> str:
+    layout = tracker.layout
+    manifest = {
+        "request": req.model_dump(mode="json"),
+        "hardware": hardware.model_dump(),
+        "served_model": (
+            {"name": served.name, "version": served.version, "kind": served.kind, "config": SERVED_CONFIG}
+            if served
+            else None
+        ),
+        "measured_shapes": tracker.measured_shapes,
+        "guessed_shapes": tracker.guessed_shapes,
+        "environment": tracker.environment,
+        "local_dir": str(layout.run_dir),
+    }
+
+    def report() -> None:
+        with tracker.stage("metrics"):
+            manifest["summary"] = summary = metrics_task(tracker.results)
+        with tracker.stage("report"):
+            served_report_task(
+                layout.report_md,
+                tracker.results,
+                run_id=layout.run_id,
+                request=req,
+                served=served,
+                sweep=sweep,
+                identity=tracker.environment.get("server", {}),
+                hardware=hardware,
+                summary=summary,
+                stage_seconds=dict(tracker.stage_seconds),
+                plots_dir=layout.plots_dir,
+                status=tracker.status,
+                error=tracker.error or tracker.status_line,
+                measured_shapes=tracker.measured_shapes,
+                guessed_shapes=tracker.guessed_shapes,
+            )
+
+    return finish_run(tracker, error, manifest, server=server, output=req.output, report=report)

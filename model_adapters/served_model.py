@@ -1,0 +1,43 @@
+"""A model someone else serves, as an adapter: its io spec comes from the server's model config, its inputs are
+synthetic (in the user's value ranges, at the user's --shape) or the user's own samples (--input-data). There is no
+source model: nothing is exported or checked, and the served model itself answers the sample requests."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from model_adapters.base import ModelAdapter, ServingDefaults
+from model_adapters.file_model import ModelFileAdapter
+from tbench.core.iospec import IoSpec
+
+
+class ServedModelAdapter(ModelFileAdapter):
+    framework = "served"
+
+    def __init__(
+        self,
+        name: str,
+        address: str,
+        spec: IoSpec,
+        batching: bool,
+        shapes: dict[str, list[int]] | None = None,
+        value_ranges: dict[str, list[float]] | None = None,
+    ):
+        from tbench.core.model_file import described_model
+
+        ModelAdapter.__init__(self, size="file")
+        self.name, self.path, self.shapes, self.dtypes, self.value_ranges = name, address, shapes, None, value_ranges
+        self.file = described_model(address, None, spec, batching, shapes, value_ranges)
+        self.batching = batching
+
+    def build(self) -> None:
+        return None  # the model is the server's: nothing to build
+
+    def rejected_inputs(self, what: str, error_line: str, inputs: dict[str, np.ndarray]) -> str:
+        return ModelAdapter.rejected_inputs(self, what, error_line, inputs)
+
+    def defaults(self, profile: str) -> ServingDefaults:
+        raise NotImplementedError("a served model is served as its server has it (tbench.request.served)")
+
+    def reproduce_expr(self) -> str:
+        return f"ServedModelAdapter({self.name!r}, {self.path!r}, ...)"
