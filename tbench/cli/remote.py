@@ -34,6 +34,8 @@ from tbench.cli.options import (
     PrecisionOpt,
     Reuse,
     Scenarios,
+    ServedModel,
+    ServerUrl,
     Shape,
     Size,
     Stability,
@@ -50,6 +52,8 @@ def submit(
     shape: Shape = None,
     value_range: ValueRange = None,
     input_data: InputData = None,
+    served_model: ServedModel = None,
+    server_url: ServerUrl = None,
     pool: str = typer.Option("cpu", help="The work pool whose workers run it: a100, v100, t4, a30, a40, h100 or cpu."),
     # no defaults of its own: only the options given are sent, the worker's request fills the rest
     size: Size = None,
@@ -85,13 +89,17 @@ def submit(
             raise ConfigError(
                 "PREFECT_API_URL is not set: point it at the team's Prefect server (or `tbench stack env`)"
             )
-        if not model and not model_file:
-            raise ConfigError("name a model (see `tbench models`) or give --model-file PATH")
+        if not model and not model_file and not served_model:
+            raise ConfigError(
+                "name a model (see `tbench models`), give --model-file PATH or --served-model NAME with --server-url"
+            )
         files = {k: v for k, v in model_file_fields(model_file, shape, value_range, input_data).items() if v}
         request = BenchmarkRequest(
-            model=model or "resnet50",
+            **({"model": model or "resnet50"} if not served_model else _given(model=model)),
             **files,
             **_given(
+                served_model=served_model,
+                server_url=server_url,
                 size=size,
                 framework=framework,
                 formats=_split(formats),
@@ -104,7 +112,12 @@ def submit(
                 measurement=measurement_overrides(window_s, stability, max_trials),
             ),
         )
-        if request.model_file:  # read here as the worker will (a bad file fails here), then handed over
+        if request.served_model:  # the worker measures it where it is served: only the options are checked here
+            from tbench.request.served import check_served
+
+            check_served(request)
+            request = hand_over(request, output or os.environ.get("TBENCH_ARTIFACT_ROOT", "runs"))
+        elif request.model_file:  # read here as the worker will (a bad file fails here), then handed over
             from tbench.request.benchmark import adapter_for
 
             adapter_for(request)
