@@ -4,6 +4,7 @@ results, its logs, a report and a manifest that says it failed and where."""
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 
 from prefect import flow
 from prefect.states import Completed
@@ -29,7 +30,7 @@ from tbench.results.point_cache import tool_versions
 from tbench.stages.accuracy import require_same_answers
 from tbench.stages.correctness import require_passed
 from tbench.stages.store import run_url
-from tbench.stages.sweep import measured_inputs
+from tbench.stages.sweep import measured_shape_sets
 from tbench.stages.tracker import COMPLETED_WITH_FAILURES, FAILED, STATE_COMPLETED_WITH_FAILURES, RunTracker
 from tbench.team.pools import check_worker_hardware
 from tbench.triton.monitor import PointMonitor
@@ -78,9 +79,9 @@ def _benchmark(plan: RunPlan, adapter, tracker: RunTracker) -> str:
                 tracker.correctness += [c.model_copy(update={"model": name}) for c in checked]
             tracker.save_json(layout.correctness_json, [c.model_dump(mode="json") for c in tracker.correctness])
             require_passed(tracker.correctness)
-            inputs, tracker.measured_shapes = measured_inputs(
-                adapter, module, layout.run_dir / "perf_input.json", plan.shared_memory
-            )
+            shape_sets = measured_shape_sets(adapter, module, layout.run_dir, plan.shared_memory)
+            inputs = shape_sets[0].inputs  # a --shape sweep's first set: the server's warm-up, the labels' defaults
+            tracker.measured_shapes = list(dict.fromkeys(line for s in shape_sets for line in s.shapes))
             tracker.guessed_shapes = adapter.guessed_shapes
         with tracker.stage("server"):  # what the server can run decides how the repository serves each format
             server = make_server(
@@ -130,39 +131,43 @@ def _benchmark(plan: RunPlan, adapter, tracker: RunTracker) -> str:
                 require_same_answers(result, model.name)
         identity = server.identity()
         tracker.environment = {"server": identity, "tools": tool_versions(), "model_digests": serving.model_digests}
-        cache = serving.point_cache(identity, inputs) if req.reuse_measurements else None
+        # the point cache is keyed on the inputs sent: one per shape set
+        caches = [serving.point_cache(identity, s.inputs) if req.reuse_measurements else None for s in shape_sets]
         host_load = HostLoad(own=server.processes)  # other processes' CPU, over the measured sweeps only
         tracker.host = host_load.summary  # filled in as it goes: an interrupted run keeps what was seen
         with host_load:
             for model in measured:
                 tracker.served_on[model.format.value] = model.device.model_dump()
                 for scenario in req.scenarios:
-                    key = f"perf-{scenario.value}-{model.format.value}"
                     offline = {n: offline_configs[n] for n in model.behind} if scenario is Scenario.OFFLINE else {}
-                    with tracker.stage(key), configs_loaded(server, offline):
-                        perf_task(
-                            scenario,
-                            plan.points(scenario),
-                            model=model.name,
-                            grpc_url=server.endpoints.grpc_url,
-                            spec=model.spec,
-                            m=req.measurement,
-                            layout=layout,
-                            static={**model.labels, **model.batching(scenario)},
-                            on_row=lambda t, k=key: tracker.save_points(k, t),
-                            gpu_env=plan.gpu_env,  # perf_analyzer's CUDA memory: the server's GPU
-                            server_alive=server.alive,
-                            inputs=inputs,
-                            on_composing=tracker.save_composing,
-                            monitor=PointMonitor(
-                                server.endpoints.grpc_url,
-                                model.name,
-                                server.processes,
-                                server.endpoints.metrics_url,
-                                gpu_uuids=model.device.gpu_uuids,
-                            ),
-                            cache=cache.for_model(model.labels) if cache else None,
-                        )
+                    with configs_loaded(server, offline):  # reloaded once for every shape set
+                        for shapes, cache in zip(shape_sets, caches):  # one set unless the user swept shapes
+                            key = "-".join(filter(None, ("perf", scenario.value, model.format.value, shapes.tag)))
+                            labels = {**model.labels, "shapes": shapes.label}
+                            with tracker.stage(key):
+                                perf_task(
+                                    scenario,
+                                    [replace(p, shapes=shapes.tag) for p in plan.points(scenario)],
+                                    model=model.name,
+                                    grpc_url=server.endpoints.grpc_url,
+                                    spec=model.spec,
+                                    m=req.measurement,
+                                    layout=layout,
+                                    static={**labels, **model.batching(scenario)},
+                                    on_row=lambda t, k=key: tracker.save_points(k, t),
+                                    gpu_env=plan.gpu_env,  # perf_analyzer's CUDA memory: the server's GPU
+                                    server_alive=server.alive,
+                                    inputs=shapes.inputs,
+                                    on_composing=tracker.save_composing,
+                                    monitor=PointMonitor(
+                                        server.endpoints.grpc_url,
+                                        model.name,
+                                        server.processes,
+                                        server.endpoints.metrics_url,
+                                        gpu_uuids=model.device.gpu_uuids,
+                                    ),
+                                    cache=cache.for_model(labels) if cache else None,
+                                )
     except BaseException as err:
         _finish(tracker, plan, server, error=err)
         raise

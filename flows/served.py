@@ -12,12 +12,11 @@ from tasks.perf import perf_task
 from tasks.report import served_report_task
 from tbench.core.errors import PerfAnalyzerError
 from tbench.core.handover import local_path
-from tbench.core.measured import input_data_label, shapes_label
-from tbench.loadgen.perf_analyzer import PerfInputs
+from tbench.core.measured import input_data_label
 from tbench.request.benchmark import BenchmarkRequest
 from tbench.request.served import ServedSweep, check_served, resolve_served
 from tbench.results.point_cache import tool_versions
-from tbench.stages.sweep import measured_inputs, plan_points
+from tbench.stages.sweep import measured_shape_sets, plan_points
 from tbench.stages.tracker import FAILED, RunTracker
 from tbench.triton.monitor import PointMonitor
 from tbench.triton.served import ServedModel, ServedServer, parse_served_model, read_served_model, served_infer
@@ -53,45 +52,50 @@ def _measure(req: BenchmarkRequest, hardware, name: str, version: str, tracker: 
             )
             if req.input_data:
                 adapter.use_input_data(local_path(req.input_data))
-            inputs, tracker.measured_shapes = measured_inputs(
-                adapter,
-                None,
-                layout.run_dir / "perf_input.json",
-                "none",  # the server may be on another machine: no shared memory
-                answer=lambda chunk: served_infer(server.endpoints.grpc_url, served, chunk),
-            )
-            inputs = replace(inputs, model_version=version)
+            shape_sets = [
+                replace(s, inputs=replace(s.inputs, model_version=version))
+                for s in measured_shape_sets(
+                    adapter,
+                    None,
+                    layout.run_dir,
+                    "none",  # the server may be on another machine: no shared memory
+                    answer=lambda chunk: served_infer(server.endpoints.grpc_url, served, chunk),
+                )
+            ]
+            tracker.measured_shapes = list(dict.fromkeys(line for s in shape_sets for line in s.shapes))
             tracker.guessed_shapes = adapter.guessed_shapes
         tracker.environment = {
             "server": server.identity(),
             "tools": tool_versions(),
             "served_model": {"name": name, "version": served.version, "config": served.config_json()},
         }
-        labels = _labels(req, served, inputs, tracker.measured_shapes, adapter.given_samples)
+        labels = _labels(served, adapter.given_samples)
         for scenario in sweep.scenarios:
-            key = f"perf-{scenario.value}-{served.format}"
-            with tracker.stage(key):
-                perf_task(
-                    scenario,
-                    plan_points(
-                        [scenario],
-                        sweep.batch_sizes,
-                        sweep.concurrency,
-                        sweep.request_rates,
-                        sweep.request_distribution,
-                        sweep.online_batch_size,
-                    ),
-                    model=name,
-                    grpc_url=server.endpoints.grpc_url,
-                    spec=served.io_spec,
-                    m=sweep.measurement,
-                    layout=layout,
-                    static=labels,
-                    on_row=lambda t, k=key: tracker.save_points(k, t),
-                    server_alive=server.alive,
-                    inputs=inputs,
-                    monitor=PointMonitor(server.endpoints.grpc_url, name),
-                )
+            points = plan_points(
+                [scenario],
+                sweep.batch_sizes,
+                sweep.concurrency,
+                sweep.request_rates,
+                sweep.request_distribution,
+                sweep.online_batch_size,
+            )
+            for shapes in shape_sets:  # one set unless the user swept shapes
+                key = "-".join(filter(None, ("perf", scenario.value, served.format, shapes.tag)))
+                with tracker.stage(key):
+                    perf_task(
+                        scenario,
+                        [replace(p, shapes=shapes.tag) for p in points],
+                        model=name,
+                        grpc_url=server.endpoints.grpc_url,
+                        spec=served.io_spec,
+                        m=sweep.measurement,
+                        layout=layout,
+                        static={**labels, "shapes": shapes.label},
+                        on_row=lambda t, k=key: tracker.save_points(k, t),
+                        server_alive=server.alive,
+                        inputs=shapes.inputs,
+                        monitor=PointMonitor(server.endpoints.grpc_url, name),
+                    )
     except BaseException as err:
         _finish(tracker, req, hardware, server, served, sweep, error=err)
         raise
@@ -101,7 +105,7 @@ def _measure(req: BenchmarkRequest, hardware, name: str, version: str, tracker: 
     return url
 
 
-def _labels(req, served: ServedModel, inputs: PerfInputs, measured_shapes: list[str], given) -> dict:
+def _labels(served: ServedModel, given) -> dict:
     """The results' static columns of a served model: what the server says it serves, not what tbench chose."""
     return {
         "model": served.name,
@@ -114,7 +118,6 @@ def _labels(req, served: ServedModel, inputs: PerfInputs, measured_shapes: list[
         "precision": "as served",
         "max_batch_size": served.config.max_batch_size,
         "model_instances": served.instances,
-        "shapes": shapes_label(served.io_spec, inputs.shapes, inputs.varying),
         "input_data": input_data_label(given),
         "batching": "dynamic" if served.queue_delay_us is not None else "static",
         "max_queue_delay_us": served.queue_delay_us or 0,

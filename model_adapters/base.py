@@ -141,6 +141,16 @@ class ModelAdapter(ABC):
         are its model's own (a model file's may be: model_adapters.file_model)."""
         return {}
 
+    @property
+    def shape_sets(self) -> list[dict[str, list[int]]]:
+        """The shape sets a run measures one after another (a --shape sweep of a model file); one set by default:
+        {} (the model's own shapes)."""
+        return [{}]
+
+    def at_shapes(self, shapes: dict[str, list[int]]) -> ModelAdapter:
+        """This adapter at one of its shape sets."""
+        return self
+
     def reproduce_expr(self) -> str:
         """Python that rebuilds this adapter, for the reproduce scripts next to each conversion."""
         return (

@@ -4,6 +4,7 @@ file's own runtime (there are no labels)."""
 
 from __future__ import annotations
 
+import copy
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,11 +27,30 @@ class ModelFileAdapter(ModelAdapter):
         dtypes: dict[str, str] | None = None,
         value_ranges: dict[str, list[float]] | None = None,
     ):
-        from tbench.core.model_file import read_model_file
+        from tbench.core.enums import Format
+        from tbench.core.model_file import described_model, detect_format, onnx_dim_names, read_model_file
+        from tbench.core.shape_sets import shape_sets
 
         super().__init__(size="file")
         self.path, self.shapes, self.dtypes, self.value_ranges = str(path), shapes, dtypes, value_ranges
-        self.file = read_model_file(Path(path), shapes=shapes, dtypes=dtypes, value_ranges=value_ranges)
+        if detect_format(Path(path)) is Format.TS_SCRIPT:  # without io_spec.json, the --shape values declare its inputs
+            self.file = read_model_file(Path(path), shapes=shapes, dtypes=dtypes, value_ranges=value_ranges)
+            self._shape_sets = [dict(shapes or {})]
+        else:  # several shapes per input: a sweep; inputs sharing a named dim take its size together
+            self.file = read_model_file(Path(path), dtypes=dtypes)
+            names = onnx_dim_names(Path(path), self.file.batching) if self.file.format is Format.ONNX else {}
+            self._shape_sets = shape_sets(self.file.io_spec, shapes, names)
+            self.shapes = self._shape_sets[0] or shapes
+            self.file = described_model(
+                self.file.path,
+                self.file.format,
+                self.file.io_spec,
+                self.file.batching,
+                self.shapes,
+                value_ranges,
+                self.file.int_high,
+                self.file.table_rows,
+            )
         self.batching = self.file.batching
         self.framework = self.file.format.value  # the file is its own source: served as it is, or converted onward
         stem = Path(path).name.split(".")[0] or "model"
@@ -38,6 +58,28 @@ class ModelFileAdapter(ModelAdapter):
 
     def build(self) -> Path:
         return Path(self.path)
+
+    @property
+    def shape_sets(self) -> list[dict[str, list[int]]]:
+        return self._shape_sets
+
+    def at_shapes(self, shapes: dict[str, list[int]]) -> ModelFileAdapter:
+        """This model file at one shape set of a sweep: its synthetic data and perf_analyzer's --shape follow."""
+        from tbench.core.model_file import described_model
+
+        other = copy.copy(self)
+        other.shapes, other._shape_sets = shapes, [shapes]
+        other.file = described_model(
+            self.file.path,
+            self.file.format,
+            self.file.io_spec,
+            self.file.batching,
+            shapes,
+            self.value_ranges,
+            self.file.int_high,
+            self.file.table_rows,
+        )
+        return other
 
     def io_spec(self) -> IoSpec:
         return self.file.io_spec
@@ -63,6 +105,8 @@ class ModelFileAdapter(ModelAdapter):
             raise ConfigError(
                 "--value-range shapes synthetic data, and --input-data replaces it: give one or the other"
             )
+        if len(self.shape_sets) > 1:
+            raise ConfigError("--input-data gives the samples' own shapes: a --shape sweep measures synthetic data")
         super().use_input_data(path)
         given = self.given_samples.shapes()
         for name, dims in (self.shapes or {}).items():

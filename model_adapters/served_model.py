@@ -24,10 +24,13 @@ class ServedModelAdapter(ModelFileAdapter):
         value_ranges: dict[str, list[float]] | None = None,
     ):
         from tbench.core.model_file import described_model
+        from tbench.core.shape_sets import shape_sets
 
         ModelAdapter.__init__(self, size="file")
-        self.name, self.path, self.shapes, self.dtypes, self.value_ranges = name, address, shapes, None, value_ranges
-        self.file = described_model(address, None, spec, batching, shapes, value_ranges)
+        self.name, self.path, self.dtypes, self.value_ranges = name, address, None, value_ranges
+        self._shape_sets = shape_sets(spec, shapes)  # several shapes per input: a sweep
+        self.shapes = self._shape_sets[0] or shapes
+        self.file = described_model(address, None, spec, batching, self.shapes, value_ranges)
         self.batching = batching
 
     def build(self) -> None:

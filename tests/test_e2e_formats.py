@@ -147,6 +147,33 @@ def test_a_model_file_is_read_served_checked_and_swept(prefect_harness, tmp_path
     assert "Served by: python" in report and "### Accuracy through Triton" in report
 
 
+def test_a_shape_sweep_measures_every_point_at_every_shape(prefect_harness, tmp_path):
+    """--shape ids:4,12: two shape sets; features shares ids' named dim (s) and moves with it. Each point is measured
+    at each set, the results keep the shape in their own column, and the report plots them against shape."""
+    model_file = _write_onnx(tmp_path)
+    run, results, report = run_flow(
+        tmp_path,
+        BenchmarkRequest(model_file=str(model_file), shapes={"ids": [4, 12]}, output=str(tmp_path), **QUICK),
+    )
+    ok = results[results["status"] == "ok"]
+    assert set(ok["shapes"]) == {"features=4x8; ids=4", "features=12x8; ids=12"}
+    for _, points in ok.groupby("shapes"):
+        assert {(r.scenario, r.batch_size, r.concurrency) for r in points.itertuples()} == {
+            ("offline", 1, 1),
+            ("offline", 2, 1),
+            ("online", 1, 2),
+        }
+    assert {p.name for p in (run / "perf").glob("*_offline_b2_c1_*_try0.csv")} == {
+        "scorer_offline_b2_c1_features4x8_ids4_try0.csv",
+        "scorer_offline_b2_c1_features12x8_ids12_try0.csv",
+    }
+    (log,) = (run / "logs" / "perf_analyzer").glob("*_offline_b2_c1_features12x8_ids12_try0.log")
+    assert "--shape features:12,8" in log.read_text().splitlines()[0]
+    assert "### By shape" in report and (run / "plots" / "onnx_shapes_throughput_p99.png").is_file()
+    manifest = json.loads((run / "manifest.json").read_text())
+    assert manifest["guessed_shapes"] == {} and len(manifest["measured_shapes"]) == 4
+
+
 # ---- a file as large models are saved (weights in a separate file) with FP16 inputs and outputs
 
 

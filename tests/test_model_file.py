@@ -371,12 +371,54 @@ def test_the_dims_nobody_sized_are_named_with_the_shape_line_that_sets_them(onnx
         "features": [DEFAULT_DYNAMIC_DIM, 8],
         "ids": [DEFAULT_DYNAMIC_DIM],
     }
-    sized = ModelFileAdapter(str(onnx_path), shapes={"features": [DEFAULT_DYNAMIC_DIM, 8]})
-    assert sized.guessed_shapes == {"ids": [DEFAULT_DYNAMIC_DIM]}
+    # ids shares its dim (S) with features: sizing one sizes both, and nothing is guessed
+    sized = ModelFileAdapter(str(onnx_path), shapes={"features": [7, 8]})
+    assert sized.guessed_shapes == {} and sized.file.input_shapes == {"features": [7, 8], "ids": [7]}
     said = []
     monkeypatch.setattr(progress, "warn", said.append)
     sweep.measured_inputs(sized, sized.build(), tmp_path / "perf_input.json")
+    assert said == []
+    unsized = ModelFileAdapter(str(onnx_path))
+    sweep.measured_inputs(unsized, unsized.build(), tmp_path / "perf_input.json")
     assert said == [
-        f"dynamic dims no --shape sets are measured as ids at [{DEFAULT_DYNAMIC_DIM}]; "
-        f"to choose: --shape ids:{DEFAULT_DYNAMIC_DIM}"
+        f"dynamic dims no --shape sets are measured as features at [{DEFAULT_DYNAMIC_DIM}, 8], ids at "
+        f"[{DEFAULT_DYNAMIC_DIM}]; to choose: --shape features:{DEFAULT_DYNAMIC_DIM},8 --shape ids:{DEFAULT_DYNAMIC_DIM}"
     ]
+
+
+def test_several_shapes_per_input_are_a_sweep_and_shared_dims_move_together(onnx_path):
+    from model_adapters.file_model import ModelFileAdapter
+    from tbench.core.shape_sets import shape_tags
+
+    swept = ModelFileAdapter(str(onnx_path), shapes={"ids": [32, 64, 128]})
+    assert swept.shape_sets == [
+        {"ids": [32], "features": [32, 8]},
+        {"ids": [64], "features": [64, 8]},
+        {"ids": [128], "features": [128, 8]},
+    ]
+    assert shape_tags(swept.shape_sets) == ["features32x8_ids32", "features64x8_ids64", "features128x8_ids128"]
+    at = swept.at_shapes(swept.shape_sets[2])
+    assert at.file.input_shapes == {"features": [128, 8], "ids": [128]} and at.sample_batch(2)["ids"].shape == (2, 128)
+    assert swept.file.input_shapes["ids"] == [32]  # the adapter itself: the first set
+    # an input of rank 2 takes two values per shape
+    assert ModelFileAdapter(str(onnx_path), shapes={"features": [16, 8, 32, 8]}).shape_sets[1]["ids"] == [32]
+
+
+@pytest.mark.parametrize(
+    "shapes, refused",
+    [
+        ({"features": [16, 8, 32]}, "does not split into shapes of features's rank 2"),
+        ({"features": [16, 8, 32, 8], "ids": [16, 32, 64]}, "give each as many shapes \\(features 2, ids 3\\)"),
+        ({"nope": [3]}, "--shape names unknown input\\(s\\) nope"),
+        ({"ids": [16, 7]}, None),
+    ],
+)
+def test_a_shape_sweep_that_does_not_split_is_refused_in_one_line(onnx_path, shapes, refused):
+    from model_adapters.file_model import ModelFileAdapter
+
+    if refused is None:  # two shapes of a rank-1 input: a sweep of two sets
+        assert len(ModelFileAdapter(str(onnx_path), shapes=shapes).shape_sets) == 2
+        return
+    with pytest.raises(ConfigError, match=refused) as err:
+        ModelFileAdapter(str(onnx_path), shapes=shapes)
+    assert "\n" not in str(err.value)

@@ -43,6 +43,7 @@ class ModelFile(BaseModel):
     int_high: int  # integer inputs are drawn from [0, int_high) unless a range below says otherwise
     value_ranges: dict[str, list[float]] = {}  # the user's [LO, HI] per input (--value-range): synthetic data in it
     table_rows: dict[str, int] = {}  # ONNX: rows of the embedding table(s) an integer input indexes (the fewest)
+    dim_names: dict[str, list[str]] = {}  # ONNX: each input's non-batch dims' names ("" for none): shared sizes
 
 
 # ---------------------------------------------------------------- format
@@ -243,6 +244,21 @@ def _tensor(name: str, dtype: Any, shape: list[int], path: Path) -> TensorSpec:
 
 
 # ---------------------------------------------------------------- ONNX
+
+
+def onnx_dim_names(path: Path, batching: bool) -> dict[str, list[str]]:
+    """Each input's named dims (ONNX dim_param, "" where a dim has none), batch axis left out when `batching`:
+    inputs whose dynamic dims share a name (input_ids and attention_mask share `sequence`) take one size together."""
+    import onnx
+
+    graph = onnx.load(str(path), load_external_data=False).graph
+    initializers = {i.name for i in graph.initializer}
+    skip = 1 if batching else 0
+    return {
+        v.name: [d.dim_param for d in v.type.tensor_type.shape.dim][skip:]
+        for v in graph.input
+        if v.name not in initializers
+    }
 
 
 def _read_onnx(path: Path) -> tuple[IoSpec, bool, dict[str, int]]:

@@ -28,19 +28,22 @@ class Point:
     concurrency: int | None  # None for request-rate points: open loop, no fixed number of clients
     rate: float | None = None  # requests per second (rate scenario)
     distribution: str = "constant"  # request arrivals: constant or poisson (rate scenario)
+    shapes: str = ""  # the shape set of a --shape sweep (tbench.core.shape_sets.shape_tags); "" without a sweep
 
     @property
     def label(self) -> str:
-        """How the point names its files: b4_c1, or b1_r50_poisson for a request rate."""
+        """How the point names its files: b4_c1, or b1_r50_poisson for a request rate (then the shape set's tag)."""
         if self.rate is not None:
-            return f"b{self.batch_size}_r{self.rate:g}_{self.distribution}"
-        return f"b{self.batch_size}_c{self.concurrency}"
+            label = f"b{self.batch_size}_r{self.rate:g}_{self.distribution}"
+        else:
+            label = f"b{self.batch_size}_c{self.concurrency}"
+        return f"{label}_{self.shapes}" if self.shapes else label
 
     def describe(self) -> str:
         load = (
             f"rate {self.rate:g}/s {self.distribution}" if self.rate is not None else f"concurrency {self.concurrency}"
         )
-        return f"{self.scenario.value} batch {self.batch_size} {load}"
+        return f"{self.scenario.value} batch {self.batch_size} {load}" + (f" at {self.shapes}" if self.shapes else "")
 
 
 @dataclass(frozen=True)

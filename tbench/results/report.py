@@ -16,7 +16,14 @@ from tbench.results.published import (
     load_published,
     published_sizes,
 )
-from tbench.results.report_plots import plot_composing, plot_formats, plot_offline, plot_online, plot_rate
+from tbench.results.report_plots import (
+    plot_composing,
+    plot_formats,
+    plot_offline,
+    plot_online,
+    plot_rate,
+    plot_shapes,
+)
 
 OFFLINE_COLUMNS = {
     "precision": "Precision",
@@ -251,6 +258,10 @@ def format_section(
     if accuracy:
         lines += ["### Accuracy through Triton", "", *accuracy_lines(accuracy)]
     rows = results[results["format"] == fmt] if not results.empty else results
+    swept = rows[rows["status"] == "ok"] if not rows.empty else rows
+    if not swept.empty and swept["shapes"].nunique() > 1:  # a --shape sweep: its own section; below, its first set
+        lines += shape_lines(swept, plots_dir, f"{fmt}_")
+        rows = rows[rows["shapes"] == swept["shapes"].iloc[0]]
     offline = scenario_rows(rows, "offline") if not rows.empty else rows
     if not offline.empty:
         left, right = (p.relative_to(run_dir).as_posix() for p in plot_offline(offline, plots_dir, f"{fmt}_"))
@@ -324,6 +335,33 @@ def format_section(
     if composing is not None and not composing.empty:
         lines += composing_lines(composing[composing["format"] == fmt], plots_dir, f"{fmt}_")
     return lines
+
+
+def shape_lines(rows: pd.DataFrame, plots_dir: Path, prefix: str) -> list[str]:
+    """A --shape sweep: every stable point by shape, and the plot of throughput and p99 against shape."""
+    plot = plot_shapes(rows, plots_dir, prefix).relative_to(plots_dir.parent).as_posix()
+    columns = {
+        "shapes": "Shapes",
+        "scenario": "Scenario",
+        "batch_size": "Client Batch Size",
+        "concurrency": "Concurrent client requests",
+        THROUGHPUT.column: THROUGHPUT.header,
+        "p99_ms": "P99 Latency",
+        AVG.column: AVG.header,
+    }
+    table = rows.sort_values(["scenario", "batch_size", "concurrency"], kind="stable")[list(columns)]
+    first = rows["shapes"].iloc[0]
+    return [
+        "### By shape",
+        "",
+        f"The shapes swept ({rows['shapes'].nunique()} sets), each measured at every point below; the scenario "
+        f"sections after this one show the first set ({first}).",
+        "",
+        f"![]({plot})",
+        "",
+        table.rename(columns=columns).round(3).to_markdown(index=False),
+        "",
+    ]
 
 
 def published_lines(results: pd.DataFrame) -> list[str]:

@@ -108,3 +108,23 @@ def plot_composing(rows: pd.DataFrame, plots_dir: Path, prefix: str = "") -> Pat
     table.plot.bar(stacked=True, ax=ax, rot=0)
     ax.set(xlabel="Batch", ylabel="Server request latency (ms)", title="Offline: latency per composing model")
     return _save(fig, plots_dir / f"{prefix}composing_latency.png")
+
+
+def plot_shapes(rows: pd.DataFrame, plots_dir: Path, prefix: str = "") -> Path:
+    """A --shape sweep: throughput and p99 latency against the measured shapes (in the order measured), one line per
+    offline batch size and per online concurrency: how the model scales with sequence length."""
+    order = list(dict.fromkeys(rows["shapes"]))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for (scenario, batch, conc), line in rows.groupby(["scenario", "batch_size", "concurrency"], sort=True):
+        line = line.set_index("shapes").reindex(order)
+        label = f"{scenario} b{batch}" + (f" c{conc:g}" if scenario != "offline" else "")
+        left.plot(order, line[THROUGHPUT.column], marker="o", label=label)
+        right.plot(order, line["p99_ms"], marker="o", label=label)
+    left.set(xlabel="Shapes", ylabel="Inferences/second", title="Throughput vs shape")
+    right.set(xlabel="Shapes", ylabel="P99 latency (ms)", title="P99 latency vs shape")
+    for ax in (left, right):
+        ax.set_ylim(bottom=0)
+        ax.tick_params(axis="x", labelrotation=20)
+        if ax.has_data():
+            ax.legend(fontsize="small")
+    return _save(fig, plots_dir / f"{prefix}shapes_throughput_p99.png")

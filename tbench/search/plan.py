@@ -39,6 +39,11 @@ def resume_checkpoint(resume_from: str | None, context: dict | None = None) -> P
 
 def fit_search(search: SearchRequest, req) -> tuple[SearchRequest, str | None]:
     """The search a model can take (SearchSpace.fitted_to) and, where its grid shrank, the line that says why."""
+    if req.shapes and any(len(dims) > 1 for dims in req.shapes.values()):
+        from tbench.request.benchmark import adapter_for
+
+        if len(adapter_for(req).shape_sets) > 1:  # a search compares configurations at one shape
+            raise ConfigError("a --shape sweep is measured by `tbench run`; search and capacity take one shape")
     space = search.space.fitted_to(req.max_batch_size)
     if space == search.space:
         return search, None

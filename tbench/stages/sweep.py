@@ -12,6 +12,7 @@ import json
 import signal
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -173,8 +174,34 @@ def dynamic_shapes(
     return [f"{t.name} {t.shape} measured as {measured(t.name)}" for t in spec.inputs if -1 in t.shape]
 
 
+@dataclass(frozen=True)
+class ShapeSet:
+    """One shape set of a run (a --shape sweep has several): perf_analyzer's inputs at it, and its names."""
+
+    tag: str  # in point labels, file names and stage names; "" for a run's only set
+    inputs: PerfInputs
+    shapes: list[str]  # the dynamic dims as measured (dynamic_shapes)
+    label: str | None  # the results' shapes column (tbench.core.measured.shapes_label)
+
+
+def measured_shape_sets(adapter, module, run_dir: Path, shared_memory: str = "system", answer=None) -> list[ShapeSet]:
+    """perf_analyzer's inputs at each of the adapter's shape sets (`measured_inputs`): one set unless the user swept
+    shapes, each with its own input data file."""
+    from tbench.core.measured import shapes_label
+    from tbench.core.shape_sets import shape_tags
+
+    sets = adapter.shape_sets
+    measured = []
+    for shapes, tag in zip(sets, shape_tags(sets)):
+        at = adapter.at_shapes(shapes) if tag else adapter
+        path = run_dir / (f"perf_input_{tag}.json" if tag else "perf_input.json")
+        inputs, described = measured_inputs(at, module, path, shared_memory, answer, warn=not measured)
+        measured.append(ShapeSet(tag, inputs, described, shapes_label(at.io_spec(), inputs.shapes, inputs.varying)))
+    return measured
+
+
 def measured_inputs(
-    adapter, module, path: Path, shared_memory: str = "system", answer=None
+    adapter, module, path: Path, shared_memory: str = "system", answer=None, warn: bool = True
 ) -> tuple[PerfInputs, list[str]]:
     """perf_analyzer's inputs (`prepare_inputs`) and the shapes they are measured at (`dynamic_shapes`); where only
     some of the user's samples are sent, the terminal says so before the first point (the figures describe those)."""
@@ -184,7 +211,7 @@ def measured_inputs(
     shapes = dynamic_shapes(adapter.io_spec(), inputs.shapes, given.distribution(sent) if given is not None else None)
     if sent and len(sent) < given.count:
         progress.warn(f"{len(sent)} of the {given.count} input samples are sent, spread over them: see the report")
-    if guessed := adapter.guessed_shapes:  # a model file's dynamic dims that nobody sized
+    if warn and (guessed := adapter.guessed_shapes):  # a model file's dynamic dims that nobody sized
         progress.warn(guessed_shapes_line(guessed))
     return inputs, shapes
 
@@ -198,6 +225,7 @@ def cache_key(point: Point, model: str) -> dict:
         "concurrency": point.concurrency,
         "rate": point.rate,
         "distribution": point.distribution,
+        **({"shapes": point.shapes} if point.shapes else {}),  # without a sweep: the keys of earlier runs
     }
 
 
