@@ -382,7 +382,8 @@ def test_the_dims_nobody_sized_are_named_with_the_shape_line_that_sets_them(onnx
     sweep.measured_inputs(unsized, unsized.build(), tmp_path / "perf_input.json")
     assert said == [
         f"dynamic dims no --shape sets are measured as features at [{DEFAULT_DYNAMIC_DIM}, 8], ids at "
-        f"[{DEFAULT_DYNAMIC_DIM}]; to choose: --shape features:{DEFAULT_DYNAMIC_DIM},8 --shape ids:{DEFAULT_DYNAMIC_DIM}"
+        f"[{DEFAULT_DYNAMIC_DIM}]; to choose: --shape features:{DEFAULT_DYNAMIC_DIM},8 "
+        f"--shape ids:{DEFAULT_DYNAMIC_DIM}"
     ]
 
 
