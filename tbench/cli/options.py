@@ -39,7 +39,11 @@ ModelOrFile = Annotated[
 ModelFile = Annotated[str | None, typer.Option("--model-file", help=field_help("model_file"))]
 Shape = Annotated[
     list[str] | None,
-    typer.Option("--shape", help="--model-file: an input's non-batch shape, NAME:D1,D2 (repeat per input)."),
+    typer.Option(
+        "--shape",
+        help="--model-file, --served-model: an input's non-batch shape, NAME:D1,D2 (repeat per input); several "
+        "shapes one after another sweep them (input_ids:64,128,256), inputs sharing the dim moving along.",
+    ),
 ]
 ValueRange = Annotated[
     list[str] | None,
