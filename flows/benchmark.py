@@ -79,7 +79,7 @@ def _benchmark(plan: RunPlan, adapter, tracker: RunTracker) -> str:
                 tracker.correctness += [c.model_copy(update={"model": name}) for c in checked]
             tracker.save_json(layout.correctness_json, [c.model_dump(mode="json") for c in tracker.correctness])
             require_passed(tracker.correctness)
-            shape_sets = measured_shape_sets(adapter, module, layout.run_dir, plan.shared_memory)
+            shape_sets = measured_shape_sets(adapter, module, layout.run_dir, plan.shared_memory(adapter.io_spec()))
             inputs = shape_sets[0].inputs  # a --shape sweep's first set: the server's warm-up, the labels' defaults
             tracker.measured_shapes = list(dict.fromkeys(line for s in shape_sets for line in s.shapes))
             tracker.guessed_shapes = adapter.guessed_shapes

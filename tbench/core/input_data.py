@@ -251,8 +251,12 @@ def _json_value(value, t: TensorSpec, what: str) -> tuple[np.ndarray, list[int] 
         flat = np.asarray(value).ravel()
     except ValueError:
         raise ConfigError(f"{what} is a ragged list; give its values flat, in row-major order") from None
+    if t.np_dtype.kind == "O":  # a string input: JSON strings
+        if flat.dtype.kind != "U":
+            raise ConfigError(f"{what} holds {_kind(flat)}; {t.name} takes strings")
+        return flat.astype(object), shape
     if flat.dtype.kind not in "biuf":
-        raise ConfigError(f"{what} holds {_kind(flat)}, not numbers; tbench feeds numeric inputs only")
+        raise ConfigError(f"{what} holds {_kind(flat)}, not numbers; {t.name} takes {t.dtype}")
     return flat, shape
 
 
@@ -305,6 +309,10 @@ def _checked(array: np.ndarray, t: TensorSpec, where: str) -> np.ndarray:
             f"{_dims(list(array.shape))}, samples on axis 0); the model takes {_dims(t.shape)} "
             "(-1 is dynamic)"
         )
+    if t.np_dtype.kind == "O":  # strings: from JSON, or an .npz's unicode (or object) arrays
+        if array.dtype.kind == "U" or (array.dtype.kind == "O" and all(isinstance(v, str) for v in array.ravel())):
+            return array.astype(object)
+        raise ConfigError(f"{where}: {t.name} holds {_kind(array)}; the model takes strings")
     if array.dtype == t.np_dtype:
         return array
     if array.dtype.kind not in "biuf":

@@ -19,6 +19,7 @@ _TRITON_DTYPES = {
     "uint16": "UINT16",
     "uint8": "UINT8",
     "bool": "BOOL",
+    "object": "BYTES",  # strings (Triton's TYPE_STRING): numpy object arrays of str, as tritonclient sends them
 }
 
 
@@ -42,6 +43,11 @@ class IoSpec(BaseModel):
     inputs: list[TensorSpec]
     outputs: list[TensorSpec]
     batch_axis: int = 0
+
+    @property
+    def has_strings(self) -> bool:
+        """Whether a tensor is a string (BYTES) one: their sizes vary per request."""
+        return any(t.np_dtype.kind == "O" for t in [*self.inputs, *self.outputs])
 
     def input_names(self) -> list[str]:
         return [t.name for t in self.inputs]

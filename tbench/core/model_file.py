@@ -22,6 +22,11 @@ from tbench.core.iospec import _TRITON_DTYPES, IoSpec, TensorSpec
 from tbench.core.runtimes import cached, run_file
 
 DEFAULT_DYNAMIC_DIM = 16  # the size a dynamic non-batch dim gets when the user names none
+# the words synthetic strings are made of: common English, so a text model's vocabulary finds some of them
+SYNTHETIC_WORDS = (
+    "the a of and to in is it that was for on with as this movie film good bad great not very story time one "
+    "like just plot best well even really people acting love characters could would see make ever only little"
+).split()
 ACCEPTED = (
     "an .onnx file, a TensorFlow SavedModel directory (with saved_model.pb) or a TorchScript archive (torch.jit.save)"
 )
@@ -188,7 +193,11 @@ def _check_ranges(spec: IoSpec, ranges: dict[str, list[float]]) -> None:
         given = f"--value-range {name}:{','.join(f'{b:g}' for b in bounds)}"
         if len(bounds) != 2 or not all(math.isfinite(b) for b in bounds) or bounds[0] > bounds[1]:
             raise ConfigError(f"{given} needs two finite numbers LO,HI with LO <= HI")
-        if dtypes[name].kind in "biu":
+        if dtypes[name].kind == "O":  # a string input: words per string
+            low, high = _int_bounds(bounds)
+            if low < 1 or low > high:
+                raise ConfigError(f"{given}: a string input's range is its words per string, LO >= 1 and LO <= HI")
+        elif dtypes[name].kind in "biu":
             low, high = _int_bounds(bounds)
             limits = (
                 (0, 1)
@@ -321,10 +330,6 @@ def _onnx_table_rows(graph: Any, names: list[str]) -> dict[str, int]:
 _CAST_INSIDE = "export it with float16 or float32 at the model's edge (cast inside the model)"
 _UNFED_ONNX_TYPES = {
     16: f"is bfloat16, which numpy cannot hold and perf_analyzer takes only as raw bytes: {_CAST_INSIDE}",  # BFLOAT16
-    8: (  # STRING
-        "is a string tensor (Triton's BYTES), which tbench cannot generate or compare: export the model to take "
-        "token ids (int64) and tokenize before it"
-    ),
     **{t: f"is an 8-bit float, which numpy cannot hold: {_CAST_INSIDE}" for t in (17, 18, 19, 20)},  # FLOAT8*
     **{t: "is a complex tensor, which Triton has no type for" for t in (14, 15)},  # COMPLEX64, COMPLEX128
 }
@@ -588,6 +593,15 @@ def _random(
     dtype: str, shape: list[int], rng: np.random.Generator, bounds: list[float] | None = None, int_high: int = 16
 ) -> np.ndarray:
     np_dtype = np.dtype(dtype)
+    if np_dtype.kind == "O":  # strings: LO..HI words each (--value-range), 1..8 by default
+        low, high = _int_bounds(bounds) if bounds is not None else (1, 8)
+        counts = rng.integers(low, high, shape, endpoint=True)
+        words = rng.integers(0, len(SYNTHETIC_WORDS), int(counts.sum()))
+        out, start = np.empty(shape, dtype=object), 0
+        for index, count in np.ndenumerate(counts):
+            out[index] = " ".join(SYNTHETIC_WORDS[w] for w in words[start : start + count])
+            start += count
+        return out
     if np_dtype.kind in "biu" and bounds is not None:
         low, high = _int_bounds(bounds)
         return rng.integers(

@@ -31,10 +31,11 @@ def server_options(req, hardware=None) -> dict:
     return {k: v for k, v in options.items() if v is not None}
 
 
-def offline_shared_memory(req, hardware) -> str:
+def offline_shared_memory(req, hardware, strings: bool = False) -> str:
     """CUDA shared memory where perf_analyzer and the server share a GPU node (the guides' offline runs on GPU), system
-    shared memory on a CPU machine; a remote server shares no memory with us (its offline points say so)."""
-    if req.server == "remote":
+    shared memory on a CPU machine; a remote server shares no memory with us (its offline points say so), and string
+    tensors, whose sizes vary per request, go over gRPC."""
+    if req.server == "remote" or strings:
         return "none"
     return "cuda" if hardware.has_gpu else "system"
 

@@ -89,10 +89,9 @@ class RunPlan:
         """make_server's options for the request's mode (tbench.planning.plan.server_options)."""
         return server_options(self.req, self.hardware)
 
-    @property
-    def shared_memory(self) -> str:
-        """The shared memory perf_analyzer's offline points use."""
-        return offline_shared_memory(self.req, self.hardware)
+    def shared_memory(self, spec: IoSpec) -> str:
+        """The shared memory perf_analyzer's offline points use for a model of this io spec."""
+        return offline_shared_memory(self.req, self.hardware, spec.has_strings)
 
     @property
     def gpu_env(self) -> dict[str, str]:

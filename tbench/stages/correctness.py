@@ -13,12 +13,19 @@ from tbench.core.runtimes import run_file, run_source
 def compare(
     reference: dict[str, np.ndarray], candidate: dict[str, np.ndarray], atol: float, rtol: float
 ) -> list[OutputError]:
-    """Pass when max|a - b| <= atol + rtol * max|ref| for each output."""
+    """Pass when max|a - b| <= atol + rtol * max|ref| for each output; a string output when every string is equal
+    (its error: the share of strings that differ)."""
     rows = []
     for name, ref in reference.items():
         got = candidate[name]
         if got.shape != ref.shape:
             raise CorrectnessError(f"output {name}: shape {got.shape} differs from the framework's {ref.shape}")
+        if ref.dtype.kind == "O" or got.dtype.kind == "O":
+            differ = float(np.mean(_text(got) != _text(ref))) if ref.size else 0.0
+            rows.append(
+                OutputError(output=name, max_abs_err=differ, max_rel_err=differ, tolerance=0.0, passed=not differ)
+            )
+            continue
         abs_err = float(np.max(np.abs(got.astype(np.float64) - ref))) if ref.size else 0.0
         scale = float(np.max(np.abs(ref))) if ref.size else 0.0
         tolerance = atol + rtol * scale
@@ -32,6 +39,11 @@ def compare(
             )
         )
     return rows
+
+
+def _text(values: np.ndarray) -> np.ndarray:
+    """Strings as str, whether a runtime gave them as str or (Triton) as UTF-8 bytes."""
+    return np.vectorize(lambda v: v.decode("utf-8") if isinstance(v, bytes) else str(v), otypes=[object])(values)
 
 
 def check_artifacts(

@@ -111,7 +111,7 @@ class EnsembleStep(BaseModel):
 
 
 def _dtype(t: TensorSpec) -> int:
-    return mc.DataType.Value("TYPE_" + t.triton_dtype)
+    return mc.TYPE_STRING if t.triton_dtype == "BYTES" else mc.DataType.Value("TYPE_" + t.triton_dtype)
 
 
 def served_dims(t: TensorSpec) -> list[int]:

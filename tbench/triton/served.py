@@ -18,7 +18,7 @@ from tbench.core.errors import ConfigError, ServerStartError
 from tbench.core.iospec import _TRITON_DTYPES, IoSpec, TensorSpec
 from tbench.triton.server import ServerEndpoints, TritonServer, one_line
 
-_NUMPY_DTYPES = {triton: numpy for numpy, triton in _TRITON_DTYPES.items()}
+_NUMPY_DTYPES = {triton: numpy for numpy, triton in _TRITON_DTYPES.items()} | {"STRING": "object"}
 
 # the format a config's platform or backend serves, in the results' vocabulary; others (python, openvino, ...) are
 # named by their backend

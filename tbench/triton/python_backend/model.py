@@ -101,7 +101,7 @@ class TritonPythonModel:
 
     def execute(self, requests):
         """Requests whose non-batch shapes agree run as one batch; others (dynamic dims) run in their own groups."""
-        feeds = [{n: pb_utils.get_input_tensor_by_name(r, n).as_numpy() for n in self.inputs} for r in requests]
+        feeds = [{n: _text(pb_utils.get_input_tensor_by_name(r, n).as_numpy()) for n in self.inputs} for r in requests]
         if len(feeds) == 1:  # static batching (offline) and an idle batcher: no grouping, concatenation or slicing
             return self._run_group(feeds)
         groups = {}
@@ -142,3 +142,11 @@ class TritonPythonModel:
             responses.append(pb_utils.InferenceResponse(output_tensors=tensors))
             offset += size
         return responses
+
+
+def _text(array):
+    """A BYTES input arrives as an object array of bytes; the runtimes take strings (ONNX Runtime reads bytes as no
+    token at all), so they are decoded as UTF-8. Other inputs pass as they are."""
+    if array.dtype != np.object_:
+        return array
+    return np.vectorize(lambda v: v.decode("utf-8") if isinstance(v, bytes) else v, otypes=[object])(array)
