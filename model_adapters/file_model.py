@@ -122,6 +122,12 @@ class ModelFileAdapter(ModelAdapter):
         the options that fix their range."""
         from tbench.core.model_file import RANGE_FLAG, describe_range
 
+        if locale := re.search(r"construct locale with name:\s*([\w.@-]+)", error_line):  # not the data: the machine
+            return (
+                f"{what} failed: its StringNormalizer asks for the locale {locale[1]}, which this machine lacks: "
+                f"install it (locale-gen {locale[1]}) or export the model with one it has (skl2onnx: "
+                "options={TfidfVectorizer: {'locale': 'C.UTF-8'}})"
+            )
         if self.given_samples is not None:
             return super().rejected_inputs(what, error_line, inputs)
         suspects = self._suspects(inputs)

@@ -68,6 +68,17 @@ def test_a_string_input_is_read_and_gets_synthetic_words(text_model):
     assert np.abs(scores).sum() > 0  # single words the vocabulary knows: the model answers them
 
 
+def test_a_missing_locale_is_named_with_its_fix_not_blamed_on_the_data(text_model):
+    from model_adapters.file_model import ModelFileAdapter
+
+    error = (
+        "[ONNXRuntimeError] : 1 : FAIL : string_normalizer.cc:235 Failed to construct locale with name:en_US.UTF-8:"
+        "locale::facet::_S_create_c_locale name not valid"
+    )
+    line = ModelFileAdapter(str(text_model)).rejected_inputs("m (onnx)", error, {})
+    assert "asks for the locale en_US.UTF-8, which this machine lacks" in line and "locale-gen en_US.UTF-8" in line
+
+
 def test_a_string_range_is_words_per_string(text_model):
     with pytest.raises(ConfigError, match="a string input's range is its words per string"):
         read_model_file(text_model, value_ranges={"tokens": [0, 2]})
