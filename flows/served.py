@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from flows.lifecycle import finish_run, run_lifecycle
+from model_adapters.served_model import ServedModelAdapter
 from tasks.metrics import metrics_task
 from tasks.perf import perf_task
 from tasks.report import served_report_task
@@ -34,8 +35,6 @@ def served_benchmark(request: BenchmarkRequest, hardware) -> str:
 
 
 def _measure(req: BenchmarkRequest, hardware, name: str, version: str, tracker: RunTracker) -> str:
-    from model_adapters.served_model import ServedModelAdapter
-
     layout = tracker.layout
     server, served, sweep = ServedServer(req.server_url, layout.server_log), None, None
     try:
