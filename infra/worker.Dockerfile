@@ -41,7 +41,7 @@ ENV VIRTUAL_ENV=/opt/tbench/.venv
 # torch first, from its own index (its CUDA packages come from there too); the project then keeps that build
 RUN uv venv --python 3.11 "$VIRTUAL_ENV" \
  && uv pip install --no-cache --index-url "$TORCH_INDEX" "torch==${TORCH_VERSION}" \
- && uv pip install --no-cache -e . \
+ && uv pip install --no-cache -e '.[node]' \
  && uv pip uninstall onnxruntime tensorflow-cpu \
  && uv pip install --no-cache "onnxruntime-gpu==${ONNXRUNTIME_GPU_VERSION}" "tensorflow==${TENSORFLOW_VERSION}" \
       "tensorrt==${TENSORRT_VERSION}"

@@ -98,16 +98,23 @@ def norm(name: str) -> str:
 
 
 def python_requirements() -> list[str]:
-    """pyproject.toml's dependencies, less the node's own and LEFT_OUT: what the node lacks to run tbench."""
-    import tomllib
-
-    reqs = []
-    for spec in tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]:
+    """pyproject.toml's dependencies and its node extra, less the node's own and LEFT_OUT: what the node lacks to run
+    tbench (a package in both: the node extra's pin)."""
+    reqs = {}
+    for spec in project_dependencies():
         name = norm(re.split(r"[=<>!~\[ ;]", spec, maxsplit=1)[0])
         if name in NODE_HAS or name in LEFT_OUT:
             continue
-        reqs.append("tritonclient[grpc]" + spec[spec.index("]") + 1 :] if name == "tritonclient" else spec)
-    return reqs + EXTRA
+        reqs[name] = "tritonclient[grpc]" + spec[spec.index("]") + 1 :] if name == "tritonclient" else spec
+    return list(reqs.values()) + EXTRA
+
+
+def project_dependencies() -> list[str]:
+    """The client's dependencies, then the node extra's (tbench[node]): everything a node runs."""
+    import tomllib
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    return project["dependencies"] + project["optional-dependencies"]["node"]
 
 
 def fingerprint() -> str:

@@ -72,11 +72,14 @@ def empty_option(argv: list[str]) -> str | None:
 
 def main() -> None:
     """The `tbench` console script: the app, with its usage errors (a wrong type, an unknown option, a missing
-    argument) in one line naming the fix, as every other refusal is; typer draws them as a multi-line panel."""
+    argument) in one line naming the fix, as every other refusal is; typer draws them as a multi-line panel. In a
+    client install (no `node` extra), a command that reaches for the node's stack says so in one line too."""
     import sys
 
     from typer import rich_utils
     from typer._click import exceptions as usage  # typer's own click, whose exceptions its commands raise
+
+    from tbench.cli.extras import missing_node_module, node_stack_line
 
     if option := empty_option(sys.argv[1:]):
         print(f"error: {option} is given an empty value: leave it out for its default", file=sys.stderr)
@@ -93,7 +96,12 @@ def main() -> None:
     except usage.ClickException as err:
         print(f"error: {err.format_message()}", file=sys.stderr)
         sys.exit(err.exit_code)
-    except usage.Abort:
+    except typer.Abort:  # typer's own (its click has none): Ctrl-C or end of input at a prompt
         print("Aborted!", file=sys.stderr)
         sys.exit(1)
+    except (ModuleNotFoundError, FileNotFoundError) as err:  # run, search, capacity, doctor, stack up on a client
+        if (missing := missing_node_module(err)) is None:
+            raise
+        print(node_stack_line(missing), file=sys.stderr)
+        sys.exit(2)
     sys.exit(code if isinstance(code, int) else 0)

@@ -26,7 +26,7 @@ from tbench.core.errors import BenchError, one_line
 from tbench.core.precision import GPU_BUILT
 from tbench.node import hardware as hw
 
-PYTRITON = "pip install nvidia-pytriton==0.7.0 (a dependency of this project: `pip install -e .`)"
+PYTRITON = "pip install nvidia-pytriton==0.7.0 (a dependency of this project's node extra: `pip install -e '.[node]'`)"
 WORKER_IMAGE = "the worker image (infra/worker.Dockerfile)"
 # the python backend's runtimes (tbench.request.benchmark.PYTHON_BACKEND_RUNTIMES) -> the framework whose CUDA they use
 RUNTIME_FRAMEWORKS = {"onnxruntime": "onnxruntime", "torchscript": "torch", "tensorflow": "tensorflow"}
