@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from tbench.core.enums import Format, Precision, Scenario
 from tbench.core.errors import ConfigError
 from tbench.core.precision import GPU_BUILT, check_precision
+from tbench.request.load import checked_load
 from tbench.request.server_options import check_server_options
 from tbench.request.trt_profiles import (
     DEFAULT_CALIBRATION_SAMPLES,
@@ -482,16 +483,7 @@ class BenchmarkRequest(BaseModel):
         online_batch = self.online_batch_size or d.online_batch_size
         if online_batch > max(max_batch, 1) and (Scenario.ONLINE in scenarios or Scenario.RATE in scenarios):
             raise ConfigError(f"online batch size {online_batch} is above max_batch_size {max_batch}")
-        rates = sorted(set(self.request_rates or []))
-        if Scenario.RATE in scenarios and not rates:
-            raise ConfigError(
-                "the rate scenario needs request rates, e.g. request_rates=[10, 20] (--request-rates 10,20)"
-            )
-        if any(r <= 0 for r in rates):
-            raise ConfigError(f"request rates must be > 0, got {rates}")
-        concurrency = sorted(set(self.concurrency or d.online_concurrency))
-        if any(c < 1 for c in concurrency):
-            raise ConfigError(f"concurrency values must be >= 1, got {concurrency}")
+        rates, concurrency = checked_load(scenarios, self.request_rates, self.concurrency or d.online_concurrency)
         resolved = dict(
             model=adapter.name,
             size=adapter.size,

@@ -9,6 +9,7 @@ from pydantic import BaseModel
 from tbench.core.enums import Scenario
 from tbench.core.errors import ConfigError
 from tbench.request.benchmark import PROFILE_MEASUREMENT, PROFILES, BenchmarkRequest, Measurement
+from tbench.request.load import checked_load
 from tbench.request.server_options import cli_name
 
 # fields that export a model or write its Triton config: the server already has the model as it serves it
@@ -94,14 +95,9 @@ def resolve_served(request: BenchmarkRequest, max_batch_size: int, has_gpu: bool
         if any(b < 1 for b in values):
             raise ConfigError(f"{label}s must be >= 1, got {values}")
     scenarios = [Scenario.parse(s) for s in (request.scenarios or ["offline", "online"])]
-    rates = sorted(set(request.request_rates or []))
-    if Scenario.RATE in scenarios and not rates:
-        raise ConfigError("the rate scenario needs request rates, e.g. --request-rates 10,20")
-    if any(r <= 0 for r in rates):
-        raise ConfigError(f"request rates must be > 0, got {rates}")
-    concurrency = sorted(set(request.concurrency or SERVED_CONCURRENCY[profile]))
-    if any(c < 1 for c in concurrency):
-        raise ConfigError(f"concurrency values must be >= 1, got {concurrency}")
+    rates, concurrency = checked_load(
+        scenarios, request.request_rates, request.concurrency or SERVED_CONCURRENCY[profile]
+    )
     base = PROFILE_MEASUREMENT[profile]
     return ServedSweep(
         profile=profile,
