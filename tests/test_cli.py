@@ -16,7 +16,7 @@ runner = CliRunner()
         (["run", "resnet50", "--formats", "onnx,foo"], "error: unknown format 'foo'"),
         (["run", "resnet50", "--batch-sizes", "1,512"], "error: batch size 512 is above max_batch_size"),
         (["run", "resnet50", "--concurrency", "x"], "error: cannot read concurrency 'x'"),
-        (["run"], "error: name a model (see `tbench models`) or give --model-file PATH"),
+        (["run"], "error: name a model (see `tbench models`), give --model-file PATH or --served-model NAME"),
         (["run", "--model-file", "/nonexistent/m.onnx"], "error: model file /nonexistent/m.onnx does not exist"),
         (["run", "--model-file", "x.onnx", "--shape", "tokens"], "error: cannot read shape 'tokens': use NAME:VALUE"),
         (["run", "--model-file", "x.onnx", "--shape", "tokens:a,b"], "error: cannot read shape 'tokens:a,b'"),

@@ -77,5 +77,8 @@ def test_an_ensemble_is_measured_over_its_composing_models():
 def test_the_plan_carries_what_the_stages_take():
     run = plan(tolerance_atol=0.5, tolerance_rtol=0.25)
     assert run.tolerances == (0.5, 0.25)
-    assert run.shared_memory == "system" and run.gpu_env == {}  # a CPU machine: system shared memory, no GPU
+    # a CPU machine: system shared memory, no GPU; strings (their sizes vary per request) go over gRPC
+    assert run.shared_memory(SPEC) == "system" and run.gpu_env == {}
+    text = IoSpec(inputs=[TensorSpec(name="text", dtype="object", shape=[1])], outputs=SPEC.outputs)
+    assert run.shared_memory(text) == "none"
     assert {p.scenario for p in run.points(Scenario.OFFLINE)} == {Scenario.OFFLINE}
