@@ -14,6 +14,7 @@ from prefect.artifacts import create_markdown_artifact
 
 from flows.matrix import settled
 from flows.search import run_search
+from flows.served_capacity import served_capacity
 from tasks.matrix_runs import matrix_run
 from tasks.store import store_task
 from tbench.capacity.report import CAPACITY_JSON, PoolAnswer, write_capacity_files
@@ -21,6 +22,7 @@ from tbench.capacity.request import CapacityRequest
 from tbench.core.errors import BenchError
 from tbench.core.layout import RunLayout, new_run_id
 from tbench.core.storage import url_to_fs
+from tbench.node import hardware as hw
 from tbench.request.benchmark import BenchmarkRequest
 from tbench.stages.store import run_url, staging_root
 from tbench.stages.tracker import RunTracker
@@ -33,6 +35,8 @@ class CapacityIncomplete(BenchError):
 @flow(name="triton-capacity")
 def capacity_flow(request: BenchmarkRequest = BenchmarkRequest(), capacity: CapacityRequest = CapacityRequest()) -> str:
     """Plan the capacity for the traffic under the SLO, here or on every pool named; returns the run folder's URL."""
+    if request.served_model:  # a model someone else serves: its configuration is the server's, only the rate is sought
+        return served_capacity(request, capacity, hw.detect())
     if not capacity.pools:
         return run_search(request, capacity.search(), capacity=capacity)
     return _across_pools(request, capacity)

@@ -34,40 +34,48 @@ def served_benchmark(request: BenchmarkRequest, hardware) -> str:
         return _measure(req, hardware, name, version, tracker)
 
 
+def read_served(req: BenchmarkRequest, name: str, version: str, tracker: RunTracker, server: ServedServer):
+    """The stages every served model's run starts with, asking only: the server answers and the model is ready (its
+    config kept in the run folder), then perf_analyzer's inputs at each shape set. Returns (served, adapter, sets)."""
+    layout = tracker.layout
+    with tracker.stage("server"):  # the server is someone else's
+        server.start()
+        served = read_served_model(server.endpoints.grpc_url, name, version)
+        tracker.save_json(layout.run_dir / SERVED_CONFIG, served.config_json())
+        tracker.save_json(layout.iospec_json, served.io_spec.model_dump())
+        tracker.served_by = {served.format: f"{served.kind} (as served)"}
+    with tracker.stage("inputs"):
+        adapter = ServedModelAdapter(
+            name, server.endpoints.grpc_url, served.io_spec, served.batching, req.shapes, req.value_ranges
+        )
+        if req.input_data:
+            adapter.use_input_data(local_path(req.input_data))
+        shape_sets = [
+            replace(s, inputs=replace(s.inputs, model_version=version))
+            for s in measured_shape_sets(
+                adapter,
+                None,
+                layout.run_dir,
+                "none",  # the server may be on another machine: no shared memory
+                answer=lambda chunk: served_infer(server.endpoints.grpc_url, served, chunk),
+            )
+        ]
+        tracker.measured_shapes = list(dict.fromkeys(line for s in shape_sets for line in s.shapes))
+        tracker.guessed_shapes = adapter.guessed_shapes
+    tracker.environment = {
+        "server": server.identity(),
+        "tools": tool_versions(),
+        "served_model": {"name": name, "version": served.version, "config": served.config_json()},
+    }
+    return served, adapter, shape_sets
+
+
 def _measure(req: BenchmarkRequest, hardware, name: str, version: str, tracker: RunTracker) -> str:
     layout = tracker.layout
     server, served, sweep = ServedServer(req.server_url, layout.server_log), None, None
     try:
-        with tracker.stage("server"):  # asks only: the server is someone else's
-            server.start()
-            served = read_served_model(server.endpoints.grpc_url, name, version)
-            sweep = resolve_served(req, served.config.max_batch_size, hardware.has_gpu)
-            tracker.save_json(layout.run_dir / SERVED_CONFIG, served.config_json())
-            tracker.save_json(layout.iospec_json, served.io_spec.model_dump())
-            tracker.served_by = {served.format: f"{served.kind} (as served)"}
-        with tracker.stage("inputs"):
-            adapter = ServedModelAdapter(
-                name, server.endpoints.grpc_url, served.io_spec, served.batching, req.shapes, req.value_ranges
-            )
-            if req.input_data:
-                adapter.use_input_data(local_path(req.input_data))
-            shape_sets = [
-                replace(s, inputs=replace(s.inputs, model_version=version))
-                for s in measured_shape_sets(
-                    adapter,
-                    None,
-                    layout.run_dir,
-                    "none",  # the server may be on another machine: no shared memory
-                    answer=lambda chunk: served_infer(server.endpoints.grpc_url, served, chunk),
-                )
-            ]
-            tracker.measured_shapes = list(dict.fromkeys(line for s in shape_sets for line in s.shapes))
-            tracker.guessed_shapes = adapter.guessed_shapes
-        tracker.environment = {
-            "server": server.identity(),
-            "tools": tool_versions(),
-            "served_model": {"name": name, "version": served.version, "config": served.config_json()},
-        }
+        served, adapter, shape_sets = read_served(req, name, version, tracker, server)
+        sweep = resolve_served(req, served.config.max_batch_size, hardware.has_gpu)
         labels = _labels(served, adapter.given_samples)
         for scenario in sweep.scenarios:
             points = plan_points(

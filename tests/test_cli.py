@@ -17,6 +17,7 @@ runner = CliRunner()
         (["run", "resnet50", "--batch-sizes", "1,512"], "error: batch size 512 is above max_batch_size"),
         (["run", "resnet50", "--concurrency", "x"], "error: cannot read concurrency 'x'"),
         (["run"], "error: name a model (see `tbench models`), give --model-file PATH or --served-model NAME"),
+        (["search", "--served-model", "bert"], "error: a served model's configuration is the server's"),
         (["run", "--model-file", "/nonexistent/m.onnx"], "error: model file /nonexistent/m.onnx does not exist"),
         (["run", "--model-file", "x.onnx", "--shape", "tokens"], "error: cannot read shape 'tokens': use NAME:VALUE"),
         (["run", "--model-file", "x.onnx", "--shape", "tokens:a,b"], "error: cannot read shape 'tokens:a,b'"),

@@ -187,3 +187,27 @@ def test_the_offline_reload_gives_the_model_its_own_config_back(served_small, sm
         assert not client.get_model_config("resnet50").config.HasField("dynamic_batching")
     assert client.get_model_config("resnet50").config.dynamic_batching.max_queue_delay_microseconds == 1000
     client.close()
+
+
+@pytest.mark.e2e
+def test_the_capacity_of_a_served_model_is_its_sustainable_rate_as_served(prefect_harness, served_small, tmp_path):
+    from flows.capacity import capacity_flow
+    from tbench.capacity.request import CapacityRequest
+
+    ep = served_small.endpoints
+    before = _state(ep.grpc_url)
+    url = capacity_flow(
+        BenchmarkRequest(
+            served_model="resnet50",
+            server_url=f"{ep.grpc_url},{ep.http_url}",
+            measurement=MeasurementOverrides(window_s=0.5),
+            output=str(tmp_path),
+        ),
+        CapacityRequest(slo_ms=5000, traffic_rps=20, max_points=3),
+    )
+    assert _state(ep.grpc_url) == before
+    run = tmp_path / url.rsplit("/", 1)[-1]
+    (answer,) = json.loads((run / "capacity.json").read_text())["answers"]
+    assert answer["status"] == "ok" and answer["rate"]["points"] and answer["plan"]["instances"] >= 1
+    assert answer["configuration"]["format"] == "python (as served)" and answer["configuration"]["max_batch_size"] == 8
+    assert "the server at" in answer["hardware"] and (run / "capacity.md").is_file()

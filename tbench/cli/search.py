@@ -36,6 +36,7 @@ from tbench.cli.options import (
     Output,
     Preferred,
     QueueDelaysUs,
+    ServedModel,
     Server,
     ServerUrl,
     Shape,
@@ -59,6 +60,7 @@ def search(
     shape: Shape = None,
     value_range: ValueRange = None,
     input_data: InputData = None,
+    served_model: ServedModel = None,
     size: Size = None,
     framework: Framework = None,
     variants: str = typer.Option(
@@ -119,6 +121,12 @@ def search(
             if throughput_floor is not None
             else Objective(p99_budget_ms=p99_budget_ms)
         )
+        if served_model:  # the server's configuration is not ours to vary: only the load is
+            raise ConfigError(
+                f"a served model's configuration is the server's, so only its load varies: `tbench run --served-model "
+                f"{served_model} --scenarios online --concurrency 1:64` (the load grid, its best point in the report) "
+                f"or `tbench capacity --served-model {served_model}` (the highest rate under an SLO)"
+            )
         if not model and not model_file:
             raise ConfigError("name a model (see `tbench models`) or give --model-file PATH")
         request = BenchmarkRequest(
@@ -166,6 +174,7 @@ def capacity(
     shape: Shape = None,
     value_range: ValueRange = None,
     input_data: InputData = None,
+    served_model: ServedModel = None,
     slo_p99_ms: float = typer.Option(..., "--slo-p99-ms", help=field_help("slo_ms", model=CapacityRequest)),
     traffic: float = typer.Option(..., "--traffic", help=field_help("traffic_rps", model=CapacityRequest)),
     headroom: float = typer.Option(0.2, help=field_help("headroom", model=CapacityRequest)),
@@ -219,10 +228,13 @@ def capacity(
             pools=_split(pools) or [],
             prices=prices,
         )
-        if not model and not model_file:
-            raise ConfigError("name a model (see `tbench models`) or give --model-file PATH")
+        if not model and not model_file and not served_model:
+            raise ConfigError(
+                "name a model (see `tbench models`), give --model-file PATH or --served-model NAME with --server-url"
+            )
         request = BenchmarkRequest(
-            model=model or "resnet50",
+            **({"model": model or "resnet50"} if not served_model else _given(model=model)),
+            served_model=served_model,
             **model_file_fields(model_file, shape, value_range, input_data),
             size=size,
             framework=framework,
@@ -235,7 +247,13 @@ def capacity(
         from tbench.capacity.costs import load_prices
 
         load_prices(cap.prices)  # a price table that cannot be read fails here, not after the measurements
-        if cap.pools:
+        if served_model:  # its configuration is the server's: --instances and the like do not apply
+            if cap.pools:
+                raise ConfigError("--served-model measures the server it names from here: leave --pools out")
+            from tbench.cli.run import served_model_answers
+
+            preflight(served_model_answers(request))
+        elif cap.pools:
             if not os.environ.get("PREFECT_API_URL"):
                 raise ConfigError(
                     "--pools runs through the pools' deployments: set PREFECT_API_URL (e.g. `tbench stack env`)"
