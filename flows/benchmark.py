@@ -142,32 +142,7 @@ def _benchmark(plan: RunPlan, adapter, tracker: RunTracker) -> str:
                     offline = {n: offline_configs[n] for n in model.behind} if scenario is Scenario.OFFLINE else {}
                     with configs_loaded(server, offline):  # reloaded once for every shape set
                         for shapes, cache in zip(shape_sets, caches):  # one set unless the user swept shapes
-                            key = "-".join(filter(None, ("perf", scenario.value, model.format.value, shapes.tag)))
-                            labels = {**model.labels, "shapes": shapes.label}
-                            with tracker.stage(key):
-                                perf_task(
-                                    scenario,
-                                    [replace(p, shapes=shapes.tag) for p in plan.points(scenario)],
-                                    model=model.name,
-                                    grpc_url=server.endpoints.grpc_url,
-                                    spec=model.spec,
-                                    m=req.measurement,
-                                    layout=layout,
-                                    static={**labels, **model.batching(scenario)},
-                                    on_row=lambda t, k=key: tracker.save_points(k, t),
-                                    gpu_env=plan.gpu_env,  # perf_analyzer's CUDA memory: the server's GPU
-                                    server_alive=server.alive,
-                                    inputs=shapes.inputs,
-                                    on_composing=tracker.save_composing,
-                                    monitor=PointMonitor(
-                                        server.endpoints.grpc_url,
-                                        model.name,
-                                        server.processes,
-                                        server.endpoints.metrics_url,
-                                        gpu_uuids=model.device.gpu_uuids,
-                                    ),
-                                    cache=cache.for_model(labels) if cache else None,
-                                )
+                            _sweep(plan, tracker, server, model, scenario, shapes, cache)
     except BaseException as err:
         _finish(tracker, plan, server, error=err)
         raise
@@ -177,6 +152,36 @@ def _benchmark(plan: RunPlan, adapter, tracker: RunTracker) -> str:
     if tracker.status == COMPLETED_WITH_FAILURES:  # the UI and `tbench submit` see it; a direct call still gets the URL
         return Completed(message=tracker.status_line, name=STATE_COMPLETED_WITH_FAILURES, data=url)
     return url
+
+
+def _sweep(plan: RunPlan, tracker: RunTracker, server, model, scenario: Scenario, shapes, cache) -> None:
+    """One format's sweep of one scenario at one shape set: a stage of its own, every point kept as measured."""
+    key = "-".join(filter(None, ("perf", scenario.value, model.format.value, shapes.tag)))
+    labels = {**model.labels, "shapes": shapes.label}
+    with tracker.stage(key):
+        perf_task(
+            scenario,
+            [replace(p, shapes=shapes.tag) for p in plan.points(scenario)],
+            model=model.name,
+            grpc_url=server.endpoints.grpc_url,
+            spec=model.spec,
+            m=plan.req.measurement,
+            layout=tracker.layout,
+            static={**labels, **model.batching(scenario)},
+            on_row=lambda t: tracker.save_points(key, t),
+            gpu_env=plan.gpu_env,  # perf_analyzer's CUDA memory: the server's GPU
+            server_alive=server.alive,
+            inputs=shapes.inputs,
+            on_composing=tracker.save_composing,
+            monitor=PointMonitor(
+                server.endpoints.grpc_url,
+                model.name,
+                server.processes,
+                server.endpoints.metrics_url,
+                gpu_uuids=model.device.gpu_uuids,
+            ),
+            cache=cache.for_model(labels) if cache else None,
+        )
 
 
 def _finish(tracker: RunTracker, plan: RunPlan, server, error: BaseException | None = None) -> str:

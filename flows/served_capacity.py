@@ -49,7 +49,16 @@ def _sustainable_rate(req, cap: CapacityRequest, served: ServedModel, server, in
     # the client's GPU says nothing of the server's: the profile the user names, else the cpu profile's settings
     base = PROFILE_MEASUREMENT[req.profile or "cpu"]
     m = rate_measurement(req.measurement.apply(base) if req.measurement else base, cap.rule)
-    latency = warm_up(grpc_url, served.name, spec, [1], m.warmup_requests, inputs.shapes, batching=served.batching)
+    latency = warm_up(
+        grpc_url,
+        served.name,
+        spec,
+        [1],
+        m.warmup_requests,
+        inputs.shapes,
+        batching=served.batching,
+        model_version=inputs.model_version,
+    )
 
     def at(rate: float):
         return measure_rate(

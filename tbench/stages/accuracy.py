@@ -13,7 +13,9 @@ from tbench.core.runtimes import run_source
 from tbench.stages.correctness import compare
 
 
-def infer_triton(client, model_name: str, spec, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+def infer_triton(
+    client, model_name: str, spec, inputs: dict[str, np.ndarray], model_version: str = ""
+) -> dict[str, np.ndarray]:
     import tritonclient.grpc as grpcclient
 
     tensors = []
@@ -24,7 +26,7 @@ def infer_triton(client, model_name: str, spec, inputs: dict[str, np.ndarray]) -
         tensor.set_data_from_numpy(value)
         tensors.append(tensor)
     outputs = [grpcclient.InferRequestedOutput(n) for n in spec.output_names()]
-    result = client.infer(model_name, tensors, outputs=outputs)
+    result = client.infer(model_name, tensors, outputs=outputs, model_version=model_version)
     served = {}
     for t in spec.outputs:
         value = result.as_numpy(t.name)

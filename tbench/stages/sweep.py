@@ -475,6 +475,7 @@ def warm_up(
     calibrate_s: float = 0.25,
     max_timed: int = 10,
     batching: bool = True,
+    model_version: str = "",
 ) -> dict[int, float]:
     """Warm up and calibrate: `requests` untimed requests at every batch size of the sweep (runtimes allocate and
     optimise per input shape on their first calls, which would otherwise land in the first windows), then timed ones
@@ -495,11 +496,11 @@ def warm_up(
                 for t in spec.inputs
             }
             for _ in range(requests):
-                infer_triton(client, model, spec, inputs)
+                infer_triton(client, model, spec, inputs, model_version)
             timed: list[float] = []
             while len(timed) < max_timed and sum(timed) < calibrate_s:
                 start = time.perf_counter()
-                infer_triton(client, model, spec, inputs)
+                infer_triton(client, model, spec, inputs, model_version)
                 timed.append(time.perf_counter() - start)
             latencies[batch] = float(np.median(timed))
     except Exception as err:  # a model that cannot answer zeros still gets measured; its point will say why
@@ -549,6 +550,7 @@ def run_sweep(
             m.warmup_requests,
             inputs.shapes,
             batching=inputs.batching,
+            model_version=inputs.model_version,
         )
         if to_measure
         else {}
