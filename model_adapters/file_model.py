@@ -28,7 +28,8 @@ class ModelFileAdapter(ModelAdapter):
         value_ranges: dict[str, list[float]] | None = None,
     ):
         from tbench.core.enums import Format
-        from tbench.core.model_file import described_model, detect_format, onnx_dim_names, read_model_file
+        from tbench.core.model_file import described_model, detect_format, read_model_file
+        from tbench.core.onnx_graph import onnx_dim_names
         from tbench.core.shape_sets import shape_sets
 
         super().__init__(size="file")

@@ -9,7 +9,6 @@ from __future__ import annotations
 import math
 import os
 import zipfile
-from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +18,7 @@ from pydantic import BaseModel, ValidationError
 from tbench.core.enums import Format
 from tbench.core.errors import ConfigError
 from tbench.core.iospec import _TRITON_DTYPES, IoSpec, TensorSpec
+from tbench.core.onnx_graph import onnx_table_rows
 from tbench.core.runtimes import cached, run_file
 
 DEFAULT_DYNAMIC_DIM = 16  # the size a dynamic non-batch dim gets when the user names none
@@ -255,21 +255,6 @@ def _tensor(name: str, dtype: Any, shape: list[int], path: Path) -> TensorSpec:
 # ---------------------------------------------------------------- ONNX
 
 
-def onnx_dim_names(path: Path, batching: bool) -> dict[str, list[str]]:
-    """Each input's named dims (ONNX dim_param, "" where a dim has none), batch axis left out when `batching`:
-    inputs whose dynamic dims share a name (input_ids and attention_mask share `sequence`) take one size together."""
-    import onnx
-
-    graph = onnx.load(str(path), load_external_data=False).graph
-    initializers = {i.name for i in graph.initializer}
-    skip = 1 if batching else 0
-    return {
-        v.name: [d.dim_param for d in v.type.tensor_type.shape.dim][skip:]
-        for v in graph.input
-        if v.name not in initializers
-    }
-
-
 def _read_onnx(path: Path) -> tuple[IoSpec, bool, dict[str, int]]:
     """(spec, batching, the embedding-table rows each integer input indexes)."""
     import onnx
@@ -283,47 +268,8 @@ def _read_onnx(path: Path) -> tuple[IoSpec, bool, dict[str, int]]:
     outputs = [_onnx_tensor(v, path) for v in graph.output]
     if not graph.node or not outputs:  # an empty file parses as an empty model: nothing to serve
         raise ConfigError(f"ONNX model {path} holds no graph (is the file empty or cut short?)")
-    rows = _onnx_table_rows(graph, [t.name for t in inputs if np.dtype(t.dtype).kind in "iu"])
+    rows = onnx_table_rows(graph, [t.name for t in inputs if np.dtype(t.dtype).kind in "iu"])
     return *_split_batch(inputs, outputs), rows
-
-
-# ops that pass an index tensor on unchanged in value (input 0 to output 0)
-_VALUE_PRESERVING = {"Identity", "Cast", "Reshape", "Unsqueeze", "Squeeze", "Flatten", "Expand", "Transpose"}
-
-
-def _onnx_table_rows(graph: Any, names: list[str]) -> dict[str, int]:
-    """Per integer input that indexes a constant table (Gather(table, ids), as an exported embedding lookup is), the
-    table's size along the gathered axis: its valid indices are 0..rows-1. Followed through value-preserving ops only;
-    the fewest rows when it indexes several tables; inputs not seen indexing a table are left out."""
-    tables = {i.name: list(i.dims) for i in graph.initializer}
-    for node in graph.node:
-        if node.op_type == "Constant":
-            for attribute in node.attribute:
-                if attribute.name == "value":  # a tensor constant (value_float, value_ints, ... are not tables)
-                    tables[node.output[0]] = list(attribute.t.dims)
-    consumers: dict[str, list[tuple[Any, int]]] = defaultdict(list)
-    for node in graph.node:
-        for slot, name in enumerate(node.input):
-            consumers[name].append((node, slot))
-    found = {}
-    for name in names:
-        rows, frontier, seen = [], [name], set()
-        while frontier:
-            tensor = frontier.pop()
-            if tensor in seen:
-                continue
-            seen.add(tensor)
-            for node, slot in consumers.get(tensor, []):
-                if node.op_type in _VALUE_PRESERVING and slot == 0 and node.output:
-                    frontier.append(node.output[0])
-                elif node.op_type == "Gather" and slot == 1 and node.input[0] in tables:
-                    dims = tables[node.input[0]]
-                    axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
-                    if -len(dims) <= axis < len(dims) and dims[axis] > 0:
-                        rows.append(int(dims[axis]))
-        if rows:
-            found[name] = min(rows)
-    return found
 
 
 # ONNX element types tbench cannot generate, send or compare, with the fix a user can make in the export
@@ -626,11 +572,3 @@ def _last_line(err: BaseException) -> str:
     """Framework errors span many lines (TorchScript tracebacks); the cause is on the last one."""
     lines = [line.strip() for line in str(err).splitlines() if line.strip()]
     return lines[-1] if lines else type(err).__name__
-
-
-def guessed_shapes_line(guessed: dict[str, list[int]]) -> str:
-    """The dims tbench chose for a model file's dynamic dims, and the --shape line that chooses them: on the terminal
-    before the first point and in the report's summary, as the figures hold at those shapes only."""
-    named = ", ".join(f"{name} at {dims}" for name, dims in guessed.items())
-    line = " ".join(f"--shape {name}:{','.join(map(str, dims))}" for name, dims in guessed.items())
-    return f"dynamic dims no --shape sets are measured as {named}; to choose: {line}"

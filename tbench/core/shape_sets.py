@@ -65,3 +65,11 @@ def shape_tags(sets: list[dict[str, list[int]]]) -> list[str]:
         return [""] * len(sets)
     moving = sorted({name for s in sets for name in s if any(o.get(name) != s[name] for o in sets)})
     return ["_".join(f"{name}{'x'.join(map(str, s[name]))}" for name in moving if name in s) for s in sets]
+
+
+def guessed_shapes_line(guessed: dict[str, list[int]]) -> str:
+    """The dims tbench chose for a model file's dynamic dims, and the --shape line that chooses them: on the terminal
+    before the first point and in the report's summary, as the figures hold at those shapes only."""
+    named = ", ".join(f"{name} at {dims}" for name, dims in guessed.items())
+    line = " ".join(f"--shape {name}:{','.join(map(str, dims))}" for name, dims in guessed.items())
+    return f"dynamic dims no --shape sets are measured as {named}; to choose: {line}"

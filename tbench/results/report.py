@@ -8,7 +8,7 @@ from pathlib import Path
 import pandas as pd
 
 from tbench.core.metrics import AVG, BREAKDOWN, PERCENTILES, THROUGHPUT
-from tbench.core.model_file import guessed_shapes_line
+from tbench.core.shape_sets import guessed_shapes_line
 from tbench.results.published import (
     PUBLISHED_GPUS,
     PUBLISHED_SIZE,

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from tbench.core.model_file import guessed_shapes_line
+from tbench.core.shape_sets import guessed_shapes_line
 from tbench.results.report import UNBATCHED, _kv_table, closing_lines, format_section, summary_lines
 
 

@@ -24,7 +24,7 @@ from tbench.core.errors import PerfAnalyzerError
 from tbench.core.iospec import IoSpec
 from tbench.core.layout import RunLayout
 from tbench.core.metrics import RESULT_COLUMNS, THROUGHPUT
-from tbench.core.model_file import guessed_shapes_line
+from tbench.core.shape_sets import guessed_shapes_line
 from tbench.loadgen.behind import arrival_stability, kept_up
 from tbench.loadgen.perf_analyzer import (
     STABLE_WINDOWS,
