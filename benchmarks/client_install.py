@@ -38,16 +38,20 @@ TARGETS = {  # name -> (Python, lock)
 
 
 def interpreter(version: str) -> str | None:
-    """pythonX.Y on the PATH, else one of pyenv's (its shim refuses one a .python-version does not name); None."""
+    """A Python X.Y to build a venv with: pythonX.Y on the PATH, else one of pyenv's (whose shim refuses it where a
+    .python-version names another), as its real path; None where there is none. tests/test_client_install.py too."""
     pyenv = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")) / "versions"
-    for exe in [shutil.which(f"python{version}"), *sorted(map(str, pyenv.glob(f"{version}.*/bin/python{version}")))]:
-        if not exe:
+    candidates = [shutil.which(f"python{version}"), *sorted(map(str, pyenv.glob(f"{version}.*/bin/python{version}")))]
+    for exe in filter(None, candidates):
+        try:
+            done = subprocess.run(
+                [exe, "-c", "import sys; print(sys.executable); print('%d.%d' % sys.version_info[:2])"],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+        except (OSError, subprocess.SubprocessError):
             continue
-        done = subprocess.run(
-            [exe, "-c", "import sys; print(sys.executable); print('%d.%d' % sys.version_info[:2])"],
-            capture_output=True,
-            text=True,
-        )
         lines = done.stdout.split()
         if done.returncode == 0 and lines[1:] == [version]:
             return lines[0]
@@ -62,6 +66,7 @@ def uv(*args: str, cache: Path) -> None:
 
 
 def build_wheel(work: Path) -> Path:
+    """The project's wheel, built once from a copy of its sources (not in the tree); test_client_install.py too."""
     src = work / "src"
     src.mkdir(parents=True)
     for name in ("pyproject.toml", "README.md"):

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import urllib.request
@@ -23,32 +22,14 @@ import pytest
 from test_compare import BASELINE, make_run, scaled
 from test_history import DROP, RUNS, STEP_AT, store_run
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from client_install import build_wheel, interpreter  # noqa: E402 - the benchmark's: one way to find and build both
+
 ROOT = Path(__file__).resolve().parents[1]
 UV = Path(sys.executable).with_name("uv")
 LOCK = ROOT / "requirements-client.lock"
 PYTHONS = ("3.12", "3.13")
 NOT_ON_THE_CLIENT = ("torch", "tensorflow", "onnxruntime", "tritonclient", "pytriton", "moto")
-
-
-def interpreter(version: str) -> str | None:
-    """A Python X.Y to build a venv with: pythonX.Y on the PATH, else one of pyenv's (whose shim refuses it where a
-    .python-version names another), as its real path; None where there is none."""
-    pyenv = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")) / "versions"
-    candidates = [shutil.which(f"python{version}"), *sorted(map(str, pyenv.glob(f"{version}.*/bin/python{version}")))]
-    for exe in filter(None, candidates):
-        try:
-            done = subprocess.run(
-                [exe, "-c", "import sys; print(sys.executable); print('%d.%d' % sys.version_info[:2])"],
-                capture_output=True,
-                text=True,
-                timeout=60,
-            )
-        except (OSError, subprocess.SubprocessError):
-            continue
-        lines = done.stdout.split()
-        if done.returncode == 0 and lines[1:] == [version]:
-            return lines[0]
-    return None
 
 
 def uv(*args: str) -> subprocess.CompletedProcess:
@@ -59,20 +40,6 @@ def uv(*args: str) -> subprocess.CompletedProcess:
         timeout=600,
         env={**os.environ, "UV_PYTHON_DOWNLOADS": "never"},
     )
-
-
-def build_wheel(out: Path) -> Path:
-    """The project's wheel, built once from a copy of its sources (not in the tree: two venvs, one build)."""
-    src = out / "src"
-    src.mkdir(parents=True)
-    for name in ("pyproject.toml", "README.md"):
-        shutil.copy2(ROOT / name, src / name)
-    for package in ("tbench", "tasks", "flows", "model_adapters"):
-        shutil.copytree(ROOT / package, src / package, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-    done = uv("build", "--wheel", "--no-build-isolation", "--python", sys.executable, "-o", str(out), str(src))
-    assert done.returncode == 0, done.stderr[-3000:]
-    (wheel,) = out.glob("tbench-*.whl")
-    return wheel
 
 
 def client_venv(version: str, python: str, wheel: Path, where: Path) -> Path:
