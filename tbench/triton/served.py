@@ -75,15 +75,18 @@ class ServedModel:
         return self.config.platform or self.config.backend or "unknown"
 
     @property
+    def known_format(self) -> Format | None:
+        """The format its platform or backend serves, where tbench knows it."""
+        return _FORMATS.get(self.config.platform) or _FORMATS.get(self.config.backend)
+
+    @property
     def format(self) -> str:
         """The results' format: the one its backend serves where tbench knows it, else the backend's name."""
-        fmt = _FORMATS.get(self.config.platform) or _FORMATS.get(self.config.backend)
-        return fmt.value if fmt else self.kind
+        return self.known_format.value if self.known_format else self.kind
 
     @property
     def model_format(self) -> str:
-        fmt = _FORMATS.get(self.config.platform) or _FORMATS.get(self.config.backend)
-        return fmt.label if fmt else f"{self.kind} backend"
+        return self.known_format.label if self.known_format else f"{self.kind} backend"
 
     @property
     def queue_delay_us(self) -> int | None:
