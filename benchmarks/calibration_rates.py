@@ -35,6 +35,7 @@ from tbench.capacity.rate_search import (
     find_sustainable_rate,
     judge,
 )
+from tbench.capacity.request import CapacityRequest
 from tbench.capacity.statistics import PercentileRule
 from tbench.core.enums import Scenario
 from tbench.loadgen import behind
@@ -368,6 +369,8 @@ CAPACITY_CASES = {  # a server and an SLO as a multiple of its mean service time
     "lognormal cv0.5, SLO 5x": (Server(10.0, 0.5, "lognormal", noise=0.03), 5.0),
 }
 RULE = PercentileRule()
+# the search as a capacity plan runs it by default (tbench.capacity.request.CapacityRequest)
+SEARCH = {k: CapacityRequest.model_fields[k].default for k in ("tolerance", "max_points", "repeats")}
 
 
 def true_sustainable_rate(rng, server: Server, slo_ms: float, percentile: int) -> float:
@@ -412,7 +415,7 @@ def calibrate_capacity(rng, searches: int, truth_n: int) -> tuple[dict, dict]:
             spent: list[float] = []
             start = 0.5 * server.capacity * math.exp(rng.normal(0, 0.1))  # start_rate: half the back-to-back rate
             found: SustainableRate = find_sustainable_rate(
-                simulated_measure(rng, server, slo_ms, m, spent), start, max_points=8
+                simulated_measure(rng, server, slo_ms, m, spent), start, rule=RULE, **SEARCH
             )
             case.append((found.sustained_rps or 0.0) / truth)
             seconds.append(sum(spent))
@@ -445,8 +448,7 @@ def calibrate_capacity(rng, searches: int, truth_n: int) -> tuple[dict, dict]:
         "truth": "the highest rate whose steady-state percentile (400k arrivals, first 10% dropped) meets the SLO",
         "percentile": RULE.percentile,
         "start": "half the capacity, times a lognormal factor (sd 0.1)",
-        "max_points": 8,
-        "tolerance": 0.1,
+        **SEARCH,
         "not_tried": "dynamic batching, several instances",
     }
     return rules, conditions
@@ -467,6 +469,7 @@ def parameters() -> dict:
         "window_s": m.window_s,
         "max_trials": m.max_trials,
         "confirmations": CONFIRMATIONS,
+        **SEARCH,
     }
     return {"kept_up": kept, "capacity": capacity}
 

@@ -147,7 +147,8 @@ VERDICTS = {
     "kept_up": "Whether a rate point carried the load it was offered (ok, behind, client-bound, undetermined): served "
     "against offered within the arrivals' randomness, and the latency's trend over the windows.",
     "capacity": "A capacity plan's sustainable rate: the highest Poisson rate whose percentile holds and that kept up, "
-    "from a bracketing search whose answer is measured again.",
+    "from a bracketing search in which each rate is measured until its runs, pooled, decide (at most 6 runs), and "
+    "whose answer rests on at least 3.",
     "history": "The history's regression alert and `tbench history`'s exit code: a change alerts once, on the run that "
     "confirms it, put down to what differed in the manifests of the neighbouring runs.",
     "search": "The search's best configuration: candidates ranked on the mean's standard error, ties within 2%, "

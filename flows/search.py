@@ -155,6 +155,7 @@ def run_search(request: BenchmarkRequest, search: SearchRequest, capacity: Capac
                     rule=capacity.rule,
                     tolerance=capacity.tolerance,
                     max_points=capacity.max_points,
+                    repeats=capacity.repeats,
                     start_rps=capacity.start_rps,
                     on_point=emit_rate_point,
                     gpu_uuids=tuple(device.gpu_uuids),

@@ -86,6 +86,8 @@ def _sustainable_rate(req, cap: CapacityRequest, served: ServedModel, server, in
         start_rate(latency.get(1), served.instances, cap.start_rps),
         tolerance=cap.tolerance,
         max_points=cap.max_points,
+        rule=cap.rule,
+        repeats=cap.repeats,
         on_point=measured,
     )
 

@@ -7,7 +7,15 @@ import math
 
 import pytest
 
-from tbench.capacity.rate_search import STATUSES, RatePoint, SustainableRate, find_sustainable_rate, judge
+from tbench.capacity.rate_search import (
+    CONFIRMATIONS,
+    STATUSES,
+    RatePoint,
+    SustainableRate,
+    find_sustainable_rate,
+    judge,
+    rate_verdict,
+)
 from tbench.capacity.statistics import PercentileRule
 
 RULE = PercentileRule()  # p99, 1522 requests
@@ -224,11 +232,11 @@ def assert_brackets(found: SustainableRate, capacity: float, tolerance: float):
 
 def test_start_below_capacity_doubles_then_bisects():
     system = System()
-    found = find_sustainable_rate(system, 10.0)
+    found = find_sustainable_rate(system, 10.0, tolerance=0.1)
     assert system.asked[:5] == [10.0, 20.0, 40.0, 80.0, 160.0]  # doubling until one fails
     assert all(80.0 < r < 160.0 for r in system.asked[5:])  # then only inside the bracket
     assert_brackets(found, CAPACITY, 0.1)
-    assert len(found.points) <= 10
+    assert len(found.points) <= 10 + CONFIRMATIONS
 
 
 def test_start_above_capacity_halves_then_bisects():
@@ -309,7 +317,7 @@ def test_max_points_is_respected_while_bisecting(max_points):
 def test_max_rate_stops_the_doubling():
     system = System(capacity=1000.0)
     found = find_sustainable_rate(system, 10.0, max_rate=50.0)
-    assert system.asked == [10.0, 20.0, 40.0, 50.0, 50.0]  # the answer measured again: its confirmation
+    assert system.asked == [10.0, 20.0, 40.0] + [50.0] * (1 + CONFIRMATIONS)  # the answer measured again
     assert found.rate == 50.0 and found.confirmed
     assert found.failed_above is None
     assert "highest rate allowed" in found.stopped and "50" in found.stopped
@@ -326,8 +334,8 @@ def test_at_rate_is_the_highest_passing_point():
     found = find_sustainable_rate(System(), 10.0)
     passing = [p for p in found.points if p.passed]
     assert len(passing) >= 2
-    assert found.at_rate is max(passing, key=lambda p: p.rate)
-    assert found.at_rate.rate == found.rate
+    assert found.at_rate.rate == found.rate == max(p.rate for p in passing) and found.at_rate.passed
+    assert found.verdicts[f"{found.rate:g}"].startswith("pass")
 
 
 def test_at_rate_of_an_empty_result_is_none():
@@ -390,7 +398,7 @@ def test_result_round_trips_through_json():
     again = SustainableRate.model_validate_json(found.model_dump_json())
     assert again == found
     assert again.at_rate == found.at_rate
-    assert again.confirmed and "confirmed" in again.stopped
+    assert again.confirmed and f"measured {1 + CONFIRMATIONS} times" in again.stopped
 
 
 def test_search_is_geometric_between_bracket_ends():
@@ -446,7 +454,7 @@ class LuckySystem(System):
 
 def test_a_lucky_pass_above_capacity_is_not_kept_unconfirmed():
     system = LuckySystem()
-    found = find_sustainable_rate(system, 10.0, max_points=20)
+    found = find_sustainable_rate(system, 10.0, max_points=40)
     assert found.rate is not None and found.rate <= CAPACITY and found.confirmed
     assert found.at_rate is not None and found.at_rate.rate == found.rate
     # without the confirmation, the search keeps the lucky pass above capacity
@@ -474,3 +482,69 @@ def test_judge_from_exported_requests_uses_an_upper_bound_after_the_warm_up():
     assert point.status == "pass" and point.latency_ms <= 10.0
     slow = RequestLog(sent, np.full(3000, 0.06), 30.0, (0.0, 30.0))
     assert judge(100.0, 1, row, 50.0, PercentileRule(), slow).status == "over_slo"
+
+
+# -- a rate's measurements pooled: measured again until they decide ----------------------------------------------------
+
+
+def counted(rate: float, over: int, requests: int = 1500, inflation: float = 1.0, status: str = "pass") -> RatePoint:
+    return RatePoint(rate=rate, status=status, requests=requests, over_slo=over, inflation=inflation, latency_ms=9.0)
+
+
+def test_pooled_measurements_pass_fail_or_stay_undecided():
+    assert rate_verdict([counted(50, 2)], RULE, 2.5)[0] == "pass"  # 0.13% over the SLO: far below p99's 1%
+    assert rate_verdict([counted(50, 60)], RULE, 2.5)[0] == "fail"  # 4%
+    verdict, why = rate_verdict([counted(50, 9)], RULE, 2.5)  # 0.6%: one run cannot tell
+    assert verdict == "undecided" and "0.6% of 1,500 requests" in why
+    assert rate_verdict([counted(50, 9)] * 6, RULE, 2.5)[0] == "pass"  # six runs can: 0.6% of 9,000
+    assert rate_verdict([counted(50, 2), counted(50, 0, status="behind")], RULE, 2.5)[0] == "fail"
+
+
+def test_a_run_whose_slow_requests_cluster_counts_for_less():
+    # no request over the SLO in 1,500 is a pass from independent requests, not from a few long slow spells
+    assert rate_verdict([counted(50, 0)], RULE, 2.5)[0] == "pass"
+    assert rate_verdict([counted(50, 0, inflation=40.0)], RULE, 2.5)[0] == "undecided"
+
+
+def test_three_runs_that_disagree_widen_the_pooled_verdict():
+    steady = [counted(50, 0)] * 3  # each agrees with the others: pass
+    assert rate_verdict(steady, RULE, 2.5)[0] == "pass"
+    spell = [counted(50, 0), counted(50, 0), counted(50, 20)]  # one run met a slow spell the others missed
+    assert rate_verdict(spell, RULE, 2.5)[0] == "undecided"
+
+
+def test_tail_inflation_sees_clusters_where_nothing_is_over_the_slo():
+    import numpy as np
+
+    from tbench.capacity.statistics import tail_inflation, variance_inflation
+
+    rng = np.random.default_rng(1)
+    latencies = rng.uniform(5, 10, 5000)
+    latencies[1000:1060] += 30  # one slow spell: its 60 requests in a row, all under the SLO of 50
+    assert variance_inflation(latencies, 50.0) == 1.0  # nothing over the SLO: no spread to measure
+    assert tail_inflation(latencies, 99, 50.0) > 5.0
+
+
+class CountingSystem:
+    """A server whose share of requests over the SLO rises with the rate (1% at its capacity): each measurement of
+    1,500 requests draws its count (binomial, fixed seed)."""
+
+    def __init__(self, capacity: float = CAPACITY, seed: int = 0):
+        import numpy as np
+
+        self.capacity, self.rng, self.asked = capacity, np.random.default_rng(seed), []
+
+    def __call__(self, rate: float) -> RatePoint:
+        self.asked.append(rate)
+        share = min(1.0, 0.01 * (rate / self.capacity) ** 8)
+        return counted(rate, int(self.rng.binomial(1500, share)))
+
+
+def test_rates_near_the_answer_are_measured_more_than_those_far_from_it():
+    system = CountingSystem()
+    found = find_sustainable_rate(system, 10.0, rule=RULE)
+    assert found.rate is not None and found.rate <= CAPACITY and found.confirmed
+    times = {rate: system.asked.count(rate) for rate in system.asked}
+    assert times[10.0] == times[20.0] == 1  # far below: one run decides
+    assert max(times.values()) > 2  # near the answer: several runs pooled
+    assert all(n <= 6 for n in times.values())  # REPEATS at most

@@ -18,6 +18,7 @@ from browser import headless_chromium, needs_chromium, open_until, page_text
 from conftest import running_stack
 from test_stack_e2e import TBENCH, in_stack
 
+from tbench.capacity.request import CapacityRequest
 from tbench.team.stack import Stack
 
 pytestmark = pytest.mark.e2e
@@ -169,7 +170,7 @@ def test_capacity_from_the_prefect_ui_form_runs_on_the_cpu_worker(stack, monkeyp
             "Traffic Rps",
             "The traffic to serve, in requests per second.",
             "Spare capacity above the traffic (0.2: 20%).",
-            "Most rates measured per configuration",
+            CapacityRequest.model_fields["repeats"].description,
             "Registered model adapter name",  # the BenchmarkRequest beside it
         ):
             assert text in form, text

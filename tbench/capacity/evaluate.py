@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tbench.capacity.rate_search import RatePoint, SustainableRate, find_sustainable_rate, judge
+from tbench.capacity.rate_search import REPEATS, RatePoint, SustainableRate, find_sustainable_rate, judge
 from tbench.capacity.statistics import WARMUP_SHARE, PercentileRule, percentile_measurement
 from tbench.core import progress
 from tbench.core.enums import Scenario
@@ -94,8 +94,9 @@ class RateEvaluator(TritonEvaluator):
 
     slo_ms: float = 0.0
     rule: PercentileRule = field(default_factory=PercentileRule)
-    tolerance: float = 0.1
-    max_points: int = 10
+    tolerance: float = 0.05
+    max_points: int = 60
+    repeats: int = REPEATS
     start_rps: float | None = None
     on_point: Callable[[Candidate, RatePoint], None] | None = None
     gpu_uuids: tuple[str, ...] = ()  # the serving GPUs: their power gives the energy per inference
@@ -144,6 +145,8 @@ class RateEvaluator(TritonEvaluator):
             start_rate(latency, candidate.instances, self.start_rps),
             tolerance=self.tolerance,
             max_points=self.max_points,
+            rule=self.rule,
+            repeats=self.repeats,
             on_point=measured,
         )
         path.write_text(json.dumps(found.model_dump(mode="json"), indent=2))

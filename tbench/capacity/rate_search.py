@@ -1,23 +1,37 @@
 """The sustainable rate under a latency SLO, as MLPerf's server scenario defines it: the highest Poisson request rate
 whose percentile latency stays within the bound, over a run long enough for that percentile (statistics.py). Found by
 a bracketing search over rates: from a start rate, double (or halve) until one rate passes and one fails, then bisect
-(geometric middle) until the two are within `tolerance` of each other. Pure logic: `measure(rate)` does the work."""
+(geometric middle) until the two are within `tolerance` of each other; each rate is measured again until its runs,
+pooled, decide (rate_verdict). Pure logic: `measure(rate)` does the work."""
 
 from __future__ import annotations
 
 import math
 import time
 from collections.abc import Callable
+from statistics import NormalDist
 from typing import Literal, get_args
 
+import numpy as np
 from pydantic import BaseModel, Field
 
-from tbench.capacity.statistics import PercentileRule, percentile_upper_bound, steady_latencies
+from tbench.capacity.statistics import (
+    PercentileRule,
+    exceedance_score,
+    percentile_upper_bound,
+    steady_latencies,
+    tail_inflation,
+)
 from tbench.loadgen.perf_analyzer import RequestLog
 
-# The answer is measured again before it is kept: a short run's percentile is noisy, and the highest of several
-# noisy passes is biased towards a lucky one (the winner's curse); a rate must pass every time to be the answer
-CONFIRMATIONS = 1
+# A rate is measured again until its measurements, pooled, decide (rate_verdict), at most REPEATS times: near the answer
+# one short run's percentile is too noisy to tell a rate that holds from one 10% above it, and measuring every rate
+# that long would waste the time on rates far from it. Undecided after REPEATS: not shown to hold, so it fails.
+REPEATS = 6
+# The answer is measured at least 1 + CONFIRMATIONS times: the highest of several noisy passes is biased towards a
+# lucky one (the winner's curse), and three measurements also show the spread between runs (a rare slow spell that
+# one run may miss entirely)
+CONFIRMATIONS = 2
 
 Status = Literal["pass", "client_bound", "over_slo", "behind", "undetermined", "too_few", "unstable", "error"]
 STATUSES: tuple[str, ...] = get_args(Status)
@@ -34,6 +48,10 @@ class RatePoint(BaseModel):
     throughput: float | None = Field(None, description="Served inferences per second.")
     served_rps: float | None = Field(None, description="Served requests per second (throughput / batch size).")
     requests: int | None = Field(None, description="Requests the percentile comes from.")
+    over_slo: int | None = Field(None, description="Of those, the requests slower than the SLO.")
+    inflation: float | None = Field(
+        None, description="How much more the count over the SLO varies than independent requests' would (clustering)."
+    )
     delayed_pct: float | None = Field(None, description="Requests perf_analyzer could not send on time, %.")
     power_w: float | None = None
     joules_per_inference: float | None = Field(
@@ -92,11 +110,15 @@ def judge(
         seconds=number("measure_seconds") or 0.0,
         source_file=str(row.get("source_file") or ""),
     )
-    bound = ""
+    bound, estimate = "", None
     if requests is not None:
-        steady = steady_latencies(requests, tail_s=slo_ms / 1000)
-        upper = percentile_upper_bound(steady * 1000, rule.percentile, rule.confidence, slo_ms)
+        steady = steady_latencies(requests, tail_s=slo_ms / 1000) * 1000
+        upper = percentile_upper_bound(steady, rule.percentile, rule.confidence, slo_ms)
         point = point.model_copy(update={"latency_ms": upper, "requests": len(steady)})
+        if len(steady):  # what the rate's pooled verdict counts (rate_verdict)
+            estimate = float(np.percentile(steady, rule.percentile))
+            inflation = tail_inflation(steady, rule.percentile, slo_ms)
+            point = point.model_copy(update={"over_slo": int((steady > slo_ms).sum()), "inflation": inflation})
         bound = f" (upper {100 * rule.confidence:g}% bound, {len(steady)} requests after the warm-up)"
     status = row.get("status")
     if status not in ("ok", "client_bound"):  # undetermined is no pass: the windows could not show it kept up
@@ -106,7 +128,7 @@ def judge(
         return point.model_copy(update={"status": "behind", "reason": "no throughput reported: nothing served"})
     if requests is not None and point.latency_ms is None:
         reason = f"{point.requests} requests after the warm-up cannot bound p{rule.percentile}: measure longer windows"
-        return point.model_copy(update={"status": "too_few", "reason": reason})
+        return point.model_copy(update={"status": "too_few", "reason": reason, "latency_ms": estimate})
     if requests is None and (point.requests is None or point.requests < rule.requests()):
         reason = f"{point.requests or 0} requests measured; p{rule.percentile} needs {rule.requests()}"
         return point.model_copy(update={"status": "too_few", "reason": reason})
@@ -117,6 +139,33 @@ def judge(
     if status == "client_bound":
         return point.model_copy(update={"status": "client_bound", "reason": str(row.get("error") or "")})
     return point
+
+
+Verdict = Literal["pass", "fail", "undecided"]
+
+
+def rate_verdict(points: list[RatePoint], rule: PercentileRule, z: float) -> tuple[Verdict, str]:
+    """The verdict of the measurements at one rate, and why. Any that did not carry its load (behind, unstable, an
+    error; too few requests where they cannot be pooled) fails the rate. Where each counted its requests over the SLO,
+    they are pooled: the rate passes when the share over the SLO is below the percentile's tail by `z` standard errors
+    (exceedance_score), fails when above it by `z`, and is undecided between. Without counts (no exported requests)
+    each point's own verdict."""
+    counted = all(p.over_slo is not None and p.requests for p in points)
+    # a run too short to bound the percentile alone still counts towards the pool
+    pooled = (*PASSING, "over_slo", "too_few") if counted else PASSING
+    failed = next((p for p in points if p.status not in pooled), None)
+    if failed is not None:
+        return "fail", failed.reason
+    if not counted:
+        return "pass", ""
+    requests, over = [p.requests or 0 for p in points], [p.over_slo or 0 for p in points]
+    score = exceedance_score(requests, over, [p.inflation or 1.0 for p in points], rule.percentile)
+    share = sum(over) / sum(requests)
+    why = (
+        f"{100 * share:.2g}% of {sum(requests):,} requests over the SLO in {len(points)} measurement(s), "
+        f"{score:+.1f} standard errors from p{rule.percentile}'s {100 * rule.tail:.2g}%"
+    )
+    return ("pass" if score <= -z else "fail" if score >= z else "undecided"), why
 
 
 class SustainableRate(BaseModel):
@@ -130,17 +179,34 @@ class SustainableRate(BaseModel):
     lower_bound: bool = Field(
         False, description="The load generator could not offer more: the server sustains at least this rate."
     )
-
-    confirmed: bool = Field(False, description="The answer's rate passed again when measured a second time.")
+    confirmed: bool = Field(
+        False, description="The answer's rate was measured 1 + CONFIRMATIONS times and passed, its measurements pooled."
+    )
+    verdicts: dict[str, str] = Field(
+        {}, description="Each rate decided (as measured, '%g'): its verdict and why ('pass: 0.4% of 9,120...')."
+    )
 
     @property
     def at_rate(self) -> RatePoint | None:
-        """The passing point the answer is: of the measurements at the answer's rate, the one that served least (the
-        highest rate that passed while the search is unfinished)."""
-        if self.rate is not None:
-            at = [p for p in self.points if p.passed and p.rate == self.rate]
-            return min(at, key=lambda p: p.sustained_rps, default=None)
-        return max((p for p in self.points if p.passed), key=lambda p: p.rate, default=None)
+        """The passing point the answer is: of the measurements at the answer's rate, the one that served least, with
+        the median of their percentiles and the pooled verdict's reason where the pool decided (while the search is
+        unfinished: the highest rate that passed)."""
+        if self.rate is None:
+            return max((p for p in self.points if p.passed), key=lambda p: p.rate, default=None)
+        at = [p for p in self.points if p.rate == self.rate and p.status in (*PASSING, "over_slo", "too_few")]
+        if not at or (len(at) == 1 and at[0].passed):
+            return at[0] if at else None
+        latencies = [p.latency_ms for p in at if p.latency_ms is not None]
+        status = "client_bound" if any(p.status == "client_bound" for p in at) else "pass"
+        return min(at, key=lambda p: p.sustained_rps).model_copy(
+            update={
+                "status": status,
+                "latency_ms": float(np.median(latencies)) if latencies else None,
+                "requests": sum(p.requests or 0 for p in at),
+                "over_slo": sum(p.over_slo or 0 for p in at) if all(p.over_slo is not None for p in at) else None,
+                "reason": self.verdicts.get(f"{self.rate:g}", "").removeprefix("pass: "),
+            }
+        )
 
     @property
     def sustained_rps(self) -> float | None:
@@ -153,31 +219,54 @@ def find_sustainable_rate(
     measure: Callable[[float], RatePoint],
     start: float,
     *,
-    tolerance: float = 0.1,
-    max_points: int = 10,
+    tolerance: float = 0.05,
+    max_points: int = 40,
     min_rate: float = 0.1,
     max_rate: float | None = None,
     on_point: Callable[[RatePoint], None] | None = None,
+    rule: PercentileRule | None = None,
+    repeats: int = REPEATS,
     confirmations: int = CONFIRMATIONS,
 ) -> SustainableRate:
-    """Bracket, then bisect; at most `max_points` measurements. The answer is the highest rate that passed, measured
-    `confirmations` more times and passing each (a confirmation that fails moves the bracket's top down to it and the
-    answer to the highest other rate that passed)."""
+    """Bracket, then bisect; at most `max_points` measurements. Each rate is measured until its measurements decide
+    (rate_verdict), at most `repeats` times; the pooled test's z is the rule's confidence shared over those looks. The
+    answer is the highest rate that passed, measured at least 1 + `confirmations` times (one that then fails moves the
+    bracket's top down to it and the answer to the highest other rate that passed)."""
     started = time.monotonic()
+    rule = rule or PercentileRule()
+    z = NormalDist().inv_cdf(1 - (1 - rule.confidence) / max(repeats, 1))
     result = SustainableRate()
-    lo: float | None = None  # highest passing rate
-    hi: float | None = None  # lowest failing rate above lo
+    passed: set[float] = set()
 
-    def run(rate: float) -> RatePoint:
-        point = measure(rate)  # its rate is the one measured (perf_analyzer takes a rate rounded to its precision)
-        result.points.append(point)
-        if on_point:
-            on_point(point)
-        return point
+    def at(rate: float) -> list[RatePoint]:
+        return [p for p in result.points if p.rate == rate]
 
-    def client_bound(point: RatePoint) -> bool:
-        """A passing point perf_analyzer could not offer on time: no higher rate can be measured from here."""
-        if point.status != "client_bound":
+    def decide(rate: float, least: int = 1) -> tuple[bool | None, float]:
+        """Measure `rate` until its verdict is decided on at least `least` measurements: (passed, the rate as
+        measured), passed None when the point budget ran out first."""
+        points = at(rate)
+        while True:
+            verdict, why = rate_verdict(points, rule, z) if points else ("undecided", "")
+            if verdict == "fail" or (verdict == "pass" and len(points) >= least):
+                break
+            if len(points) >= max(repeats, least):
+                verdict, why = "fail", f"not shown within the SLO after {len(points)} measurements: {why}"
+                break
+            if len(result.points) >= max_points:
+                return None, rate
+            point = measure(rate)  # its rate is the one measured (perf_analyzer takes a rate rounded to its precision)
+            result.points.append(point)
+            if on_point:
+                on_point(point)
+            rate, points = point.rate, at(point.rate)
+        result.verdicts[f"{rate:g}"] = f"{verdict}: {why}"
+        (passed.add if verdict == "pass" else passed.discard)(rate)
+        return verdict == "pass", rate
+
+    def client_bound(rate: float) -> bool:
+        """A passing rate perf_analyzer could not offer on time: no higher rate can be measured from here."""
+        point = next((p for p in at(rate) if p.status == "client_bound"), None)
+        if point is None:
             return False
         result.lower_bound = True
         result.stopped = (
@@ -186,13 +275,16 @@ def find_sustainable_rate(
         )
         return True
 
+    lo: float | None = None  # highest passing rate
+    hi: float | None = None  # lowest failing rate above lo
     rate = max(start, min_rate)
-    while len(result.points) < max_points:  # bracket
-        point = run(rate)
-        rate = point.rate
-        if point.passed:
+    while True:  # bracket
+        ok, rate = decide(rate)
+        if ok is None:
+            break
+        if ok:
             lo = rate if lo is None else max(lo, rate)
-            if client_bound(point) or hi is not None:
+            if client_bound(rate) or hi is not None:
                 break
             if max_rate is not None and rate >= max_rate:
                 result.stopped = f"passed at the highest rate allowed ({max_rate:g}/s)"
@@ -203,41 +295,38 @@ def find_sustainable_rate(
             if lo is not None:
                 break
             if rate / 2 < min_rate:
-                result.stopped = f"failed down to {rate:g}/s (the lowest rate tried): {point.reason}"
+                result.stopped = f"failed down to {rate:g}/s (the lowest rate tried): {result.verdicts[f'{rate:g}']}"
                 break
             rate /= 2
-    passes: dict[float, int] = {}  # rate -> times it passed (a rate that failed once is out)
-    for p in result.points:
-        passes[p.rate] = passes.get(p.rate, 0) + 1 if p.passed else 0
-    passes = {r: n for r, n in passes.items() if n}
-    while not result.lower_bound and lo is not None and len(result.points) < max_points:
+    need = 1 + confirmations
+    while not result.lower_bound and lo is not None:
         if hi is not None and hi / lo > 1 + tolerance:  # bisect
-            point = run(math.sqrt(lo * hi))
-            if point.rate in (lo, hi):  # the rate's precision cannot split the bracket further
+            ok, rate = decide(math.sqrt(lo * hi))
+            if rate in (lo, hi):  # the rate's precision cannot split the bracket further
                 result.stopped = f"bracketed as finely as rates are set: passes at {lo:.4g}/s, fails at {hi:.4g}/s"
                 break
-        elif passes[lo] <= confirmations:  # confirm the answer: measured again, it must pass again
-            point = run(lo)
+        elif len(at(lo)) < need:  # confirm the answer: measured more, pooled, it must still pass
+            ok, rate = decide(lo, need)
         else:
             break
-        if point.passed:
-            passes[point.rate] = passes.get(point.rate, 0) + 1
-            lo = max(lo, point.rate)
-            if client_bound(point):
+        if ok is None:
+            break
+        if ok:
+            lo = max(lo, rate)
+            if client_bound(rate):
                 break
         else:
-            hi = point.rate if hi is None else min(hi, point.rate)
-            passes.pop(point.rate, None)
-            if point.rate <= lo:  # the answer failed its confirmation: back to the highest other rate that passed
-                lo = max((r for r in passes if r < point.rate), default=None)
-    if lo is not None and passes.get(lo, 0) <= confirmations and not result.lower_bound:
+            hi = rate if hi is None else min(hi, rate)
+            if rate <= lo:  # the answer failed its confirmation: back to the highest other rate that passed
+                lo = max((r for r in passed if r < rate), default=None)
+    result.confirmed = lo is not None and lo in passed and len(at(lo)) >= need
+    if lo is not None and not result.confirmed and not result.lower_bound:
         result.stopped = result.stopped or f"the point budget ({max_points}) was spent before {lo:.4g}/s was confirmed"
-        lower = [r for r, n in passes.items() if n > confirmations]
-        lo = max(lower, default=lo)
-    result.confirmed = lo is not None and passes.get(lo, 0) > confirmations
+        lo = max((r for r in passed if len(at(r)) >= need), default=lo)
+        result.confirmed = len(at(lo)) >= need
     if not result.stopped:
         if lo is not None and hi is not None and hi / lo <= 1 + tolerance:
-            again = f" (confirmed by {confirmations} more)" if confirmations and result.confirmed else ""
+            again = f" (measured {len(at(lo))} times)" if confirmations and result.confirmed else ""
             result.stopped = f"bracketed within {100 * tolerance:g}%: passes at {lo:.4g}/s{again}, fails at {hi:.4g}/s"
         else:
             result.stopped = f"the point budget ({max_points}) was spent"

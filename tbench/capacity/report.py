@@ -166,11 +166,15 @@ def capacity_markdown(answers: list[PoolAnswer], cap: CapacityRequest, model: st
         "windows, and at most 1% of the requests were sent late; a point whose windows cannot tell (undetermined) "
         "does not pass. Late sends while the server served all it was offered are the load generator's limit: the "
         "rate is then a lower bound (≥).",
-        "- The sustainable rate is what the highest passing rate served (never more than was offered), measured again "
-        "and passing again (a confirmation); configurations are ranked on it.",
+        "- A rate is measured again until its runs, pooled, decide: it passes when the share of requests over the SLO "
+        f"is below p{rule.percentile}'s tail by enough standard errors (the variance widened where slow requests come "
+        "in clusters, or where the runs disagree), fails when above it, and after "
+        f"{cap.repeats} runs still undecided it does not pass. A rate far from the answer is decided by one run.",
+        "- The sustainable rate is what the highest passing rate served (never more than was offered), measured at "
+        "least three times (a confirmation); configurations are ranked on it.",
         f"- The sustainable rate is the highest passing rate of a bracketing search (double or halve, then bisect) "
         f"that stops when the passing and failing rates are within {100 * cap.tolerance:g}%, or after "
-        f"{cap.max_points} rates.",
+        f"{cap.max_points} measurements.",
         "- Instances = ⌈traffic × (1 + headroom) / sustainable rate⌉; $/million = instances × $/h / (traffic × 3600) "
         "× 10⁶; energy per inference: the serving GPUs' energy counter over the sustainable rate's point / the "
         "inferences served in it (none on a CPU).",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from tbench.capacity.rate_search import REPEATS
 from tbench.capacity.statistics import PercentileRule
 from tbench.search.request import SearchRequest, StrategyName
 from tbench.search.strategies import Objective, SearchSpace
@@ -33,9 +34,14 @@ class CapacityRequest(BaseModel):
     strategy: StrategyName = Field("exhaustive", description="exhaustive: every configuration; smart: a budget.")
     budget_fraction: float = Field(1.0, gt=0, le=1, description="smart: the largest share of the grid measured.")
     tolerance: float = Field(
-        0.1, gt=0.01, le=1, description="The rate search stops when passing and failing rates are this close."
+        0.05, gt=0.01, le=1, description="The rate search stops when passing and failing rates are this close."
     )
-    max_points: int = Field(8, ge=1, le=50, description="Most rates measured per configuration (1: judge one rate).")
+    max_points: int = Field(
+        60, ge=1, le=200, description="Most measurements per configuration (1: judge one rate once)."
+    )
+    repeats: int = Field(
+        REPEATS, ge=1, le=20, description="Most measurements of one rate, pooled, before it counts as not holding."
+    )
     start_rps: float | None = Field(
         None, gt=0, description="First rate tried (requests/s); half the warm-up latency's capacity by default."
     )

@@ -105,19 +105,42 @@ def variance_inflation(values: np.ndarray, threshold: float, blocks: int = INFLA
     return max(1.0, float(shares.var(ddof=1)) / (share * (1 - share) / (n / blocks)))
 
 
+def tail_inflation(values: np.ndarray, percentile: float, threshold: float | None = None) -> float:
+    """The `variance_inflation` of the requests above `threshold` (the SLO), or above the sample's own percentile where
+    that is more: near saturation a short run holds no request over the SLO at all (share 0, no spread to measure) while
+    its slow requests come in long clusters, and a count of zero from a few clusters is weak evidence."""
+    own = variance_inflation(values, float(np.percentile(values, percentile)))
+    return own if threshold is None else max(own, variance_inflation(values, threshold))
+
+
 def percentile_upper_bound(
     values: np.ndarray, percentile: float, confidence: float, threshold: float | None = None
 ) -> float | None:
     """An upper `confidence` bound of the `percentile`-th percentile of what `values` (in the order sent) sample: their
-    order statistic of rank ceil(n·p + z·sqrt(f·n·p·(1-p))), f the `variance_inflation` of the requests above
-    `threshold` (the SLO the bound is compared with; the percentile itself without one); None when n is too small for
-    that rank to exist."""
+    order statistic of rank ceil(n·p + z·sqrt(f·n·p·(1-p))), f the `tail_inflation` (at `threshold`, the SLO the bound
+    is compared with); None when n is too small for that rank to exist."""
     n, p = len(values), percentile / 100
     if n == 0:
         return None
     z = NormalDist().inv_cdf(confidence)
-    f = variance_inflation(values, np.percentile(values, percentile) if threshold is None else threshold)
+    f = tail_inflation(values, percentile, threshold)
     rank = math.ceil(n * p + z * math.sqrt(f * n * p * (1 - p)))
     if rank > n:
         return None
     return float(np.partition(np.asarray(values, dtype=float), rank - 1)[rank - 1])
+
+
+def exceedance_score(requests: list[int], over: list[int], inflations: list[float], percentile: float) -> float:
+    """How far the share of requests over the SLO, pooled over independent measurements at one rate, is from the
+    percentile's tail (1% for p99), in standard errors: negative when within the SLO. The variance is the binomial one
+    inflated by the measurements' `tail_inflation` (their request-weighted mean), or the spread between the
+    measurements where three or more show a larger one (each starts from an empty server: they are independent)."""
+    n, a, f = (np.asarray(x, dtype=float) for x in (requests, over, inflations))
+    total, q0 = n.sum(), 1 - percentile / 100
+    if total == 0:
+        return math.inf
+    variance = float((f * n).sum() / total) * total * q0 * (1 - q0)
+    if len(n) >= 3:
+        between = len(n) / (len(n) - 1) * float(((a - n * a.sum() / total) ** 2).sum())
+        variance = max(variance, between)
+    return float(a.sum() - total * q0) / math.sqrt(variance)

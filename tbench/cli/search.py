@@ -7,6 +7,7 @@ import os
 
 import typer
 
+from tbench.capacity.rate_search import REPEATS
 from tbench.capacity.request import CapacityRequest
 from tbench.capacity.statistics import PercentileRule
 from tbench.cli.common import (
@@ -191,8 +192,9 @@ def capacity(
     max_batch_sizes: MaxBatchSizes = "1,8",
     preferred: Preferred = "none",
     queue_delays_us: QueueDelaysUs = "500",
-    tolerance: float = typer.Option(0.1, help=field_help("tolerance", model=CapacityRequest)),
-    max_points: int = typer.Option(8, help=field_help("max_points", model=CapacityRequest)),
+    tolerance: float = typer.Option(0.05, help=field_help("tolerance", model=CapacityRequest)),
+    max_points: int = typer.Option(60, help=field_help("max_points", model=CapacityRequest)),
+    repeats: int = typer.Option(REPEATS, help=field_help("repeats", model=CapacityRequest)),
     start_rps: float = typer.Option(None, help=field_help("start_rps", model=CapacityRequest)),
     size: Size = None,
     framework: Framework = None,
@@ -224,6 +226,7 @@ def capacity(
             space=search_space(instances, max_batch_sizes, preferred, queue_delays_us),
             tolerance=tolerance,
             max_points=max_points,
+            repeats=repeats,
             start_rps=start_rps,
             pools=_split(pools) or [],
             prices=prices,
