@@ -373,14 +373,17 @@ RULE = PercentileRule()
 SEARCH = {k: CapacityRequest.model_fields[k].default for k in ("tolerance", "max_points", "repeats")}
 
 
-def true_sustainable_rate(rng, server: Server, slo_ms: float, percentile: int) -> float:
+TRUTH_ARRIVALS = 8_000_000  # per steady-state percentile: the truth's own error is then about 0.3% of the rate
+
+
+def true_sustainable_rate(rng, server: Server, slo_ms: float, percentile: int, n: int = TRUTH_ARRIVALS) -> float:
     """The highest rate whose steady-state percentile meets the SLO (bisection on long runs), below capacity."""
     lo, hi = 0.05 * server.capacity, 0.999 * server.capacity
-    if steady_percentiles(rng, server, hi)[percentile] <= slo_ms:
+    if steady_percentiles(rng, server, hi, n)[percentile] <= slo_ms:
         return hi
     for _ in range(14):
         mid = (lo + hi) / 2
-        if steady_percentiles(rng, server, mid)[percentile] <= slo_ms:
+        if steady_percentiles(rng, server, mid, n)[percentile] <= slo_ms:
             lo = mid
         else:
             hi = mid
@@ -409,7 +412,7 @@ def calibrate_capacity(rng, searches: int, truth_n: int) -> tuple[dict, dict]:
     per_case = {}
     for name, (server, slo_factor) in CAPACITY_CASES.items():
         slo_ms = slo_factor * server.service_ms
-        truth = true_sustainable_rate(np.random.default_rng(12345), server, slo_ms, RULE.percentile)
+        truth = true_sustainable_rate(np.random.default_rng(12345), server, slo_ms, RULE.percentile, truth_n)
         case = []
         for _ in range(searches):
             spent: list[float] = []
@@ -445,7 +448,8 @@ def calibrate_capacity(rng, searches: int, truth_n: int) -> tuple[dict, dict]:
             name: asdict(server) | {"slo_ms": factor * server.service_ms, "capacity_rps": server.capacity}
             for name, (server, factor) in CAPACITY_CASES.items()
         },
-        "truth": "the highest rate whose steady-state percentile (400k arrivals, first 10% dropped) meets the SLO",
+        "truth": f"the highest rate whose steady-state percentile ({TRUTH_ARRIVALS:,} arrivals, first 10% dropped) "
+        "meets the SLO",
         "percentile": RULE.percentile,
         "start": "half the capacity, times a lognormal factor (sd 0.1)",
         **SEARCH,
@@ -478,7 +482,7 @@ def calibrate(seed: int = 0, scale: float = 1.0) -> dict:
     started = time.monotonic()
     rng = np.random.default_rng(seed)
     kept_rules, kept_conditions = calibrate_kept_up(rng, max(10, int(250 * scale)))
-    cap_rules, cap_conditions = calibrate_capacity(rng, max(5, int(100 * scale)), 400_000)
+    cap_rules, cap_conditions = calibrate_capacity(rng, max(5, int(100 * scale)), TRUTH_ARRIVALS)
     return {
         "rules": {"kept_up": kept_rules, "capacity": cap_rules},
         "conditions": {"kept_up": kept_conditions, "capacity": cap_conditions},

@@ -548,3 +548,30 @@ def test_rates_near_the_answer_are_measured_more_than_those_far_from_it():
     assert times[10.0] == times[20.0] == 1  # far below: one run decides
     assert max(times.values()) > 2  # near the answer: several runs pooled
     assert all(n <= 6 for n in times.values())  # REPEATS at most
+
+
+class FirstLuckySystem(CountingSystem):
+    """Every rate's first run up to 3x its capacity is lucky (nothing over the SLO); later runs tell the truth."""
+
+    def __call__(self, rate: float) -> RatePoint:
+        first = rate not in self.asked and rate <= 3 * self.capacity
+        point = super().__call__(rate)
+        return point.model_copy(update={"over_slo": 0}) if first else point
+
+
+def test_an_answer_that_fails_its_confirmation_with_nothing_below_steps_down():
+    system = FirstLuckySystem()
+    # 300 passes by luck, then fails when measured again
+    found = find_sustainable_rate(system, 300.0, rule=RULE, max_points=80)
+    assert found.verdicts["300"].startswith("fail")
+    assert found.rate is not None and found.rate <= CAPACITY and found.confirmed
+    assert min(system.asked) < 300.0 / 1.9  # it stepped down below the lucky rate
+
+
+def test_an_unfinished_search_answers_only_with_a_rate_it_decided():
+    lucky = counted(200.0, 0)  # one run passed on its own, the pooled runs at its rate failed
+    found = SustainableRate(
+        points=[lucky, counted(200.0, 60)], verdicts={"200": "fail: 2% of 3,000 requests over the SLO"}
+    )
+    assert found.at_rate is None and found.sustained_rps is None
+    assert SustainableRate(points=[lucky]).at_rate is lucky  # points kept while it runs, nothing decided yet

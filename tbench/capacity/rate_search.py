@@ -191,8 +191,10 @@ class SustainableRate(BaseModel):
         """The passing point the answer is: of the measurements at the answer's rate, the one that served least, with
         the median of their percentiles and the pooled verdict's reason where the pool decided (while the search is
         unfinished: the highest rate that passed)."""
-        if self.rate is None:
-            return max((p for p in self.points if p.passed), key=lambda p: p.rate, default=None)
+        if self.rate is None:  # a rate the search decided passed, else (points kept while it runs) one that passed
+            decided = {r for r, verdict in self.verdicts.items() if verdict.startswith("pass")}
+            points = [p for p in self.points if p.passed and (not self.verdicts or f"{p.rate:g}" in decided)]
+            return max(points, key=lambda p: p.rate, default=None)
         at = [p for p in self.points if p.rate == self.rate and p.status in (*PASSING, "over_slo", "too_few")]
         if not at or (len(at) == 1 and at[0].passed):
             return at[0] if at else None
@@ -277,48 +279,41 @@ def find_sustainable_rate(
 
     lo: float | None = None  # highest passing rate
     hi: float | None = None  # lowest failing rate above lo
-    rate = max(start, min_rate)
-    while True:  # bracket
-        ok, rate = decide(rate)
-        if ok is None:
-            break
-        if ok:
-            lo = rate if lo is None else max(lo, rate)
-            if client_bound(rate) or hi is not None:
-                break
-            if max_rate is not None and rate >= max_rate:
-                result.stopped = f"passed at the highest rate allowed ({max_rate:g}/s)"
-                break
-            rate = rate * 2 if max_rate is None else min(rate * 2, max_rate)
-        else:
-            hi = rate if hi is None else min(hi, rate)
-            if lo is not None:
-                break
-            if rate / 2 < min_rate:
-                result.stopped = f"failed down to {rate:g}/s (the lowest rate tried): {result.verdicts[f'{rate:g}']}"
-                break
-            rate /= 2
     need = 1 + confirmations
-    while not result.lower_bound and lo is not None:
-        if hi is not None and hi / lo > 1 + tolerance:  # bisect
-            ok, rate = decide(math.sqrt(lo * hi))
-            if rate in (lo, hi):  # the rate's precision cannot split the bracket further
-                result.stopped = f"bracketed as finely as rates are set: passes at {lo:.4g}/s, fails at {hi:.4g}/s"
+    while not result.lower_bound:
+        least = 1
+        if lo is None:  # find a rate that holds: the start, then halve below the lowest that failed
+            rate = max(start, min_rate) if hi is None else hi / 2
+            if hi is not None and rate < min_rate:
+                result.stopped = f"failed down to {hi:g}/s (the lowest rate tried): {result.verdicts[f'{hi:g}']}"
                 break
+        elif hi is None and (max_rate is None or lo < max_rate):  # double until one fails
+            rate = lo * 2 if max_rate is None else min(lo * 2, max_rate)
+        elif hi is not None and hi / lo > 1 + tolerance:  # bisect
+            rate = math.sqrt(lo * hi)
         elif len(at(lo)) < need:  # confirm the answer: measured more, pooled, it must still pass
-            ok, rate = decide(lo, need)
+            rate, least = lo, need
         else:
+            if hi is None:
+                result.stopped = f"passed at the highest rate allowed ({max_rate:g}/s)"
             break
+        before = (len(result.points), lo, hi)
+        ok, measured = decide(rate, least)
         if ok is None:
             break
+        if least == 1 and lo is not None and hi is not None and measured in (lo, hi):
+            result.stopped = f"bracketed as finely as rates are set: passes at {lo:.4g}/s, fails at {hi:.4g}/s"
+            break
         if ok:
-            lo = max(lo, rate)
-            if client_bound(rate):
-                break
+            lo = measured if lo is None else max(lo, measured)
+            client_bound(measured)
         else:
-            hi = rate if hi is None else min(hi, rate)
-            if rate <= lo:  # the answer failed its confirmation: back to the highest other rate that passed
-                lo = max((r for r in passed if r < rate), default=None)
+            hi = measured if hi is None else min(hi, measured)
+            if lo is not None and measured <= lo:  # the answer failed its confirmation: the next rate that passed
+                lo = max((r for r in passed if r < measured), default=None)
+        if (len(result.points), lo, hi) == before:  # decided from what was measured before: nothing new to learn
+            result.stopped = f"no rate left to measure between {lo} and {hi}"
+            break
     result.confirmed = lo is not None and lo in passed and len(at(lo)) >= need
     if lo is not None and not result.confirmed and not result.lower_bound:
         result.stopped = result.stopped or f"the point budget ({max_points}) was spent before {lo:.4g}/s was confirmed"
