@@ -17,28 +17,42 @@ import time
 
 from fuzz_inputs import fuzz
 from provenance import RESULTS, recorded
+from soak_faults import soak
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--workers", type=int, default=2, help="command lines run at once")
+    parser.add_argument("--workers", type=int, default=2, help="fuzz: command lines run at once")
+    parser.add_argument("--parts", default="fuzz,soak", help="fuzz, soak or both")
+    parser.add_argument("--runs", type=int, default=30, help="soak: runs submitted")
+    parser.add_argument("--mean-gap-s", type=float, default=45.0, help="soak: mean seconds between faults")
     args = parser.parse_args()
-    with recorded(RESULTS / "soak.json", model_sizes=["no model: generated bad inputs"]) as record:
-        started = time.monotonic()
-        found = fuzz(args.seed, args.workers, progress=lambda line: print(line, flush=True))
-        record.update(
-            parts=["fuzz"],
-            not_run={"soak": "the runs under injected faults are not built yet (issue 35)"},
-            fuzz_seconds=round(time.monotonic() - started, 1),
-            **found,
-        )
-    print(
-        f"fuzz: {found['inputs_tried']} inputs, {found['refused_in_one_line']} refused in one line, "
-        f"{len(found['refused_in_more_lines'])} in more, {len(found['not_refused'])} not refused, "
-        f"{found['tracebacks']} tracebacks, {len(found['wrote_files'])} wrote files"
-    )
-    return 0 if found["tracebacks"] == 0 and not found["not_refused"] else 1
+    parts = [p for p in ("fuzz", "soak") if p in args.parts.split(",")]
+    ok = True
+    with recorded(RESULTS / "soak.json", model_sizes=["resnet50 small"]) as record:
+        record.update(parts=parts)
+        if "fuzz" in parts:
+            started = time.monotonic()
+            found = fuzz(args.seed, args.workers, progress=lambda line: print(line, flush=True))
+            record.update(fuzz_seconds=round(time.monotonic() - started, 1), **found)
+            print(
+                f"fuzz: {found['inputs_tried']} inputs, {found['refused_in_one_line']} refused in one line, "
+                f"{len(found['refused_in_more_lines'])} in more, {len(found['not_refused'])} not refused, "
+                f"{found['tracebacks']} tracebacks, {len(found['wrote_files'])} wrote files"
+            )
+            ok &= found["tracebacks"] == 0 and not found["not_refused"]
+        if "soak" in parts:
+            started = time.monotonic()
+            soaked = soak(args.runs, args.seed, args.mean_gap_s, progress=lambda line: print(line, flush=True))
+            record.update(soak_seconds=round(time.monotonic() - started, 1), **soaked)
+            print(
+                f"soak: {soaked['runs_submitted']} runs, {soaked['completed']} completed, {soaked['failed_cleanly']} "
+                f"failed cleanly, {soaked['lost_runs']} lost, {soaked['lost_points']} points lost, "
+                f"{len(soaked['leftovers'])} leftovers, {len(soaked['faults'])} faults"
+            )
+            ok &= soaked["lost_runs"] == 0 and soaked["lost_points"] == 0 and not soaked["leftovers"]
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

@@ -169,3 +169,22 @@ def test_the_cli_refuses_a_port_in_use(listening_port, tmp_path):
         f"error: --http-port {listening_port} is already in use on 127.0.0.1; "
         "pick another or leave it out for a free one"
     )
+
+
+def test_a_full_disk_is_refused_before_the_run_makes_its_folder(tmp_path):
+    import subprocess
+
+    from tbench.planning.preflight import MIN_FREE_MIB
+
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(disk)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
+    try:
+        assert 16 < MIN_FREE_MIB  # the whole disk is less than a run needs
+        with pytest.raises(ConfigError, match=r"only 16 MiB free on the disk of .*disk.*free some space"):
+            preflight(BenchmarkRequest(model="resnet50", output=str(disk / "runs")))
+        assert not (disk / "runs").exists() or not any((disk / "runs").iterdir())  # no run folder was made
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], capture_output=True)

@@ -84,11 +84,31 @@ def check_node(request) -> None:
         raise ConfigError("this node cannot run the request: " + " | ".join(missing))
 
 
+MIN_FREE_MIB = 64  # a run's folder before its first point: the request, logs, the exported model, the repository
+
+
 def check_output(root: str) -> None:
     if is_remote(root):
         check_store(root)
     else:
         check_local_output(root)
+    check_free_space(root)
+
+
+def check_free_space(root: str) -> None:
+    """The disk the run is written to while it runs (the output, or the staging folder of a remote store) has room
+    for a run's first files: a full disk otherwise fails the run before its folder can say why."""
+    from tbench.stages.store import staging_root
+
+    path = staging_root(root).expanduser()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    free_mib = shutil.disk_usage(path).free / 2**20
+    if free_mib < MIN_FREE_MIB:
+        raise ConfigError(
+            f"only {free_mib:.0f} MiB free on the disk of {path} (a run needs at least {MIN_FREE_MIB} MiB before its "
+            "first point): free some space there, or write the run elsewhere (--output, or TBENCH_STAGING_DIR)"
+        )
 
 
 def check_local_output(root: str) -> None:
