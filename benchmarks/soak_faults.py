@@ -246,7 +246,7 @@ def held_port_locks() -> list[str]:
     return held
 
 
-def soak(runs: int = 30, seed: int = 0, mean_gap_s: float = 45.0, limit_s: float = 1800, progress=print) -> dict:
+def soak(runs: int = 30, seed: int = 0, mean_gap_s: float = 45.0, limit_s: float = 1500, progress=print) -> dict:
     from tbench.node.shm import unmapped_regions
 
     shm_before = set(unmapped_regions())
