@@ -309,15 +309,22 @@ def soak(runs: int = 30, seed: int = 0, mean_gap_s: float = 45.0, limit_s: float
             s.stack.down()
         time.sleep(3)
         left_processes = [f"{p.info['name']} (pid {p.pid})" for p in leftover_processes(root)]
-        if s.staging_tmpfs:
+        if s.staging_tmpfs:  # the run folders' logs outlive the tmpfs, without their models
+            with contextlib.suppress(OSError, shutil.Error):
+                skip = shutil.ignore_patterns("filler", "*.onnx", "*.savedmodel", "*.pt", "model_repository")
+                shutil.copytree(s.staging, root / "staging-kept", ignore=skip, dirs_exist_ok=True)
             subprocess.run(["umount", "-l", str(s.staging)], capture_output=True)
     left_shm = sorted(str(r) for r in set(unmapped_regions()) - shm_before)
     left_locks = sorted(set(held_port_locks()) - locks_before)
     leftovers = left_processes + left_shm + left_locks + ([f"device lock: {lock_slots} slots"] if lock_slots else [])
-    shutil.rmtree(root, ignore_errors=True)
     counts = {k: sum(r["outcome"] == k for r in table) for k in ("completed", "failed_cleanly", "lost")}
+    if counts["lost"]:  # its logs (the workers', the server's, each run's) say what happened
+        progress(f"kept {root} for its logs: {counts['lost']} runs lost")
+    else:
+        shutil.rmtree(root, ignore_errors=True)
     return {
         "runs_submitted": len(ids),
+        "kept_root": str(root) if counts["lost"] else None,
         "submissions_refused": submit_failures,
         **counts,
         "lost_runs": counts["lost"],
@@ -358,12 +365,13 @@ def classify(ids, states, local, env, faults, started) -> list[dict]:
             else:
                 why = ""
         elif (
-            st.get("state") == "FAILED"
+            st.get("state") in ("FAILED", "CRASHED")
             and message
             and "\n" not in message.strip()
-            and (manifest.get("status") or not mine)
+            and (manifest.get("status") not in (None, "running") or not mine)
         ):
-            # one line; the manifest on the worker says why, or the run was refused before it made its folder
+            # one line; the manifest on the worker says why (a killed run's, once the next run marked it), or the run
+            # was refused before it made its folder
             outcome, why = "failed_cleanly", message if mine else f"refused before its run folder: {message}"
         else:
             outcome = "lost"

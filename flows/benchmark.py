@@ -7,10 +7,9 @@ import sys
 from dataclasses import replace
 
 from prefect import flow
-from prefect.runtime import flow_run as current_run
 from prefect.states import Completed
 
-from flows.lifecycle import finish_run, run_lifecycle
+from flows.lifecycle import finish_run, flow_run_id, run_lifecycle
 from flows.served import served_benchmark
 from tasks.accuracy import accuracy_task
 from tasks.baseline import baseline_task
@@ -198,7 +197,7 @@ def _finish(tracker: RunTracker, plan: RunPlan, server, error: BaseException | N
         "host": tracker.host,  # other processes' CPU during the sweeps (tbench.node.host_load, tbench.history)
         "artifact_url": run_url(req.output, layout.run_id),
         "local_dir": str(layout.run_dir),
-        "flow_run_id": str(current_run.id) if current_run.id else None,  # the Prefect flow run this is
+        "flow_run_id": flow_run_id(),
     }
 
     def report() -> None:

@@ -17,25 +17,38 @@ from tbench.node import procs
 from tbench.node.device_lock import device_lock
 from tbench.node.interrupts import second_signal_exits
 from tbench.planning.preflight import preflight
+from tbench.stages.killed import RUNNING, mark_killed_runs, owner
 from tbench.stages.store import staging_root
 from tbench.stages.tracker import RunTracker
 
 log = logging.getLogger("prefect.tbench.lifecycle")
 
 
-def clean_up_after_killed_runs() -> None:
-    """Servers and perf_analyzers whose run was killed (SIGKILL, a crash), with the shared memory they mapped."""
+def flow_run_id() -> str | None:
+    """The Prefect flow run this run is, as its manifest names it."""
+    from prefect.runtime import flow_run
+
+    return str(flow_run.id) if flow_run.id else None
+
+
+def clean_up_after_killed_runs(root) -> None:
+    """Servers and perf_analyzers whose run was killed (SIGKILL, a crash), with the shared memory they mapped; and
+    the killed runs' folders under `root`, whose manifests then say so."""
     for what in procs.reap_orphans():
         log.warning(f"stopped {what}, left running by a run that was killed")
+    for run_id in mark_killed_runs(root):
+        log.warning(f"run {run_id} was killed before it finished: its manifest now says so")
 
 
 @contextlib.contextmanager
 def run_lifecycle(req, hardware, name: str, request_json) -> Iterator[RunTracker]:
     """Set-up and lock; the body runs the stages and calls `finish_run()` at its end, whatever happened."""
     preflight(req)  # a worker checks what the CLI checked on the user's machine: its ports, paths and store
-    clean_up_after_killed_runs()
+    clean_up_after_killed_runs(staging_root(req.output))
     layout = RunLayout(staging_root(req.output), new_run_id(name)).create()
     tracker = RunTracker(layout)
+    # until the run's end rewrites it: a run killed outright is told from one still running (stages.killed)
+    tracker.write_manifest(status=RUNNING, owner=owner(), local_dir=str(layout.run_dir), flow_run_id=flow_run_id())
     tracker.capture_logs()
     tracker.save_json(layout.request_json, request_json)
     progress.emit("run_start", run_id=layout.run_id, run_dir=str(layout.run_dir))

@@ -94,3 +94,28 @@ def test_lease_records_are_read_back_as_written():
     holder = Holder(run="r", host="h", pid=1, since="2026-11-23T08:00:00Z", renewed="2026-11-23T08:00:20Z")
     assert Holder.model_validate(holder.model_dump(mode="json")) == holder
     assert "run r on h (pid 1) since 2026-11-23 08:00:00 UTC" == holder.describe()
+
+
+def test_a_wait_outlives_an_api_that_stops_answering_for_a_while(monkeypatch):
+    import httpx
+
+    import tbench.node.device_lock as device_lock
+
+    request = httpx.Request("POST", "http://127.0.0.1:1/api/v2/concurrency_limits/increment")
+    unavailable = httpx.HTTPStatusError("503", request=request, response=httpx.Response(503, request=request))
+    answers = [httpx.ConnectError("refused"), unavailable, "taken"]  # a server restarting, then back
+
+    def call():
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    waiting = DeviceLock("tbench-test-outage", "run-a", poll_s=0.01)
+    assert waiting._answered(call, time.monotonic()) == "taken"
+    forbidden = httpx.HTTPStatusError("403", request=request, response=httpx.Response(403, request=request))
+    with pytest.raises(httpx.HTTPStatusError):  # an answer that is no outage is not tried again
+        waiting._answered(lambda: (_ for _ in ()).throw(forbidden), time.monotonic())
+    monkeypatch.setattr(device_lock, "API_OUTAGE_S", 0.05)
+    with pytest.raises(device_lock.LockError, match=r"the Prefect API did not answer for 0.05 s while this run waited"):
+        waiting._answered(lambda: (_ for _ in ()).throw(httpx.ConnectError("refused")), time.monotonic())

@@ -15,6 +15,7 @@ from tbench.node.hardware import Hardware, parse_cuda_version, parse_gpu_query
 from tbench.team.pool_setup import INFRA, pool_template
 from tbench.team.pools import POOLS, check_worker_hardware, gpu_matches
 from tbench.team.stack import PROJECT
+from tbench.team.zombies import HEARTBEAT_ENV
 
 
 def machine(*gpus: str, uuids: list[str] | None = None) -> Hardware:
@@ -175,6 +176,7 @@ def test_pool_defaults_add_to_env_and_replace_the_rest():
         "TBENCH_POOL_GPU": "cpu",
         "AWS_ENDPOINT_URL": "http://127.0.0.1:9000",
         "HOME": "/tmp",
+        **HEARTBEAT_ENV,  # every flow run a pool starts sends heartbeats (tbench.team.zombies)
     }
     assert config.network_mode == "host"
 

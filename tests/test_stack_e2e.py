@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from uuid import UUID
 
 import pytest
 from browser import headless_chromium, needs_chromium, open_until
@@ -260,6 +261,24 @@ def test_a_killed_worker_loses_nothing_and_a_rerun_with_reuse_measures_only_the_
     assert len(results) == 5 and results["status"].isin(["ok", "unstable"]).all(), results["status"]
     assert len(reused) == int((kept["status"] == "ok").sum())  # nothing measured before the kill is measured again
     assert not [p for p in orphaned if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]  # stopped by the re-run
+    # its folder says how it ended: the re-run found its `running` manifest, its process gone, and rewrote it
+    from tbench.stages.killed import KILLED_STAGE, killed_message
+
+    said = json.loads((killed_dir / "manifest.json").read_text())
+    assert said["status"] == "failed" and said["failed_stage"] == KILLED_STAGE
+    assert said["error"] == killed_message(len(kept))
+    # the killed run is not left Running for ever: its heartbeats stopped, the automation marked it Crashed
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from tbench.team.zombies import message
+
+    killed_run = UUID(submitted.stdout.strip().splitlines()[-1])
+    deadline = time.monotonic() + 150
+    with temporary_settings({PREFECT_API_URL: stack.api_url}), get_client(sync_client=True) as client:
+        while (state := client.read_flow_run(killed_run).state).type.value == "RUNNING" and time.monotonic() < deadline:
+            time.sleep(2)
+    assert state.type.value == "CRASHED" and state.message == message(stack.zombie_silence_s), state
 
 
 def test_the_matrix_fans_out_through_the_deployments_and_compares(stack, monkeypatch):

@@ -27,7 +27,7 @@ def install_regression_alert(webhook_url: str) -> str:
         json_data={"subject": "{{subject}}", "text": "{{body}}"},
     )
     block_id = block.save(WEBHOOK_BLOCK, overwrite=True)
-    _delete_named(AUTOMATION)
+    delete_automation(AUTOMATION)
     automation = Automation(
         name=AUTOMATION,
         description="A stored run made a series of its model regress (tbench history); notify the team's webhook.",
@@ -37,7 +37,8 @@ def install_regression_alert(webhook_url: str) -> str:
     return str(automation.id)
 
 
-def _delete_named(name: str) -> None:
+def delete_automation(name: str) -> None:
+    """Every automation of that name on the server (none is fine)."""
     from prefect.automations import Automation
 
     while True:

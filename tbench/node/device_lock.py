@@ -34,11 +34,16 @@ from tbench.core.errors import BenchError
 from tbench.node.hardware import Hardware
 
 LEASE_S = float(os.environ.get("TBENCH_LOCK_LEASE_S", "60"))
+API_OUTAGE_S = 120.0  # a waiting run tries the API again for this long (a server restart takes seconds)
 log = logging.getLogger("prefect.tbench.lock")  # under "prefect": a run's log capture and Prefect's handlers see it
 
 
 class LockTimeout(BenchError):
     """The device stayed held by another run for longer than the caller would wait."""
+
+
+class LockError(BenchError):
+    """The lock could not be waited for: the Prefect API that keeps it stopped answering."""
 
 
 class Holder(BaseModel):
@@ -171,8 +176,8 @@ class DeviceLock:
         seen: tuple | None = None  # the record as last seen, and when (this process's clock) it last changed
         seen_since = started
         reported = -float("inf")
-        while not self._try_take():
-            holder = self._read_record()
+        while not self._answered(self._try_take, started):
+            holder = self._answered(self._read_record, started)
             key = (holder.run, holder.renewed) if holder else None
             if key != seen:
                 seen, seen_since = key, time.monotonic()
@@ -200,6 +205,28 @@ class DeviceLock:
             target=contextvars.copy_context().run, args=(self._renew,), name=f"lease-{self.name}", daemon=True
         )
         self._renewer.start()
+
+    def _answered(self, call, started: float):
+        """`call()`, tried again while the Prefect API does not answer (a restart, a blip; it answers 503 or refuses
+        connections), for at most API_OUTAGE_S in a row: a run waiting for the lock outlives a server restart."""
+        import httpx
+
+        down_since = None
+        while True:
+            try:
+                return call()
+            except (httpx.TransportError, httpx.HTTPStatusError) as err:
+                status = err.response.status_code if isinstance(err, httpx.HTTPStatusError) else None
+                if status is not None and status < 500:
+                    raise
+                down_since = down_since or time.monotonic()
+                if time.monotonic() - down_since > API_OUTAGE_S:
+                    raise LockError(
+                        f"the Prefect API did not answer for {API_OUTAGE_S:g} s while this run waited "
+                        f"{time.monotonic() - started:.0f} s for the device lock {self.name}: {type(err).__name__}"
+                    ) from None
+                log.warning(f"the Prefect API did not answer ({type(err).__name__}); trying again")
+                time.sleep(self.poll_s)
 
     def _stale(self, holder: Holder | None, unchanged_s: float) -> bool:
         if holder is None:

@@ -45,7 +45,7 @@ def registry_dir() -> Path:
     return Path(os.environ.get("TBENCH_PROCS_DIR", Path.home() / ".cache" / "tbench" / "procs"))
 
 
-def _started_at(pid: int) -> float | None:
+def started_at(pid: int) -> float | None:
     """A pid's start time tells a live process from a later one that reused its pid."""
     try:
         return psutil.Process(pid).create_time()
@@ -56,9 +56,9 @@ def _started_at(pid: int) -> float | None:
 def _register(proc: subprocess.Popen, argv: list[str], container: dict | None = None) -> None:
     entry = {
         "pid": proc.pid,
-        "started": _started_at(proc.pid),
+        "started": started_at(proc.pid),
         "owner": os.getpid(),
-        "owner_started": _started_at(os.getpid()),
+        "owner_started": started_at(os.getpid()),
         "argv0": Path(argv[0]).name,
     }
     if container:  # a `docker run` client: killing it leaves the container running, so it is removed by name
@@ -75,8 +75,9 @@ def forget(proc: subprocess.Popen) -> None:
     (registry_dir() / f"{proc.pid}.json").unlink(missing_ok=True)
 
 
-def _alive(pid: int, started: float | None) -> bool:
-    return started is not None and _started_at(pid) == started
+def alive(pid: int, started: float | None) -> bool:
+    """The process `pid` that started at `started` still runs (not a later one that reused its pid)."""
+    return started is not None and started_at(pid) == started
 
 
 def reap_orphans() -> list[str]:
@@ -90,9 +91,9 @@ def reap_orphans() -> list[str]:
         except (OSError, ValueError):
             path.unlink(missing_ok=True)
             continue
-        if _alive(entry["owner"], entry.get("owner_started")):
+        if alive(entry["owner"], entry.get("owner_started")):
             continue  # its owner still runs: not ours to touch
-        if _alive(entry["pid"], entry.get("started")) or entry.get("container"):
+        if alive(entry["pid"], entry.get("started")) or entry.get("container"):
             removed = _kill_and_clean(entry)
             what = f"container {entry['container']['name']} via " if entry.get("container") else ""
             killed.append(
@@ -107,8 +108,8 @@ def _kill_and_clean(entry: dict) -> int:
     """Kill a child's process group (and remove its container) and remove the shared memory its processes mapped;
     how many regions went."""
     pgid = entry["pid"]
-    regions = shm.mapped_regions(shm.group_members(pgid)) if _alive(pgid, entry.get("started")) else set()
-    if _alive(pgid, entry.get("started")):
+    regions = shm.mapped_regions(shm.group_members(pgid)) if alive(pgid, entry.get("started")) else set()
+    if alive(pgid, entry.get("started")):
         _kill_pgid(pgid)
         _wait_gone(pgid)
     removed = 0
@@ -137,7 +138,7 @@ def kill_own_children() -> None:
             entry = json.loads(path.read_text())
         except (OSError, ValueError):
             continue
-        if entry.get("owner") == os.getpid() and (_alive(entry["pid"], entry.get("started")) or entry.get("container")):
+        if entry.get("owner") == os.getpid() and (alive(entry["pid"], entry.get("started")) or entry.get("container")):
             _kill_and_clean(entry)
             path.unlink(missing_ok=True)
 

@@ -1,10 +1,12 @@
 """Create the work pools (from infra/pools/<type>.json), their queues, and per-GPU global concurrency limits.
 
 Each pool gets the base job template of its type with the pool's GPU kind in the workers' environment
-(TBENCH_POOL_GPU, checked by every run) and, for Kubernetes, the GPU product node selector. Two queues per pool:
-`default` (UI and laptop runs, priority 1) and `nightly` (scheduled sweeps, priority 2, so an engineer's run goes
-first). GPU locks: a run takes the global concurrency limit named after its GPU's UUID and creates it when missing
-(`tbench.device_lock`); `--gpu-uuid` creates them ahead, e.g. to see them in the UI before the first run.
+(TBENCH_POOL_GPU, checked by every run) and its flow runs' heartbeats (tbench.team.zombies: a run whose worker dies
+is marked Crashed by an automation installed with the pools) and, for Kubernetes, the GPU product node selector. Two
+queues per pool: `default` (UI and laptop runs, priority 1) and `nightly` (scheduled sweeps, priority 2, so an
+engineer's run goes first). GPU locks: a run takes the global concurrency limit named after its GPU's UUID and
+creates it when missing (`tbench.device_lock`); `--gpu-uuid` creates them ahead, e.g. to see them in the UI before the
+first run.
 
 Usage: python -m tbench.team.pool_setup [--type docker|kubernetes|process] [--cpu-type process|docker|kubernetes]
 [--pool a100 ...] [--gpu-uuid GPU-... ...]
@@ -20,6 +22,7 @@ import os
 from pathlib import Path
 
 from tbench.team.pools import POOL_GPU_ENV, POOLS
+from tbench.team.zombies import HEARTBEAT_ENV, SILENCE_S, install_zombie_detection
 
 INFRA = Path(__file__).resolve().parents[2] / "infra" / "pools"
 QUEUES = {"default": 1, "nightly": 2}
@@ -31,7 +34,7 @@ def pool_template(pool: str, pool_type: str, defaults: dict | None = None) -> di
     spec = POOLS[pool]
     template = copy.deepcopy(json.loads((INFRA / f"{pool_type}.json").read_text()))
     props = template["variables"]["properties"]
-    props["env"]["default"] = {**props["env"].get("default", {}), POOL_GPU_ENV: spec.gpu}
+    props["env"]["default"] = {**props["env"].get("default", {}), POOL_GPU_ENV: spec.gpu, **HEARTBEAT_ENV}
     if pool_type == "kubernetes" and spec.product_label:
         props["gpu_product"]["default"] = spec.product_label
     if spec.gpu == "cpu":
@@ -61,6 +64,7 @@ def create_pools(
     env: dict | None = None,
     cpu_type: str = "process",
     cpu_defaults: dict | None = None,
+    zombie_silence_s: float = SILENCE_S,
 ) -> list[str]:
     """Create or update the pools and queues; returns the pool names. The cpu pool is a process pool unless `cpu_type`
     says otherwise, with `cpu_defaults` as its variables' defaults (see pool_template)."""
@@ -95,6 +99,7 @@ def create_pools(
                 client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=f"tbench-gpu-{uuid}", limit=1))
             except ObjectAlreadyExists:
                 pass
+        install_zombie_detection(zombie_silence_s)  # a run whose worker died is marked Crashed, not left Running
     return names
 
 

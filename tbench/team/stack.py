@@ -26,7 +26,8 @@ from pathlib import Path
 
 from tbench.core.errors import BenchError
 from tbench.node import procs
-from tbench.node.ports import free_port
+from tbench.node.ports import free_port, release
+from tbench.team.zombies import SILENCE_S
 
 PROJECT = Path(__file__).resolve().parents[2]
 DEFAULT_DIR = Path(os.environ.get("TBENCH_STACK_DIR", Path.home() / ".cache" / "tbench" / "stack"))
@@ -181,6 +182,7 @@ class Stack:
     pools: tuple[str, ...] = ()  # all pools by default (tbench.team.pools.POOLS); only the cpu pool gets a worker
     cpu_pool_type: str = "process"  # or "docker": the cpu pool's runs go into containers (infra/pools/docker.json)
     alert_webhook: str | None = None  # where a regression is posted (tbench.history.alerts); none by default
+    zombie_silence_s: float = SILENCE_S  # a run without a heartbeat this long is marked Crashed (tbench.team.zombies)
 
     @property
     def api_url(self) -> str:
@@ -264,6 +266,7 @@ class Stack:
             env=self._env(),
             cpu_type=self.cpu_pool_type,
             cpu_defaults=self.cpu_pool_defaults(),
+            zombie_silence_s=self.zombie_silence_s,
         )
         deployed = procs.run(
             [
@@ -340,6 +343,8 @@ class Stack:
                 stop_process(proc.pid)
         if self.s3 is not None:
             self.s3.stop()
+            release(self.s3.port)
+        release(self.api_port)  # the ports' reservations go with the stack (its S3 and API may restart before)
         self.worker = self.server = None
 
 

@@ -1,0 +1,57 @@
+"""Runs whose process died are marked Crashed, not left Running for ever: a worker SIGKILLed, a machine gone or a
+container evicted leaves its flow run in the Running state, since nothing is left to report its end. Every flow run
+a pool starts emits a heartbeat event (PREFECT_FLOWS_HEARTBEAT_FREQUENCY, set in each pool's job template by
+tbench.team.pool_setup), and this Prefect automation (Prefect's own recipe for "zombie" flow runs) marks a run whose
+heartbeats stop, without a final state, Crashed with a message that says what to do. Installed with the pools."""
+
+from __future__ import annotations
+
+HEARTBEAT_ENV = {"PREFECT_FLOWS_HEARTBEAT_FREQUENCY": "30"}  # seconds; Prefect's smallest
+SILENCE_S = 90  # three heartbeats missed
+AUTOMATION = "tbench: a flow run stopped answering"
+
+
+def message(silence_s: float = SILENCE_S) -> str:
+    """The Crashed state's message: what happened, and what to do."""
+    return (
+        f"no heartbeat for {silence_s:g} s: the run's process or its machine stopped (a killed worker, a crash); the "
+        "points it measured are kept in its run folder on that machine: submit it again with --reuse to measure only "
+        "the rest"
+    )
+
+
+def install_zombie_detection(silence_s: float = SILENCE_S) -> str:
+    """The automation on the Prefect server at PREFECT_API_URL (an earlier one of the same name is replaced): a run
+    without a heartbeat for `silence_s` is marked Crashed; returns its id."""
+    from datetime import timedelta
+
+    from prefect.automations import Automation
+    from prefect.client.schemas.objects import StateType
+    from prefect.events.actions import ChangeFlowRunState
+    from prefect.events.schemas.automations import EventTrigger, Posture
+    from prefect.events.schemas.events import ResourceSpecification
+
+    from tbench.history.alerts import delete_automation
+
+    delete_automation(AUTOMATION)
+    automation = Automation(
+        name=AUTOMATION,
+        description="A flow run's heartbeats stopped before it ended: mark it Crashed (tbench.team.zombies).",
+        trigger=EventTrigger(
+            after={"prefect.flow-run.heartbeat"},
+            expect={
+                "prefect.flow-run.heartbeat",
+                "prefect.flow-run.Completed",
+                "prefect.flow-run.Failed",
+                "prefect.flow-run.Cancelled",
+                "prefect.flow-run.Crashed",
+            },
+            match=ResourceSpecification({"prefect.resource.id": ["prefect.flow-run.*"]}),
+            for_each={"prefect.resource.id"},
+            posture=Posture.Proactive,
+            threshold=1,
+            within=timedelta(seconds=silence_s),
+        ),
+        actions=[ChangeFlowRunState(state=StateType.CRASHED, message=message(silence_s))],
+    ).create()
+    return str(automation.id)

@@ -1,0 +1,54 @@
+"""A run killed outright leaves a `running` manifest; the next run on the machine rewrites it as failed, saying what
+was measured and what to do (tbench.stages.killed). Real processes: one that exited, and this one."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+
+from tbench.stages.killed import KILLED_STAGE, RUNNING, killed_message, mark_killed_runs, owner
+from tbench.stages.tracker import FAILED
+
+
+def run_folder(root, name: str, who: dict, points: int = 0):
+    folder = root / name
+    folder.mkdir(parents=True)
+    (folder / "manifest.json").write_text(json.dumps({"run_id": name, "status": RUNNING, "owner": who}))
+    if points:
+        rows = "\n".join(f"{i},ok" for i in range(points))
+        (folder / "results.csv").write_text(f"batch_size,status\n{rows}\n")
+    return folder
+
+
+def gone_owner() -> dict:
+    """A process that ran and exited: what a SIGKILLed run's manifest names."""
+    script = "import json; from tbench.stages.killed import owner; print(json.dumps(owner()))"
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    return json.loads(done.stdout)
+
+
+def test_a_run_whose_process_is_gone_is_marked_failed_with_what_it_measured(tmp_path):
+    killed = run_folder(tmp_path, "resnet50-killed", gone_owner(), points=3)
+    assert mark_killed_runs(tmp_path) == ["resnet50-killed"]
+    manifest = json.loads((killed / "manifest.json").read_text())
+    assert manifest["status"] == FAILED and manifest["failed_stage"] == KILLED_STAGE
+    assert manifest["error"] == killed_message(3) and "--reuse" in manifest["error"]
+    assert manifest["points"]["measured"] == 3
+    assert mark_killed_runs(tmp_path) == []  # marked once
+
+
+def test_a_running_run_and_one_on_another_host_are_left_alone(tmp_path):
+    mine = run_folder(tmp_path, "resnet50-running", owner())  # this process: alive
+    elsewhere = run_folder(tmp_path, "resnet50-elsewhere", gone_owner() | {"host": socket.gethostname() + "-other"})
+    assert mark_killed_runs(tmp_path) == []
+    for folder in (mine, elsewhere):
+        assert json.loads((folder / "manifest.json").read_text())["status"] == RUNNING
+
+
+def test_no_root_and_unreadable_manifests_are_skipped(tmp_path):
+    assert mark_killed_runs(tmp_path / "missing") == []
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "manifest.json").write_text("{not json")
+    assert mark_killed_runs(tmp_path) == []
