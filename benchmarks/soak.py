@@ -27,10 +27,11 @@ def main() -> int:
     parser.add_argument("--parts", default="fuzz,soak", help="fuzz, soak or both")
     parser.add_argument("--runs", type=int, default=30, help="soak: runs submitted")
     parser.add_argument("--mean-gap-s", type=float, default=45.0, help="soak: mean seconds between faults")
+    parser.add_argument("--size", default="small", help="soak: the size of the ResNet-50 each run measures")
     args = parser.parse_args()
     parts = [p for p in ("fuzz", "soak") if p in args.parts.split(",")]
     ok = True
-    with recorded(RESULTS / "soak.json", model_sizes=["resnet50 small"]) as record:
+    with recorded(RESULTS / "soak.json", model_sizes=[f"resnet50 {args.size}"]) as record:
         record.update(parts=parts)
         if "fuzz" in parts:
             started = time.monotonic()
@@ -44,7 +45,9 @@ def main() -> int:
             ok &= found["tracebacks"] == 0 and not found["not_refused"]
         if "soak" in parts:
             started = time.monotonic()
-            soaked = soak(args.runs, args.seed, args.mean_gap_s, progress=lambda line: print(line, flush=True))
+            soaked = soak(
+                args.runs, args.seed, args.mean_gap_s, size=args.size, progress=lambda line: print(line, flush=True)
+            )
             record.update(soak_seconds=round(time.monotonic() - started, 1), **soaked)
             print(
                 f"soak: {soaked['runs_submitted']} runs, {soaked['completed']} completed, {soaked['failed_cleanly']} "

@@ -38,8 +38,8 @@ import psutil
 
 REPO = Path(__file__).resolve().parents[1]
 TBENCH = REPO / ".venv" / "bin" / "tbench"
-SMALL_RUN = [
-    *("resnet50", "--size", "small", "--formats", "onnx", "--scenarios", "offline,online"),
+RUN = [  # and --size
+    *("resnet50", "--formats", "onnx", "--scenarios", "offline,online"),
     *("--batch-sizes", "1,4", "--concurrency", "1", "--window-s", "0.5", "--stability", "50"),
 ]
 FAULTS = ("worker_kill", "s3_outage", "triton_kill", "perf_analyzer_kill", "disk_full", "prefect_restart")
@@ -61,6 +61,7 @@ class Soak:
 
     root: Path
     seed: int
+    size: str = "small"
     progress: callable = print
     stack: object = None
     workers: list = field(default_factory=list)
@@ -94,7 +95,7 @@ class Soak:
 
     def submit(self) -> str | None:
         done = subprocess.run(
-            [str(TBENCH), "submit", *SMALL_RUN, "--pool", "cpu", "--no-follow"],
+            [str(TBENCH), "submit", *RUN, "--size", self.size, "--pool", "cpu", "--no-follow"],
             env=self.client_env(),
             capture_output=True,
             text=True,
@@ -246,13 +247,15 @@ def held_port_locks() -> list[str]:
     return held
 
 
-def soak(runs: int = 30, seed: int = 0, mean_gap_s: float = 45.0, limit_s: float = 1500, progress=print) -> dict:
+def soak(
+    runs: int = 30, seed: int = 0, mean_gap_s: float = 45.0, limit_s: float = 1500, size: str = "small", progress=print
+) -> dict:
     from tbench.node.shm import unmapped_regions
 
     shm_before = set(unmapped_regions())
     locks_before = set(held_port_locks())
     root = Path(tempfile.mkdtemp(prefix="tbench-soak-"))
-    s = Soak(root, seed, progress)
+    s = Soak(root, seed, size, progress)
     stop = threading.Event()
     ids: list[str] = []
     states: dict[str, dict] = {}
