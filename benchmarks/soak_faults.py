@@ -258,6 +258,8 @@ def soak(
     s = Soak(root, seed, size, progress)
     stop = threading.Event()
     ids: list[str] = []
+    before_next: list[str] = []
+    next_state = None
     states: dict[str, dict] = {}
     try:
         s.up()
@@ -297,6 +299,18 @@ def soak(
                 break
             except Exception:  # noqa: BLE001
                 time.sleep(5)
+        before_next = leftovers_now(s, shm_before, locks_before)
+        # the faults are over: one more run, as a user would start after a crash; tbench cleans up after killed runs
+        # lazily (the next run stops their servers, reclaims their device lock slot, marks their folders)
+        next_run = s.submit()
+        if next_run:
+            ids_next = [next_run]
+            for _ in range(60):
+                with contextlib.suppress(Exception):
+                    if flow_runs(s.stack.api_url, ids_next)[next_run]["state"] in FINAL:
+                        break
+                time.sleep(10)
+        next_state = flow_runs(s.stack.api_url, [next_run])[next_run]["state"] if next_run else None
         local = local_runs(s.staging)
         table = classify(ids, states, local, s.client_env(), s.faults, s.started)
         lock_slots = device_lock_slots(s.stack.api_url)
@@ -336,12 +350,24 @@ def soak(
         "untouched_runs": sum(not r["faults"] for r in table),
         "untouched_completed": sum(not r["faults"] and r["outcome"] == "completed" for r in table),
         "leftovers": leftovers,
+        "leftovers_before_the_next_run": before_next,
+        "next_run_state": next_state,
         "faults": [vars(f) for f in s.faults],
         "faults_by_kind": {k: sum(f.kind == k for f in s.faults) for k in FAULTS},
         "runs": table,
         "mean_gap_s": mean_gap_s,
         "staging_on_tmpfs": s.staging_tmpfs,
     }
+
+
+def leftovers_now(s: Soak, shm_before: set, locks_before: set) -> list[str]:
+    """What the killed runs left while the stack still runs: their processes, shared memory, the device lock."""
+    from tbench.node.shm import unmapped_regions
+
+    processes = [f"{p.info['name']} (pid {p.pid})" for p in s.measuring()]
+    shm = sorted(str(r) for r in set(unmapped_regions()) - shm_before)
+    slots = device_lock_slots(s.stack.api_url)
+    return processes + shm + ([f"device lock: {slots} slots"] if slots else [])
 
 
 def classify(ids, states, local, env, faults, started) -> list[dict]:

@@ -36,6 +36,10 @@ def clean_up_after_killed_runs(root) -> None:
     the killed runs' folders under `root`, whose manifests then say so."""
     for what in procs.reap_orphans():
         log.warning(f"stopped {what}, left running by a run that was killed")
+    clean_up_killed_folders(root)
+
+
+def clean_up_killed_folders(root) -> None:
     for run_id in mark_killed_runs(root):
         log.warning(f"run {run_id} was killed before it finished: its manifest now says so")
 
@@ -53,6 +57,9 @@ def run_lifecycle(req, hardware, name: str, request_json) -> Iterator[RunTracker
     tracker.save_json(layout.request_json, request_json)
     progress.emit("run_start", run_id=layout.run_id, run_dir=str(layout.run_dir))
     with contextlib.ExitStack() as held:
+        # last, after the lock is released: runs killed while this one ran (waiting for the lock with it, say) say so
+        # now, not only when the next run starts
+        held.callback(clean_up_killed_folders, staging_root(req.output))
         held.callback(tracker.release_logs)
         try:
             with tracker.stage("device-lock"):
