@@ -38,7 +38,8 @@ def install_zombie_detection(silence_s: float = SILENCE_S) -> str:
         name=AUTOMATION,
         description="A flow run's heartbeats stopped before it ended: mark it Crashed (tbench.team.zombies).",
         trigger=EventTrigger(
-            after={"prefect.flow-run.heartbeat"},
+            # from its first heartbeat, or from Running: a run killed before its first heartbeat is a zombie too
+            after={"prefect.flow-run.heartbeat", "prefect.flow-run.Running"},
             expect={
                 "prefect.flow-run.heartbeat",
                 "prefect.flow-run.Completed",
