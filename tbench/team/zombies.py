@@ -32,6 +32,7 @@ def install_zombie_detection(silence_s: float = SILENCE_S) -> str:
     from prefect.events.schemas.events import ResourceSpecification
 
     from tbench.history.alerts import delete_automation
+    from tbench.stages.tracker import STATE_COMPLETED_WITH_FAILURES
 
     delete_automation(AUTOMATION)
     automation = Automation(
@@ -40,9 +41,10 @@ def install_zombie_detection(silence_s: float = SILENCE_S) -> str:
         trigger=EventTrigger(
             # from its first heartbeat, or from Running: a run killed before its first heartbeat is a zombie too
             after={"prefect.flow-run.heartbeat", "prefect.flow-run.Running"},
-            expect={
+            expect={  # events are named after the state's name: ours (CompletedWithFailures) included
                 "prefect.flow-run.heartbeat",
                 "prefect.flow-run.Completed",
+                f"prefect.flow-run.{STATE_COMPLETED_WITH_FAILURES}",
                 "prefect.flow-run.Failed",
                 "prefect.flow-run.Cancelled",
                 "prefect.flow-run.Crashed",
