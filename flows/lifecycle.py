@@ -48,8 +48,9 @@ def clean_up_killed_folders(root) -> None:
 def run_lifecycle(req, hardware, name: str, request_json) -> Iterator[RunTracker]:
     """Set-up and lock; the body runs the stages and calls `finish_run()` at its end, whatever happened."""
     preflight(req)  # a worker checks what the CLI checked on the user's machine: its ports, paths and store
-    clean_up_after_killed_runs(staging_root(req.output))
-    layout = RunLayout(staging_root(req.output), new_run_id(name)).create()
+    root = staging_root(req.output)
+    clean_up_after_killed_runs(root)
+    layout = RunLayout(root, new_run_id(name)).create()
     tracker = RunTracker(layout)
     # until the run's end rewrites it: a run killed outright is told from one still running (stages.killed)
     tracker.write_manifest(status=RUNNING, owner=owner(), local_dir=str(layout.run_dir), flow_run_id=flow_run_id())
@@ -59,7 +60,7 @@ def run_lifecycle(req, hardware, name: str, request_json) -> Iterator[RunTracker
     with contextlib.ExitStack() as held:
         # last, after the lock is released: runs killed while this one ran (waiting for the lock with it, say) say so
         # now, not only when the next run starts
-        held.callback(clean_up_killed_folders, staging_root(req.output))
+        held.callback(clean_up_killed_folders, root)
         held.callback(tracker.release_logs)
         try:
             with tracker.stage("device-lock"):

@@ -10,7 +10,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tbench.capacity.rate_search import REPEATS, RatePoint, SustainableRate, find_sustainable_rate, judge
+from tbench.capacity.rate_search import (
+    MAX_POINTS,
+    REPEATS,
+    TOLERANCE,
+    RatePoint,
+    SustainableRate,
+    find_sustainable_rate,
+    judge,
+)
 from tbench.capacity.statistics import WARMUP_SHARE, PercentileRule, percentile_measurement
 from tbench.core import progress
 from tbench.core.enums import Scenario
@@ -94,8 +102,8 @@ class RateEvaluator(TritonEvaluator):
 
     slo_ms: float = 0.0
     rule: PercentileRule = field(default_factory=PercentileRule)
-    tolerance: float = 0.05
-    max_points: int = 60
+    tolerance: float = TOLERANCE
+    max_points: int = MAX_POINTS
     repeats: int = REPEATS
     start_rps: float | None = None
     on_point: Callable[[Candidate, RatePoint], None] | None = None

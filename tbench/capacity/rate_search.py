@@ -28,6 +28,8 @@ from tbench.loadgen.perf_analyzer import RequestLog
 # one short run's percentile is too noisy to tell a rate that holds from one 10% above it, and measuring every rate
 # that long would waste the time on rates far from it. Undecided after REPEATS: not shown to hold, so it fails.
 REPEATS = 6
+TOLERANCE = 0.05  # the bracket's width at which the search stops (passing and failing rates this close)
+MAX_POINTS = 60  # measurements per search at most
 # The answer is measured at least 1 + CONFIRMATIONS times: the highest of several noisy passes is biased towards a
 # lucky one (the winner's curse), and three measurements also show the spread between runs (a rare slow spell that
 # one run may miss entirely)
@@ -221,8 +223,8 @@ def find_sustainable_rate(
     measure: Callable[[float], RatePoint],
     start: float,
     *,
-    tolerance: float = 0.05,
-    max_points: int = 40,
+    tolerance: float = TOLERANCE,
+    max_points: int = MAX_POINTS,
     min_rate: float = 0.1,
     max_rate: float | None = None,
     on_point: Callable[[RatePoint], None] | None = None,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from tbench.capacity.rate_search import REPEATS
+from tbench.capacity.rate_search import MAX_POINTS, REPEATS, TOLERANCE
 from tbench.capacity.statistics import PercentileRule
 from tbench.search.request import SearchRequest, StrategyName
 from tbench.search.strategies import Objective, SearchSpace
@@ -34,10 +34,10 @@ class CapacityRequest(BaseModel):
     strategy: StrategyName = Field("exhaustive", description="exhaustive: every configuration; smart: a budget.")
     budget_fraction: float = Field(1.0, gt=0, le=1, description="smart: the largest share of the grid measured.")
     tolerance: float = Field(
-        0.05, gt=0.01, le=1, description="The rate search stops when passing and failing rates are this close."
+        TOLERANCE, gt=0.01, le=1, description="The rate search stops when passing and failing rates are this close."
     )
     max_points: int = Field(
-        60, ge=1, le=200, description="Most measurements per configuration (1: judge one rate once)."
+        MAX_POINTS, ge=1, le=200, description="Most measurements per configuration (1: judge one rate once)."
     )
     repeats: int = Field(
         REPEATS, ge=1, le=20, description="Most measurements of one rate, pooled, before it counts as not holding."

@@ -7,7 +7,7 @@ import os
 
 import typer
 
-from tbench.capacity.rate_search import REPEATS
+from tbench.capacity.rate_search import MAX_POINTS, REPEATS, TOLERANCE
 from tbench.capacity.request import CapacityRequest
 from tbench.capacity.statistics import PercentileRule
 from tbench.cli.common import (
@@ -192,8 +192,8 @@ def capacity(
     max_batch_sizes: MaxBatchSizes = "1,8",
     preferred: Preferred = "none",
     queue_delays_us: QueueDelaysUs = "500",
-    tolerance: float = typer.Option(0.05, help=field_help("tolerance", model=CapacityRequest)),
-    max_points: int = typer.Option(60, help=field_help("max_points", model=CapacityRequest)),
+    tolerance: float = typer.Option(TOLERANCE, help=field_help("tolerance", model=CapacityRequest)),
+    max_points: int = typer.Option(MAX_POINTS, help=field_help("max_points", model=CapacityRequest)),
     repeats: int = typer.Option(REPEATS, help=field_help("repeats", model=CapacityRequest)),
     start_rps: float = typer.Option(None, help=field_help("start_rps", model=CapacityRequest)),
     size: Size = None,
