@@ -230,3 +230,19 @@ def test_embedded_and_local_servers_see_the_runs_gpu_and_report_its_metrics(tmp_
         tmp_path / "repo", tmp_path / "s.log", binary="/opt/tritonserver/bin/tritonserver", gpu_env=pinned
     )
     assert local.env()["CUDA_VISIBLE_DEVICES"] == pinned["CUDA_VISIBLE_DEVICES"]
+
+
+def test_a_container_that_answered_ready_and_then_exited_is_not_taken_for_started(tmp_path, monkeypatch):
+    """CI met it: the container's server answered ready with our id, then exited on its taken metrics port; by the
+    look at its sockets docker reported no process, and none seen was taken for a daemon this host cannot see."""
+    from tbench.node import containers
+
+    server = fixed_ports(DockerServer(tmp_path / "repo", tmp_path / "s.log", gpus=None))
+    ours = {"name": server.instance_id}
+    monkeypatch.setattr(containers, "processes", lambda *args, **kwargs: [])
+    monkeypatch.setattr(containers, "main_pid", lambda *args, **kwargs: None)  # exited: docker reports no pid
+    assert not server._is_ours(ours)
+    # running in a pid namespace this host cannot see (a remote daemon): its id is all there is to go by
+    monkeypatch.setattr(containers, "main_pid", lambda *args, **kwargs: 2**22 + 1)  # above Linux's pid_max
+    assert server._is_ours(ours)
+    assert not server._is_ours({"name": "tbench-another"})

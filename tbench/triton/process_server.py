@@ -148,7 +148,11 @@ class ProcessServer(TritonServer):
         if metadata.get("name") != self.instance_id:
             return False
         wanted = self.listen_ports()
-        processes = self._server_processes() if wanted else []
+        if not wanted:
+            return True
+        processes = self._server_processes()
+        if not processes:  # it exited after it answered (a taken metrics port), or this host cannot see them
+            return self._processes_hidden()
         listening: set[int] = set()
         for process in processes:
             try:
@@ -157,7 +161,7 @@ class ProcessServer(TritonServer):
                 return True
             except psutil.Error:
                 pass
-        return not processes or wanted <= listening  # none seen: a daemon whose processes this host cannot see
+        return wanted <= listening
 
     def listen_ports(self) -> set[int]:
         """The ports to find the server's processes listening on, in this host's network namespace."""
@@ -189,6 +193,10 @@ class ProcessServer(TritonServer):
 
     def _remove_leftovers(self) -> None:
         pass
+
+    def _processes_hidden(self) -> bool:
+        """Whether the server runs where this host cannot see its processes (none seen is then no evidence)."""
+        return False
 
     def _terminate(self, timeout_s: float) -> None:
         """SIGTERM, then wait for the server to exit, or for its stubs to be gone where it had any: Triton only looks
@@ -392,6 +400,12 @@ class DockerServer(ProcessServer):
 
     def _server_processes(self) -> list[psutil.Process]:
         return containers.processes(self.docker, self.container)
+
+    def _processes_hidden(self) -> bool:
+        # a daemon in another pid namespace reports a pid that is not ours; an exited container reports none: a
+        # server that answered ready and then exited (its metrics port taken, CI saw it) is not taken for started
+        pid = containers.main_pid(self.docker, self.container)
+        return pid is not None and not psutil.pid_exists(pid)
 
     def _remove_leftovers(self) -> None:
         """A container whose client was killed, or that ignored `docker stop`, is removed too."""
