@@ -36,9 +36,15 @@ GOALS: dict[str, dict[str, tuple[str, float, str]]] = {
         "ok_at_saturation_large_requests": (
             "<=",
             0.0,
-            "the same, requests too large for perf_analyzer's export (window rule): never ok at saturation",
+            "the same, requests too large for perf_analyzer's export (the server's trace): never ok at saturation",
         ),
         "ok_at_85pct_large_requests": (">=", 0.95, "the same, requests too large to export: ok at 85% ≥ 95%"),
+        "ok_at_saturation_large_requests_untraced": (
+            "<=",
+            0.0,
+            "the same without a trace (docker, remote servers: the window rule): never ok at saturation",
+        ),
+        "ok_at_85pct_large_requests_untraced": (">=", 0.95, "the same without a trace: ok at 85% ≥ 95%"),
     },
     "capacity": {
         "above_truth": ("<=", 0.01, "plan ≤ true capacity in ≥ 99% of searches"),

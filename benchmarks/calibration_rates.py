@@ -39,7 +39,7 @@ from tbench.capacity.request import CapacityRequest
 from tbench.capacity.statistics import PercentileRule
 from tbench.core.enums import Scenario
 from tbench.loadgen import behind
-from tbench.loadgen.perf_analyzer import STABLE_WINDOWS, Point, requests_from_export
+from tbench.loadgen.perf_analyzer import STABLE_WINDOWS, Point, RequestLog, requests_from_export
 from tbench.request.benchmark import Measurement
 from tbench.stages.sweep import measure_again, rate_point_verdict, rate_stability
 
@@ -252,13 +252,28 @@ def perf_row(sim: Simulated) -> dict:
     return row
 
 
-def judged_row(sim: Simulated, rate: float, exported: bool = True) -> dict:
-    """The row as a sweep keeps it: an open-loop point's figures hold only if it carried the load (judged from its
-    export as stages.sweep.measure_point reads it; from its windows where its requests are too large to export)."""
+def server_traced(export: dict, overhead_ms: float):
+    """The requests of a call as the server's trace has them: the same requests, from their arrival at the server to
+    their answer leaving it (the client's constant overhead, half each way, left out), over the same span."""
+    log = requests_from_export(export)
+    if log is None:
+        return None
+    half = overhead_ms / 2000
+    return RequestLog(log.sent_s + half, log.latency_s - 2 * half, log.span_s, log.boundaries_s)
+
+
+def judged_row(sim: Simulated, rate: float, source: str = "export", overhead_ms: float = 0.0) -> dict:
+    """The row as a sweep keeps it: an open-loop point's figures hold only if it carried the load, judged from where
+    stages.sweep.measure_point reads its requests (`source`, the results' requests_from column): perf_analyzer's
+    export (small requests), the server's trace (larger ones, on a server we start), or neither (the windows)."""
     row = perf_row(sim)
     if sim.status == "ok":
         point = Point(Scenario.RATE, 1, None, rate, "poisson")
-        requests = requests_from_export(sim.export) if sim.export and exported else None
+        requests = None
+        if sim.export and source == "export":
+            requests = requests_from_export(sim.export)
+        elif sim.export and source == "server trace":
+            requests = server_traced(sim.export, overhead_ms)
         row.update(rate_point_verdict(point, row, sim.merged_requests, sim.log, requests))
     return row
 
@@ -275,28 +290,31 @@ LOADS_OK = (0.1, 0.5, 0.7, 0.85)
 LOADS_SATURATED = (1.0, 1.05, 1.1, 1.25, 1.5)
 
 
-def sweep_windows(rate: float, m: Measurement, attempt: int = 0, exported: bool = True) -> tuple[int, float]:
+def sweep_windows(rate: float, m: Measurement, attempt: int = 0, source: str = "export") -> tuple[int, float]:
     """Requests per window and stability percentage a sweep's rate point gets (tbench.stages.sweep.measure_point)."""
     count = m.requests_per_window(None, 1, attempt, None, rate)
-    return count, rate_stability(m, count, "poisson", exported=exported)
+    return count, rate_stability(m, count, "poisson", per_request=source != "windows")
 
 
 def sweep_rate_points(
-    rng, server: Server, rate: float, m: Measurement, trials: int, exported: bool = True
+    rng, server: Server, rate: float, m: Measurement, trials: int, source: str = "export"
 ) -> list[tuple[str, Simulated]]:
     """`trials` rate points measured as a sweep measures them: a point its requests could not judge (undetermined)
     measured again with longer windows (tbench.stages.sweep.measure_again). Each: (status, the attempt that counted)."""
-    count, stability = sweep_windows(rate, m, exported=exported)
+
+    def judged(sim: Simulated) -> str:
+        return judged_row(sim, rate, source, server.overhead_ms)["status"]
+
+    count, stability = sweep_windows(rate, m, source=source)
     sims = perf_rate_points(rng, server, rate, count, m.max_trials, stability, trials)
-    rows = [judged_row(s, rate, exported) for s in sims]
-    out = [(row["status"], sim) for row, sim in zip(rows, sims, strict=True)]
+    out = [(judged(sim), sim) for sim in sims]
     for attempt in range(1, m.retries + 1):
         again = [i for i, (status, _) in enumerate(out) if measure_again({"status": status}, attempt - 1, m)]
         if not again:
             break
-        count, stability = sweep_windows(rate, m, attempt, exported)
+        count, stability = sweep_windows(rate, m, attempt, source)
         for i, sim in zip(again, perf_rate_points(rng, server, rate, count, m.max_trials, stability, len(again))):
-            out[i] = (judged_row(sim, rate, exported)["status"], sim)
+            out[i] = (judged(sim), sim)
     return out
 
 
@@ -322,15 +340,17 @@ def calibrate_kept_up(rng, trials: int) -> tuple[dict, dict]:
         f"{load:g}": {status: share([load], status) for status in ("ok", "behind", "undetermined", "unstable")}
         for load in LOADS_OK + LOADS_SATURATED
     }
-    # requests too large to export (over 1,024 values: image models) are judged by the window rule
-    large: dict[float, list[str]] = {}
-    for server in KEPT_UP_SERVERS.values():
-        for load in (0.85, *LOADS_SATURATED):
-            judged = sweep_rate_points(rng, server, round(load * server.capacity, 3), m, trials, exported=False)
-            large.setdefault(load, []).extend(status for status, _ in judged)
+    # requests too large to export (over 1,024 values: image models) are judged from the server's trace where we
+    # start the server (embedded, local), by the window rule where we do not (docker, a remote server)
+    large: dict[str, dict[float, list[str]]] = {"server trace": {}, "windows": {}}
+    for source, by_load in large.items():
+        for server in KEPT_UP_SERVERS.values():
+            for load in (0.85, *LOADS_SATURATED):
+                judged = sweep_rate_points(rng, server, round(load * server.capacity, 3), m, trials, source)
+                by_load.setdefault(load, []).extend(status for status, _ in judged)
 
-    def share_large(loads, status):
-        return float(np.mean([s == status for load in loads for s in large[load]]))
+    def share_large(loads, status, source="server trace"):
+        return float(np.mean([s == status for load in loads for s in large[source][load]]))
 
     rules = {
         "ok_at_saturation": share(LOADS_SATURATED, "ok"),
@@ -342,6 +362,8 @@ def calibrate_kept_up(rng, trials: int) -> tuple[dict, dict]:
         "ok_at_saturation_large_requests": share_large(LOADS_SATURATED, "ok"),
         "ok_at_85pct_large_requests": share_large([0.85], "ok"),
         "undetermined_at_85pct_large_requests": share_large([0.85], "undetermined"),
+        "ok_at_saturation_large_requests_untraced": share_large(LOADS_SATURATED, "ok", "windows"),
+        "ok_at_85pct_large_requests_untraced": share_large([0.85], "ok", "windows"),
         "trials_per_load": trials * len(KEPT_UP_SERVERS),
     }
     conditions = {
@@ -352,8 +374,10 @@ def calibrate_kept_up(rng, trials: int) -> tuple[dict, dict]:
         "requests_per_point": _spread(requests),
         "requests_per_window": f"a sweep's: max(min_requests {m.min_requests}, window_s {m.window_s} x rate), "
         f"doubled on a retry of an undetermined point ({m.retries} retry); every request exported (requests of at "
-        "most 1,024 values), so perf_analyzer stops after 3 windows; *_large_requests: the same points judged by the "
-        "window rule, as for requests too large to export",
+        "most 1,024 values), so perf_analyzer stops after 3 windows; *_large_requests: requests too large to export, "
+        "judged from the server's trace (tbench.triton.trace: the same requests from their arrival at the server to "
+        "their answer leaving it, the client's overhead left out) as on a server tbench starts (embedded, local); "
+        "*_large_requests_untraced: judged by the window rule, as on a docker or remote server",
         "max_trials": m.max_trials,
         "arrivals": "poisson, sent on schedule (async); each point from an empty server",
         "not_tried": "dynamic batching; late sends (client-bound)",
@@ -397,7 +421,7 @@ def simulated_measure(rng, server: Server, slo_ms: float, m: Measurement, log: l
     def measure(rate: float) -> RatePoint:
         rate = round(rate, 3)
         count = m.requests_per_window(None, 1, 0, None, rate)
-        stability = rate_stability(m, count, "poisson", exported=True)
+        stability = rate_stability(m, count, "poisson", per_request=True)
         sim = perf_rate_points(rng, server, rate, count, m.max_trials, stability, 1)[0]
         log.append(sim.seconds)
         requests = requests_from_export(sim.export) if sim.export else None

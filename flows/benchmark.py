@@ -179,6 +179,7 @@ def _sweep(plan: RunPlan, tracker: RunTracker, server, model, scenario: Scenario
                 server.processes,
                 server.endpoints.metrics_url,
                 gpu_uuids=model.device.gpu_uuids,
+                trace=server.request_trace(model.name),  # large requests' rate points: the server's timestamps
             ),
             cache=cache.for_model(labels) if cache else None,
         )

@@ -50,11 +50,13 @@ def test_a_docker_run_measures_offline_through_shared_memory_and_removes_its_con
         [
             *SWEEP[:5],
             "--scenarios",
-            "offline,online",
+            "offline,online,rate",
             "--batch-sizes",
             "1,4",
             "--concurrency",
             "1,2",
+            "--request-rates",
+            "20",
             "--window-s",
             "0.5",
             "--stability",
@@ -72,6 +74,9 @@ def test_a_docker_run_measures_offline_through_shared_memory_and_removes_its_con
     assert set(offline["status"]) == {"ok"} and set(offline["shared_memory"]) == {"system"}, offline
     assert set(results[results["scenario"] == "online"]["status"]) <= {"ok", "unstable"}
     assert (offline["server_cpu_pct"] > 0).all()  # read from the container's processes, as this host sees them
+    rate = results[results["scenario"] == "rate"]
+    # its requests (3x32x32 floats) too large to export: the container's trace, written to this host through a mount
+    assert rate["requests_from"].tolist() == ["server trace"] and set(rate["status"]) <= {"ok", "undetermined"}, rate
     argv = (run_dir / "logs" / "tritonserver.log").read_text().splitlines()[0]
     assert argv.startswith("$ docker run --rm --name tbench-triton-") and "--ipc=host" in argv
     assert (

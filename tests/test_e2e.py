@@ -150,16 +150,26 @@ def test_sweep_keeps_measured_points_and_flags_an_unstable_one(served_small, sma
 def test_open_loop_rate_points_measure_what_the_server_keeps_up_with(served_small, small_artifacts, tmp_path):
     layout = RunLayout(tmp_path, "rate").create()
     points = plan_points([Scenario.RATE], [], [], rates=[20.0, 40.0], distribution="poisson")
+    grpc_url = served_small.endpoints.grpc_url
+    monitor = PointMonitor(grpc_url, "resnet50", trace=served_small.request_trace("resnet50"))
     table = run_sweep(
         points,
         model="resnet50",
-        grpc_url=served_small.endpoints.grpc_url,
+        grpc_url=grpc_url,
         spec=small_artifacts[0].io_spec,
         m=Measurement(window_s=0.1, min_requests=60, stability_percentage=50, max_trials=8),
         layout=layout,
         static={},
+        monitor=monitor,
     )
     assert (table["status"] == "ok").all(), table[["status", "error"]]
+    # a request of 3x32x32 floats is too large for perf_analyzer's export: whether it kept up was read from the
+    # server's trace, every window's requests of the last point in it
+    assert set(table["requests_from"]) == {"server trace"}
+    last = table.iloc[-1]
+    assert len(monitor.requests) >= 3 * last["window_requests"], (len(monitor.requests), last["window_requests"])
+    rate = len(monitor.requests) / monitor.requests.span_s
+    assert 0.6 < rate / last["request_rate"] < 1.4
     assert table["request_rate"].tolist() == [20.0, 40.0] and set(table["request_distribution"]) == {"poisson"}
     assert table["concurrency"].isna().all()
     # a small model on 2 cores keeps up with 20-40 requests/s: throughput near the offered rate (poisson arrivals

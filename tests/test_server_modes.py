@@ -107,6 +107,21 @@ def test_docker_run_command_line_on_a_bridge_publishes_on_loopback(tmp_path):
     ]
 
 
+def test_a_docker_server_writes_its_trace_through_a_mount_where_the_daemon_is_local(tmp_path, monkeypatch):
+    server = fixed_ports(DockerServer(tmp_path / "repo", tmp_path / "s.log", gpus=None))
+    monkeypatch.delenv("DOCKER_HOST", raising=False)
+    server._before_launch()
+    argv = server.argv()
+    assert argv[argv.index(f"{server.trace_path.parent}:/tbench-trace") - 1] == "-v"
+    assert argv[-2:] == ["--trace-config=triton,file=/tbench-trace/trace.json", "--trace-config=level=OFF"]
+    server.stop()
+    assert server.trace_path is None
+    monkeypatch.setenv("DOCKER_HOST", "tcp://gpu-node:2375")  # a path of this host means nothing to that daemon
+    server._before_launch()
+    assert server.trace_path is None and server.request_trace("resnet50") is None
+    assert not any("trace" in a for a in server.argv())
+
+
 def test_docker_refuses_an_unknown_network(tmp_path):
     with pytest.raises(ServerStartError, match="unknown network 'overlay'"):
         DockerServer(tmp_path, tmp_path / "s.log", network="overlay")
@@ -151,6 +166,10 @@ def test_local_command_line(tmp_path):
         "--strict-readiness=true",
         "--log-verbose=0",
     ]
+    server._before_launch()  # each launch: a trace file of its own, with tracing off until a point turns it on
+    assert server.argv()[-2:] == [f"--trace-config=triton,file={server.trace_path}", "--trace-config=level=OFF"]
+    server.stop()
+    assert server.trace_path is None
 
 
 def test_local_without_a_server_on_path_says_so(tmp_path, monkeypatch):

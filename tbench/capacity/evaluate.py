@@ -121,6 +121,7 @@ class RateEvaluator(TritonEvaluator):
                 self.server.processes,
                 self.server.endpoints.metrics_url,
                 gpu_uuids=self.gpu_uuids,
+                trace=self.server.request_trace(self.name),
             )
             return measure_rate(
                 rate,

@@ -83,6 +83,9 @@ _MEASUREMENT = {
     "throughput_cv": "The point's own noise: the coefficient of variation of its throughput over the stable windows",
     "latency_cv": "The coefficient of variation of its average latency over the stable windows",
     "delayed_pct": "Of a rate point, the requests perf_analyzer could not send on schedule, in %",
+    "requests_from": "What a rate point's verdict (kept up or not) read: export (perf_analyzer's per-request export), "
+    "server trace (Triton's per-request timestamps, for requests too large to export) or windows (neither: the "
+    "windows' averages, a weaker test)",
     "stability_percentage": "The stability rule: the largest spread allowed over the last 3 windows, in %",
     "max_trials": "Windows perf_analyzer may try before giving up on the point",
     "shared_memory": "How tensors went to the server: system, cuda or none",

@@ -236,15 +236,16 @@ def cache_key(point: Point, model: str) -> dict:
     }
 
 
-# A rate point whose every request is exported is judged from them (kept_up), not by perf_analyzer's agreement of
-# windows: it is asked for a spread it always meets, so it stops after its first 3 windows (the point's span) and never
-# calls an open-loop point "unstable" for the arrivals' own noise
+# A rate point whose every request is exported (or traced by the server) is judged from them (kept_up), not by
+# perf_analyzer's agreement of windows: it is asked for a spread it always meets, so it stops after its first 3 windows
+# (the point's span) and never calls an open-loop point "unstable" for the arrivals' own noise
 EXPORTED_RATE_STABILITY_PCT = 1000.0
 
 
-def rate_stability(m: Measurement, request_count: int, distribution: str, exported: bool) -> float:
-    """The stability percentage of a rate point's perf_analyzer call."""
-    if exported:
+def rate_stability(m: Measurement, request_count: int, distribution: str, per_request: bool) -> float:
+    """The stability percentage of a rate point's perf_analyzer call (`per_request`: judged from every request's
+    timestamps, exported or traced by the server)."""
+    if per_request:
         return EXPORTED_RATE_STABILITY_PCT
     return arrival_stability(m.stability_percentage, request_count, distribution)
 
@@ -281,6 +282,8 @@ def measure_point(
     latency `latency_s` at this batch size."""
     monitor = monitor or NoMonitor()
     exported = point.rate is not None and export_fits(spec, point.batch_size, inputs)
+    # requests too large to export: the server's own timestamps of them, where it keeps a trace we read
+    traced = point.rate is not None and not exported and getattr(monitor, "trace", None) is not None
     measured_rate = expected_rate  # requests/s: what the sweep expects, then what a failed attempt saw
     row = empty_row()
     row.update(
@@ -300,7 +303,7 @@ def measure_point(
         timeout_s = m.point_timeout_s(request_count, point.rate)
         attempt_m = m
         if point.rate is not None:
-            stability = rate_stability(m, request_count, point.distribution, exported)
+            stability = rate_stability(m, request_count, point.distribution, exported or traced)
             attempt_m = m.model_copy(update={"stability_percentage": stability})
             row.update(stability_percentage=stability)
         csv_path = layout.perf_csv(model, point.scenario, point.label, attempt)
@@ -308,7 +311,7 @@ def measure_point(
         argv = perf_argv(binary, model, grpc_url, point, attempt_m, request_count, csv_path, spec, inputs, export)
         log_path = layout.perf_log(model, point.scenario, point.label, attempt)
         with shm.system_regions_held() if row["shared_memory"] == "system" else contextlib.nullcontext():
-            monitor.start()
+            monitor.start(trace_requests=traced)
             done = None
             try:
                 done = procs.run(argv, log_path, timeout_s, env)
@@ -343,7 +346,8 @@ def measure_point(
                 row["composing"] = parse_composing(full_log)  # an ensemble's steps; else []
                 row.update(observed, stats_max_rel_diff=cross_check({**row, **observed}))
                 if point.rate is not None:  # an open-loop point's figures hold only if it carried the load
-                    requests = point_requests(export)
+                    requests = point_requests(export) if exported else monitor.requests
+                    row["requests_from"] = REQUESTS_FROM[(exported, requests is not None)]
                     row.update(rate_point_verdict(point, row, merged, full_log, requests))
                     if measure_again(row, attempt, m):
                         measured_rate = point.rate
@@ -374,6 +378,15 @@ def measure_point(
             row.update(status="error", error=last[-1].strip() if last else f"perf_analyzer exited {done.returncode}")
         return row
     return row
+
+
+# what a rate point's verdict read (the requests_from column): (exported, requests read) -> where from
+REQUESTS_FROM = {
+    (True, True): "export",
+    (True, False): "windows",  # an export perf_analyzer left empty
+    (False, True): "server trace",
+    (False, False): "windows",
+}
 
 
 def point_requests(export: Path | None) -> RequestLog | None:

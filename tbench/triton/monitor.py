@@ -10,9 +10,13 @@ import time
 import urllib.request
 from collections.abc import Collection
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import psutil
+
+if TYPE_CHECKING:
+    from tbench.loadgen.perf_analyzer import RequestLog
 
 # Triton's per-model statistics (cumulative ns) -> our per-request columns in ms
 STAT_FIELDS = {
@@ -179,6 +183,7 @@ class PointMonitor:
         gpu_uuids: Collection[str] = (),
         interval_s: float = 0.5,
         energy_interval_s: float = METRICS_INTERVAL_MS / 1000,
+        trace=None,
     ):
         self.grpc_url, self.model, self.processes = grpc_url, model, processes
         self.gpu_uuids = list(gpu_uuids)  # the GPUs serving the model (tbench.serving); none: no GPU columns
@@ -191,14 +196,20 @@ class PointMonitor:
         self._samples = _Samples()
         self._before: dict[str, int] | None = None
         self._energy_before: float | None = None
+        self.trace = trace  # the server's RequestTrace of the model (tbench.triton.trace), where it has one
+        self._tracing = False
+        self.requests: RequestLog | None = None  # the point's requests as the server saw them, when traced
 
     def _client(self):
         import tritonclient.grpc as grpcclient
 
         return grpcclient.InferenceServerClient(self.grpc_url)
 
-    def start(self) -> None:
+    def start(self, trace_requests: bool = False) -> None:
+        """`trace_requests`: also take every request's timestamps from the server's trace (where it has one)."""
         self._samples, self._stop = _Samples(), threading.Event()
+        self.requests = None
+        self._tracing = bool(trace_requests and self.trace is not None and self.trace.start())
         try:
             with self._client() as client:
                 self._before = model_statistics(client, self.model)
@@ -267,6 +278,8 @@ class PointMonitor:
         for thread in (self._thread, self._energy_thread):
             if thread:
                 thread.join(timeout=5)
+        if self._tracing:
+            self.requests, self._tracing = self.trace.stop(), False
         row: dict[str, float] = {}
         energy_after = self._energy()
         if self._energy_before is not None and energy_after is not None:
@@ -306,7 +319,9 @@ class PointMonitor:
 
 
 class NoMonitor:
-    def start(self) -> None: ...
+    requests = None
+
+    def start(self, trace_requests: bool = False) -> None: ...
 
     def stop(self) -> dict[str, float]:
         return {}

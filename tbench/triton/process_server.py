@@ -25,11 +25,13 @@ from tbench.node import containers, procs, shm, tools
 from tbench.node import ports as loopback
 from tbench.triton.monitor import METRICS_INTERVAL_MS
 from tbench.triton.server import PortTakenError, ServerEndpoints, TritonServer, one_line
+from tbench.triton.trace import TRACE_FILE, RequestTrace, trace_args
 
 NGC_ULIMITS = ("memlock=-1", "stack=67108864")  # NGC's advice for the Triton image
 NGC_IMAGE = "nvcr.io/nvidia/tritonserver:24.10-py3"  # Triton 2.51, the release of our perf_analyzer
 LOCAL_BACKENDS = Path("/opt/tritonserver/backends")  # where the NGC image and Triton's packages put them
 CONTAINER_PORTS = {"http": 8000, "grpc": 8001, "metrics": 8002}
+CONTAINER_TRACE_DIR = "/tbench-trace"  # where a container writes its requests' trace (tbench.triton.trace)
 
 
 class ProcessServer(TritonServer):
@@ -62,6 +64,7 @@ class ProcessServer(TritonServer):
         self.instance_id = f"tbench-{uuid.uuid4().hex[:12]}"
         self.proc: subprocess.Popen | None = None
         self.seen_regions: set[Path] = set()  # shared memory the server's processes mapped while it started
+        self.trace_path: Path | None = None  # where the server writes its requests' trace (a mode that has one)
 
     def _pick_ports(self) -> dict[str, int]:
         chosen = {**self.chosen_ports, "metrics": None}
@@ -130,7 +133,13 @@ class ProcessServer(TritonServer):
                 raise
 
     def _before_launch(self) -> None:
-        """What a server mode prepares before each launch (stop() undoes it)."""
+        """What a server mode prepares before each launch (stop() undoes it): a trace file of its own."""
+        self.trace_path = Path(tempfile.mkdtemp(prefix="tbench-trace-")) / TRACE_FILE
+
+    def _remove_trace(self) -> None:
+        if self.trace_path is not None:
+            shutil.rmtree(self.trace_path.parent, ignore_errors=True)
+            self.trace_path = None
 
     def _still_starting(self) -> bool:
         # A server that exits while it starts (a port taken, a model that fails with --exit-on-error) does not
@@ -177,6 +186,9 @@ class ProcessServer(TritonServer):
     def processes(self) -> list[psutil.Process]:
         return self._group() if self.alive() else []
 
+    def request_trace(self, model: str) -> RequestTrace | None:
+        return RequestTrace(self.endpoints.http_url, model, self.trace_path) if self.trace_path else None
+
     def _group(self) -> list[psutil.Process]:
         """The server and every process it started (stubs stay in its process group, orphaned or not)."""
         return shm.group_members(self.proc.pid)
@@ -216,6 +228,7 @@ class ProcessServer(TritonServer):
         memory this server's processes mapped (the python backend's, and perf_analyzer's registered regions, which a
         killed perf_analyzer leaves behind) is removed."""
         if self.proc is None:
+            self._remove_trace()
             return
         regions = shm.mapped_regions(self._server_processes()) | self.seen_regions
         self.seen_regions = set()
@@ -227,6 +240,7 @@ class ProcessServer(TritonServer):
         procs.forget(self.proc)
         self.proc = None
         shm.remove(regions)  # Triton removes its own on a clean exit; killed processes leave theirs behind
+        self._remove_trace()
 
 
 def _release_all(ports: dict[str, int]) -> None:
@@ -268,6 +282,7 @@ class EmbeddedServer(ProcessServer):
     def _before_launch(self) -> None:
         """A private backend directory: the python backend with this Python's stub."""
         server_dir = tools.pytriton_server_dir()
+        super()._before_launch()
         self._work_dir = Path(tempfile.mkdtemp(prefix="tbench-triton-"))
         backends = self._work_dir / "backends"
         shutil.copytree(server_dir / "backends", backends)
@@ -283,6 +298,7 @@ class EmbeddedServer(ProcessServer):
             str(server_dir / "bin" / "tritonserver"),
             *self.server_args(str(self.repository), str(self._work_dir / "backends")),
             f"--cache-directory={server_dir / 'caches'}",
+            *(trace_args(self.trace_path) if self.trace_path else []),
         ]
 
     def env(self) -> dict[str, str]:
@@ -331,7 +347,8 @@ class LocalServer(ProcessServer):
         return {"binary": self.binary, "backend_dir": str(self.backend_dir)}
 
     def argv(self) -> list[str]:
-        return [self.binary, *self.server_args(str(self.repository), str(self.backend_dir))]
+        args = self.server_args(str(self.repository), str(self.backend_dir))
+        return [self.binary, *args, *(trace_args(self.trace_path) if self.trace_path else [])]
 
     def env(self) -> dict[str, str]:
         return {**os.environ, **self.gpu_env}
@@ -379,14 +396,29 @@ class DockerServer(ProcessServer):
             argv += ["--ulimit", limit]
         if self.gpus and self.gpus != "none":  # with GPUs, offline points use CUDA shared memory
             argv += ["--pid=host", "--gpus", self.gpus if self.gpus == "all" else f'"device={self.gpus}"']
+        mount, traced = self._trace_mount()
+        models = ["-v", f"{self.repository.resolve()}:/models:ro"]
         if self.network == "host":
-            argv += ["--network=host", "-v", f"{self.repository.resolve()}:/models:ro", self.image, "tritonserver"]
-            return argv + self.server_args("/models", None)
+            argv += ["--network=host", *mount, *models, self.image, "tritonserver"]
+            return argv + self.server_args("/models", None) + traced
         for name, container_port in CONTAINER_PORTS.items():
             argv += ["-p", f"127.0.0.1:{self.ports[name]}:{container_port}"]
-        argv += ["-v", f"{self.repository.resolve()}:/models:ro", self.image, "tritonserver"]
+        argv += [*mount, *models, self.image, "tritonserver"]
         # inside its own network namespace the server listens on Triton's default ports; -p maps them to ours
-        return argv + self.server_args("/models", None, address="0.0.0.0", ports=CONTAINER_PORTS)
+        return argv + self.server_args("/models", None, address="0.0.0.0", ports=CONTAINER_PORTS) + traced
+
+    def _before_launch(self) -> None:
+        host = os.environ.get("DOCKER_HOST", "")
+        if not host or host.startswith("unix://"):  # the trace is a file of this host's, the container's mount of it
+            super()._before_launch()
+            self.trace_path.parent.chmod(0o777)  # whatever user the image runs as writes it
+
+    def _trace_mount(self) -> tuple[list[str], list[str]]:
+        """docker's and tritonserver's options for the trace file (none without one)."""
+        if self.trace_path is None:
+            return [], []
+        inside = Path(CONTAINER_TRACE_DIR) / TRACE_FILE
+        return ["-v", f"{self.trace_path.parent}:{CONTAINER_TRACE_DIR}"], trace_args(inside)
 
     def listen_ports(self) -> set[int]:
         # on a bridge, the server listens in a namespace of its own, and docker fails the run on a port it cannot bind

@@ -91,6 +91,11 @@ class TritonServer(ABC):
         """The server's processes on this machine, for CPU and memory per point; none where it runs elsewhere."""
         return []
 
+    def request_trace(self, model: str):
+        """A RequestTrace of the model's requests (tbench.triton.trace) where this server writes a trace file this
+        host reads; None elsewhere."""
+        return None
+
     def where(self) -> dict:
         """Which server this is, as configured: its binary, image or address."""
         return {}
