@@ -9,11 +9,13 @@ import pytest
 
 from tbench.capacity.rate_search import (
     CONFIRMATIONS,
+    NEIGHBOURS,
     STATUSES,
     RatePoint,
     SustainableRate,
     find_sustainable_rate,
     judge,
+    neighbours_verdict,
     rate_verdict,
 )
 from tbench.capacity.statistics import PercentileRule
@@ -575,3 +577,69 @@ def test_an_unfinished_search_answers_only_with_a_rate_it_decided():
     )
     assert found.at_rate is None and found.sustained_rps is None
     assert SustainableRate(points=[lucky]).at_rate is lucky  # points kept while it runs, nothing decided yet
+
+
+# -- a rate its own runs leave undecided, judged with its neighbours' -------------------------------------------------
+
+
+def test_neighbouring_rates_decide_what_one_rates_runs_cannot():
+    own = [counted(50, 6)]  # 0.4%: one run cannot tell
+    assert rate_verdict(own, RULE, 2.4)[0] == "undecided"
+    around = [*own, *[counted(45, 3)] * 3, *[counted(55, 10)] * 3]  # 0.2% just below, 0.67% just above
+    verdict, why = neighbours_verdict(around, 50, RULE, 3.1)
+    assert verdict == "pass" and "7 measurements at 3 rates from 45 to 55/s" in why
+    above = [counted(50, 22), *[counted(45, 15)] * 3, *[counted(55, 35)] * 3]  # 1.5% at the rate, rising
+    assert neighbours_verdict(above, 50, RULE, 3.1)[0] == "fail"
+
+
+def test_neighbours_on_one_side_only_or_far_away_do_not_count():
+    below = [counted(50, 6), *[counted(45, 3)] * 6]  # a line from below would be an extrapolation
+    assert neighbours_verdict(below, 50, RULE, 3.1)[0] == "undecided"
+    far = [counted(50, 6), *[counted(20, 0)] * 6, *[counted(100, 200)] * 6]  # beyond NEIGHBOURS of the rate
+    assert all(abs(math.log(p.rate / 50)) > math.log1p(NEIGHBOURS) for p in far[1:])
+    assert neighbours_verdict(far, 50, RULE, 3.1)[0] == "undecided"
+    behind = [counted(50, 6), *[counted(45, 3, status="behind")] * 3, *[counted(55, 10)] * 3]
+    assert neighbours_verdict(behind, 50, RULE, 3.1)[0] == "undecided"  # a run that did not carry its load
+
+
+def test_a_share_that_falls_with_the_rate_is_pooled_without_a_slope():
+    from tbench.capacity.statistics import dose_response_score
+
+    rising = dose_response_score([1500] * 3, [3, 6, 10], [1.0] * 3, [-0.1, 0.0, 0.1], 99)
+    falling = dose_response_score([1500] * 3, [10, 6, 3], [1.0] * 3, [-0.1, 0.0, 0.1], 99)
+    share = 19 / 4500  # noise, not a share that falls: all runs as one, its logit's standard error
+    pooled = (math.log(share / (1 - share)) - math.log(0.01 / 0.99)) * math.sqrt(4500 * share * (1 - share))
+    assert falling == pytest.approx(pooled)
+    assert rising < falling  # a slope through the rate: the runs above it say less about it than their count
+    assert dose_response_score([1500] * 2, [0, 0], [1.0] * 2, [-0.1, 0.1], 99) is None  # nothing to fit
+
+
+def clustered(seed: int, inflation: float = 8.0):
+    """A server whose share over the SLO rises slowly (1% at its capacity, 0.66% at 90% of it) and whose slow requests
+    come in clusters: each run's count varies `inflation` times a binomial's (a gamma-Poisson draw, fixed seed)."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+
+    def measure(rate: float) -> RatePoint:
+        mean = 1500 * min(1.0, 0.01 * (rate / CAPACITY) ** 4)
+        draw = rng.poisson(rng.gamma(mean / (inflation - 1), inflation - 1)) if mean > 0 else 0
+        return counted(rate, int(min(1500, draw)), inflation=inflation)
+
+    return measure
+
+
+def median_answer(seeds: int = 30) -> float:
+    answers = []
+    for seed in range(seeds):
+        found = find_sustainable_rate(clustered(seed), 40.0, rule=RULE)
+        assert found.rate is None or found.rate <= CAPACITY, found.verdicts
+        answers.append((found.rate or 0) / CAPACITY)
+    return sorted(answers)[seeds // 2]
+
+
+def test_the_search_pools_neighbouring_rates_and_stays_below_the_capacity(monkeypatch):
+    pooled = median_answer()
+    monkeypatch.setattr("tbench.capacity.rate_search.NEIGHBOURS", 0.0)  # each rate's own runs only
+    alone = median_answer()
+    assert pooled > alone

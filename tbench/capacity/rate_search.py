@@ -17,6 +17,7 @@ from pydantic import BaseModel, Field
 
 from tbench.capacity.statistics import (
     PercentileRule,
+    dose_response_score,
     exceedance_score,
     percentile_upper_bound,
     steady_latencies,
@@ -34,6 +35,10 @@ MAX_POINTS = 60  # measurements per search at most
 # lucky one (the winner's curse), and three measurements also show the spread between runs (a rare slow spell that
 # one run may miss entirely)
 CONFIRMATIONS = 2
+# A rate its own runs leave undecided is judged with its neighbours' too (neighbours_verdict): the measurements at rates
+# within NEIGHBOURS of it, with at least one rate on either side (the fit then interpolates: where the share over the
+# SLO bends upwards, as near saturation, a straight line between neighbours reads it high, not low)
+NEIGHBOURS = 0.35
 
 Status = Literal["pass", "client_bound", "over_slo", "behind", "undetermined", "too_few", "unstable", "error"]
 STATUSES: tuple[str, ...] = get_args(Status)
@@ -170,6 +175,38 @@ def rate_verdict(points: list[RatePoint], rule: PercentileRule, z: float) -> tup
     return ("pass" if score <= -z else "fail" if score >= z else "undecided"), why
 
 
+def neighbours_verdict(points: list[RatePoint], rate: float, rule: PercentileRule, z: float) -> tuple[Verdict, str]:
+    """The verdict at `rate` from the measurements at it and at rates around it (statistics.dose_response_score):
+    undecided where they cannot say (no counted rate on either side, no request over the SLO, no fit)."""
+    pooled = (*PASSING, "over_slo", "too_few")
+    near = [
+        p
+        for p in points
+        if p.status in pooled
+        and p.over_slo is not None
+        and p.requests
+        and abs(math.log(p.rate / rate)) <= math.log1p(NEIGHBOURS)
+    ]
+    if not (any(p.rate < rate for p in near) and any(p.rate > rate for p in near)):
+        return "undecided", ""
+    score = dose_response_score(
+        [p.requests or 0 for p in near],
+        [p.over_slo or 0 for p in near],
+        [p.inflation or 1.0 for p in near],
+        [math.log(p.rate / rate) for p in near],
+        rule.percentile,
+    )
+    if score is None:
+        return "undecided", ""
+    low, high = min(p.rate for p in near), max(p.rate for p in near)
+    why = (
+        f"with {len(near)} measurements at {len({p.rate for p in near})} rates from {low:.4g} to {high:.4g}/s, the "
+        f"share over the SLO fitted to the rate is {score:+.1f} standard errors from p{rule.percentile}'s "
+        f"{100 * rule.tail:.2g}% at {rate:.4g}/s"
+    )
+    return ("pass" if score <= -z else "fail" if score >= z else "undecided"), why
+
+
 class SustainableRate(BaseModel):
     """The search's answer and every point it rests on, in the order they were measured."""
 
@@ -239,6 +276,8 @@ def find_sustainable_rate(
     started = time.monotonic()
     rule = rule or PercentileRule()
     z = NormalDist().inv_cdf(1 - (1 - rule.confidence) / max(repeats, 1))
+    # the neighbours' verdict looks again after every measurement near the rate: the confidence shared over them all
+    z_neighbours = NormalDist().inv_cdf(1 - (1 - rule.confidence) / max(max_points, 1))
     result = SustainableRate()
     passed: set[float] = set()
 
@@ -251,6 +290,9 @@ def find_sustainable_rate(
         points = at(rate)
         while True:
             verdict, why = rate_verdict(points, rule, z) if points else ("undecided", "")
+            if verdict == "undecided" and points:
+                pooled, because = neighbours_verdict(result.points, rate, rule, z_neighbours)
+                verdict, why = (pooled, because) if pooled != "undecided" else (verdict, why)
             if verdict == "fail" or (verdict == "pass" and len(points) >= least):
                 break
             if len(points) >= max(repeats, least):

@@ -144,3 +144,56 @@ def exceedance_score(requests: list[int], over: list[int], inflations: list[floa
         between = len(n) / (len(n) - 1) * float(((a - n * a.sum() / total) ** 2).sum())
         variance = max(variance, between)
     return float(a.sum() - total * q0) / math.sqrt(variance)
+
+
+def dose_response_score(
+    requests: list[int], over: list[int], inflations: list[float], log_rates: list[float], percentile: float
+) -> float | None:
+    """The exceedance_score of the rate at log-rate 0, from measurements at it and at neighbouring rates: the share over
+    the SLO rises with the rate, slowly where the percentile rises slowly, so runs a few percent either side carry
+    almost as much about it as runs at it. The share is fitted as a logistic function of the log rate (a quasi-binomial
+    regression, each run weighted by its `tail_inflation`; the slope at least 0: the share never falls as the rate
+    rises), and its estimate at the rate compared with the percentile's tail, in standard errors widened by the runs'
+    spread about the fit where enough runs show one. None where it cannot be fitted (no request over the SLO)."""
+    n, a, f, x = (np.asarray(v, dtype=float) for v in (requests, over, inflations, log_rates))
+    if a.sum() == 0 or a.sum() >= n.sum() or len(n) < 2:
+        return None
+    q0 = 1 - percentile / 100
+    fitted = _logistic_fit(np.column_stack([np.ones_like(x), x]), n, a, f)
+    if fitted is not None and fitted[0][1] < 0:  # falling with the rate is noise: one share for all, no slope
+        fitted = _logistic_fit(np.ones((len(n), 1)), n, a, f)
+    if fitted is None:
+        return None
+    beta, q, covariance = fitted
+    dispersion = 1.0
+    if len(n) >= len(beta) + 3:
+        dispersion = max(1.0, float(((a - n * q) ** 2 / (f * n * q * (1 - q))).sum()) / (len(n) - len(beta)))
+    return (float(beta[0]) - math.log(q0 / (1 - q0))) / math.sqrt(dispersion * float(covariance[0, 0]))
+
+
+def _logistic_fit(X: np.ndarray, n: np.ndarray, a: np.ndarray, f: np.ndarray):
+    """Newton's method on the quasi-likelihood of a[i] of n[i] (variance inflated f[i]) with logit(share) = X @ beta:
+    (beta, the fitted shares, beta's covariance before dispersion), or None where it does not converge."""
+    share = a.sum() / n.sum()
+    beta = np.zeros(X.shape[1])
+    beta[0] = math.log(share / (1 - share))
+    for _ in range(100):
+        q = 1 / (1 + np.exp(-(X @ beta)))
+        info = X.T @ (X * (n * q * (1 - q) / f)[:, None])
+        try:
+            step = np.linalg.solve(info, X.T @ ((a - n * q) / f))
+        except np.linalg.LinAlgError:
+            return None
+        beta = beta + step
+        if not np.all(np.isfinite(beta)):
+            return None
+        if np.abs(step).max() < 1e-9:
+            break
+    else:
+        return None
+    q = 1 / (1 + np.exp(-(X @ beta)))
+    try:
+        covariance = np.linalg.inv(X.T @ (X * (n * q * (1 - q) / f)[:, None]))
+    except np.linalg.LinAlgError:
+        return None
+    return beta, q, covariance
