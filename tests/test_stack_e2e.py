@@ -222,9 +222,17 @@ def test_stopping_s3_mid_run_loses_nothing_and_a_retry_finishes_the_upload(stack
 def test_a_killed_worker_loses_nothing_and_a_rerun_with_reuse_measures_only_the_rest(stack, tmp_path, monkeypatch):
     import pandas as pd
     import psutil
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+    from prefect.states import Pending
 
     from tbench.team.stack import stop_process
 
+    # a run a worker took (Pending) and never started, as when the worker dies or the API fails while it starts it:
+    # on a pool without a worker, nothing else touches it
+    with temporary_settings({PREFECT_API_URL: stack.api_url}), get_client(sync_client=True) as client:
+        deployment = client.read_deployment_by_name("triton-benchmark/benchmark-a100")
+        never_started = client.create_flow_run_from_deployment(deployment.id, state=Pending()).id
     # a worker with an empty point cache of its own: no point of an earlier run can be taken for this one's
     monkeypatch.setenv("TBENCH_POINT_CACHE_DIR", str(tmp_path / "points"))
     stop_process(stack.worker.pid)
@@ -268,10 +276,7 @@ def test_a_killed_worker_loses_nothing_and_a_rerun_with_reuse_measures_only_the_
     assert said["status"] == "failed" and said["failed_stage"] == KILLED_STAGE
     assert said["error"] == killed_message(len(kept))
     # the killed run is not left Running for ever: its heartbeats stopped, the automation marked it Crashed
-    from prefect.client.orchestration import get_client
-    from prefect.settings import PREFECT_API_URL, temporary_settings
-
-    from tbench.team.zombies import message
+    from tbench.team.zombies import message, never_started_message
 
     killed_run = UUID(submitted.stdout.strip().splitlines()[-1])
     deadline = time.monotonic() + 150
@@ -279,6 +284,9 @@ def test_a_killed_worker_loses_nothing_and_a_rerun_with_reuse_measures_only_the_
         while (state := client.read_flow_run(killed_run).state).type.value == "RUNNING" and time.monotonic() < deadline:
             time.sleep(2)
     assert state.type.value == "CRASHED" and state.message == message(stack.zombie_silence_s), state
+    with temporary_settings({PREFECT_API_URL: stack.api_url}), get_client(sync_client=True) as client:
+        state = client.read_flow_run(never_started).state  # Pending far longer than the stack's 30 s by now
+    assert state.type.value == "CRASHED" and state.message == never_started_message(stack.never_started_s), state
 
 
 def test_the_matrix_fans_out_through_the_deployments_and_compares(stack, monkeypatch):

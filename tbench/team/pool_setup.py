@@ -22,7 +22,7 @@ import os
 from pathlib import Path
 
 from tbench.team.pools import POOL_GPU_ENV, POOLS
-from tbench.team.zombies import HEARTBEAT_ENV, SILENCE_S, install_zombie_detection
+from tbench.team.zombies import HEARTBEAT_ENV, NEVER_STARTED_S, SILENCE_S, install_zombie_detection
 
 INFRA = Path(__file__).resolve().parents[2] / "infra" / "pools"
 QUEUES = {"default": 1, "nightly": 2}
@@ -65,6 +65,7 @@ def create_pools(
     cpu_type: str = "process",
     cpu_defaults: dict | None = None,
     zombie_silence_s: float = SILENCE_S,
+    never_started_s: float = NEVER_STARTED_S,
 ) -> list[str]:
     """Create or update the pools and queues; returns the pool names. The cpu pool is a process pool unless `cpu_type`
     says otherwise, with `cpu_defaults` as its variables' defaults (see pool_template)."""
@@ -99,7 +100,8 @@ def create_pools(
                 client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=f"tbench-gpu-{uuid}", limit=1))
             except ObjectAlreadyExists:
                 pass
-        install_zombie_detection(zombie_silence_s)  # a run whose worker died is marked Crashed, not left Running
+        # a run whose worker died is marked Crashed, not left Running (or Pending) for ever
+        install_zombie_detection(zombie_silence_s, never_started_s)
     return names
 
 

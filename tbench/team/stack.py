@@ -27,7 +27,7 @@ from pathlib import Path
 from tbench.core.errors import BenchError
 from tbench.node import procs
 from tbench.node.ports import free_port, release
-from tbench.team.zombies import SILENCE_S
+from tbench.team.zombies import NEVER_STARTED_S, SILENCE_S
 
 PROJECT = Path(__file__).resolve().parents[2]
 DEFAULT_DIR = Path(os.environ.get("TBENCH_STACK_DIR", Path.home() / ".cache" / "tbench" / "stack"))
@@ -183,6 +183,7 @@ class Stack:
     cpu_pool_type: str = "process"  # or "docker": the cpu pool's runs go into containers (infra/pools/docker.json)
     alert_webhook: str | None = None  # where a regression is posted (tbench.history.alerts); none by default
     zombie_silence_s: float = SILENCE_S  # a run without a heartbeat this long is marked Crashed (tbench.team.zombies)
+    never_started_s: float = NEVER_STARTED_S  # and one Pending this long without starting
 
     @property
     def api_url(self) -> str:
@@ -267,6 +268,7 @@ class Stack:
             cpu_type=self.cpu_pool_type,
             cpu_defaults=self.cpu_pool_defaults(),
             zombie_silence_s=self.zombie_silence_s,
+            never_started_s=self.never_started_s,
         )
         deployed = procs.run(
             [

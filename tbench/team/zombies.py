@@ -6,9 +6,20 @@ heartbeats stop, without a final state, Crashed with a message that says what to
 
 from __future__ import annotations
 
+from tbench.stages.tracker import STATE_COMPLETED_WITH_FAILURES
+
 HEARTBEAT_ENV = {"PREFECT_FLOWS_HEARTBEAT_FREQUENCY": "30"}  # seconds; Prefect's smallest
 SILENCE_S = 90  # three heartbeats missed
 AUTOMATION = "tbench: a flow run stopped answering"
+NEVER_STARTED_S = 900  # Pending this long without running: a docker worker's first image pull fits in it
+NEVER_STARTED = "tbench: a flow run was never started"
+FINAL_EVENTS = (  # events are named after the state's name: ours (CompletedWithFailures) included
+    "prefect.flow-run.Completed",
+    f"prefect.flow-run.{STATE_COMPLETED_WITH_FAILURES}",
+    "prefect.flow-run.Failed",
+    "prefect.flow-run.Cancelled",
+    "prefect.flow-run.Crashed",
+)
 
 
 def message(silence_s: float = SILENCE_S) -> str:
@@ -20,9 +31,17 @@ def message(silence_s: float = SILENCE_S) -> str:
     )
 
 
-def install_zombie_detection(silence_s: float = SILENCE_S) -> str:
-    """The automation on the Prefect server at PREFECT_API_URL (an earlier one of the same name is replaced): a run
-    without a heartbeat for `silence_s` is marked Crashed; returns its id."""
+def never_started_message(pending_s: float = NEVER_STARTED_S) -> str:
+    return (
+        f"taken by a worker but not started within {pending_s:g} s (the worker was killed, or the API failed while it "
+        "started the run): nothing was measured; submit it again"
+    )
+
+
+def install_zombie_detection(silence_s: float = SILENCE_S, never_started_s: float = NEVER_STARTED_S) -> str:
+    """The automations on the Prefect server at PREFECT_API_URL (earlier ones of the same names are replaced): a run
+    without a heartbeat for `silence_s` is marked Crashed, and so is one Pending for `never_started_s`; returns the
+    first's id."""
     from datetime import timedelta
 
     from prefect.automations import Automation
@@ -32,8 +51,23 @@ def install_zombie_detection(silence_s: float = SILENCE_S) -> str:
     from prefect.events.schemas.events import ResourceSpecification
 
     from tbench.history.alerts import delete_automation
-    from tbench.stages.tracker import STATE_COMPLETED_WITH_FAILURES
 
+    runs = ResourceSpecification({"prefect.resource.id": ["prefect.flow-run.*"]})
+    delete_automation(NEVER_STARTED)
+    Automation(
+        name=NEVER_STARTED,
+        description="A flow run taken by a worker never started: mark it Crashed (tbench.team.zombies).",
+        trigger=EventTrigger(
+            after={"prefect.flow-run.Pending"},
+            expect={"prefect.flow-run.Running", *FINAL_EVENTS},
+            match=runs,
+            for_each={"prefect.resource.id"},
+            posture=Posture.Proactive,
+            threshold=1,
+            within=timedelta(seconds=never_started_s),
+        ),
+        actions=[ChangeFlowRunState(state=StateType.CRASHED, message=never_started_message(never_started_s))],
+    ).create()
     delete_automation(AUTOMATION)
     automation = Automation(
         name=AUTOMATION,
@@ -41,15 +75,8 @@ def install_zombie_detection(silence_s: float = SILENCE_S) -> str:
         trigger=EventTrigger(
             # from its first heartbeat, or from Running: a run killed before its first heartbeat is a zombie too
             after={"prefect.flow-run.heartbeat", "prefect.flow-run.Running"},
-            expect={  # events are named after the state's name: ours (CompletedWithFailures) included
-                "prefect.flow-run.heartbeat",
-                "prefect.flow-run.Completed",
-                f"prefect.flow-run.{STATE_COMPLETED_WITH_FAILURES}",
-                "prefect.flow-run.Failed",
-                "prefect.flow-run.Cancelled",
-                "prefect.flow-run.Crashed",
-            },
-            match=ResourceSpecification({"prefect.resource.id": ["prefect.flow-run.*"]}),
+            expect={"prefect.flow-run.heartbeat", *FINAL_EVENTS},
+            match=runs,
             for_each={"prefect.resource.id"},
             posture=Posture.Proactive,
             threshold=1,
