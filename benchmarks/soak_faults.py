@@ -45,6 +45,7 @@ RUN = [  # and --size
 FAULTS = ("worker_kill", "s3_outage", "triton_kill", "perf_analyzer_kill", "disk_full", "prefect_restart")
 MEASURING = ("tritonserver", "triton_python_backend_stub", "perf_analyzer")
 FINAL = ("COMPLETED", "FAILED", "CRASHED", "CANCELLED")
+NEVER_STARTED_S = 180  # the stack's limit for a run Pending without starting (tbench.team.zombies)
 
 
 @dataclass
@@ -82,7 +83,9 @@ class Soak:
             ["mount", "-t", "tmpfs", "-o", "size=1g", "tmpfs", str(self.staging)], capture_output=True, text=True
         )
         self.staging_tmpfs = mounted.returncode == 0
-        self.stack = Stack(root=self.root, pools=("cpu",)).up()
+        # a process pool starts a run in seconds: one Pending for 3 min was never started (the default leaves room for
+        # a docker worker's image pull, longer than the soak waits)
+        self.stack = Stack(root=self.root, pools=("cpu",), never_started_s=NEVER_STARTED_S).up()
         self.workers = [self.stack.worker]
         self.start_worker()
 
