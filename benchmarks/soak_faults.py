@@ -45,7 +45,10 @@ RUN = [  # and --size
 FAULTS = ("worker_kill", "s3_outage", "triton_kill", "perf_analyzer_kill", "disk_full", "prefect_restart")
 MEASURING = ("tritonserver", "triton_python_backend_stub", "perf_analyzer")
 FINAL = ("COMPLETED", "FAILED", "CRASHED", "CANCELLED")
-NEVER_STARTED_S = 180  # the stack's limit for a run Pending without starting (tbench.team.zombies)
+# the stack's limit for a run Pending without starting (tbench.team.zombies): at 180 s, 5 of 30 runs were marked
+# Crashed while their processes were still starting (30 runs submitted at once: 15 flow processes per worker importing
+# at once on 2 cores), and some of them would have run
+NEVER_STARTED_S = 600
 
 
 @dataclass
@@ -83,8 +86,7 @@ class Soak:
             ["mount", "-t", "tmpfs", "-o", "size=1g", "tmpfs", str(self.staging)], capture_output=True, text=True
         )
         self.staging_tmpfs = mounted.returncode == 0
-        # a process pool starts a run in seconds: one Pending for 3 min was never started (the default leaves room for
-        # a docker worker's image pull, longer than the soak waits)
+        # shorter than the default (which leaves room for a docker worker's image pull), so the soak sees it act
         self.stack = Stack(root=self.root, pools=("cpu",), never_started_s=NEVER_STARTED_S).up()
         self.workers = [self.stack.worker]
         self.start_worker()

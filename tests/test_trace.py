@@ -1,6 +1,7 @@
 """Reading Triton's trace file into a rate point's requests (tbench.triton.trace); the real server's trace is in
 test_served_model.py."""
 
+import os
 from pathlib import Path
 
 from tbench.triton.trace import read_events, request_log
@@ -55,3 +56,16 @@ def test_an_ensembles_steps_are_not_its_requests():
         for e in ev
     ]
     assert len(request_log(ev + steps, "resnet50", 0, 2**63 - 1)) == 40
+
+
+def test_the_file_is_emptied_after_each_read_and_the_next_read_skips_the_hole(tmp_path):
+    from tbench.triton.trace import RequestTrace
+
+    path = tmp_path / "trace.json"
+    text = GOLDEN.read_text()
+    path.write_text(text)  # Triton's first flush, from its offset 0
+    trace = RequestTrace("127.0.0.1:1", "resnet50", path)
+    assert read_events(trace._take()) == events() and path.stat().st_size == 0
+    with open(path, "r+b") as f:  # its next flush, at its own offset: a hole before it
+        os.pwrite(f.fileno(), ("," + text[1:]).encode(), 1 << 20)
+    assert read_events(trace._take()) == events() and path.stat().st_size == 0

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import time
 from pathlib import Path
 
@@ -89,11 +90,15 @@ def request_log(events: list[dict], model: str, since_ns: int, until_ns: int) ->
 
 
 class RequestTrace:
-    """Trace one model's requests while a point runs: `start()` before it, `stop()` after, which returns them."""
+    """Trace one model's requests while a point runs: `start()` before it, `stop()` after, which returns them.
+
+    Triton writes at its own offset in the file, so the file is emptied after each read (a hole before that offset
+    then, which takes no disk space) and the next read starts where the data does (SEEK_DATA): a long capacity search
+    traces millions of requests, and the file would hold them all."""
 
     def __init__(self, http_url: str, model: str, path: Path):
         self.http_url, self.model, self.path = http_url, model, path
-        self._offset, self._since = 0, 0
+        self._since = 0
 
     def _update(self, settings: dict) -> None:
         import tritonclient.http as httpclient
@@ -103,7 +108,6 @@ class RequestTrace:
 
     def start(self) -> bool:
         """Turn the model's trace on; False where the server refuses (then the point is judged without it)."""
-        self._offset = self.path.stat().st_size if self.path.exists() else 0
         self._since = time.monotonic_ns()
         try:
             self._update({"trace_level": ["TIMESTAMPS"], "trace_rate": "1", "trace_count": "-1", "log_frequency": "0"})
@@ -116,9 +120,18 @@ class RequestTrace:
         until = time.monotonic_ns()
         try:
             self._update({"trace_level": ["OFF"]})
-            with open(self.path, "rb") as trace:
-                trace.seek(self._offset)
-                text = trace.read().decode(errors="replace")
+            text = self._take()
         except Exception:
             return None
         return request_log(read_events(text), self.model, self._since, until)
+
+    def _take(self) -> str:
+        """What the file holds, the file then emptied."""
+        with open(self.path, "rb") as trace:
+            try:
+                trace.seek(os.lseek(trace.fileno(), 0, os.SEEK_DATA))
+            except OSError:  # no data (ENXIO), or no SEEK_DATA here: read it all
+                trace.seek(0)
+            data = trace.read()
+        os.truncate(self.path, 0)
+        return data.lstrip(b"\0").decode(errors="replace")
