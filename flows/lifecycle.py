@@ -17,7 +17,7 @@ from tbench.node import procs
 from tbench.node.device_lock import device_lock
 from tbench.node.interrupts import second_signal_exits
 from tbench.planning.preflight import preflight
-from tbench.stages.killed import RUNNING, mark_killed_runs, owner
+from tbench.stages.killed import RUNNING, mark_ended, mark_killed_runs, mark_running, owner
 from tbench.stages.store import staging_root
 from tbench.stages.tracker import RunTracker
 
@@ -53,7 +53,9 @@ def run_lifecycle(req, hardware, name: str, request_json) -> Iterator[RunTracker
     layout = RunLayout(root, new_run_id(name)).create()
     tracker = RunTracker(layout)
     # until the run's end rewrites it: a run killed outright is told from one still running (stages.killed)
-    tracker.write_manifest(status=RUNNING, owner=owner(), local_dir=str(layout.run_dir), flow_run_id=flow_run_id())
+    who = owner()
+    tracker.write_manifest(status=RUNNING, owner=who, local_dir=str(layout.run_dir), flow_run_id=flow_run_id())
+    mark_running(root, layout.run_id, who)
     tracker.capture_logs()
     tracker.save_json(layout.request_json, request_json)
     progress.emit("run_start", run_id=layout.run_id, run_dir=str(layout.run_dir))
@@ -61,6 +63,7 @@ def run_lifecycle(req, hardware, name: str, request_json) -> Iterator[RunTracker
         # last, after the lock is released: runs killed while this one ran (waiting for the lock with it, say) say so
         # now, not only when the next run starts
         held.callback(clean_up_killed_folders, root)
+        held.callback(mark_ended, root, layout.run_id)  # its final manifest written by then: off the list
         held.callback(tracker.release_logs)
         try:
             with tracker.stage("device-lock"):

@@ -391,7 +391,7 @@ def test_a_failed_run_keeps_its_logs_and_says_where(prefect_harness, tmp_path):
                 backend_dir=str(backends.parent),
             )
         )
-    (run,) = [p for p in (tmp_path / "runs").iterdir() if p.is_dir()]
+    (run,) = [p for p in (tmp_path / "runs").iterdir() if p.is_dir() and not p.name.startswith(".")]
     manifest = json.loads((run / "manifest.json").read_text())
     assert manifest["status"] == "failed" and manifest["failed_stage"] == "server-start"
     assert "exited" in manifest["error"]

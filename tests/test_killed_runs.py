@@ -8,7 +8,16 @@ import socket
 import subprocess
 import sys
 
-from tbench.stages.killed import KILLED_STAGE, RUNNING, killed_message, mark_killed_runs, owner
+from tbench.stages.killed import (
+    KILLED_STAGE,
+    RUNNING,
+    RUNNING_DIR,
+    killed_message,
+    mark_ended,
+    mark_killed_runs,
+    mark_running,
+    owner,
+)
 from tbench.stages.tracker import FAILED
 
 
@@ -52,3 +61,28 @@ def test_no_root_and_unreadable_manifests_are_skipped(tmp_path):
     (tmp_path / "broken").mkdir()
     (tmp_path / "broken" / "manifest.json").write_text("{not json")
     assert mark_killed_runs(tmp_path) == []
+
+
+def test_a_run_start_reads_the_list_of_running_runs_not_every_manifest(tmp_path):
+    killed = run_folder(tmp_path, "resnet50-killed", gone_owner(), points=2)
+    mark_running(tmp_path, "resnet50-killed", gone_owner())
+    unlisted = run_folder(tmp_path, "resnet50-unlisted", gone_owner())  # not on the list: not read
+    assert mark_killed_runs(tmp_path) == ["resnet50-killed"]
+    assert json.loads((killed / "manifest.json").read_text())["status"] == FAILED
+    assert json.loads((unlisted / "manifest.json").read_text())["status"] == RUNNING
+    assert not list((tmp_path / RUNNING_DIR).iterdir())  # marked, and off the list
+
+
+def test_a_root_from_before_the_list_is_read_whole(tmp_path):
+    run_folder(tmp_path, "resnet50-old", gone_owner())
+    assert mark_killed_runs(tmp_path) == ["resnet50-old"]
+
+
+def test_a_run_that_ended_comes_off_the_list_and_one_still_running_stays(tmp_path):
+    folder = run_folder(tmp_path, "resnet50-done", owner())
+    mark_running(tmp_path, "resnet50-done", owner())
+    mark_ended(tmp_path, "resnet50-done")  # its manifest still says running (a final one that could not be written)
+    assert (tmp_path / RUNNING_DIR / "resnet50-done.json").exists()
+    (folder / "manifest.json").write_text(json.dumps({"run_id": "resnet50-done", "status": "completed"}))
+    mark_ended(tmp_path, "resnet50-done")
+    assert not (tmp_path / RUNNING_DIR / "resnet50-done.json").exists()

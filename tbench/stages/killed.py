@@ -1,7 +1,11 @@
 """Runs killed outright (SIGKILL, a crash, a dead worker) say so: a run writes a `running` manifest with its owner
 (host, pid and the pid's start time) as soon as its folder exists, and the next run on the machine that finds one
 whose owner is gone rewrites it as failed, with what was measured and what to do. Without this a killed run's folder
-had points and no manifest, and nothing told its user why it ended."""
+had points and no manifest, and nothing told its user why it ended.
+
+The runs still running are listed beside the run folders (RUNNING_DIR: a small file per run, its owner), so a run
+start reads those, not every manifest of a root that holds hundreds of runs. A root from before the list is read
+whole once."""
 
 from __future__ import annotations
 
@@ -16,6 +20,7 @@ from tbench.stages.store import write_manifest
 
 RUNNING = "running"  # a manifest's status while its run runs; never a run's final status
 KILLED_STAGE = "killed"
+RUNNING_DIR = ".running"  # under the root of the run folders: <run id>.json, the owner of each run not ended
 
 
 def owner() -> dict:
@@ -30,33 +35,66 @@ def killed_message(points: int) -> str:
     )
 
 
+def mark_running(root: Path, run_id: str, who: dict) -> None:
+    """List the run as running (its folder's manifest says so too) until `mark_ended`."""
+    listed = root / RUNNING_DIR
+    listed.mkdir(exist_ok=True)
+    (listed / f"{run_id}.json").write_text(json.dumps(who))
+
+
+def mark_ended(root: Path, run_id: str) -> None:
+    """Take the run off the list once its manifest no longer says running (one that could not be rewritten stays
+    listed: the next run marks it killed)."""
+    if _status(root / run_id / "manifest.json") != RUNNING:
+        (root / RUNNING_DIR / f"{run_id}.json").unlink(missing_ok=True)
+
+
 def mark_killed_runs(root: Path) -> list[str]:
-    """The run folders under `root` whose `running` manifest names a process of this host that is gone, rewritten as
-    failed (failed stage `killed`); returns their run ids."""
+    """The listed runs under `root` whose owner is a process of this host that is gone, their manifests rewritten as
+    failed (failed stage `killed`); returns their run ids. A listed run that ended is taken off the list."""
+    if not root.is_dir():
+        return []
+    listed = root / RUNNING_DIR
+    if not listed.is_dir():  # a root from before the list: its running manifests (a run start then makes the list)
+        for path in root.glob("*/manifest.json"):
+            manifest = _read(path)
+            if manifest and manifest.get("status") == RUNNING and isinstance(manifest.get("owner"), dict):
+                mark_running(root, path.parent.name, manifest["owner"])
     marked = []
-    for path in root.glob("*/manifest.json") if root.is_dir() else []:
-        try:
-            manifest = json.loads(path.read_text())
-        except (OSError, ValueError):
+    for entry in sorted(listed.glob("*.json")) if listed.is_dir() else []:
+        who = _read(entry) or {}
+        if who.get("host") != socket.gethostname() or alive(int(who.get("pid", -1)), who.get("pid_started")):
             continue
-        who = manifest.get("owner") or {}
-        if manifest.get("status") != RUNNING or who.get("host") != socket.gethostname():
-            continue
-        if alive(int(who.get("pid", -1)), who.get("pid_started")):
-            continue
-        points = _points(path.parent / "results.csv")
-        manifest.update(
-            status="failed",
-            failed_stage=KILLED_STAGE,
-            error=killed_message(points),
-            points={"measured": points, "failed": 0},
-        )
-        try:
-            write_manifest(path.parent, manifest)
-        except OSError:
-            continue  # a full or read-only disk: the next run tries again
-        marked.append(str(manifest.get("run_id") or path.parent.name))
+        run_id = entry.name.removesuffix(".json")
+        path = root / run_id / "manifest.json"
+        manifest = _read(path)
+        if manifest and manifest.get("status") == RUNNING:
+            points = _points(path.parent / "results.csv")
+            manifest.update(
+                status="failed",
+                failed_stage=KILLED_STAGE,
+                error=killed_message(points),
+                points={"measured": points, "failed": 0},
+            )
+            try:
+                write_manifest(path.parent, manifest)
+            except OSError:
+                continue  # a full or read-only disk: the next run tries again
+            marked.append(str(manifest.get("run_id") or run_id))
+        entry.unlink(missing_ok=True)
     return marked
+
+
+def _read(path: Path) -> dict | None:
+    try:
+        found = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return found if isinstance(found, dict) else None
+
+
+def _status(manifest: Path) -> str | None:
+    return (_read(manifest) or {}).get("status")
 
 
 def _points(results_csv: Path) -> int:
