@@ -15,7 +15,9 @@ OWNER = """
 import sys
 from pathlib import Path
 from tbench.node import procs
-child = procs.start(["sleep", "300"], Path(sys.argv[1]))
+scratch = Path(sys.argv[1]).parent / "scratch"  # a temporary folder of the child's (a server's trace, say)
+scratch.mkdir()
+child = procs.start(["sleep", "300"], Path(sys.argv[1]), scratch=[scratch])
 print(child.pid)
 """  # exits without stopping its child: what a SIGKILL'd run leaves
 
@@ -34,7 +36,9 @@ def test_a_child_whose_owner_died_is_reaped_and_one_whose_owner_lives_is_not(tmp
     try:
         assert psutil.pid_exists(orphan)
         assert json.loads((tmp_path / "procs" / f"{orphan}.json").read_text())["argv0"] == "sleep"
+        assert (tmp_path / "scratch").is_dir()
         assert procs.reap_orphans() == [f"sleep (pid {orphan})"]
+        assert not (tmp_path / "scratch").exists()  # its temporary folder went with it
         deadline = time.monotonic() + 10
         while psutil.pid_exists(orphan) and psutil.Process(orphan).status() != psutil.STATUS_ZOMBIE:
             assert time.monotonic() < deadline

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -53,7 +54,9 @@ def started_at(pid: int) -> float | None:
         return None
 
 
-def _register(proc: subprocess.Popen, argv: list[str], container: dict | None = None) -> None:
+def _register(
+    proc: subprocess.Popen, argv: list[str], container: dict | None = None, scratch: list[Path] | None = None
+) -> None:
     entry = {
         "pid": proc.pid,
         "started": started_at(proc.pid),
@@ -63,6 +66,8 @@ def _register(proc: subprocess.Popen, argv: list[str], container: dict | None = 
     }
     if container:  # a `docker run` client: killing it leaves the container running, so it is removed by name
         entry["container"] = container
+    if scratch:  # the process's temporary folders (a trace file, a backend copy): a reaper removes them too
+        entry["scratch"] = [str(path) for path in scratch]
     folder = registry_dir()
     try:
         folder.mkdir(parents=True, exist_ok=True)
@@ -115,6 +120,8 @@ def _kill_and_clean(entry: dict) -> int:
     removed = 0
     if container := entry.get("container"):
         removed = containers.remove(container["docker"], container["name"], host=container.get("host"))
+    for folder in entry.get("scratch") or []:
+        shutil.rmtree(folder, ignore_errors=True)
     return removed + len(shm.remove(regions))
 
 
@@ -176,11 +183,13 @@ def start(
     env: dict[str, str] | None = None,
     outlives_caller: bool = False,
     container: dict | None = None,
+    scratch: list[Path] | None = None,
 ) -> subprocess.Popen:
     """Start a long-lived process in its own session so that stopping it reaches its children too; the caller stops
     it with `stop()` (or kill_group + forget). `outlives_caller`: a service meant to stay after this process exits
     (the local stack), which is never reaped as an orphan. `container` ({"docker": CLI, "name": NAME}): the process
-    is a `docker run` client whose container a reaper removes too."""
+    is a `docker run` client whose container a reaper removes too; `scratch`: temporary folders of its that a reaper
+    removes (the caller removes them after a normal stop)."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log = open(log_path, "ab")
     log.write(("$ " + " ".join(argv) + "\n").encode())
@@ -188,7 +197,7 @@ def start(
     proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     log.close()  # the child holds its own descriptor
     if not outlives_caller:
-        _register(proc, argv, container)
+        _register(proc, argv, container, scratch)
     return proc
 
 

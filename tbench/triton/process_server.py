@@ -117,7 +117,9 @@ class ProcessServer(TritonServer):
         tries = 1
         while True:
             self._before_launch()
-            self.proc = procs.start(self.argv(), self.log_path, env=self.env(), container=self._container_record())
+            self.proc = procs.start(
+                self.argv(), self.log_path, env=self.env(), container=self._container_record(), scratch=self._scratch()
+            )
             try:
                 self._wait_ready(f"{self.mode} tritonserver")
                 return self.endpoints
@@ -135,6 +137,10 @@ class ProcessServer(TritonServer):
     def _before_launch(self) -> None:
         """What a server mode prepares before each launch (stop() undoes it): a trace file of its own."""
         self.trace_path = Path(tempfile.mkdtemp(prefix="tbench-trace-")) / TRACE_FILE
+
+    def _scratch(self) -> list[Path]:
+        """The temporary folders of this launch, for a reaper to remove if the run is killed."""
+        return [self.trace_path.parent] if self.trace_path else []
 
     def _remove_trace(self) -> None:
         if self.trace_path is not None:
@@ -291,6 +297,9 @@ class EmbeddedServer(ProcessServer):
         if not stub.exists():
             raise ServerStartError(f"the embedded server has no python backend stub for Python {version}")
         shutil.copy2(stub, backends / "python" / stub.name)
+
+    def _scratch(self) -> list[Path]:
+        return [*super()._scratch(), *([self._work_dir] if self._work_dir else [])]
 
     def argv(self) -> list[str]:
         server_dir = tools.pytriton_server_dir()
