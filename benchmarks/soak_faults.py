@@ -73,6 +73,7 @@ class Soak:
     started: float = field(default_factory=time.monotonic)
     staging_tmpfs: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock)
+    hung_submissions: int = 0
 
     @property
     def staging(self) -> Path:
@@ -99,13 +100,19 @@ class Soak:
         return {**os.environ, **self.stack.client_env()}
 
     def submit(self) -> str | None:
-        done = subprocess.run(
-            [str(TBENCH), "submit", *RUN, "--size", self.size, "--pool", "cpu", "--no-follow"],
-            env=self.client_env(),
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
+        """The submitted flow run's id; None when the submission was refused or hung (a user gives up and submits
+        again: seen once, `tbench submit` waiting 300 s on a Prefect server whose SQLite database was locked)."""
+        try:
+            done = subprocess.run(
+                [str(TBENCH), "submit", *RUN, "--size", self.size, "--pool", "cpu", "--no-follow"],
+                env=self.client_env(),
+                capture_output=True,
+                text=True,
+                timeout=300,
+            )
+        except subprocess.TimeoutExpired:
+            self.hung_submissions += 1
+            return None
         lines = done.stdout.strip().splitlines()
         return lines[-1].strip() if done.returncode == 0 and lines else None
 
@@ -348,6 +355,7 @@ def soak(
         "runs_submitted": len(ids),
         "kept_root": str(root) if counts["lost"] else None,
         "submissions_refused": submit_failures,
+        "submissions_hung": s.hung_submissions,  # tbench submit still waiting after 300 s
         **counts,
         "lost_runs": counts["lost"],
         "lost_points": sum(r["lost_points"] for r in table),
