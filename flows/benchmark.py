@@ -131,8 +131,8 @@ def _benchmark(plan: RunPlan, adapter, tracker: RunTracker) -> str:
                 require_same_answers(result, model.name)
         identity = server.identity()
         tracker.environment = {"server": identity, "tools": tool_versions(), "model_digests": serving.model_digests}
-        # the point cache is keyed on the inputs sent: one per shape set
-        caches = [serving.point_cache(identity, s.inputs) if req.reuse_measurements else None for s in shape_sets]
+        # the point cache is keyed on the inputs sent: one per shape set; read with --reuse, kept by every run
+        caches = [serving.point_cache(identity, s.inputs, read=req.reuse_measurements) for s in shape_sets]
         host_load = HostLoad(own=server.processes)  # other processes' CPU, over the measured sweeps only
         tracker.host = host_load.summary  # filled in as it goes: an interrupted run keeps what was seen
         with host_load:

@@ -50,6 +50,7 @@ def test_a_sweep_takes_cached_points_and_measures_only_the_rest(served_small, sm
 
 
 def test_a_rerun_with_reuse_converts_and_measures_nothing_again(prefect_harness, tmp_path, monkeypatch):
+    """The first run without --reuse: every run keeps its points, so a run interrupted without it is resumed."""
     from conftest import run_flow
 
     monkeypatch.setenv("TBENCH_POINT_CACHE_DIR", str(tmp_path / "points"))
@@ -61,10 +62,11 @@ def test_a_rerun_with_reuse_converts_and_measures_nothing_again(prefect_harness,
         concurrency=[2],
         output=str(tmp_path),
         measurement=QUICK,
-        reuse_measurements=True,
     )
     first, results1, _ = run_flow(tmp_path, request)
-    second, results2, report = run_flow(tmp_path, request)
+    again, results_again, _ = run_flow(tmp_path, request)  # without --reuse: measured again
+    assert results_again["reused_from"].isna().all()
+    second, results2, report = run_flow(tmp_path, request.model_copy(update={"reuse_measurements": True}))
     assert results1["reused_from"].isna().all()
     assert (results2["reused_from"] == first.name).all() and len(results2) == len(results1) == 3
     cols = ["scenario", "batch_size", "concurrency", "throughput_infer_per_s", "p99_ms"]

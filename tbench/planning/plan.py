@@ -79,7 +79,7 @@ def accelerator_label(req, hardware, fmt, native: dict, device: ServedOn) -> str
     return ACCELERATOR_LABELS.get(applied, applied) if applied else ""
 
 
-def point_cache(req, hardware, server: dict, artifacts, perf_inputs) -> PointCache:
+def point_cache(req, hardware, server: dict, artifacts, perf_inputs, read: bool = True) -> PointCache:
     """The point cache's context: what decides a point's numbers besides the point (see above);
     `server` is the server's identity (TritonServer.identity: mode, binary, image or address, reported id and
     version)."""
@@ -116,5 +116,6 @@ def point_cache(req, hardware, server: dict, artifacts, perf_inputs) -> PointCac
             "shared_memory": perf_inputs.shared_memory,
             "tools": tool_versions(),
             "runtime_model": file_digest(RUNTIME_MODEL),  # the python backend's model.py runs every request it serves
-        }
+        },
+        read=read,
     )

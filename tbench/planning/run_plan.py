@@ -184,9 +184,9 @@ class Serving:
         """The plan checked against what the server's instances report in its log."""
         return replace(self, devices=confirm_devices(self.devices, server, self.plan.hardware))
 
-    def point_cache(self, identity: dict, inputs: PerfInputs) -> PointCache:
+    def point_cache(self, identity: dict, inputs: PerfInputs, read: bool = True) -> PointCache:
         artifacts = self.served + [a for _, a in self.composing]
-        return point_cache(self.plan.req, self.plan.hardware, identity, artifacts, inputs)
+        return point_cache(self.plan.req, self.plan.hardware, identity, artifacts, inputs, read)
 
     def measured(self, spec: IoSpec, inputs: PerfInputs, given_samples) -> list[MeasuredModel]:
         """What perf_analyzer measures: each served format, or the ensemble over its composing models (`spec`: the

@@ -64,20 +64,26 @@ def file_digest(path: Path | None) -> str | None:
 
 
 class PointCache:
-    def __init__(self, context: dict, root: Path | None = None):
+    """`read`: take cached points (`--reuse`); every run keeps its stable points, so one interrupted or killed
+    without `--reuse` is resumed by a re-run with it, as its message says."""
+
+    def __init__(self, context: dict, root: Path | None = None, read: bool = True):
         self.context = context
         self.context_key = digest(context)
         self.root = Path(root) if root is not None else cache_root()
+        self.read = read
 
     def for_model(self, static: dict) -> PointCache:
         """The same cache narrowed to one served model (its format, backend and config columns)."""
-        return PointCache({**self.context, "static": static}, self.root)
+        return PointCache({**self.context, "static": static}, self.root, self.read)
 
     def _dir(self, point_key: dict) -> Path:
         return self.root / digest({"context": self.context_key, "point": point_key})
 
     def get(self, point_key: dict, run_dir: Path) -> dict | None:
-        """The cached row for a point, its files copied into run_dir; None when not cached."""
+        """The cached row for a point, its files copied into run_dir; None when not cached (or not read)."""
+        if not self.read:
+            return None
         entry = self._dir(point_key)
         try:
             row = json.loads((entry / "row.json").read_text())
