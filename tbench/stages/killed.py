@@ -5,7 +5,7 @@ had points and no manifest, and nothing told its user why it ended.
 
 The runs still running are listed beside the run folders (RUNNING_DIR: a small file per run, its owner), so a run
 start reads those, not every manifest of a root that holds hundreds of runs. A root from before the list is read
-whole once."""
+whole, until a run there starts the list."""
 
 from __future__ import annotations
 
