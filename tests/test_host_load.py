@@ -6,6 +6,7 @@ import subprocess
 import sys
 import threading
 import time
+import types
 
 import psutil
 import pytest
@@ -23,8 +24,15 @@ def sampler_threads() -> list[threading.Thread]:
 def test_other_processes_cpu_is_the_hosts_busy_time_less_the_runs_own(monkeypatch):
     """A host busy 1.5 cores, the run's own processes 0.5: others used one core (100% of one)."""
     start = time.monotonic()
-    monkeypatch.setattr(host_load, "busy_cpu_seconds", lambda: 1.5 * (time.monotonic() - start))
-    monkeypatch.setattr(host_load, "process_cpu_seconds", lambda processes: 0.5 * (time.monotonic() - start))
+    stamp = [start]  # the sampler's last clock reading: both counters are read at it, however late the thread runs
+
+    def clock() -> float:
+        stamp[0] = time.monotonic()
+        return stamp[0]
+
+    monkeypatch.setattr(host_load, "time", types.SimpleNamespace(monotonic=clock))
+    monkeypatch.setattr(host_load, "busy_cpu_seconds", lambda: 1.5 * (stamp[0] - start))
+    monkeypatch.setattr(host_load, "process_cpu_seconds", lambda processes: 0.5 * (stamp[0] - start))
     with HostLoad(interval_s=0.05) as load:
         time.sleep(0.5)
     other = load.summary["other_cpu_pct"]

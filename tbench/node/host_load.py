@@ -74,7 +74,8 @@ class HostLoad:
             return [me, *self._own]
 
     def _reading(self) -> tuple[float, float, float]:
-        return time.monotonic(), busy_cpu_seconds(), process_cpu_seconds(self._own_processes())
+        own = self._own_processes()  # looked up first: the clock and both counters are then read back to back
+        return time.monotonic(), busy_cpu_seconds(), process_cpu_seconds(own)
 
     def _run(self) -> None:
         last = self._reading()
