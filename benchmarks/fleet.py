@@ -3,7 +3,7 @@ GPU kinds with their prices and memory), the cost of tbench's plan (tbench.capac
 program) against the least cost found by exhaustive search over every partition of the models (exhaustive_cost), each
 plan checked from its nodes alone (plan_problems: every model's traffic served, no node over its load or memory).
 
-Usage: .venv/bin/python benchmarks/fleet.py [--fleets 200] [--seed 0]
+Usage: .venv/bin/python benchmarks/fleet.py [--fleets 500] [--seed 0]
 Writes benchmarks/results/fleet.json: `optimal_share` (plans that cost the optimum), `infeasible_plans` (plans with a
 problem), the saving over one model per node, the solver's time, and the conditions tried.
 """
@@ -65,7 +65,7 @@ def simulated_fleet(rng: np.random.Generator) -> Fleet:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--fleets", type=int, default=200)
+    parser.add_argument("--fleets", type=int, default=500)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     rng = np.random.default_rng(args.seed)
