@@ -26,15 +26,12 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-from google.protobuf import text_format
 from provenance import RESULTS, recorded
-from tritonclient.grpc import model_config_pb2 as mc
 
 from tbench.capacity.evaluate import measure_rate, rate_measurement, start_rate
 from tbench.capacity.rate_search import RatePoint, find_sustainable_rate
 from tbench.capacity.statistics import PercentileRule
 from tbench.core.enums import Scenario
-from tbench.core.iospec import IoSpec, TensorSpec
 from tbench.core.layout import RunLayout, perf_log_for
 from tbench.loadgen.behind import behind_tolerance
 from tbench.loadgen.perf_analyzer import PerfInputs, Point, delayed_percent
@@ -42,54 +39,10 @@ from tbench.node import tools
 from tbench.request.benchmark import Measurement
 from tbench.stages.sweep import measure_point, warm_up
 from tbench.triton.process_server import EmbeddedServer
+from tbench.triton.sleeper import MODEL, SPEC, sleeper_repository
 
-MODEL = "sleeper"
-SPEC = IoSpec(
-    inputs=[TensorSpec(name="INPUT0", dtype="float32", shape=[1])],
-    outputs=[TensorSpec(name="OUTPUT0", dtype="float32", shape=[1])],
-)
 RULE = PercentileRule()  # p99 from 1,522 requests, as a capacity plan's default
 SLO_FACTORS = {"loose": 100.0, "tight": 3.0}
-
-MODEL_PY = '''
-import json
-import time
-
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    """Sleeps a fixed service time per request, then echoes its input: a server of known capacity."""
-
-    def initialize(self, args):
-        params = json.loads(args["model_config"])["parameters"]
-        self.service_s = float(params["service_ms"]["string_value"]) / 1000
-
-    def execute(self, requests):
-        responses = []
-        for request in requests:
-            end = time.perf_counter() + self.service_s
-            time.sleep(max(0.0, self.service_s - 0.001))
-            while time.perf_counter() < end:  # the last millisecond spun: sleep alone overshoots
-                pass
-            x = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
-            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", x)]))
-        return responses
-'''
-
-
-def sleeper_repository(repo: Path, service_ms: float) -> Path:
-    """A model repository with the sleeper: one CPU instance, max batch 1, no dynamic batcher."""
-    config = mc.ModelConfig(name=MODEL, backend="python", max_batch_size=1)
-    config.input.add(name="INPUT0", data_type=mc.TYPE_FP32, dims=[1])
-    config.output.add(name="OUTPUT0", data_type=mc.TYPE_FP32, dims=[1])
-    config.instance_group.add(count=1, kind=mc.ModelInstanceGroup.KIND_CPU)
-    config.parameters["service_ms"].string_value = f"{service_ms:g}"
-    model_dir = repo / MODEL
-    (model_dir / "1").mkdir(parents=True, exist_ok=True)
-    (model_dir / "config.pbtxt").write_text(text_format.MessageToString(config))
-    (model_dir / "1" / "model.py").write_text(MODEL_PY)
-    return repo
 
 
 def md1_sustainable_utilisation(slo_in_services: float, percentile: float = 99, arrivals: int = 2_000_000) -> float:

@@ -23,7 +23,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-from capacity_truth import MODEL, SPEC, sleeper_repository
 from provenance import RESULTS, recorded
 
 from tbench.core.enums import Scenario
@@ -33,6 +32,7 @@ from tbench.request.benchmark import Measurement
 from tbench.results.compare import EXIT_CODES, REGRESSION
 from tbench.stages.sweep import plan_points, run_sweep
 from tbench.triton.process_server import EmbeddedServer
+from tbench.triton.sleeper import MODEL, SPEC, sleeper_repository
 
 TBENCH = str(Path(sys.executable).with_name("tbench"))
 STATIC = {"model": MODEL, "model_size": "sleeper", "format": "python", "precision": "FP32", "gpu": "CPU"}

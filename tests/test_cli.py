@@ -61,7 +61,7 @@ runner = CliRunner()
         ),
         (
             ["search", "resnet50", "--preferred", "most"],
-            "error: invalid option: preferred: Value error, unknown preferred batch size rule 'most'",
+            "error: invalid option: preferred: unknown preferred batch size rule 'most'",
         ),
         (
             ["search", "resnet50", "--strategy", "random"],

@@ -43,13 +43,14 @@ SWEEP = [
 
 
 class CliRun:
-    """`tbench run ...` as a user starts it in a terminal: its own session, so a signal to its group is a Ctrl-C."""
+    """`tbench run ...` (or another `command`) as a user starts it in a terminal: its own session, so a signal to its
+    group is a Ctrl-C."""
 
-    def __init__(self, args: list[str], output: Path):
+    def __init__(self, args: list[str], output: Path, command: str = "run"):
         self.started = time.monotonic()
         self.lines: list[tuple[float, str]] = []
         self.proc = subprocess.Popen(
-            [TBENCH, "run", *args, "--output", str(output)],
+            [TBENCH, command, *args, "--output", str(output)],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,

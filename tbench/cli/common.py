@@ -166,7 +166,8 @@ def validation_line(err: ValueError) -> str:
     if isinstance(err, ValidationError) and err.errors():
         first = err.errors()[0]
         where = ".".join(str(p) for p in first.get("loc", ()))
-        return f"{where}: {first['msg']}" if where else first["msg"]
+        message = first["msg"].removeprefix("Value error, ")  # a validator's own message, as it wrote it
+        return f"{where}: {message}" if where else message
     return str(err).splitlines()[0]
 
 

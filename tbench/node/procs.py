@@ -137,13 +137,16 @@ def _wait_gone(pid: int, timeout_s: float = 10.0) -> None:
         time.sleep(0.05)
 
 
-def kill_own_children() -> None:
-    """The last resort of a second Ctrl-C: kill every child this process started and still has."""
+def kill_own_children(argv0: str | None = None) -> None:
+    """The last resort of a second Ctrl-C: kill every child this process started and still has (only those whose
+    program is `argv0`, where given: the perf_analyzers that threads of this process wait on, say)."""
     folder = registry_dir()
     for path in folder.glob("*.json") if folder.is_dir() else []:
         try:
             entry = json.loads(path.read_text())
         except (OSError, ValueError):
+            continue
+        if argv0 is not None and entry.get("argv0") != argv0:
             continue
         if entry.get("owner") == os.getpid() and (alive(entry["pid"], entry.get("started")) or entry.get("container")):
             _kill_and_clean(entry)
