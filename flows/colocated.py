@@ -5,6 +5,7 @@ each rate point with an SLO is judged as a capacity plan judges one (tbench.capa
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 
 import pandas as pd
@@ -16,6 +17,7 @@ from tbench.capacity.evaluate import exported_requests, rate_measurement
 from tbench.capacity.rate_search import judge
 from tbench.capacity.statistics import PercentileRule
 from tbench.core.errors import PerfAnalyzerError
+from tbench.core.layout import RunLayout
 from tbench.node import hardware as hw
 from tbench.node import tools
 from tbench.request.colocated import ColocatedRequest
@@ -39,47 +41,70 @@ def colocated_flow(request: ColocatedRequest) -> str:
 
 
 def _measure(req: ColocatedRequest, hardware, tracker: RunTracker) -> str:
-    layout = tracker.layout
-    server, rows = None, []
-    rule = PercentileRule(percentile=req.percentile)
+    rows: list[dict] = []
 
-    def keep(row: dict) -> None:  # each row is judged and saved as it is measured
-        rows.append(row | slo_verdict(row, rule, layout))
+    def keep(row: dict) -> None:  # saved as it is measured
+        rows.append(row)
         tracker.save_points("colocated", pd.DataFrame(rows))
 
     try:
-        with tracker.stage("server"):
+        measure_colocated(req, hardware, tracker, tracker.layout, keep)
+    except BaseException as err:
+        _finish(tracker, req, hardware, error=err)
+        raise
+    url = _finish(tracker, req, hardware)
+    if tracker.status == FAILED:
+        raise PerfAnalyzerError(f"{tracker.status_line}; the run folder is {url}")
+    return url
+
+
+def measure_colocated(
+    req: ColocatedRequest, hardware, tracker: RunTracker, layout: RunLayout, keep: Callable[[dict], None], prefix=""
+) -> None:
+    """The stages of a co-located measurement, in `layout` (the run folder, or a folder in it), each row judged and
+    passed to `keep` as it is measured; the server is stopped at the end, whatever happened. `prefix` names the
+    stages (several measurements in one run)."""
+    server = None
+    folder = layout.run_dir.relative_to(tracker.layout.run_dir)
+
+    def judged(row: dict) -> None:
+        percentile = row.get("slo_percentile") or req.percentile  # the load's own, else the request's
+        row = row | slo_verdict(row, PercentileRule(percentile=int(percentile)), layout)
+        if folder.parts and isinstance(row.get("source_file"), str):  # relative to the run folder
+            row["source_file"] = f"{folder.as_posix()}/{row['source_file']}"
+        keep(row)
+
+    layout.logs_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        with tracker.stage(f"{prefix}server"):
             if req.server_url:
                 server = ServedServer(req.server_url, layout.server_log)
             else:
-                merged = merged_repository(req.repositories, layout.repository_dir)
-                tracker.environment["models_served"] = merged
+                names = {load.name for load in req.loads} if req.only_loaded else None
+                merged = merged_repository(req.repositories, layout.repository_dir, names)
+                tracker.environment.setdefault("models_served", {})[str(folder)] = merged
                 ports = {"http_port": req.http_port, "grpc_port": req.grpc_port}
                 server = make_server(req.server, layout.repository_dir, layout.server_log, **ports)
             server.start()
-            tracker.environment["server"] = server.identity()
-        with tracker.stage("inputs"):
+            tracker.environment.setdefault("server", server.identity())
+        with tracker.stage(f"{prefix}inputs"):
             placed = [place(load, server, layout) for load in req.loads]
         colo = Colocation(
             server,
             tools.perf_analyzer_binary(),
             tools.perf_analyzer_env(),
-            rate_measurement(req.resolved_measurement(), rule),  # enough requests for the percentile
+            rate_measurement(req.resolved_measurement(), PercentileRule(percentile=req.percentile)),
             layout,
             gpu_uuids=() if req.server_url else tuple(hardware.gpu_uuids),
         )
         if req.alone:
-            with tracker.stage("alone"):
-                measure_alone(placed, colo, keep)
-        with tracker.stage("together"):
-            measure_together(placed, colo, keep)
-    except BaseException as err:
-        _finish(tracker, req, hardware, server, error=err)
-        raise
-    url = _finish(tracker, req, hardware, server)
-    if tracker.status == FAILED:
-        raise PerfAnalyzerError(f"{tracker.status_line}; the run folder is {url}")
-    return url
+            with tracker.stage(f"{prefix}alone"):
+                measure_alone(placed, colo, judged)
+        with tracker.stage(f"{prefix}together"):
+            measure_together(placed, colo, judged)
+    finally:
+        if server is not None:
+            server.stop()
 
 
 def place(load, server, layout) -> Placed:
@@ -118,7 +143,7 @@ def slo_verdict(row: dict, rule: PercentileRule, layout) -> dict:
     return {"slo": point.status, "slo_reason": point.reason, "slo_latency_ms": point.latency_ms}
 
 
-def _finish(tracker: RunTracker, req: ColocatedRequest, hardware, server, error: BaseException | None = None) -> str:
+def _finish(tracker: RunTracker, req: ColocatedRequest, hardware, error: BaseException | None = None) -> str:
     layout = tracker.layout
     manifest = {
         "request": req.model_dump(mode="json"),
@@ -134,4 +159,4 @@ def _finish(tracker: RunTracker, req: ColocatedRequest, hardware, server, error:
             (layout.run_dir / COLOCATED_MD).write_text(text)
             manifest["summary"] = {"colocated": COLOCATED_MD}
 
-    return finish_run(tracker, error, manifest, server=server, output=req.output, report=report)
+    return finish_run(tracker, error, manifest, server=None, output=req.output, report=report)

@@ -4,6 +4,7 @@ while together."""
 
 from __future__ import annotations
 
+import json
 import signal
 import time
 from pathlib import Path
@@ -167,3 +168,32 @@ def test_two_models_alone_together_and_a_ctrl_c_while_together(tmp_path):
     assert sorted(kept["colocation"]) == [ALONE, ALONE]
     assert not leftovers(stopped_dir)
     assert not list(Path(stopped_dir).glob("model_repository/*/1/__pycache__/*.lock"))
+
+
+@pytest.mark.e2e
+def test_a_fleet_packing_that_fails_its_measurement_is_planned_around(tmp_path):
+    """Two sleepers whose sustainable rates the fleet file overstates (fast: 300/s claimed, 200/s true; slow: 150/s
+    claimed, 100/s true): the plan puts both on one node at 0.96 of it, their measurement together misses the tight
+    SLOs, and the plan reported has them on a node each."""
+    from test_faults import CliRun, leftovers
+
+    from tbench.capacity.fleet_report import FLEET_JSON
+
+    sleeper_repository(tmp_path / "repo", 5, name="fast")
+    sleeper_repository(tmp_path / "repo", 10, name="slow")
+    (tmp_path / "fleet.yaml").write_text(
+        "headroom: 0.2\npools:\n  - {name: cpu, usd_per_hour: 0.1}\nmodels:\n"
+        "  - {name: fast, traffic_rps: 120, slo_ms: 8, percentile: 90, sustainable_rps: {cpu: 300}, repository: repo}\n"
+        "  - {name: slow, traffic_rps: 60, slo_ms: 15, percentile: 90, sustainable_rps: {cpu: 150}, repository: repo}\n"
+    )
+    run = CliRun([str(tmp_path / "fleet.yaml"), "--pool", "cpu"], tmp_path / "runs", command="fleet")
+    assert run.finish(timeout=400) == 0, run.output
+    record = json.loads((run.run_dir() / FLEET_JSON).read_text())
+    [failed] = record["confirmations"]
+    assert failed["held"] is False and failed["models"] == ["fast", "slow"], failed
+    assert [r["planned_around"] for r in record["rounds"]] == [[], [["fast", "slow"]]]
+    assert [sorted(n["rates_rps"]) for n in record["plan"]["nodes"]] in ([["fast"], ["slow"]], [["slow"], ["fast"]])
+    assert record["plan"]["usd_per_hour"] == pytest.approx(0.2)
+    text = (run.run_dir() / "fleet.md").read_text()
+    assert "## Packings that failed their measurement (planned around)" in text and "- fast + slow on cpu: " in text
+    assert not leftovers(run.run_dir())

@@ -119,3 +119,16 @@ def test_a_model_that_runs_on_no_pool_is_one_line_naming_the_fix():
 def test_a_fleet_that_cannot_be_planned_is_refused_before_planning(models, pools, message):
     with pytest.raises(ValidationError, match=message):
         Fleet(models=models, pools=pools)
+
+
+def test_a_group_that_failed_its_confirmation_never_shares_a_node_again():
+    fleet = Fleet(
+        models=[model("a", 100, {"t4": 400}), model("b", 50, {"t4": 200}), model("c", 30, {"t4": 100})],
+        pools=[T4, A100],
+    )
+    assert len(plan_fleet(fleet).nodes) == 1  # all three on one t4
+    replanned = plan_fleet(fleet, forbidden=[("t4", frozenset({"a", "b", "c"}))])
+    assert all(set(n.rates_rps) != {"a", "b", "c"} for n in replanned.nodes)
+    assert replanned.usd_per_hour == pytest.approx(1.0) and plan_problems(fleet, replanned) == []
+    # forbidden on a t4 only: an a100 may still hold the three (dearer than two t4s here, so it does not)
+    assert replanned.nodes_per_pool == {"t4": 2}

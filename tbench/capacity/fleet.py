@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import time
+from typing import Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -50,12 +51,15 @@ class FleetModel(BaseModel):
     name: str = Field(min_length=1)
     traffic_rps: float = Field(gt=0)
     slo_ms: float = Field(gt=0)
-    percentile: float = Field(99.0, gt=0, lt=100)
+    percentile: Literal[50, 90, 95, 99] = Field(99, description="The latency percentile the SLO bounds.")
     batch_size: int = Field(1, ge=1, description="Inferences per request (for the cost per million inferences).")
     sustainable_rps: dict[str, float] = Field(
         description="Per pool: the rate one node sustains for this model alone within its SLO (tbench capacity)."
     )
     memory_mb: float = Field(0.0, ge=0, description="Device memory the model takes on a node, all instances.")
+    repository: str | None = Field(
+        None, description="A Triton model repository holding the model (by `name`): a packing is confirmed from it."
+    )
 
 
 class Fleet(BaseModel):
@@ -111,6 +115,22 @@ class ModelCost(BaseModel):
     usd_per_million: float = Field(description="At its traffic, per million inferences (requests x batch).")
 
 
+class Confirmation(BaseModel):
+    """A shared node's models measured together at their planned rates (with the headroom) on a node of its pool."""
+
+    pool: str
+    models: list[str]
+    rates_rps: dict[str, float] = Field(description="The rates measured: each model's planned rate with the headroom.")
+    held: bool | None = Field(description="Every model kept up within its SLO; None: not measured (why in reason).")
+    reason: str = ""
+    folder: str = Field("", description="The measurement's folder in the run folder.")
+    points: dict[str, dict] = Field({}, description="Per model: status, SLO verdict, percentile, throughput.")
+
+    @property
+    def key(self) -> tuple[str, frozenset[str]]:
+        return self.pool, frozenset(self.models)
+
+
 class FleetPlan(BaseModel):
     """The cheapest assignment found, beside one model per node, with what it rests on."""
 
@@ -140,8 +160,12 @@ def _alone_cost(fleet: Fleet) -> tuple[float, dict[str, tuple[FleetPool, int]]]:
     return total, choice
 
 
-def plan_fleet(fleet: Fleet, time_limit_s: float = SOLVER_SECONDS) -> FleetPlan:
-    """The cheapest plan (see the module's docstring). Raises ConfigError where a model runs on no pool."""
+def plan_fleet(
+    fleet: Fleet, time_limit_s: float = SOLVER_SECONDS, forbidden: list[tuple[str, frozenset[str]]] = ()
+) -> FleetPlan:
+    """The cheapest plan (see the module's docstring). `forbidden`: (pool, models) that must not share a node of the
+    pool, all of them together (a packing whose measurement failed its confirmation; with more models beside them it
+    would not hold either). Raises ConfigError where a model runs on no pool."""
     alone, _ = _alone_cost(fleet)
     models, pools = fleet.models, fleet.pools
     loads = [[fleet.load(m, p) for p in pools] for m in models]
@@ -181,6 +205,10 @@ def plan_fleet(fleet: Fleet, time_limit_s: float = SOLVER_SECONDS) -> FleetPlan:
             row({opener: models[j].memory_mb - pools[k].memory_mb} | memory, -np.inf, 0.0)
         for n, _ in members:
             row({n: 1.0, opener: -1.0}, -np.inf, 0.0)
+        for pool, group in forbidden:  # at most all but one of the group on this node
+            on_node = {index[("z", i, j, k)] for i in range(j, len(models)) if fits[i][k] and models[i].name in group}
+            if pools[k].name == pool and len(on_node) == len(group) > 1:
+                row(dict.fromkeys(on_node, 1.0), -np.inf, len(group) - 1.0)
     started = time.monotonic()
     result = milp(
         np.array(costs),

@@ -3,6 +3,9 @@ the CLI validates it before a run starts and the Prefect UI shows it as a form."
 
 from __future__ import annotations
 
+import os
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from tbench.capacity.rate_search import MAX_POINTS, REPEATS, TOLERANCE
@@ -72,3 +75,29 @@ class CapacityRequest(BaseModel):
             strategy=self.strategy,
             budget_fraction=self.budget_fraction,
         )
+
+
+class FleetRequest(BaseModel):
+    """A fleet plan: the fleet file, and how its packings are confirmed (each shared node of this machine's pool
+    measured with its models together at their planned rates)."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    fleet: str = Field(description="The fleet file (YAML or JSON): models, their traffic, SLOs and rates, and pools.")
+    prices: str | None = Field(None, description="Price table CSV for pools the fleet file does not price.")
+    confirm: bool = Field(True, description="Measure each shared node of this machine's pool before reporting it.")
+    rounds: int = Field(
+        4, ge=1, le=20, description="Plans tried at most: a packing that fails its measurement is planned around."
+    )
+    pool: str | None = Field(None, description="This machine's pool; from the worker's pool or its GPU by default.")
+    server: Literal["embedded", "local", "docker"] = Field(
+        default_factory=lambda: os.environ.get("TBENCH_SERVER", "embedded"),
+        description="The server mode that serves a node's models for its confirmation.",
+    )
+    window_s: float | None = Field(None, gt=0, description="perf_analyzer's window, in seconds, for confirmations.")
+    output: str = Field(
+        default_factory=lambda: os.environ.get("TBENCH_ARTIFACT_ROOT", "runs"),
+        description="Artifact root: a local folder or any fsspec URL.",
+    )
+    http_port: int | None = Field(None, ge=1, le=65535)
+    grpc_port: int | None = Field(None, ge=1, le=65535)

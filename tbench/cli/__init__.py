@@ -18,7 +18,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's start-up bann
 
 import typer  # noqa: E402
 
-from tbench.cli import colocate, node, remote, results, run, search, stack  # noqa: E402
+from tbench.cli import colocate, fleet, node, remote, results, run, search, stack  # noqa: E402
 from tbench.cli.common import (  # noqa: E402
     _dims,
     _shape_range,
@@ -49,6 +49,7 @@ app.command()(run.run)
 app.command()(search.search)
 app.command()(search.capacity)
 app.command()(colocate.colocate)
+app.command()(fleet.fleet)
 app.command()(results.compare)
 app.command()(remote.submit)
 app.command()(remote.upload)

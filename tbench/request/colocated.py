@@ -26,6 +26,7 @@ class ModelLoad(BaseModel):
     concurrency: int | None = Field(None, ge=1, description="Requests in flight (closed loop).")
     batch: int = Field(1, ge=1, description="Samples per request.")
     slo_ms: float | None = Field(None, gt=0, description="The latency the percentile must stay within, if any.")
+    percentile: Literal[50, 90, 95, 99] | None = Field(None, description="The SLO's percentile; the request's if none.")
 
     @model_validator(mode="after")
     def _one_load(self) -> ModelLoad:
@@ -81,6 +82,9 @@ class ColocatedRequest(BaseModel):
     server: Literal["embedded", "local", "docker", "remote"] = Field(
         default_factory=lambda: os.environ.get("TBENCH_SERVER", "embedded"),
         description="With repositories: the server mode that serves them (remote with server_url).",
+    )
+    only_loaded: bool = Field(
+        False, description="Serve only the models given a load (else every model of the repositories)."
     )
     alone: bool = Field(True, description="Measure each model alone first, for the interference.")
     percentile: Literal[50, 90, 95, 99] = Field(99, description="The latency percentile reported and held to slo_ms.")

@@ -82,15 +82,18 @@ class Colocation:
         )
 
 
-def merged_repository(repositories: list[Path], into: Path) -> list[str]:
-    """One model repository holding every model of `repositories` (links to their folders); returns the models'
-    names. Two models of one name are a ConfigError: the server could serve only one of them."""
+def merged_repository(repositories: list[Path], into: Path, only: set[str] | None = None) -> list[str]:
+    """One model repository holding every model of `repositories` (`only` those named, where given), as links to
+    their folders; returns the models' names. Two models of one name are a ConfigError: the server could serve only
+    one of them."""
     into.mkdir(parents=True, exist_ok=True)
     found: dict[str, Path] = {}
     for repo in repositories:
         for model in sorted(p for p in Path(repo).expanduser().resolve().iterdir() if p.is_dir()):
             if not ((model / "config.pbtxt").is_file() or any(v.name.isdigit() for v in model.iterdir())):
                 continue  # not a model: a model folder holds its config or numbered versions
+            if only is not None and model.name not in only:
+                continue
             if model.name in found:
                 raise ConfigError(
                     f"model {model.name} is in two repositories ({found[model.name].parent} and {repo}): "
@@ -175,4 +178,5 @@ def labels(p: Placed, colocation: str, others: list[str]) -> dict:
         "colocation": colocation,
         "colocated_with": ",".join(others),
         "slo_ms": load.slo_ms,
+        "slo_percentile": load.percentile,
     }
