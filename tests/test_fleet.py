@@ -132,3 +132,76 @@ def test_a_group_that_failed_its_confirmation_never_shares_a_node_again():
     assert replanned.usd_per_hour == pytest.approx(1.0) and plan_problems(fleet, replanned) == []
     # forbidden on a t4 only: an a100 may still hold the three (dearer than two t4s here, so it does not)
     assert replanned.nodes_per_pool == {"t4": 2}
+
+
+def fleet_file(tmp_path, text: str, name: str = "fleet.yaml"):
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+GOOD = """
+headroom: 0.1
+pools:
+  - name: cpu
+  - {name: t4, usd_per_hour: 0.5, memory_mb: 16000}
+models:
+  - {name: a, traffic_rps: 10, slo_ms: 50, sustainable_rps: {cpu: 40, t4: 200}, repository: repo}
+  - {name: b, traffic_rps: 5, slo_ms: 80, percentile: 95, sustainable_rps: {t4: 100}}
+"""
+
+
+def test_a_fleet_file_reads_prices_from_the_table_and_repositories_from_its_folder(tmp_path):
+    from tbench.capacity.costs import load_prices, price_for
+    from tbench.capacity.fleet_file import load_fleet
+
+    (tmp_path / "repo").mkdir()
+    fleet = load_fleet(fleet_file(tmp_path, GOOD))
+    cpu = next(p for p in fleet.pools if p.name == "cpu")
+    assert cpu.usd_per_hour == pytest.approx(float(price_for(load_prices(), "cpu")["usd_per_hour"]))
+    assert fleet.models[0].repository == str((tmp_path / "repo").resolve()) and fleet.models[1].percentile == 95
+    as_json = fleet_file(tmp_path, fleet.model_dump_json(), "fleet.json")
+    assert load_fleet(as_json) == fleet
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("models: [\n", "is not valid YAML"),
+        ("- a\n- b\n", "must hold a mapping with models and pools"),
+        (GOOD.replace("name: cpu", "name: tpu"), "pool 'tpu' has no usd_per_hour and the price table has no row"),
+        (GOOD.replace("repository: repo", "repository: nowhere"), "model 'a': repository"),
+        (GOOD.replace("traffic_rps: 10", "traffic_rps: -1"), "models.0.traffic_rps: Input should be greater than 0"),
+        (GOOD.replace("{t4: 100}", "{v100: 100}"), "names a pool not in the fleet's pools: v100"),
+        (GOOD.replace("percentile: 95", "percentile: 97"), "models.1.percentile: Input should be 50, 90, 95 or 99"),
+    ],
+)
+def test_a_fleet_file_with_a_mistake_is_one_line_naming_it(tmp_path, text, message):
+    from tbench.capacity.fleet_file import load_fleet
+
+    (tmp_path / "repo").mkdir()
+    with pytest.raises(ConfigError, match=message) as err:
+        load_fleet(fleet_file(tmp_path, text))
+    assert "\n" not in str(err.value)
+
+
+def test_the_report_says_what_was_measured_and_what_was_planned_around():
+    from tbench.capacity.fleet import Confirmation
+    from tbench.capacity.fleet_report import fleet_markdown
+
+    fleet = Fleet(
+        models=[model("a", 100, {"t4": 400}), model("b", 50, {"t4": 200}), model("c", 30, {"t4": 100})],
+        pools=[T4],
+    )
+    failed = Confirmation(
+        pool="t4", models=["a", "b", "c"], rates_rps={}, held=False, reason="c: p99 40 ms > SLO 30 ms", folder="c-1"
+    )
+    plan = plan_fleet(fleet, forbidden=[failed.key])
+    pair = next(n for n in plan.nodes if n.shared)
+    held = Confirmation(pool="t4", models=sorted(pair.rates_rps), rates_rps={}, held=True, folder="c-2")
+    text = fleet_markdown(fleet, plan, [failed, held], [{}, {}])
+    assert "**$1/hour** on 2 x t4, against $1.5/hour with one model per node (33% less)" in text
+    assert "Every shared node was measured with its models together" in text
+    assert "held, measured together (c-2/)" in text
+    assert "- a + b + c on t4: c: p99 40 ms > SLO 30 ms (c-1/)" in text
+    assert "**No plan held.**" in fleet_markdown(fleet, None, [failed], [{}])
