@@ -76,8 +76,10 @@ def model_section(model: type[BaseModel], seen: set) -> list[str]:
 
 def request_page() -> str:
     from flows.matrix import MatrixRequest
-    from tbench.capacity.request import CapacityRequest
+    from tbench.capacity.fleet import Fleet
+    from tbench.capacity.request import CapacityRequest, FleetRequest
     from tbench.request.benchmark import BenchmarkRequest
+    from tbench.request.colocated import ColocatedRequest
     from tbench.search.request import SearchRequest
 
     lines = [
@@ -88,8 +90,10 @@ def request_page() -> str:
         "",
     ]
     seen: set = set()
-    for model in (BenchmarkRequest, SearchRequest, CapacityRequest, MatrixRequest):
+    for model in (BenchmarkRequest, SearchRequest, CapacityRequest, MatrixRequest, ColocatedRequest, FleetRequest):
         lines += model_section(model, seen)
+    lines += ["# The fleet file", "", "What `tbench fleet FLEET` reads (YAML or JSON).", ""]
+    lines += model_section(Fleet, seen)
     return "\n".join(lines) + "\n"
 
 

@@ -62,13 +62,16 @@ def test_the_cli_reference_has_every_command_and_option(site):
 
 def test_the_request_results_and_deployment_references_are_complete(site):
     from flows.matrix import MatrixRequest
-    from tbench.capacity.request import CapacityRequest
+    from tbench.capacity.fleet import Fleet, FleetModel, FleetPool
+    from tbench.capacity.request import CapacityRequest, FleetRequest
     from tbench.core.metrics import COLUMN_DESCRIPTIONS, RESULT_COLUMNS
     from tbench.request.benchmark import BenchmarkRequest
+    from tbench.request.colocated import ColocatedRequest, ModelLoad
     from tbench.search.request import SearchRequest
 
     requests = page_text(site, "reference/request")
-    for model in (BenchmarkRequest, SearchRequest, CapacityRequest, MatrixRequest):
+    models = (BenchmarkRequest, SearchRequest, CapacityRequest, MatrixRequest, ColocatedRequest, ModelLoad, FleetRequest)
+    for model in (*models, Fleet, FleetModel, FleetPool):
         assert model.__name__ in requests
         assert not [f for f in model.model_fields if f not in requests], model
     assert set(RESULT_COLUMNS) == set(COLUMN_DESCRIPTIONS)
