@@ -3,9 +3,13 @@ GPU kinds with their prices and memory), the cost of tbench's plan (tbench.capac
 program) against the least cost found by exhaustive search over every partition of the models (exhaustive_cost), each
 plan checked from its nodes alone (plan_problems: every model's traffic served, no node over its load or memory).
 
-Usage: .venv/bin/python benchmarks/fleet.py [--fleets 500] [--seed 0]
+Then, unless --simulated-only, a real fleet of three models planned and confirmed on this machine, and the
+interference of two of them on one server (benchmarks/fleet_real.py: 15-25 minutes).
+
+Usage: .venv/bin/python benchmarks/fleet.py [--fleets 500] [--seed 0] [--simulated-only]
 Writes benchmarks/results/fleet.json: `optimal_share` (plans that cost the optimum), `infeasible_plans` (plans with a
-problem), the saving over one model per node, the solver's time, and the conditions tried.
+problem), the saving over one model per node, the solver's time, the conditions tried, and `real_fleet` and
+`interference`.
 """
 
 from __future__ import annotations
@@ -13,7 +17,9 @@ from __future__ import annotations
 import argparse
 import math
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 from provenance import RESULTS, recorded
@@ -63,10 +69,25 @@ def simulated_fleet(rng: np.random.Generator) -> Fleet:
     return Fleet(models=models, pools=pools)
 
 
+def real(record) -> None:
+    """The real fleet and the interference (benchmarks/fleet_real.py), saved as each part ends."""
+    import fleet_real
+
+    record.model_sizes += ["tiny image model (ONNX file)", "resnet50 small", "sleeper 10 ms"]
+    work = Path(tempfile.mkdtemp(prefix="tbench-fleet-bench-"))
+    repos = fleet_real.repositories(work)
+    record["sustainable_rates"] = rates = fleet_real.sustainable_rates(repos, work)
+    record.save()
+    record["interference"] = fleet_real.interference(repos, rates, work)
+    record.save()
+    record["real_fleet"] = fleet_real.real_fleet(repos, rates, work)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--fleets", type=int, default=500)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--simulated-only", action="store_true", help="Leave out the real fleet and interference.")
     args = parser.parse_args()
     rng = np.random.default_rng(args.seed)
     with recorded(RESULTS / "fleet.json", model_sizes=["simulated fleets of known capacities"]) as record:
@@ -114,6 +135,8 @@ def main() -> int:
                 "models_seen": {"min": int(min(sizes)), "max": int(max(sizes))},
             },
         )
+        if not args.simulated_only:
+            real(record)
         print(
             f"fleets {len(optimal)}: optimal {record['optimal_share']:.3f}, infeasible {record['infeasible_plans']}, "
             f"saving median {record['saving_over_one_model_per_node']['median']:.1%}, "
