@@ -161,7 +161,7 @@ def _sweep(plan: RunPlan, tracker: RunTracker, server, model, scenario: Scenario
     with tracker.stage(key):
         perf_task(
             scenario,
-            [replace(p, shapes=shapes.tag) for p in plan.points(scenario)],
+            [replace(p, shapes=shapes.tag) for p in plan.points(scenario, tracker.layout.run_dir / "arrivals")],
             model=model.name,
             grpc_url=server.endpoints.grpc_url,
             spec=model.spec,

@@ -14,6 +14,7 @@ from tasks.report import served_report_task
 from tbench.core.errors import PerfAnalyzerError
 from tbench.core.handover import local_path
 from tbench.core.measured import input_data_label
+from tbench.loadgen.arrivals import with_intervals
 from tbench.request.benchmark import BenchmarkRequest
 from tbench.request.served import ServedSweep, check_served, resolve_served
 from tbench.results.point_cache import tool_versions
@@ -78,13 +79,19 @@ def _measure(req: BenchmarkRequest, hardware, name: str, version: str, tracker: 
         sweep = resolve_served(req, served.config.max_batch_size, hardware.has_gpu)
         labels = _labels(served, adapter.given_samples)
         for scenario in sweep.scenarios:
-            points = plan_points(
-                [scenario],
-                sweep.batch_sizes,
-                sweep.concurrency,
-                sweep.request_rates,
-                sweep.request_distribution,
-                sweep.online_batch_size,
+            points = with_intervals(
+                plan_points(
+                    [scenario],
+                    sweep.batch_sizes,
+                    sweep.concurrency,
+                    sweep.request_rates,
+                    sweep.request_distribution,
+                    sweep.online_batch_size,
+                ),
+                req.trace,
+                req.burstiness,
+                sweep.measurement.seed,
+                layout.run_dir / "arrivals",
             )
             for shapes in shape_sets:  # one set unless the user swept shapes
                 key = "-".join(filter(None, ("perf", scenario.value, served.format, shapes.tag)))

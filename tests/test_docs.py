@@ -70,8 +70,8 @@ def test_the_request_results_and_deployment_references_are_complete(site):
     from tbench.search.request import SearchRequest
 
     requests = page_text(site, "reference/request")
-    models = (BenchmarkRequest, SearchRequest, CapacityRequest, MatrixRequest, ColocatedRequest, ModelLoad, FleetRequest)
-    for model in (*models, Fleet, FleetModel, FleetPool):
+    flows = (BenchmarkRequest, SearchRequest, CapacityRequest, MatrixRequest, ColocatedRequest, FleetRequest)
+    for model in (*flows, ModelLoad, Fleet, FleetModel, FleetPool):
         assert model.__name__ in requests
         assert not [f for f in model.model_fields if f not in requests], model
     assert set(RESULT_COLUMNS) == set(COLUMN_DESCRIPTIONS)

@@ -89,7 +89,14 @@ def run(
     request_rates: str = typer.Option(
         None, "--request-rates", help=field_help("request_rates", "On the command line: 10,20,40.")
     ),
-    distribution: str = typer.Option("poisson", help=field_help("request_distribution", "poisson or constant.")),
+    distribution: str = typer.Option(
+        "poisson", help=field_help("request_distribution", "poisson, constant or gamma (bursty).")
+    ),
+    burstiness: float = typer.Option(2.0, help=field_help("burstiness")),
+    trace: str = typer.Option(None, "--trace", help=field_help("trace")),
+    trace_speed: str = typer.Option(
+        None, "--trace-speed", help=field_help("trace_speeds", "On the command line: 1,2,4.")
+    ),
     max_batch_size: int = typer.Option(None, help="Triton max_batch_size."),
     instances: int = typer.Option(None, help="Model instances (instance_group count)."),
     preferred_batch_sizes: str = typer.Option(None, help="Dynamic batching preferred batch sizes, e.g. 4,8."),
@@ -142,6 +149,9 @@ def run(
             online_batch_size=online_batch_size,
             request_rates=parse_float_list(request_rates, "request rates"),
             request_distribution=distribution,
+            burstiness=burstiness,
+            trace=trace,
+            trace_speeds=parse_float_list(trace_speed, "trace speeds"),
             max_batch_size=max_batch_size,
             model_instances=instances,
             preferred_batch_sizes=parse_int_list(preferred_batch_sizes, "preferred batch sizes"),

@@ -83,6 +83,9 @@ _MEASUREMENT = {
     "throughput_cv": "The point's own noise: the coefficient of variation of its throughput over the stable windows",
     "latency_cv": "The coefficient of variation of its average latency over the stable windows",
     "delayed_pct": "Of a rate point, the requests perf_analyzer could not send on schedule, in %",
+    "arrivals_median_error_us": "Of a bursty or trace rate point, the median absolute difference between the intervals "
+    "perf_analyzer sent at and its schedule's, in microseconds (from the exported requests)",
+    "arrivals_p99_error_us": "The same difference's 99th percentile, in microseconds",
     "requests_from": "What a rate point's verdict (kept up or not) read: export (perf_analyzer's per-request export), "
     "server trace (Triton's per-request timestamps, for requests too large to export) or windows (neither: the "
     "windows' averages, a weaker test)",

@@ -93,9 +93,9 @@ def arrival_stability(stability_pct: float, requests: int, distribution: str) ->
     throughput rule could only fail (5 req/s, 20-request windows: spreads of 45%). Widened to two of those standard
     deviations (3 windows then agree about 96% of the time) where that is larger; whether the server kept up is
     judged by `kept_up` over the merged windows, not by this."""
-    if distribution != "poisson":
+    if distribution == "constant":
         return stability_pct
-    return max(stability_pct, round(200 / math.sqrt(max(requests, 1)), 1))
+    return max(stability_pct, round(200 / math.sqrt(max(requests, 1)), 1))  # bursty or a trace: at least as noisy
 
 
 def latency_rise(log_text: str) -> tuple[float, float, int] | None:

@@ -27,8 +27,12 @@ class Point:
     batch_size: int
     concurrency: int | None  # None for request-rate points: open loop, no fixed number of clients
     rate: float | None = None  # requests per second (rate scenario)
-    distribution: str = "constant"  # request arrivals: constant or poisson (rate scenario)
+    distribution: str = "constant"  # request arrivals: constant, poisson, or gamma / trace (sent from `intervals`)
     shapes: str = ""  # the shape set of a --shape sweep (tbench.core.shape_sets.shape_tags); "" without a sweep
+    # gamma (bursty) and trace arrivals: perf_analyzer's --request-intervals file (tbench.loadgen.arrivals); `rate`
+    # is then their mean rate
+    intervals: str = ""
+    schedule_requests: int = 0  # a trace's requests: the point's 3 windows hold at least the whole trace once
 
     @property
     def label(self) -> str:
@@ -88,6 +92,8 @@ def shape_args(spec: IoSpec, shapes: dict[str, list[int]] | None, varying: tuple
 
 
 def load_args(point: Point) -> list[str]:
+    if point.intervals:  # its own schedule, looped; asynchronous, as below
+        return ["--request-intervals", point.intervals, "--async"]
     if point.rate is not None:
         # asynchronous calls: open-loop arrivals are sent on schedule however many requests are in flight (synchronous
         # calls wait for a free client thread, and fall behind the offered rate as latency grows)

@@ -28,6 +28,7 @@ INPUT_PATHS = {
     "checkpoint": "--checkpoint",
     "dataset": "--dataset",
     "baseline": "--baseline",
+    "trace": "--trace",
 }
 
 

@@ -16,6 +16,7 @@ from tbench.core.enums import Format, Scenario
 from tbench.core.iospec import IoSpec
 from tbench.core.measured import input_data_label, shapes_label
 from tbench.core.precision import results_precision
+from tbench.loadgen.arrivals import with_intervals
 from tbench.loadgen.perf_analyzer import PerfInputs, Point
 from tbench.node.hardware import Hardware
 from tbench.planning.plan import (
@@ -98,9 +99,10 @@ class RunPlan:
         """perf_analyzer's view of the GPUs: the server's GPU only (its CUDA memory is there)."""
         return pinned_env(self.req.server, self.hardware)
 
-    def points(self, scenario: Scenario) -> list[Point]:
+    def points(self, scenario: Scenario, arrivals: Path | None = None) -> list[Point]:
+        """The scenario's points; bursty or trace arrivals get their intervals files, written in `arrivals`."""
         req = self.req
-        return plan_points(
+        points = plan_points(
             [scenario],
             req.batch_sizes,
             req.concurrency,
@@ -108,6 +110,9 @@ class RunPlan:
             req.request_distribution,
             req.online_batch_size,
         )
+        if arrivals is None:
+            return points
+        return with_intervals(points, req.trace, req.burstiness, req.measurement.seed, arrivals)
 
     def one_device(self, models: dict[str, tuple[Format, bool]]) -> ServedOn:
         """Where models that take turns under one config run (a search's variants, per name: (format, served

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from tbench.core.enums import Format, Precision, Scenario
 from tbench.core.errors import ConfigError
 from tbench.core.precision import GPU_BUILT, check_precision
-from tbench.request.load import checked_load
+from tbench.request.load import arrival_load, checked_load
 from tbench.request.server_options import check_server_options
 from tbench.request.trt_profiles import (
     DEFAULT_CALIBRATION_SAMPLES,
@@ -260,8 +260,20 @@ class BenchmarkRequest(BaseModel):
     request_rates: list[float] | None = Field(
         None, description="Rate scenario: requests per second, e.g. [10, 20, 40]."
     )
-    request_distribution: Literal["constant", "poisson"] = Field(
-        "poisson", description="Rate scenario: request arrivals."
+    request_distribution: Literal["constant", "poisson", "gamma"] = Field(
+        "poisson", description="Rate scenario: request arrivals (gamma: bursty, its intervals' CV the burstiness)."
+    )
+    burstiness: float = Field(
+        2.0, gt=0, le=20, description="gamma arrivals: the CV of the intervals (1: Poisson; above 1, bursts and lulls)."
+    )
+    trace: str | None = Field(
+        None,
+        description="Rate scenario: replay this trace of request timestamps (a CSV with a timestamp column in "
+        "seconds, JSONL of {timestamp}, or one per line) through perf_analyzer's custom intervals, at each "
+        "trace_speeds.",
+    )
+    trace_speeds: list[float] | None = Field(
+        None, description="trace: the speed-ups it is replayed at ([1.0] by default; 2.0 sends it twice as fast)."
     )
     accuracy_samples: int | None = Field(None, ge=1)
     accuracy_batch_size: int | None = Field(
@@ -483,7 +495,10 @@ class BenchmarkRequest(BaseModel):
         online_batch = self.online_batch_size or d.online_batch_size
         if online_batch > max(max_batch, 1) and (Scenario.ONLINE in scenarios or Scenario.RATE in scenarios):
             raise ConfigError(f"online batch size {online_batch} is above max_batch_size {max_batch}")
-        rates, concurrency = checked_load(scenarios, self.request_rates, self.concurrency or d.online_concurrency)
+        scenarios, rate_list, distribution = arrival_load(
+            scenarios, self.request_rates, self.request_distribution, self.trace, self.trace_speeds
+        )
+        rates, concurrency = checked_load(scenarios, rate_list, self.concurrency or d.online_concurrency)
         resolved = dict(
             model=adapter.name,
             size=adapter.size,
@@ -496,6 +511,7 @@ class BenchmarkRequest(BaseModel):
             scenarios=scenarios,
             online_batch_size=online_batch,
             request_rates=rates,
+            request_distribution=distribution,
             max_batch_size=max_batch,
             model_instances=self.model_instances or d.model_instances,
             preferred_batch_sizes=preferred,
@@ -542,6 +558,9 @@ class ResolvedRequest(BaseModel):
     scenarios: list[Scenario]
     request_rates: list[float]
     request_distribution: str
+    burstiness: float = 2.0
+    trace: str | None = None
+    trace_speeds: list[float] | None = None
     accuracy_samples: int
     accuracy_batch_size: int
     measurement: Measurement

@@ -19,3 +19,28 @@ def checked_load(
     if any(c < 1 for c in concurrency):
         raise ConfigError(f"concurrency values must be >= 1, got {concurrency}")
     return rates, concurrency
+
+
+def arrival_load(
+    scenarios: list[Scenario],
+    rates: list[float] | None,
+    distribution: str,
+    trace: str | None,
+    speeds: list[float] | None,
+) -> tuple[list[Scenario], list[float] | None, str]:
+    """The scenarios, rates and arrivals a sweep runs: a trace's rates are its mean rate at each speed-up (the rate
+    scenario added for it); otherwise the request's own."""
+    if not trace:
+        if speeds:
+            raise ConfigError("--trace-speed speeds up a trace: give --trace FILE")
+        return scenarios, rates, distribution
+    from tbench.core.request_trace import read_trace
+
+    if rates:
+        raise ConfigError("a trace sets its own rates: give --trace-speed, not --request-rates")
+    speeds = speeds or [1.0]
+    if any(s <= 0 for s in speeds):
+        raise ConfigError(f"trace speeds must be > 0, got {speeds}")
+    mean = read_trace(trace).mean_rate
+    with_rate = scenarios if Scenario.RATE in scenarios else [*scenarios, Scenario.RATE]
+    return with_rate, [mean * s for s in speeds], "trace"

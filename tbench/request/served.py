@@ -9,7 +9,7 @@ from pydantic import BaseModel
 from tbench.core.enums import Scenario
 from tbench.core.errors import ConfigError
 from tbench.request.benchmark import PROFILE_MEASUREMENT, PROFILES, BenchmarkRequest, Measurement
-from tbench.request.load import checked_load
+from tbench.request.load import arrival_load, checked_load
 from tbench.request.server_options import cli_name
 
 # fields that export a model or write its Triton config: the server already has the model as it serves it
@@ -95,9 +95,10 @@ def resolve_served(request: BenchmarkRequest, max_batch_size: int, has_gpu: bool
         if any(b < 1 for b in values):
             raise ConfigError(f"{label}s must be >= 1, got {values}")
     scenarios = [Scenario.parse(s) for s in (request.scenarios or ["offline", "online"])]
-    rates, concurrency = checked_load(
-        scenarios, request.request_rates, request.concurrency or SERVED_CONCURRENCY[profile]
+    scenarios, rate_list, distribution = arrival_load(
+        scenarios, request.request_rates, request.request_distribution, request.trace, request.trace_speeds
     )
+    rates, concurrency = checked_load(scenarios, rate_list, request.concurrency or SERVED_CONCURRENCY[profile])
     base = PROFILE_MEASUREMENT[profile]
     return ServedSweep(
         profile=profile,
@@ -106,6 +107,6 @@ def resolve_served(request: BenchmarkRequest, max_batch_size: int, has_gpu: bool
         concurrency=concurrency,
         online_batch_size=online_batch,
         request_rates=rates,
-        request_distribution=request.request_distribution,
+        request_distribution=distribution,
         measurement=request.measurement.apply(base) if request.measurement else base,
     )

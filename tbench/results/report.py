@@ -9,6 +9,7 @@ import pandas as pd
 
 from tbench.core.metrics import AVG, BREAKDOWN, PERCENTILES, THROUGHPUT
 from tbench.core.shape_sets import guessed_shapes_line
+from tbench.results.arrivals_report import arrivals_lines
 from tbench.results.published import (
     PUBLISHED_GPUS,
     PUBLISHED_SIZE,
@@ -329,6 +330,7 @@ def format_section(
             "",
             guide_table(rate, RATE_COLUMNS),
             "",
+            *arrivals_lines(rate, run_dir, plots_dir, f"{fmt}_"),
         ]
     if not rows.empty:
         lines += server_lines(rows)

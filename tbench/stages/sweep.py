@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
+import math
 import signal
 import time
 from collections.abc import Callable
@@ -25,6 +26,8 @@ from tbench.core.iospec import IoSpec
 from tbench.core.layout import RunLayout
 from tbench.core.metrics import RESULT_COLUMNS, THROUGHPUT
 from tbench.core.shape_sets import guessed_shapes_line
+from tbench.core.storage import file_sha256
+from tbench.loadgen.arrivals import arrivals_fidelity
 from tbench.loadgen.behind import arrival_stability, kept_up
 from tbench.loadgen.perf_analyzer import (
     STABLE_WINDOWS,
@@ -233,6 +236,7 @@ def cache_key(point: Point, model: str) -> dict:
         "rate": point.rate,
         "distribution": point.distribution,
         **({"shapes": point.shapes} if point.shapes else {}),  # without a sweep: the keys of earlier runs
+        **({"arrivals": file_sha256(point.intervals)} if point.intervals else {}),  # the schedule, not its path
     }
 
 
@@ -300,6 +304,8 @@ def measure_point(
     )
     for attempt in range(1 + m.retries):
         request_count = m.requests_per_window(latency_s, point.concurrency or 1, attempt, measured_rate, point.rate)
+        if point.schedule_requests:  # a trace is replayed whole: its windows together hold it at least once
+            request_count = max(request_count, math.ceil(point.schedule_requests / STABLE_WINDOWS))
         timeout_s = m.point_timeout_s(request_count, point.rate)
         attempt_m = m
         if point.rate is not None:
@@ -336,6 +342,8 @@ def measure_point(
                     error="",
                     source_file=str(csv_path.relative_to(layout.run_dir)),
                 )
+                if point.intervals:  # perf_analyzer writes a whole number for a schedule: its mean rate is ours
+                    row["request_rate"] = point.rate
                 full_log = log_path.read_text(errors="replace")
                 merged = merged_requests(full_log)
                 row["window_requests"] = merged / STABLE_WINDOWS if merged else np.nan
@@ -348,6 +356,8 @@ def measure_point(
                 if point.rate is not None:  # an open-loop point's figures hold only if it carried the load
                     requests = point_requests(export) if exported else monitor.requests
                     row["requests_from"] = REQUESTS_FROM[(exported, requests is not None)]
+                    if point.intervals and requests is not None:  # how closely the schedule was kept
+                        row.update(arrivals_fidelity(point.intervals, requests))
                     row.update(rate_point_verdict(point, row, merged, full_log, requests))
                     if measure_again(row, attempt, m):
                         measured_rate = point.rate

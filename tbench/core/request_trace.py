@@ -1,0 +1,98 @@
+"""A user's trace of request timestamps, to replay (tbench.loadgen.arrivals): a CSV with a `timestamp` column
+(seconds; other columns are ignored, save a `batch_size` column, which must hold one value: perf_analyzer sends one
+batch size per point), a JSONL file of {"timestamp": ...} objects, or a text file of one timestamp per line.
+Timestamps must be non-negative and in order; every mistake is one line naming the line and the fix."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from tbench.core.errors import ConfigError
+
+MIN_REQUESTS = 2
+
+
+@dataclass(frozen=True)
+class Trace:
+    """A trace's timestamps (seconds from its first request) and where they came from."""
+
+    times_s: np.ndarray
+    source: str
+    batch_size: int | None = None
+
+    @property
+    def span_s(self) -> float:
+        return float(self.times_s[-1])
+
+    @property
+    def mean_rate(self) -> float:
+        """Requests per second over the trace, its last interval closing the loop as perf_analyzer replays it
+        (the mean interval)."""
+        return (len(self.times_s) - 1) / self.span_s
+
+    def intervals_us(self, speed: float = 1.0) -> np.ndarray:
+        """The intervals perf_analyzer sends at, sped up `speed` times."""
+        return np.round(np.diff(self.times_s) / speed * 1e6).astype(np.int64)
+
+
+def _numbers(values, source: str, first_line: int) -> np.ndarray:
+    times = []
+    for n, value in enumerate(values, start=first_line):
+        try:
+            t = float(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"trace {source} line {n}: {value!r} is not a timestamp (seconds)") from None
+        if not math.isfinite(t) or t < 0:
+            raise ConfigError(f"trace {source} line {n}: timestamp {value} is negative or not finite")
+        if times and t < times[-1]:
+            raise ConfigError(
+                f"trace {source} line {n}: timestamp {t:g} comes before {times[-1]:g}: sort the trace by time"
+            )
+        times.append(t)
+    return np.asarray(times, dtype=float)
+
+
+def read_trace(path: str | Path) -> Trace:
+    """A trace file (see the module's docstring); every mistake is one line naming the line and the fix."""
+    import pandas as pd
+
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise ConfigError(f"trace {path} is not a file")
+    batch = None
+    try:
+        if path.suffix == ".csv":
+            table = pd.read_csv(path)
+            if "timestamp" not in table.columns:
+                columns = ", ".join(map(str, table.columns))
+                raise ConfigError(f"trace {path} has no timestamp column (columns: {columns})")
+            times = _numbers(table["timestamp"].tolist(), str(path), 2)
+            if "batch_size" in table.columns:
+                sizes = set(table["batch_size"].tolist())
+                if len(sizes) > 1:
+                    raise ConfigError(
+                        f"trace {path} holds batch sizes {sorted(sizes)}: perf_analyzer sends one batch size per "
+                        "point, so split the trace by batch size"
+                    )
+                batch = int(sizes.pop())
+        elif path.suffix in (".jsonl", ".ndjson"):
+            lines = [ln for ln in path.read_text().splitlines() if ln.strip()]
+            values = []
+            for n, line in enumerate(lines, start=1):
+                try:
+                    values.append(json.loads(line)["timestamp"])
+                except (ValueError, KeyError, TypeError):
+                    raise ConfigError(f"trace {path} line {n}: not a JSON object with a timestamp") from None
+            times = _numbers(values, str(path), 1)
+        else:
+            times = _numbers([ln for ln in path.read_text().splitlines() if ln.strip()], str(path), 1)
+    except (OSError, UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError) as err:
+        raise ConfigError(f"trace {path} cannot be read: {str(err).splitlines()[0]}") from None
+    if len(times) < MIN_REQUESTS or times[-1] <= times[0]:
+        raise ConfigError(f"trace {path} needs at least {MIN_REQUESTS} requests over a span longer than 0 s")
+    return Trace(times - times[0], str(path), batch)

@@ -1,0 +1,111 @@
+"""Arrivals other than a fixed rate: a user's trace read and checked (tbench.core.request_trace), bursty intervals, the
+points' intervals files, and how closely a schedule was kept (tbench.loadgen.arrivals)."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+from tbench.core.enums import Scenario
+from tbench.core.errors import ConfigError
+from tbench.core.request_trace import read_trace
+from tbench.loadgen.arrivals import gamma_intervals_us, replay_error_us, with_intervals
+from tbench.loadgen.perf_analyzer import Point, load_args
+from tbench.request.benchmark import BenchmarkRequest
+from tbench.request.load import arrival_load
+
+
+def write(tmp_path, name: str, text: str):
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_a_trace_reads_from_csv_jsonl_or_text_and_starts_at_zero(tmp_path):
+    csv = read_trace(write(tmp_path, "t.csv", "timestamp,user\n10.0,a\n10.5,b\n12.0,a\n"))
+    jsonl = read_trace(write(tmp_path, "t.jsonl", '{"timestamp": 10.0}\n{"timestamp": 10.5}\n\n{"timestamp": 12}\n'))
+    text = read_trace(write(tmp_path, "t.txt", "10\n10.5\n12\n"))
+    for trace in (csv, jsonl, text):
+        assert trace.times_s.tolist() == [0.0, 0.5, 2.0] and trace.span_s == 2.0
+        assert trace.mean_rate == pytest.approx(1.0)  # 2 intervals over 2 s
+        assert trace.intervals_us().tolist() == [500_000, 1_500_000]
+        assert trace.intervals_us(speed=2.0).tolist() == [250_000, 750_000]
+    assert read_trace(write(tmp_path, "b.csv", "timestamp,batch_size\n0,4\n1,4\n")).batch_size == 4
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "message"),
+    [
+        ("t.csv", "time\n1\n2\n", "has no timestamp column (columns: time)"),
+        ("t.csv", "timestamp\n1\n0.5\n", "line 3: timestamp 0.5 comes before 1: sort the trace by time"),
+        ("t.csv", "timestamp\n-1\n2\n", "line 2: timestamp -1 is negative"),
+        ("t.txt", "0\nsoon\n", "line 2: 'soon' is not a timestamp"),
+        ("t.jsonl", '{"timestamp": 0}\n{"time": 1}\n', "line 2: not a JSON object with a timestamp"),
+        ("t.txt", "5\n", "needs at least 2 requests"),
+        ("t.txt", "5\n5\n", "needs at least 2 requests over a span longer than 0 s"),
+        ("t.csv", "timestamp,batch_size\n0,1\n1,8\n", "holds batch sizes [1, 8]: perf_analyzer sends one batch size"),
+        ("t.csv", "", "cannot be read"),
+    ],
+)
+def test_a_bad_trace_is_one_line_naming_the_fix(tmp_path, name, text, message):
+    with pytest.raises(ConfigError, match=re.escape(message)) as err:
+        read_trace(write(tmp_path, name, text))
+    assert "\n" not in str(err.value)
+
+
+def test_a_missing_trace_is_refused():
+    with pytest.raises(ConfigError, match="trace /nonexistent.csv is not a file"):
+        read_trace("/nonexistent.csv")
+
+
+def test_bursty_intervals_have_the_rate_and_the_burstiness_asked():
+    intervals = gamma_intervals_us(rate=50.0, burstiness=2.0, count=200_000, seed=3) / 1e6
+    assert 1 / intervals.mean() == pytest.approx(50.0, rel=0.02)
+    assert intervals.std() / intervals.mean() == pytest.approx(2.0, rel=0.03)
+    with pytest.raises(ConfigError, match="bursty arrivals need a rate and a burstiness above 0"):
+        gamma_intervals_us(rate=50.0, burstiness=0.0, count=10)
+
+
+def test_points_get_their_schedules_and_perf_analyzer_sends_them(tmp_path):
+    trace = write(tmp_path, "t.txt", "0\n0.5\n2\n")
+    points = [
+        Point(Scenario.RATE, 1, None, 2.0, "trace"),  # the trace at twice its mean rate of 1/s
+        Point(Scenario.RATE, 1, None, 40.0, "gamma"),
+        Point(Scenario.RATE, 1, None, 40.0, "poisson"),
+    ]
+    traced, bursty, poisson = with_intervals(points, str(trace), 2.0, 0, tmp_path / "arrivals")
+    assert np.loadtxt(traced.intervals, dtype=int).tolist() == [250_000, 750_000] and traced.schedule_requests == 2
+    assert len(np.loadtxt(bursty.intervals)) == 40 * 300  # a loop of 300 s at the rate
+    assert poisson == points[2] and not poisson.intervals
+    assert load_args(traced) == ["--request-intervals", traced.intervals, "--async"]
+    assert load_args(poisson)[:2] == ["--request-rate-range", "40"]
+
+
+def test_a_schedule_kept_is_measured_from_wherever_the_sends_start_in_it():
+    rng = np.random.default_rng(0)
+    schedule = rng.integers(1_000, 50_000, 500)
+    start = 137  # the measured sends begin mid-loop, after perf_analyzer's warm-up
+    sent_gaps = np.resize(np.roll(schedule, -start), 1200) + rng.normal(0, 20, 1200)  # 20 us of jitter
+    sent_ns = np.concatenate([[0], np.cumsum(sent_gaps * 1e3)]).astype(np.int64)
+    error = replay_error_us(sent_ns, schedule)
+    assert error["median_abs_error_us"] < 20 and error["p99_abs_error_us"] < 70
+    assert error["rate_sent_over_asked"] == pytest.approx(1.0, abs=0.01) and error["intervals"] == 1200
+
+
+def test_a_trace_sets_the_rates_of_the_rate_scenario(tmp_path):
+    trace = str(write(tmp_path, "t.txt", "0\n1\n2\n3\n4\n"))  # 1 request/s
+    assert arrival_load([Scenario.ONLINE], None, "poisson", trace, [1.0, 2.5]) == (
+        [Scenario.ONLINE, Scenario.RATE],
+        [1.0, 2.5],
+        "trace",
+    )
+    with pytest.raises(ConfigError, match="a trace sets its own rates: give --trace-speed, not --request-rates"):
+        arrival_load([Scenario.RATE], [10.0], "poisson", trace, None)
+    with pytest.raises(ConfigError, match="--trace-speed speeds up a trace: give --trace FILE"):
+        arrival_load([Scenario.RATE], [10.0], "poisson", None, [2.0])
+    with pytest.raises(ConfigError, match="trace speeds must be > 0"):
+        arrival_load([Scenario.RATE], None, "poisson", trace, [0.0])
+    resolved = BenchmarkRequest(model="resnet50", size="small", trace=trace, trace_speeds=[2.0]).resolve(False)
+    assert resolved.request_distribution == "trace" and resolved.request_rates == [2.0]
