@@ -8,7 +8,7 @@ from __future__ import annotations
 from flows.lifecycle import finish_run, run_lifecycle
 from flows.served import read_served
 from tbench.capacity.costs import load_prices, plan, price_for
-from tbench.capacity.evaluate import measure_rate, rate_measurement, start_rate
+from tbench.capacity.evaluate import measure_rate, rate_measurement, start_rate, trace_arrivals
 from tbench.capacity.rate_search import SustainableRate, find_sustainable_rate
 from tbench.capacity.report import PoolAnswer, write_capacity_files
 from tbench.capacity.request import CapacityRequest
@@ -76,6 +76,7 @@ def _sustainable_rate(req, cap: CapacityRequest, served: ServedModel, server, in
             inputs=inputs,
             latency_s=latency.get(1),
             monitor=PointMonitor(grpc_url, served.name),
+            arrivals=trace_arrivals(cap.trace, tracker.layout.run_dir / "arrivals"),
         )
 
     def measured(point) -> None:
@@ -83,7 +84,7 @@ def _sustainable_rate(req, cap: CapacityRequest, served: ServedModel, server, in
 
     return find_sustainable_rate(
         at,
-        start_rate(latency.get(1), served.instances, cap.start_rps),
+        start_rate(latency.get(1), served.instances, cap.start_rps or cap.trace_rate()),
         tolerance=cap.tolerance,
         max_points=cap.max_points,
         rule=cap.rule,

@@ -109,3 +109,43 @@ def test_a_trace_sets_the_rates_of_the_rate_scenario(tmp_path):
         arrival_load([Scenario.RATE], None, "poisson", trace, [0.0])
     resolved = BenchmarkRequest(model="resnet50", size="small", trace=trace, trace_speeds=[2.0]).resolve(False)
     assert resolved.request_distribution == "trace" and resolved.request_rates == [2.0]
+
+
+def test_a_capacity_plan_on_a_trace_replays_it_sped_up_to_each_rate(tmp_path):
+    from tbench.capacity.evaluate import trace_arrivals
+    from tbench.capacity.request import CapacityRequest
+
+    trace = str(write(tmp_path, "t.txt", "0\n0.5\n2\n"))  # 1 request/s
+    at = trace_arrivals(trace, tmp_path / "arrivals")
+    point = at(Point(Scenario.RATE, 1, None, 4.0, "poisson"))
+    assert point.distribution == "trace" and np.loadtxt(point.intervals, dtype=int).tolist() == [125_000, 375_000]
+    assert trace_arrivals(None, tmp_path) is None
+    assert CapacityRequest(trace=trace).trace_rate() == pytest.approx(1.0)
+    with pytest.raises(ConfigError, match="trace /nonexistent.csv is not a file"):
+        CapacityRequest(trace="/nonexistent.csv")
+
+
+@pytest.mark.e2e
+def test_a_trace_is_replayed_whole_on_the_real_server_and_pictured(tmp_path):
+    import pandas as pd
+    from test_faults import CliRun
+
+    from tbench.triton.process_server import EmbeddedServer
+    from tbench.triton.sleeper import sleeper_repository
+
+    times = np.cumsum(np.random.default_rng(0).gamma(0.25, 1 / (50 * 0.25), 300))  # bursty, 50/s, 6 s
+    trace = write(tmp_path, "trace.csv", "timestamp\n" + "\n".join(f"{t:.6f}" for t in times) + "\n")
+    with EmbeddedServer(sleeper_repository(tmp_path / "repo", 5), tmp_path / "server.log") as server:
+        url = f"{server.endpoints.grpc_url},{server.endpoints.http_url}"
+        args = ["--served-model", "sleeper", "--server-url", url, "--scenarios", "rate", "--trace", str(trace)]
+        run = CliRun([*args, "--trace-speed", "1,2"], tmp_path / "runs")
+        assert run.finish(timeout=300) == 0, run.output
+    run_dir = run.run_dir()
+    rows = pd.read_csv(run_dir / "results.csv")
+    mean = read_trace(trace).mean_rate
+    assert rows["request_distribution"].tolist() == ["trace", "trace"]
+    assert sorted(rows["request_rate"]) == pytest.approx([mean, 2 * mean], rel=1e-3)
+    assert (rows["window_requests"] * 3 >= 299).all()  # the whole trace, at least once
+    assert (rows["arrivals_median_error_us"] < 2_000).all(), rows.to_string()
+    assert len(list((run_dir / "plots").glob("*_trace_over_time.png"))) == 2
+    assert "trace arrivals, mean" in (run_dir / "report.md").read_text()

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from tbench.capacity.rate_search import (
@@ -23,6 +23,7 @@ from tbench.capacity.statistics import WARMUP_SHARE, PercentileRule, percentile_
 from tbench.core import progress
 from tbench.core.enums import Scenario
 from tbench.core.layout import RunLayout
+from tbench.loadgen.arrivals import with_intervals
 from tbench.loadgen.perf_analyzer import STABLE_WINDOWS, Point, RequestLog, profile_export_path, read_profile_export
 from tbench.request.benchmark import Measurement
 from tbench.search.evaluate import ServedVariant, TritonEvaluator
@@ -58,13 +59,24 @@ def measure_rate(
     *,
     slo_ms: float,
     rule: PercentileRule,
+    arrivals: Callable[[Point], Point] | None = None,
     **measure,
 ) -> RatePoint:
     """One Poisson rate point measured (`tbench.stages.sweep.measure_point`, which checks it kept up with the load) and
-    judged against the SLO; `measure` are measure_point's keyword arguments (model, grpc_url, spec, m, layout, ...)."""
+    judged against the SLO; `measure` are measure_point's keyword arguments (model, grpc_url, spec, m, layout, ...).
+    `arrivals` (trace_arrivals): the point's requests sent on another schedule of the same mean rate."""
     point = Point(Scenario.RATE, batch_size, None, round(rate, 3), "poisson")
+    point = arrivals(point) if arrivals else point
     row = measure_point(point, **measure)
     return judge(point.rate, batch_size, row, slo_ms, rule, exported_requests(measure["layout"], row))
+
+
+def trace_arrivals(trace: str | None, folder: Path) -> Callable[[Point], Point] | None:
+    """A capacity plan on a trace: each rate point replays the trace sped up to the point's rate (its mean rate at
+    that speed-up), so the sustainable rate found is the trace's mean rate at the highest speed-up that holds."""
+    if not trace:
+        return None
+    return lambda point: with_intervals([replace(point, distribution="trace")], trace, 1.0, 0, folder)[0]
 
 
 def exported_requests(layout: RunLayout, row: dict) -> RequestLog | None:
@@ -108,6 +120,7 @@ class RateEvaluator(TritonEvaluator):
     start_rps: float | None = None
     on_point: Callable[[Candidate, RatePoint], None] | None = None
     gpu_uuids: tuple[str, ...] = ()  # the serving GPUs: their power gives the energy per inference
+    arrivals: Callable[[Point], Point] | None = None  # a trace's schedule at each rate (trace_arrivals)
 
     def measure(self, candidate: Candidate, variant: ServedVariant, layout: RunLayout) -> Observation:
         batch = self.online_batch_size
@@ -138,6 +151,7 @@ class RateEvaluator(TritonEvaluator):
                 inputs=self.inputs,
                 latency_s=latency,
                 monitor=monitor,
+                arrivals=self.arrivals,
             )
 
         path = rate_search_path(self.work_dir, candidate)

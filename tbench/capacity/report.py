@@ -144,6 +144,7 @@ def capacity_markdown(answers: list[PoolAnswer], cap: CapacityRequest, model: st
         f"Serve **{cap.traffic_rps:g} requests/s** with **p{rule.percentile} ≤ {cap.slo_ms:g} ms**, "
         f"{100 * cap.headroom:g}% headroom. Pools ranked by cost per million inferences at that traffic.",
         "",
+        *_trace_lines(answers, cap),
         "| rank | pool | hardware | configuration | sustainable rate (req/s) | instances | $/h | $/million | "
         f"J/inference | p{rule.percentile} at rate (ms) |",
         "|---|---|---|---|---|---|---|---|---|---|",
@@ -186,6 +187,25 @@ def capacity_markdown(answers: list[PoolAnswer], cap: CapacityRequest, model: st
         lines += _pool_section(a, cap)
     lines += _prices_section(answers)
     return "\n".join(lines)
+
+
+def _trace_lines(answers: list[PoolAnswer], cap: CapacityRequest) -> list[str]:
+    """A plan on a trace: the trace, and each pool's answer as the speed-up of it that held."""
+    mean = cap.trace_rate()
+    if mean is None:
+        return []
+    speeds = [
+        f"{a.pool or 'this machine'} {a.rate.sustained_rps / mean:.3g}x"
+        for a in answers
+        if a.rate and a.rate.sustained_rps
+    ]
+    return [
+        f"Traffic from the trace {cap.trace} (mean {mean:.4g} requests/s at its own speed): each rate replays it "
+        "sped up to that mean rate, whole, through perf_analyzer's custom intervals. The highest speed-up that held: "
+        + (", ".join(speeds) if speeds else "none")
+        + ".",
+        "",
+    ]
 
 
 def _sustained(found: SustainableRate | None) -> str:

@@ -48,6 +48,11 @@ class CapacityRequest(BaseModel):
     start_rps: float | None = Field(
         None, gt=0, description="First rate tried (requests/s); half the warm-up latency's capacity by default."
     )
+    trace: str | None = Field(
+        None,
+        description="Plan on this trace of request timestamps (as a run's trace): each rate replays it sped up to "
+        "that mean rate, and the answer is the highest speed-up whose percentile holds.",
+    )
     pools: list[str] = Field(
         [],
         description="Pools to plan for, each run by its capacity deployment (as the matrix does); none: this machine.",
@@ -60,12 +65,29 @@ class CapacityRequest(BaseModel):
     )
     child_timeout_s: float = Field(6 * 3600, gt=0, description="pools: the longest a pool's run may take.")
 
+    @field_validator("trace")
+    @classmethod
+    def _readable_trace(cls, trace: str | None) -> str | None:
+        if trace:
+            from tbench.core.request_trace import read_trace
+
+            read_trace(trace)  # a trace with a mistake fails here, in one line
+        return trace
+
     @field_validator("pools")
     @classmethod
     def _known_pools(cls, pools: list[str]) -> list[str]:
         if error := unknown_pools(pools):
             raise ValueError(error)
         return list(dict.fromkeys(pools))
+
+    def trace_rate(self) -> float | None:
+        """The trace's mean rate (its speed 1), where the plan is on a trace: where the search starts."""
+        if not self.trace:
+            return None
+        from tbench.core.request_trace import read_trace
+
+        return read_trace(self.trace).mean_rate
 
     def search(self) -> SearchRequest:
         """The configuration search this plan runs: the best sustainable rate with the percentile within the SLO."""

@@ -196,6 +196,7 @@ def capacity(
     max_points: int = typer.Option(MAX_POINTS, help=field_help("max_points", model=CapacityRequest)),
     repeats: int = typer.Option(REPEATS, help=field_help("repeats", model=CapacityRequest)),
     start_rps: float = typer.Option(None, help=field_help("start_rps", model=CapacityRequest)),
+    trace: str = typer.Option(None, "--trace", help=field_help("trace", model=CapacityRequest)),
     size: Size = None,
     framework: Framework = None,
     output: Output = None,
@@ -228,6 +229,7 @@ def capacity(
             max_points=max_points,
             repeats=repeats,
             start_rps=start_rps,
+            trace=trace,
             pools=_split(pools) or [],
             prices=prices,
         )
