@@ -149,3 +149,19 @@ def test_a_trace_is_replayed_whole_on_the_real_server_and_pictured(tmp_path):
     assert (rows["arrivals_median_error_us"] < 2_000).all(), rows.to_string()
     assert len(list((run_dir / "plots").glob("*_trace_over_time.png"))) == 2
     assert "trace arrivals, mean" in (run_dir / "report.md").read_text()
+
+
+def test_a_rate_schedule_is_a_trace_that_ramps(tmp_path):
+    from tbench.core.request_trace import load_schedule
+
+    ramp = load_schedule("ramp:10:30,40:30")
+    first, second = ramp.times_s[ramp.times_s < 29.5], ramp.times_s[ramp.times_s > 30.5]
+    assert len(first) / 30 == pytest.approx(10, rel=0.25) and len(second) / 30 == pytest.approx(40, rel=0.15)
+    assert ramp.mean_rate == pytest.approx(25, rel=0.15)
+    assert arrival_load([Scenario.RATE], None, "poisson", "ramp:10:30,40:30", None)[1:] == ([ramp.mean_rate], "trace")
+    for bad, message in [("ramp:10", "cannot read the rate schedule"), ("ramp:10:-1", "must be above 0")]:
+        with pytest.raises(ConfigError, match=message):
+            load_schedule(bad)
+    point = Point(Scenario.RATE, 1, None, ramp.mean_rate, "trace")
+    [point] = with_intervals([point], "ramp:10:30,40:30", 1.0, 2, tmp_path)
+    assert point.schedule_requests == len(ramp.times_s) - 1

@@ -205,3 +205,18 @@ def test_the_report_says_what_was_measured_and_what_was_planned_around():
     assert "held, measured together (c-2/)" in text
     assert "- a + b + c on t4: c: p99 40 ms > SLO 30 ms (c-1/)" in text
     assert "**No plan held.**" in fleet_markdown(fleet, None, [failed], [{}])
+
+
+def test_the_fleet_command_refuses_a_bad_fleet_file_in_one_line(tmp_path):
+    from typer.testing import CliRunner
+
+    from tbench.cli import app
+
+    for args, message in [
+        (["fleet", str(tmp_path / "none.yaml")], f"error: fleet file {tmp_path / 'none.yaml'} not found"),
+        (["fleet", str(fleet_file(tmp_path, "models: []\npools: []\n"))], "error: fleet file"),
+        (["fleet", str(fleet_file(tmp_path, GOOD)), "--rounds", "0"], "error: invalid option: rounds"),
+    ]:
+        result = CliRunner().invoke(app, args)
+        lines = [ln for ln in result.output.splitlines() if ln.strip()]
+        assert result.exit_code == 2 and len(lines) == 1 and lines[0].startswith(message), result.output

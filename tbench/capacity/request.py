@@ -69,9 +69,9 @@ class CapacityRequest(BaseModel):
     @classmethod
     def _readable_trace(cls, trace: str | None) -> str | None:
         if trace:
-            from tbench.core.request_trace import read_trace
+            from tbench.core.request_trace import load_schedule
 
-            read_trace(trace)  # a trace with a mistake fails here, in one line
+            load_schedule(trace)  # a trace with a mistake fails here, in one line
         return trace
 
     @field_validator("pools")
@@ -85,9 +85,9 @@ class CapacityRequest(BaseModel):
         """The trace's mean rate (its speed 1), where the plan is on a trace: where the search starts."""
         if not self.trace:
             return None
-        from tbench.core.request_trace import read_trace
+        from tbench.core.request_trace import load_schedule
 
-        return read_trace(self.trace).mean_rate
+        return load_schedule(self.trace).mean_rate
 
     def search(self) -> SearchRequest:
         """The configuration search this plan runs: the best sustainable rate with the percentile within the SLO."""

@@ -96,3 +96,35 @@ def read_trace(path: str | Path) -> Trace:
     if len(times) < MIN_REQUESTS or times[-1] <= times[0]:
         raise ConfigError(f"trace {path} needs at least {MIN_REQUESTS} requests over a span longer than 0 s")
     return Trace(times - times[0], str(path), batch)
+
+
+RAMP = "ramp:"  # a rate schedule given in place of a trace file: ramp:RATE:SECONDS,RATE:SECONDS,...
+
+
+def ramp_trace(schedule: str, seed: int = 0) -> Trace:
+    """A rate schedule as a trace: Poisson arrivals at each RATE (requests/s) for its SECONDS, one step after the
+    other (`10:30,20:30,40:30` ramps up in three steps)."""
+    steps = []
+    for part in schedule.split(","):
+        rate, _, seconds = part.partition(":")
+        try:
+            steps.append((float(rate), float(seconds)))
+        except ValueError:
+            raise ConfigError(f"cannot read the rate schedule {schedule!r}: use RATE:SECONDS,RATE:SECONDS") from None
+        if not (steps[-1][0] > 0 and steps[-1][1] > 0 and math.isfinite(steps[-1][0] * steps[-1][1])):
+            raise ConfigError(f"the rate schedule {schedule!r}: each rate and each duration must be above 0")
+    rng = np.random.default_rng(seed)
+    times, start = [], 0.0
+    for rate, seconds in steps:
+        n = rng.poisson(rate * seconds)
+        times.append(start + np.sort(rng.uniform(0.0, seconds, n)))
+        start += seconds
+    merged = np.concatenate(times)
+    if len(merged) < MIN_REQUESTS or merged[-1] <= merged[0]:
+        raise ConfigError(f"the rate schedule {schedule!r} holds fewer than {MIN_REQUESTS} requests")
+    return Trace(merged - merged[0], f"{RAMP}{schedule}")
+
+
+def load_schedule(source: str, seed: int = 0) -> Trace:
+    """A trace file, or a rate schedule (`ramp:RATE:SECONDS,...`)."""
+    return ramp_trace(source.removeprefix(RAMP), seed) if source.startswith(RAMP) else read_trace(source)

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from tbench.core.errors import ConfigError
-from tbench.core.request_trace import Trace, read_trace
+from tbench.core.request_trace import Trace, load_schedule
 from tbench.loadgen.perf_analyzer import RequestLog
 
 ALIGN_INTERVALS = 64  # sent intervals matched against each offset into the schedule
@@ -66,7 +66,7 @@ def with_intervals(points: list, trace: str | None, burstiness: float, seed: int
     from dataclasses import replace
 
     if trace and any(p.distribution == "trace" for p in points):
-        trace = read_trace(trace)
+        trace = load_schedule(trace)  # a rate schedule drawn as arrival_load drew it: the same mean rate
     out = []
     for p in points:
         if p.distribution == "trace" and isinstance(trace, Trace):

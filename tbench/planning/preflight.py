@@ -61,6 +61,8 @@ def check_ports(request) -> None:
 def check_input_paths(request) -> None:
     for field, option in INPUT_PATHS.items():
         value = getattr(request, field, None)
+        if field == "trace" and value and value.startswith("ramp:"):  # a rate schedule, not a file
+            continue
         if value and not is_remote(value) and not Path(value).expanduser().exists():
             raise ConfigError(f"{option} {value} does not exist")
 

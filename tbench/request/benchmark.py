@@ -269,8 +269,8 @@ class BenchmarkRequest(BaseModel):
     trace: str | None = Field(
         None,
         description="Rate scenario: replay this trace of request timestamps (a CSV with a timestamp column in "
-        "seconds, JSONL of {timestamp}, or one per line) through perf_analyzer's custom intervals, at each "
-        "trace_speeds.",
+        "seconds, JSONL of {timestamp}, or one per line), or a rate schedule 'ramp:RATE:SECONDS,RATE:SECONDS,...' "
+        "(Poisson at each rate for its seconds), through perf_analyzer's custom intervals, at each trace_speeds.",
     )
     trace_speeds: list[float] | None = Field(
         None, description="trace: the speed-ups it is replayed at ([1.0] by default; 2.0 sends it twice as fast)."

@@ -34,13 +34,13 @@ def arrival_load(
         if speeds:
             raise ConfigError("--trace-speed speeds up a trace: give --trace FILE")
         return scenarios, rates, distribution
-    from tbench.core.request_trace import read_trace
+    from tbench.core.request_trace import load_schedule
 
     if rates:
         raise ConfigError("a trace sets its own rates: give --trace-speed, not --request-rates")
     speeds = speeds or [1.0]
     if any(s <= 0 for s in speeds):
         raise ConfigError(f"trace speeds must be > 0, got {speeds}")
-    mean = read_trace(trace).mean_rate
+    mean = load_schedule(trace).mean_rate
     with_rate = scenarios if Scenario.RATE in scenarios else [*scenarios, Scenario.RATE]
     return with_rate, [mean * s for s in speeds], "trace"
