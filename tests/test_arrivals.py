@@ -165,3 +165,19 @@ def test_a_rate_schedule_is_a_trace_that_ramps(tmp_path):
     point = Point(Scenario.RATE, 1, None, ramp.mean_rate, "trace")
     [point] = with_intervals([point], "ramp:10:30,40:30", 1.0, 2, tmp_path)
     assert point.schedule_requests == len(ramp.times_s) - 1
+
+
+def test_a_submitted_trace_travels_with_the_run_and_a_rate_schedule_as_it_is(tmp_path, s3_to_stop):
+    """`tbench submit --trace`: the file is uploaded to the artifact store (S3 here, moto over HTTP) under its digest,
+    and the worker reads it from there; a ramp is no file and is sent as it is."""
+    from tbench.cli.remote import hand_over
+    from tbench.core.request_trace import load_schedule
+    from tbench.core.storage import url_to_fs
+
+    url_to_fs("s3://runs")[0].mkdir("runs")
+    trace = write(tmp_path, "t.csv", "timestamp\n0\n0.5\n2\n")
+    sent = hand_over(BenchmarkRequest(model="resnet50", trace=str(trace)), "s3://runs/team")
+    assert sent.trace.startswith("s3://runs/team/inputs/")
+    assert load_schedule(sent.trace).times_s.tolist() == [0.0, 0.5, 2.0]  # fetched and checked, as a worker does
+    ramp = BenchmarkRequest(model="resnet50", trace="ramp:10:5")
+    assert hand_over(ramp, "s3://runs/team").trace == "ramp:10:5"

@@ -18,6 +18,7 @@ from tbench.cli.common import (
     cli_errors,
     console,
     model_file_fields,
+    parse_float_list,
     parse_int_list,
     parse_job_variables,
 )
@@ -41,6 +42,7 @@ from tbench.cli.options import (
     Stability,
     ValueRange,
     WindowS,
+    field_help,
     measurement_overrides,
 )
 from tbench.core.errors import ConfigError
@@ -63,6 +65,8 @@ def submit(
     batch_sizes: BatchSizes = None,
     concurrency: Concurrency = None,
     scenarios: Scenarios = None,
+    trace: str = typer.Option(None, "--trace", help=field_help("trace") + " Uploaded with the run, as a model file."),
+    trace_speed: str = typer.Option(None, "--trace-speed", help=field_help("trace_speeds", "e.g. 1,2,4.")),
     window_s: WindowS = None,
     stability: Stability = None,
     max_trials: MaxTrials = None,
@@ -107,11 +111,17 @@ def submit(
                 batch_sizes=parse_int_list(batch_sizes, "batch sizes"),
                 concurrency=parse_int_list(concurrency, "concurrency"),
                 scenarios=_split(scenarios),
+                trace=trace,
+                trace_speeds=parse_float_list(trace_speed, "trace speeds"),
                 output=output,
                 reuse_measurements=reuse or None,
                 measurement=measurement_overrides(window_s, stability, max_trials),
             ),
         )
+        if request.trace:  # read here as the worker will: a bad trace fails here
+            from tbench.core.request_trace import load_schedule
+
+            load_schedule(request.trace)
         if request.served_model:  # the worker measures it where it is served: only the options are checked here
             from tbench.request.served import check_served
 
@@ -126,6 +136,7 @@ def submit(
             import model_adapters
 
             model_adapters.get(request.model, request.size)  # an unknown model fails here, not on the worker
+            request = hand_over(request, output or os.environ.get("TBENCH_ARTIFACT_ROOT", "runs"))
         parameters = {"request": request.model_dump(mode="json", exclude_unset=True)}
         variables = parse_job_variables(job_variables)
         started = time.monotonic()
@@ -158,9 +169,9 @@ def hand_over(request, root: str):
     from tbench.core.storage import is_remote
 
     fields = {}
-    for field in ("model_file", "input_data"):
+    for field in ("model_file", "input_data", "trace"):
         value = getattr(request, field)
-        if value:
+        if value and not (field == "trace" and value.startswith("ramp:")):  # a rate schedule travels as it is
             fields[field] = handover.upload(value, root) if is_remote(root) else str(Path(value).resolve())
             console.print(f"{field.replace('_', ' ')}: {fields[field]}", markup=False, highlight=False)
     return request.model_copy(update=fields)

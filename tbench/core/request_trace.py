@@ -126,5 +126,8 @@ def ramp_trace(schedule: str, seed: int = 0) -> Trace:
 
 
 def load_schedule(source: str, seed: int = 0) -> Trace:
-    """A trace file, or a rate schedule (`ramp:RATE:SECONDS,...`)."""
-    return ramp_trace(source.removeprefix(RAMP), seed) if source.startswith(RAMP) else read_trace(source)
+    """A trace file (one handed over through the artifact store fetched first), or a rate schedule
+    (`ramp:RATE:SECONDS,...`)."""
+    from tbench.core.handover import local_path
+
+    return ramp_trace(source.removeprefix(RAMP), seed) if source.startswith(RAMP) else read_trace(local_path(source))

@@ -42,6 +42,28 @@ def install_zombie_detection(silence_s: float = SILENCE_S, never_started_s: floa
     """The automations on the Prefect server at PREFECT_API_URL (earlier ones of the same names are replaced): a run
     without a heartbeat for `silence_s` is marked Crashed, and so is one Pending for `never_started_s`; returns the
     first's id."""
+    crash_if_silent(
+        NEVER_STARTED,
+        "A flow run taken by a worker never started",
+        after={"prefect.flow-run.Pending"},
+        expect={"prefect.flow-run.Running"},
+        within_s=never_started_s,
+        why=never_started_message(never_started_s),
+    )
+    return crash_if_silent(
+        AUTOMATION,
+        "A flow run's heartbeats stopped before it ended",
+        # from its first heartbeat, or from Running: a run killed before its first heartbeat is a zombie too
+        after={"prefect.flow-run.heartbeat", "prefect.flow-run.Running"},
+        expect={"prefect.flow-run.heartbeat"},
+        within_s=silence_s,
+        why=message(silence_s),
+    )
+
+
+def crash_if_silent(name: str, what: str, after: set[str], expect: set[str], within_s: float, why: str) -> str:
+    """An automation (replacing one of the same name) that marks a flow run Crashed, saying `why`, when none of
+    `expect` nor a final state follows one of `after` within `within_s` seconds; returns its id."""
     from datetime import timedelta
 
     from prefect.automations import Automation
@@ -52,36 +74,19 @@ def install_zombie_detection(silence_s: float = SILENCE_S, never_started_s: floa
 
     from tbench.history.alerts import delete_automation
 
-    runs = ResourceSpecification({"prefect.resource.id": ["prefect.flow-run.*"]})
-    delete_automation(NEVER_STARTED)
-    Automation(
-        name=NEVER_STARTED,
-        description="A flow run taken by a worker never started: mark it Crashed (tbench.team.zombies).",
-        trigger=EventTrigger(
-            after={"prefect.flow-run.Pending"},
-            expect={"prefect.flow-run.Running", *FINAL_EVENTS},
-            match=runs,
-            for_each={"prefect.resource.id"},
-            posture=Posture.Proactive,
-            threshold=1,
-            within=timedelta(seconds=never_started_s),
-        ),
-        actions=[ChangeFlowRunState(state=StateType.CRASHED, message=never_started_message(never_started_s))],
-    ).create()
-    delete_automation(AUTOMATION)
+    delete_automation(name)
     automation = Automation(
-        name=AUTOMATION,
-        description="A flow run's heartbeats stopped before it ended: mark it Crashed (tbench.team.zombies).",
+        name=name,
+        description=f"{what}: mark it Crashed (tbench.team.zombies).",
         trigger=EventTrigger(
-            # from its first heartbeat, or from Running: a run killed before its first heartbeat is a zombie too
-            after={"prefect.flow-run.heartbeat", "prefect.flow-run.Running"},
-            expect={"prefect.flow-run.heartbeat", *FINAL_EVENTS},
-            match=runs,
+            after=after,
+            expect={*expect, *FINAL_EVENTS},
+            match=ResourceSpecification({"prefect.resource.id": ["prefect.flow-run.*"]}),
             for_each={"prefect.resource.id"},
             posture=Posture.Proactive,
             threshold=1,
-            within=timedelta(seconds=silence_s),
+            within=timedelta(seconds=within_s),
         ),
-        actions=[ChangeFlowRunState(state=StateType.CRASHED, message=message(silence_s))],
+        actions=[ChangeFlowRunState(state=StateType.CRASHED, message=why)],
     ).create()
     return str(automation.id)
