@@ -48,6 +48,10 @@ def test_capacity_finds_a_sustainable_rate_and_prices_it(tmp_path):
             # it kept up with what was offered, by the rule a rate point is judged with
             assert point.served_rps >= point.rate * (1 - behind_tolerance(point.requests))
     assert rate.at_rate.rate == rate.rate  # the answer: the highest rate that passed, and passed again
+    # every measurement keeps its own files, a rate measured again included (a repeat wrote over the first)
+    assert len({p.source_file for p in rate.points}) == len(rate.points)
+    candidates = [d for d in (run / "search").iterdir() if d.is_dir()]  # each candidate's measurements
+    assert all(any((d / p.source_file).is_file() for d in candidates) for p in rate.points)
     plan = answer.plan
     assert plan.instances == max(1, math.ceil(100 * 1.2 / rate.rate - 1e-9))
     assert plan.usd_per_million and plan.usd_per_million > 0  # the shipped table prices the cpu pool

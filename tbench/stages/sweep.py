@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import itertools
 import json
 import math
 import signal
@@ -302,6 +303,8 @@ def measure_point(
         shared_memory=inputs.shared_memory if point.scenario is Scenario.OFFLINE else "none",
         measure_seconds=0.0,
     )
+    # a point measured again in the same run (a capacity search's repeats of a rate) keeps every measurement's files
+    taken = next(n for n in itertools.count() if not layout.perf_csv(model, point.scenario, point.label, n).exists())
     for attempt in range(1 + m.retries):
         request_count = m.requests_per_window(latency_s, point.concurrency or 1, attempt, measured_rate, point.rate)
         if point.schedule_requests:  # a trace is replayed whole: its windows together hold it at least once
@@ -312,10 +315,10 @@ def measure_point(
             stability = rate_stability(m, request_count, point.distribution, exported or traced)
             attempt_m = m.model_copy(update={"stability_percentage": stability})
             row.update(stability_percentage=stability)
-        csv_path = layout.perf_csv(model, point.scenario, point.label, attempt)
+        csv_path = layout.perf_csv(model, point.scenario, point.label, taken + attempt)
         export = profile_export_path(csv_path) if exported else None
         argv = perf_argv(binary, model, grpc_url, point, attempt_m, request_count, csv_path, spec, inputs, export)
-        log_path = layout.perf_log(model, point.scenario, point.label, attempt)
+        log_path = layout.perf_log(model, point.scenario, point.label, taken + attempt)
         with shm.system_regions_held() if row["shared_memory"] == "system" else contextlib.nullcontext():
             monitor.start(trace_requests=traced)
             done = None
