@@ -27,6 +27,8 @@ import yaml
 TBENCH = str(Path(sys.executable).with_name("tbench"))
 SLOS_MS = {"tiny": 20.0, "resnet": 60.0, "sleeper": 60.0}  # p99 SLOs of the three models
 TRAFFIC_SHARE = {"tiny": 0.3, "resnet": 0.25, "sleeper": 0.25}  # each model's traffic over its sustainable rate
+# each capacity search bounded (a slowly rising percentile took 60 points, ~40 min, at the defaults)
+SEARCH = ["--max-points", "20", "--tolerance", "0.1"]
 
 
 def tbench(*args: str, timeout_s: float = 1800) -> Path:
@@ -71,11 +73,12 @@ def sustainable_rates(repos: dict[str, Path], work: Path) -> dict[str, dict]:
             url = f"{server.endpoints.grpc_url},{server.endpoints.http_url}"
             run = tbench(
                 "capacity", "--served-model", name, "--server-url", url, "--slo-p99-ms", f"{SLOS_MS[key]:g}",
-                "--traffic", "1", "--output", str(work / "runs"),
+                "--traffic", "1", *SEARCH, "--output", str(work / "runs"),
             )  # fmt: skip
         answer = json.loads((run / "capacity.json").read_text())["answers"][0]
         found[key] = {
             "model": name,
+            "search": " ".join(SEARCH),
             "slo_p99_ms": SLOS_MS[key],
             "sustainable_rps": answer["plan"]["sustainable_rps"] if answer.get("plan") else None,
             "status": answer["status"],

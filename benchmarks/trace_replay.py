@@ -1,8 +1,8 @@
 """Traffic from a trace, against a server of known capacity: how faithfully perf_analyzer replays a trace, and whether
 a capacity plan on the trace finds the speed-up that truly holds.
 
-The server is the sleeper (tbench.triton.sleeper: 10 ms a request, one at a time), served by an embedded server; the
-trace is bursty (gamma intervals of CV 2, 1,200 requests, 30 requests/s), as a user's file would be (a CSV with a
+The server is the sleeper (tbench.triton.sleeper: 5 ms a request, one at a time), served by an embedded server; the
+trace is bursty (gamma intervals of CV 2, 1,500 requests, 60 requests/s), as a user's file would be (a CSV with a
 timestamp column).
 - Fidelity: `tbench run --served-model sleeper --trace` at speed-ups 1 and 2; each point's arrivals_*_error_us (the
   intervals perf_analyzer sent at against the trace's, from the exported requests).
@@ -41,9 +41,9 @@ from tbench.triton.process_server import EmbeddedServer
 from tbench.triton.sleeper import MODEL, SPEC, sleeper_repository
 
 TBENCH = str(Path(sys.executable).with_name("tbench"))
-SERVICE_MS = 10.0
+SERVICE_MS = 5.0
 SLO_MS = 150.0
-TRACE = {"requests": 1200, "rate": 30.0, "burstiness": 2.0, "seed": 1}
+TRACE = {"requests": 1500, "rate": 60.0, "burstiness": 2.0, "seed": 1}
 LOOPS = 20
 
 
@@ -139,7 +139,7 @@ def main() -> None:
             record.save()
             plan = tbench(
                 "capacity", "--served-model", MODEL, "--server-url", url, "--trace", str(trace_file),
-                "--slo-p99-ms", f"{SLO_MS:g}", "--traffic", "1", "--output", str(work / "runs"),
+                "--slo-p99-ms", f"{SLO_MS:g}", "--traffic", "1", "--max-points", "24", "--output", str(work / "runs"),
             )  # fmt: skip
             answer = json.loads((plan / "capacity.json").read_text())["answers"][0]
         sustainable = answer["plan"]["sustainable_rps"] if answer.get("plan") else None
