@@ -486,6 +486,27 @@ def test_judge_from_exported_requests_uses_an_upper_bound_after_the_warm_up():
     assert judge(100.0, 1, row, 50.0, PercentileRule(), slow).status == "over_slo"
 
 
+def test_a_replayed_trace_is_judged_on_its_own_percentile_without_clustering():
+    """A trace replayed whole is the traffic itself: its p99 is measured, not bounded, and its slow requests (one
+    burst's) are not a clustered sample of a random process."""
+    import numpy as np
+
+    from tbench.loadgen.perf_analyzer import RequestLog
+
+    sent = np.linspace(0, 30, 3000)
+    latency = np.where((sent > 20) & (sent < 20.25), 0.08, 0.01)  # one burst: 25 requests over the SLO
+    log = RequestLog(sent, latency, 30.0, (0.0, 30.0))
+    row = {"status": "ok", "throughput_infer_per_s": 100.0, "window_requests": 1000, "p99_ms": 10.0}
+    sampled, replayed = (judge(100.0, 1, row, 50.0, PercentileRule(), log, replayed=r) for r in (False, True))
+    assert replayed.inflation == 1.0 and sampled.inflation > 1.0 and replayed.over_slo == sampled.over_slo
+    from tbench.capacity.statistics import steady_latencies
+
+    steady = steady_latencies(log, tail_s=0.05) * 1000  # the requests after the warm-up, as judge takes them
+    assert replayed.latency_ms == pytest.approx(float(np.percentile(steady, 99)))
+    assert replayed.latency_ms <= sampled.latency_ms
+    assert "the trace's" in judge(100.0, 1, row, 5.0, PercentileRule(), log, replayed=True).reason
+
+
 # -- a rate's measurements pooled: measured again until they decide ----------------------------------------------------
 
 

@@ -68,7 +68,8 @@ def measure_rate(
     point = Point(Scenario.RATE, batch_size, None, round(rate, 3), "poisson")
     point = arrivals(point) if arrivals else point
     row = measure_point(point, **measure)
-    return judge(point.rate, batch_size, row, slo_ms, rule, exported_requests(measure["layout"], row))
+    requests = exported_requests(measure["layout"], row)
+    return judge(point.rate, batch_size, row, slo_ms, rule, requests, replayed=point.distribution == "trace")
 
 
 def trace_arrivals(trace: str | None, folder: Path) -> Callable[[Point], Point] | None:

@@ -91,12 +91,17 @@ def judge(
     slo_ms: float,
     rule: PercentileRule,
     requests: RequestLog | None = None,
+    replayed: bool = False,
 ) -> RatePoint:
     """A measured row (stages.sweep.measure_point's) at an offered rate -> pass, or why not. A point that fell behind
     its offered rate fails whatever its latency: its percentile describes a load it did not carry. A client-bound one
     (perf_analyzer could not send on time; the server kept up) passes as a lower bound of what the server sustains.
     With the point's exported `requests`, the percentile is an upper confidence bound from the requests after its
-    warm-up (tbench.capacity.statistics), else perf_analyzer's merged windows' figure."""
+    warm-up (tbench.capacity.statistics), else perf_analyzer's merged windows' figure.
+
+    `replayed`: the arrivals are a user's trace, replayed whole. Its requests are then the traffic in question, not a
+    sample of a random process whose slow requests come in clusters: the percentile is the measured one, and the
+    count over the SLO varies between replays only by the service's own noise (no clustering inflation)."""
 
     def number(key):
         value = row.get(key)
@@ -121,12 +126,18 @@ def judge(
     if requests is not None:
         steady = steady_latencies(requests, tail_s=slo_ms / 1000) * 1000
         upper = percentile_upper_bound(steady, rule.percentile, rule.confidence, slo_ms)
+        if replayed and len(steady):
+            upper = float(np.percentile(steady, rule.percentile))
         point = point.model_copy(update={"latency_ms": upper, "requests": len(steady)})
         if len(steady):  # what the rate's pooled verdict counts (rate_verdict)
             estimate = float(np.percentile(steady, rule.percentile))
-            inflation = tail_inflation(steady, rule.percentile, slo_ms)
+            inflation = 1.0 if replayed else tail_inflation(steady, rule.percentile, slo_ms)
             point = point.model_copy(update={"over_slo": int((steady > slo_ms).sum()), "inflation": inflation})
-        bound = f" (upper {100 * rule.confidence:g}% bound, {len(steady)} requests after the warm-up)"
+        bound = (
+            f" (the trace's, {len(steady)} requests after the warm-up)"
+            if replayed
+            else f" (upper {100 * rule.confidence:g}% bound, {len(steady)} requests after the warm-up)"
+        )
     status = row.get("status")
     if status not in ("ok", "client_bound"):  # undetermined is no pass: the windows could not show it kept up
         status = status if status in ("unstable", "behind", "undetermined") else "error"
