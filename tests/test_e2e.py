@@ -142,7 +142,9 @@ def test_sweep_keeps_measured_points_and_flags_an_unstable_one(served_small, sma
     row = unstable.iloc[0]
     assert row["status"] == "unstable" and row["attempts"] == 2 and pd.isna(row["throughput_infer_per_s"])
     # the retry's windows are sized from the throughput the failed attempt saw: twice the target duration
-    first_log = (layout.logs_dir / "perf_analyzer" / "resnet50_online_b1_c2_try0.log").read_text()
+    # the same point measured above kept its files (try0): this sweep's attempts are try1 and try2
+    first_log = (layout.logs_dir / "perf_analyzer" / "resnet50_online_b1_c2_try1.log").read_text()
+    assert (layout.logs_dir / "perf_analyzer" / "resnet50_online_b1_c2_try0.log").exists()
     rate = np.median(pass_throughputs(first_log))
     assert row["measurement_request_count"] == max(8, int(np.ceil(2 * 0.5 * rate)))
 
