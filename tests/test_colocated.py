@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 from tbench.capacity.rate_search import PASSING
 from tbench.cli import app
 from tbench.core.errors import ConfigError
-from tbench.core.metrics import POINT_STATUSES
+from tbench.loadgen.behind import CARRIED, behind_tolerance
 from tbench.request.colocated import ColocatedRequest, ModelLoad, parse_load
 from tbench.results.colocated_report import render_colocated
 from tbench.stages.colocated import ALONE, TOGETHER, TOGETHER_DIR, merged_repository
@@ -142,13 +142,14 @@ def test_two_models_alone_together_and_a_ctrl_c_while_together(tmp_path):
         ("slow", ALONE),
         ("slow", TOGETHER),
     ]
-    assert set(results["status"]) <= set(POINT_STATUSES) and set(results["slo"]) <= set(PASSING), results.to_string()
+    # each kept up with its load (alone, and together beside the other's) and met its SLO
+    assert set(results["status"]) <= set(CARRIED) and set(results["slo"]) <= set(PASSING), results.to_string()
     together = results[results["colocation"] == TOGETHER]
     assert set(together["colocated_with"]) == {"fast", "slow"}
-    for row in together.to_dict("records"):  # each carried its load, beside the other's
+    for row in together.to_dict("records"):
         assert row["source_file"].startswith(f"{TOGETHER_DIR}/") and (run_dir / row["source_file"]).is_file()
-        offered = float(row["request_rate"])
-        assert abs(float(row["throughput_infer_per_s"]) - offered) < 0.15 * offered
+        offered, requests = float(row["request_rate"]), 3 * float(row["window_requests"])
+        assert abs(float(row["throughput_infer_per_s"]) - offered) <= behind_tolerance(requests) * offered
     assert (run_dir / "plots" / "colocated_latency.png").is_file()
     text = (run_dir / "colocated.md").read_text()
     assert "| fast | 50/s, SLO 60 ms |" in text and "| slow | 25/s, SLO 80 ms |" in text

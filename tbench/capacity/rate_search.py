@@ -23,6 +23,7 @@ from tbench.capacity.statistics import (
     steady_latencies,
     tail_inflation,
 )
+from tbench.loadgen.behind import CARRIED
 from tbench.loadgen.perf_analyzer import RequestLog
 
 # A rate is measured again until its measurements, pooled, decide (rate_verdict), at most REPEATS times: near the answer
@@ -139,7 +140,7 @@ def judge(
             else f" (upper {100 * rule.confidence:g}% bound, {len(steady)} requests after the warm-up)"
         )
     status = row.get("status")
-    if status not in ("ok", "client_bound"):  # undetermined is no pass: the windows could not show it kept up
+    if status not in CARRIED:  # undetermined is no pass: the windows could not show it kept up
         status = status if status in ("unstable", "behind", "undetermined") else "error"
         return point.model_copy(update={"status": status, "reason": str(row.get("error") or row.get("status"))})
     if point.served_rps is None:

@@ -63,6 +63,7 @@ TREND_BLOCKS = 10  # equal blocks of the span whose mean latencies the trend tes
 
 KeptUpStatus = Literal["ok", "behind", "client_bound", "undetermined"]
 KEPT_UP_STATUSES: tuple[str, ...] = get_args(KeptUpStatus)
+CARRIED: tuple[KeptUpStatus, ...] = ("ok", "client_bound")  # the point carried its load (client-bound: at least)
 
 
 def behind_tolerance(requests: int, distribution: str = "poisson") -> float:
