@@ -16,12 +16,13 @@ timestamp column).
   first loop left out), which bursts pile up over.
 Goal: planned / true speed-up within [0.90, 1.00].
 
-Usage: .venv/bin/python benchmarks/trace_replay.py
+Usage: .venv/bin/python benchmarks/trace_replay.py [--service-ms 5]
 Writes benchmarks/results/trace.json (`planned_over_true`, the fidelity figures, the trace and the truth), whole.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
@@ -107,6 +108,10 @@ def measured_service(server, work: Path) -> tuple[float, float]:
 
 
 def main() -> None:
+    global SERVICE_MS
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--service-ms", type=float, default=SERVICE_MS, help="the sleeper's service time, ms")
+    SERVICE_MS = parser.parse_args().service_ms
     with recorded(RESULTS / "trace.json", model_sizes=[f"sleeper {SERVICE_MS:g} ms"]) as record:
         work = Path(tempfile.mkdtemp(prefix="tbench-trace-bench-"))
         trace_file = bursty_trace(work / "trace.csv")

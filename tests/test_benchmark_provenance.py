@@ -29,12 +29,12 @@ def _load(name: str, path: Path):
 # the scripts import it as `provenance` (run as scripts, benchmarks/ is their sys.path[0])
 provenance = sys.modules.get("provenance") or _load("provenance", BENCHMARKS / "provenance.py")
 # tiny_model: a model, no figure
-# calibration_*.py, fuzz_inputs.py and soak_faults.py are harnesses benchmarks/calibration.py and soak.py run and
-# record: modules that write nothing themselves
+# calibration_*.py, fuzz_inputs.py, soak_faults.py and fleet_real.py are harnesses benchmarks/calibration.py,
+# soak.py and fleet.py run and record: modules that write nothing themselves
 SCRIPTS = sorted(
     p
     for p in BENCHMARKS.glob("*.py")
-    if p.name not in ("provenance.py", "tiny_model.py", "fuzz_inputs.py", "soak_faults.py")
+    if p.name not in ("provenance.py", "tiny_model.py", "fuzz_inputs.py", "soak_faults.py", "fleet_real.py")
     and not p.name.startswith("calibration_")
 )
 ISO_UTC = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?\+00:00$")
