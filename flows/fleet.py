@@ -52,12 +52,12 @@ def _plan(request: FleetRequest, fleet: Fleet, here: str | None, hardware, track
                 if node.shared and key not in confirmations:
                     folder = f"confirm-{len(confirmations) + 1}"
                     confirmations[key] = confirm(request, fleet, node, here, hardware, tracker, folder, rows)
-            if all(confirmations.get((n.pool, frozenset(n.rates_rps))).held is not False for n in shared(plan)):
+            if all(confirmations[(node.pool, frozenset(node.rates_rps))].held is not False for node in shared(plan)):
                 break
         else:
             plan = None  # every round's plan had a packing that failed: none is reported
-    except BaseException as err:
-        error = err
+    except BaseException as err:  # interrupted or failed before a plan held: none is reported
+        error, plan = err, None
         raise
     finally:
         url = _finish(tracker, request, fleet, plan, list(confirmations.values()), rounds, hardware, error)
@@ -159,7 +159,8 @@ def _finish(tracker, request, fleet, plan, confirmations, rounds, hardware, erro
                 "rounds": rounds,
             }
             tracker.save_json(layout.run_dir / FLEET_JSON, record)
-            (layout.run_dir / FLEET_MD).write_text(fleet_markdown(fleet, plan, confirmations, rounds))
+            stopped = "" if error is None else tracker.error or str(error)
+            (layout.run_dir / FLEET_MD).write_text(fleet_markdown(fleet, plan, confirmations, rounds, stopped))
             manifest["summary"] = {
                 "fleet": FLEET_MD,
                 "usd_per_hour": plan.usd_per_hour if plan else None,

@@ -205,6 +205,8 @@ def test_the_report_says_what_was_measured_and_what_was_planned_around():
     assert "held, measured together (c-2/)" in text
     assert "- a + b + c on t4: c: p99 40 ms > SLO 30 ms (c-1/)" in text
     assert "**No plan held.**" in fleet_markdown(fleet, None, [failed], [{}])
+    interrupted = fleet_markdown(fleet, None, [failed], [{}], stopped="interrupted by Ctrl-C (SIGINT)")
+    assert "**No plan**: the run stopped before one was confirmed (interrupted by Ctrl-C (SIGINT))" in interrupted
 
 
 def test_the_fleet_command_refuses_a_bad_fleet_file_in_one_line(tmp_path):

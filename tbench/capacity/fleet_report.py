@@ -18,16 +18,21 @@ def _held(c: Confirmation | None) -> str:
     return f"{verdict}, measured together ({c.folder}/)" + (f": {c.reason}" if c.reason else "")
 
 
-def fleet_markdown(fleet: Fleet, plan: FleetPlan | None, confirmations: list[Confirmation], rounds: list[dict]) -> str:
+def fleet_markdown(
+    fleet: Fleet, plan: FleetPlan | None, confirmations: list[Confirmation], rounds: list[dict], stopped: str = ""
+) -> str:
+    """`stopped`: why the run ended before a plan held (an interrupt, an error); no plan is then reported."""
     by_key = {c.key: c for c in confirmations}
     lines = [f"# Fleet plan: {len(fleet.models)} models on {', '.join(p.name for p in fleet.pools)}", ""]
-    if plan is None:
+    if stopped:
+        lines += [f"**No plan**: the run stopped before one was confirmed ({stopped}).", ""]
+    elif plan is None:
         lines += [
             f"**No plan held.** Each of the {len(rounds)} plans tried had a shared node whose models, measured "
             "together at their planned rates, did not all keep their SLO; see the packings below.",
             "",
         ]
-    else:
+    if plan is not None:
         unconfirmed = [n for n in plan.nodes if n.shared and by_key[(n.pool, frozenset(n.rates_rps))].held is None]
         saving = 1 - plan.usd_per_hour / plan.alone_usd_per_hour if plan.alone_usd_per_hour else 0.0
         pools = ", ".join(f"{count} x {pool}" for pool, count in plan.nodes_per_pool.items())
