@@ -25,7 +25,7 @@ from pydantic import ValidationError
 
 from tbench.capacity.costs import load_prices, price_for
 from tbench.capacity.fleet import Fleet
-from tbench.core.errors import ConfigError
+from tbench.core.errors import ConfigError, validation_line
 
 
 def load_fleet(path: str | Path, prices: str | None = None) -> Fleet:
@@ -66,7 +66,4 @@ def load_fleet(path: str | Path, prices: str | None = None) -> Fleet:
     try:
         return Fleet.model_validate(data)
     except ValidationError as err:
-        first = err.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "fleet"
-        message = first["msg"].removeprefix("Value error, ")
-        raise ConfigError(f"fleet file {path}: {where}: {message}") from None
+        raise ConfigError(f"fleet file {path}: {validation_line(err)}") from None

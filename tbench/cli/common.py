@@ -20,7 +20,12 @@ from rich.progress import (
 )
 
 from tbench.core import progress
-from tbench.core.errors import BenchError, ConfigError, error_line
+from tbench.core.errors import (
+    BenchError,
+    ConfigError,
+    error_line,
+    validation_line,  # noqa: F401 (the CLI's, re-exported)
+)
 
 console = Console(stderr=True, soft_wrap=True, emoji=False)  # "start:end:step" is not an emoji
 
@@ -157,18 +162,6 @@ def _split(text: str | None) -> list[str] | None:
     if not all(items):
         raise ConfigError(f"cannot read {text!r}: an item of the list is empty (use 'a,b,c')")
     return items
-
-
-def validation_line(err: ValueError) -> str:
-    """A pydantic error as one line: the field and pydantic's message, not its 'N validation errors for X' header."""
-    from pydantic import ValidationError
-
-    if isinstance(err, ValidationError) and err.errors():
-        first = err.errors()[0]
-        where = ".".join(str(p) for p in first.get("loc", ()))
-        message = first["msg"].removeprefix("Value error, ")  # a validator's own message, as it wrote it
-        return f"{where}: {message}" if where else message
-    return str(err).splitlines()[0]
 
 
 class RichProgress:

@@ -58,3 +58,16 @@ def error_line(err: BaseException, limit: int = 300) -> str:
         lines[-1] if lines[0].startswith("The following operation failed in the TorchScript interpreter") else lines[0]
     )
     return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+def validation_line(err: ValueError) -> str:
+    """A pydantic error as one line: the field and pydantic's message (a validator's own, without pydantic's
+    'Value error, ' prefix), not its 'N validation errors for X' header."""
+    from pydantic import ValidationError
+
+    if isinstance(err, ValidationError) and err.errors():
+        first = err.errors()[0]
+        where = ".".join(str(p) for p in first.get("loc", ()))
+        message = first["msg"].removeprefix("Value error, ")
+        return f"{where}: {message}" if where else message
+    return str(err).splitlines()[0]

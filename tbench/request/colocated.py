@@ -10,7 +10,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from tbench.core.errors import ConfigError
+from tbench.core.errors import ConfigError, validation_line
 from tbench.request.benchmark import Measurement, MeasurementOverrides
 
 LOAD_SYNTAX = "NAME[:VERSION]@rate=R or NAME[:VERSION]@concurrency=C, then ,batch=B ,slo_ms=S (e.g. resnet50@rate=40)"
@@ -62,9 +62,7 @@ def parse_load(text: str) -> ModelLoad:
     try:
         return ModelLoad.model_validate(fields)
     except ValidationError as err:
-        first = err.errors()[0]
-        where = ".".join(str(x) for x in first["loc"]) or "load"
-        raise ConfigError(f"--load {text!r}: {where}: {first['msg']}; the syntax is {LOAD_SYNTAX}") from None
+        raise ConfigError(f"--load {text!r}: {validation_line(err)}; the syntax is {LOAD_SYNTAX}") from None
 
 
 class ColocatedRequest(BaseModel):
