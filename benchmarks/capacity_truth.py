@@ -78,20 +78,25 @@ def former_rule_passes(point: RatePoint, slo_ms: float) -> bool | None:
     )
 
 
+def sleeper_measurement(server, layout: RunLayout) -> tuple[dict, float]:
+    """measure_point's keyword arguments for the sleeper on `server`, and its latency once warmed up (seconds)."""
+    measure = dict(
+        model=MODEL,
+        grpc_url=server.endpoints.grpc_url,
+        spec=SPEC,
+        layout=layout,
+        binary=tools.perf_analyzer_binary(),
+        env=tools.perf_analyzer_env(),
+        inputs=PerfInputs(shared_memory="none"),
+    )
+    return measure, warm_up(server.endpoints.grpc_url, MODEL, SPEC, [1], requests=5)[1]
+
+
 def one_service_time(service_ms: float, work: Path, tolerance: float, max_points: int) -> dict:
     repo = sleeper_repository(work / f"repo_{service_ms:g}", service_ms)
     layout = RunLayout(work, f"sleeper_{service_ms:g}ms").create()
     with EmbeddedServer(repo, work / f"server_{service_ms:g}.log") as server:
-        measure = dict(
-            model=MODEL,
-            grpc_url=server.endpoints.grpc_url,
-            spec=SPEC,
-            layout=layout,
-            binary=tools.perf_analyzer_binary(),
-            env=tools.perf_analyzer_env(),
-            inputs=PerfInputs(shared_memory="none"),
-        )
-        latency = warm_up(server.endpoints.grpc_url, MODEL, SPEC, [1], requests=5)[1]
+        measure, latency = sleeper_measurement(server, layout)
         saturated = measure_point(
             Point(Scenario.ONLINE, 1, 4), m=Measurement(window_s=5.0), latency_s=latency, **measure
         )

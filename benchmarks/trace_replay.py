@@ -31,17 +31,17 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from capacity_truth import sleeper_measurement
 from provenance import RESULTS, recorded
 
 from tbench.core.enums import Scenario
 from tbench.core.layout import RunLayout
 from tbench.core.request_trace import read_trace
-from tbench.loadgen.perf_analyzer import PerfInputs, Point
-from tbench.node import tools
+from tbench.loadgen.perf_analyzer import Point
 from tbench.request.benchmark import Measurement
-from tbench.stages.sweep import measure_point, warm_up
+from tbench.stages.sweep import measure_point
 from tbench.triton.process_server import EmbeddedServer
-from tbench.triton.sleeper import MODEL, SPEC, sleeper_repository
+from tbench.triton.sleeper import MODEL, sleeper_repository
 
 TBENCH = str(Path(sys.executable).with_name("tbench"))
 SERVICE_MS = 5.0
@@ -90,17 +90,7 @@ def true_speed(times_s: np.ndarray, service_s: float, extra_s: float, loops: int
 def measured_service(server, work: Path) -> tuple[float, float]:
     """(service time, the client's extra time) in seconds: closed loop at 4 in flight (the server never idle: its
     throughput is 1 / service time) and at 1 (the latency is service + the round trip)."""
-    layout = RunLayout(work, "truth").create()
-    common = dict(
-        model=MODEL,
-        grpc_url=server.endpoints.grpc_url,
-        spec=SPEC,
-        layout=layout,
-        binary=tools.perf_analyzer_binary(),
-        env=tools.perf_analyzer_env(),
-        inputs=PerfInputs(shared_memory="none"),
-    )
-    latency = warm_up(server.endpoints.grpc_url, MODEL, SPEC, [1], requests=5)[1]
+    common, latency = sleeper_measurement(server, RunLayout(work, "truth").create())
     full = measure_point(Point(Scenario.ONLINE, 1, 4), m=Measurement(window_s=5.0), latency_s=latency, **common)
     one = measure_point(Point(Scenario.ONLINE, 1, 1), m=Measurement(window_s=5.0), latency_s=latency, **common)
     service = 1.0 / float(full["throughput_infer_per_s"])
