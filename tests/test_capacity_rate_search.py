@@ -635,6 +635,27 @@ def test_a_share_that_falls_with_the_rate_is_pooled_without_a_slope():
     assert dose_response_score([1500] * 2, [0, 0], [1.0] * 2, [-0.1, 0.1], 99) is None  # nothing to fit
 
 
+def test_a_fit_that_runs_away_cannot_decide_and_does_not_crash():
+    """Every slow request in one run at the rate above (a simulated search's, seed 11): the logistic fit separates
+    the runs, its covariance is not a variance, and the search once stopped on a math domain error."""
+    from tbench.capacity.statistics import dose_response_score
+
+    requests = [1537, 1570, 1666, 1594, 1544, 1570, 1597, 1572]
+    over = [0, 0, 0, 0, 0, 0, 360, 0]
+    inflations = [
+        16.105378262541095,
+        7.184327184327187,
+        13.15052296083756,
+        16.04124122306718,
+        9.358191197723432,
+        10.69229944229944,
+        124.1967165216535,
+        16.205734154834648,
+    ]
+    log_rates = [-0.04332506953550167] * 5 + [0.04332013805163771] * 2 + [0.0]
+    assert dose_response_score(requests, over, inflations, log_rates, 99) is None
+
+
 def clustered(seed: int, inflation: float = 8.0):
     """A server whose share over the SLO rises slowly (1% at its capacity, 0.66% at 90% of it) and whose slow requests
     come in clusters: each run's count varies `inflation` times a binomial's (a gamma-Poisson draw, fixed seed)."""

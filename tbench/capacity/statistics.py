@@ -28,6 +28,7 @@ from typing import Literal
 
 import numpy as np
 from pydantic import BaseModel, Field
+from scipy.special import expit
 
 from tbench.loadgen.perf_analyzer import STABLE_WINDOWS, RequestLog
 from tbench.request.benchmark import Measurement
@@ -168,7 +169,10 @@ def dose_response_score(
     dispersion = 1.0
     if len(n) >= len(beta) + 3:
         dispersion = max(1.0, float(((a - n * q) ** 2 / (f * n * q * (1 - q))).sum()) / (len(n) - len(beta)))
-    return (float(beta[0]) - math.log(q0 / (1 - q0))) / math.sqrt(dispersion * float(covariance[0, 0]))
+    variance = dispersion * float(covariance[0, 0])
+    if not (math.isfinite(variance) and variance > 0):  # the fit ran away (all the slow requests in one run)
+        return None
+    return (float(beta[0]) - math.log(q0 / (1 - q0))) / math.sqrt(variance)
 
 
 def _logistic_fit(X: np.ndarray, n: np.ndarray, a: np.ndarray, f: np.ndarray):
@@ -178,7 +182,7 @@ def _logistic_fit(X: np.ndarray, n: np.ndarray, a: np.ndarray, f: np.ndarray):
     beta = np.zeros(X.shape[1])
     beta[0] = math.log(share / (1 - share))
     for _ in range(100):
-        q = 1 / (1 + np.exp(-(X @ beta)))
+        q = expit(X @ beta)
         info = X.T @ (X * (n * q * (1 - q) / f)[:, None])
         try:
             step = np.linalg.solve(info, X.T @ ((a - n * q) / f))
@@ -191,7 +195,7 @@ def _logistic_fit(X: np.ndarray, n: np.ndarray, a: np.ndarray, f: np.ndarray):
             break
     else:
         return None
-    q = 1 / (1 + np.exp(-(X @ beta)))
+    q = expit(X @ beta)
     try:
         covariance = np.linalg.inv(X.T @ (X * (n * q * (1 - q) / f)[:, None]))
     except np.linalg.LinAlgError:
