@@ -10,6 +10,7 @@ import pytest
 from tbench.capacity.rate_search import (
     CONFIRMATIONS,
     NEIGHBOURS,
+    REPEATS,
     STATUSES,
     RatePoint,
     SustainableRate,
@@ -570,7 +571,7 @@ def test_rates_near_the_answer_are_measured_more_than_those_far_from_it():
     times = {rate: system.asked.count(rate) for rate in system.asked}
     assert times[10.0] == times[20.0] == 1  # far below: one run decides
     assert max(times.values()) > 2  # near the answer: several runs pooled
-    assert all(n <= 6 for n in times.values())  # REPEATS at most
+    assert all(n <= REPEATS for n in times.values())  # REPEATS at most
 
 
 class FirstLuckySystem(CountingSystem):
@@ -585,7 +586,7 @@ class FirstLuckySystem(CountingSystem):
 def test_an_answer_that_fails_its_confirmation_with_nothing_below_steps_down():
     system = FirstLuckySystem()
     # 300 passes by luck, then fails when measured again
-    found = find_sustainable_rate(system, 300.0, rule=RULE, max_points=80)
+    found = find_sustainable_rate(system, 300.0, rule=RULE, max_points=160)
     assert found.verdicts["300"].startswith("fail")
     assert found.rate is not None and found.rate <= CAPACITY and found.confirmed
     assert min(system.asked) < 300.0 / 1.9  # it stepped down below the lucky rate
