@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import replace
+from pathlib import Path
 
 import pandas as pd
 from prefect import flow
@@ -17,11 +18,13 @@ from tbench.capacity.evaluate import exported_requests, rate_measurement
 from tbench.capacity.rate_search import judge
 from tbench.capacity.statistics import PercentileRule
 from tbench.core.errors import PerfAnalyzerError
+from tbench.core.handover import local_path
 from tbench.core.layout import RunLayout
 from tbench.node import hardware as hw
 from tbench.node import tools
 from tbench.request.colocated import ColocatedRequest
 from tbench.results.colocated_report import plot_colocated, render_colocated
+from tbench.results.html_report import write_html_report
 from tbench.stages.colocated import Colocation, Placed, measure_alone, measure_together, merged_repository
 from tbench.stages.sweep import measured_shape_sets, warm_up
 from tbench.stages.tracker import FAILED, RunTracker
@@ -81,7 +84,8 @@ def measure_colocated(
                 server = ServedServer(req.server_url, layout.server_log)
             else:
                 names = {load.name for load in req.loads} if req.only_loaded else None
-                merged = merged_repository(req.repositories, layout.repository_dir, names)
+                folders = [Path(local_path(repo)) for repo in req.repositories]  # an upload's URL: fetched
+                merged = merged_repository(folders, layout.repository_dir, names)
                 tracker.environment.setdefault("models_served", {})[str(folder)] = merged
                 ports = {"http_port": req.http_port, "grpc_port": req.grpc_port}
                 server = make_server(req.server, layout.repository_dir, layout.server_log, **ports)
@@ -157,6 +161,7 @@ def _finish(tracker: RunTracker, req: ColocatedRequest, hardware, error: BaseExc
             plot = plot_colocated(tracker.results, req, layout.plots_dir)
             text = render_colocated(tracker.results, req, status=tracker.status, error=tracker.status_line, plot=plot)
             (layout.run_dir / COLOCATED_MD).write_text(text)
+            write_html_report(layout.run_dir / COLOCATED_MD, layout.run_dir / "colocated.html")
             manifest["summary"] = {"colocated": COLOCATED_MD}
 
     return finish_run(tracker, error, manifest, server=None, output=req.output, report=report)

@@ -5,21 +5,28 @@ only."""
 
 from __future__ import annotations
 
+import contextlib
+
 import pandas as pd
 from prefect import flow
 
 from flows.colocated import measure_colocated
 from flows.lifecycle import finish_run, run_lifecycle
+from tasks.matrix_runs import matrix_run
 from tbench.capacity.fleet import Confirmation, Fleet, FleetPlan, Node, plan_fleet
 from tbench.capacity.fleet_file import load_fleet
 from tbench.capacity.fleet_report import FLEET_JSON, FLEET_MD, fleet_markdown
 from tbench.capacity.rate_search import PASSING
 from tbench.capacity.request import FleetRequest
+from tbench.core import handover
 from tbench.core.errors import ConfigError
 from tbench.core.layout import RunLayout
+from tbench.core.storage import is_remote, url_to_fs
 from tbench.node import hardware as hw
+from tbench.node.device_lock import device_lock
 from tbench.request.benchmark import MeasurementOverrides
 from tbench.request.colocated import ColocatedRequest, ModelLoad
+from tbench.results.html_report import write_html_report
 from tbench.stages.colocated import TOGETHER
 from tbench.stages.tracker import RunTracker
 from tbench.team.pools import pool_of
@@ -31,7 +38,9 @@ def fleet_flow(request: FleetRequest) -> str:
     hardware = hw.detect()
     fleet = load_fleet(request.fleet, request.prices)
     here = request.pool or pool_of(hardware)
-    with run_lifecycle(request, hardware, "fleet", request.model_dump(mode="json")) as tracker:
+    # the device lock only while a node is measured here: a node fanned out to a pool whose worker is this machine
+    # would otherwise wait for the lock this run holds while it waits for that node
+    with run_lifecycle(request, hardware, "fleet", request.model_dump(mode="json"), lock=False) as tracker:
         return _plan(request, fleet, here, hardware, tracker)
 
 
@@ -90,9 +99,10 @@ def confirm(
     base = Confirmation(pool=node.pool, models=sorted(rates), rates_rps=rates, held=None)
     if not request.confirm:
         return base.model_copy(update={"reason": "not measured (--no-confirm)"})
-    if node.pool != here:
+    if node.pool != here and not request.fan_out:
         where = f"this machine's pool is {here}" if here else "this machine has no pool"
-        return base.model_copy(update={"reason": f"not measured: {where}; run `tbench fleet` on a {node.pool} node"})
+        how = f"run `tbench fleet` on a {node.pool} node, or fan out to its pool (--fan-out)"
+        return base.model_copy(update={"reason": f"not measured: {where}; {how}"})
     lacking = sorted(name for name in rates if not models[name].repository)
     if lacking:
         return base.model_copy(update={"reason": f"not measured: no repository for {', '.join(lacking)}"})
@@ -123,8 +133,22 @@ def confirm(
         rows.append(measured[-1])
         tracker.save_points("fleet", pd.DataFrame(rows))
 
-    layout = RunLayout(tracker.layout.run_dir, folder)
-    measure_colocated(colocated, hardware, tracker, layout, keep, prefix=f"{folder}-")
+    if node.pool != here:  # fanned out: its pool's colocated deployment measures it
+        with tracker.stage(f"{folder}-{node.pool}"):
+            child = on_pool(request, colocated, node.pool)
+        if child.get("state") != "COMPLETED" or not child.get("run_url"):
+            why = child.get("reason") or ("its folder was not found" if child.get("run_url") is None else "")
+            reason = f"its run on {node.pool} ended {child.get('state')}: {why or 'no reason given'}"
+            return base.model_copy(update={"held": False, "reason": reason, "folder": child.get("run_url") or ""})
+        for row in child_rows(child["run_url"]):
+            keep(row)
+        folder = child["run_url"]
+    else:
+        with contextlib.ExitStack() as held:
+            with tracker.stage(f"{folder}-device-lock"):
+                held.enter_context(device_lock(hardware, tracker.layout.run_id))
+            layout = RunLayout(tracker.layout.run_dir, folder)
+            measure_colocated(colocated, hardware, tracker, layout, keep, prefix=f"{folder}-")
     together = [r for r in measured if r.get("colocation") == TOGETHER]
     failing = [r for r in together if r.get("slo") not in PASSING]
     points = {
@@ -140,6 +164,27 @@ def confirm(
     reason = "; ".join(f"{r['model']}: {r.get('slo_reason') or r.get('error') or r.get('status')}" for r in failing)
     held = len(together) == len(rates) and not failing
     return base.model_copy(update={"held": held, "reason": reason, "folder": folder, "points": points})
+
+
+def on_pool(request: FleetRequest, colocated: ColocatedRequest, pool: str) -> dict:
+    """The node measured by `pool`'s colocated deployment, its repositories handed over (uploaded to a shared
+    artifact root, as a submitted model file is): the child run's row (state, reason, run_url)."""
+    root = request.output
+    repositories = [
+        handover.upload(r, root) if is_remote(root) and not is_remote(r) else r for r in colocated.repositories
+    ]
+    # the server mode and ports are the worker's own (its environment's defaults)
+    request_fields = colocated.model_dump(mode="json", exclude={"server", "http_port", "grpc_port"})
+    parameters = {"request": request_fields | {"repositories": repositories}}
+    names = "+".join(load.name for load in colocated.loads)
+    return matrix_run(pool, names, None, "-", parameters, 600, request.child_timeout_s, flow="colocated")
+
+
+def child_rows(run_url: str) -> list[dict]:
+    """The rows a fanned-out node's run stored (its results.csv)."""
+    fs, path = url_to_fs(f"{run_url.rstrip('/')}/results.csv")
+    with fs.open(path, "r") as f:
+        return pd.read_csv(f).to_dict("records")
 
 
 def _finish(tracker, request, fleet, plan, confirmations, rounds, hardware, error) -> str:
@@ -161,6 +206,7 @@ def _finish(tracker, request, fleet, plan, confirmations, rounds, hardware, erro
             tracker.save_json(layout.run_dir / FLEET_JSON, record)
             stopped = "" if error is None else tracker.error or str(error)
             (layout.run_dir / FLEET_MD).write_text(fleet_markdown(fleet, plan, confirmations, rounds, stopped))
+            write_html_report(layout.run_dir / FLEET_MD, layout.run_dir / "fleet.html")
             manifest["summary"] = {
                 "fleet": FLEET_MD,
                 "usd_per_hour": plan.usd_per_hour if plan else None,

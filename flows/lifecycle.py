@@ -45,8 +45,10 @@ def clean_up_killed_folders(root) -> None:
 
 
 @contextlib.contextmanager
-def run_lifecycle(req, hardware, name: str, request_json) -> Iterator[RunTracker]:
-    """Set-up and lock; the body runs the stages and calls `finish_run()` at its end, whatever happened."""
+def run_lifecycle(req, hardware, name: str, request_json, lock: bool = True) -> Iterator[RunTracker]:
+    """Set-up and lock; the body runs the stages and calls `finish_run()` at its end, whatever happened. `lock`
+    False: the run takes the device lock itself, only while it measures here (a fleet whose other nodes are
+    measured by other runs, which may be on this machine)."""
     preflight(req)  # a worker checks what the CLI checked on the user's machine: its ports, paths and store
     root = staging_root(req.output)
     clean_up_after_killed_runs(root)
@@ -66,8 +68,9 @@ def run_lifecycle(req, hardware, name: str, request_json) -> Iterator[RunTracker
         held.callback(mark_ended, root, layout.run_id)  # its final manifest written by then: off the list
         held.callback(tracker.release_logs)
         try:
-            with tracker.stage("device-lock"):
-                held.enter_context(device_lock(hardware, layout.run_id))
+            if lock:
+                with tracker.stage("device-lock"):
+                    held.enter_context(device_lock(hardware, layout.run_id))
         except BaseException as err:  # interrupted (or refused) while waiting: nothing ran, and the folder says so
             tracker.record_error(err, "device-lock")
             tracker.write_manifest(request=req.model_dump(mode="json"), local_dir=str(layout.run_dir))

@@ -15,7 +15,7 @@ from tbench.stages.store import (
 )
 from tbench.team.submit import REPORT_LINK_KEY
 
-REPORT_PAGES = ("report.html", "capacity.html", "search.html")
+REPORT_PAGES = ("report.html", "capacity.html", "search.html", "fleet.html", "colocated.html")
 
 
 @task(name="store", cache_policy=NO_CACHE)
@@ -23,14 +23,13 @@ def store_task(run_dir: Path, root_url: str, run_id: str, manifest: dict) -> str
     write_manifest(run_dir, manifest)
     url = upload_run(run_dir, root_url, run_id)
     add_run_to_dataset(run_dir, root_url, run_id, manifest.get("status"))  # queries can leave out incomplete runs
-    # where the stored report is, one click from the flow run's page (and how the matrix and capacity plans find a
-    # child's folder): a benchmark's report, else a capacity plan's or a search's
-    report = next((name for name in REPORT_PAGES if (run_dir / name).exists()), None)
-    if report:
-        create_link_artifact(
-            f"{url}/{report}",
-            link_text=f"HTML report of {run_id}",
-            key=REPORT_LINK_KEY,
-            description="The run's self-contained HTML report in the artifact store",
-        )
+    # where the stored report is, one click from the flow run's page (and how the matrix, capacity and fleet plans
+    # find a child's folder): its HTML report, else (a run that failed before it) its manifest
+    report = next((name for name in REPORT_PAGES if (run_dir / name).exists()), "manifest.json")
+    create_link_artifact(
+        f"{url}/{report}",
+        link_text=f"{'HTML report' if report != 'manifest.json' else 'manifest'} of {run_id}",
+        key=REPORT_LINK_KEY,
+        description="The run's self-contained HTML report in the artifact store",
+    )
     return url

@@ -8,6 +8,7 @@ import re
 import numpy as np
 import pytest
 
+from tbench.capacity.request import CapacityRequest
 from tbench.core.enums import Scenario
 from tbench.core.errors import ConfigError
 from tbench.core.request_trace import read_trace
@@ -181,3 +182,6 @@ def test_a_submitted_trace_travels_with_the_run_and_a_rate_schedule_as_it_is(tmp
     assert load_schedule(sent.trace).times_s.tolist() == [0.0, 0.5, 2.0]  # fetched and checked, as a worker does
     ramp = BenchmarkRequest(model="resnet50", trace="ramp:10:5")
     assert hand_over(ramp, "s3://runs/team").trace == "ramp:10:5"
+    # a capacity plan across pools (`tbench capacity --pools ... --trace`): its trace travels the same way
+    plan = hand_over(CapacityRequest(slo_ms=50, traffic_rps=10, trace=str(trace)), "s3://runs/team")
+    assert plan.trace == sent.trace and plan.trace_rate() == load_schedule(str(trace)).mean_rate

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -162,6 +163,30 @@ def test_a_fleet_file_reads_prices_from_the_table_and_repositories_from_its_fold
     assert fleet.models[0].repository == str((tmp_path / "repo").resolve()) and fleet.models[1].percentile == 95
     as_json = fleet_file(tmp_path, fleet.model_dump_json(), "fleet.json")
     assert load_fleet(as_json) == fleet
+
+
+def test_a_fleet_file_and_its_repositories_travel_through_the_artifact_store(tmp_path, s3_to_stop, monkeypatch):
+    """From the Prefect UI the fleet file is an upload's URL (S3 here, moto over HTTP), and so may its models'
+    repositories be: the file is fetched and checked; a repository URL is kept, and fetched where its node is
+    measured (flows.colocated), as another pool's worker does."""
+    from tbench.capacity.fleet_file import load_fleet
+    from tbench.core import handover
+    from tbench.core.storage import url_to_fs
+    from tbench.request.colocated import ColocatedRequest, ModelLoad
+
+    monkeypatch.setenv(handover.CACHE_ENV, str(tmp_path / "worker-cache"))
+    url_to_fs("s3://runs")[0].mkdir("runs")
+    (tmp_path / "repo" / "a" / "1").mkdir(parents=True)
+    (tmp_path / "repo" / "a" / "config.pbtxt").write_text('name: "a"\n')
+    repo_url = handover.upload(tmp_path / "repo", "s3://runs/team")
+    text = GOOD.replace("repository: repo", f"repository: {repo_url}")
+    fleet = load_fleet(handover.upload(fleet_file(tmp_path, text), "s3://runs/team"))
+    assert fleet.models[0].repository == repo_url
+    node = ColocatedRequest(loads=[ModelLoad(model="a", rate=10)], repositories=[repo_url])
+    fetched = handover.local_path(node.repositories[0])
+    assert fetched.startswith(str(tmp_path / "worker-cache")) and (Path(fetched) / "a" / "config.pbtxt").is_file()
+    with pytest.raises(ConfigError, match="fleet file .* not found"):
+        load_fleet(str(tmp_path / "missing.yaml"))
 
 
 @pytest.mark.parametrize(

@@ -101,9 +101,8 @@ def test_pool_templates_carry_the_pools_gpu(kind):
 def test_deployments_file_has_every_flow_on_every_pool():
     spec = yaml.safe_load((PROJECT / "deployments" / "prefect.yaml").read_text())
     deployments = {d["name"]: d for d in spec["deployments"]}
-    assert set(deployments) == {f"{flow}-{pool}" for flow in ("benchmark", "search", "capacity") for pool in POOLS} | {
-        "matrix-cpu"
-    }
+    flows = ("benchmark", "search", "capacity", "fleet", "colocated")
+    assert set(deployments) == {f"{flow}-{pool}" for flow in flows for pool in POOLS} | {"matrix-cpu"}
     assert deployments.pop("matrix-cpu")["entrypoint"] == "flows/matrix.py:matrix_flow"
     for name, d in deployments.items():
         flow, pool = name.split("-")
@@ -114,6 +113,8 @@ def test_deployments_file_has_every_flow_on_every_pool():
                 "benchmark": "flows/benchmark.py:benchmark_flow",
                 "search": "flows/search.py:search_flow",
                 "capacity": "flows/capacity.py:capacity_flow",
+                "fleet": "flows/fleet.py:fleet_flow",
+                "colocated": "flows/colocated.py:colocated_flow",
             }[flow]
         )
         assert all(s["active"] is False for s in d["schedules"])  # nightly sweeps start switched off
@@ -186,8 +187,9 @@ def test_a_stack_with_a_docker_cpu_pool_deploys_only_its_pools_and_passes_its_en
 
     stack = Stack(root=tmp_path, pools=("cpu",), cpu_pool_type="docker", s3=S3Endpoint(tmp_path / "s3.log", port=9000))
     args = stack.deploy_args()
-    assert args[::2] == ["--name"] * 4
-    assert set(args[1::2]) == {"benchmark-cpu", "search-cpu", "capacity-cpu", "matrix-cpu"}
+    assert args[::2] == ["--name"] * 6
+    flows = ("benchmark", "search", "capacity", "fleet", "colocated", "matrix")
+    assert set(args[1::2]) == {f"{flow}-cpu" for flow in flows}
     defaults = stack.cpu_pool_defaults()
     assert defaults["network_mode"] == "host" and defaults["env"]["AWS_ENDPOINT_URL"] == "http://127.0.0.1:9000"
     assert defaults["env"]["TBENCH_ARTIFACT_ROOT"] == "s3://tbench/runs"

@@ -255,3 +255,40 @@ def test_capacity_from_the_prefect_ui_form_runs_on_the_cpu_worker(stack, monkeyp
     assert report["request"]["max_points"] == 3 and report["request"]["space"]["instances"] == [1]
     [answer] = report["answers"]
     assert_cpu_answer(answer)
+
+
+def test_a_fleet_node_of_another_pool_is_measured_by_that_pools_colocated_deployment(stack, tmp_path, monkeypatch):
+    """`tbench fleet --fan-out` on a machine that says it is a t4 node: the plan's shared node is on the cpu pool, so
+    the cpu pool's colocated deployment measures it, its worker fetching the repository the fleet run uploaded to S3,
+    and the plan reads its verdict back. The fleet deployment's form takes the same request."""
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from tbench.capacity.fleet_report import FLEET_JSON
+    from tbench.capacity.request import FleetRequest
+    from tbench.triton.sleeper import sleeper_repository
+
+    sleeper_repository(tmp_path / "repo", 5, name="fast")  # capacity 200/s
+    sleeper_repository(tmp_path / "repo", 10, name="slow")  # capacity 100/s
+    (tmp_path / "fleet.yaml").write_text(
+        "headroom: 0.2\npools:\n  - {name: cpu, usd_per_hour: 0.1}\nmodels:\n"
+        "  - {name: fast, traffic_rps: 30, slo_ms: 80, percentile: 90, sustainable_rps: {cpu: 200}, repository: repo}\n"
+        "  - {name: slow, traffic_rps: 15, slo_ms: 80, percentile: 90, sustainable_rps: {cpu: 100}, repository: repo}\n"
+    )
+    argv = [TBENCH, "fleet", str(tmp_path / "fleet.yaml"), "--pool", "t4", "--fan-out", "-o", stack.artifact_root]
+    done = in_stack(stack, argv, timeout=900)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    url = done.stdout.strip().splitlines()[-1]
+    for key, value in stack.client_env().items():  # S3 for fsspec in this process
+        monkeypatch.setenv(key, value)
+    record = read_json(f"{url}/{FLEET_JSON}")
+    [node] = record["confirmations"]
+    assert node["pool"] == "cpu" and node["held"] is True and node["models"] == ["fast", "slow"], node
+    assert node["folder"].startswith(stack.artifact_root + "/colocated-"), node  # the child's own run folder
+    assert {p["slo"] for p in node["points"].values()} <= {"pass", "client_bound"}, node["points"]
+    assert read_json(node["folder"] + "/manifest.json")["request"]["repositories"][0].startswith(
+        stack.artifact_root + "/inputs/"
+    )  # the repository, uploaded: the worker read it from the store
+    with temporary_settings({PREFECT_API_URL: stack.api_url}), get_client(sync_client=True) as client:
+        form = client.read_deployment_by_name("triton-fleet/fleet-cpu").parameter_openapi_schema
+    assert FleetRequest.model_fields["fan_out"].description in json.dumps(form)

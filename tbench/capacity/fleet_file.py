@@ -26,12 +26,16 @@ from pydantic import ValidationError
 from tbench.capacity.costs import load_prices, price_for
 from tbench.capacity.fleet import Fleet
 from tbench.core.errors import ConfigError, validation_line
+from tbench.core.storage import is_remote
 
 
 def load_fleet(path: str | Path, prices: str | None = None) -> Fleet:
-    """The fleet in `path`; a pool without usd_per_hour takes the price table's; a model's repository is relative
-    to the file's folder."""
-    path = Path(path).expanduser()
+    """The fleet in `path` (or an upload's URL, fetched); a pool without usd_per_hour takes the price table's; a
+    model's repository is relative to the file's folder, or an upload's URL (kept as it is: fetched where a node is
+    measured)."""
+    from tbench.core.handover import local_path
+
+    path = Path(local_path(str(path)) or "").expanduser()
     try:
         text = path.read_text()
     except FileNotFoundError:
@@ -58,7 +62,7 @@ def load_fleet(path: str | Path, prices: str | None = None) -> Fleet:
                 )
             pool["usd_per_hour"] = float(row["usd_per_hour"])
     for model in data.get("models") or []:
-        if isinstance(model, dict) and isinstance(model.get("repository"), str):
+        if isinstance(model, dict) and isinstance(model.get("repository"), str) and not is_remote(model["repository"]):
             repo = (path.parent / model["repository"]).expanduser()
             if not repo.is_dir():
                 raise ConfigError(f"fleet file {path}: model {model.get('name')!r}: repository {repo} is not a folder")

@@ -108,6 +108,12 @@ class FleetRequest(BaseModel):
     fleet: str = Field(description="The fleet file (YAML or JSON): models, their traffic, SLOs and rates, and pools.")
     prices: str | None = Field(None, description="Price table CSV for pools the fleet file does not price.")
     confirm: bool = Field(True, description="Measure each shared node of this machine's pool before reporting it.")
+    fan_out: bool = Field(
+        False,
+        description="Measure each shared node of another pool through that pool's colocated deployment (needs the "
+        "Prefect server; its repositories are uploaded to the artifact root as model files are).",
+    )
+    child_timeout_s: float = Field(3 * 3600, gt=0, description="fan_out: the longest a node's measurement may take.")
     rounds: int = Field(
         4, ge=1, le=20, description="Plans tried at most: a packing that fails its measurement is planned around."
     )

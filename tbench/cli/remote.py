@@ -170,7 +170,7 @@ def hand_over(request, root: str):
 
     fields = {}
     for field in ("model_file", "input_data", "trace"):
-        value = getattr(request, field)
+        value = getattr(request, field, None)  # a capacity request has a trace only
         if value and not (field == "trace" and value.startswith("ramp:")):  # a rate schedule travels as it is
             fields[field] = handover.upload(value, root) if is_remote(root) else str(Path(value).resolve())
             console.print(f"{field.replace('_', ' ')}: {fields[field]}", markup=False, highlight=False)

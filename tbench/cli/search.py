@@ -263,6 +263,10 @@ def capacity(
                 raise ConfigError(
                     "--pools runs through the pools' deployments: set PREFECT_API_URL (e.g. `tbench stack env`)"
                 )
+            from tbench.cli.remote import hand_over
+
+            # the pools' workers read the model file, inputs and trace from the artifact store, as a submitted run's
+            request, cap = hand_over(request, request.output), hand_over(cap, request.output)
         else:
             from tbench.node import hardware
 

@@ -97,8 +97,10 @@ class ColocatedRequest(BaseModel):
     @field_validator("repositories")
     @classmethod
     def _folders(cls, repositories: list[str]) -> list[str]:
-        for repo in repositories:
-            if not Path(repo).expanduser().is_dir():
+        from tbench.core.storage import is_remote
+
+        for repo in repositories:  # an upload's URL (another pool's fleet node) is checked as it is fetched
+            if not is_remote(repo) and not Path(repo).expanduser().is_dir():
                 raise ValueError(f"{repo} is not a folder (a Triton model repository)")
         return repositories
 

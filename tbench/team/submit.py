@@ -38,6 +38,8 @@ def deployment_name(flow: str, pool: str) -> str:
         "benchmark": f"triton-benchmark/benchmark-{pool}",
         "search": f"triton-search/search-{pool}",
         "capacity": f"triton-capacity/capacity-{pool}",
+        "fleet": f"triton-fleet/fleet-{pool}",
+        "colocated": f"triton-colocated/colocated-{pool}",
     }[flow]
 
 
