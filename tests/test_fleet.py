@@ -156,7 +156,7 @@ def test_a_fleet_file_reads_prices_from_the_table_and_repositories_from_its_fold
     from tbench.capacity.costs import load_prices, price_for
     from tbench.capacity.fleet_file import load_fleet
 
-    (tmp_path / "repo").mkdir()
+    (tmp_path / "repo" / "a").mkdir(parents=True)
     fleet = load_fleet(fleet_file(tmp_path, GOOD))
     cpu = next(p for p in fleet.pools if p.name == "cpu")
     assert cpu.usd_per_hour == pytest.approx(float(price_for(load_prices(), "cpu")["usd_per_hour"]))
@@ -196,6 +196,7 @@ def test_a_fleet_file_and_its_repositories_travel_through_the_artifact_store(tmp
         ("- a\n- b\n", "must hold a mapping with models and pools"),
         (GOOD.replace("name: cpu", "name: tpu"), "pool 'tpu' has no usd_per_hour and the price table has no row"),
         (GOOD.replace("repository: repo", "repository: nowhere"), "model 'a': repository"),
+        (GOOD.replace("{name: a,", "{name: resnet,"), "model 'resnet' is not in its repository"),
         (GOOD.replace("traffic_rps: 10", "traffic_rps: -1"), "models.0.traffic_rps: Input should be greater than 0"),
         (GOOD.replace("{t4: 100}", "{v100: 100}"), "names a pool not in the fleet's pools: v100"),
         (GOOD.replace("percentile: 95", "percentile: 97"), "models.1.percentile: Input should be 50, 90, 95 or 99"),
@@ -204,7 +205,7 @@ def test_a_fleet_file_and_its_repositories_travel_through_the_artifact_store(tmp
 def test_a_fleet_file_with_a_mistake_is_one_line_naming_it(tmp_path, text, message):
     from tbench.capacity.fleet_file import load_fleet
 
-    (tmp_path / "repo").mkdir()
+    (tmp_path / "repo" / "a").mkdir(parents=True)
     with pytest.raises(ConfigError, match=message) as err:
         load_fleet(fleet_file(tmp_path, text))
     assert "\n" not in str(err.value)

@@ -66,6 +66,11 @@ def load_fleet(path: str | Path, prices: str | None = None) -> Fleet:
             repo = (path.parent / model["repository"]).expanduser()
             if not repo.is_dir():
                 raise ConfigError(f"fleet file {path}: model {model.get('name')!r}: repository {repo} is not a folder")
+            if model.get("name") and not (repo / str(model["name"])).is_dir():  # a server serves a model by its folder
+                raise ConfigError(
+                    f"fleet file {path}: model {model['name']!r} is not in its repository {repo} (no folder of that "
+                    "name): name the model as its folder is named, or give the repository that holds it"
+                )
             model["repository"] = str(repo.resolve())
     try:
         return Fleet.model_validate(data)
