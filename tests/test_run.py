@@ -78,3 +78,21 @@ def test_a_manifest_that_cannot_be_written_does_not_raise(tracker, tmp_path):
         tracker.write_manifest()  # logged; the caller goes on to stop the server
     finally:
         tracker.layout.run_dir.chmod(0o700)
+
+
+def test_a_full_disk_at_the_logs_last_flush_does_not_hide_the_runs_own_error(tracker, caplog):
+    """The soak's disk-full fault: the run's log file could not be flushed as it was released, and that OSError was
+    what the run ended with, in place of its own one-line error."""
+    import logging
+
+    tracker.capture_logs()
+    handler = tracker._log_handler
+
+    def full(*_):
+        raise OSError(28, "No space left on device")
+
+    handler.flush = full  # what FileHandler.close() calls first
+    logging.getLogger("prefect").info("a line still in the buffer")
+    tracker.release_logs()
+    assert handler not in logging.getLogger("prefect").handlers and tracker._log_handler is None
+    assert "No space left on device" in caplog.text

@@ -168,5 +168,8 @@ class RunTracker:
     def release_logs(self) -> None:
         if self._log_handler:
             logging.getLogger("prefect").removeHandler(self._log_handler)
-            self._log_handler.close()
+            try:
+                self._log_handler.close()  # flushes: on a full disk that fails, and must not hide the run's own error
+            except OSError as err:
+                logging.getLogger("prefect.tbench").error(f"could not finish {self.layout.logs_dir}/prefect.log: {err}")
             self._log_handler = None
