@@ -96,3 +96,24 @@ def test_a_full_disk_at_the_logs_last_flush_does_not_hide_the_runs_own_error(tra
     tracker.release_logs()
     assert handler not in logging.getLogger("prefect").handlers and tracker._log_handler is None
     assert "No space left on device" in caplog.text
+
+
+def test_on_a_full_disk_the_final_manifest_is_written_in_the_old_ones_space(tracker, monkeypatch):
+    """The soak's lost runs: they failed on a full staging disk, the manifest could not be replaced, and it said
+    `running` for ever. Its own space still takes how the run ended."""
+    import tbench.stages.tracker as tracker_module
+    from tbench.stages.killed import RUNNING
+
+    tracker.write_manifest(status=RUNNING, request={"model": "resnet50", "batch_sizes": list(range(64))})
+
+    def full(*_):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(tracker_module, "write_manifest", full)
+    tracker.record_error(ServerStartError("tritonserver exited at start"), "server")
+    tracker.write_manifest(status=tracker.status)
+    written = json.loads((tracker.layout.run_dir / "manifest.json").read_text())
+    assert written["status"] == FAILED and written["failed_stage"] == "server"
+    assert "tritonserver exited at start" in written["error"]
+    tracker.write_manifest(status=RUNNING)  # a start on a full disk keeps what is there
+    assert json.loads((tracker.layout.run_dir / "manifest.json").read_text()) == written

@@ -18,6 +18,7 @@ from tbench.core.layout import RunLayout
 from tbench.core.metrics import RESULT_COLUMNS
 from tbench.loadgen.perf_analyzer import COMPOSING_COLUMNS
 from tbench.node.interrupts import is_interrupt, signal_name
+from tbench.stages.killed import RUNNING
 from tbench.stages.store import write_local_atomic, write_manifest
 
 # A run's status, as the manifest, the report, the results dataset and the CLI's exit code say it.
@@ -158,6 +159,32 @@ class RunTracker:
             write_manifest(self.layout.run_dir, self.manifest(**extra))
         except OSError as err:
             logging.getLogger("prefect.tbench").error(f"could not write {self.layout.run_dir}/manifest.json: {err}")
+            if extra.get("status") != RUNNING:  # a run's end, not its start
+                self._manifest_in_place()
+
+    def _manifest_in_place(self) -> None:
+        """On a full disk the manifest cannot be replaced (a new file needs space), but the one already there can be
+        overwritten in its own space: how the run ended, in a few fields, so that it does not say `running` for
+        ever. The rest of it is lost; results.csv and the logs keep what was measured."""
+        path = self.layout.run_dir / "manifest.json"
+        brief = json.dumps(
+            {
+                "run_id": self.layout.run_id,
+                "status": self.status,
+                "failed_stage": self.failed_stage,
+                "error": self.error or self.status_line or None,
+                "points": {"measured": len(self.results), "failed": self.failed_points},
+                "note": "written in place on a full disk: the full manifest could not be",
+            }
+        ).encode()
+        try:
+            with path.open("r+b") as f:
+                if len(brief) > path.stat().st_size:
+                    return  # it would need more space than the disk has
+                f.write(brief)
+                f.truncate()
+        except OSError:
+            pass  # nothing left to try: the next run that finds it `running` marks it (tbench.stages.killed)
 
     def capture_logs(self) -> None:
         """Prefect's run logs also go to logs/prefect.log in the run folder."""
