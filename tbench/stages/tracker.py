@@ -167,16 +167,9 @@ class RunTracker:
         overwritten in its own space: how the run ended, in a few fields, so that it does not say `running` for
         ever. The rest of it is lost; results.csv and the logs keep what was measured."""
         path = self.layout.run_dir / "manifest.json"
-        brief = json.dumps(
-            {
-                "run_id": self.layout.run_id,
-                "status": self.status,
-                "failed_stage": self.failed_stage,
-                "error": self.error or self.status_line or None,
-                "points": {"measured": len(self.results), "failed": self.failed_points},
-                "note": "written in place on a full disk: the full manifest could not be",
-            }
-        ).encode()
+        full = self.manifest()
+        kept = {key: full[key] for key in ("run_id", "status", "failed_stage", "error", "points")}
+        brief = json.dumps(kept | {"note": "written in place on a full disk: the full manifest could not be"}).encode()
         try:
             with path.open("r+b") as f:
                 if len(brief) > path.stat().st_size:
