@@ -21,7 +21,7 @@ from tbench.capacity.request import FleetRequest
 from tbench.core import handover
 from tbench.core.errors import ConfigError
 from tbench.core.layout import RunLayout
-from tbench.core.storage import is_remote, url_to_fs
+from tbench.core.storage import url_to_fs
 from tbench.node import hardware as hw
 from tbench.node.device_lock import device_lock
 from tbench.request.benchmark import MeasurementOverrides
@@ -169,10 +169,7 @@ def confirm(
 def on_pool(request: FleetRequest, colocated: ColocatedRequest, pool: str) -> dict:
     """The node measured by `pool`'s colocated deployment, its repositories handed over (uploaded to a shared
     artifact root, as a submitted model file is): the child run's row (state, reason, run_url)."""
-    root = request.output
-    repositories = [
-        handover.upload(r, root) if is_remote(root) and not is_remote(r) else r for r in colocated.repositories
-    ]
+    repositories = [handover.hand_over_path(repo, request.output) for repo in colocated.repositories]
     # the server mode and ports are the worker's own (its environment's defaults)
     request_fields = colocated.model_dump(mode="json", exclude={"server", "http_port", "grpc_port"})
     parameters = {"request": request_fields | {"repositories": repositories}}

@@ -166,13 +166,12 @@ def hand_over(request, root: str):
     artifact root under their content digest (tbench.core.handover), or, with a local root (a worker on this
     machine), as absolute paths."""
     from tbench.core import handover
-    from tbench.core.storage import is_remote
 
     fields = {}
     for field in ("model_file", "input_data", "trace"):
         value = getattr(request, field, None)  # a capacity request has a trace only
         if value and not (field == "trace" and value.startswith("ramp:")):  # a rate schedule travels as it is
-            fields[field] = handover.upload(value, root) if is_remote(root) else str(Path(value).resolve())
+            fields[field] = handover.hand_over_path(value, root)
             console.print(f"{field.replace('_', ' ')}: {fields[field]}", markup=False, highlight=False)
     return request.model_copy(update=fields)
 

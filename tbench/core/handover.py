@@ -119,3 +119,11 @@ def fetch(url: str) -> Path:
 def local_path(path: str | None) -> str | None:
     """A request's file as this machine reads it: fetched when it is an upload's URL, else as given."""
     return str(fetch(path)) if is_remote(path) else path
+
+
+def hand_over_path(path: str, root: str) -> str:
+    """Where another machine's worker reads `path`: its upload under `root` when the root is shared, else its absolute
+    path (a worker on this machine); an upload's URL as it is."""
+    if is_remote(path):
+        return path
+    return upload(path, root) if is_remote(root) else str(Path(path).resolve())
