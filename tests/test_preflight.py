@@ -11,8 +11,8 @@ import pytest
 from pydantic import ValidationError
 from typer.testing import CliRunner
 
-from tbench.cli import app, validation_line
-from tbench.core.errors import ConfigError
+from tbench.cli import app
+from tbench.core.errors import ConfigError, validation_line
 from tbench.planning.preflight import check_store, preflight
 from tbench.request.benchmark import BenchmarkRequest, has_credentials
 

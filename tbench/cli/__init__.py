@@ -26,7 +26,6 @@ from tbench.cli.common import (  # noqa: E402
     parse_job_variables,
     parse_named,
     parse_options,
-    validation_line,
 )
 
 __all__ = [
@@ -38,7 +37,6 @@ __all__ = [
     "parse_job_variables",
     "parse_named",
     "parse_options",
-    "validation_line",
 ]
 
 app = typer.Typer(

@@ -20,12 +20,7 @@ from rich.progress import (
 )
 
 from tbench.core import progress
-from tbench.core.errors import (
-    BenchError,
-    ConfigError,
-    error_line,
-    validation_line,  # noqa: F401 (the CLI's, re-exported)
-)
+from tbench.core.errors import BenchError, ConfigError, error_line, validation_line
 
 console = Console(stderr=True, soft_wrap=True, emoji=False)  # "start:end:step" is not an emoji
 
