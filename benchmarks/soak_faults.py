@@ -232,14 +232,29 @@ def local_runs(staging: Path) -> dict[str, dict]:
     return out
 
 
-def stored_points(env: dict, url: str) -> int | None:
-    """Points in a run's results.parquet in S3 (another process, with the stack's environment); None if absent."""
-    script = (
-        "import sys, fsspec, pandas as pd\nfs, path = fsspec.core.url_to_fs(sys.argv[1])\n"
-        "with fs.open(path + '/results.parquet', 'rb') as f: print(len(pd.read_parquet(f)))"
+STORED_RUNS = """
+import json, sys, fsspec, pandas as pd
+fs, root = fsspec.core.url_to_fs(sys.argv[1])
+out = {}
+for path in fs.glob(root.rstrip("/") + "/*/manifest.json"):
+    manifest = json.loads(fs.cat_file(path))
+    try:
+        with fs.open(path.rsplit("/", 1)[0] + "/results.parquet", "rb") as f:
+            points = len(pd.read_parquet(f))
+    except FileNotFoundError:
+        points = 0
+    out[str(manifest.get("flow_run_id") or path)] = {"manifest": manifest, "points": points}
+print(json.dumps(out))
+"""
+
+
+def stored_runs(env: dict, root_url: str) -> dict[str, dict]:
+    """The runs in the S3 root by flow run id: their stored manifest and the points in results.parquet (another
+    process, with the stack's environment). A completed run's folder leaves the worker once stored."""
+    done = subprocess.run(
+        [sys.executable, "-c", STORED_RUNS, root_url], env=env, capture_output=True, text=True, timeout=300
     )
-    done = subprocess.run([sys.executable, "-c", script, url], env=env, capture_output=True, text=True, timeout=120)
-    return int(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 else None
+    return json.loads(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 else {}
 
 
 def held_port_locks() -> list[str]:
@@ -324,7 +339,8 @@ def soak(
                 time.sleep(10)
         next_state = flow_runs(s.stack.api_url, [next_run])[next_run]["state"] if next_run else None
         local = local_runs(s.staging)
-        table = classify(ids, states, local, s.client_env(), s.faults, s.started)
+        stored = stored_runs(s.client_env(), s.stack.artifact_root)
+        table = classify(ids, states, local, stored, s.faults, s.started)
         lock_slots = device_lock_slots(s.stack.api_url)
     finally:
         stop.set()
@@ -383,29 +399,28 @@ def leftovers_now(s: Soak, shm_before: set, locks_before: set) -> list[str]:
     return processes + shm + ([f"device lock: {slots} slots"] if slots else [])
 
 
-def classify(ids, states, local, env, faults, started) -> list[dict]:
-    """One row per submitted run: its outcome, the faults during its span, and points lost."""
+def classify(ids, states, local, stored, faults, started) -> list[dict]:
+    """One row per submitted run: its outcome, the faults during its span, and points lost (measured on the worker,
+    where a failed run's folder stays, and not in the store)."""
     epoch_start = time.time() - (time.monotonic() - started)
     rows = []
     for run_id in ids:
         st = states.get(run_id, {})
-        mine = local.get(run_id)
+        mine, kept = local.get(run_id), stored.get(run_id)
         begin, end = st.get("start"), st.get("end") or time.time()
         during = [
             f.kind for f in faults if begin is not None and begin - 5 <= epoch_start + f.at_s <= end + f.took_s + 5
         ]
         message = st.get("message", "")
-        manifest = (mine or {}).get("manifest", {})
+        manifest = (mine or kept or {}).get("manifest", {})
         local_points = (mine or {}).get("points", 0)
-        lost_points = 0
+        stored_count = (kept or {}).get("points")
+        # measured (the worker's copy, else what the stored manifest counted) and not in the store's results
+        measured = local_points if mine else ((kept or {}).get("manifest", {}).get("points") or {}).get("measured", 0)
+        lost_points = max(0, measured - (stored_count or 0)) if kept else 0
         if st.get("state") == "COMPLETED":
-            stored = stored_points(env, manifest.get("artifact_url", "")) if manifest.get("artifact_url") else None
-            outcome = "completed" if stored is not None else "lost"
-            lost_points = max(0, local_points - (stored or 0))
-            if stored is None:
-                why = "completed, but its results are not in the store"
-            else:
-                why = ""
+            outcome = "completed" if kept is not None else "lost"
+            why = "" if kept is not None else "completed, but its results are not in the store"
         elif (
             st.get("state") in ("FAILED", "CRASHED")
             and message
@@ -426,8 +441,9 @@ def classify(ids, states, local, env, faults, started) -> list[dict]:
                 "why": why,
                 "faults": during,
                 "points_on_worker": local_points,
+                "points_stored": stored_count,
                 "lost_points": lost_points,
-                "manifest": bool(mine),
+                "manifest": bool(mine or kept),
                 "manifest_status": manifest.get("status"),
                 "manifest_error": str(manifest.get("error") or "")[:300],
             }

@@ -18,7 +18,7 @@ from tbench.node.device_lock import device_lock
 from tbench.node.interrupts import second_signal_exits
 from tbench.planning.preflight import preflight
 from tbench.stages.killed import RUNNING, mark_ended, mark_killed_runs, mark_running, owner
-from tbench.stages.store import staging_root
+from tbench.stages.store import discard_staged, staging_root
 from tbench.stages.tracker import RunTracker
 
 log = logging.getLogger("prefect.tbench.lifecycle")
@@ -149,4 +149,6 @@ def finish_run(
         if not tracker.results.empty and manifest.get("request", {}).get("model"):
             with tracker.stage("history"):
                 history_task(output, manifest["request"]["model"], layout.run_id)
+        if tracker.error is None:  # a failed run keeps its copy: `tbench upload` and a search's resume start there
+            discard_staged(layout.run_dir, output)
     return end["url"]

@@ -53,7 +53,8 @@ with fs.open(path + "/results.parquet", "rb") as f:
     results = pd.read_parquet(f)
 present = {p[len(path) + 1:]: fs.size(p) for p in fs.find(path)}
 print(json.dumps({"manifest": manifest, "points": len(results), "ok": int((results["status"] == "ok").sum()),
-                  "present": present, "html": fs.cat_file(path + "/report.html")[:200].decode(errors="replace")}))
+                  "rows": json.loads(results.to_json(orient="records")), "present": present,
+                  "html": fs.cat_file(path + "/report.html")[:200].decode(errors="replace")}))
 """
 
 
@@ -79,6 +80,7 @@ def test_a_submitted_run_is_picked_up_and_its_artifacts_read_back_from_s3(stack)
     assert not [p for p in stored["present"] if ".tmp-" in p]
     assert "<html" in stored["html"].lower()
     assert manifest["hardware"]["hostname"] and manifest["request"]["model"] == "resnet50"
+    assert not (stack.root / "staging" / manifest["run_id"]).exists()  # stored: the worker's disk keeps no copy
     # the results dataset across runs, queried by yet another process
     results = in_stack(stack, [TBENCH, "results", "--model", "resnet50"])
     assert results.returncode == 0 and manifest["run_id"] in results.stdout, results.stdout + results.stderr
@@ -262,8 +264,10 @@ def test_a_killed_worker_loses_nothing_and_a_rerun_with_reuse_measures_only_the_
     stack.start_worker()
     rerun = in_stack(stack, [TBENCH, "submit", *run, "--pool", "cpu", "--reuse"])
     assert rerun.returncode == 0, (rerun.stdout + rerun.stderr)[-3000:]
-    rerun_dir = next(iter(set(staging.glob("resnet50-*")) - before - {killed_dir}))
-    results = pd.read_csv(rerun_dir / "results.csv")
+    report = next(
+        line.split("report:", 1)[1].strip() for line in (rerun.stdout + rerun.stderr).splitlines() if "report:" in line
+    )
+    results = pd.DataFrame(read_back(stack, report.rsplit("/", 1)[0])["rows"])  # stored, so no longer on the worker
     reused = results[results["reused_from"] == killed_dir.name]
     # every point measured (a busy machine may leave a fresh one unstable: measured all the same, and kept)
     assert len(results) == 5 and results["status"].isin(["ok", "unstable"]).all(), results["status"]

@@ -90,3 +90,16 @@ def test_a_retried_upload_sends_only_what_is_missing_and_the_manifest_last(tmp_p
     again = sent[len(first) :]
     assert first[0] not in again and again[-1].endswith("manifest.json")  # the uploaded file was not sent twice
     assert fs.cat_file("/retry/runs/m-1/plots/p.png") == b"png" and fs.exists("/retry/runs/m-1/manifest.json")
+
+
+def test_a_run_stored_in_a_remote_root_leaves_the_staging_folder_a_local_root_keeps_it(tmp_path, monkeypatch):
+    from tbench.stages.store import KEEP_STAGED_ENV, discard_staged
+
+    monkeypatch.delenv(KEEP_STAGED_ENV, raising=False)
+    local = make_run(tmp_path / "local")
+    assert not discard_staged(local.run_dir, str(tmp_path / "local" / "runs")) and local.report_md.exists()
+    staged = make_run(tmp_path / "staged")
+    assert discard_staged(staged.run_dir, "memory://bucket/runs") and not staged.run_dir.exists()
+    kept = make_run(tmp_path / "kept")
+    monkeypatch.setenv(KEEP_STAGED_ENV, "1")
+    assert not discard_staged(kept.run_dir, "memory://bucket/runs") and kept.report_md.exists()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import uuid
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from tbench.results.dataset import add_run_to_dataset
 
 MANIFEST = "manifest.json"
 STAGING_ENV = "TBENCH_STAGING_DIR"
+KEEP_STAGED_ENV = "TBENCH_KEEP_STAGED"  # "1": a stored run's local copy stays in the staging folder
 
 
 def is_local(root_url: str) -> bool:
@@ -91,6 +93,16 @@ def upload_run(run_dir: Path, root_url: str, run_id: str) -> str:
             f"run is kept at {run_dir} (finish the upload with: tbench upload {run_dir})"
         ) from err
     return url
+
+
+def discard_staged(run_dir: Path, root_url: str) -> bool:
+    """A run stored in a remote root leaves the staging folder once stored: staging is where a run is written while it
+    runs, and the copies kept there filled a worker's disk until every run failed (the soak's lost runs). Called only
+    after the store succeeded. Returns whether the copy was removed."""
+    if is_local(root_url) or os.environ.get(KEEP_STAGED_ENV) == "1":
+        return False
+    shutil.rmtree(run_dir, ignore_errors=True)
+    return True
 
 
 def one_line(err: Exception) -> str:
