@@ -142,7 +142,7 @@ def _benchmark(plan: RunPlan, adapter, tracker: RunTracker) -> str:
                     offline = {n: offline_configs[n] for n in model.behind} if scenario is Scenario.OFFLINE else {}
                     with configs_loaded(server, offline):  # reloaded once for every shape set
                         for shapes, cache in zip(shape_sets, caches):  # one set unless the user swept shapes
-                            _sweep(plan, tracker, server, model, scenario, shapes, cache)
+                            _sweep(plan, tracker, server, model, scenario, shapes, cache, adapter.given_samples)
     except BaseException as err:
         _finish(tracker, plan, server, error=err)
         raise
@@ -154,14 +154,17 @@ def _benchmark(plan: RunPlan, adapter, tracker: RunTracker) -> str:
     return url
 
 
-def _sweep(plan: RunPlan, tracker: RunTracker, server, model, scenario: Scenario, shapes, cache) -> None:
+def _sweep(plan: RunPlan, tracker: RunTracker, server, model, scenario: Scenario, shapes, cache, samples) -> None:
     """One format's sweep of one scenario at one shape set: a stage of its own, every point kept as measured."""
     key = "-".join(filter(None, ("perf", scenario.value, model.format.value, shapes.tag)))
     labels = {**model.labels, "shapes": shapes.label}
     with tracker.stage(key):
         perf_task(
             scenario,
-            [replace(p, shapes=shapes.tag) for p in plan.points(scenario, tracker.layout.run_dir / "arrivals")],
+            [
+                replace(p, shapes=shapes.tag)
+                for p in plan.points(scenario, tracker.layout.run_dir / "arrivals", samples)
+            ],
             model=model.name,
             grpc_url=server.endpoints.grpc_url,
             spec=model.spec,

@@ -159,7 +159,7 @@ def run_search(request: BenchmarkRequest, search: SearchRequest, capacity: Capac
                     start_rps=capacity.start_rps or capacity.trace_rate(),
                     on_point=emit_rate_point,
                     gpu_uuids=tuple(device.gpu_uuids),
-                    arrivals=trace_arrivals(capacity.trace, layout.run_dir / "arrivals"),
+                    arrivals=trace_arrivals(capacity.trace, layout.run_dir / "arrivals", adapter.given_samples),
                 )
             start = Candidate(
                 instances=req.model_instances,

@@ -92,6 +92,7 @@ def _measure(req: BenchmarkRequest, hardware, name: str, version: str, tracker: 
                 req.burstiness,
                 sweep.measurement.seed,
                 layout.run_dir / "arrivals",
+                adapter.given_samples,
             )
             for shapes in shape_sets:  # one set unless the user swept shapes
                 key = "-".join(filter(None, ("perf", scenario.value, served.format, shapes.tag)))

@@ -32,18 +32,22 @@ def served_capacity(request: BenchmarkRequest, cap: CapacityRequest, hardware) -
     with run_lifecycle(req, hardware, f"{name}-capacity", request_json) as tracker:
         server, served, found = ServedServer(req.server_url, tracker.layout.server_log), None, None
         try:
-            served, _, shape_sets = read_served(req, name, version, tracker, server)
+            served, adapter, shape_sets = read_served(req, name, version, tracker, server)
             if len(shape_sets) > 1:
                 raise ConfigError("a --shape sweep is measured by `tbench run`; capacity takes one shape")
             with tracker.stage("rate-search"):
-                found = _sustainable_rate(req, cap, served, server, shape_sets[0].inputs, tracker)
+                found = _sustainable_rate(
+                    req, cap, served, server, shape_sets[0].inputs, tracker, adapter.given_samples
+                )
         except BaseException as err:
             _finish(tracker, req, cap, hardware, server, served, found, error=err)
             raise
         return _finish(tracker, req, cap, hardware, server, served, found)
 
 
-def _sustainable_rate(req, cap: CapacityRequest, served: ServedModel, server, inputs, tracker) -> SustainableRate:
+def _sustainable_rate(
+    req, cap: CapacityRequest, served: ServedModel, server, inputs, tracker, samples
+) -> SustainableRate:
     """Bracket and bisect the Poisson rate at batch 1 (tbench.capacity.rate_search), each point kept as measured."""
     grpc_url, spec = server.endpoints.grpc_url, served.io_spec
     # the client's GPU says nothing of the server's: the profile the user names, else the cpu profile's settings
@@ -76,7 +80,7 @@ def _sustainable_rate(req, cap: CapacityRequest, served: ServedModel, server, in
             inputs=inputs,
             latency_s=latency.get(1),
             monitor=PointMonitor(grpc_url, served.name),
-            arrivals=trace_arrivals(cap.trace, tracker.layout.run_dir / "arrivals"),
+            arrivals=trace_arrivals(cap.trace, tracker.layout.run_dir / "arrivals", samples),
         )
 
     def measured(point) -> None:

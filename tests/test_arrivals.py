@@ -4,6 +4,7 @@ points' intervals files, and how closely a schedule was kept (tbench.loadgen.arr
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,9 +14,10 @@ from tbench.core.enums import Scenario
 from tbench.core.errors import ConfigError
 from tbench.core.request_trace import read_trace
 from tbench.loadgen.arrivals import gamma_intervals_us, replay_error_us, with_intervals
-from tbench.loadgen.perf_analyzer import Point, load_args
-from tbench.request.benchmark import BenchmarkRequest
+from tbench.loadgen.perf_analyzer import Point, load_args, perf_argv
+from tbench.request.benchmark import BenchmarkRequest, Measurement
 from tbench.request.load import arrival_load
+from tbench.triton.sleeper import SPEC as SLEEPER_SPEC
 
 
 def write(tmp_path, name: str, text: str):
@@ -48,12 +50,78 @@ def test_a_trace_reads_from_csv_jsonl_or_text_and_starts_at_zero(tmp_path):
         ("t.txt", "5\n5\n", "needs at least 2 requests over a span longer than 0 s"),
         ("t.csv", "timestamp,batch_size\n0,1\n1,8\n", "holds batch sizes [1, 8]: perf_analyzer sends one batch size"),
         ("t.csv", "", "cannot be read"),
+        ("t.csv", "timestamp,sample\n0,1\n1,x\n", "line 3: sample 'x' is not an index"),
+        ("t.csv", "timestamp,sample\n0,1\n1,-2\n", "line 3: sample -2 is not an index"),
+        ("t.csv", "timestamp,sample\n0,1.5\n1,2\n", "line 2: sample 1.5 is not an index"),
+        ("t.jsonl", '{"timestamp": 0, "sample": 3}\n{"timestamp": 1}\n', "line 2: no sample, where other lines"),
     ],
 )
 def test_a_bad_trace_is_one_line_naming_the_fix(tmp_path, name, text, message):
     with pytest.raises(ConfigError, match=re.escape(message)) as err:
         read_trace(write(tmp_path, name, text))
     assert "\n" not in str(err.value)
+
+
+def test_a_trace_may_name_each_requests_sample(tmp_path):
+    csv = read_trace(write(tmp_path, "s.csv", "timestamp,sample\n0,2\n0.5,0\n2,2\n"))
+    jsonl = read_trace(write(tmp_path, "s.jsonl", '{"timestamp": 0, "sample": 2}\n{"timestamp": 0.5, "sample": 0}\n'))
+    assert csv.samples.tolist() == [2, 0, 2] and jsonl.samples.tolist() == [2, 0]
+    assert read_trace(write(tmp_path, "plain.csv", "timestamp\n0\n1\n")).samples is None
+
+
+def samples_of(tmp_path, values: list[float]):
+    from tbench.core.input_data import load_input_data
+
+    np.savez(tmp_path / "samples.npz", INPUT0=np.asarray(values, dtype=np.float32)[:, None])
+    return load_input_data(tmp_path / "samples.npz", SLEEPER_SPEC)
+
+
+def test_a_trace_with_samples_sends_them_in_its_order(tmp_path):
+    import json
+
+    trace = write(tmp_path, "s.csv", "timestamp,sample\n0,2\n0.5,0\n2,2\n3,1\n")
+    samples = samples_of(tmp_path, [10.0, 11.0, 12.0])
+    (traced,) = with_intervals([Point(Scenario.RATE, 1, None, 1.0, "trace")], str(trace), 1, 0, tmp_path, samples)
+    entries = json.loads(Path(traced.data_file).read_text())["data"]
+    assert [e["INPUT0"]["content"] for e in entries] == [[12.0], [10.0], [12.0], [11.0]]  # one per request, in order
+    assert len(entries) == len(np.loadtxt(traced.intervals)) + 1  # both loop together: the last interval closes it
+    argv = perf_argv(Path("pa"), "m", "u", traced, Measurement(), 100, tmp_path / "x.csv", SLEEPER_SPEC)
+    assert argv[argv.index("--input-data") + 1] == traced.data_file
+
+
+@pytest.mark.parametrize(
+    ("trace_text", "values", "batch", "message"),
+    [
+        ("timestamp,sample\n0,0\n1,3\n", [1.0, 2.0], 1, "request 2 names sample 3, but"),
+        ("timestamp,sample\n0,0\n1,1\n", None, 1, "names a sample per request: give the samples with --input-data"),
+        ("timestamp,sample\n0,0\n1,1\n", [1.0, 2.0], 4, "sent one per request: use batch size 1 (not 4)"),
+    ],
+)
+def test_a_trace_whose_samples_cannot_be_sent_is_one_line(tmp_path, trace_text, values, batch, message):
+    trace = read_trace(write(tmp_path, "s.csv", trace_text))
+    samples = samples_of(tmp_path, values) if values else None
+    with pytest.raises(ConfigError, match=re.escape(message)) as err:
+        trace.check_samples(samples, batch)
+    assert "\n" not in str(err.value)
+
+
+def test_a_trace_too_big_for_perf_analyzers_input_data_is_refused(tmp_path, monkeypatch):
+    from tbench.core import request_trace
+
+    monkeypatch.setattr(request_trace, "MAX_SAMPLE_VALUES", 3)
+    trace = read_trace(write(tmp_path, "s.csv", "timestamp,sample\n0,0\n1,1\n2,0\n3,1\n"))
+    with pytest.raises(ConfigError, match="requests' samples hold 4 values, more than perf_analyzer's input data"):
+        trace.check_samples(samples_of(tmp_path, [1.0, 2.0]), 1)
+
+
+def test_a_traces_batch_size_is_its_points(tmp_path):
+    trace = write(tmp_path, "b.csv", "timestamp,batch_size\n0,4\n1,4\n")
+    (traced,) = with_intervals([Point(Scenario.RATE, 1, None, 1.0, "trace")], str(trace), 1, 0, tmp_path)
+    assert traced.batch_size == 4 and traced.label.startswith("b4_")
+    with pytest.raises(ConfigError, match="sends batch size 4, above max_batch_size 2"):
+        BenchmarkRequest(model="resnet50", size="small", trace=str(trace), max_batch_size=2, batch_sizes=[1]).resolve(
+            False
+        )
 
 
 def test_a_missing_trace_is_refused():
@@ -150,6 +218,36 @@ def test_a_trace_is_replayed_whole_on_the_real_server_and_pictured(tmp_path):
     assert (rows["arrivals_median_error_us"] < 2_000).all(), rows.to_string()
     assert len(list((run_dir / "plots").glob("*_trace_over_time.png"))) == 2
     assert "trace arrivals, mean" in (run_dir / "report.md").read_text()
+
+
+@pytest.mark.e2e
+def test_each_request_of_a_trace_carries_the_sample_it_names_on_the_real_server(tmp_path):
+    """perf_analyzer sends its i-th scheduled request with the i-th input data entry, whichever thread sends it: the
+    server (the sleeper, recording what it serves) sees the trace's samples in the trace's order."""
+    from test_faults import CliRun
+
+    from tbench.triton.process_server import EmbeddedServer
+    from tbench.triton.sleeper import sleeper_repository
+
+    rng = np.random.default_rng(0)
+    count = 40
+    times = np.cumsum(rng.uniform(0.02, 0.03, count))  # apart by more than a request takes: served as sent
+    order = rng.permutation(count)  # request k sends sample order[k]
+    rows = "\n".join(f"{t:.6f},{k}" for t, k in zip(times, order))
+    trace = write(tmp_path, "trace.csv", f"timestamp,sample\n{rows}\n")
+    samples_of(tmp_path, [1000.0 + i for i in range(count)])
+    record = tmp_path / "served.txt"
+    with EmbeddedServer(sleeper_repository(tmp_path / "repo", 1, record_to=record), tmp_path / "server.log") as server:
+        url = f"{server.endpoints.grpc_url},{server.endpoints.http_url}"
+        args = ["--served-model", "sleeper", "--server-url", url, "--scenarios", "rate", "--trace", str(trace)]
+        run = CliRun([*args, "--input-data", str(tmp_path / "samples.npz")], tmp_path / "runs")
+        assert run.finish(timeout=300) == 0, run.output
+    position = {1000.0 + sample: k for k, sample in enumerate(order)}  # a served value -> its request in the trace
+    served = [position.get(v, -1) for v in map(float, record.read_text().split())]  # -1: the warm-up's zeros
+    # perf_analyzer's requests are the last (the warm-up sent the samples before, in their file's order): they follow
+    # the trace, request after request, looping over it
+    steps = np.diff(served[-3 * count :]) % count
+    assert (steps == 1).mean() > 0.97, served
 
 
 def test_a_rate_schedule_is_a_trace_that_ramps(tmp_path):

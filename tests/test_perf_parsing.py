@@ -9,7 +9,7 @@ from conftest import GOLDEN
 from tbench.core.enums import Scenario
 from tbench.core.iospec import IoSpec, TensorSpec
 from tbench.core.metrics import BREAKDOWN, PUBLISHED_COLUMNS, RESULT_COLUMNS
-from tbench.loadgen.perf_analyzer import Point, output_shm_bytes, parse_perf_csv, perf_argv
+from tbench.loadgen.perf_analyzer import Point, output_shm_bytes, parse_perf_csv, perf_argv, perf_json_value
 from tbench.request.benchmark import Measurement
 from tbench.stages.sweep import plan_points
 
@@ -168,7 +168,7 @@ def test_perf_input_data_holds_real_samples_and_skips_huge_float_ones(
     # floats are sent unrounded: read back as float32, exactly what correctness and accuracy checked
     sent = np.asarray(entries[0]["input__0"]["content"], dtype=np.float32).reshape(3, 32, 32)
     np.testing.assert_array_equal(sent, first)
-    half = perf.perf_json_value(np.linspace(-2, 2, 6, dtype=np.float16).reshape(2, 3))  # FP16 only as bytes
+    half = perf_json_value(np.linspace(-2, 2, 6, dtype=np.float16).reshape(2, 3))  # FP16 only as bytes
     assert half["shape"] == [2, 3] and np.array_equal(
         np.frombuffer(base64.b64decode(half["b64"]), "<f2"), np.linspace(-2, 2, 6, dtype=np.float16)
     )

@@ -85,7 +85,7 @@ def test_a_string_range_is_words_per_string(text_model):
 
 
 def test_string_samples_go_to_perf_analyzer_as_json_strings():
-    from tbench.stages.sweep import perf_json_value
+    from tbench.loadgen.perf_analyzer import perf_json_value
 
     sample = np.array(["good movie", "bad"], dtype=object)
     assert perf_json_value(sample) == {"content": ["good movie", "bad"], "shape": [2]}

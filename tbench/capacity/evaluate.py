@@ -69,15 +69,16 @@ def measure_rate(
     point = arrivals(point) if arrivals else point
     row = measure_point(point, **measure)
     requests = exported_requests(measure["layout"], row)
-    return judge(point.rate, batch_size, row, slo_ms, rule, requests, replayed=point.distribution == "trace")
+    return judge(point.rate, point.batch_size, row, slo_ms, rule, requests, replayed=point.distribution == "trace")
 
 
-def trace_arrivals(trace: str | None, folder: Path) -> Callable[[Point], Point] | None:
+def trace_arrivals(trace: str | None, folder: Path, samples=None) -> Callable[[Point], Point] | None:
     """A capacity plan on a trace: each rate point replays the trace sped up to the point's rate (its mean rate at
-    that speed-up), so the sustainable rate found is the trace's mean rate at the highest speed-up that holds."""
+    that speed-up), so the sustainable rate found is the trace's mean rate at the highest speed-up that holds; a trace
+    with a sample per request sends them from `samples` (the run's --input-data)."""
     if not trace:
         return None
-    return lambda point: with_intervals([replace(point, distribution="trace")], trace, 1.0, 0, folder)[0]
+    return lambda point: with_intervals([replace(point, distribution="trace")], trace, 1.0, 0, folder, samples)[0]
 
 
 def exported_requests(layout: RunLayout, row: dict) -> RequestLog | None:

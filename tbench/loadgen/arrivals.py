@@ -5,14 +5,20 @@ Poisson, above 1 bursts and lulls)."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from tbench.core.errors import ConfigError
 from tbench.core.request_trace import Trace, load_schedule
-from tbench.loadgen.perf_analyzer import RequestLog
+from tbench.loadgen.perf_analyzer import RequestLog, perf_json_value
+
+if TYPE_CHECKING:
+    from tbench.core.input_data import InputSamples
 
 ALIGN_INTERVALS = 64  # sent intervals matched against each offset into the schedule
 MAX_OFFSETS = 20_000  # offsets tried (a longer schedule is matched on its first ones)
@@ -60,9 +66,17 @@ GAMMA_SPAN_S = 300.0  # a bursty schedule's loop: long enough that its bursts ar
 GAMMA_MIN_INTERVALS = 1000
 
 
-def with_intervals(points: list, trace: str | None, burstiness: float, seed: int, folder: Path) -> list:
+def with_intervals(
+    points: list,
+    trace: str | None,
+    burstiness: float,
+    seed: int,
+    folder: Path,
+    samples: InputSamples | None = None,
+) -> list:
     """The points whose arrivals are bursty (gamma) or the `trace` file, each with its intervals file written in
-    `folder` (a trace at the point's speed-up: its rate over the trace's mean rate); the others as they are."""
+    `folder` (a trace at the point's speed-up: its rate over the trace's mean rate); the others as they are. A trace
+    with a sample per request also gets its input data (`trace_data`, from the run's `samples`)."""
     from dataclasses import replace
 
     if trace and any(p.distribution == "trace" for p in points):
@@ -71,7 +85,9 @@ def with_intervals(points: list, trace: str | None, burstiness: float, seed: int
     for p in points:
         if p.distribution == "trace" and isinstance(trace, Trace):
             intervals = trace.intervals_us(p.rate / trace.mean_rate)
-            p = replace(p, schedule_requests=len(intervals))
+            p = replace(p, schedule_requests=len(intervals), batch_size=trace.batch_size or p.batch_size)
+            if trace.samples is not None:
+                p = replace(p, data_file=str(trace_data(trace, samples, p.batch_size, folder)))
         elif p.distribution == "gamma":
             count = max(GAMMA_MIN_INTERVALS, math.ceil(p.rate * GAMMA_SPAN_S))
             intervals = gamma_intervals_us(p.rate, burstiness, count, seed)
@@ -80,6 +96,21 @@ def with_intervals(points: list, trace: str | None, burstiness: float, seed: int
             continue
         out.append(replace(p, intervals=str(write_intervals(folder / f"{p.label}.intervals", intervals))))
     return out
+
+
+def trace_data(trace: Trace, samples: InputSamples | None, batch_size: int, folder: Path) -> Path:
+    """perf_analyzer's input data for a trace with a sample per request: the samples in the trace's order, one entry
+    per request. perf_analyzer sends its i-th scheduled request with the i-th entry, whichever of its threads sends it
+    (checked on the server: tests/test_arrivals.py), and loops over the intervals and the entries together, as both
+    have one line per request. Written once per trace and samples (its name is their digest)."""
+    trace.check_samples(samples, batch_size)
+    digest = hashlib.sha256(trace.samples.tobytes() + samples.digest().encode()).hexdigest()[:16]
+    path = folder / f"trace-{digest}.data.json"
+    if not path.exists():
+        entries = [{name: perf_json_value(a) for name, a in samples.one(int(i)).items()} for i in trace.samples]
+        folder.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"data": entries}))
+    return path
 
 
 def arrivals_fidelity(intervals_file: str, requests: RequestLog) -> dict:

@@ -3,6 +3,7 @@ requests they merged), a rate point's per-request export and the composing model
 
 from __future__ import annotations
 
+import base64
 import json
 import math
 import re
@@ -33,6 +34,9 @@ class Point:
     # is then their mean rate
     intervals: str = ""
     schedule_requests: int = 0  # a trace's requests: the point's 3 windows hold at least the whole trace once
+    # a trace's samples in its order, one request each (tbench.loadgen.arrivals.trace_data): perf_analyzer sends its
+    # input data entries in its schedule's order, the i-th request the i-th entry; "" sends the run's inputs
+    data_file: str = ""
 
     @property
     def label(self) -> str:
@@ -101,6 +105,19 @@ def load_args(point: Point) -> list[str]:
     return ["--concurrency-range", str(point.concurrency)]
 
 
+def perf_json_value(sample: np.ndarray) -> dict:
+    """One sample of one input in perf_analyzer's JSON input data. FP16 and BF16 go as their little-endian bytes (b64),
+    the only form perf_analyzer takes them in; other values as numbers, floats unrounded (a float32 written as its
+    double is read back exactly: perf_analyzer sends what correctness and accuracy checked)."""
+    shape = list(sample.shape) or [1]  # a tensor whose only axis is the batch is served as [1] (config.served_dims)
+    if sample.dtype.kind == "O":  # strings (BYTES): perf_analyzer sends each as its UTF-8 bytes
+        return {"content": [v.decode() if isinstance(v, bytes) else str(v) for v in sample.ravel()], "shape": shape}
+    if sample.dtype.itemsize == 2 and sample.dtype.kind == "f" or sample.dtype.name == "bfloat16":
+        raw = np.ascontiguousarray(sample, dtype=sample.dtype.newbyteorder("<")).tobytes()
+        return {"b64": base64.b64encode(raw).decode("ascii"), "shape": shape}
+    return {"content": sample.ravel().tolist(), "shape": shape}
+
+
 def perf_argv(
     binary: Path,
     model: str,
@@ -142,8 +159,8 @@ def perf_argv(
     ]
     if inputs.model_version:
         argv += ["-x", inputs.model_version]
-    if inputs.data_file:
-        argv += ["--input-data", str(inputs.data_file)]
+    if point.data_file or inputs.data_file:
+        argv += ["--input-data", str(point.data_file or inputs.data_file)]
     if profile_export is not None:
         argv += ["--profile-export-file", str(profile_export)]
     if point.scenario is Scenario.OFFLINE and inputs.shared_memory != "none":

@@ -99,8 +99,9 @@ class RunPlan:
         """perf_analyzer's view of the GPUs: the server's GPU only (its CUDA memory is there)."""
         return pinned_env(self.req.server, self.hardware)
 
-    def points(self, scenario: Scenario, arrivals: Path | None = None) -> list[Point]:
-        """The scenario's points; bursty or trace arrivals get their intervals files, written in `arrivals`."""
+    def points(self, scenario: Scenario, arrivals: Path | None = None, samples=None) -> list[Point]:
+        """The scenario's points; bursty or trace arrivals get their intervals files, written in `arrivals` (and a
+        trace with a sample per request its input data, from `samples`: the run's --input-data)."""
         req = self.req
         points = plan_points(
             [scenario],
@@ -112,7 +113,7 @@ class RunPlan:
         )
         if arrivals is None:
             return points
-        return with_intervals(points, req.trace, req.burstiness, req.measurement.seed, arrivals)
+        return with_intervals(points, req.trace, req.burstiness, req.measurement.seed, arrivals, samples)
 
     def one_device(self, models: dict[str, tuple[Format, bool]]) -> ServedOn:
         """Where models that take turns under one config run (a search's variants, per name: (format, served

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from tbench.core.enums import Format, Precision, Scenario
 from tbench.core.errors import ConfigError
 from tbench.core.precision import GPU_BUILT, check_precision
-from tbench.request.load import arrival_load, checked_load
+from tbench.request.load import arrival_load, check_trace, checked_load
 from tbench.request.server_options import check_server_options
 from tbench.request.trt_profiles import (
     DEFAULT_CALIBRATION_SAMPLES,
@@ -499,6 +499,8 @@ class BenchmarkRequest(BaseModel):
             scenarios, self.request_rates, self.request_distribution, self.trace, self.trace_speeds
         )
         rates, concurrency = checked_load(scenarios, rate_list, self.concurrency or d.online_concurrency)
+        if self.trace:
+            check_trace(self.trace, adapter.given_samples, online_batch, max_batch)
         resolved = dict(
             model=adapter.name,
             size=adapter.size,

@@ -44,3 +44,15 @@ def arrival_load(
     mean = load_schedule(trace).mean_rate
     with_rate = scenarios if Scenario.RATE in scenarios else [*scenarios, Scenario.RATE]
     return with_rate, [mean * s for s in speeds], "trace"
+
+
+def check_trace(trace: str, samples, online_batch: int, max_batch: int) -> None:
+    """A trace's own batch size (its batch_size column; else the online batch) within the model's, and its samples
+    (a sample column) among those given: one line each, before anything runs."""
+    from tbench.core.request_trace import load_schedule
+
+    schedule = load_schedule(trace)
+    batch = schedule.batch_size or online_batch
+    if batch > max(max_batch, 1):
+        raise ConfigError(f"trace {schedule.source} sends batch size {batch}, above max_batch_size {max_batch}")
+    schedule.check_samples(samples, batch)

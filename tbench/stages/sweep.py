@@ -6,7 +6,6 @@ status "unstable" (no numbers), so a sweep never loses the points it did measure
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import itertools
 import json
@@ -44,6 +43,7 @@ from tbench.loadgen.perf_analyzer import (
     parse_perf_csv,
     pass_throughputs,
     perf_argv,
+    perf_json_value,
     profile_export_path,
     read_profile_export,
     window_seconds,
@@ -88,19 +88,6 @@ OUTPUT_PROBE_BUDGET_S = 5.0
 def _zeros(shape: list[int], dtype: np.dtype) -> np.ndarray:
     """A warm-up input: zeros, or empty strings for a string input."""
     return np.full(shape, "", dtype=object) if dtype.kind == "O" else np.zeros(shape, dtype)
-
-
-def perf_json_value(sample: np.ndarray) -> dict:
-    """One sample of one input in perf_analyzer's JSON input data. FP16 and BF16 go as their little-endian bytes (b64),
-    the only form perf_analyzer takes them in; other values as numbers, floats unrounded (a float32 written as its
-    double is read back exactly: perf_analyzer sends what correctness and accuracy checked)."""
-    shape = list(sample.shape) or [1]  # a tensor whose only axis is the batch is served as [1] (config.served_dims)
-    if sample.dtype.kind == "O":  # strings (BYTES): perf_analyzer sends each as its UTF-8 bytes
-        return {"content": [v.decode() if isinstance(v, bytes) else str(v) for v in sample.ravel()], "shape": shape}
-    if sample.dtype.itemsize == 2 and sample.dtype.kind == "f" or sample.dtype.name == "bfloat16":
-        raw = np.ascontiguousarray(sample, dtype=sample.dtype.newbyteorder("<")).tobytes()
-        return {"b64": base64.b64encode(raw).decode("ascii"), "shape": shape}
-    return {"content": sample.ravel().tolist(), "shape": shape}
 
 
 def prepare_inputs(

@@ -30,6 +30,8 @@ class TritonPythonModel:
     def initialize(self, args):
         params = json.loads(args["model_config"])["parameters"]
         self.service_s = float(params["service_ms"]["string_value"]) / 1000
+        record = params.get("record_to", {}).get("string_value")
+        self.record = open(record, "a", buffering=1) if record else None  # one line per request: what it received
 
     def execute(self, requests):
         responses = []
@@ -39,18 +41,23 @@ class TritonPythonModel:
             while time.perf_counter() < end:  # the last millisecond spun: sleep alone overshoots
                 pass
             x = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
+            if self.record:
+                self.record.write(f"{float(x.ravel()[0])!r}\\n")
             responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", x)]))
         return responses
 '''
 
 
-def sleeper_repository(repo: Path, service_ms: float, name: str = MODEL) -> Path:
-    """A model repository with the sleeper (named `name`): one CPU instance, max batch 1, no dynamic batcher."""
+def sleeper_repository(repo: Path, service_ms: float, name: str = MODEL, record_to: Path | None = None) -> Path:
+    """A model repository with the sleeper (named `name`): one CPU instance, max batch 1, no dynamic batcher;
+    `record_to`: a file it appends each request's first input value to, in the order it serves them."""
     config = mc.ModelConfig(name=name, backend="python", max_batch_size=1)
     config.input.add(name="INPUT0", data_type=mc.TYPE_FP32, dims=[1])
     config.output.add(name="OUTPUT0", data_type=mc.TYPE_FP32, dims=[1])
     config.instance_group.add(count=1, kind=mc.ModelInstanceGroup.KIND_CPU)
     config.parameters["service_ms"].string_value = f"{service_ms:g}"
+    if record_to is not None:
+        config.parameters["record_to"].string_value = str(record_to)
     model_dir = repo / name
     (model_dir / "1").mkdir(parents=True, exist_ok=True)
     (model_dir / "config.pbtxt").write_text(text_format.MessageToString(config))
