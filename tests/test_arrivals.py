@@ -87,6 +87,11 @@ def test_a_trace_with_samples_sends_them_in_its_order(tmp_path):
     assert len(entries) == len(np.loadtxt(traced.intervals)) + 1  # both loop together: the last interval closes it
     argv = perf_argv(Path("pa"), "m", "u", traced, Measurement(), 100, tmp_path / "x.csv", SLEEPER_SPEC)
     assert argv[argv.index("--input-data") + 1] == traced.data_file
+    from tbench.stages.sweep import cache_key
+
+    other = write(tmp_path, "o.csv", "timestamp,sample\n0,0\n0.5,0\n2,2\n3,1\n")  # the same times, other samples
+    (other_point,) = with_intervals([Point(Scenario.RATE, 1, None, 1.0, "trace")], str(other), 1, 0, tmp_path, samples)
+    assert cache_key(traced, "m") != cache_key(other_point, "m")  # a point measured with other samples is not reused
 
 
 @pytest.mark.parametrize(

@@ -225,6 +225,7 @@ def cache_key(point: Point, model: str) -> dict:
         "distribution": point.distribution,
         **({"shapes": point.shapes} if point.shapes else {}),  # without a sweep: the keys of earlier runs
         **({"arrivals": file_sha256(point.intervals)} if point.intervals else {}),  # the schedule, not its path
+        **({"samples": file_sha256(point.data_file)} if point.data_file else {}),  # a trace's samples, in order
     }
 
 
