@@ -16,7 +16,7 @@ from tasks.correctness import correctness_task
 from tasks.export import export_task
 from tasks.search_eval import search_task
 from tasks.server import server_task
-from tbench.capacity.evaluate import RateEvaluator, emit_rate_point, trace_arrivals
+from tbench.capacity.evaluate import RateEvaluator, emit_rate_point, plan_arrivals
 from tbench.capacity.report import pool_answer, write_capacity_files
 from tbench.capacity.request import CapacityRequest
 from tbench.capacity.statistics import PercentileRule, percentile_measurement
@@ -159,7 +159,9 @@ def run_search(request: BenchmarkRequest, search: SearchRequest, capacity: Capac
                     start_rps=capacity.start_rps or capacity.trace_rate(),
                     on_point=emit_rate_point,
                     gpu_uuids=tuple(device.gpu_uuids),
-                    arrivals=trace_arrivals(capacity.trace, layout.run_dir / "arrivals", adapter.given_samples),
+                    arrivals=plan_arrivals(
+                        capacity, layout.run_dir / "arrivals", adapter.given_samples, req.measurement.seed
+                    ),
                 )
             start = Candidate(
                 instances=req.model_instances,

@@ -8,7 +8,7 @@ from __future__ import annotations
 from flows.lifecycle import finish_run, run_lifecycle
 from flows.served import read_served
 from tbench.capacity.costs import load_prices, plan, price_for
-from tbench.capacity.evaluate import measure_rate, rate_measurement, start_rate, trace_arrivals
+from tbench.capacity.evaluate import measure_rate, plan_arrivals, rate_measurement, start_rate
 from tbench.capacity.rate_search import SustainableRate, find_sustainable_rate
 from tbench.capacity.report import PoolAnswer, write_capacity_files
 from tbench.capacity.request import CapacityRequest
@@ -80,7 +80,7 @@ def _sustainable_rate(
             inputs=inputs,
             latency_s=latency.get(1),
             monitor=PointMonitor(grpc_url, served.name),
-            arrivals=trace_arrivals(cap.trace, tracker.layout.run_dir / "arrivals", samples),
+            arrivals=plan_arrivals(cap, tracker.layout.run_dir / "arrivals", samples, req.measurement.seed),
         )
 
     def measured(point) -> None:

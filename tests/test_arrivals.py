@@ -186,17 +186,31 @@ def test_a_trace_sets_the_rates_of_the_rate_scenario(tmp_path):
 
 
 def test_a_capacity_plan_on_a_trace_replays_it_sped_up_to_each_rate(tmp_path):
-    from tbench.capacity.evaluate import trace_arrivals
-    from tbench.capacity.request import CapacityRequest
+    from tbench.capacity.evaluate import plan_arrivals
 
     trace = str(write(tmp_path, "t.txt", "0\n0.5\n2\n"))  # 1 request/s
-    at = trace_arrivals(trace, tmp_path / "arrivals")
+    at = plan_arrivals(CapacityRequest(trace=trace), tmp_path / "arrivals")
     point = at(Point(Scenario.RATE, 1, None, 4.0, "poisson"))
     assert point.distribution == "trace" and np.loadtxt(point.intervals, dtype=int).tolist() == [125_000, 375_000]
-    assert trace_arrivals(None, tmp_path) is None
+    assert plan_arrivals(CapacityRequest(), tmp_path) is None  # Poisson
     assert CapacityRequest(trace=trace).trace_rate() == pytest.approx(1.0)
     with pytest.raises(ConfigError, match="trace /nonexistent.csv is not a file"):
         CapacityRequest(trace="/nonexistent.csv")
+
+
+def test_a_capacity_plan_on_bursty_arrivals_sends_gamma_intervals_at_each_rate(tmp_path):
+    from pydantic import ValidationError
+
+    from tbench.capacity.evaluate import plan_arrivals
+
+    at = plan_arrivals(CapacityRequest(burstiness=3.0), tmp_path / "arrivals")
+    point = at(Point(Scenario.RATE, 1, None, 40.0, "poisson"))
+    intervals = np.loadtxt(point.intervals) / 1e6
+    assert point.distribution == "gamma" and point.rate == 40.0
+    assert 1 / intervals.mean() == pytest.approx(40.0, rel=0.05)
+    assert intervals.std() / intervals.mean() == pytest.approx(3.0, rel=0.1)
+    with pytest.raises(ValidationError, match="give --trace or --burstiness, not both"):
+        CapacityRequest(trace=str(write(tmp_path, "t.txt", "0\n1\n")), burstiness=2.0)
 
 
 @pytest.mark.e2e

@@ -64,7 +64,7 @@ def measure_rate(
 ) -> RatePoint:
     """One Poisson rate point measured (`tbench.stages.sweep.measure_point`, which checks it kept up with the load) and
     judged against the SLO; `measure` are measure_point's keyword arguments (model, grpc_url, spec, m, layout, ...).
-    `arrivals` (trace_arrivals): the point's requests sent on another schedule of the same mean rate."""
+    `arrivals` (plan_arrivals): the point's requests sent on another schedule of the same mean rate."""
     point = Point(Scenario.RATE, batch_size, None, round(rate, 3), "poisson")
     point = arrivals(point) if arrivals else point
     row = measure_point(point, **measure)
@@ -72,13 +72,18 @@ def measure_rate(
     return judge(point.rate, point.batch_size, row, slo_ms, rule, requests, replayed=point.distribution == "trace")
 
 
-def trace_arrivals(trace: str | None, folder: Path, samples=None) -> Callable[[Point], Point] | None:
-    """A capacity plan on a trace: each rate point replays the trace sped up to the point's rate (its mean rate at
-    that speed-up), so the sustainable rate found is the trace's mean rate at the highest speed-up that holds; a trace
-    with a sample per request sends them from `samples` (the run's --input-data)."""
-    if not trace:
-        return None
-    return lambda point: with_intervals([replace(point, distribution="trace")], trace, 1.0, 0, folder, samples)[0]
+def plan_arrivals(cap, folder: Path, samples=None, seed: int = 0) -> Callable[[Point], Point] | None:
+    """How a capacity plan's rate points arrive, when not Poisson: on a trace, each rate point replays it sped up to
+    the point's rate (its mean rate at that speed-up), so the sustainable rate found is the trace's mean rate at the
+    highest speed-up that holds (a trace with a sample per request sends them from `samples`, the run's
+    --input-data); bursty, each rate point sends gamma intervals of the burstiness at its rate."""
+    if cap.trace:
+        trace = cap.trace
+        return lambda point: with_intervals([replace(point, distribution="trace")], trace, 1.0, 0, folder, samples)[0]
+    if cap.burstiness is not None:
+        burstiness = cap.burstiness
+        return lambda point: with_intervals([replace(point, distribution="gamma")], None, burstiness, seed, folder)[0]
+    return None
 
 
 def exported_requests(layout: RunLayout, row: dict) -> RequestLog | None:
@@ -122,7 +127,7 @@ class RateEvaluator(TritonEvaluator):
     start_rps: float | None = None
     on_point: Callable[[Candidate, RatePoint], None] | None = None
     gpu_uuids: tuple[str, ...] = ()  # the serving GPUs: their power gives the energy per inference
-    arrivals: Callable[[Point], Point] | None = None  # a trace's schedule at each rate (trace_arrivals)
+    arrivals: Callable[[Point], Point] | None = None  # a trace's or bursty schedule at each rate (plan_arrivals)
 
     def measure(self, candidate: Candidate, variant: ServedVariant, layout: RunLayout) -> Observation:
         batch = self.online_batch_size

@@ -190,7 +190,15 @@ def capacity_markdown(answers: list[PoolAnswer], cap: CapacityRequest, model: st
 
 
 def _trace_lines(answers: list[PoolAnswer], cap: CapacityRequest) -> list[str]:
-    """A plan on a trace: the trace, and each pool's answer as the speed-up of it that held."""
+    """A plan on a trace: the trace, and each pool's answer as the speed-up of it that held; on bursty arrivals, their
+    burstiness."""
+    if cap.burstiness is not None:
+        return [
+            f"Bursty arrivals: at each rate, gamma intervals whose coefficient of variation is {cap.burstiness:g} "
+            "(1 is Poisson; above 1, bursts and lulls), through perf_analyzer's custom intervals. The sustainable "
+            "rates are the mean rates of such traffic.",
+            "",
+        ]
     mean = cap.trace_rate()
     if mean is None:
         return []

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from tbench.capacity.rate_search import MAX_POINTS, REPEATS, TOLERANCE
 from tbench.capacity.statistics import PercentileRule
@@ -53,6 +53,13 @@ class CapacityRequest(BaseModel):
         description="Plan on this trace of request timestamps (as a run's trace): each rate replays it sped up to "
         "that mean rate, and the answer is the highest speed-up whose percentile holds.",
     )
+    burstiness: float | None = Field(
+        None,
+        gt=0,
+        le=20,
+        description="Plan on bursty arrivals: gamma intervals at each rate whose coefficient of variation is this "
+        "(1 is Poisson, above 1 bursts and lulls). Not with a trace.",
+    )
     pools: list[str] = Field(
         [],
         description="Pools to plan for, each run by its capacity deployment (as the matrix does); none: this machine.",
@@ -73,6 +80,12 @@ class CapacityRequest(BaseModel):
 
             load_schedule(trace)  # a trace with a mistake fails here, in one line
         return trace
+
+    @model_validator(mode="after")
+    def _one_arrival_process(self) -> CapacityRequest:
+        if self.trace and self.burstiness is not None:
+            raise ValueError("a trace sets its own arrivals: give --trace or --burstiness, not both")
+        return self
 
     @field_validator("pools")
     @classmethod

@@ -197,6 +197,7 @@ def capacity(
     repeats: int = typer.Option(REPEATS, help=field_help("repeats", model=CapacityRequest)),
     start_rps: float = typer.Option(None, help=field_help("start_rps", model=CapacityRequest)),
     trace: str = typer.Option(None, "--trace", help=field_help("trace", model=CapacityRequest)),
+    burstiness: float = typer.Option(None, help=field_help("burstiness", model=CapacityRequest)),
     size: Size = None,
     framework: Framework = None,
     output: Output = None,
@@ -230,6 +231,7 @@ def capacity(
             repeats=repeats,
             start_rps=start_rps,
             trace=trace,
+            burstiness=burstiness,
             pools=_split(pools) or [],
             prices=prices,
         )
