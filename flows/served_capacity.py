@@ -80,7 +80,7 @@ def _sustainable_rate(
             inputs=inputs,
             latency_s=latency.get(1),
             monitor=PointMonitor(grpc_url, served.name),
-            arrivals=plan_arrivals(cap, tracker.layout.run_dir / "arrivals", samples, req.measurement.seed),
+            arrivals=plan_arrivals(cap, tracker.layout.run_dir / "arrivals", samples, m.seed),
         )
 
     def measured(point) -> None:

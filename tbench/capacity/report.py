@@ -160,8 +160,11 @@ def capacity_markdown(answers: list[PoolAnswer], cap: CapacityRequest, model: st
             f"| {_fmt(at.latency_ms if at else None)} |"
         )
     lines += ["", "How it was measured:", "", f"- {rule.describe()}."]
+    arrivals = (
+        "the trace's arrivals" if cap.trace else "bursty (gamma) arrivals" if cap.burstiness else "Poisson arrivals"
+    )
     lines += [
-        "- Each rate is one perf_analyzer run with Poisson arrivals, sent asynchronously. A rate passes when the "
+        f"- Each rate is one perf_analyzer run with {arrivals}, sent asynchronously. A rate passes when the "
         f"p{rule.percentile} is within the SLO, the percentile rests on enough requests and the server kept up with "
         "the offered rate: it served within 3/√n of it (at least 2%), its latency did not keep rising over the "
         "windows, and at most 1% of the requests were sent late; a point whose windows cannot tell (undetermined) "
