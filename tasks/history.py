@@ -11,14 +11,17 @@ from prefect.cache_policies import NO_CACHE
 from prefect.events import emit_event
 
 from tbench.history.alerts import REGRESSED_EVENT
-from tbench.history.analysis import analyse
-from tbench.history.site import default_target, publish_site
 
 HISTORY_LINK_KEY = "benchmark-history"
 
 
 @task(name="history", cache_policy=NO_CACHE)
 def history_task(root_url: str, model: str, run_id: str) -> str | None:
+    # imported here: the analysis (ruptures, scipy.stats) and the site's plots take seconds to import, and every run
+    # imports this module before its first stage
+    from tbench.history.analysis import analyse
+    from tbench.history.site import default_target, publish_site
+
     logger = get_run_logger()
     try:
         judged = analyse(root_url, model=model)

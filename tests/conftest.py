@@ -89,6 +89,25 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture(scope="session", autouse=True)
+def prefect_api_server(request):
+    """One Prefect API server per test process (xdist worker), on its private database (_private_prefect_home),
+    when end-to-end tests run: the `tbench` commands they start use it (PREFECT_API_URL) instead of starting a
+    private one each (tbench.team.prefect_api: seconds per command, on 2 busy cores). The tests of a user's default
+    path, with no PREFECT_API_URL (test_faults: Ctrl-C and kills), take it out of their environment."""
+    if os.environ.get("PREFECT_API_URL") or not any(item.get_closest_marker("e2e") for item in request.session.items):
+        yield None
+        return
+    from tbench.team.prefect_api import private_server
+
+    with private_server() as url:
+        os.environ["PREFECT_API_URL"] = url
+        try:
+            yield url
+        finally:
+            os.environ.pop("PREFECT_API_URL", None)
+
+
+@pytest.fixture(scope="session", autouse=True)
 def conversion_cache(tmp_path_factory):
     """A fresh conversion cache per test session, so tests see real conversions first."""
     os.environ["TBENCH_CACHE_DIR"] = str(tmp_path_factory.mktemp("conversion-cache"))

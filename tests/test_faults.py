@@ -42,6 +42,13 @@ SWEEP = [
 ]
 
 
+@pytest.fixture(autouse=True)
+def as_in_a_users_terminal(monkeypatch):
+    """A user's default path: no PREFECT_API_URL (conftest's session server is not theirs), so each run starts its
+    private API server, and an interrupted run must stop it too."""
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+
+
 class CliRun:
     """`tbench run ...` (or another `command`) as a user starts it in a terminal: its own session, so a signal to its
     group is a Ctrl-C."""

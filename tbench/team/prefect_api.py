@@ -68,13 +68,21 @@ def prefect_api() -> Iterator[str | None]:
     if configured:
         yield configured
         return
-    (server, url, log), _early = _early or _launch(), None
+    launched, _early = _early or _launch(), None
+    with private_server(launched) as url, temporary_settings(updates={PREFECT_API_URL: url}):
+        yield url
+
+
+@contextlib.contextmanager
+def private_server(launched: tuple[subprocess.Popen, str, Path] | None = None) -> Iterator[str]:
+    """A private API server (`launched` already, or started now) on the database under PREFECT_HOME, healthy; its
+    URL while it serves, then stopped once what was sent to it has arrived."""
+    server, url, log = launched or _launch()
     try:
         _wait_healthy(
             url, server, log, float(os.environ.get("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180"))
         )
-        with temporary_settings(updates={PREFECT_API_URL: url}):
-            yield url
+        yield url
     finally:
         _flush_to_api()
         procs.stop(server, timeout_s=10)
