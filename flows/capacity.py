@@ -26,6 +26,7 @@ from tbench.node import hardware as hw
 from tbench.request.benchmark import BenchmarkRequest
 from tbench.stages.store import run_url, staging_root
 from tbench.stages.tracker import RunTracker
+from tbench.team.matrix_runs import children_cancelled_on_interrupt
 
 
 class CapacityIncomplete(BenchError):
@@ -67,7 +68,7 @@ def _across_pools(request: BenchmarkRequest, capacity: CapacityRequest) -> str:
     root = request.output or os.environ.get("TBENCH_ARTIFACT_ROOT", "runs")
     layout = RunLayout(staging_root(root), new_run_id(f"{request.model}-capacity-pools")).create()
     tracker = RunTracker(layout)
-    with tracker.stage("runs"):
+    with tracker.stage("runs"), children_cancelled_on_interrupt():
         futures = {
             pool: matrix_run.submit(
                 pool,

@@ -29,6 +29,7 @@ from tbench.request.colocated import ColocatedRequest, ModelLoad
 from tbench.results.html_report import write_html_report
 from tbench.stages.colocated import TOGETHER
 from tbench.stages.tracker import RunTracker
+from tbench.team.matrix_runs import children_cancelled_on_interrupt
 from tbench.team.pools import pool_of
 
 
@@ -134,7 +135,7 @@ def confirm(
         tracker.save_points("fleet", pd.DataFrame(rows))
 
     if node.pool != here:  # fanned out: its pool's colocated deployment measures it
-        with tracker.stage(f"{folder}-{node.pool}"):
+        with tracker.stage(f"{folder}-{node.pool}"), children_cancelled_on_interrupt():
             child = on_pool(request, colocated, node.pool)
         if child.get("state") != "COMPLETED" or not child.get("run_url"):
             why = child.get("reason") or ("its folder was not found" if child.get("run_url") is None else "")

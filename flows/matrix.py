@@ -32,7 +32,7 @@ from tbench.results.html_report import write_html_report
 from tbench.results.matrix_report import matrix_markdown
 from tbench.stages.store import run_url, staging_root
 from tbench.stages.tracker import RunTracker
-from tbench.team.matrix_runs import ChildRun
+from tbench.team.matrix_runs import ChildRun, children_cancelled_on_interrupt
 from tbench.team.pools import POOLS
 
 
@@ -121,7 +121,7 @@ def matrix_flow(matrix: MatrixRequest = MatrixRequest()) -> str:
     layout = RunLayout(staging_root(root), new_run_id("matrix")).create()
     tracker = RunTracker(layout)
     combos = list(itertools.product(matrix.models, matrix.formats or [None], matrix.precisions, matrix.pools))
-    with tracker.stage("runs"):
+    with tracker.stage("runs"), children_cancelled_on_interrupt():
         futures = [
             matrix_run.submit(
                 pool,

@@ -67,3 +67,40 @@ def test_children_nobody_runs_are_cancelled_and_reported(prefect_harness, tmp_pa
             assert child.state.type.value == "CANCELLED"
             # a worker that comes later proposes Pending before it starts anything: the server refuses it
             assert client.set_flow_run_state(child.id, Pending()).status.value == "ABORT"
+
+
+def test_an_interrupted_fan_out_cancels_the_children_it_was_watching(prefect_harness):
+    """Ctrl-C (or a cancelled parent) while a child runs on another pool: the child is cancelled, not left running
+    with nobody waiting for its answer."""
+    import threading
+
+    import pytest
+    from prefect.client.orchestration import get_client
+    from prefect.deployments import run_deployment
+
+    from tbench.team import matrix_runs
+    from tbench.team.pool_setup import create_pools
+
+    create_pools(pool_type="process", names=["a100"])
+    with get_client(sync_client=True) as client:
+        flow_id = client.create_flow_from_name("colocated")
+        client.create_deployment(
+            flow_id=flow_id, name="colocated-a100", work_pool_name="a100", entrypoint="flows/colocated.py:colocated"
+        )
+    child = run_deployment("colocated/colocated-a100", parameters={}, timeout=0)
+    answer = {}
+
+    def follow() -> None:  # as matrix_run follows its child, in a task's thread
+        with get_client(sync_client=True) as client:
+            answer["run"], answer["reason"] = matrix_runs.watch(client, child.id, "a100", 600, 600, poll_s=0.2)
+
+    watching = threading.Thread(target=follow, daemon=True)
+    watching.start()
+    deadline = time.monotonic() + 30
+    while child.id not in matrix_runs._in_flight and time.monotonic() < deadline:
+        time.sleep(0.1)
+    with pytest.raises(KeyboardInterrupt), matrix_runs.children_cancelled_on_interrupt():
+        raise KeyboardInterrupt
+    watching.join(timeout=30)
+    assert answer["run"].state.type.value == "CANCELLED", answer
+    assert child.id not in matrix_runs._in_flight

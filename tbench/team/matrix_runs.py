@@ -9,12 +9,16 @@ take any more (Cancelled -> Pending is refused), and a worker that runs it kills
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import time
+from collections.abc import Iterator
 from uuid import UUID
 
 from pydantic import BaseModel
 
 from tbench.core.errors import one_line
+from tbench.node.interrupts import is_interrupt
 from tbench.team.submit import TERMINAL
 
 POLL_S = 2.0  # one flow-run and one pool read per child per poll
@@ -48,6 +52,39 @@ def pool_status(client, pool: str) -> str:
     return status.value if status else "NOT_READY"
 
 
+# the child runs this process is watching (`watch`): a run that fanned them out and is interrupted cancels them
+# (`children_cancelled_on_interrupt`), rather than leave them running on their pools with nobody waiting for them
+_in_flight: set[UUID] = set()
+_in_flight_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def children_cancelled_on_interrupt() -> Iterator[None]:
+    """Around a fan-out: on Ctrl-C or SIGTERM (a cancelled parent run), the children still running are sent to
+    Cancelling (without waiting for them), then the interrupt goes on."""
+    try:
+        yield
+    except BaseException as err:
+        if is_interrupt(err):
+            cancel_in_flight("the run that started it was interrupted")
+        raise
+
+
+def cancel_in_flight(why: str) -> list[UUID]:
+    """Send every child run being watched to Cancelling; returns their ids. Never raises: the interrupt matters more."""
+    from prefect.client.orchestration import get_client
+    from prefect.states import Cancelling
+
+    with _in_flight_lock:
+        runs = sorted(_in_flight, key=str)
+    if runs:
+        with contextlib.suppress(Exception), get_client(sync_client=True) as client:
+            for run_id in runs:
+                with contextlib.suppress(Exception):
+                    client.set_flow_run_state(run_id, Cancelling(message=f"cancelled by tbench: {why}"))
+    return runs
+
+
 def cancel(
     client, run_id: UUID, why: str, grace_s: float = CANCEL_GRACE_S, poll_s: float = POLL_S
 ) -> tuple[object, str]:
@@ -72,6 +109,16 @@ def watch(
     """Follow the run until it ends; cancel it once it has been scheduled for `start_timeout_s` on a pool without an
     online worker, or once `child_timeout_s` have passed since it was submitted. A run queued behind others on a pool
     whose worker is alive is not "unattended": only `child_timeout_s` bounds it. Returns (run, reason)."""
+    with _in_flight_lock:
+        _in_flight.add(run_id)
+    try:
+        return _watch(client, run_id, pool, start_timeout_s, child_timeout_s, poll_s)
+    finally:
+        with _in_flight_lock:
+            _in_flight.discard(run_id)
+
+
+def _watch(client, run_id: UUID, pool: str, start_timeout_s: float, child_timeout_s: float, poll_s: float):
     submitted = time.monotonic()
     unattended_since = None  # since when it has been scheduled on a pool with no online worker
     while True:
