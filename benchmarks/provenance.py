@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import json
+import math
 import os
 import platform
 import shlex
@@ -145,11 +146,24 @@ def _plain(value):
     return str(value)
 
 
+def _finite(value):
+    """NaN and infinities as null: JSON has no such numbers (Python writes NaN, which other readers refuse)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value
+
+
 def write_atomic(path: str | Path, data: dict) -> Path:
     """`data` as JSON at `path`, replacing the file whole: a temporary file in the same folder, fsync'ed, renamed over
-    it. A reader sees the old file or the new one, never a mixture; a failure leaves the old one as it was."""
+    it. A reader sees the old file or the new one, never a mixture; a failure leaves the old one as it was. A number
+    that is not finite is written as null."""
     path = Path(path)
-    text = json.dumps(data, indent=2, default=_plain) + "\n"  # before touching the disk: a bad value changes nothing
+    plain = _finite(json.loads(json.dumps(data, default=_plain)))  # numpy values as Python's first, then NaN as null
+    text = json.dumps(plain, indent=2, allow_nan=False) + "\n"  # before touching the disk: a bad value changes nothing
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:

@@ -305,3 +305,13 @@ def test_results_file_has_a_complete_provenance_block(path):
     assert 0 <= p["wall_s"] <= span.total_seconds() + 1
     assert all(isinstance(s, str) and s.strip() for s in p["model_sizes"])
     assert p["complete"] is True, f"{path.name}: an interrupted run ({p.get('error')}); re-run: {command}"
+
+
+def test_a_number_that_is_not_finite_is_written_as_null(tmp_path):
+    import numpy as np
+
+    path = provenance.write_atomic(
+        tmp_path / "out.json", {"p99": float("nan"), "rows": [np.float64("inf"), 1.5], "n": np.int64(3)}
+    )
+    assert "NaN" not in path.read_text() and "Infinity" not in path.read_text()
+    assert json.loads(path.read_text()) == {"p99": None, "rows": [None, 1.5], "n": 3}
