@@ -246,3 +246,25 @@ def test_source_digest_follows_the_weights(tf_small, small_module):
         next(clone.parameters()).add_(1.0)
     assert source_digest("pytorch", clone) != before[1] and source_digest("pytorch", small_module) == before[1]
     assert source_digest("tensorflow", model) == before[0]
+
+
+def test_a_copy_that_fails_on_a_full_disk_is_one_line_naming_the_fix(tmp_path, monkeypatch):
+    import errno
+    import shutil
+
+    from tbench.core.errors import StorageError
+    from tbench.stages.export import copy_tree
+
+    source = tmp_path / "cached"
+    source.mkdir()
+    for name in ("model.onnx", "reproduce.py"):
+        (source / name).write_text("x")
+
+    def full(src, dst, **kw):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(shutil, "copyfile", full)  # what copytree's copy2 writes each file with
+    with pytest.raises(StorageError) as err:
+        copy_tree(source, tmp_path / "run" / "onnx")
+    line = str(err.value)
+    assert "\n" not in line and "(2 files failed): [Errno 28] No space left on device: free some space" in line

@@ -27,7 +27,7 @@ import numpy as np
 from model_adapters.base import ModelAdapter
 from tbench.core.artifacts import ModelArtifact
 from tbench.core.enums import Format, Precision
-from tbench.core.errors import BenchError, ConversionError, Unavailable
+from tbench.core.errors import BenchError, ConversionError, StorageError, Unavailable
 from tbench.core.iospec import IoSpec
 from tbench.request.trt_profiles import TrtProfile, describe
 
@@ -146,7 +146,7 @@ def run_step(
     cached = cache_root() / key
     if (cached / out.name).exists():
         shutil.rmtree(target_dir, ignore_errors=True)
-        shutil.copytree(cached, target_dir)
+        copy_tree(cached, target_dir)
         return out, key, True
     target_dir.mkdir(parents=True, exist_ok=True)
     source_path = source if isinstance(source, Path) else None
@@ -177,12 +177,26 @@ def run_step(
     if record:  # what a report says of the build: the TensorRT profile and the INT8 calibration set
         (target_dir / CONVERSION_JSON).write_text(json.dumps(record, indent=2) + "\n")
     tmp = cache_root() / f".{key}.{os.getpid()}.tmp"  # copied whole, then renamed: a reader never sees half of it
-    shutil.copytree(target_dir, tmp, dirs_exist_ok=True)
+    copy_tree(target_dir, tmp, dirs_exist_ok=True)
     try:
         tmp.rename(cached)
     except OSError:  # another run cached the same conversion meanwhile
         shutil.rmtree(tmp, ignore_errors=True)
     return out, key, False
+
+
+def copy_tree(source: Path, target: Path, **options) -> None:
+    """shutil.copytree, its failure in one line (shutil.Error lists every file that failed: a full disk fails them
+    all), naming the fix."""
+    try:
+        shutil.copytree(source, target, **options)
+    except shutil.Error as err:
+        failed = err.args[0] if err.args and isinstance(err.args[0], list) else []
+        why = failed[0][2] if failed and len(failed[0]) == 3 else str(err)
+        raise StorageError(
+            f"cannot copy {source} to {target} ({len(failed) or 'some'} files failed): {why}: free some space there, "
+            "or write elsewhere (--output, TBENCH_STAGING_DIR, TBENCH_CACHE_DIR)"
+        ) from None
 
 
 def _record_lines(record: dict | None) -> list[str]:
@@ -209,7 +223,7 @@ def _copy_source_file(adapter: ModelAdapter, path: Path, fmt: Format, out_dir: P
     target = out_dir / fmt.value / FILE_NAMES[fmt]
     shutil.rmtree(target.parent, ignore_errors=True)
     target.parent.mkdir(parents=True)
-    (shutil.copytree if path.is_dir() else shutil.copy2)(path, target)
+    (copy_tree if path.is_dir() else shutil.copy2)(path, target)
     copy_onnx_external_files(path, target.parent)
     return target
 
