@@ -363,13 +363,15 @@ def soak(
     left_locks = sorted(set(held_port_locks()) - locks_before)
     leftovers = left_processes + left_shm + left_locks + ([f"device lock: {lock_slots} slots"] if lock_slots else [])
     counts = {k: sum(r["outcome"] == k for r in table) for k in ("completed", "failed_cleanly", "lost")}
-    if counts["lost"]:  # its logs (the workers', the server's, each run's) say what happened
-        progress(f"kept {root} for its logs: {counts['lost']} runs lost")
+    untouched_failed = sum(not r["faults"] and r["outcome"] != "completed" for r in table)
+    keep = counts["lost"] or untouched_failed
+    if keep:  # its logs (the workers', the server's, each run's) say what happened
+        progress(f"kept {root} for its logs: {counts['lost']} runs lost, {untouched_failed} untouched runs failed")
     else:
         shutil.rmtree(root, ignore_errors=True)
     return {
         "runs_submitted": len(ids),
-        "kept_root": str(root) if counts["lost"] else None,
+        "kept_root": str(root) if keep else None,
         "submissions_refused": submit_failures,
         "submissions_hung": s.hung_submissions,  # tbench submit still waiting after 300 s
         **counts,
