@@ -198,13 +198,21 @@ def clear_s3_clients() -> None:
 
 
 @pytest.fixture(scope="session")
-def prefect_harness():
+def prefect_test_server():
+    """Prefect's test harness: a server on a database of its own, for the test process's in-process flows."""
     from prefect.testing.utilities import prefect_test_harness
 
     with prefect_test_harness(
         server_startup_timeout=int(os.environ["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"])
     ):
         yield
+
+
+@pytest.fixture
+def prefect_harness(prefect_test_server, monkeypatch):
+    """The harness's server for this test; code that reads PREFECT_API_URL from the environment
+    (tbench.team.pool_setup) must not find the session's server there (prefect_api_server)."""
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
 
 
 def run_flow(tmp_path: Path, request) -> tuple[Path, pd.DataFrame, str]:
