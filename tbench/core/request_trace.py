@@ -137,10 +137,12 @@ def read_trace(path: str | Path) -> Trace:
             objects = []
             for n, line in enumerate(lines, start=1):
                 try:
-                    objects.append(json.loads(line))
-                    objects[-1]["timestamp"]
-                except (ValueError, KeyError, TypeError):
-                    raise ConfigError(f"trace {path} line {n}: not a JSON object with a timestamp") from None
+                    found = json.loads(line)
+                except ValueError:
+                    found = None
+                if not isinstance(found, dict) or "timestamp" not in found:
+                    raise ConfigError(f"trace {path} line {n}: not a JSON object with a timestamp")
+                objects.append(found)
             times = _numbers([o["timestamp"] for o in objects], str(path), 1)
             with_sample = [n for n, o in enumerate(objects, start=1) if "sample" in o]
             if with_sample and len(with_sample) < len(objects):
