@@ -188,3 +188,11 @@ def test_a_full_disk_is_refused_before_the_run_makes_its_folder(tmp_path):
         assert not (disk / "runs").exists() or not any((disk / "runs").iterdir())  # no run folder was made
     finally:
         subprocess.run(["umount", "-l", str(disk)], capture_output=True)
+
+
+def test_a_cache_bound_that_is_not_a_size_is_refused_before_the_run(tmp_path, monkeypatch):
+    from tbench.core.disk_cache import LIMIT_ENV
+
+    monkeypatch.setenv(LIMIT_ENV, "20G")
+    with pytest.raises(ConfigError, match=f"{LIMIT_ENV}='20G' is not a size in GiB"):
+        preflight(request(tmp_path))

@@ -19,6 +19,7 @@ import os
 import shutil
 from pathlib import Path
 
+from tbench.core import disk_cache
 from tbench.core.errors import ConfigError, StorageError
 from tbench.core.storage import error_cause, file_sha256, is_remote, join, store_errors, url_to_fs
 
@@ -83,6 +84,7 @@ def fetch(url: str) -> Path:
     digest = folder.rpartition("/")[2]
     local = cache_root() / digest
     if (local / CHECKED).is_file():
+        disk_cache.used(local)
         return local / entry
     fs, base = url_to_fs(folder)
     try:
@@ -113,6 +115,7 @@ def fetch(url: str) -> Path:
         if not (local / CHECKED).is_file():
             raise
         shutil.rmtree(partial, ignore_errors=True)
+    disk_cache.trim(cache_root(), keep=local)
     return local / manifest["entry"]
 
 

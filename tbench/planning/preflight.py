@@ -14,6 +14,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from tbench.core import disk_cache
 from tbench.core.errors import ConfigError
 from tbench.core.storage import error_cause, is_remote, store_errors, url_to_fs
 from tbench.node.ports import port_in_use
@@ -39,6 +40,7 @@ def preflight(request) -> None:
     check_local_server(request)
     check_node(request)
     check_output(request.output)
+    disk_cache.max_bytes()  # TBENCH_CACHE_MAX_GIB is read after a conversion: a typo in it fails now, not then
 
 
 def check_ports(request) -> None:

@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from model_adapters.base import ModelAdapter
+from tbench.core import disk_cache
 from tbench.core.artifacts import ModelArtifact
 from tbench.core.enums import Format, Precision
 from tbench.core.errors import BenchError, ConversionError, StorageError, Unavailable
@@ -145,6 +146,7 @@ def run_step(
     out = target_dir / FILE_NAMES[conv.target]
     cached = cache_root() / key
     if (cached / out.name).exists():
+        disk_cache.used(cached)
         shutil.rmtree(target_dir, ignore_errors=True)
         copy_tree(cached, target_dir)
         return out, key, True
@@ -182,6 +184,7 @@ def run_step(
         tmp.rename(cached)
     except OSError:  # another run cached the same conversion meanwhile
         shutil.rmtree(tmp, ignore_errors=True)
+    disk_cache.trim(cache_root(), keep=cached)
     return out, key, False
 
 
