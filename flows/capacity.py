@@ -24,7 +24,7 @@ from tbench.core.layout import RunLayout, new_run_id
 from tbench.core.storage import url_to_fs
 from tbench.node import hardware as hw
 from tbench.request.benchmark import BenchmarkRequest
-from tbench.stages.store import run_url, staging_root
+from tbench.stages.store import discard_staged, run_url, staging_root
 from tbench.stages.tracker import RunTracker
 from tbench.team.matrix_runs import children_cancelled_on_interrupt
 
@@ -103,6 +103,7 @@ def _across_pools(request: BenchmarkRequest, capacity: CapacityRequest) -> str:
                 local_dir=str(layout.run_dir),
             ),
         )
+    discard_staged(layout.run_dir, root)  # stored: its report is there, and a worker's disk keeps nothing of it
     if unfinished:
         named = ", ".join(f"{a.pool} ({a.reason})" for a in unfinished[:3])
         raise CapacityIncomplete(f"{len(unfinished)} of {len(answers)} pools did not answer: {named}; report: {url}")

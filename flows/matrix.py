@@ -30,7 +30,7 @@ from tbench.core.layout import RunLayout, new_run_id
 from tbench.core.storage import url_to_fs
 from tbench.results.html_report import write_html_report
 from tbench.results.matrix_report import matrix_markdown
-from tbench.stages.store import run_url, staging_root
+from tbench.stages.store import discard_staged, run_url, staging_root
 from tbench.stages.tracker import RunTracker
 from tbench.team.matrix_runs import ChildRun, children_cancelled_on_interrupt
 from tbench.team.pools import POOLS
@@ -159,6 +159,7 @@ def matrix_flow(matrix: MatrixRequest = MatrixRequest()) -> str:
                 local_dir=str(layout.run_dir),
             ),
         )
+    discard_staged(layout.run_dir, root)  # stored: its report is there, and a worker's disk keeps nothing of it
     if unfinished:  # after the store: the report of the children that finished is there
         raise MatrixIncomplete(incomplete_message(unfinished, len(runs), url))
     return url

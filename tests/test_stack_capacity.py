@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 from browser import headless_chromium, needs_chromium, open_until, page_text
@@ -132,7 +133,9 @@ def test_capacity_from_the_cli_runs_on_the_cpu_pools_capacity_deployment(stack, 
     assert answer["run_url"].startswith(stack.artifact_root + "/resnet50-")  # the child's own run folder
     assert read_json(answer["run_url"] + "/capacity.json")["answers"][0]["status"] == "ok"
     assert "cpu" in fs.cat_file(path + "/capacity.md").decode()
-    [child] = read_json(url + "/manifest.json")["runs"]
+    parent = read_json(url + "/manifest.json")
+    assert not Path(parent["local_dir"]).exists()  # stored: the parent's folder leaves staging too
+    [child] = parent["runs"]
     assert child["state"] == "COMPLETED" and child["pool"] == "cpu", child
     with temporary_settings({PREFECT_API_URL: stack.api_url}), get_client(sync_client=True) as client:
         run = client.read_flow_run(uuid.UUID(child["flow_run"]))

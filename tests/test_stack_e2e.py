@@ -324,6 +324,7 @@ def test_the_matrix_fans_out_through_the_deployments_and_compares(stack, monkeyp
     fs, path = fsspec.core.url_to_fs(url)
     manifest = json.loads(fs.cat_file(path + "/manifest.json"))
     assert [r["state"] for r in manifest["runs"]] == ["COMPLETED", "COMPLETED"]
+    assert not Path(manifest["local_dir"]).exists()  # stored: the parent's folder leaves staging too
     assert {r["format"] for r in manifest["runs"]} == {"onnx", "ts-trace"}
     report = fs.cat_file(path + "/report.md").decode()
     assert "## Best points per GPU" in report and "CPU: best infer/s" in report
