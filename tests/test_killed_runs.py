@@ -86,3 +86,33 @@ def test_a_run_that_ended_comes_off_the_list_and_one_still_running_stays(tmp_pat
     (folder / "manifest.json").write_text(json.dumps({"run_id": "resnet50-done", "status": "completed"}))
     mark_ended(tmp_path, "resnet50-done")
     assert not (tmp_path / RUNNING_DIR / "resnet50-done.json").exists()
+
+
+def finished_folder(root, name: str, status: str, artifact_url: str, error: str | None = None):
+    """A run killed after it wrote its final manifest (status ended) and before its store finished: still listed."""
+    folder = run_folder(root, name, gone_owner(), points=2)
+    manifest = {"run_id": name, "status": status, "artifact_url": artifact_url, "error": error}
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    mark_running(root, name, gone_owner())
+    return folder
+
+
+def test_a_run_killed_while_storing_says_so_and_how_to_finish_the_upload(tmp_path):
+    import fsspec
+
+    from tbench.stages.killed import killed_while_storing_message
+
+    unstored = finished_folder(tmp_path, "resnet50-unstored", "completed", "memory://killed/runs/resnet50-unstored")
+    failed = finished_folder(tmp_path, "resnet50-failed", FAILED, "memory://killed/runs/resnet50-failed", "sweep: x")
+    stored = finished_folder(tmp_path, "resnet50-stored", "completed", "memory://killed/runs/resnet50-stored")
+    fsspec.filesystem("memory").pipe("/killed/runs/resnet50-stored/manifest.json", b"{}")  # stored, killed later
+    local = finished_folder(tmp_path, "resnet50-local", "completed", str(tmp_path / "resnet50-local"))
+    assert sorted(mark_killed_runs(tmp_path)) == ["resnet50-failed", "resnet50-unstored"]
+    said = json.loads((unstored / "manifest.json").read_text())
+    assert said["status"] == FAILED and said["failed_stage"] == KILLED_STAGE
+    assert said["error"] == killed_while_storing_message(unstored) and "tbench upload" in said["error"]
+    kept = json.loads((failed / "manifest.json").read_text())
+    assert kept["error"].startswith("sweep: x; then ")  # its own cause first
+    for folder in (stored, local):  # in their store: they ended as they said
+        assert json.loads((folder / "manifest.json").read_text())["status"] == "completed"
+    assert mark_killed_runs(tmp_path) == []  # marked once: off the list

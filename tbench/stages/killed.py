@@ -15,6 +15,7 @@ import os
 import socket
 from pathlib import Path
 
+from tbench.core.storage import is_remote, store_errors, url_to_fs
 from tbench.node.procs import alive, started_at
 from tbench.stages.store import write_manifest
 
@@ -33,6 +34,26 @@ def killed_message(points: int) -> str:
         "the run's process was killed before it finished (SIGKILL, a crash, a dead worker); the "
         f"{points} points it measured are kept in results.csv: run it again with --reuse to measure only the rest"
     )
+
+
+def killed_while_storing_message(run_dir: Path) -> str:
+    return (
+        "the run's process was killed while it stored the run (a dead worker), and the store has no copy of it: every "
+        f"point is kept in {run_dir}; `tbench upload {run_dir}` finishes the upload"
+    )
+
+
+def _stored(manifest: dict) -> bool | None:
+    """Whether a run that reached its finish is in its store (its manifest there, written last); None when the store
+    cannot say now. A run of a local root is stored where it was written."""
+    url = manifest.get("artifact_url") or ""
+    if not is_remote(url):
+        return True
+    try:
+        fs, path = url_to_fs(url)
+        return bool(fs.exists(f"{path}/manifest.json"))
+    except store_errors():
+        return None
 
 
 def mark_running(root: Path, run_id: str, who: dict) -> None:
@@ -80,6 +101,21 @@ def mark_killed_runs(root: Path) -> list[str]:
                 write_manifest(path.parent, manifest)
             except OSError:
                 continue  # a full or read-only disk: the next run tries again
+            marked.append(str(manifest.get("run_id") or run_id))
+        elif manifest and (stored := _stored(manifest)) is not True:
+            if stored is None:  # the store cannot say now: the next run asks again
+                continue
+            # killed between writing its final manifest and storing it: that manifest says it ended, the store has
+            # nothing, and the folder it names stays behind on the worker
+            why = killed_while_storing_message(path.parent)
+            if manifest.get("status") == "failed":
+                manifest["error"] = f"{manifest.get('error') or 'failed'}; then {why}"
+            else:
+                manifest.update(status="failed", failed_stage=KILLED_STAGE, error=why)
+            try:
+                write_manifest(path.parent, manifest)
+            except OSError:
+                continue
             marked.append(str(manifest.get("run_id") or run_id))
         entry.unlink(missing_ok=True)
     return marked
