@@ -6,19 +6,21 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import shutil
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 from tasks.history import history_task
 from tasks.store import store_task
 from tbench.core import progress
-from tbench.core.errors import BenchError
+from tbench.core.errors import BenchError, StorageError
 from tbench.core.layout import RunLayout, new_run_id
 from tbench.node import procs
 from tbench.node.device_lock import device_lock
 from tbench.node.interrupts import second_signal_exits
 from tbench.planning.preflight import preflight
 from tbench.stages.killed import RUNNING, mark_ended, mark_killed_runs, mark_running, owner
-from tbench.stages.store import discard_staged, staging_root
+from tbench.stages.store import discard_staged, staging_root, store_manifest_only, write_manifest
 from tbench.stages.tracker import RunTracker
 
 log = logging.getLogger("prefect.tbench.lifecycle")
@@ -44,6 +46,35 @@ def clean_up_killed_folders(root) -> None:
         log.warning(f"run {run_id} was killed before it finished: its manifest now says so")
 
 
+def start_run_folder(req, root: Path, run_id: str, request_json) -> RunTracker:
+    """The run's folder in staging, its `running` manifest (the run listed as running: stages.killed), its log and
+    its request. Where the disk cannot take them (full), the run fails in one line before anything runs, leaves
+    nothing behind here, and its manifest alone goes to a remote store, so that the run says why there too."""
+    layout = RunLayout(root, run_id)
+    tracker = RunTracker(layout)
+    who = owner()
+    try:
+        layout.create()
+        # until the run's end rewrites it: a run killed outright is told from one still running (stages.killed)
+        start = tracker.manifest(status=RUNNING, owner=who, local_dir=str(layout.run_dir), flow_run_id=flow_run_id())
+        write_manifest(layout.run_dir, start)
+        mark_running(root, run_id, who)
+        tracker.capture_logs()
+        tracker.save_json(layout.request_json, request_json)
+    except OSError as err:
+        tracker.release_logs()
+        shutil.rmtree(layout.run_dir, ignore_errors=True)  # nothing measured yet
+        mark_ended(root, run_id)
+        why = f"cannot write the run folder {layout.run_dir}: {err.strerror or err}"
+        fix = "free some space there, or write elsewhere (TBENCH_STAGING_DIR, --output)"
+        tracker.record_error(StorageError(f"{why}: {fix}"), "staging")
+        stored = store_manifest_only(
+            req.output, run_id, tracker.manifest(request=req.model_dump(mode="json"), flow_run_id=flow_run_id())
+        )
+        raise StorageError(f"{why}: {fix}" + (f" (recorded in {stored})" if stored else "")) from None
+    return tracker
+
+
 @contextlib.contextmanager
 def run_lifecycle(req, hardware, name: str, request_json, lock: bool = True) -> Iterator[RunTracker]:
     """Set-up and lock; the body runs the stages and calls `finish_run()` at its end, whatever happened. `lock`
@@ -52,14 +83,8 @@ def run_lifecycle(req, hardware, name: str, request_json, lock: bool = True) -> 
     preflight(req)  # a worker checks what the CLI checked on the user's machine: its ports, paths and store
     root = staging_root(req.output)
     clean_up_after_killed_runs(root)
-    layout = RunLayout(root, new_run_id(name)).create()
-    tracker = RunTracker(layout)
-    # until the run's end rewrites it: a run killed outright is told from one still running (stages.killed)
-    who = owner()
-    tracker.write_manifest(status=RUNNING, owner=who, local_dir=str(layout.run_dir), flow_run_id=flow_run_id())
-    mark_running(root, layout.run_id, who)
-    tracker.capture_logs()
-    tracker.save_json(layout.request_json, request_json)
+    tracker = start_run_folder(req, root, new_run_id(name), request_json)
+    layout = tracker.layout
     progress.emit("run_start", run_id=layout.run_id, run_dir=str(layout.run_dir))
     with contextlib.ExitStack() as held:
         # last, after the lock is released: runs killed while this one ran (waiting for the lock with it, say) say so

@@ -103,3 +103,74 @@ def test_a_run_stored_in_a_remote_root_leaves_the_staging_folder_a_local_root_ke
     kept = make_run(tmp_path / "kept")
     monkeypatch.setenv(KEEP_STAGED_ENV, "1")
     assert not discard_staged(kept.run_dir, "memory://bucket/runs") and kept.report_md.exists()
+
+
+@pytest.fixture
+def full_disk(tmp_path):
+    """A real disk with no byte left: a 1 MiB tmpfs, filled."""
+    import os
+    import subprocess
+
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs to fill needs root")
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(disk)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
+
+    def fill():
+        with open(disk / "filler", "wb", buffering=0) as filler:  # unbuffered: nothing left to flush at close
+            try:
+                while True:
+                    filler.write(b"\0" * 4096)
+            except OSError:
+                pass
+
+    try:
+        yield disk, fill
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], capture_output=True)
+
+
+def test_a_run_on_a_full_disk_stores_every_file_and_its_manifest_from_memory(full_disk):
+    from tbench.stages.store import manifest_text
+
+    disk, fill = full_disk
+    layout = make_run(disk)
+    fill()
+    with pytest.raises(OSError, match="No space left"):
+        write_manifest(layout.run_dir, {"run_id": "m-1", "status": "failed", "error": "disk full"})
+    text = manifest_text(layout.run_dir, {"run_id": "m-1", "status": "failed", "error": "disk full"})
+    url = upload_run(layout.run_dir, "memory://fulldisk/runs", "m-1", manifest_text=text)
+    fs = fsspec.filesystem("memory")
+    stored = json.loads(fs.cat_file("/fulldisk/runs/m-1/manifest.json"))
+    assert url == "memory://fulldisk/runs/m-1" and stored["error"] == "disk full"
+    assert {e["path"] for e in stored["files"]} == {"report.md", "plots/p.png"}
+    assert fs.cat_file("/fulldisk/runs/m-1/report.md") == b"# report"
+
+
+def test_a_run_that_cannot_write_its_folder_fails_in_one_line_leaves_nothing_and_says_why_in_the_store(full_disk):
+    from flows.lifecycle import start_run_folder
+    from tbench.request.benchmark import BenchmarkRequest
+    from tbench.stages.tracker import FAILED
+
+    disk, fill = full_disk
+    fill()
+    req = BenchmarkRequest(model="resnet50", output="memory://nofolder/runs")
+    with pytest.raises(StorageError) as err:
+        start_run_folder(req, disk / "staging", "resnet50-x", {"model": "resnet50"})
+    line = str(err.value)
+    assert "\n" not in line and "No space left on device" in line and "TBENCH_STAGING_DIR" in line
+    assert line.endswith("(recorded in memory://nofolder/runs/resnet50-x)")
+    assert not (disk / "staging" / "resnet50-x").exists()  # nothing measured, nothing left behind
+    assert not list((disk / "staging").rglob("*.json"))  # nor listed as running (stages.killed)
+    stored = json.loads(fsspec.filesystem("memory").cat_file("/nofolder/runs/resnet50-x/manifest.json"))
+    assert (
+        stored["status"] == FAILED and stored["failed_stage"] == "staging" and stored["request"]["model"] == "resnet50"
+    )
+    assert stored["error"] in line
+    local = BenchmarkRequest(model="resnet50", output=str(disk / "runs"))
+    with pytest.raises(StorageError, match="No space left on device: free some space there") as err:
+        start_run_folder(local, disk / "runs", "resnet50-y", {"model": "resnet50"})
+    assert "recorded in" not in str(err.value)  # a local root is the disk that is full

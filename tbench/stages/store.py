@@ -52,14 +52,39 @@ def file_entries(run_dir: Path) -> list[dict]:
 
 def write_local_atomic(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
+    try:
+        tmp.write_text(text)
+        tmp.replace(path)
+    except BaseException:  # a full disk fails the write: no half-written file is left behind
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def _put_atomic(fs, local: Path, remote: str) -> None:
     tmp = f"{remote}.tmp-{uuid.uuid4().hex[:8]}"
     fs.put_file(str(local), tmp)
     fs.mv(tmp, remote)
+
+
+def _pipe_atomic(fs, text: str, remote: str) -> None:
+    tmp = f"{remote}.tmp-{uuid.uuid4().hex[:8]}"
+    fs.makedirs(remote.rsplit("/", 1)[0], exist_ok=True)
+    fs.pipe_file(tmp, text.encode())
+    fs.mv(tmp, remote)
+
+
+def store_manifest_only(root_url: str, run_id: str, manifest: dict) -> str | None:
+    """A run that could not even make its folder here (a full disk) still says why in the store: its manifest alone.
+    Returns its URL; None for a local root (the disk that is full) or a store that cannot take it either."""
+    if is_local(root_url):
+        return None
+    url = run_url(root_url, run_id)
+    try:
+        fs, path = url_to_fs(url)
+        _pipe_atomic(fs, json.dumps(manifest, indent=2, default=str), path.rstrip("/") + "/" + MANIFEST)
+    except Exception:  # any backend error: the run's one line says what happened all the same
+        return None
+    return url
 
 
 def _already_there(fs, remote: str, local: Path) -> bool:
@@ -70,9 +95,10 @@ def _already_there(fs, remote: str, local: Path) -> bool:
         return False
 
 
-def upload_run(run_dir: Path, root_url: str, run_id: str) -> str:
+def upload_run(run_dir: Path, root_url: str, run_id: str, manifest_text: str | None = None) -> str:
     """Copy a finished (or failed) run folder to the artifact root, manifest last; returns the run's URL. Files an
-    earlier, interrupted upload completed are not sent again; the manifest always is (it says the folder is whole)."""
+    earlier, interrupted upload completed are not sent again; the manifest always is (it says the folder is whole).
+    `manifest_text`: the manifest to store, where it could not be written in the folder (a full disk)."""
     url = run_url(root_url, run_id)
     try:
         if is_local(root_url):
@@ -81,12 +107,14 @@ def upload_run(run_dir: Path, root_url: str, run_id: str) -> str:
         files = sorted(
             p for p in run_dir.rglob("*") if p.is_file() and p.name != MANIFEST and not p.name.endswith(".tmp")
         )
-        for path in files + [run_dir / MANIFEST]:
+        for path in files + ([] if manifest_text is not None else [run_dir / MANIFEST]):
             remote = remote_root.rstrip("/") + "/" + path.relative_to(run_dir).as_posix()
             if path.name != MANIFEST and _already_there(fs, remote, path):
                 continue
             fs.makedirs(remote.rsplit("/", 1)[0], exist_ok=True)
             _put_atomic(fs, path, remote)
+        if manifest_text is not None:
+            _pipe_atomic(fs, manifest_text, remote_root.rstrip("/") + "/" + MANIFEST)
     except Exception as err:  # any backend error: keep the local copy and say where it is
         raise StorageError(
             f"could not upload the run to {url}: {type(err).__name__}: {one_line(err)}; the complete "
@@ -126,8 +154,12 @@ def retry_upload(run_dir: Path, root_url: str | None = None) -> str:
     return url
 
 
+def manifest_text(run_dir: Path, manifest: dict) -> str:
+    """The manifest as stored: with every file of the folder, its size and digest."""
+    return json.dumps({**manifest, "files": file_entries(run_dir)}, indent=2, default=str)
+
+
 def write_manifest(run_dir: Path, manifest: dict) -> Path:
-    manifest = {**manifest, "files": file_entries(run_dir)}
     path = run_dir / MANIFEST
-    write_local_atomic(path, json.dumps(manifest, indent=2, default=str))
+    write_local_atomic(path, manifest_text(run_dir, manifest))
     return path
