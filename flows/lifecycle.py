@@ -19,9 +19,10 @@ from tbench.node import procs
 from tbench.node.device_lock import device_lock
 from tbench.node.interrupts import second_signal_exits
 from tbench.planning.preflight import preflight
-from tbench.stages.killed import RUNNING, mark_ended, mark_killed_runs, mark_running, owner
+from tbench.stages.killed import RUNNING, mark_ended, mark_killed_runs, mark_running, owner, read_manifest
 from tbench.stages.store import discard_staged, staging_root, store_manifest_only, write_manifest
 from tbench.stages.tracker import RunTracker
+from tbench.team.zombies import crash_if_unfinished
 
 log = logging.getLogger("prefect.tbench.lifecycle")
 
@@ -44,6 +45,9 @@ def clean_up_after_killed_runs(root) -> None:
 def clean_up_killed_folders(root) -> None:
     for run_id in mark_killed_runs(root):
         log.warning(f"run {run_id} was killed before it finished: its manifest now says so")
+        manifest = read_manifest(Path(root) / run_id) or {}
+        if manifest.get("flow_run_id") and crash_if_unfinished(manifest["flow_run_id"], manifest.get("error") or ""):
+            log.warning(f"its flow run {manifest['flow_run_id']} still said it was running: now Crashed")
 
 
 def start_run_folder(req, root: Path, run_id: str, request_json) -> RunTracker:

@@ -116,3 +116,31 @@ def test_a_run_killed_while_storing_says_so_and_how_to_finish_the_upload(tmp_pat
     for folder in (stored, local):  # in their store: they ended as they said
         assert json.loads((folder / "manifest.json").read_text())["status"] == "completed"
     assert mark_killed_runs(tmp_path) == []  # marked once: off the list
+
+
+def test_a_killed_run_that_prefect_still_shows_running_is_marked_crashed_by_the_next_run(tmp_path, prefect_harness):
+    """The zombie automation misses a run whose heartbeat events the server dropped (a SQLite database locked under
+    load, in the soak): the next run on the machine, finding it killed, corrects its Prefect state (a real server)."""
+    from prefect import flow
+    from prefect.client.orchestration import get_client
+    from prefect.states import Completed, Running
+
+    from flows.lifecycle import clean_up_killed_folders
+
+    @flow
+    def measured():
+        pass
+
+    with get_client(sync_client=True) as client:
+        killed_id = client.create_flow_run(measured, state=Running()).id
+        finished_id = client.create_flow_run(measured, state=Completed()).id
+    for name, flow_run_id in (("resnet50-killed", killed_id), ("resnet50-finished", finished_id)):
+        folder = run_folder(tmp_path, name, gone_owner(), points=2)
+        manifest = json.loads((folder / "manifest.json").read_text()) | {"flow_run_id": str(flow_run_id)}
+        (folder / "manifest.json").write_text(json.dumps(manifest))
+    clean_up_killed_folders(tmp_path)
+    with get_client(sync_client=True) as client:
+        crashed = client.read_flow_run(killed_id).state
+        finished = client.read_flow_run(finished_id).state
+    assert crashed.type.value == "CRASHED" and crashed.message == killed_message(2)
+    assert finished.type.value == "COMPLETED"  # a final state is left as it is

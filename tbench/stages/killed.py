@@ -121,6 +121,11 @@ def mark_killed_runs(root: Path) -> list[str]:
     return marked
 
 
+def read_manifest(run_dir: Path) -> dict | None:
+    """A run folder's manifest, None where it cannot be read."""
+    return _read(run_dir / "manifest.json")
+
+
 def _read(path: Path) -> dict | None:
     try:
         found = json.loads(path.read_text())

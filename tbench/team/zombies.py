@@ -90,3 +90,24 @@ def crash_if_silent(name: str, what: str, after: set[str], expect: set[str], wit
         actions=[ChangeFlowRunState(state=StateType.CRASHED, message=why)],
     ).create()
     return str(automation.id)
+
+
+def crash_if_unfinished(flow_run_id: str, why: str) -> bool:
+    """A run the next run on its machine found killed (tbench.stages.killed) is marked Crashed in Prefect too, saying
+    `why`, where it has no final state yet: the automation above misses a run whose heartbeat events the server
+    dropped (the soak's: a SQLite database locked under load). Returns whether it was marked; False on any API error
+    (the run's folder says why all the same)."""
+    from uuid import UUID
+
+    from prefect.client.orchestration import get_client
+    from prefect.states import Crashed
+
+    try:
+        with get_client(sync_client=True) as client:
+            run = client.read_flow_run(UUID(flow_run_id))
+            if run.state is not None and run.state.is_final():
+                return False
+            client.set_flow_run_state(run.id, Crashed(message=why), force=True)
+    except Exception:  # another API, one that is down, a run deleted: nothing to correct from here
+        return False
+    return True
