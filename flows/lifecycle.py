@@ -169,7 +169,12 @@ def finish_run(
         if server is not None:
             with tracker.stage("server-stop"):
                 server.stop()
-        report()
+        unreported = None
+        try:
+            report()
+        except Exception as err:  # a report that cannot be written (a full disk): what was measured is stored anyway
+            tracker.record_error(err)
+            unreported = err
         tracker.release_logs()
         with tracker.stage("store"):
             if summary is not None:
@@ -180,4 +185,6 @@ def finish_run(
                 history_task(output, manifest["request"]["model"], layout.run_id)
         if tracker.error is None:  # a failed run keeps its copy: `tbench upload` and a search's resume start there
             discard_staged(layout.run_dir, output)
+        if unreported is not None:
+            raise unreported
     return end["url"]
