@@ -279,7 +279,8 @@ def test_a_killed_worker_loses_nothing_and_a_rerun_with_reuse_measures_only_the_
     said = json.loads((killed_dir / "manifest.json").read_text())
     assert said["status"] == "failed" and said["failed_stage"] == KILLED_STAGE
     assert said["error"] == killed_message(len(kept))
-    # the killed run is not left Running for ever: its heartbeats stopped, the automation marked it Crashed
+    # the killed run is not left Running for ever: the re-run found its folder killed and marked it Crashed with the
+    # folder's message, unless the automation saw its heartbeats stop first
     from tbench.team.zombies import message, never_started_message
 
     killed_run = UUID(submitted.stdout.strip().splitlines()[-1])
@@ -287,7 +288,8 @@ def test_a_killed_worker_loses_nothing_and_a_rerun_with_reuse_measures_only_the_
     with temporary_settings({PREFECT_API_URL: stack.api_url}), get_client(sync_client=True) as client:
         while (state := client.read_flow_run(killed_run).state).type.value == "RUNNING" and time.monotonic() < deadline:
             time.sleep(2)
-    assert state.type.value == "CRASHED" and state.message == message(stack.zombie_silence_s), state
+    assert state.type.value == "CRASHED", state
+    assert state.message in (killed_message(len(kept)), message(stack.zombie_silence_s)), state
     deadline = time.monotonic() + stack.never_started_s + 60  # Pending since the test began
     with temporary_settings({PREFECT_API_URL: stack.api_url}), get_client(sync_client=True) as client:
         while (state := client.read_flow_run(never_started).state).type.value == "PENDING":
