@@ -206,11 +206,16 @@ def flow_runs(api_url: str, ids: list[str]) -> dict[str, dict]:
     with temporary_settings({PREFECT_API_URL: api_url}), get_client(sync_client=True) as client:
         for run_id in ids:
             run = client.read_flow_run(UUID(run_id))
+            # a run's span begins when a worker took it (Pending), not at its start time: a run whose process
+            # could not load it (the Prefect server restarting) gets its start time only when it is marked Crashed
+            picked = [s.timestamp for s in client.read_flow_run_states(run.id) if s.type.value == "PENDING"]
+            start = min(picked) if picked else run.start_time
+            end = run.end_time or (run.state.timestamp if run.state and run.state.is_final() else None)
             out[run_id] = {
                 "state": run.state.type.value if run.state else None,
                 "message": (run.state.message or "") if run.state else "",
-                "start": run.start_time.timestamp() if run.start_time else None,
-                "end": run.end_time.timestamp() if run.end_time else None,
+                "start": start.timestamp() if start else None,
+                "end": end.timestamp() if end else None,
                 "name": run.name,
             }
     return out
