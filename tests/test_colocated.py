@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 from tbench.capacity.rate_search import PASSING
 from tbench.cli import app
 from tbench.core.errors import ConfigError
+from tbench.core.metrics import UNDETERMINED
 from tbench.loadgen.behind import CARRIED, behind_tolerance
 from tbench.request.colocated import ColocatedRequest, ModelLoad, parse_load
 from tbench.results.colocated_report import render_colocated
@@ -142,8 +143,11 @@ def test_two_models_alone_together_and_a_ctrl_c_while_together(tmp_path):
         ("slow", ALONE),
         ("slow", TOGETHER),
     ]
-    # each kept up with its load (alone, and together beside the other's) and met its SLO
-    assert set(results["status"]) <= set(CARRIED) and set(results["slo"]) <= set(PASSING), results.to_string()
+    # each kept up with its load (alone, and together beside the other's) and met its SLO; at a quarter to a half of
+    # the sleepers' capacity, the rule may not decide on a busy machine (its server slowed by other work): undetermined,
+    # never behind
+    assert set(results["status"]) <= {*CARRIED, UNDETERMINED}, results.to_string()
+    assert set(results["slo"]) <= {*PASSING, UNDETERMINED}, results.to_string()
     together = results[results["colocation"] == TOGETHER]
     assert set(together["colocated_with"]) == {"fast", "slow"}
     for row in together.to_dict("records"):

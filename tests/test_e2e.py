@@ -14,13 +14,13 @@ import numpy as np
 import pandas as pd
 import psutil
 import pytest
-from conftest import GOLDEN
+from conftest import GOLDEN, measured
 from test_faults import lasting_unmapped_regions
 
 from tbench.core.enums import Scenario
 from tbench.core.errors import ServerStartError
 from tbench.core.layout import RunLayout
-from tbench.core.metrics import RESULT_COLUMNS, SERVER_COLUMNS
+from tbench.core.metrics import OK, RESULT_COLUMNS, SERVER_COLUMNS
 from tbench.core.runtimes import run_pytorch
 from tbench.loadgen.perf_analyzer import Point, pass_throughputs
 from tbench.node import shm
@@ -326,10 +326,7 @@ def test_flow_run_serves_every_pytorch_format_and_reports_each(prefect_harness, 
         "results.parquet",
         "logs/tritonserver.log",
         "logs/prefect.log",
-        "plots/onnx_offline_throughput_vs_batch.png",
-        "plots/ts-trace_offline_latency_vs_batch.png",
         "plots/formats_throughput.png",
-        "plots/ts-script_online_latency_breakdown_throughput.png",
         "model_repository/resnet50_onnx/config.pbtxt",
         "model_repository/resnet50_ts_script/config.pbtxt",
         "models/onnx/model.onnx",
@@ -340,6 +337,15 @@ def test_flow_run_serves_every_pytorch_format_and_reports_each(prefect_harness, 
     ):
         assert expected in listed and (run / expected).exists(), expected
     results = pd.read_parquet(run / "results.parquet")
+    ok = measured(results)
+    # a picture for each point with numbers (a point left unstable by a busy machine has none, and says why)
+    stable = set(zip(ok["format"], ok["scenario"], strict=True))
+    for fmt, scenario, plot in (
+        ("onnx", "offline", "plots/onnx_offline_throughput_vs_batch.png"),
+        ("ts-trace", "offline", "plots/ts-trace_offline_latency_vs_batch.png"),
+        ("ts-script", "online", "plots/ts-script_online_latency_breakdown_throughput.png"),
+    ):
+        assert ((fmt, scenario) in stable) == (plot in listed and (run / plot).exists()), (fmt, scenario, plot)
     for fmt in ("onnx", "ts-trace", "ts-script"):
         mine = results[results["format"] == fmt]
         assert sorted(zip(mine["scenario"], mine["batch_size"], mine["concurrency"])) == [
@@ -350,7 +356,8 @@ def test_flow_run_serves_every_pytorch_format_and_reports_each(prefect_harness, 
     # offline: static batching (the model's own speed, not the batcher's queue delay); online: the config under test
     offline, online = results[results["scenario"] == "offline"], results[results["scenario"] == "online"]
     assert set(offline["batching"]) == {"static"} and (offline["max_queue_delay_us"] == 0).all()
-    assert (offline["server_queue_ms"] < 0.5).all(), offline[["format", "batch_size", "server_queue_ms"]]
+    offline_ok = offline[offline["status"] == OK]
+    assert (offline_ok["server_queue_ms"] < 0.5).all(), offline_ok[["format", "batch_size", "server_queue_ms"]]
     assert (
         set(online["batching"]) == {"dynamic"}
         and (online["max_queue_delay_us"] == manifest["request"]["max_queue_delay_us"]).all()

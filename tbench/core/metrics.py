@@ -122,7 +122,7 @@ _SERVER = {
 }
 # A point's status (the `status` column): the vocabulary every reader of results imports
 POINT_STATUSES = ("ok", "unstable", "behind", "client_bound", "undetermined", "error")
-UNDETERMINED = "undetermined"
+OK, UNSTABLE, UNDETERMINED = "ok", "unstable", "undetermined"
 
 COLUMN_DESCRIPTIONS = {**_PUBLISHED, **_METRIC_DESCRIPTIONS, **_MEASUREMENT, **_SERVER}
 PUBLISHED_COLUMNS = [*_PUBLISHED, *(m.column for m in METRICS)]
