@@ -17,7 +17,7 @@ from pathlib import Path
 
 from tbench.core.storage import is_remote, store_errors, url_to_fs
 from tbench.node.procs import alive, started_at
-from tbench.stages.store import write_manifest
+from tbench.stages.store import discard_staged, write_manifest
 
 RUNNING = "running"  # a manifest's status while its run runs; never a run's final status
 KILLED_STAGE = "killed"
@@ -72,7 +72,8 @@ def mark_ended(root: Path, run_id: str) -> None:
 
 def mark_killed_runs(root: Path) -> list[str]:
     """The listed runs under `root` whose owner is a process of this host that is gone, their manifests rewritten as
-    failed (failed stage `killed`); returns their run ids. A listed run that ended is taken off the list."""
+    failed (failed stage `killed`); returns their run ids. A listed run that ended is taken off the list, and its
+    staged copy removed where it was completed and stored remotely."""
     if not root.is_dir():
         return []
     listed = root / RUNNING_DIR
@@ -117,6 +118,9 @@ def mark_killed_runs(root: Path) -> list[str]:
             except OSError:
                 continue
             marked.append(str(manifest.get("run_id") or run_id))
+        elif manifest and manifest.get("status") == "completed":
+            # stored, then killed (in its history stage): the store has it all (a failed run keeps its copy)
+            discard_staged(path.parent, manifest.get("artifact_url") or "")
         entry.unlink(missing_ok=True)
     return marked
 
