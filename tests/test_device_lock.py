@@ -90,6 +90,29 @@ def test_a_slot_taken_without_a_lease_record_is_reclaimed_after_one_lease(prefec
     waiter.release()
 
 
+def test_a_lease_record_deleted_between_create_and_update_is_written_anyway(prefect_harness, name, monkeypatch):
+    """The last holder's record was there when this run created its own, and gone (released) before it updated it:
+    the update's 404 took a run down in the soak."""
+    from prefect.client.orchestration import SyncPrefectClient
+    from prefect.exceptions import ObjectAlreadyExists
+
+    real, calls = SyncPrefectClient.create_variable, []
+
+    def raced(self, variable):
+        calls.append(variable.name)
+        if len(calls) == 1:
+            raise ObjectAlreadyExists(http_exc=RuntimeError("409"))
+        return real(self, variable)
+
+    monkeypatch.setattr(SyncPrefectClient, "create_variable", raced)
+    taken = lock(name, "next-run")
+    taken.acquire(timeout_s=10)
+    try:
+        assert len(calls) == 2 and taken._read_record().run == "next-run"
+    finally:
+        taken.release()
+
+
 def test_lease_records_are_read_back_as_written():
     holder = Holder(run="r", host="h", pid=1, since="2026-11-23T08:00:00Z", renewed="2026-11-23T08:00:20Z")
     assert Holder.model_validate(holder.model_dump(mode="json")) == holder

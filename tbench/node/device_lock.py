@@ -147,15 +147,25 @@ class DeviceLock:
             return None  # an unreadable record is treated as a missing one
 
     def _write_record(self) -> None:
+        import httpx
         from prefect.client.schemas.actions import VariableCreate, VariableUpdate
         from prefect.exceptions import ObjectAlreadyExists
 
         value = self.holder.model_dump(mode="json")
         with self._client() as client:
-            try:
-                client.create_variable(VariableCreate(name=self.record_name, value=value))
-            except ObjectAlreadyExists:
-                client.update_variable(VariableUpdate(name=self.record_name, value=value))
+            for attempt in range(3):
+                try:
+                    client.create_variable(VariableCreate(name=self.record_name, value=value))
+                    return
+                except ObjectAlreadyExists:
+                    pass
+                try:
+                    client.update_variable(VariableUpdate(name=self.record_name, value=value))
+                    return
+                except httpx.HTTPStatusError as err:
+                    # the last holder deleted its record between our create and update (the soak saw it): create it
+                    if err.response.status_code != 404 or attempt == 2:
+                        raise
 
     def _delete_record(self) -> None:
         from prefect.exceptions import ObjectNotFound
