@@ -25,6 +25,7 @@ from tbench.stages.tracker import RunTracker
 from tbench.team.zombies import crash_if_unfinished
 
 log = logging.getLogger("prefect.tbench.lifecycle")
+PREFLIGHT_STAGE = "preflight"  # a run its worker refused before it made its folder
 
 
 def flow_run_id() -> str | None:
@@ -48,6 +49,20 @@ def clean_up_killed_folders(root) -> None:
         manifest = read_manifest(Path(root) / run_id) or {}
         if manifest.get("flow_run_id") and crash_if_unfinished(manifest["flow_run_id"], manifest.get("error") or ""):
             log.warning(f"its flow run {manifest['flow_run_id']} still said it was running: now Crashed")
+
+
+def record_refusal(req, root: Path, run_id: str, err: BenchError) -> str | None:
+    """A flow run that its worker refused (its disk full, a port taken) says why in a remote store too: its manifest
+    alone (failed stage `preflight`), as a run that cannot write its folder does. Outside a flow run nothing is stored:
+    the command line refuses in one line before any run begins (`tbench run` checks the same before its flow). Returns
+    the manifest's URL, if stored."""
+    if flow_run_id() is None:
+        return None
+    tracker = RunTracker(RunLayout(root, run_id))
+    tracker.record_error(err, PREFLIGHT_STAGE)
+    return store_manifest_only(
+        req.output, run_id, tracker.manifest(request=req.model_dump(mode="json"), flow_run_id=flow_run_id())
+    )
 
 
 def start_run_folder(req, root: Path, run_id: str, request_json) -> RunTracker:
@@ -84,10 +99,14 @@ def run_lifecycle(req, hardware, name: str, request_json, lock: bool = True) -> 
     """Set-up and lock; the body runs the stages and calls `finish_run()` at its end, whatever happened. `lock`
     False: the run takes the device lock itself, only while it measures here (a fleet whose other nodes are
     measured by other runs, which may be on this machine)."""
-    preflight(req)  # a worker checks what the CLI checked on the user's machine: its ports, paths and store
-    root = staging_root(req.output)
+    root, run_id = staging_root(req.output), new_run_id(name)
+    try:
+        preflight(req)  # a worker checks what the CLI checked on the user's machine: its ports, paths and store
+    except BenchError as err:
+        record_refusal(req, root, run_id, err)
+        raise
     clean_up_after_killed_runs(root)
-    tracker = start_run_folder(req, root, new_run_id(name), request_json)
+    tracker = start_run_folder(req, root, run_id, request_json)
     layout = tracker.layout
     progress.emit("run_start", run_id=layout.run_id, run_dir=str(layout.run_dir))
     with contextlib.ExitStack() as held:
