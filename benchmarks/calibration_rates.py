@@ -343,11 +343,11 @@ def calibrate_kept_up(rng, trials: int) -> tuple[dict, dict]:
     # requests too large to export (over 1,024 values: image models) are judged from the server's trace where we
     # start the server (embedded, local), by the window rule where we do not (docker, a remote server)
     large: dict[str, dict[float, list[str]]] = {"server trace": {}, "windows": {}}
-    for source, by_load in large.items():
+    for source, statuses in large.items():
         for server in KEPT_UP_SERVERS.values():
             for load in (0.85, *LOADS_SATURATED):
                 judged = sweep_rate_points(rng, server, round(load * server.capacity, 3), m, trials, source)
-                by_load.setdefault(load, []).extend(status for status, _ in judged)
+                statuses.setdefault(load, []).extend(status for status, _ in judged)
 
     def share_large(loads, status, source="server trace"):
         return float(np.mean([s == status for load in loads for s in large[source][load]]))
