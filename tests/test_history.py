@@ -101,6 +101,20 @@ def test_differences_list_what_the_runs_after_agree_on_and_the_runs_before_never
     assert [d.line() for d in differences(before, after)] == ["tool versions: onnxruntime: 1.32.0 → 1.33.0"]
 
 
+def test_a_flip_up_to_a_segment_off_the_change_and_reverted_later_is_named():
+    """The history calibration's case: a change put 3 runs (MIN_SIZE) before the run whose runtime flipped, and a later
+    revert that was not found, so the runs after the change hold both versions."""
+    from tbench.history.detect import MIN_SIZE
+
+    def manifest(ort):
+        return {"environment": {"tools": {"onnxruntime": ort}}}
+
+    before = [manifest("1.17.0")] * 9
+    after = [manifest("1.17.0")] * MIN_SIZE + [manifest("1.18.0")] * 7 + [manifest("1.17.0")] * 5
+    (cause,) = differences(before, after)
+    assert cause.line() == "tool versions: onnxruntime: 1.17.0 → 1.18.0" and not cause.at_change
+
+
 def test_the_site_has_an_index_model_pages_with_plots_and_the_regressions(root, tmp_path):
     history = analyse(str(root))
     index = write_site(history, tmp_path / "site")

@@ -104,7 +104,7 @@ def differences(before: list[dict], after: list[dict], first_run: int = 0) -> li
 
     A value is listed when the runs that confirmed the change (the first `MIN_SIZE` after it) agree on one that the
     runs before never had, or that differs from the one the runs just before agreed on; it may flip up to
-    MIN_SIZE - 1 runs off the change's index, where a noisy series can put it. A numeric field (NUMERIC) is listed
+    MIN_SIZE runs off the change's index, where a noisy series can put it. A numeric field (NUMERIC) is listed
     when its median moved by its threshold. Those that flipped exactly between the last run before and the first after
     come first."""
     if not before or not after:
@@ -118,9 +118,9 @@ def _flipped(before: list[dict], after: list[dict]) -> list[Difference]:
     change, confirming = len(before), min(MIN_SIZE, len(after))
     labels = sorted(set().union(*runs))
     found = {}
-    # exactly at the change first, then up to min_size - 1 runs either side: a noisy series can put the change a run or
-    # two off the one whose manifest flipped (judge() takes a change moved by less than min_size as the same one)
-    splits = [change + offset for distance in range(MIN_SIZE) for offset in sorted({-distance, distance})]
+    # exactly at the change first, then up to min_size runs either side: a noisy series can put the change up to a
+    # segment off the run whose manifest flipped (the history calibration saw a reverted runtime found 3 runs early)
+    splits = [change + offset for distance in range(MIN_SIZE + 1) for offset in sorted({-distance, distance})]
     for split in (s for s in splits if 0 < s < len(runs)):
         for label in (label for label in labels if label not in found):
             value = _agreed(runs[split : split + confirming], label)
