@@ -58,11 +58,15 @@ def record_refusal(req, root: Path, run_id: str, err: BenchError) -> str | None:
     the manifest's URL, if stored."""
     if flow_run_id() is None:
         return None
-    tracker = RunTracker(RunLayout(root, run_id))
-    tracker.record_error(err, PREFLIGHT_STAGE)
-    return store_manifest_only(
-        req.output, run_id, tracker.manifest(request=req.model_dump(mode="json"), flow_run_id=flow_run_id())
-    )
+    return store_failure_alone(req, RunTracker(RunLayout(root, run_id)), err, PREFLIGHT_STAGE)
+
+
+def store_failure_alone(req, tracker: RunTracker, err: BenchError, stage: str) -> str | None:
+    """A run that failed before it had a folder: its error recorded, its manifest alone sent to a remote store
+    (stages.store.store_manifest_only). Returns the manifest's URL, if stored."""
+    tracker.record_error(err, stage)
+    manifest = tracker.manifest(request=req.model_dump(mode="json"), flow_run_id=flow_run_id())
+    return store_manifest_only(req.output, tracker.layout.run_id, manifest)
 
 
 def start_run_folder(req, root: Path, run_id: str, request_json) -> RunTracker:
@@ -86,10 +90,7 @@ def start_run_folder(req, root: Path, run_id: str, request_json) -> RunTracker:
         mark_ended(root, run_id)
         why = f"cannot write the run folder {layout.run_dir}: {err.strerror or err}"
         fix = "free some space there, or write elsewhere (TBENCH_STAGING_DIR, --output)"
-        tracker.record_error(StorageError(f"{why}: {fix}"), "staging")
-        stored = store_manifest_only(
-            req.output, run_id, tracker.manifest(request=req.model_dump(mode="json"), flow_run_id=flow_run_id())
-        )
+        stored = store_failure_alone(req, tracker, StorageError(f"{why}: {fix}"), "staging")
         raise StorageError(f"{why}: {fix}" + (f" (recorded in {stored})" if stored else "")) from None
     return tracker
 
