@@ -188,10 +188,14 @@ def test_model_py_reports_the_device_its_runtime_got(tmp_path, monkeypatch):
         "model_instance_name": "resnet50_0_0",
     }
     out = io.StringIO()
+    model = namespace["TritonPythonModel"]()
     with contextlib.redirect_stdout(out):
-        namespace["TritonPythonModel"]().initialize(args)
+        model.initialize(args)
     reports = device_reports(out.getvalue())["resnet50"]
     assert reports == [{"model": "resnet50", "instance": "resnet50_0_0", "runtime": "onnxruntime", "device": "cpu"}]
+    # its idle intra-op threads sleep: spinning ones made a small model's runs bimodal (model.py)
+    session = model.session.get_session_options()
+    assert session.get_session_config_entry(namespace["SPINNING"]) == "0"
     planned = served_on("embedded", NODE, "onnxruntime", cuda_runtimes={"onnxruntime"})
     assert confirmed(planned, reports, NODE).label == CPU_LABEL
 
