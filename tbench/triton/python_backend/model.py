@@ -15,9 +15,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 DEVICE_MARK = "TBENCH_DEVICE "  # tbench/serving.py reads these lines of the server log
-
-
-SPINNING = "session.intra_op.allow_spinning"  # onnxruntime's session option
+SPINNING = "session.intra_op.allow_spinning"  # onnxruntime's session option (off: see initialize)
 
 
 class TritonPythonModel:
