@@ -692,9 +692,12 @@ def main() -> None:
     sizes = sorted({f"{r.request['model']} {r.request['size']}" for r in runs if r.request})
     sizes = sizes or ["resnet50 small"]
     with recorded(RESULTS / "gpu_check.json" if not args.record else Path(args.record), model_sizes=sizes) as record:
-        if record.commit is None and os.environ.get("TBENCH_GIT_COMMIT"):  # a copied tree, without its .git
+        # a copied tree: the device machine's copy may have no .git, or an older one than its files (seen on a lent
+        # GPU machine: a .git two commits behind), so the commit the caller names wins over what git says there
+        if os.environ.get("TBENCH_GIT_COMMIT"):
             record.commit = os.environ["TBENCH_GIT_COMMIT"]
             record.dirty = os.environ.get("TBENCH_GIT_DIRTY", "1") != "0"
+            record.changed = [] if not record.dirty else record.changed  # what the stale .git says differs
         record.update(
             doctor=json.loads(report.model_dump_json()),
             kit=kit_info(),
