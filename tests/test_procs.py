@@ -9,12 +9,12 @@ import time
 
 import psutil
 
-from tbench.node import procs
+from tbench.node import procs, shm
 
 OWNER = """
 import sys
 from pathlib import Path
-from tbench.node import procs
+from tbench.node import procs, shm
 scratch = Path(sys.argv[1]).parent / "scratch"  # a temporary folder of the child's (a server's trace, say)
 scratch.mkdir()
 child = procs.start(["sleep", "300"], Path(sys.argv[1]), scratch=[scratch])
@@ -64,3 +64,34 @@ def test_a_record_of_a_pid_now_used_by_another_process_is_dropped_not_killed(tmp
     finally:
         bystander.kill()
         bystander.wait()
+
+
+def test_a_dead_servers_record_removes_its_regions_by_name_and_no_others(tmp_path, monkeypatch):
+    """A server killed with its stubs maps nothing any more: its python backend's regions are known by their prefix."""
+    monkeypatch.setenv("TBENCH_PROCS_DIR", str(tmp_path / "procs"))
+    (tmp_path / "procs").mkdir()
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    prefix = f"tbench-test{gone.pid}-shm-"
+    theirs = [shm.SHM_DIR / f"{prefix}{i}" for i in range(2)]
+    other = shm.SHM_DIR / f"tbench-test{gone.pid}-other"
+    for region in [*theirs, other]:
+        region.write_bytes(b"\0" * 16)
+    try:
+        (tmp_path / "procs" / f"{gone.pid}.json").write_text(
+            json.dumps(
+                {
+                    "pid": gone.pid,
+                    "started": 1.0,
+                    "owner": 1,
+                    "owner_started": 1.0,
+                    "argv0": "tritonserver",
+                    "shm_prefix": prefix,
+                }
+            )
+        )
+        assert procs.reap_orphans() == [f"tritonserver (pid {gone.pid}) and 2 shared memory regions"]
+        assert not any(r.exists() for r in theirs) and other.exists()
+    finally:
+        for region in [*theirs, other]:
+            region.unlink(missing_ok=True)

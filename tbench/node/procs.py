@@ -55,7 +55,11 @@ def started_at(pid: int) -> float | None:
 
 
 def _register(
-    proc: subprocess.Popen, argv: list[str], container: dict | None = None, scratch: list[Path] | None = None
+    proc: subprocess.Popen,
+    argv: list[str],
+    container: dict | None = None,
+    scratch: list[Path] | None = None,
+    shm_prefix: str | None = None,
 ) -> None:
     entry = {
         "pid": proc.pid,
@@ -68,6 +72,8 @@ def _register(
         entry["container"] = container
     if scratch:  # the process's temporary folders (a trace file, a backend copy): a reaper removes them too
         entry["scratch"] = [str(path) for path in scratch]
+    if shm_prefix:  # the name prefix of its python backend's shared memory: a reaper removes those regions by name
+        entry["shm_prefix"] = shm_prefix
     folder = registry_dir()
     try:
         folder.mkdir(parents=True, exist_ok=True)
@@ -98,8 +104,9 @@ def reap_orphans() -> list[str]:
             continue
         if alive(entry["owner"], entry.get("owner_started")):
             continue  # its owner still runs: not ours to touch
-        if alive(entry["pid"], entry.get("started")) or entry.get("container"):
-            removed = _kill_and_clean(entry)
+        running = alive(entry["pid"], entry.get("started")) or entry.get("container")
+        removed = _kill_and_clean(entry)  # a dead server's stubs may still run, and its regions are still there
+        if running or removed:
             what = f"container {entry['container']['name']} via " if entry.get("container") else ""
             killed.append(
                 f"{what}{entry.get('argv0', '?')} (pid {entry['pid']})"
@@ -113,8 +120,12 @@ def _kill_and_clean(entry: dict) -> int:
     """Kill a child's process group (and remove its container) and remove the shared memory its processes mapped;
     how many regions went."""
     pgid = entry["pid"]
-    regions = shm.mapped_regions(shm.group_members(pgid)) if alive(pgid, entry.get("started")) else set()
-    if alive(pgid, entry.get("started")):
+    leader = alive(pgid, entry.get("started"))
+    # a killed server's stubs stay in its group for a while (its pid is not reused while they do); a pid taken by
+    # another process means the group is long gone
+    members = shm.group_members(pgid) if leader or not psutil.pid_exists(pgid) else []
+    regions = shm.mapped_regions(members)
+    if members:
         _kill_pgid(pgid)
         _wait_gone(pgid)
     removed = 0
@@ -122,7 +133,7 @@ def _kill_and_clean(entry: dict) -> int:
         removed = containers.remove(container["docker"], container["name"], host=container.get("host"))
     for folder in entry.get("scratch") or []:
         shutil.rmtree(folder, ignore_errors=True)
-    return removed + len(shm.remove(regions))
+    return removed + len(shm.remove(regions | shm.named(entry.get("shm_prefix"))))
 
 
 def _wait_gone(pid: int, timeout_s: float = 10.0) -> None:
@@ -187,12 +198,14 @@ def start(
     outlives_caller: bool = False,
     container: dict | None = None,
     scratch: list[Path] | None = None,
+    shm_prefix: str | None = None,
 ) -> subprocess.Popen:
     """Start a long-lived process in its own session so that stopping it reaches its children too; the caller stops
     it with `stop()` (or kill_group + forget). `outlives_caller`: a service meant to stay after this process exits
     (the local stack), which is never reaped as an orphan. `container` ({"docker": CLI, "name": NAME}): the process
     is a `docker run` client whose container a reaper removes too; `scratch`: temporary folders of its that a reaper
-    removes (the caller removes them after a normal stop)."""
+    removes (the caller removes them after a normal stop); `shm_prefix`: the name prefix of the shared memory regions it
+    creates, which a reaper removes."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log = open(log_path, "ab")
     log.write(("$ " + " ".join(argv) + "\n").encode())
@@ -200,7 +213,7 @@ def start(
     proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     log.close()  # the child holds its own descriptor
     if not outlives_caller:
-        _register(proc, argv, container, scratch)
+        _register(proc, argv, container, scratch, shm_prefix)
     return proc
 
 

@@ -3,7 +3,9 @@
 Triton's python backend and perf_analyzer (offline points: `--shared-memory system`) create regions under /dev/shm and
 remove them on a clean exit; a killed process leaves them, and they hold memory until the machine reboots. Every
 region is mapped by the server that uses it (perf_analyzer registers its regions with the server), so the regions
-to remove are the ones a server's process group maps, removed once the group is gone.
+to remove are the ones a server's process group maps, removed once the group is gone. The python backend's regions
+also carry a name prefix of the server's own (`--backend-config=python,shm-region-prefix-name`), so they are found by
+name once the server is gone, including those of stubs that exited before anyone looked at what they mapped.
 """
 
 from __future__ import annotations
@@ -62,6 +64,13 @@ def mapped_regions(processes: list[psutil.Process]) -> set[Path]:
         except OSError:
             pass
     return regions
+
+
+def named(prefix: str | None) -> set[Path]:
+    """The regions whose name starts with `prefix` (one server's python backend regions)."""
+    if not prefix or not SHM_DIR.is_dir():
+        return set()
+    return {p for p in SHM_DIR.iterdir() if p.name.startswith(prefix) and p.is_file()}
 
 
 def remove(regions: set[Path]) -> list[Path]:

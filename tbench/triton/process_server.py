@@ -63,12 +63,17 @@ class ProcessServer(TritonServer):
         # Triton's --id, one per object: the server answering on our ports must report it (see _is_ours)
         self.instance_id = f"tbench-{uuid.uuid4().hex[:12]}"
         self.proc: subprocess.Popen | None = None
-        self.seen_regions: set[Path] = set()  # shared memory the server's processes mapped while it started
         self.trace_path: Path | None = None  # where the server writes its requests' trace (a mode that has one)
 
     def _pick_ports(self) -> dict[str, int]:
         chosen = {**self.chosen_ports, "metrics": None}
         return {name: port or loopback.free_port() for name, port in chosen.items()}
+
+    @property
+    def shm_prefix(self) -> str:
+        """The python backend's shared memory regions are named after the server, so they are found once it is gone: a
+        stub that exited with its server (killed, or failing at start) maps nothing that could tell them."""
+        return f"{self.instance_id}-shm-"
 
     @property
     def endpoints(self) -> ServerEndpoints:
@@ -96,6 +101,7 @@ class ProcessServer(TritonServer):
             f"--metrics-address={address}",
             f"--metrics-port={ports['metrics']}",
             f"--metrics-interval-ms={METRICS_INTERVAL_MS}",  # the energy counter's resolution (triton/monitor.py)
+            f"--backend-config=python,shm-region-prefix-name={self.shm_prefix}",
             "--model-control-mode=explicit",
             *(["--load-model=*"] if self.model_control == "all" else []),
             "--exit-on-error=true",
@@ -118,7 +124,12 @@ class ProcessServer(TritonServer):
         while True:
             self._before_launch()
             self.proc = procs.start(
-                self.argv(), self.log_path, env=self.env(), container=self._container_record(), scratch=self._scratch()
+                self.argv(),
+                self.log_path,
+                env=self.env(),
+                container=self._container_record(),
+                scratch=self._scratch(),
+                shm_prefix=self.shm_prefix,
             )
             try:
                 self._wait_ready(f"{self.mode} tritonserver")
@@ -146,14 +157,6 @@ class ProcessServer(TritonServer):
         if self.trace_path is not None:
             shutil.rmtree(self.trace_path.parent, ignore_errors=True)
             self.trace_path = None
-
-    def _still_starting(self) -> bool:
-        # A server that exits while it starts (a port taken, a model that fails with --exit-on-error) does not
-        # remove the python backend's regions: stop() removes every region its processes were seen to map.
-        alive = self.alive()
-        if alive:
-            self.seen_regions |= shm.mapped_regions(self._server_processes())
-        return alive
 
     def _is_ours(self, metadata: dict) -> bool:
         """A port taken between our pick and our server's bind: another server on our HTTP port answers ready for
@@ -231,13 +234,13 @@ class ProcessServer(TritonServer):
 
     def stop(self, timeout_s: float = 30.0) -> None:
         """SIGTERM lets Triton unload models and stop its stubs; the group kill reaps whatever did not exit; the shared
-        memory this server's processes mapped (the python backend's, and perf_analyzer's registered regions, which a
-        killed perf_analyzer leaves behind) is removed."""
+        memory this server's processes mapped (perf_analyzer's registered regions, which a killed perf_analyzer leaves
+        behind) and its python backend's regions (by name: a server that exits while it starts, or is killed, leaves
+        them) are removed."""
         if self.proc is None:
             self._remove_trace()
             return
-        regions = shm.mapped_regions(self._server_processes()) | self.seen_regions
-        self.seen_regions = set()
+        regions = shm.mapped_regions(self._server_processes())
         if self.proc.poll() is None:
             self._terminate(timeout_s)
         procs.kill_group(self.proc)
@@ -245,7 +248,7 @@ class ProcessServer(TritonServer):
         self._remove_leftovers()
         procs.forget(self.proc)
         self.proc = None
-        shm.remove(regions)  # Triton removes its own on a clean exit; killed processes leave theirs behind
+        shm.remove(regions | shm.named(self.shm_prefix))  # Triton removes its own on a clean exit only
         self._remove_trace()
 
 

@@ -154,7 +154,7 @@ class TritonServer(ABC):
         deadline = time.monotonic() + self.start_timeout_s
         try:
             while time.monotonic() < deadline:
-                if not self._still_starting():
+                if not self.alive():
                     self._raise_failed(f"{what} exited while loading models")
                 try:
                     if (
@@ -169,10 +169,6 @@ class TritonServer(ABC):
             self._raise_failed(f"{what} was not ready within {self.start_timeout_s:.0f} s")
         finally:
             client.close()
-
-    def _still_starting(self) -> bool:
-        """Whether the server is up, asked on every look while it starts."""
-        return self.alive()
 
     def _is_ours(self, metadata: dict) -> bool:
         """Whether the server that answers ready is the one this object started or addresses."""
