@@ -244,6 +244,40 @@ def test_stop_leaves_no_stub_process_or_shared_memory_and_spares_other_servers(
     assert all(r.exists() for r in others) and served_small.alive()
 
 
+def test_a_server_killed_with_its_stubs_leaves_no_region_of_a_model_loaded_after_it_started(small_artifacts, tmp_path):
+    """Offline points load models into a running server: their stubs' regions are created after the start. A group
+    killed at once (a stub gone before anyone looked at what it mapped) must still leave none of them behind."""
+    import tritonclient.grpc as grpcclient
+
+    write_repository(tmp_path / "repo", ServingConfig("resnet50", 8, [8], 100, 1), small_artifacts[0])
+    server = EmbeddedServer(tmp_path / "repo", tmp_path / "server.log", model_control="explicit")
+    server.start()
+    client = grpcclient.InferenceServerClient(server.endpoints.grpc_url)
+    try:
+        client.load_model("resnet50")
+    finally:
+        client.close()
+    pid = server.proc.pid
+    late = shm.named(server.shm_prefix)
+    assert late and late <= shm.mapped_regions(server._group())  # named as ours, and mapped by our stubs
+    os.killpg(pid, signal.SIGKILL)
+    server.proc.wait()
+    deadline = time.monotonic() + 10
+    while stubs(pgid=pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not shm.mapped_regions(server._group())  # nothing left that maps them: only their names tell them
+    server.stop()
+    assert not [r for r in late if r.exists()]
+
+
+def test_the_instances_serving_a_model_are_read_from_the_server(served_small):
+    """The window rule of a rate point (docker, remote) weighs the server's compute time per request against them."""
+    from tbench.triton.served import serving_instances
+
+    assert serving_instances(served_small.endpoints.grpc_url, "resnet50") == 1
+    assert serving_instances(served_small.endpoints.grpc_url, "no-such-model") is None
+
+
 def test_a_model_that_fails_to_load_names_the_reason(small_artifacts, tmp_path):
     model_dir = write_repository(tmp_path / "repo", ServingConfig("resnet50", 8, [8], 100, 1), small_artifacts[0])
     (model_dir / "1" / "model.onnx").unlink()
