@@ -41,7 +41,7 @@ from tbench.core.enums import Scenario
 from tbench.loadgen import behind
 from tbench.loadgen.perf_analyzer import STABLE_WINDOWS, Point, RequestLog, requests_from_export
 from tbench.request.benchmark import Measurement
-from tbench.stages.sweep import measure_again, rate_point_verdict, rate_stability
+from tbench.stages.sweep import RATE_STABILITY_PCT, measure_again, rate_point_verdict
 
 PERCENTILES = (50, 90, 95, 99)
 
@@ -262,10 +262,13 @@ def server_traced(export: dict, overhead_ms: float):
     return RequestLog(log.sent_s + half, log.latency_s - 2 * half, log.span_s, log.boundaries_s)
 
 
-def judged_row(sim: Simulated, rate: float, source: str = "export", overhead_ms: float = 0.0) -> dict:
+def judged_row(
+    sim: Simulated, rate: float, source: str = "export", overhead_ms: float = 0.0, instances: int | None = None
+) -> dict:
     """The row as a sweep keeps it: an open-loop point's figures hold only if it carried the load, judged from where
     stages.sweep.measure_point reads its requests (`source`, the results' requests_from column): perf_analyzer's
-    export (small requests), the server's trace (larger ones, on a server we start), or neither (the windows)."""
+    export (small requests), the server's trace (larger ones, on a server we start), or neither (the windows, with the
+    server's compute time per request on its `instances`, read from the server's model config)."""
     row = perf_row(sim)
     if sim.status == "ok":
         point = Point(Scenario.RATE, 1, None, rate, "poisson")
@@ -274,7 +277,8 @@ def judged_row(sim: Simulated, rate: float, source: str = "export", overhead_ms:
             requests = requests_from_export(sim.export)
         elif sim.export and source == "server trace":
             requests = server_traced(sim.export, overhead_ms)
-        row.update(rate_point_verdict(point, row, sim.merged_requests, sim.log, requests))
+        instances = instances if requests is None else None
+        row.update(rate_point_verdict(point, row, sim.merged_requests, sim.log, requests, instances))
     return row
 
 
@@ -290,10 +294,10 @@ LOADS_OK = (0.1, 0.5, 0.7, 0.85)
 LOADS_SATURATED = (1.0, 1.05, 1.1, 1.25, 1.5)
 
 
-def sweep_windows(rate: float, m: Measurement, attempt: int = 0, source: str = "export") -> tuple[int, float]:
+def sweep_windows(rate: float, m: Measurement, attempt: int = 0) -> tuple[int, float]:
     """Requests per window and stability percentage a sweep's rate point gets (tbench.stages.sweep.measure_point)."""
     count = m.requests_per_window(None, 1, attempt, None, rate)
-    return count, rate_stability(m, count, "poisson", per_request=source != "windows")
+    return count, RATE_STABILITY_PCT
 
 
 def sweep_rate_points(
@@ -303,16 +307,16 @@ def sweep_rate_points(
     measured again with longer windows (tbench.stages.sweep.measure_again). Each: (status, the attempt that counted)."""
 
     def judged(sim: Simulated) -> str:
-        return judged_row(sim, rate, source, server.overhead_ms)["status"]
+        return judged_row(sim, rate, source, server.overhead_ms, server.instances)["status"]
 
-    count, stability = sweep_windows(rate, m, source=source)
+    count, stability = sweep_windows(rate, m)
     sims = perf_rate_points(rng, server, rate, count, m.max_trials, stability, trials)
     out = [(judged(sim), sim) for sim in sims]
     for attempt in range(1, m.retries + 1):
         again = [i for i, (status, _) in enumerate(out) if measure_again({"status": status}, attempt - 1, m)]
         if not again:
             break
-        count, stability = sweep_windows(rate, m, attempt, source)
+        count, stability = sweep_windows(rate, m, attempt)
         for i, sim in zip(again, perf_rate_points(rng, server, rate, count, m.max_trials, stability, len(again))):
             out[i] = (judged(sim), sim)
     return out
@@ -377,7 +381,8 @@ def calibrate_kept_up(rng, trials: int) -> tuple[dict, dict]:
         "most 1,024 values), so perf_analyzer stops after 3 windows; *_large_requests: requests too large to export, "
         "judged from the server's trace (tbench.triton.trace: the same requests from their arrival at the server to "
         "their answer leaving it, the client's overhead left out) as on a server tbench starts (embedded, local); "
-        "*_large_requests_untraced: judged by the window rule, as on a docker or remote server",
+        "*_large_requests_untraced: judged by the window rule, as on a docker or remote server, with the server's mean "
+        "compute time per request over the point and its instance count (the truth's own)",
         "max_trials": m.max_trials,
         "arrivals": "poisson, sent on schedule (async); each point from an empty server",
         "not_tried": "dynamic batching; late sends (client-bound)",
@@ -421,8 +426,7 @@ def simulated_measure(rng, server: Server, slo_ms: float, m: Measurement, log: l
     def measure(rate: float) -> RatePoint:
         rate = round(rate, 3)
         count = m.requests_per_window(None, 1, 0, None, rate)
-        stability = rate_stability(m, count, "poisson", per_request=True)
-        sim = perf_rate_points(rng, server, rate, count, m.max_trials, stability, 1)[0]
+        sim = perf_rate_points(rng, server, rate, count, m.max_trials, RATE_STABILITY_PCT, 1)[0]
         log.append(sim.seconds)
         requests = requests_from_export(sim.export) if sim.export else None
         return judge(rate, 1, judged_row(sim, rate), slo_ms, RULE, requests)

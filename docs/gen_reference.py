@@ -149,7 +149,9 @@ VERDICTS = {
     "against their noise (k standard errors, at least the minimum effect); a point the candidate lost is never "
     "left out.",
     "kept_up": "Whether a rate point carried the load it was offered (ok, behind, client-bound, undetermined): served "
-    "against offered within the arrivals' randomness, and the latency's trend over the windows.",
+    "against offered within the arrivals' randomness and the latency's trend, from every request's timestamps "
+    "(exported or the server's trace), else from the windows, ok there only when the server's compute time per "
+    "request on its instances shows the offered load below capacity.",
     "capacity": "A capacity plan's sustainable rate: the highest Poisson rate whose percentile holds and that kept up, "
     "from a bracketing search in which each rate is measured until its runs, pooled, decide (at most 6 runs), and "
     "whose answer rests on at least 3.",

@@ -26,6 +26,14 @@ instances (batching only makes a deeper backlog faster). The highest of those pa
 the offered rate. It fell behind when it served short of it or when the mean latency of 10 equal blocks of the span
 rose with a significant trend; else it is undetermined (measured again with longer windows by the sweep).
 
+Without either (requests too large to export, on a server whose trace we cannot read: docker, remote), the windows
+alone cannot tell a server at capacity from one below it (a queue from an empty start grows too slowly to show over 3
+windows), and the server's own figures decide: the load the offered rate puts on its instances is the rate times the
+time an instance spends per request (Triton's compute input + infer + output, perf_analyzer's server breakdown) over
+the instances. Its upper bound (`LOAD_Z` standard errors of a mean of that many requests, their CV taken as
+`ASSUMED_SERVICE_CV`) below 1 is a server that keeps up; else the point is undetermined. Under dynamic batching each
+request is charged its whole batch's compute, which overstates the load: the rule errs towards undetermined.
+
 Late sends are the load generator's own limit, not the server's: when the server served everything it was offered
 (within the tolerance) and its latency was steady, the point is client-bound: the server sustains at least what was
 served, and a higher rate needs more load generators, not another measurement.
@@ -61,6 +69,10 @@ LIGHT_LOAD_BUSY_SHARE = 0.5
 MIN_GAP_CV = 0.1  # the gaps' CV counted at least this: a nearly constant service (or a too-short sample) is no proof
 TREND_BLOCKS = 10  # equal blocks of the span whose mean latencies the trend test orders
 
+# the windows alone (calibrated in benchmarks/calibration_rates.py)
+ASSUMED_SERVICE_CV = 1.0  # per-request compute times' CV (an exponential service) for the mean's standard error
+LOAD_Z = 3.0  # standard errors above the estimated load for its upper bound
+
 KeptUpStatus = Literal["ok", "behind", "client_bound", "undetermined"]
 KEPT_UP_STATUSES: tuple[str, ...] = get_args(KeptUpStatus)
 CARRIED: tuple[KeptUpStatus, ...] = ("ok", "client_bound")  # the point carried its load (client-bound: at least)
@@ -86,17 +98,6 @@ def mann_kendall_p(values: list[float]) -> float:
 
 
 MIN_TREND_WINDOWS = next(n for n in range(3, 20) if mann_kendall_p(list(range(n))) < TREND_P)
-
-
-def arrival_stability(stability_pct: float, requests: int, distribution: str) -> float:
-    """The stability percentage a rate point's windows can meet: with Poisson arrivals a window of n requests varies by
-    the arrivals' own count noise (1/sqrt(n)) whatever the server does, so at few requests a window perf_analyzer's
-    throughput rule could only fail (5 req/s, 20-request windows: spreads of 45%). Widened to two of those standard
-    deviations (3 windows then agree about 96% of the time) where that is larger; whether the server kept up is
-    judged by `kept_up` over the merged windows, not by this."""
-    if distribution == "constant":
-        return stability_pct
-    return max(stability_pct, round(200 / math.sqrt(max(requests, 1)), 1))  # bursty or a trace: at least as noisy
 
 
 def latency_rise(log_text: str) -> tuple[float, float, int] | None:
@@ -129,6 +130,22 @@ def shortfall_sigmas(rate: float, served_rps: float, requests: int) -> float:
 
 
 @dataclass(frozen=True)
+class InstanceLoad:
+    """The load an offered rate puts on the server's instances (1 = every instance busy all the time)."""
+
+    share: float
+    upper: float
+
+    @classmethod
+    def estimate(cls, rate: float, busy_ms: float | None, instances: int | None, requests: int) -> InstanceLoad | None:
+        """From `busy_ms` an instance spent per request over `requests` requests; None where a figure is missing."""
+        if not busy_ms or not math.isfinite(busy_ms) or busy_ms <= 0 or not instances or requests < 1:
+            return None
+        share = rate * busy_ms / 1000 / instances
+        return cls(share, share * (1 + LOAD_Z * ASSUMED_SERVICE_CV / math.sqrt(requests)))
+
+
+@dataclass(frozen=True)
 class KeptUp:
     """The verdict on one rate point (`status`, one of `KEPT_UP_STATUSES`), with the reason in words."""
 
@@ -146,10 +163,13 @@ def kept_up(
     max_delayed_pct: float = MAX_DELAYED_PCT,
     rise_limit: float = RISE_LIMIT,
     request_log: RequestLog | None = None,
+    busy_ms: float | None = None,
+    instances: int | None = None,
 ) -> KeptUp:
     """Judge a measured rate point: offered `rate` requests/s, `served_rps` the requests/s perf_analyzer counted
     (its throughput over the batch size), `requests` the merged windows' requests, `log_text` its -v log; from every
-    request's timestamps when `request_log` (its export) is given, else from the windows."""
+    request's timestamps when `request_log` (its export) is given, else from the windows and the time one of the
+    server's `instances` spent per request (`busy_ms`)."""
     delayed = delayed_percent(log_text)
     if request_log is not None and len(request_log) >= 2:
         return kept_up_from_requests(rate, served_rps, request_log, distribution, delayed, max_delayed_pct, rise_limit)
@@ -186,6 +206,20 @@ def kept_up(
             f"latency rose to the last window ({latencies[0] / 1000:.3g} -> {latencies[-1] / 1000:.3g} ms) and "
             f"{len(latencies)} windows cannot tell a growing queue from noise (the trend test needs "
             f"{MIN_TREND_WINDOWS}); measure longer windows or a lower rate"
+        )
+        return KeptUp("undetermined", reason, **verdict)
+    load = InstanceLoad.estimate(rate, busy_ms, instances, requests)
+    if load is None:
+        reason = (
+            f"{served}, latency steady over {len(latencies)} windows; without the requests' timestamps or the server's "
+            "compute times per instance, the windows cannot tell a server at capacity from one below it"
+        )
+        return KeptUp("undetermined", reason, **verdict)
+    if load.upper >= 1:
+        reason = (
+            f"{served}: at {busy_ms:.3g} ms of compute per request on {instances} instance(s) the offered rate keeps "
+            f"them {100 * load.share:.0f}% busy (up to {100 * load.upper:.0f}% over {requests} requests), too close "
+            "to capacity for the windows to tell; measure longer windows or a lower rate"
         )
         return KeptUp("undetermined", reason, **verdict)
     return kept_up_or_client_bound(rate, served_rps, delayed, max_delayed_pct)

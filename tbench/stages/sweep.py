@@ -28,7 +28,7 @@ from tbench.core.metrics import RESULT_COLUMNS, THROUGHPUT
 from tbench.core.shape_sets import guessed_shapes_line
 from tbench.core.storage import file_sha256
 from tbench.loadgen.arrivals import arrivals_fidelity
-from tbench.loadgen.behind import arrival_stability, kept_up
+from tbench.loadgen.behind import kept_up
 from tbench.loadgen.perf_analyzer import (
     STABLE_WINDOWS,
     UNSTABLE_MARK,
@@ -51,6 +51,7 @@ from tbench.loadgen.perf_analyzer import (
 from tbench.node import procs, shm, tools
 from tbench.request.benchmark import Measurement, plain_name
 from tbench.triton.monitor import NoMonitor, cross_check
+from tbench.triton.served import serving_instances
 
 
 def plan_points(
@@ -229,18 +230,10 @@ def cache_key(point: Point, model: str) -> dict:
     }
 
 
-# A rate point whose every request is exported (or traced by the server) is judged from them (kept_up), not by
+# A rate point is judged by kept_up (from its requests, or from its windows and the server's compute times), not by
 # perf_analyzer's agreement of windows: it is asked for a spread it always meets, so it stops after its first 3 windows
-# (the point's span) and never calls an open-loop point "unstable" for the arrivals' own noise
-EXPORTED_RATE_STABILITY_PCT = 1000.0
-
-
-def rate_stability(m: Measurement, request_count: int, distribution: str, per_request: bool) -> float:
-    """The stability percentage of a rate point's perf_analyzer call (`per_request`: judged from every request's
-    timestamps, exported or traced by the server)."""
-    if per_request:
-        return EXPORTED_RATE_STABILITY_PCT
-    return arrival_stability(m.stability_percentage, request_count, distribution)
+# (the point's span) and never calls an open-loop point "unstable" for the arrivals' own noise or a queue's random walk
+RATE_STABILITY_PCT = 1000.0
 
 
 def measure_again(row: dict, attempt: int, m: Measurement) -> bool:
@@ -300,9 +293,8 @@ def measure_point(
         timeout_s = m.point_timeout_s(request_count, point.rate)
         attempt_m = m
         if point.rate is not None:
-            stability = rate_stability(m, request_count, point.distribution, exported or traced)
-            attempt_m = m.model_copy(update={"stability_percentage": stability})
-            row.update(stability_percentage=stability)
+            attempt_m = m.model_copy(update={"stability_percentage": RATE_STABILITY_PCT})
+            row.update(stability_percentage=RATE_STABILITY_PCT)
         csv_path = layout.perf_csv(model, point.scenario, point.label, taken + attempt)
         export = profile_export_path(csv_path) if exported else None
         argv = perf_argv(binary, model, grpc_url, point, attempt_m, request_count, csv_path, spec, inputs, export)
@@ -349,7 +341,8 @@ def measure_point(
                     row["requests_from"] = REQUESTS_FROM[(exported, requests is not None)]
                     if point.intervals and requests is not None:  # how closely the schedule was kept
                         row.update(arrivals_fidelity(point.intervals, requests))
-                    row.update(rate_point_verdict(point, row, merged, full_log, requests))
+                    instances = serving_instances(grpc_url, model) if requests is None else None
+                    row.update(rate_point_verdict(point, row, merged, full_log, requests, instances))
                     if measure_again(row, attempt, m):
                         measured_rate = point.rate
                         continue
@@ -399,13 +392,38 @@ def point_requests(export: Path | None) -> RequestLog | None:
     return requests
 
 
+def busy_per_request_ms(row: dict) -> float | None:
+    """The time an instance spent per request (compute input + infer + output, perf_analyzer's server breakdown), or
+    None where the server gave no compute infer."""
+    infer = row.get("server_compute_infer_ms")
+    if infer is None or not np.isfinite(infer):
+        return None
+    parts = (row.get(c) for c in ("server_compute_input_ms", "server_compute_output_ms"))
+    return float(infer) + sum(float(v) for v in parts if v is not None and np.isfinite(v))
+
+
 def rate_point_verdict(
-    point: Point, row: dict, merged: int | None, log_text: str, requests: RequestLog | None = None
+    point: Point,
+    row: dict,
+    merged: int | None,
+    log_text: str,
+    requests: RequestLog | None = None,
+    instances: int | None = None,
 ) -> dict:
     """What a measured open-loop point's row becomes: its late sends, and its status and reason when it did not carry
-    the load (behind, client-bound, or undetermined when its requests, or its windows without them, cannot tell)."""
+    the load (behind, client-bound, or undetermined when its requests, or its windows and the server's compute time
+    per request on its `instances` without them, cannot tell)."""
     served = row[THROUGHPUT.column] / point.batch_size
-    verdict = kept_up(point.rate, served, merged or 0, point.distribution, log_text, request_log=requests)
+    verdict = kept_up(
+        point.rate,
+        served,
+        merged or 0,
+        point.distribution,
+        log_text,
+        request_log=requests,
+        busy_ms=busy_per_request_ms(row),
+        instances=instances,
+    )
     update = {"delayed_pct": verdict.delayed_pct}
     if verdict.status != "ok":
         update.update(status=verdict.status, error=verdict.reason)

@@ -149,6 +149,24 @@ def read_served_model(grpc_url: str, name: str, version: str = "") -> ServedMode
     return ServedModel(name=name, version=version, config=config)
 
 
+def serving_instances(grpc_url: str, name: str) -> int | None:
+    """How many instances serve a model, from the config the server has for it: each group's count, on every GPU it
+    lists (a KIND_GPU group that lists none runs on every GPU the server sees, which it does not say: counted once, a
+    lower bound, so a load estimated from it errs high). None for a model without instances of its own (an ensemble)
+    or a server that does not answer."""
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
+
+    try:
+        with grpcclient.InferenceServerClient(grpc_url) as client:
+            config = client.get_model_config(name, client_timeout=10).config
+    except InferenceServerException:
+        return None
+    if config.platform == "ensemble" or not config.instance_group:
+        return None
+    return sum(max(1, g.count) * max(1, len(g.gpus)) for g in config.instance_group)
+
+
 def served_infer(grpc_url: str, served: ServedModel, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """One batch through the served model (split into requests of at most its max_batch_size): its outputs, so the
     shared-memory regions fit them. A request the model refuses is one line naming it."""
