@@ -54,7 +54,7 @@ NUMERIC = {
     "host.other_cpu_pct.mean": (
         "other processes' CPU",
         OTHER_CPU_MOVED_PCT,
-        "other processes used {after:.1f} cores during {runs}, {before:.1f} before",
+        "other processes used {after:.1f} cores from {run}, {before:.1f} before",
     ),
 }
 
@@ -147,18 +147,40 @@ def _new_at(runs: list[dict[str, str]], split: int, label: str, value: str, conf
 
 
 def _moved(before: list[dict], after: list[dict], first_run: int) -> list[Difference]:
+    """A numeric field that moved by its threshold in each of the runs that confirmed the change (the first MIN_SIZE
+    from a split, tried at the change and up to MIN_SIZE runs off it, as _flipped does) from the median of the runs
+    before the split: not the whole segment after, which a neighbour that left later (no change found there) would
+    dilute."""
     found = []
-    start = first_run + len(before) + 1  # runs are numbered from 1 in the series
-    runs = f"run {start}" if len(after) == 1 else f"runs {start}-{start + len(after) - 1}"
+    runs, change = before + after, len(before)
+    confirming = min(MIN_SIZE, len(after))
+    splits = [change + offset for distance in range(MIN_SIZE + 1) for offset in sorted({-distance, distance})]
     for path, (label, threshold, words) in NUMERIC.items():
-        old, new = _median(before, path), _median(after, path)
-        if old is None or new is None or abs(new - old) < threshold:
-            continue
-        text = words.format(before=old / 100, after=new / 100, runs=runs)  # % of one core, said in cores
-        found.append(Difference(label, f"{old / 100:.1f} cores", f"{new / 100:.1f} cores", True, words=text))
+        for split in (s for s in splits if 0 < s < len(runs)):
+            # the newest runs, on the night a change placed early is confirmed, may be fewer than a segment
+            window = runs[split : split + confirming]
+            old, new = _median(runs[:split], path), _values(window, path)
+            if old is None or not new or len(new) < len(window) or not _all_moved(old, new, threshold):
+                continue
+            new = float(np.median(new))
+            run = f"run {first_run + split + 1}"  # runs are numbered from 1 in the series
+            text = words.format(before=old / 100, after=new / 100, run=run)  # % of one core, said in cores
+            found.append(
+                Difference(label, f"{old / 100:.1f} cores", f"{new / 100:.1f} cores", split == change, words=text)
+            )
+            break
     return found
 
 
+def _values(manifests: list[dict], path: str) -> list[float]:
+    return [float(v) for v in (_get(m, path) for m in manifests) if isinstance(v, int | float)]
+
+
 def _median(manifests: list[dict], path: str) -> float | None:
-    values = [v for v in (_get(m, path) for m in manifests) if isinstance(v, int | float)]
+    values = _values(manifests, path)
     return float(np.median(values)) if values else None
+
+
+def _all_moved(old: float, new: list[float], threshold: float) -> bool:
+    """Every confirming run moved the same way by the threshold (as a flipped field's confirming runs agree)."""
+    return all(v - old >= threshold for v in new) or all(old - v >= threshold for v in new)
