@@ -95,3 +95,51 @@ def test_a_dead_servers_record_removes_its_regions_by_name_and_no_others(tmp_pat
     finally:
         for region in [*theirs, other]:
             region.unlink(missing_ok=True)
+
+
+KILLED_WHILE_STARTING = """
+import os, sys
+from pathlib import Path
+from tbench.node import procs
+def killed(proc, *args, **kwargs):  # the owner dies right after the start, before writing the pid down
+    print(proc.pid, flush=True)
+    os._exit(0)  # no clean-up of any kind
+procs._register = killed
+procs.start(["sleep", "300"], Path(sys.argv[1]))
+"""
+
+
+def test_a_child_whose_owner_died_before_writing_its_pid_down_is_found_and_reaped(tmp_path, monkeypatch):
+    """CI on a busy core: a run killed at the moment its perf_analyzer started left it running, unregistered."""
+    monkeypatch.setenv("TBENCH_PROCS_DIR", str(tmp_path / "procs"))
+    owner = subprocess.run(
+        [sys.executable, "-c", KILLED_WHILE_STARTING, str(tmp_path / "orphan.log")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    orphan = int(owner.stdout.strip())
+    try:
+        assert psutil.pid_exists(orphan)
+        (pending,) = (tmp_path / "procs").glob("*.json")  # only the entry written before the start
+        assert "pid" not in json.loads(pending.read_text())
+        assert procs.reap_orphans() == [f"sleep (pid {orphan})"]
+        deadline = time.monotonic() + 10
+        while psutil.pid_exists(orphan) and psutil.Process(orphan).status() != psutil.STATUS_ZOMBIE:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert not list((tmp_path / "procs").glob("*.json"))
+    finally:
+        if psutil.pid_exists(orphan):
+            psutil.Process(orphan).kill()
+
+
+def test_a_started_child_leaves_no_pending_entry(tmp_path, monkeypatch):
+    monkeypatch.setenv("TBENCH_PROCS_DIR", str(tmp_path / "procs"))
+    done = procs.run(["true"], tmp_path / "true.log", timeout=30)
+    child = procs.start(["sleep", "300"], tmp_path / "sleep.log")
+    try:
+        assert done.returncode == 0
+        assert [p.name for p in (tmp_path / "procs").glob("*.json")] == [f"{child.pid}.json"]
+    finally:
+        procs.stop(child, timeout_s=1)

@@ -3,6 +3,9 @@
 Each child runs in its own session (so stopping it reaches its children) and is written down in a registry folder
 with the pid of the process that started it. A child whose owner died (SIGKILL, a crash, a second Ctrl-C) is an
 orphan: `reap_orphans()`, called before every run, kills it, so a killed run never leaves a server behind for long.
+An owner killed between starting a child and writing its pid down (a test kills a run at the moment its
+perf_analyzer starts) leaves a pending entry instead, written before the start, whose token the child carries in its
+environment: the reaper finds the child by it.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import shutil
 import signal
 import subprocess
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -54,6 +58,42 @@ def started_at(pid: int) -> float | None:
         return None
 
 
+CHILD_TOKEN = "TBENCH_CHILD_TOKEN"  # the environment variable a child is found by before its pid is written down
+
+
+def _owned(argv: list[str]) -> dict:
+    return {"owner": os.getpid(), "owner_started": started_at(os.getpid()), "argv0": Path(argv[0]).name}
+
+
+def _write(name: str, entry: dict) -> None:
+    """Whole or not at all (a reaper drops an entry it cannot read, and a run killed mid-write must not leave one)."""
+    folder = registry_dir()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        partial = folder / f".{name}.{os.getpid()}.tmp"
+        partial.write_text(json.dumps(entry))
+        os.replace(partial, folder / f"{name}.json")
+    except OSError:
+        pass  # the registry only helps a later run clean up; a read-only home must not stop this one
+
+
+def _spawn(argv: list[str], env: dict[str, str] | None, **popen) -> tuple[subprocess.Popen, str]:
+    """Popen in a session of its own, with a pending entry written first (its token in the child's environment);
+    the caller registers the child and drops the pending entry (`_settle`)."""
+    token = uuid.uuid4().hex
+    _write(f"pending-{token}", {**_owned(argv), "token": token})
+    child_env = {**(os.environ if env is None else env), CHILD_TOKEN: token}
+    try:
+        return subprocess.Popen(argv, env=child_env, start_new_session=True, **popen), token
+    except BaseException:
+        (registry_dir() / f"pending-{token}.json").unlink(missing_ok=True)
+        raise
+
+
+def _settle(token: str) -> None:
+    (registry_dir() / f"pending-{token}.json").unlink(missing_ok=True)
+
+
 def _register(
     proc: subprocess.Popen,
     argv: list[str],
@@ -61,25 +101,14 @@ def _register(
     scratch: list[Path] | None = None,
     shm_prefix: str | None = None,
 ) -> None:
-    entry = {
-        "pid": proc.pid,
-        "started": started_at(proc.pid),
-        "owner": os.getpid(),
-        "owner_started": started_at(os.getpid()),
-        "argv0": Path(argv[0]).name,
-    }
+    entry = {"pid": proc.pid, "started": started_at(proc.pid), **_owned(argv)}
     if container:  # a `docker run` client: killing it leaves the container running, so it is removed by name
         entry["container"] = container
     if scratch:  # the process's temporary folders (a trace file, a backend copy): a reaper removes them too
         entry["scratch"] = [str(path) for path in scratch]
     if shm_prefix:  # the name prefix of its python backend's shared memory: a reaper removes those regions by name
         entry["shm_prefix"] = shm_prefix
-    folder = registry_dir()
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / f"{proc.pid}.json").write_text(json.dumps(entry))
-    except OSError:
-        pass  # the registry only helps a later run clean up; a read-only home must not stop this one
+    _write(str(proc.pid), entry)
 
 
 def forget(proc: subprocess.Popen) -> None:
@@ -104,6 +133,10 @@ def reap_orphans() -> list[str]:
             continue
         if alive(entry["owner"], entry.get("owner_started")):
             continue  # its owner still runs: not ours to touch
+        if "pid" not in entry:  # pending: its owner died before writing the child's pid down
+            killed += [f"{entry.get('argv0', '?')} (pid {e['pid']})" for e in _pending_children(entry)]
+            path.unlink(missing_ok=True)
+            continue
         running = alive(entry["pid"], entry.get("started")) or entry.get("container")
         removed = _kill_and_clean(entry)  # a dead server's stubs may still run, and its regions are still there
         if running or removed:
@@ -114,6 +147,20 @@ def reap_orphans() -> list[str]:
             )
         path.unlink(missing_ok=True)
     return killed
+
+
+def _pending_children(entry: dict) -> list[dict]:
+    """Kill the children that carry a pending entry's token (found by their environment); their entries."""
+    found = []
+    for p in psutil.process_iter():
+        try:
+            if p.environ().get(CHILD_TOKEN) == entry.get("token") and os.getpgid(p.pid) == p.pid:
+                found.append({**entry, "pid": p.pid, "started": p.create_time()})
+        except (psutil.Error, ProcessLookupError):
+            pass
+    for child in found:
+        _kill_and_clean(child)
+    return found
 
 
 def _kill_and_clean(entry: dict) -> int:
@@ -159,6 +206,8 @@ def kill_own_children(argv0: str | None = None) -> None:
             continue
         if argv0 is not None and entry.get("argv0") != argv0:
             continue
+        if "pid" not in entry:
+            continue  # pending: its child is being started, and registered next
         if entry.get("owner") == os.getpid() and (alive(entry["pid"], entry.get("started")) or entry.get("container")):
             _kill_and_clean(entry)
             path.unlink(missing_ok=True)
@@ -174,8 +223,9 @@ def run(
     with open(log_path, "wb") as log:
         log.write(("$ " + " ".join(argv) + "\n").encode())
         log.flush()
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True, cwd=cwd)
+        proc, token = _spawn(argv, env, stdout=log, stderr=subprocess.STDOUT, cwd=cwd)
         _register(proc, argv)
+        _settle(token)
         try:
             rc = proc.wait(timeout=timeout)
             timed_out = False
@@ -210,10 +260,13 @@ def start(
     log = open(log_path, "ab")
     log.write(("$ " + " ".join(argv) + "\n").encode())
     log.flush()
-    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    log.close()  # the child holds its own descriptor
-    if not outlives_caller:
+    if outlives_caller:  # never reaped: nothing to write down
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    else:
+        proc, token = _spawn(argv, env, stdout=log, stderr=subprocess.STDOUT)
         _register(proc, argv, container, scratch, shm_prefix)
+        _settle(token)
+    log.close()  # the child holds its own descriptor
     return proc
 
 
