@@ -17,9 +17,9 @@ from pathlib import Path
 
 from tbench.core.storage import is_remote, store_errors, url_to_fs
 from tbench.node.procs import alive, started_at
+from tbench.stages.run_status import COMPLETED, FAILED, RUNNING
 from tbench.stages.store import discard_staged, write_manifest
 
-RUNNING = "running"  # a manifest's status while its run runs; never a run's final status
 KILLED_STAGE = "killed"
 RUNNING_DIR = ".running"  # under the root of the run folders: <run id>.json, the owner of each run not ended
 
@@ -93,7 +93,7 @@ def mark_killed_runs(root: Path) -> list[str]:
         if manifest and manifest.get("status") == RUNNING:
             points = _points(path.parent / "results.csv")
             manifest.update(
-                status="failed",
+                status=FAILED,
                 failed_stage=KILLED_STAGE,
                 error=killed_message(points),
                 points={"measured": points, "failed": 0},
@@ -109,16 +109,16 @@ def mark_killed_runs(root: Path) -> list[str]:
             # killed between writing its final manifest and storing it: that manifest says it ended, the store has
             # nothing, and the folder it names stays behind on the worker
             why = killed_while_storing_message(path.parent)
-            if manifest.get("status") == "failed":
+            if manifest.get("status") == FAILED:
                 manifest["error"] = f"{manifest.get('error') or 'failed'}; then {why}"
             else:
-                manifest.update(status="failed", failed_stage=KILLED_STAGE, error=why)
+                manifest.update(status=FAILED, failed_stage=KILLED_STAGE, error=why)
             try:
                 write_manifest(path.parent, manifest)
             except OSError:
                 continue
             marked.append(str(manifest.get("run_id") or run_id))
-        elif manifest and manifest.get("status") == "completed":
+        elif manifest and manifest.get("status") == COMPLETED:
             # stored, then killed (in its history stage): the store has it all (a failed run keeps its copy)
             discard_staged(path.parent, manifest.get("artifact_url") or "")
         entry.unlink(missing_ok=True)

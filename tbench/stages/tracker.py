@@ -18,16 +18,9 @@ from tbench.core.layout import RunLayout
 from tbench.core.metrics import RESULT_COLUMNS
 from tbench.loadgen.perf_analyzer import COMPOSING_COLUMNS
 from tbench.node.interrupts import is_interrupt, signal_name
-from tbench.stages.killed import RUNNING
+from tbench.stages.run_status import COMPLETED, COMPLETED_WITH_FAILURES, FAILED, INTERRUPTED, RUNNING
 from tbench.stages.store import write_local_atomic, write_manifest
 
-# A run's status, as the manifest, the report, the results dataset and the CLI's exit code say it.
-COMPLETED, COMPLETED_WITH_FAILURES, FAILED, INTERRUPTED = (
-    "completed",
-    "completed_with_failures",
-    "failed",
-    "interrupted",
-)
 STATE_COMPLETED_WITH_FAILURES = "CompletedWithFailures"  # the flow run's state name (type COMPLETED) in Prefect
 
 
