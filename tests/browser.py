@@ -26,7 +26,14 @@ def headless_chromium(logs: bool = False):
     options.binary_location = str(CHROMIUM)
     if logs:
         options.set_capability("goog:loggingPrefs", {"performance": "ALL", "browser": "ALL"})
-    return webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=options)
+    browser = webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=options)
+    browser.set_page_load_timeout(PAGE_LOAD_S)
+    return browser
+
+
+# below the driver's own HTTP timeout (120 s): a Prefect UI page that took longer to load on a busy core raised a bare
+# TimeoutError past open_until's retries; now it is selenium's TimeoutException, and its text is waited for
+PAGE_LOAD_S = 90
 
 
 def page_text(browser) -> str:
@@ -42,7 +49,10 @@ def open_until(browser, url: str, text: str, wait_s: float = 60, tries: int = 3)
     from selenium.webdriver.support.ui import WebDriverWait
 
     for _ in range(tries):
-        browser.get(url)
+        try:
+            browser.get(url)
+        except TimeoutException:
+            pass  # still loading on a loaded machine: its text may yet show, waited for below
         try:
             WebDriverWait(browser, wait_s).until(lambda b: text in page_text(b))
             return page_text(browser)
