@@ -22,16 +22,24 @@ print(child.pid)
 """  # exits without stopping its child: what a SIGKILL'd run leaves
 
 
+def orphan_of(script: str, tmp_path) -> int:
+    """The pid of the child that an owner running `script` started and left behind."""
+    owner = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path / "orphan.log")], capture_output=True, text=True, timeout=60
+    )
+    return int(owner.stdout.strip())
+
+
+def wait_gone(pid: int, timeout_s: float = 10) -> None:
+    deadline = time.monotonic() + timeout_s
+    while psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+
+
 def test_a_child_whose_owner_died_is_reaped_and_one_whose_owner_lives_is_not(tmp_path, monkeypatch):
     monkeypatch.setenv("TBENCH_PROCS_DIR", str(tmp_path / "procs"))
-    owner = subprocess.run(
-        [sys.executable, "-c", OWNER, str(tmp_path / "orphan.log")],
-        capture_output=True,
-        text=True,
-        env={**__import__("os").environ},
-        timeout=60,
-    )
-    orphan = int(owner.stdout.strip())
+    orphan = orphan_of(OWNER, tmp_path)
     ours = procs.start(["sleep", "300"], tmp_path / "ours.log")
     try:
         assert psutil.pid_exists(orphan)
@@ -39,10 +47,7 @@ def test_a_child_whose_owner_died_is_reaped_and_one_whose_owner_lives_is_not(tmp
         assert (tmp_path / "scratch").is_dir()
         assert procs.reap_orphans() == [f"sleep (pid {orphan})"]
         assert not (tmp_path / "scratch").exists()  # its temporary folder went with it
-        deadline = time.monotonic() + 10
-        while psutil.pid_exists(orphan) and psutil.Process(orphan).status() != psutil.STATUS_ZOMBIE:
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+        wait_gone(orphan)
         assert ours.poll() is None and procs.reap_orphans() == []  # our own child stays
     finally:
         procs.stop(ours, timeout_s=1)
@@ -112,22 +117,13 @@ procs.start(["sleep", "300"], Path(sys.argv[1]))
 def test_a_child_whose_owner_died_before_writing_its_pid_down_is_found_and_reaped(tmp_path, monkeypatch):
     """CI on a busy core: a run killed at the moment its perf_analyzer started left it running, unregistered."""
     monkeypatch.setenv("TBENCH_PROCS_DIR", str(tmp_path / "procs"))
-    owner = subprocess.run(
-        [sys.executable, "-c", KILLED_WHILE_STARTING, str(tmp_path / "orphan.log")],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    orphan = int(owner.stdout.strip())
+    orphan = orphan_of(KILLED_WHILE_STARTING, tmp_path)
     try:
         assert psutil.pid_exists(orphan)
         (pending,) = (tmp_path / "procs").glob("*.json")  # only the entry written before the start
         assert "pid" not in json.loads(pending.read_text())
         assert procs.reap_orphans() == [f"sleep (pid {orphan})"]
-        deadline = time.monotonic() + 10
-        while psutil.pid_exists(orphan) and psutil.Process(orphan).status() != psutil.STATUS_ZOMBIE:
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+        wait_gone(orphan)
         assert not list((tmp_path / "procs").glob("*.json"))
     finally:
         if psutil.pid_exists(orphan):

@@ -77,21 +77,21 @@ def _write(name: str, entry: dict) -> None:
         pass  # the registry only helps a later run clean up; a read-only home must not stop this one
 
 
-def _spawn(argv: list[str], env: dict[str, str] | None, **popen) -> tuple[subprocess.Popen, str]:
-    """Popen in a session of its own, with a pending entry written first (its token in the child's environment);
-    the caller registers the child and drops the pending entry (`_settle`)."""
+def _spawn(argv: list[str], env: dict[str, str] | None, record: dict | None = None, **popen) -> subprocess.Popen:
+    """Popen in a session of its own, written down: a pending entry first (its token in the child's environment),
+    then the child's own entry (`record`: what `_register` keeps besides its pid), then the pending one dropped."""
     token = uuid.uuid4().hex
-    _write(f"pending-{token}", {**_owned(argv), "token": token})
+    pending = registry_dir() / f"pending-{token}.json"
+    _write(pending.stem, {**_owned(argv), "token": token})
     child_env = {**(os.environ if env is None else env), CHILD_TOKEN: token}
     try:
-        return subprocess.Popen(argv, env=child_env, start_new_session=True, **popen), token
+        proc = subprocess.Popen(argv, env=child_env, start_new_session=True, **popen)
     except BaseException:
-        (registry_dir() / f"pending-{token}.json").unlink(missing_ok=True)
+        pending.unlink(missing_ok=True)
         raise
-
-
-def _settle(token: str) -> None:
-    (registry_dir() / f"pending-{token}.json").unlink(missing_ok=True)
+    _register(proc, argv, **(record or {}))
+    pending.unlink(missing_ok=True)
+    return proc
 
 
 def _register(
@@ -223,9 +223,7 @@ def run(
     with open(log_path, "wb") as log:
         log.write(("$ " + " ".join(argv) + "\n").encode())
         log.flush()
-        proc, token = _spawn(argv, env, stdout=log, stderr=subprocess.STDOUT, cwd=cwd)
-        _register(proc, argv)
-        _settle(token)
+        proc = _spawn(argv, env, stdout=log, stderr=subprocess.STDOUT, cwd=cwd)
         try:
             rc = proc.wait(timeout=timeout)
             timed_out = False
@@ -263,9 +261,8 @@ def start(
     if outlives_caller:  # never reaped: nothing to write down
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     else:
-        proc, token = _spawn(argv, env, stdout=log, stderr=subprocess.STDOUT)
-        _register(proc, argv, container, scratch, shm_prefix)
-        _settle(token)
+        record = {"container": container, "scratch": scratch, "shm_prefix": shm_prefix}
+        proc = _spawn(argv, env, record, stdout=log, stderr=subprocess.STDOUT)
     log.close()  # the child holds its own descriptor
     return proc
 
