@@ -12,7 +12,6 @@ import atexit
 import contextlib
 import os
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +21,7 @@ import httpx
 from tbench.core.errors import BenchError
 from tbench.node import procs
 from tbench.node.ports import free_port
+from tbench.team import prefect_server
 
 _early: tuple[subprocess.Popen, str, Path] | None = None  # the server start_early() launched: (process, API URL, log)
 
@@ -38,9 +38,21 @@ def _launch() -> tuple[subprocess.Popen, str, Path]:
     log = (
         Path(os.environ.get("PREFECT_HOME", Path.home() / ".prefect")).expanduser() / "logs" / f"api-{os.getpid()}.log"
     )
-    prefect = Path(sys.executable).parent / "prefect"
-    argv = [str(prefect), "server", "start", "--host", "127.0.0.1", "--port", str(port), "--no-services", "--no-ui"]
-    server = procs.start([*argv, "--log-level", "WARNING"], log)
+    server = procs.start(
+        prefect_server.argv(
+            "server",
+            "start",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--no-services",
+            "--no-ui",
+            "--log-level",
+            "WARNING",
+        ),
+        log,
+    )
     return server, f"http://127.0.0.1:{port}/api", log
 
 

@@ -27,6 +27,7 @@ from pathlib import Path
 from tbench.core.errors import BenchError
 from tbench.node import procs
 from tbench.node.ports import free_port, release
+from tbench.team import prefect_server
 from tbench.team.zombies import NEVER_STARTED_S, SILENCE_S
 
 PROJECT = Path(__file__).resolve().parents[2]
@@ -223,7 +224,7 @@ class Stack:
         (self.root / "prefect").mkdir(parents=True, exist_ok=True)
         log = self.root / "prefect-server.log"
         self.server = procs.start(
-            [_bin("prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(self.api_port)],
+            prefect_server.argv("server", "start", "--host", "127.0.0.1", "--port", str(self.api_port)),
             log,
             env=self.server_env(),
             outlives_caller=True,
