@@ -31,13 +31,16 @@ DEPLOYMENT = "triton-capacity/capacity-cpu"
 PARAMETERS = {"request": {"model": "resnet50", "size": "small"}, "capacity": {"slo_ms": 200, "traffic_rps": 20}}
 
 
+PATCHED = prefect_server.argv
+
+
 def as_shipped(*args: str) -> list[str]:
     return [str(Path(sys.executable).with_name("prefect")), *args]
 
 
 def measure(server: str, submissions: int) -> dict:
     os.environ["PREFECT_SERVER_LOG_RETRYABLE_ERRORS"] = "true"  # the server's environment: its log names each one
-    stack.prefect_server.argv = prefect_server.argv if server == "patched" else as_shipped
+    prefect_server.argv = PATCHED if server == "patched" else as_shipped  # what Stack.start_server calls
     s = stack.Stack(root=Path(tempfile.mkdtemp(prefix=f"tbench-ui-{server}-")), pools=("cpu",))
     s.up()
     busy = subprocess.Popen(["taskset", "-c", "0", "sh", "-c", "while :; do :; done"])
@@ -78,7 +81,10 @@ def main() -> None:
             "local stack (SQLite), cpu pool worker polling every 1 s, one core busy; create_flow_run POSTed one at a "
             "time without retries, as the UI's Submit"
         )
-        record["servers"] = {server: measure(server, args.submissions) for server in ("as-shipped", "patched")}
+        record["servers"] = {}
+        for server in ("as-shipped", "patched"):
+            record["servers"][server] = measure(server, args.submissions)
+            print(server, record["servers"][server], flush=True)
 
 
 if __name__ == "__main__":
