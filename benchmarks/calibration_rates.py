@@ -41,7 +41,13 @@ from tbench.core.enums import Scenario
 from tbench.loadgen import behind
 from tbench.loadgen.perf_analyzer import STABLE_WINDOWS, Point, RequestLog, requests_from_export
 from tbench.request.benchmark import Measurement
-from tbench.stages.sweep import RATE_STABILITY_PCT, measure_again, rate_point_verdict
+from tbench.stages.sweep import (
+    RATE_STABILITY_PCT,
+    measure_again,
+    rate_point_verdict,
+    requests_to_decide,
+    retry_window_requests,
+)
 
 PERCENTILES = (50, 90, 95, 99)
 
@@ -278,6 +284,7 @@ def judged_row(
         elif sim.export and source == "server trace":
             requests = server_traced(sim.export, overhead_ms)
         instances = instances if requests is None else None
+        row["requests_from"] = source if requests is not None else "windows"
         row.update(rate_point_verdict(point, row, sim.merged_requests, sim.log, requests, instances))
     return row
 
@@ -304,22 +311,31 @@ def sweep_rate_points(
     rng, server: Server, rate: float, m: Measurement, trials: int, source: str = "export"
 ) -> list[tuple[str, Simulated]]:
     """`trials` rate points measured as a sweep measures them: a point its requests could not judge (undetermined)
-    measured again with longer windows (tbench.stages.sweep.measure_again). Each: (status, the attempt that counted)."""
+    measured again with longer windows (tbench.stages.sweep.measure_again), or, where the windows rule could not place
+    its load below capacity, with the requests that would (retry_window_requests). Each: (status, the attempt that
+    counted)."""
+    point = Point(Scenario.RATE, 1, None, rate, "poisson")
 
-    def judged(sim: Simulated) -> str:
-        return judged_row(sim, rate, source, server.overhead_ms, server.instances)["status"]
+    def judged(sim: Simulated) -> tuple[dict, Simulated]:
+        return judged_row(sim, rate, source, server.overhead_ms, server.instances), sim
 
     count, stability = sweep_windows(rate, m)
-    sims = perf_rate_points(rng, server, rate, count, m.max_trials, stability, trials)
-    out = [(judged(sim), sim) for sim in sims]
+    rows = [judged(sim) for sim in perf_rate_points(rng, server, rate, count, m.max_trials, stability, trials)]
     for attempt in range(1, m.retries + 1):
-        again = [i for i, (status, _) in enumerate(out) if measure_again({"status": status}, attempt - 1, m)]
+        again = [i for i, (row, _) in enumerate(rows) if measure_again(row, attempt - 1, m)]
         if not again:
             break
-        count, stability = sweep_windows(rate, m, attempt)
-        for i, sim in zip(again, perf_rate_points(rng, server, rate, count, m.max_trials, stability, len(again))):
-            out[i] = (judged(sim), sim)
-    return out
+        planned, stability = sweep_windows(rate, m, attempt)
+        by_count: dict[int, list[int]] = {}  # trials of one window size, simulated together
+        for i in again:
+            instances = server.instances if rows[i][0].get("requests_from") == "windows" else None
+            deciding = requests_to_decide(point, rows[i][0], instances)
+            by_count.setdefault(retry_window_requests(planned, deciding, rate), []).append(i)
+        for count, trials_at in by_count.items():
+            sims = perf_rate_points(rng, server, rate, count, m.max_trials, stability, len(trials_at))
+            for i, sim in zip(trials_at, sims, strict=True):
+                rows[i] = judged(sim)
+    return [(row["status"], sim) for row, sim in rows]
 
 
 def calibrate_kept_up(rng, trials: int) -> tuple[dict, dict]:
@@ -382,7 +398,9 @@ def calibrate_kept_up(rng, trials: int) -> tuple[dict, dict]:
         "judged from the server's trace (tbench.triton.trace: the same requests from their arrival at the server to "
         "their answer leaving it, the client's overhead left out) as on a server tbench starts (embedded, local); "
         "*_large_requests_untraced: judged by the window rule, as on a docker or remote server, with the server's mean "
-        "compute time per request over the point and its instance count (the truth's own)",
+        "compute time per request over the point and its instance count (the truth's own); its retry of a point whose "
+        "load it could not place below capacity asks for the requests that would (tbench.stages.sweep."
+        "retry_window_requests: windows of at most MAX_DECIDING_WINDOW_S)",
         "max_trials": m.max_trials,
         "arrivals": "poisson, sent on schedule (async); each point from an empty server",
         "not_tried": "dynamic batching; late sends (client-bound)",

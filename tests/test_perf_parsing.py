@@ -1,5 +1,6 @@
 """perf_analyzer CSVs (captured from the real 2.51.0 binary) -> tidy rows in ms."""
 
+import math
 from pathlib import Path
 
 import numpy as np
@@ -140,6 +141,21 @@ def test_a_rate_points_windows_are_sized_from_its_rate_and_its_time_limit_fits_t
     slow = m.model_copy(update={"min_requests": 508})
     n = slow.requests_per_window(0.001, 1, offered_rate=5.0)
     assert n == 508 and slow.point_timeout_s(n, 5.0) >= slow.max_trials * n / 5.0
+
+
+def test_a_rate_point_the_windows_rule_left_undetermined_is_measured_again_with_the_requests_that_decide_it():
+    from tbench.stages.sweep import MAX_DECIDING_WINDOW_S, requests_to_decide, retry_window_requests
+
+    point = Point(Scenario.RATE, 1, None, 6.8, "poisson")
+    # 92 requests at 6.8/s of 125 ms each on 1 instance: 85% busy, too uncertain to place below capacity
+    row = {"status": "undetermined", "window_requests": 92 / 3, "server_compute_infer_ms": 125.0}
+    needed = requests_to_decide(point, row, instances=1)
+    assert needed > 92
+    planned = 28  # a plain retry's windows at 6.8/s (4 s)
+    assert retry_window_requests(planned, needed, 6.8) == min(-(-needed // 3), math.ceil(MAX_DECIDING_WINDOW_S * 6.8))
+    assert retry_window_requests(planned, None, 6.8) == planned  # any other point: the plain retry
+    assert requests_to_decide(point, {**row, "status": "behind"}, instances=1) is None
+    assert requests_to_decide(point, row, instances=None) is None  # judged from its requests, not the windows
 
 
 def test_window_duration_comes_from_the_merged_windows_in_the_log():

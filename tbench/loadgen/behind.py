@@ -31,8 +31,12 @@ alone cannot tell a server at capacity from one below it (a queue from an empty 
 windows), and the server's own figures decide: the load the offered rate puts on its instances is the rate times the
 time an instance spends per request (Triton's compute input + infer + output, perf_analyzer's server breakdown) over
 the instances. Its upper bound (`LOAD_Z` standard errors of a mean of that many requests, their CV taken as
-`ASSUMED_SERVICE_CV`) below 1 is a server that keeps up; else the point is undetermined. Under dynamic batching each
-request is charged its whole batch's compute, which overstates the load: the rule errs towards undetermined.
+`ASSUMED_SERVICE_CV`) below 1 is a server that keeps up, also where the windows' latency rose a little and 3 windows
+cannot test the rise; else the point is undetermined, and the sweep measures it again with the requests that would
+decide it (`InstanceLoad.requests_to_decide`). A rise the windows call a growing queue while the load's estimate is
+below 1 is a queue still filling from an empty start (at 85% of capacity it takes seconds), or a limit outside the
+instances: undetermined, measured again, never behind nor ok on that evidence. Under dynamic batching each request is
+charged its whole batch's compute, which overstates the load: the rule errs towards undetermined.
 
 Late sends are the load generator's own limit, not the server's: when the server served everything it was offered
 (within the tolerance) and its latency was steady, the point is client-bound: the server sustains at least what was
@@ -71,7 +75,7 @@ TREND_BLOCKS = 10  # equal blocks of the span whose mean latencies the trend tes
 
 # the windows alone (calibrated in benchmarks/calibration_rates.py)
 ASSUMED_SERVICE_CV = 1.0  # per-request compute times' CV (an exponential service) for the mean's standard error
-LOAD_Z = 3.0  # standard errors above the estimated load for its upper bound
+LOAD_Z = 4.0  # standard errors above the estimated load for its upper bound
 
 KeptUpStatus = Literal["ok", "behind", "client_bound", "undetermined"]
 KEPT_UP_STATUSES: tuple[str, ...] = get_args(KeptUpStatus)
@@ -131,18 +135,34 @@ def shortfall_sigmas(rate: float, served_rps: float, requests: int) -> float:
 
 @dataclass(frozen=True)
 class InstanceLoad:
-    """The load an offered rate puts on the server's instances (1 = every instance busy all the time)."""
+    """The load an offered rate puts on the server's instances (1 = every instance busy all the time), estimated over
+    `requests` requests."""
 
     share: float
-    upper: float
+    requests: int
 
     @classmethod
     def estimate(cls, rate: float, busy_ms: float | None, instances: int | None, requests: int) -> InstanceLoad | None:
         """From `busy_ms` an instance spent per request over `requests` requests; None where a figure is missing."""
         if not busy_ms or not math.isfinite(busy_ms) or busy_ms <= 0 or not instances or requests < 1:
             return None
-        share = rate * busy_ms / 1000 / instances
-        return cls(share, share * (1 + LOAD_Z * ASSUMED_SERVICE_CV / math.sqrt(requests)))
+        return cls(rate * busy_ms / 1000 / instances, requests)
+
+    def bound(self, z: float) -> float:
+        """The share plus `z` standard errors of a mean of its requests (their CV taken as ASSUMED_SERVICE_CV)."""
+        return self.share * (1 + z * ASSUMED_SERVICE_CV / math.sqrt(self.requests))
+
+    @property
+    def upper(self) -> float:
+        return self.bound(LOAD_Z)
+
+    def requests_to_decide(self) -> int | None:
+        """Requests over which the upper bound falls below 1 at a pessimistic share (this estimate plus one standard
+        error: the next measurement's estimate moves); None where that share is at or above 1."""
+        pessimistic = self.bound(1.0)
+        if pessimistic >= 1:
+            return None
+        return math.ceil((LOAD_Z * ASSUMED_SERVICE_CV * pessimistic / (1 - pessimistic)) ** 2)
 
 
 @dataclass(frozen=True)
@@ -152,6 +172,36 @@ class KeptUp:
     status: KeptUpStatus
     reason: str = ""
     delayed_pct: float = 0.0
+
+
+def growing_queue(
+    latencies: list[float],
+    log_text: str,
+    rate: float,
+    served_rps: float,
+    requests: int,
+    distribution: str,
+    rise_limit: float = RISE_LIMIT,
+) -> str | None:
+    """What in the windows shows a growing queue, in words, or None: latency rising to the last window while the
+    served count fell short, a last window over GROWTH_FACTOR x the first, or a significant trend."""
+    served = f"served {served_rps:.4g} req/s of {rate:.4g} offered"
+    sigmas = shortfall_sigmas(rate, served_rps, requests) if distribution == "poisson" else 0.0
+    if rose_to_the_end(latencies, 1 + rise_limit) and sigmas > SHORT_SIGMAS:
+        return (
+            f"{served} ({sigmas:.1f} standard deviations short) while latency rose to the last window "
+            f"({latencies[0] / 1000:.3g} -> {latencies[-1] / 1000:.3g} ms): a growing queue"
+        )
+    if rose_to_the_end(latencies, GROWTH_FACTOR):
+        return (
+            f"latency rose {latencies[-1] / latencies[0]:.2g}x over {len(latencies)} windows, the last the slowest "
+            f"({latencies[0] / 1000:.3g} -> {latencies[-1] / 1000:.3g} ms): a growing queue"
+        )
+    trend = latency_rise(log_text)
+    if trend is not None and trend[0] > rise_limit and trend[1] < TREND_P:
+        rise, p, windows = trend
+        return f"latency rose {100 * rise:.0f}% over {windows} windows, a growing queue (trend p={p:.2g})"
+    return None
 
 
 def kept_up(
@@ -183,32 +233,25 @@ def kept_up(
         reason = f"{served} (more than {100 * tolerance:.1f}% behind){late}"
         return KeptUp("behind", reason, **verdict)
     rising = rose_to_the_end(latencies, 1 + rise_limit)
-    sigmas = shortfall_sigmas(rate, served_rps, requests) if distribution == "poisson" else 0.0
-    if rising and sigmas > SHORT_SIGMAS:
+    load = InstanceLoad.estimate(rate, busy_ms, instances, requests)
+    growing = growing_queue(latencies, log_text, rate, served_rps, requests, distribution, rise_limit)
+    if growing and load is not None and load.share < 1:  # the compute says otherwise: measure longer
         reason = (
-            f"{served} ({sigmas:.1f} standard deviations short) while latency rose to the last window "
-            f"({latencies[0] / 1000:.3g} -> {latencies[-1] / 1000:.3g} ms): a growing queue{late}"
+            f"{growing}, while the server's compute keeps its {instances} instance(s) {100 * load.share:.0f}% busy "
+            f"(up to {100 * load.upper:.0f}% over {requests} requests): a queue still filling from an empty start, "
+            "or a limit outside the instances; measure longer windows"
         )
-        return KeptUp("behind", reason, **verdict)
-    if rose_to_the_end(latencies, GROWTH_FACTOR):
-        reason = (
-            f"latency rose {latencies[-1] / latencies[0]:.2g}x over {len(latencies)} windows, the last the slowest "
-            f"({latencies[0] / 1000:.3g} -> {latencies[-1] / 1000:.3g} ms): a growing queue{warned}"
-        )
-        return KeptUp("behind", reason, **verdict)
-    trend = latency_rise(log_text)
-    if trend is not None and trend[0] > rise_limit and trend[1] < TREND_P:
-        rise, p, windows = trend
-        reason = f"latency rose {100 * rise:.0f}% over {windows} windows, a growing queue (trend p={p:.2g}){warned}"
-        return KeptUp("behind", reason, **verdict)
-    if rising and not trend_decidable(len(latencies)):
+        return KeptUp("undetermined", reason, **verdict)
+    if growing:
+        return KeptUp("behind", f"{growing}{late}{warned}", **verdict)
+    confidently_below = load is not None and load.upper < 1  # the server's compute places the rate below capacity
+    if rising and not trend_decidable(len(latencies)) and not confidently_below:
         reason = (
             f"latency rose to the last window ({latencies[0] / 1000:.3g} -> {latencies[-1] / 1000:.3g} ms) and "
             f"{len(latencies)} windows cannot tell a growing queue from noise (the trend test needs "
             f"{MIN_TREND_WINDOWS}); measure longer windows or a lower rate"
         )
         return KeptUp("undetermined", reason, **verdict)
-    load = InstanceLoad.estimate(rate, busy_ms, instances, requests)
     if load is None:
         reason = (
             f"{served}, latency steady over {len(latencies)} windows; without the requests' timestamps or the server's "
@@ -216,10 +259,12 @@ def kept_up(
         )
         return KeptUp("undetermined", reason, **verdict)
     if load.upper >= 1:
+        needed = load.requests_to_decide()
         reason = (
             f"{served}: at {busy_ms:.3g} ms of compute per request on {instances} instance(s) the offered rate keeps "
             f"them {100 * load.share:.0f}% busy (up to {100 * load.upper:.0f}% over {requests} requests), too close "
-            "to capacity for the windows to tell; measure longer windows or a lower rate"
+            "to capacity for the windows to tell; "
+            + (f"about {needed} requests would decide it" if needed else "measure a lower rate")
         )
         return KeptUp("undetermined", reason, **verdict)
     return kept_up_or_client_bound(rate, served_rps, delayed, max_delayed_pct)

@@ -28,7 +28,7 @@ from tbench.core.metrics import RESULT_COLUMNS, THROUGHPUT
 from tbench.core.shape_sets import guessed_shapes_line
 from tbench.core.storage import file_sha256
 from tbench.loadgen.arrivals import arrivals_fidelity
-from tbench.loadgen.behind import kept_up
+from tbench.loadgen.behind import InstanceLoad, kept_up
 from tbench.loadgen.perf_analyzer import (
     STABLE_WINDOWS,
     UNSTABLE_MARK,
@@ -236,6 +236,28 @@ def cache_key(point: Point, model: str) -> dict:
 RATE_STABILITY_PCT = 1000.0
 
 
+MAX_DECIDING_WINDOW_S = 40.0  # a retry sized to decide a rate point: windows of at most this long at its rate
+
+
+def requests_to_decide(point: Point, row: dict, instances: int | None) -> int | None:
+    """Requests that would let the windows rule decide an undetermined rate point (the upper bound of the load its
+    offered rate puts on the `instances` falls below 1: InstanceLoad.requests_to_decide); None for another verdict."""
+    merged = row.get("window_requests", np.nan) * STABLE_WINDOWS
+    if row.get("status") != "undetermined" or point.rate is None or instances is None or not merged >= 1:
+        return None
+    load = InstanceLoad.estimate(point.rate, busy_per_request_ms(row), instances, int(merged))
+    return load.requests_to_decide() if load else None
+
+
+def retry_window_requests(planned: int, deciding: int | None, rate: float) -> int:
+    """Requests per window of a retry: the `planned` longer windows, or, for a point whose load the windows could not
+    place below capacity, enough that its merged windows hold `deciding` requests, in windows of at most
+    MAX_DECIDING_WINDOW_S at the offered `rate`."""
+    if not deciding:
+        return planned
+    return max(planned, min(math.ceil(deciding / STABLE_WINDOWS), math.ceil(MAX_DECIDING_WINDOW_S * rate)))
+
+
 def measure_again(row: dict, attempt: int, m: Measurement) -> bool:
     """Whether a measured rate point is measured again with longer windows: its requests could not tell whether it
     kept up (undetermined), and a retry is left."""
@@ -271,6 +293,7 @@ def measure_point(
     # requests too large to export: the server's own timestamps of them, where it keeps a trace we read
     traced = point.rate is not None and not exported and getattr(monitor, "trace", None) is not None
     measured_rate = expected_rate  # requests/s: what the sweep expects, then what a failed attempt saw
+    deciding = None  # requests an undetermined rate point needs for its load to decide it
     row = empty_row()
     row.update(
         scenario=point.scenario.value,
@@ -288,6 +311,8 @@ def measure_point(
     taken = next(n for n in itertools.count() if not layout.perf_csv(model, point.scenario, point.label, n).exists())
     for attempt in range(1 + m.retries):
         request_count = m.requests_per_window(latency_s, point.concurrency or 1, attempt, measured_rate, point.rate)
+        if point.rate is not None:
+            request_count = retry_window_requests(request_count, deciding, point.rate)
         if point.schedule_requests:  # a trace is replayed whole: its windows together hold it at least once
             request_count = max(request_count, math.ceil(point.schedule_requests / STABLE_WINDOWS))
         timeout_s = m.point_timeout_s(request_count, point.rate)
@@ -345,6 +370,7 @@ def measure_point(
                     row.update(rate_point_verdict(point, row, merged, full_log, requests, instances))
                     if measure_again(row, attempt, m):
                         measured_rate = point.rate
+                        deciding = requests_to_decide(point, row, instances)
                         continue
                 return row
             except ValueError:
