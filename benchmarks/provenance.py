@@ -66,6 +66,7 @@ COMMANDS = {
     "search_simulated.json": ".venv/bin/python benchmarks/search.py --part simulated",
     "serving_overhead.json": ".venv/bin/python benchmarks/serving_overhead.py --sizes small,full --rounds 2",
     "stack_databases.json": ".venv/bin/python benchmarks/stack_databases.py --size small --runs 2",
+    "ui_submissions.json": ".venv/bin/python benchmarks/ui_submissions.py",
     "fleet.json": ".venv/bin/python benchmarks/fleet.py",
     "trace.json": ".venv/bin/python benchmarks/trace_replay.py",
 }
