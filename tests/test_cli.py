@@ -179,3 +179,25 @@ def test_an_empty_option_value_is_refused_before_anything_runs():
     assert empty_option(["run", "resnet50", "--profile", ""]) == "--profile"
     assert empty_option(["run", "--output="]) == "--output"
     assert empty_option(["run", "resnet50", "--profile", "cpu"]) is None
+
+
+def test_an_interrupt_after_the_store_says_the_run_is_complete():
+    """A Ctrl-C in the history's refresh lands after the run was stored whole (its manifest: completed): the line says
+    so, not that the points measured so far are kept."""
+    import io
+
+    from rich.console import Console
+    from rich.progress import Progress
+
+    from tbench.cli.common import RichProgress, interrupted_line
+
+    listener = RichProgress(Progress(console=Console(file=io.StringIO())))
+    for stage in ("perf-offline-onnx", "store"):
+        listener("stage_start", stage=stage)
+        listener("stage_end", stage=stage, status="completed", seconds=1.0)
+        assert listener.stored is (stage == "store")
+    listener("stage_start", stage="history")
+    after = interrupted_line(KeyboardInterrupt(), f" during {listener.stage_name}", listener.stored)
+    assert after.startswith("by Ctrl-C (SIGINT) during history, after the run was stored: it is complete")
+    before = interrupted_line(KeyboardInterrupt("SIGTERM"), " during perf-offline-onnx", stored=False)
+    assert before.startswith("by SIGTERM during perf-offline-onnx; the server is stopped and every point measured")

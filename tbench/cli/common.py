@@ -159,6 +159,19 @@ def _split(text: str | None) -> list[str] | None:
     return items
 
 
+def interrupted_line(err: BaseException, stage: str, stored: bool) -> str:
+    """What an interrupt left, after "interrupted": before the store, the points measured so far; after it (the
+    history's refresh), a stored run that is whole, whose manifest says so."""
+    from tbench.node.interrupts import signal_name
+
+    if stored:
+        return (
+            f"by {signal_name(err)}{stage}, after the run was stored: it is complete, every point kept; the model's "
+            "history was not refreshed (its next run refreshes it)"
+        )
+    return f"by {signal_name(err)}{stage}; the server is stopped and every point measured so far is kept"
+
+
 class RichProgress:
     """Listens to progress events: a line per stage, a bar over the perf_analyzer points."""
 
@@ -168,6 +181,7 @@ class RichProgress:
         self.stage_name: str | None = None  # the stage running now: where an interrupt landed
         self.run_url: str | None = None
         self.status, self.detail = None, ""
+        self.stored = False  # the run folder was stored whole: what an interrupt after it (history) leaves
 
     def __call__(self, event: str, **data) -> None:
         if event == "run_end":
@@ -187,6 +201,7 @@ class RichProgress:
             self.stage_name = data["stage"]
             self.stage = self.bar.add_task(f"{data['stage']}", total=None)
         elif event == "stage_end":
+            self.stored = self.stored or (data["stage"] == "store" and data["status"] == "completed")
             self.bar.remove_task(self.stage)
             mark = "[green]done[/]" if data["status"] == "completed" else f"[red]{data['status']}[/]"
             self.bar.console.print(f"  {data['stage']:<24} {mark} in {data['seconds']:.1f} s")
@@ -239,7 +254,7 @@ def _run_with_progress(start_flow, done: str, verbose: bool = False) -> None:
     run folder. Every way a run can end is one line and an exit code: completed 0, completed with failed points 3,
     failed 1 (a BenchError's message, or the type and first line of anything else; the traceback is in the run's
     logs, and on the terminal with -v), interrupted 130 (Ctrl-C or SIGTERM)."""
-    from tbench.node.interrupts import EXIT_INTERRUPTED, cli_signal_handlers, is_interrupt, signal_name
+    from tbench.node.interrupts import EXIT_INTERRUPTED, cli_signal_handlers, is_interrupt
     from tbench.team.prefect_api import prefect_api
 
     columns = [
@@ -261,10 +276,8 @@ def _run_with_progress(start_flow, done: str, verbose: bool = False) -> None:
         where = listener.run_url if listener else None
         stage = f" during {listener.stage_name}" if listener and listener.stage_name else ""
         if is_interrupt(err):
-            console.print(
-                f"[red]interrupted[/] by {signal_name(err)}{stage}; the server is stopped and every point "
-                "measured so far is kept"
-            )
+            stored = listener is not None and listener.stored
+            console.print(f"[red]interrupted[/] {interrupted_line(err, stage, stored)}")
             code = EXIT_INTERRUPTED
         elif isinstance(err, BenchError):
             console.print(f"[red]error:[/] {err}")
