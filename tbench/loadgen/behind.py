@@ -24,7 +24,9 @@ given while at least k requests were in flight are its service gaps, whatever th
 instances (batching only makes a deeper backlog faster). The highest of those paces, less `EXPORT_Z` standard errors
 (the gaps' own CV over their count), is a lower bound of what it can serve; the point kept up when that bound is above
 the offered rate. It fell behind when it served short of it or when the mean latency of 10 equal blocks of the span
-rose with a significant trend; else it is undetermined (measured again with longer windows by the sweep).
+rose with a significant trend, unless most requests found the server idle (a light load: a rise there is its
+requests slowing, a neighbour's doing, not a queue); else it is undetermined (measured again with longer windows by
+the sweep).
 
 Without either (requests too large to export, on a server whose trace we cannot read: docker, remote), the windows
 alone cannot tell a server at capacity from one below it (a queue from an empty start grows too slowly to show over 3
@@ -367,8 +369,9 @@ def kept_up_from_requests(
     blocks = block_latencies(log)
     rise, p = theil_sen_rise(blocks), mann_kendall_p(blocks)
     rising = rise > rise_limit and p < TREND_P
-    # kept up: its pace while requests waited is clearly above the offered rate, or it was mostly idle (a light load)
-    if (best is not None and best.lower(z) > rate) or (busy_share_bound(log, z) < LIGHT_LOAD_BUSY_SHARE and not rising):
+    # kept up: its pace while requests waited is clearly above the offered rate, or it was mostly idle (a light load:
+    # there a latency that rose is its requests slowing, a neighbour's doing, not a queue, which needs a busy server)
+    if (best is not None and best.lower(z) > rate) or busy_share_bound(log, z) < LIGHT_LOAD_BUSY_SHARE:
         return kept_up_or_client_bound(rate, served_rps, delayed, max_delayed_pct)
     if rising:
         reason = (
