@@ -198,6 +198,12 @@ def test_an_interrupt_after_the_store_says_the_run_is_complete():
         assert listener.stored is (stage == "store")
     listener("stage_start", stage="history")
     after = interrupted_line(KeyboardInterrupt(), f" during {listener.stage_name}", listener.stored)
+    # an interrupt in a sweep: the finish stores the run after it, and that store does not make it whole
+    swept = RichProgress(Progress(console=Console(file=io.StringIO())))
+    for stage, status in (("perf-offline-onnx", "interrupted"), ("server-stop", "completed"), ("store", "completed")):
+        swept("stage_start", stage=stage)
+        swept("stage_end", stage=stage, status=status, seconds=1.0)
+    assert not swept.stored
     assert after.startswith("by Ctrl-C (SIGINT) during history, after the run was stored: it is complete")
     before = interrupted_line(KeyboardInterrupt("SIGTERM"), " during perf-offline-onnx", stored=False)
     assert before.startswith("by SIGTERM during perf-offline-onnx; the server is stopped and every point measured")

@@ -181,7 +181,8 @@ class RichProgress:
         self.stage_name: str | None = None  # the stage running now: where an interrupt landed
         self.run_url: str | None = None
         self.status, self.detail = None, ""
-        self.stored = False  # the run folder was stored whole: what an interrupt after it (history) leaves
+        self.stored = False  # the run was stored before any stage failed: an interrupt after it (history) left it whole
+        self.broken = False  # a stage ended failed or interrupted (the finish, store included, runs after it)
 
     def __call__(self, event: str, **data) -> None:
         if event == "run_end":
@@ -201,7 +202,10 @@ class RichProgress:
             self.stage_name = data["stage"]
             self.stage = self.bar.add_task(f"{data['stage']}", total=None)
         elif event == "stage_end":
-            self.stored = self.stored or (data["stage"] == "store" and data["status"] == "completed")
+            if data["status"] != "completed":
+                self.broken = True
+            elif data["stage"] == "store" and not self.broken:
+                self.stored = True
             self.bar.remove_task(self.stage)
             mark = "[green]done[/]" if data["status"] == "completed" else f"[red]{data['status']}[/]"
             self.bar.console.print(f"  {data['stage']:<24} {mark} in {data['seconds']:.1f} s")
