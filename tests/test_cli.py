@@ -204,6 +204,6 @@ def test_an_interrupt_after_the_store_says_the_run_is_complete():
         swept("stage_start", stage=stage)
         swept("stage_end", stage=stage, status=status, seconds=1.0)
     assert not swept.stored
-    assert after.startswith("by Ctrl-C (SIGINT) during history, after the run was stored: it is complete")
+    assert after.startswith("by Ctrl-C (SIGINT) after the run was stored: it is complete")
     before = interrupted_line(KeyboardInterrupt("SIGTERM"), " during perf-offline-onnx", stored=False)
     assert before.startswith("by SIGTERM during perf-offline-onnx; the server is stopped and every point measured")

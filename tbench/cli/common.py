@@ -164,10 +164,10 @@ def interrupted_line(err: BaseException, stage: str, stored: bool) -> str:
     history's refresh), a stored run that is whole, whose manifest says so."""
     from tbench.node.interrupts import signal_name
 
-    if stored:
+    if stored:  # between the store and the history's end: the stage named may be the store's, which had ended
         return (
-            f"by {signal_name(err)}{stage}, after the run was stored: it is complete, every point kept; the model's "
-            "history was not refreshed (its next run refreshes it)"
+            f"by {signal_name(err)} after the run was stored: it is complete, every point kept; the model's history "
+            "was not refreshed (its next run refreshes it)"
         )
     return f"by {signal_name(err)}{stage}; the server is stopped and every point measured so far is kept"
 
@@ -279,8 +279,8 @@ def _run_with_progress(start_flow, done: str, verbose: bool = False) -> None:
     except BaseException as err:
         where = listener.run_url if listener else None
         stage = f" during {listener.stage_name}" if listener and listener.stage_name else ""
+        stored = listener is not None and listener.stored
         if is_interrupt(err):
-            stored = listener is not None and listener.stored
             console.print(f"[red]interrupted[/] {interrupted_line(err, stage, stored)}")
             code = EXIT_INTERRUPTED
         elif isinstance(err, BenchError):
@@ -295,7 +295,7 @@ def _run_with_progress(start_flow, done: str, verbose: bool = False) -> None:
             )
             code = EXIT_FAILED
         if where:
-            console.print(f"partial results, logs and manifest: {where}")
+            console.print(f"{'' if stored else 'partial '}results, logs and manifest: {where}")
         raise typer.Exit(code) from None
     finally:
         if listener:
