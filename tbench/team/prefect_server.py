@@ -4,9 +4,10 @@ Prefect begins its write transactions DEFERRED on SQLite: a request reads first 
 schema, for "create a flow run"), then writes. When another connection commits in between (a worker's poll, the event
 persister), SQLite cannot turn the reader into a writer and fails at once, without consulting the busy timeout, and the
 API answers 503. Prefect's Python client retries a 503; the UI does not, so a "Submit" in the UI's run form failed with
-"Oops. Something went wrong." (3 of 40 submissions with one core busy). BEGIN IMMEDIATE takes the write lock when the
-transaction begins, so a concurrent writer makes it wait (Prefect's busy timeout, 60 s) instead of failing. Upstream:
-PrefectHQ/prefect#9594. PostgreSQL is not concerned (its configuration is another class).
+"Oops. Something went wrong." (4 of 150 submissions with one core busy: benchmarks/ui_submissions.py). BEGIN
+IMMEDIATE takes the write lock when the transaction begins, so a concurrent writer makes it wait (Prefect's busy
+timeout, 60 s) instead of failing. Upstream: PrefectHQ/prefect#9594. PostgreSQL is not concerned (its configuration is
+another class).
 
 Run as `python -m tbench.team.prefect_server server start ...` (the arguments of `prefect`)."""
 
