@@ -17,7 +17,7 @@ from tbench.core.errors import ConfigError
 from tbench.node import tools
 from tbench.request.benchmark import PROFILE_MEASUREMENT, BenchmarkRequest
 from tbench.request.served import check_served
-from tbench.stages.sweep import warm_up
+from tbench.stages.sweep import formed_batch_sizes, warm_up
 from tbench.triton.monitor import PointMonitor
 from tbench.triton.served import ServedModel, ServedServer, parse_served_model
 
@@ -62,6 +62,7 @@ def _sustainable_rate(
         inputs.shapes,
         batching=served.batching,
         model_version=inputs.model_version,
+        formed=formed_batch_sizes(1, served.dynamic_max_batch),
     )
 
     def at(rate: float):

@@ -47,6 +47,11 @@ def test_a_served_config_gives_the_io_spec_batching_and_format():
     assert python.format == "python" and python.model_format == "python backend"
 
 
+def test_a_served_config_says_which_batches_its_dynamic_batcher_forms():
+    assert served().dynamic_max_batch == 4
+    assert served(CONFIG.replace("dynamic_batching { max_queue_delay_microseconds: 500 }", "")).dynamic_max_batch == 0
+
+
 def test_a_string_input_is_read_and_a_type_tbench_cannot_send_refused_in_one_line():
     text = CONFIG.replace('name: "input_ids" data_type: TYPE_INT64', 'name: "text" data_type: TYPE_STRING')
     assert served(text).io_spec.inputs[0].dtype == "object"  # strings: sent as BYTES

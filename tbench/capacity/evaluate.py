@@ -28,7 +28,7 @@ from tbench.loadgen.perf_analyzer import STABLE_WINDOWS, Point, RequestLog, prof
 from tbench.request.benchmark import Measurement
 from tbench.search.evaluate import ServedVariant, TritonEvaluator
 from tbench.search.strategies import Candidate, Observation
-from tbench.stages.sweep import measure_point
+from tbench.stages.sweep import formed_batch_sizes, measure_point
 from tbench.triton.monitor import PointMonitor
 
 RATE_SEARCH_JSON = "sustainable_rate.json"
@@ -131,7 +131,7 @@ class RateEvaluator(TritonEvaluator):
 
     def measure(self, candidate: Candidate, variant: ServedVariant, layout: RunLayout) -> Observation:
         batch = self.online_batch_size
-        latency = self.warmed_latency(variant)
+        latency = self.warmed_latency(variant, formed_batch_sizes(batch, candidate.max_batch_size))
         m = rate_measurement(self.measurement, self.rule)
 
         def at(rate: float) -> RatePoint:

@@ -27,7 +27,7 @@ from tbench.search.strategies import (
     Candidate,
     Observation,
 )
-from tbench.stages.sweep import measure_point, warm_up
+from tbench.stages.sweep import formed_batch_sizes, measure_point, warm_up
 from tbench.triton.remote_server import RemoteServer
 from tbench.triton.repository import ServingConfig, write_repository
 from tbench.triton.server import TritonServer, one_line
@@ -183,8 +183,9 @@ class TritonEvaluator:
             raise PerfAnalyzerError(f"the Triton server stopped while measuring {candidate.key}: {observation.error}")
         return observation.model_copy(update={"seconds": time.monotonic() - started})
 
-    def warmed_latency(self, variant: ServedVariant) -> float | None:
-        """A freshly loaded candidate, warmed up: its single-request latency (s), which sizes its windows."""
+    def warmed_latency(self, variant: ServedVariant, formed: list[int] = ()) -> float | None:
+        """A freshly loaded candidate, warmed up: its single-request latency (s), which sizes its windows. `formed`:
+        the batches its dynamic batcher can form under the load to come (sweep.formed_batch_sizes), warmed too."""
         spec = variant.artifact.io_spec
         batch = self.online_batch_size
         grpc_url = self.server.endpoints.grpc_url
@@ -196,6 +197,7 @@ class TritonEvaluator:
             self.measurement.warmup_requests,
             self.inputs.shapes,
             batching=self.inputs.batching,
+            formed=formed,
         ).get(batch)
 
     def measure(self, candidate: Candidate, variant: ServedVariant, layout: RunLayout) -> Observation:
@@ -211,7 +213,9 @@ class TritonEvaluator:
             binary=self.binary,
             env=self.env,
             inputs=self.inputs,
-            latency_s=self.warmed_latency(variant),
+            latency_s=self.warmed_latency(
+                variant, formed_batch_sizes(self.online_batch_size, candidate.max_batch_size, self.concurrency)
+            ),
         )
         observation = observation_from_row(candidate, row, 0.0)
         log = layout.run_dir / perf_log_for(row["source_file"]) if row.get("source_file") else None

@@ -55,6 +55,11 @@ class ServingConfig:
         return replace(self, batching="static")
 
     @property
+    def dynamic_max_batch(self) -> int:
+        """The largest batch its dynamic batcher may form; 0 without one."""
+        return self.max_batch_size if self.batching == "dynamic" else 0
+
+    @property
     def queue_delay_us(self) -> int:
         """The delay a request may wait for others: the batcher's under dynamic batching, none under static."""
         return self.max_queue_delay_us if self.batching == "dynamic" else 0

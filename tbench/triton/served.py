@@ -62,6 +62,11 @@ class ServedModel:
         return self.config.max_batch_size > 0
 
     @property
+    def dynamic_max_batch(self) -> int:
+        """The largest batch its dynamic batcher may form; 0 without one."""
+        return self.config.max_batch_size if self.config.HasField("dynamic_batching") else 0
+
+    @property
     def io_spec(self) -> IoSpec:
         """Inputs and outputs as clients send and get them (dims without the batch axis when the model batches)."""
         return IoSpec(
