@@ -213,6 +213,29 @@ def test_a_capacity_plan_on_bursty_arrivals_sends_gamma_intervals_at_each_rate(t
         CapacityRequest(trace=str(write(tmp_path, "t.txt", "0\n1\n")), burstiness=2.0)
 
 
+def test_every_scheduled_point_with_exported_requests_is_pictured_a_flagged_one_too(tmp_path):
+    """A trace point perf_analyzer could not send on time (client_bound) is the one whose picture a user wants."""
+    import shutil
+
+    import pandas as pd
+
+    from tbench.results.arrivals_report import arrivals_lines
+
+    golden = Path(__file__).parent / "golden" / "perf_analyzer" / "rate_r25_sleeper20ms.requests.json"
+    (tmp_path / "perf").mkdir()
+    rows = []
+    for rate, status in ((25.0, "ok"), (50.0, "client_bound")):
+        shutil.copy(golden, tmp_path / "perf" / f"m_rate_b1_r{rate:g}_trace_try0.requests.json")
+        source = f"perf/m_rate_b1_r{rate:g}_trace_try0.csv"
+        rows.append({"request_distribution": "trace", "request_rate": rate, "status": status, "source_file": source})
+    lines = arrivals_lines(pd.DataFrame(rows), tmp_path, tmp_path / "plots", "onnx_")
+    assert sorted(p.name for p in (tmp_path / "plots").glob("*.png")) == [
+        "onnx_m_rate_b1_r25_trace_over_time.png",
+        "onnx_m_rate_b1_r50_trace_over_time.png",
+    ]
+    assert any("mean 50 req/s (client_bound)" in line for line in lines)
+
+
 @pytest.mark.e2e
 def test_a_trace_is_replayed_whole_on_the_real_server_and_pictured(tmp_path):
     import pandas as pd

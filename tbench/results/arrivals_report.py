@@ -48,7 +48,9 @@ def arrivals_lines(rate_rows: pd.DataFrame, run_dir: Path, plots_dir: Path, pref
         if requests is None or len(requests) == 0:
             continue
         name = Path(source).stem.removesuffix("_try0")
-        title = f"{row['request_distribution']} arrivals, mean {row['request_rate']:g} req/s: offered and served"
+        status = row.get("status", "ok")
+        flag = "" if status == "ok" else f" ({status})"
+        title = f"{row['request_distribution']} arrivals, mean {row['request_rate']:g} req/s{flag}: offered and served"
         plot = plot_over_time(requests, title, plots_dir / f"{prefix}{name}_over_time.png")
         lines += [f"![{title}]({plot.relative_to(run_dir).as_posix()})", ""]
     return lines

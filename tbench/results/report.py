@@ -330,7 +330,9 @@ def format_section(
             "",
             guide_table(rate, RATE_COLUMNS),
             "",
-            *arrivals_lines(rate, run_dir, plots_dir, f"{fmt}_"),
+            # every scheduled point's picture, flagged ones too: one that fell behind or could not be sent on time
+            # is the one whose offered and served rates a user wants to see
+            *arrivals_lines(scenario_rows(rows, "rate", ok_only=False), run_dir, plots_dir, f"{fmt}_"),
         ]
     if not rows.empty:
         lines += server_lines(rows)
