@@ -159,7 +159,7 @@ def test_capacity_from_the_prefect_ui_form_runs_on_the_cpu_worker(stack, monkeyp
     for key, value in stack.client_env().items():  # S3 for fsspec in this process
         monkeypatch.setenv(key, value)
     stored_before = run_folders(stack)
-    browser = headless_chromium(logs=True)  # the console and the network log for a failure's report
+    browser = headless_chromium(logs=True, eager=True)  # the console and the network log for a failure's report
     ui = stack.api_url.removesuffix("/api")
     try:
         with temporary_settings({PREFECT_API_URL: stack.api_url}), get_client(sync_client=True) as client:
