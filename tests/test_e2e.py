@@ -410,8 +410,15 @@ def test_flow_run_serves_every_pytorch_format_and_reports_each(prefect_harness, 
         section = report.split(f"## Format `{fmt}`")[1].split("\n## ")[0]
         assert "### Correctness" in section and "### Accuracy through Triton" in section
         assert "### Offline scenario" in section and "### Online scenario" in section
-        assert "| Precision   | Backend Accelerator   |   Client Batch Size |   Inferences/second |" in section
-        assert "Network+server Send/recv" in section
+        # a scenario whose points a busy machine left unstable says so in its section (they are flagged at the end)
+        for scenario in ("offline", "online"):
+            part = section.split(f"### {scenario.title()} scenario")[1].split("\n### ")[0]
+            says_none = "No point of this scenario passed its checks" in part
+            assert says_none == ((fmt, scenario) not in stable), (fmt, scenario)
+        if (fmt, "offline") in stable:
+            assert "| Precision   | Backend Accelerator   |   Client Batch Size |   Inferences/second |" in section
+        if (fmt, "online") in stable:
+            assert "Network+server Send/recv" in section
     assert "Served by: python (torchscript)." in report
     assert "AMD" in report or "Intel" in report or "CPU cores" in report
 

@@ -286,6 +286,7 @@ def format_section(
             guide_table(offline, OFFLINE_COLUMNS),
             "",
         ]
+    lines += flagged_only_lines(rows, "offline", offline)
     online = scenario_rows(rows, "online") if not rows.empty else rows
     if not online.empty:
         (plot,) = (p.relative_to(run_dir).as_posix() for p in plot_online(online, plots_dir, f"{fmt}_"))
@@ -307,6 +308,7 @@ def format_section(
             guide_table(online, ONLINE_COLUMNS),
             "",
         ]
+    lines += flagged_only_lines(rows, "online", online)
     rate = scenario_rows(rows, "rate") if not rows.empty else rows
     if not rate.empty:
         plot = plot_rate(rate, plots_dir, f"{fmt}_").relative_to(run_dir).as_posix()
@@ -334,6 +336,7 @@ def format_section(
             # is the one whose offered and served rates a user wants to see
             *arrivals_lines(scenario_rows(rows, "rate", ok_only=False), run_dir, plots_dir, f"{fmt}_"),
         ]
+    lines += flagged_only_lines(rows, "rate", rate)
     if not rows.empty:
         lines += server_lines(rows)
     if composing is not None and not composing.empty:
@@ -549,6 +552,23 @@ def render_report(
         )
     lines += closing_lines(results, stage_seconds)
     return "\n".join(lines)
+
+
+def flagged_only_lines(rows: pd.DataFrame, scenario: str, ok: pd.DataFrame) -> list[str]:
+    """A scenario that was measured but has no point within its checks still has its section, saying so: never a
+    silently missing scenario."""
+    if not ok.empty or rows.empty:
+        return []
+    measured = rows[rows["scenario"] == scenario]
+    if measured.empty:
+        return []
+    statuses = ", ".join(f"{n} {status}" for status, n in measured["status"].value_counts().items())
+    return [
+        f"### {scenario.title()} scenario",
+        "",
+        f"No point of this scenario passed its checks ({statuses}): each is listed under Flagged points, with why.",
+        "",
+    ]
 
 
 def closing_lines(results: pd.DataFrame, stage_seconds: dict[str, float]) -> list[str]:
