@@ -185,6 +185,12 @@ class RichProgress:
         self.broken = False  # a stage ended failed or interrupted (the finish, store included, runs after it)
 
     def __call__(self, event: str, **data) -> None:
+        from tbench.node.interrupts import interrupt_held
+
+        with interrupt_held():  # a Ctrl-C as a line is printed is raised after it, or the line printed twice
+            self._show(event, **data)
+
+    def _show(self, event: str, **data) -> None:
         if event == "run_end":
             self.run_url, self.status, self.detail = data["url"], data["status"], data.get("detail", "")
             self.stage_name = data.get("stage") or self.stage_name

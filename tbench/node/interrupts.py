@@ -36,15 +36,47 @@ def _exit_now(signum, frame) -> None:
 @contextlib.contextmanager
 def cli_signal_handlers() -> Iterator[None]:
     """For a terminal run: the first SIGINT or SIGTERM raises KeyboardInterrupt (the run stops its server, frees the
-    lock and writes its manifest), a second one kills this process's children and exits at once."""
+    lock and writes its manifest), a second one kills this process's children and exits at once. Inside
+    `interrupt_held` the KeyboardInterrupt waits until the block ends."""
 
     def first(signum, frame):
         for s in (signal.SIGINT, signal.SIGTERM):
             signal.signal(s, _exit_now)
-        raise KeyboardInterrupt("SIGTERM" if signum == signal.SIGTERM else "SIGINT")
+        name = "SIGTERM" if signum == signal.SIGTERM else "SIGINT"
+        if _held.depth:
+            _held.pending = name
+            return
+        raise KeyboardInterrupt(name)
 
     with _handlers(first):
         yield
+
+
+class _Held:
+    depth = 0  # interrupt_held blocks the main thread is in
+    pending = ""  # the signal that arrived in one, raised as it ends
+
+
+_held = _Held()
+
+
+@contextlib.contextmanager
+def interrupt_held() -> Iterator[None]:
+    """A first interrupt that arrives inside this block is raised when it ends, not in the middle of it. For writes
+    that must not be cut: Rich writes a line, flushes it, then clears its buffer, and a KeyboardInterrupt raised
+    between the flush and the clear printed the line twice (seen when a Ctrl-C came as a point's line was printed).
+    Only the main thread, where Python runs signal handlers, holds; elsewhere the block runs as it is."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    _held.depth += 1
+    try:
+        yield
+    finally:
+        _held.depth -= 1
+        if not _held.depth and _held.pending:
+            name, _held.pending = _held.pending, ""
+            raise KeyboardInterrupt(name)
 
 
 @contextlib.contextmanager
