@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import re
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -183,7 +184,7 @@ class TritonEvaluator:
             raise PerfAnalyzerError(f"the Triton server stopped while measuring {candidate.key}: {observation.error}")
         return observation.model_copy(update={"seconds": time.monotonic() - started})
 
-    def warmed_latency(self, variant: ServedVariant, formed: list[int] = ()) -> float | None:
+    def warmed_latency(self, variant: ServedVariant, formed: Iterable[int] = ()) -> float | None:
         """A freshly loaded candidate, warmed up: its single-request latency (s), which sizes its windows. `formed`:
         the batches its dynamic batcher can form under the load to come (sweep.formed_batch_sizes), warmed too."""
         spec = variant.artifact.io_spec
