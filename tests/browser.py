@@ -64,5 +64,34 @@ def open_until(browser, url: str, text: str, wait_s: float = 45, tries: int = 4)
         except TimeoutException:
             continue
     raise AssertionError(
-        f"{text!r} did not show at {url} in {tries} loads; the page said: {page_text(browser)[:500]!r}"
+        f"{text!r} did not show at {url} in {tries} loads; the page said: {page_text(browser)[:500]!r}; "
+        f"the server, asked without the browser: {server_probe(url)}; the browser's console: {console_log(browser)}"
     )
+
+
+def server_probe(url: str) -> str:
+    """How the page's server answers the page itself and its API's health check now, each with its time: tells a
+    server that stopped answering from a page that its browser could not render."""
+    import time
+    import urllib.request
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    said = []
+    for probe in (url, f"{parts.scheme}://{parts.netloc}/api/health"):
+        started = time.monotonic()
+        try:
+            with urllib.request.urlopen(probe, timeout=20) as answer:
+                outcome = f"{answer.status}, {len(answer.read())} bytes"
+        except Exception as err:
+            outcome = f"{type(err).__name__}: {err}"
+        said.append(f"{probe} -> {outcome} in {time.monotonic() - started:.1f} s")
+    return "; ".join(said)
+
+
+def console_log(browser) -> str:
+    """The browser's console messages, where it keeps them (headless_chromium(logs=True))."""
+    try:
+        return repr([entry.get("message", "")[:300] for entry in browser.get_log("browser")][-10:])
+    except Exception as err:
+        return f"not kept ({type(err).__name__})"

@@ -373,7 +373,7 @@ def test_a_matrix_child_past_its_limit_is_cancelled_on_its_worker(stack, monkeyp
 def test_the_prefect_ui_shows_the_deployment_form_with_our_fields(stack):
     from selenium.webdriver.common.by import By
 
-    browser = headless_chromium(eager=True)
+    browser = headless_chromium(logs=True, eager=True)  # the console log for a failure's report
     ui = stack.api_url.removesuffix("/api")
     try:
         open_until(browser, f"{ui}/deployments", "benchmark-a100")  # the deployments list, as a user opens it
