@@ -641,12 +641,7 @@ def run_sweep(
             inputs.shapes,
             batching=inputs.batching,
             model_version=inputs.model_version,
-            formed=[
-                b
-                for p in to_measure
-                if p.scenario is not Scenario.OFFLINE
-                for b in formed_batch_sizes(p.batch_size, dynamic_max_batch, p.concurrency)
-            ],
+            formed=[b for p in to_measure for b in formed_batch_sizes(p.batch_size, dynamic_max_batch, p.concurrency)],
         )
         if to_measure
         else {}
