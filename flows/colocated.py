@@ -97,7 +97,7 @@ def measure_colocated(
             server,
             tools.perf_analyzer_binary(),
             tools.perf_analyzer_env(),
-            rate_measurement(req.resolved_measurement(), PercentileRule(percentile=req.percentile)),
+            rate_measurement(req.resolved_measurement(), PercentileRule(percentile=req.strictest_percentile())),
             layout,
             gpu_uuids=() if req.server_url else tuple(hardware.gpu_uuids),
         )

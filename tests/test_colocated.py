@@ -74,6 +74,19 @@ def test_the_server_is_a_running_one_or_this_machines_on_repositories(tmp_path):
             ColocatedRequest(**{"loads": loads, **fields})
 
 
+def test_points_are_sized_for_the_strictest_percentile_a_load_is_read_at():
+    from tbench.capacity.evaluate import rate_measurement
+    from tbench.capacity.statistics import PercentileRule
+    from tbench.request.benchmark import Measurement
+
+    at_90 = [ModelLoad(model="a", rate=1, percentile=90), ModelLoad(model="b", rate=1, percentile=90)]
+    assert ColocatedRequest(loads=at_90, server_url=URL).strictest_percentile() == 90  # a fleet's loads
+    one_at_request = [at_90[0], ModelLoad(model="b", rate=1)]  # the request's p99 for b
+    assert ColocatedRequest(loads=one_at_request, server_url=URL).strictest_percentile() == 99
+    windows = {p: rate_measurement(Measurement(), PercentileRule(percentile=p)).min_requests for p in (90, 99)}
+    assert windows[90] * 5 < windows[99]  # what sizing p90 loads by p99 cost: a confirmation 10x longer
+
+
 def test_repositories_merge_and_a_name_in_two_is_refused(tmp_path):
     sleeper_repository(tmp_path / "one", 5, name="fast")
     sleeper_repository(tmp_path / "two", 10, name="slow")

@@ -59,6 +59,20 @@ print(json.dumps({"manifest": manifest, "points": len(results), "ok": int((resul
 """
 
 
+@pytest.fixture(scope="module", autouse=True)
+def never_started(stack) -> UUID:
+    """A run a worker took (Pending) and never started, as when the worker dies or the API fails while it starts it;
+    on a pool without a worker, nothing else touches it. Made as the module's first test begins, so that the stack's
+    never-started limit (120 s) has passed by the time the killed-worker test looks at it: not waited for there."""
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+    from prefect.states import Pending
+
+    with temporary_settings({PREFECT_API_URL: stack.api_url}), get_client(sync_client=True) as client:
+        deployment = client.read_deployment_by_name("triton-benchmark/benchmark-a100")
+        return client.create_flow_run_from_deployment(deployment.id, state=Pending()).id
+
+
 def read_back(stack: Stack, run_url: str) -> dict:
     """Another process, with nothing but the stack's environment, reads the stored run from S3."""
     done = in_stack(stack, [sys.executable, "-c", READ_BACK, run_url], timeout=120)
@@ -222,20 +236,16 @@ def test_stopping_s3_mid_run_loses_nothing_and_a_retry_finishes_the_upload(stack
     assert {e["path"] for e in manifest["files"]} <= set(stored["present"])
 
 
-def test_a_killed_worker_loses_nothing_and_a_rerun_with_reuse_measures_only_the_rest(stack, tmp_path, monkeypatch):
+def test_a_killed_worker_loses_nothing_and_a_rerun_with_reuse_measures_only_the_rest(
+    stack, tmp_path, monkeypatch, never_started
+):
     import pandas as pd
     import psutil
     from prefect.client.orchestration import get_client
     from prefect.settings import PREFECT_API_URL, temporary_settings
-    from prefect.states import Pending
 
     from tbench.team.stack import stop_process
 
-    # a run a worker took (Pending) and never started, as when the worker dies or the API fails while it starts it:
-    # on a pool without a worker, nothing else touches it
-    with temporary_settings({PREFECT_API_URL: stack.api_url}), get_client(sync_client=True) as client:
-        deployment = client.read_deployment_by_name("triton-benchmark/benchmark-a100")
-        never_started = client.create_flow_run_from_deployment(deployment.id, state=Pending()).id
     # a worker with an empty point cache of its own: no point of an earlier run can be taken for this one's
     monkeypatch.setenv("TBENCH_POINT_CACHE_DIR", str(tmp_path / "points"))
     stop_process(stack.worker.pid)
@@ -292,7 +302,7 @@ def test_a_killed_worker_loses_nothing_and_a_rerun_with_reuse_measures_only_the_
             time.sleep(2)
     assert state.type.value == "CRASHED", state
     assert state.message in (killed_message(len(kept)), message(stack.zombie_silence_s)), state
-    deadline = time.monotonic() + stack.never_started_s + 60  # Pending since the test began
+    deadline = time.monotonic() + stack.never_started_s + 60  # at most: Pending since the module's first test
     with temporary_settings({PREFECT_API_URL: stack.api_url}), get_client(sync_client=True) as client:
         while (state := client.read_flow_run(never_started).state).type.value == "PENDING":
             if time.monotonic() > deadline:

@@ -119,3 +119,8 @@ class ColocatedRequest(BaseModel):
 
     def resolved_measurement(self) -> Measurement:
         return self.measurement.apply(Measurement()) if self.measurement else Measurement()
+
+    def strictest_percentile(self) -> int:
+        """The highest percentile a load is read at: every point is measured long enough for it (a fleet's loads at
+        p90 need about a tenth of the requests p99 needs, so sizing them by the request's p99 measured 10x longer)."""
+        return max(load.percentile or self.percentile for load in self.loads)
