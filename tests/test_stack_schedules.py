@@ -1,5 +1,5 @@
 """Scheduled sweeps that watch themselves, on the local stack for real: the cpu pool's nightly deployment runs on a
-10 s schedule instead of at 02:00, each run is stored in S3 and judged against its history by the flow's history
+5 s schedule instead of at 02:00, each run is stored in S3 and judged against its history by the flow's history
 stage, and a change planted in the schedule's parameters half-way (the dynamic batcher's queue delay raised from
 2 ms to 8 ms, as a config change that slipped into a nightly would) is found at the run it started, put down to what
 differed, and posted to the team's webhook by the automation.
@@ -47,7 +47,10 @@ def receiver():
 def stack(tmp_path_factory, receiver):
     with pytest.MonkeyPatch.context() as env:
         env.setenv("PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS", "2")
-        env.setenv("PREFECT_SERVER_SERVICES_SCHEDULER_MAX_RUNS", "3")  # 100 by default: 1,000 s of 10 s nights
+        env.setenv("PREFECT_SERVER_SERVICES_SCHEDULER_MAX_RUNS", "3")  # 100 by default: 500 s of 5 s nights
+        # the worker takes a night when it is due, not 10 s before: one taken early waits for its time while holding
+        # the deployment's one slot, so the night after it skips two more slots (a 25 s cadence for 13 s nights)
+        env.setenv("PREFECT_WORKER_PREFETCH_SECONDS", "0")
         yield from running_stack(tmp_path_factory.mktemp("stack"), pools=("cpu",), alert_webhook=receiver.url)
 
 
@@ -155,13 +158,13 @@ def test_a_change_planted_in_the_nightly_is_found_at_its_run_attributed_and_post
                 concurrency_options=ConcurrencyOptions(collision_strategy=ConcurrencyLimitStrategy.CANCEL_NEW),
             ),
         )
-        every_10_s = IntervalSchedule(interval=dt.timedelta(seconds=10))
+        every_5_s = IntervalSchedule(interval=dt.timedelta(seconds=5))
         try:
             client.update_deployment_schedule(
                 deployment.id,
                 nightly.id,
                 active=True,
-                schedule=every_10_s,
+                schedule=every_5_s,
                 parameters=nightly_parameters(model, BEFORE),
             )
             wait_for_nights(client, deployment.id, BEFORE, NIGHTS_BEFORE, timeout_s=600)
