@@ -32,6 +32,7 @@ NGC_IMAGE = "nvcr.io/nvidia/tritonserver:24.10-py3"  # Triton 2.51, the release 
 LOCAL_BACKENDS = Path("/opt/tritonserver/backends")  # where the NGC image and Triton's packages put them
 CONTAINER_PORTS = {"http": 8000, "grpc": 8001, "metrics": 8002}
 CONTAINER_TRACE_DIR = "/tbench-trace"  # where a container writes its requests' trace (tbench.triton.trace)
+GROUP_EXIT_S = 5.0  # how long stop() waits for the processes of a killed group to be gone
 
 
 class ProcessServer(TritonServer):
@@ -241,10 +242,16 @@ class ProcessServer(TritonServer):
             self._remove_trace()
             return
         regions = shm.mapped_regions(self._server_processes())
+        started = [p for p in self._group() if p.pid != self.proc.pid]  # its stubs, orphaned or not
         if self.proc.poll() is None:
             self._terminate(timeout_s)
         procs.kill_group(self.proc)
         self.proc.wait()
+        # a killed stub is gone a moment after the signal, not at once (seen on a busy machine): the caller is told
+        # the server stopped only when nothing it started runs
+        deadline = time.monotonic() + GROUP_EXIT_S
+        while any(_running(p) for p in started) and time.monotonic() < deadline:
+            time.sleep(0.02)
         self._remove_leftovers()
         procs.forget(self.proc)
         self.proc = None
