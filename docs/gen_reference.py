@@ -18,6 +18,8 @@ import typer.main
 import yaml
 from pydantic import BaseModel
 
+from tbench.capacity.rate_search import CONFIRMATIONS, REPEATS
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -153,8 +155,10 @@ VERDICTS = {
     "(exported or the server's trace), else from the windows, ok there only when the server's compute time per "
     "request on its instances shows the offered load below capacity.",
     "capacity": "A capacity plan's sustainable rate: the highest Poisson rate whose percentile holds and that kept up, "
-    "from a bracketing search in which each rate is measured until its runs, pooled, decide (at most 6 runs), and "
-    "whose answer rests on at least 3.",
+    "from a bracketing search in which each rate is measured until its runs, pooled (with its neighbours' where its "
+    f"own cannot decide), decide (at most {REPEATS} runs), and whose answer rests on at least {1 + CONFIRMATIONS}. "
+    "Per case, `at_0.9_of_truth` says how many runs, pooled, a rate at 0.9 of the true one needs to pass in 90% of "
+    "searches (from the spread of each run's count over the SLO), and how long they take.",
     "history": "The history's regression alert and `tbench history`'s exit code: a change alerts once, on the run that "
     "confirms it, put down to what differed in the manifests of the neighbouring runs.",
     "search": "The search's best configuration: candidates ranked on the mean's standard error, ties within 2%, "
