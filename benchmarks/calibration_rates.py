@@ -454,7 +454,7 @@ def simulated_measure(rng, server: Server, slo_ms: float, m: Measurement, log: l
 
 
 CERTIFY_AT = 0.9  # of the true rate: how much measuring a pass there takes (runs_to_certify)
-CERTIFY_RUNS = 40  # simulated runs at that rate per case
+CERTIFY_RUNS = 200  # simulated runs at that rate per case (the spread of a clustered count needs many)
 
 
 def runs_to_certify(rng, server: Server, slo_ms: float, truth: float, m: Measurement) -> dict:
