@@ -503,16 +503,16 @@ def calibrate_capacity(rng, searches: int, truth_n: int) -> tuple[dict, dict]:
             "capacity_rps": server.capacity,
             "median_ratio": float(np.median(case)),
             "above_truth": float(np.mean(np.array(case) > 1.0)),
-            "within_090": float(np.mean((np.array(case) >= 0.9) & (np.array(case) <= 1.0))),
-            "within_085": float(np.mean((np.array(case) >= 0.85) & (np.array(case) <= 1.0))),
+            "within_090": share_within(case, 0.9),
+            "within_085": share_within(case, 0.85),
             f"at_{CERTIFY_AT:g}_of_truth": runs_to_certify(rng, server, slo_ms, truth, m),
         }
         ratios += case
     ratios = np.array(ratios)
     rules = {
         "above_truth": float(np.mean(ratios > 1.0)),
-        "within_090": float(np.mean((ratios >= 0.9) & (ratios <= 1.0))),
-        "within_085": float(np.mean((ratios >= 0.85) & (ratios <= 1.0))),
+        "within_090": share_within(ratios, 0.9),
+        "within_085": share_within(ratios, 0.85),
         "median_ratio": float(np.median(ratios)),
         "p01_ratio": float(np.percentile(ratios, 1)),
         "p99_ratio": float(np.percentile(ratios, 99)),
@@ -534,6 +534,12 @@ def calibrate_capacity(rng, searches: int, truth_n: int) -> tuple[dict, dict]:
         "not_tried": "dynamic batching, several instances",
     }
     return rules, conditions
+
+
+def share_within(ratios, low: float) -> float:
+    """The share of plans at `low` of the true rate or more, and not above it."""
+    a = np.asarray(ratios, dtype=float)
+    return float(np.mean((a >= low) & (a <= 1.0)))
 
 
 def _spread(values) -> dict:

@@ -83,25 +83,33 @@ def open_until(browser, url: str, text: str, wait_s: float = 45, tries: int = 4)
 def unfinished_requests(browser) -> str:
     """The requests of the browser's performance log (headless_chromium(logs=True)) since it was last read that got no
     answer, or an error: which of a page's scripts or API calls it was waiting for."""
-    import json
-
     try:
         entries = browser.get_log("performance")
     except Exception as err:
         return f"not kept ({type(err).__name__})"
-    sent, done, failed = {}, set(), []
-    for entry in entries:
+    pending, failed = request_outcomes(entries)
+    return repr({"pending": pending[-10:], "failed": failed[-10:]})
+
+
+def request_outcomes(performance_log: list[dict]) -> tuple[list[str], list[str]]:
+    """From chromium's performance (DevTools) log: the requests that got no answer yet (their URLs), and those that
+    failed or were answered with an error status ("METHOD URL: why")."""
+    import json
+
+    urls, done, failed = {}, set(), []
+    for entry in performance_log:
         message = json.loads(entry["message"])["message"]
         params = message.get("params", {})
         if message["method"] == "Network.requestWillBeSent":
-            sent[params["requestId"]] = params["request"]["url"]
+            urls[params["requestId"]] = f"{params['request']['method']} {params['request']['url']}"
+        elif message["method"] == "Network.responseReceived" and params["response"]["status"] >= 400:
+            failed.append(f"{urls.get(params['requestId'], '?')}: {params['response']['status']}")
         elif message["method"] == "Network.loadingFinished":
             done.add(params["requestId"])
         elif message["method"] == "Network.loadingFailed":
-            failed.append(f"{sent.get(params['requestId'], '?')}: {params.get('errorText')}")
+            failed.append(f"{urls.get(params['requestId'], '?')}: {params.get('errorText')}")
             done.add(params["requestId"])
-    pending = [url for request, url in sent.items() if request not in done]
-    return repr({"pending": pending[-10:], "failed": failed[-10:]})
+    return [url for request, url in urls.items() if request not in done], failed
 
 
 def server_probe(url: str) -> str:

@@ -15,7 +15,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from browser import headless_chromium, needs_chromium, open_until
+from browser import console_log, headless_chromium, needs_chromium, open_until, request_outcomes
 from conftest import running_stack
 from test_stack_e2e import TBENCH, in_stack
 
@@ -49,21 +49,6 @@ def read_json(url: str) -> dict:
 def stack(tmp_path_factory):
     """The stack with the cpu pool only: its deployments (benchmark, search, capacity, matrix) and its worker."""
     yield from running_stack(tmp_path_factory.mktemp("stack"), pools=("cpu",))
-
-
-def failed_requests(performance_log: list[dict]) -> list[str]:
-    """The browser's requests that got no answer or an error status, from chromium's performance (DevTools) log."""
-    urls, failed = {}, []
-    for entry in performance_log:
-        message = json.loads(entry["message"])["message"]
-        params = message.get("params", {})
-        if message["method"] == "Network.requestWillBeSent":
-            urls[params["requestId"]] = f"{params['request']['method']} {params['request']['url']}"
-        elif message["method"] == "Network.responseReceived" and params["response"]["status"] >= 400:
-            failed.append(f"{urls.get(params['requestId'], '?')}: {params['response']['status']}")
-        elif message["method"] == "Network.loadingFailed":
-            failed.append(f"{urls.get(params['requestId'], '?')}: {params.get('errorText')}")
-    return failed
 
 
 def run_folders(stack: Stack) -> set[str]:
@@ -228,8 +213,8 @@ def test_capacity_from_the_prefect_ui_form_runs_on_the_cpu_worker(stack, monkeyp
         browser.save_screenshot(str(stack.root / "ui-failure.png"))
         (stack.root / "ui-failure.html").write_text(browser.page_source)
         print(f"the page at the failure: {stack.root / 'ui-failure.png'} ({browser.current_url})")
-        print("the browser's console:", [e["message"][:300] for e in browser.get_log("browser")][-10:])
-        print("the API calls that failed:", failed_requests(browser.get_log("performance")))
+        print("the browser's console:", console_log(browser))
+        print("the API calls that failed:", request_outcomes(browser.get_log("performance"))[1])
         raise
     finally:
         browser.quit()
