@@ -36,6 +36,7 @@ import csv
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -302,6 +303,7 @@ def run_command(r: Run, output: Path, logs: Path, timeout_s: float) -> None:
     text = log.read_text(errors="replace")
     folder = run_folder(root)
     r.folder = str(folder) if folder else None
+    keep_evidence(folder, log.with_suffix(""))
     if r.exit_code is None:
         r.status, r.line = FAILED, f"no end within {timeout_s:.0f} s"
     elif r.exit_code == 0:
@@ -310,6 +312,18 @@ def run_command(r: Run, output: Path, logs: Path, timeout_s: float) -> None:
         r.status, r.line = NOT_EXECUTABLE, error_line(text)
     else:  # 3: some points failed; 1: the run failed; 2, not refused: options this check got wrong
         r.status, r.line = FAILED, error_line(text)
+
+
+def keep_evidence(folder: Path | None, into: Path) -> None:
+    """A run's results table and perf_analyzer logs beside its log: the logs folder is what travels back from a lent
+    node (the run folders stay there), and a failed point is judged from its windows."""
+    if folder is None:
+        return
+    perf_logs = sorted((folder / "logs" / "perf_analyzer").glob("*.log"))
+    for src in [folder / "results.csv", folder / "capacity.json", *perf_logs]:
+        if src.is_file():
+            (into / src.relative_to(folder)).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, into / src.relative_to(folder))
 
 
 def capacity_argv(r: Run, fp32: Run) -> str | None:

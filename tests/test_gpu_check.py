@@ -208,6 +208,23 @@ def test_each_command_ends_with_its_outcome(gpu_check, tmp_path, monkeypatch, sc
     assert runs[0].status == status and runs[0].line.startswith(line) and Path(runs[0].log).is_file()
 
 
+def test_a_runs_table_and_perf_logs_travel_back_with_its_log(gpu_check, tmp_path, monkeypatch):
+    """Only the logs folder comes back from a lent node: a point that failed there is judged from the copies."""
+    fake = tmp_path / "python"  # writes a run folder into the artifact root it is given (its last argument)
+    fake.write_text(
+        "#!/bin/sh\nfor a; do root=$a; done\nd=$root/run-1; mkdir -p $d/logs/perf_analyzer\n"
+        "echo status > $d/results.csv; echo {} > $d/manifest.json; echo windows > $d/logs/perf_analyzer/b1.log\n"
+    )
+    fake.chmod(0o755)
+    monkeypatch.setattr(gpu_check.sys, "executable", str(fake))
+    runs, _ = gpu_check.plan(node(), ["modes"])
+    (tmp_path / "logs").mkdir()
+    gpu_check.run_command(runs[0], tmp_path / "runs", tmp_path / "logs", timeout_s=5)
+    kept = Path(runs[0].log).with_suffix("")
+    assert (kept / "results.csv").read_text() == "status\n"
+    assert (kept / "logs" / "perf_analyzer" / "b1.log").read_text() == "windows\n"
+
+
 # --- judging what the runs wrote: a GPU node's run folders, made up ---
 
 
