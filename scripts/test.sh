@@ -15,5 +15,7 @@ hint="run .venv/bin/ruff format . && .venv/bin/ruff check --fix . (then fix what
   echo "test.sh: an import goes against the layers in pyproject.toml [tool.importlinter]" >&2
   exit 1
 }
-# Two workers by default (this machine has 2 cores): conftest.py sends each module to one worker, slowest first.
-exec .venv/bin/python -m pytest -n "${TBENCH_TEST_WORKERS:-2}" "$@"
+# One worker per CPU, each pinned to its own, and one more that shares them (tests/conftest.py): a third of the
+# suite's time is spent waiting (Prefect's scheduler, a worker's polling, a server's start), so on 2 cores a third
+# worker keeps both busy. conftest.py sends each module to one worker, slowest first.
+exec .venv/bin/python -m pytest -n "${TBENCH_TEST_WORKERS:-$(($(nproc) + 1))}" "$@"
