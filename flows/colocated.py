@@ -15,7 +15,7 @@ from prefect import flow
 from flows.lifecycle import finish_run, run_lifecycle
 from model_adapters.served_model import ServedModelAdapter
 from tbench.capacity.evaluate import exported_requests, rate_measurement
-from tbench.capacity.rate_search import judge
+from tbench.capacity.rate_search import alone_verdict, judge
 from tbench.capacity.statistics import PercentileRule
 from tbench.core.errors import PerfAnalyzerError
 from tbench.core.handover import local_path
@@ -137,13 +137,14 @@ def place(load, server, layout) -> Placed:
 
 
 def slo_verdict(row: dict, rule: PercentileRule, layout) -> dict:
-    """A rate point with an SLO: pass, or why not, as a capacity plan judges a rate (the `slo`, `slo_reason` and
-    `slo_latency_ms` columns, the last an upper confidence bound of the percentile where the requests were exported);
-    empty without an SLO or at a concurrency (a closed loop's latency is not a load's)."""
+    """A rate point with an SLO: pass, undetermined, or why not, as a capacity plan judges a rate (the `slo`,
+    `slo_reason` and `slo_latency_ms` columns, the last an upper confidence bound of the percentile where the requests
+    were exported); empty without an SLO or at a concurrency (a closed loop's latency is not a load's)."""
     slo, rate = row.get("slo_ms"), row.get("request_rate")
     if slo is None or pd.isna(slo) or rate is None or pd.isna(rate):
         return {"slo": "", "slo_reason": "", "slo_latency_ms": None}
     point = judge(float(rate), int(row["batch_size"]), row, float(slo), rule, exported_requests(layout, row))
+    point = alone_verdict(point, rule)
     return {"slo": point.status, "slo_reason": point.reason, "slo_latency_ms": point.latency_ms}
 
 

@@ -14,6 +14,7 @@ from tbench.capacity.rate_search import (
     STATUSES,
     RatePoint,
     SustainableRate,
+    alone_verdict,
     find_sustainable_rate,
     judge,
     neighbours_verdict,
@@ -686,3 +687,33 @@ def test_the_search_pools_neighbouring_rates_and_stays_below_the_capacity(monkey
     monkeypatch.setattr("tbench.capacity.rate_search.NEIGHBOURS", 0.0)  # each rate's own runs only
     alone = median_answer()
     assert pooled > alone
+
+
+def test_a_point_alone_whose_slow_requests_came_in_one_stall_is_undetermined_not_over_the_slo():
+    """As a colocated load's point was seen on a loaded machine: p90 12 ms against an SLO of 60 ms, but the few slow
+    requests (140 ms) all in one stall, so the p90's upper bound is above the SLO. Judged alone (nothing to pool it
+    with), its requests cannot place the p90 either side of the SLO: undetermined; so is one too clustered to bound it
+    at all (too_few). A point whose slow requests are spread and many is over the SLO."""
+    import numpy as np
+
+    from tbench.loadgen.perf_analyzer import RequestLog
+
+    rule = PercentileRule(percentile=90)
+    rng = np.random.default_rng(3)
+    sent = np.sort(rng.uniform(0, 7.2, 360))
+    fast = rng.uniform(0.004, 0.012, 360)
+    stalled = np.where((sent > 4.0) & (sent < 4.1), 0.14, fast)  # one stall: every request in a tenth of a second
+    row = {"status": "ok", "throughput_infer_per_s": 50.0, "window_requests": 114, "p90_ms": 11.8}
+    point = judge(50.0, 1, row, 60.0, rule, RequestLog(sent, stalled, 7.2, (0.0, 7.2)))
+    assert point.status == "over_slo" and point.latency_ms > 60.0 and point.over_slo < 0.1 * point.requests
+    alone = alone_verdict(point, rule)
+    assert alone.status == "undetermined" and not alone.passed and "cannot decide" in alone.reason
+    spread = np.where(rng.uniform(size=360) < 0.3, 0.14, fast)  # 30% over the SLO, throughout
+    over = judge(50.0, 1, row, 60.0, rule, RequestLog(sent, spread, 7.2, (0.0, 7.2)))
+    assert alone_verdict(over, rule) == over and over.status == "over_slo"
+    passing = judge(50.0, 1, row, 60.0, rule, RequestLog(sent, fast, 7.2, (0.0, 7.2)))
+    assert alone_verdict(passing, rule) == passing and passing.status == "pass"
+    longer = np.where((sent > 4.0) & (sent < 4.25), 0.14, fast)  # a longer stall: too clustered to bound the p90
+    short = judge(50.0, 1, row, 60.0, rule, RequestLog(sent, longer, 7.2, (0.0, 7.2)))
+    assert short.status == "too_few"
+    assert alone_verdict(short, rule).status == "undetermined" and "measure longer" in alone_verdict(short, rule).reason

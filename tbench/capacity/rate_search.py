@@ -190,6 +190,23 @@ def rate_verdict(points: list[RatePoint], rule: PercentileRule, z: float) -> tup
     return ("pass" if score <= -z else "fail" if score >= z else "undecided"), why
 
 
+def alone_verdict(point: RatePoint, rule: PercentileRule) -> RatePoint:
+    """A measurement's verdict where no other is pooled with it (a colocated load's point). judge's over_slo says
+    only that the percentile's upper confidence bound is above the SLO: a sample whose percentile is well within the
+    SLO but whose slow requests came in one cluster (a stall of the machine) has a wide bound too. Its count over the
+    SLO against the percentile's tail, at the bound's confidence (rate_verdict), tells a percentile shown to be over
+    the SLO from one the requests cannot place: undetermined, not over_slo. A point too short to bound the percentile
+    (too_few) is undetermined too, with its reason (what to measure longer)."""
+    if point.status == "too_few":
+        return point.model_copy(update={"status": "undetermined"})
+    if point.status != "over_slo" or point.over_slo is None or not point.requests:
+        return point
+    verdict, why = rate_verdict([point], rule, NormalDist().inv_cdf(rule.confidence))
+    if verdict == "fail":
+        return point
+    return point.model_copy(update={"status": "undetermined", "reason": f"{point.reason}, but {why}: cannot decide"})
+
+
 def neighbours_verdict(points: list[RatePoint], rate: float, rule: PercentileRule, z: float) -> tuple[Verdict, str]:
     """The verdict at `rate` from the measurements at it and at rates around it (statistics.dose_response_score):
     undecided where they cannot say (no counted rate on either side, no request over the SLO, no fit)."""
