@@ -234,6 +234,20 @@ def prefect_test_server():
         server_startup_timeout=int(os.environ["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"])
     ):
         yield
+        forget_stale_services()
+
+
+def forget_stale_services(timeout_s: float = 10) -> None:
+    """Prefect's events and API-log services are one per process, bound to the API they were first used with
+    (PrefectHQ/prefect#19343; opsmill/infrahub#10541): one bound to a stack that is down by now sends each queued event
+    into a 60 s client timeout, and the harness's exit drains them without a bound (seen in a busy-core suite: a
+    worker's last teardown waited for minutes). Drain them for a bounded time first, then forget what is left."""
+    from prefect.events.worker import EventsWorker
+    from prefect.logging.handlers import APILogWorker
+
+    for service in (EventsWorker, APILogWorker):
+        service.drain_all(timeout=timeout_s)
+    EventsWorker.reset_instances_for_fork()  # every queue service's instances (one registry), as after a fork
 
 
 @pytest.fixture
