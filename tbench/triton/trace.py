@@ -38,15 +38,22 @@ def trace_args(path: Path) -> list[str]:
 
 def read_events(text: str) -> list[dict]:
     """A part of Triton's trace file (an open JSON array, written in pieces: `[{...},{...}` then `,{...}`) -> its
-    events; a piece cut off at its end (a write under way) is left out."""
+    events; a piece cut off at its end (a write under way) is left out, and so is one cut off at its start (written
+    while the file was being emptied: the part may then begin inside an event, e.g. `"ns":123}]},{"id":7,...`)."""
     body = text.strip().lstrip("[,").rstrip("],")
     decoder, events, at = json.JSONDecoder(), [], 0
     while at < len(body):
         try:
-            event, at = decoder.raw_decode(body, at)
+            event, end = decoder.raw_decode(body, at)
         except ValueError:
-            break
+            event, end = None, at
+        if not (isinstance(event, dict) and "id" in event):  # not an event's start: resume at the next object
+            at = body.find("{", max(end, at + 1))
+            if at < 0:
+                break
+            continue
         events.append(event)
+        at = end
         while at < len(body) and body[at] in ", \n\r\t]":
             at += 1
     return events
