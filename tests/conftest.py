@@ -31,11 +31,12 @@ def _private_prefect_home() -> None:
 def _own_cpu() -> None:
     """An xdist worker runs on a CPU of its own, and so does everything it starts (servers, their stubs, perf_analyzer,
     `tbench` commands, the stack): each worker measures like a machine of one core (tbench sizes its thread pools
-    from the CPUs it may use), instead of two workers' thread pools fighting over every core."""
+    from the CPUs it may use), instead of two workers' thread pools fighting over every core. A worker beyond the
+    CPUs' count (scripts/test.sh starts one: much of the suite waits) shares them all."""
     worker, count = os.environ.get("PYTEST_XDIST_WORKER"), int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
     cpus = sorted(os.sched_getaffinity(0))
     index = int(worker.removeprefix("gw")) if worker else len(cpus)
-    if count > 1 and index < len(cpus):  # a worker beyond the CPUs' count shares them all
+    if count > 1 and index < len(cpus):
         os.sched_setaffinity(0, {cpus[index]})
 
 
