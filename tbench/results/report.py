@@ -332,12 +332,13 @@ def format_section(
             "",
             guide_table(rate, RATE_COLUMNS),
             "",
-            # every scheduled point's picture, flagged ones too: one that fell behind or could not be sent on time
-            # is the one whose offered and served rates a user wants to see
-            *arrivals_lines(scenario_rows(rows, "rate", ok_only=False), run_dir, plots_dir, f"{fmt}_"),
         ]
     lines += flagged_only_lines(rows, "rate", rate)
     if not rows.empty:
+        # every scheduled point's picture, flagged ones too, also where none is ok (every point client-bound on a
+        # busy machine): one that fell behind or could not be sent on time is the one whose offered and served rates
+        # a user wants to see
+        lines += arrivals_lines(scenario_rows(rows, "rate", ok_only=False), run_dir, plots_dir, f"{fmt}_")
         lines += server_lines(rows)
     if composing is not None and not composing.empty:
         lines += composing_lines(composing[composing["format"] == fmt], plots_dir, f"{fmt}_")
