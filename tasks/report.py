@@ -14,6 +14,8 @@ from tbench.results.html_report import write_html_report
 from tbench.results.report import render_report
 from tbench.results.served_report import render_served_report
 
+RESULTS_TABLE_KEY = "benchmark-results"  # the results table on the flow run's page, for whoever reads it back
+
 
 @task(name="report", cache_policy=NO_CACHE)
 def report_task(report_path: Path, results: pd.DataFrame, **kwargs) -> Path:
@@ -32,7 +34,7 @@ def _write(report_path: Path, text: str, results: pd.DataFrame) -> Path:
     if not results.empty:
         create_table_artifact(
             results.astype(object).where(results.notna(), "").to_dict(orient="records"),
-            key="benchmark-results",
+            key=RESULTS_TABLE_KEY,
             description="Tidy perf_analyzer results",
         )
     return report_path

@@ -29,6 +29,8 @@ pytestmark = pytest.mark.e2e
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from tiny_model import build_tiny_image_onnx  # noqa: E402 - a fast model we did not write
 
+from tasks.history import HISTORY_LINK_KEY  # noqa: E402
+from tasks.report import RESULTS_TABLE_KEY  # noqa: E402
 from tbench.core.metrics import OK  # noqa: E402
 from tbench.history.analysis import EXIT_CODES, NO_REGRESSION, REGRESSION  # noqa: E402
 
@@ -90,7 +92,7 @@ def measured(client, runs: list) -> list:
         return []
     tables = client.read_artifacts(
         artifact_filter=ArtifactFilter(
-            key=ArtifactFilterKey(any_=["benchmark-results"]),
+            key=ArtifactFilterKey(any_=[RESULTS_TABLE_KEY]),
             flow_run_id=ArtifactFilterFlowRunId(any_=[r.id for r in runs]),
         )
     )
@@ -197,7 +199,7 @@ def test_a_change_planted_in_the_nightly_is_found_at_its_run_attributed_and_post
             wait_until_idle(client, deployment.id)
         # every night linked its history site on its page
         last = nights[-1]
-        links = [a for a in client.read_artifacts() if a.key == "benchmark-history" and a.flow_run_id == last.id]
+        links = [a for a in client.read_artifacts() if a.key == HISTORY_LINK_KEY and a.flow_run_id == last.id]
     assert links and f"{stack.artifact_root}/history/index.html" in links[0].data, links
 
     judged = in_stack(stack, [sys.executable, "-c", JUDGE, stack.artifact_root])
