@@ -107,7 +107,7 @@ def prefect_api_server(request):
     """One Prefect API server per test process (xdist worker), on its private database (_private_prefect_home),
     when end-to-end tests run: the `tbench` commands they start use it (PREFECT_API_URL) instead of starting a
     private one each (tbench.team.prefect_api: seconds per command, on 2 busy cores). The tests of a user's default
-    path, with no PREFECT_API_URL (test_faults: Ctrl-C and kills), take it out of their environment."""
+    path, with no PREFECT_API_URL (test_faults' Ctrl-C and kills), take it out of their environment."""
     if os.environ.get("PREFECT_API_URL") or not any(item.get_closest_marker("e2e") for item in request.session.items):
         yield None
         return

@@ -42,10 +42,11 @@ SWEEP = [
 ]
 
 
-@pytest.fixture(autouse=True)
+@pytest.fixture
 def as_in_a_users_terminal(monkeypatch):
     """A user's default path: no PREFECT_API_URL (conftest's session server is not theirs), so each run starts its
-    private API server, and an interrupted run must stop it too."""
+    private API server, and an interrupted run must stop it too. The other faults' runs use the test process's server
+    (conftest's prefect_api_server): each private one costs seconds of CPU on the suite's busy cores."""
     monkeypatch.delenv("PREFECT_API_URL", raising=False)
 
 
@@ -157,6 +158,7 @@ def _prefect_env() -> dict:
     return {k: os.environ.get(k, v) for k, v in PREFECT_DEFAULTS.items()}
 
 
+@pytest.mark.usefixtures("as_in_a_users_terminal")
 def test_ctrl_c_once_twice_then_a_kill_leave_nothing_behind_and_the_next_run_measures_at_once(tmp_path):
     # 1. Ctrl-C in the middle of the sweep
     first = CliRun(SWEEP, tmp_path / "runs")

@@ -307,7 +307,7 @@ def test_an_fp16_run_serves_fp16_files_and_says_so(prefect_harness, tmp_path):
             formats=["onnx", "ts-script"],
             serve_formats=["all"],
             scenarios=["offline"],
-            batch_sizes=[1, 2],
+            batch_sizes=[2],
             measurement=Measurement(window_s=0.5, stability_percentage=50),
         ),
     )

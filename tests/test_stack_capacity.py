@@ -20,6 +20,7 @@ from conftest import running_stack
 from test_stack_e2e import TBENCH, in_stack
 
 from tbench.capacity.request import CapacityRequest
+from tbench.request.benchmark import BenchmarkRequest
 from tbench.team.stack import Stack
 
 pytestmark = pytest.mark.e2e
@@ -149,8 +150,10 @@ def test_capacity_from_the_prefect_ui_form_runs_on_the_cpu_worker(stack, monkeyp
     try:
         with temporary_settings({PREFECT_API_URL: stack.api_url}), get_client(sync_client=True) as client:
             deployment_id = client.read_deployment_by_name(DEPLOYMENT).id
-        deployment_page = f"{ui}/deployments/deployment/{deployment_id}"  # the list pages its 22 deployments by 10
-        open_until(browser, deployment_page, "capacity-cpu")
+        open_until(browser, f"{ui}/deployments", "capacity-cpu")  # the list, as a user opens it (one pool: one page)
+        link = next(a for a in browser.find_elements(By.TAG_NAME, "a") if a.text.strip() == "capacity-cpu")
+        deployment_page = link.get_attribute("href").rstrip("/")
+        assert deployment_page.endswith(str(deployment_id))
         form = open_until(browser, f"{deployment_page}/run", "The latency SLO in ms")  # Run > Custom run
         for text in (
             "Slo Ms",
@@ -159,7 +162,13 @@ def test_capacity_from_the_prefect_ui_form_runs_on_the_cpu_worker(stack, monkeyp
             "The traffic to serve, in requests per second.",
             "Spare capacity above the traffic (0.2: 20%).",
             CapacityRequest.model_fields["repeats"].description,
-            "Registered model adapter name",  # the BenchmarkRequest beside it
+            # the BenchmarkRequest beside it, as every deployment's form shows it
+            "Registered model adapter name",
+            "Batch Sizes",
+            BenchmarkRequest.model_fields["batch_sizes"].description,
+            BenchmarkRequest.model_fields["concurrency"].description,
+            "Artifact root: a local folder or any fsspec URL",
+            "Reuse Measurements",
         ):
             assert text in form, text
         # the parameters as JSON (the form's own "Use JSON input"), small enough to finish in minutes

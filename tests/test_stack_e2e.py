@@ -14,7 +14,6 @@ from pathlib import Path
 from uuid import UUID
 
 import pytest
-from browser import headless_chromium, needs_chromium, open_until
 from conftest import measured
 
 from tbench.team.stack import Stack
@@ -244,15 +243,13 @@ def test_a_killed_worker_loses_nothing_and_a_rerun_with_reuse_measures_only_the_
     from prefect.client.orchestration import get_client
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    from tbench.team.stack import stop_process
-
     # a worker with an empty point cache of its own: no point of an earlier run can be taken for this one's
     monkeypatch.setenv("TBENCH_POINT_CACHE_DIR", str(tmp_path / "points"))
-    stop_process(stack.worker.pid)
+    stack.stop_worker()
     stack.start_worker()
     staging = stack.root / "staging"
     before = set(staging.glob("resnet50-*"))
-    run = SMALL_RUN + ["--batch-sizes", "1,2,4,8"]
+    run = SMALL_RUN + ["--batch-sizes", "1,2,4"]  # 3 offline points and the online one
     submitted = in_stack(stack, [TBENCH, "submit", *run, "--pool", "cpu", "--no-follow", "--reuse"])
     assert submitted.returncode == 0, submitted.stderr[-2000:]
     deadline, killed_dir = time.monotonic() + 300, None
@@ -267,7 +264,7 @@ def test_a_killed_worker_loses_nothing_and_a_rerun_with_reuse_measures_only_the_
             p.kill()
     stack.worker.wait()
     kept = pd.read_csv(killed_dir / "results.csv")
-    assert 1 <= len(kept) < 5, kept  # killed in the middle of the sweep
+    assert 1 <= len(kept) < 4, kept  # killed in the middle of the sweep
     orphaned = [
         p for p in psutil.process_iter(["cmdline"]) if any(str(killed_dir) in a for a in p.info["cmdline"] or [])
     ]
@@ -281,7 +278,7 @@ def test_a_killed_worker_loses_nothing_and_a_rerun_with_reuse_measures_only_the_
     results = pd.DataFrame(read_back(stack, report.rsplit("/", 1)[0])["rows"])  # stored, so no longer on the worker
     reused = results[results["reused_from"] == killed_dir.name]
     # every point measured (a busy machine may leave a fresh one unstable: measured all the same, and kept)
-    assert len(results) == 5, results["status"]
+    assert len(results) == 4, results["status"]
     measured(results)
     assert len(reused) == int((kept["status"] == "ok").sum())  # nothing measured before the kill is measured again
     assert not [p for p in orphaned if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]  # stopped by the re-run
@@ -324,7 +321,7 @@ def test_the_matrix_fans_out_through_the_deployments_and_compares(stack, monkeyp
         pools=["cpu"],
         request={
             "size": "small",
-            "batch_sizes": [1, 4],
+            "batch_sizes": [4],
             "concurrency": [2],
             "scenarios": ["offline"],
             "measurement": {"stability_percentage": 50, "window_s": 0.5},
@@ -377,26 +374,3 @@ def test_a_matrix_child_past_its_limit_is_cancelled_on_its_worker(stack, monkeyp
             sync_client=True
         ) as client:  # Cancelled comes from the worker, once it killed the run's process
             assert client.read_flow_run(child["flow_run"]).state.type.value == "CANCELLED"
-
-
-@needs_chromium
-def test_the_prefect_ui_shows_the_deployment_form_with_our_fields(stack):
-    from selenium.webdriver.common.by import By
-
-    browser = headless_chromium(logs=True, eager=True)  # the console log for a failure's report
-    ui = stack.api_url.removesuffix("/api")
-    try:
-        open_until(browser, f"{ui}/deployments", "benchmark-a100")  # the deployments list, as a user opens it
-        link = next(a for a in browser.find_elements(By.TAG_NAME, "a") if a.text.strip() == "benchmark-a100")
-        run_form = link.get_attribute("href").rstrip("/") + "/run"  # its custom run form
-        form = open_until(browser, run_form, "Registered model adapter name")
-        for text in (
-            "Batch Sizes",
-            "Offline scenario batch sizes (concurrency 1).",
-            "Online scenario concurrency values.",
-            "Artifact root: a local folder or any fsspec URL",
-            "Reuse Measurements",
-        ):
-            assert text in form, text
-    finally:
-        browser.quit()

@@ -27,7 +27,7 @@ from pathlib import Path
 from tbench.core.errors import BenchError
 from tbench.node import procs
 from tbench.node.ports import free_port, release
-from tbench.team import prefect_server
+from tbench.team import prefect_db, prefect_server
 from tbench.team.zombies import NEVER_STARTED_S, SILENCE_S
 
 PROJECT = Path(__file__).resolve().parents[2]
@@ -101,14 +101,21 @@ def _bin(name: str) -> str:
     return str(Path(sys.executable).with_name(name))
 
 
-def stop_process(pid: int, timeout_s: float = 15) -> None:
-    """SIGINT the process group (Prefect's worker and server shut down cleanly on it), then SIGKILL what is left."""
-    for sig in (signal.SIGINT, signal.SIGINT, signal.SIGKILL):  # an idle Prefect worker needs two SIGINTs
+# Prefect's worker CLI passes a first SIGINT on to the worker, which keeps polling (seen: still up 15 s later), and
+# turns a second into a SIGKILL: waiting long after the first only delays every stack's stop
+WORKER_FIRST_WAIT_S = 1.0
+
+
+def stop_process(pid: int, timeout_s: float = 15, first_wait_s: float | None = None) -> None:
+    """SIGINT the process group (Prefect's worker and server shut down cleanly on it), then SIGKILL what is left.
+    A Prefect worker needs two SIGINTs: its stop passes a short `first_wait_s` (the wait after the first)."""
+    waits = (timeout_s / 2 if first_wait_s is None else first_wait_s, timeout_s / 2, 0)
+    for sig, wait_s in zip((signal.SIGINT, signal.SIGINT, signal.SIGKILL), waits, strict=True):
         try:
             os.killpg(pid, sig)
         except (ProcessLookupError, PermissionError):
             return
-        deadline = time.monotonic() + timeout_s / 2
+        deadline = time.monotonic() + wait_s
         while time.monotonic() < deadline:
             try:
                 os.kill(pid, 0)
@@ -223,16 +230,22 @@ class Stack:
     def start_server(self, timeout_s: float = 240) -> float:
         (self.root / "prefect").mkdir(parents=True, exist_ok=True)
         log = self.root / "prefect-server.log"
+        env = self.server_env()
+        sqlite = None if DATABASE_ENV in env else self.root / "prefect" / "prefect.db"  # Prefect's default database
+        new_sqlite = sqlite is not None and not sqlite.exists() and not prefect_db.seed(sqlite)
         self.server = procs.start(
             prefect_server.argv("server", "start", "--host", "127.0.0.1", "--port", str(self.api_port)),
             log,
-            env=self.server_env(),
+            env=env,
             outlives_caller=True,
         )
         try:
-            return wait_http(f"{self.api_url}/health", timeout_s, self.server, "the Prefect server", log)
+            waited = wait_http(f"{self.api_url}/health", timeout_s, self.server, "the Prefect server", log)
         except StackError as err:  # its message quotes the log: a driver's error could echo the URL
             raise StackError(redact(str(err), self.database_url)) from None
+        if new_sqlite:  # set up by this server: the next new stack starts from a copy
+            prefect_db.keep(sqlite)
+        return waited
 
     def cpu_pool_defaults(self) -> dict | None:
         """A docker cpu pool's containers get what the process worker's runs inherit (the S3 endpoint, the artifact
@@ -340,10 +353,15 @@ class Stack:
         }
         (self.root / "stack.json").write_text(json.dumps(state, indent=2))
 
+    def stop_worker(self) -> None:
+        if self.worker is not None:
+            stop_process(self.worker.pid, first_wait_s=WORKER_FIRST_WAIT_S)
+            self.worker = None
+
     def down(self) -> None:
-        for proc in (self.worker, self.server):
-            if proc is not None:
-                stop_process(proc.pid)
+        self.stop_worker()
+        if self.server is not None:
+            stop_process(self.server.pid)
         if self.s3 is not None:
             self.s3.stop()
             release(self.s3.port)
@@ -364,7 +382,7 @@ def down_from_state(root: Path = DEFAULT_DIR) -> list[str]:
     for name in ("worker", "server", "s3"):
         pid = state["pids"].get(name)
         if pid:
-            stop_process(pid)
+            stop_process(pid, first_wait_s=WORKER_FIRST_WAIT_S if name == "worker" else None)
             stopped.append(name)
     (Path(root) / "stack.json").unlink(missing_ok=True)
     return stopped
