@@ -15,6 +15,9 @@ hint="run .venv/bin/ruff format . && .venv/bin/ruff check --fix . (then fix what
   echo "test.sh: an import goes against the layers in pyproject.toml [tool.importlinter]" >&2
   exit 1
 }
+# Bytecode is written (where the machine's environment says not to): otherwise each test process rewrites and compiles
+# every test module again at collection (9.8 s of CPU instead of 6.3 s per worker, measured here)
+unset PYTHONDONTWRITEBYTECODE
 # One worker per CPU, each pinned to its own, and one more that shares them (tests/conftest.py): a third of the
 # suite's time is spent waiting (Prefect's scheduler, a worker's polling, a server's start), so on 2 cores a third
 # worker keeps both busy. conftest.py sends each module to one worker, slowest first.
