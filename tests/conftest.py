@@ -44,34 +44,35 @@ _private_prefect_home()
 _own_cpu()
 configure_prefect_env()
 
-# The modules that take longest, by their summed time in a full run (`--junitxml` of a fresh clone's suite at a7427bb,
-# two workers; setup and teardown included), started first so that the workers finish together: each worker takes the
+# The modules that take longest, by their summed time in a full run (`--junitxml` of a fresh clone's suite at d7ca38c,
+# three workers; setup and teardown included), started first so that the workers finish together: each worker takes the
 # next module when it is almost done with its own (xdist's scope scheduling, unreordered: below). Every other module
 # follows in its usual order.
 SLOWEST_FIRST = (
-    "test_stack_e2e",  # 318 s
-    "test_e2e_formats",  # 223
-    "test_stack_schedules",  # 196, one test, mostly waiting for its nights
-    "test_e2e",  # 167
-    "test_faults",  # 152
-    "test_docker_mode",  # 139 with test_docker_pool (one group, below)
-    "test_stack_capacity",  # 132
-    "test_e2e_recommenders",  # 127
-    "test_colocated",  # 88
-    "test_client_install",  # 73
-    "test_stack_postgres",  # 67
-    "test_point_cache",  # 52
-    "test_arrivals",  # 44
-    "test_input_data",  # 41
-    "test_served_model",  # 37
-    "test_precision",  # 30
-    "test_search_e2e",  # 27
-    "test_capacity_e2e",  # 22
-    "test_strings",  # 17
-    "test_matrix_flow",  # 14
-    "test_widedeep",
-    "test_dlrm",
-    "test_history",
+    "test_stack_e2e",  # 326 s
+    "test_e2e_formats",  # 275
+    "test_stack_schedules",  # 231, one test, mostly waiting for its nights: started with the first
+    "test_e2e",  # 233
+    "test_faults",  # 169
+    "test_docker_mode",  # 164 with test_docker_pool (one group, below)
+    "test_e2e_recommenders",  # 138
+    "test_stack_capacity",  # 121
+    "test_search_e2e",  # 101 (46 in the run before: its flows wait for the other workers' CPU)
+    "test_colocated",  # 98
+    "test_client_install",  # 87
+    "test_stack_postgres",  # 70
+    "test_point_cache",  # 65
+    "test_arrivals",  # 48
+    "test_input_data",  # 37
+    "test_served_model",  # 35
+    "test_precision",  # 25
+    "test_capacity_e2e",  # 25
+    "test_strings",  # 19
+    "test_widedeep",  # 18
+    "test_killed_runs",  # 17
+    "test_matrix_flow",  # 15
+    "test_history",  # 15
+    "test_dlrm",  # 13
 )
 # Modules that share an expensive session fixture run in one worker: the Docker daemon.
 SHARED_WORKER = {"test_docker_pool": "test_docker_mode"}
