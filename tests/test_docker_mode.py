@@ -9,6 +9,7 @@ import json
 import signal
 import socket
 import subprocess
+from typing import get_args
 
 import pandas as pd
 import psutil
@@ -17,6 +18,7 @@ from test_faults import SWEEP, CliRun, lasting_unmapped_regions, leftovers
 from tritonclient.grpc import InferenceServerClient
 
 from tbench.core.errors import ServerStartError
+from tbench.loadgen.behind import KeptUpStatus
 from tbench.node import procs
 from tbench.triton.process_server import DockerServer
 from tbench.triton.repository import ServingConfig, write_repository
@@ -76,7 +78,8 @@ def test_a_docker_run_measures_offline_through_shared_memory_and_removes_its_con
     assert (offline["server_cpu_pct"] > 0).all()  # read from the container's processes, as this host sees them
     rate = results[results["scenario"] == "rate"]
     # its requests (3x32x32 floats) too large to export: the container's trace, written to this host through a mount
-    assert rate["requests_from"].tolist() == ["server trace"] and set(rate["status"]) <= {"ok", "undetermined"}, rate
+    # (whether it kept up is not the subject: a loaded machine's client can fall behind its schedule, client_bound)
+    assert rate["requests_from"].tolist() == ["server trace"] and set(rate["status"]) <= set(get_args(KeptUpStatus))
     argv = (run_dir / "logs" / "tritonserver.log").read_text().splitlines()[0]
     assert argv.startswith("$ docker run --rm --name tbench-triton-") and "--ipc=host" in argv
     assert (

@@ -391,7 +391,9 @@ def test_flow_run_serves_every_pytorch_format_and_reports_each(prefect_harness, 
     offline, online = results[results["scenario"] == "offline"], results[results["scenario"] == "online"]
     assert set(offline["batching"]) == {"static"} and (offline["max_queue_delay_us"] == 0).all()
     offline_ok = offline[offline["status"] == OK]
-    assert (offline_ok["server_queue_ms"] < 0.5).all(), offline_ok[["format", "batch_size", "server_queue_ms"]]
+    # no batcher's wait in an offline point's queue (2 ms here): well under it (a starved server's pick-up took 0.7 ms)
+    batcher_wait_ms = manifest["request"]["max_queue_delay_us"] / 1000
+    assert (offline_ok["server_queue_ms"] < batcher_wait_ms / 2).all(), offline_ok[["format", "server_queue_ms"]]
     assert (
         set(online["batching"]) == {"dynamic"}
         and (online["max_queue_delay_us"] == manifest["request"]["max_queue_delay_us"]).all()
