@@ -1,8 +1,8 @@
 """A new stack's Prefect database, set up once per Prefect version: a server's first start on an empty SQLite file
-runs every migration and registers the block types (4.5 s of CPU, 8.1 s instead of 3.6 s to healthy, measured on
-this machine with Prefect 3.8.8), and each `tbench stack up` in a new folder did it again. The first server that
-sets up a file leaves a copy of it (SQLite's backup: consistent while the server writes), and a later new database
-starts as that copy, which the server finds up to date."""
+runs every migration and registers the block types (8.1 s of the server's CPU instead of 3.2-3.7 s, 8.8 s instead of
+3.4-4.0 s to healthy, measured on this idle machine with Prefect 3.8.8), and each `tbench stack up` in a new folder did
+it again. The first server that sets up a file leaves a copy of it (SQLite's backup: consistent while the server
+writes), and a later new database starts as that copy, which the server finds up to date."""
 
 from __future__ import annotations
 
