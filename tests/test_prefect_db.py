@@ -54,3 +54,14 @@ def test_the_copy_is_whole_while_its_server_writes(tmp_path):
         prefect_db.keep(db, "3.8.8")
         writer.rollback()
     assert rows(prefect_db.template("3.8.8")) == 10
+
+
+def test_a_copy_that_cannot_be_kept_or_made_is_no_error(tmp_path, monkeypatch):
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")
+    monkeypatch.setenv(prefect_db.TEMPLATE_ENV, str(blocked / "templates"))  # under a file: no folder can be made
+    db = tmp_path / "prefect.db"
+    a_database(db, rows=3)
+    prefect_db.keep(db, "3.8.8")
+    assert not prefect_db.template("3.8.8").exists() and rows(db) == 3
+    assert not prefect_db.seed(tmp_path / "new" / "prefect.db", "3.8.8")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import shutil
 import sqlite3
-from contextlib import closing
+from contextlib import closing, suppress
 from pathlib import Path
 
 TEMPLATE_ENV = "TBENCH_PREFECT_DB_TEMPLATES"  # where the copies live (~/.cache/tbench/prefect-db by default)
@@ -32,8 +32,12 @@ def seed(db: Path, version: str | None = None) -> bool:
         return False
     db.parent.mkdir(parents=True, exist_ok=True)
     partial = db.with_name(f".{db.name}.{os.getpid()}")
-    shutil.copyfile(source, partial)
-    partial.replace(db)  # a server that starts meanwhile sees no file or a whole one
+    try:
+        shutil.copyfile(source, partial)
+        partial.replace(db)  # a server that starts meanwhile sees no file or a whole one
+    except OSError:  # a full disk: the server sets the database up itself, as without a copy
+        _discard(partial)
+        return False
     return True
 
 
@@ -42,8 +46,16 @@ def keep(db: Path, version: str | None = None) -> None:
     target = template(version)
     if target.is_file() or not db.is_file():
         return
-    target.parent.mkdir(parents=True, exist_ok=True)
     partial = target.with_name(f".{target.name}.{os.getpid()}")
-    with closing(sqlite3.connect(db)) as source, closing(sqlite3.connect(partial)) as copy:
-        source.backup(copy)
-    partial.replace(target)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with closing(sqlite3.connect(db)) as source, closing(sqlite3.connect(partial)) as copy:
+            source.backup(copy)
+        partial.replace(target)
+    except (OSError, sqlite3.Error):  # a cache, never the stack's failure: the next new stack migrates again
+        _discard(partial)
+
+
+def _discard(partial: Path) -> None:
+    with suppress(OSError):  # also where its folder could not be made
+        partial.unlink(missing_ok=True)
