@@ -124,8 +124,13 @@ def prefect_api_server(request):
 
 @pytest.fixture(scope="session", autouse=True)
 def conversion_cache(tmp_path_factory):
-    """A fresh conversion cache per test session, so tests see real conversions first."""
-    os.environ["TBENCH_CACHE_DIR"] = str(tmp_path_factory.mktemp("conversion-cache"))
+    """A fresh conversion cache per suite, so tests see real conversions first, shared by its xdist workers (each
+    worker's temporary folder is in the suite's own): a model one worker converted is not converted again by another,
+    as on a machine whose runs share ~/.cache/tbench (the cache takes concurrent writers: tbench.stages.export)."""
+    suite = tmp_path_factory.getbasetemp()
+    cache = (suite.parent if os.environ.get("PYTEST_XDIST_WORKER") else suite) / "conversion-cache"
+    cache.mkdir(exist_ok=True)
+    os.environ["TBENCH_CACHE_DIR"] = str(cache)
 
 
 GOLDEN = Path(__file__).parent / "golden"
