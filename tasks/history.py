@@ -17,8 +17,8 @@ HISTORY_LINK_KEY = "benchmark-history"
 
 @task(name="history", cache_policy=NO_CACHE)
 def history_task(root_url: str, model: str, run_id: str) -> str | None:
-    # imported here: the analysis (ruptures, scipy.stats) and the site's plots take seconds to import, and every run
-    # imports this module before its first stage
+    # imported here: the analysis and the site's plots (pandas, matplotlib) take a second to import, and every run
+    # imports this module before its first stage; ruptures (and scipy.stats) only where a series is long enough
     from tbench.history.analysis import analyse
     from tbench.history.site import default_target, publish_site
 

@@ -74,8 +74,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-import ruptures as rpt
-from scipy import stats
+from scipy.special import stdtr  # Student's t CDF: scipy.stats takes a second of CPU to import, and every run judges
 
 MIN_EFFECT = 0.05  # asv's default regression threshold
 ALPHA = 0.001  # Hunter's default p-value
@@ -155,7 +154,7 @@ def _threshold(p: _Prepared, lo: int, hi: int, level: float, min_effect: float, 
 
 
 def _p_value(t: float, df: int) -> float:
-    return float(2 * stats.t.sf(abs(t), df)) if df > 0 else 1.0
+    return float(2 * stdtr(df, -abs(t))) if df > 0 else 1.0
 
 
 @dataclass
@@ -212,6 +211,8 @@ def _candidates(p: _Prepared, opts: dict) -> list[int]:
     n, min_size = len(p.y), opts["min_size"]
     if n < 2 * min_size:
         return []
+    import ruptures as rpt  # here: it imports scipy.stats (a second of CPU), and most series are too short for it
+
     sigma = max(p.sigma, math.sqrt(_own_var(p, 0, n, opts["noise_windows"])), _TINY)
     algo = rpt.KernelCPD(kernel="linear", min_size=min_size, jump=1).fit(p.y.reshape(-1, 1))
     return [int(b) for b in algo.predict(pen=opts["penalty"] * sigma**2 * math.log(n))[:-1]]
