@@ -220,12 +220,11 @@ class ProcessServer(TritonServer):
         """Whether the server runs where this host cannot see its processes (none seen is then no evidence)."""
         return False
 
-    def _terminate(self, timeout_s: float) -> None:
-        """SIGTERM, then wait for the server to exit, or for its stubs to be gone where it had any: Triton only looks
+    def _terminate(self, timeout_s: float, stubs: list[psutil.Process]) -> None:
+        """SIGTERM, then wait for the server to exit, or for its `stubs` to be gone where it had any: Triton only looks
         at its unloaded models once a second before it exits (1-2 s of every stop, some hundred stops in the tests),
         and once the stubs have exited their models are unloaded and nothing is left for it to clean up (stop() reaps
         the server and removes the shared memory its processes mapped)."""
-        stubs = [p for p in self._group() if p.pid != self.proc.pid]
         self.proc.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + timeout_s
         while self.proc.poll() is None and time.monotonic() < deadline:
@@ -244,7 +243,7 @@ class ProcessServer(TritonServer):
         regions = shm.mapped_regions(self._server_processes())
         started = [p for p in self._group() if p.pid != self.proc.pid]  # its stubs, orphaned or not
         if self.proc.poll() is None:
-            self._terminate(timeout_s)
+            self._terminate(timeout_s, started)
         procs.kill_group(self.proc)
         self.proc.wait()
         # a killed stub is gone a moment after the signal, not at once (seen on a busy machine): the caller is told
@@ -478,7 +477,7 @@ class DockerServer(ProcessServer):
     def stop_argv(self, timeout_s: float) -> list[str]:
         return [self.docker, "stop", "-t", str(int(timeout_s)), self.container]
 
-    def _terminate(self, timeout_s: float) -> None:
+    def _terminate(self, timeout_s: float, stubs: list[psutil.Process]) -> None:
         procs.run(self.stop_argv(timeout_s), self.log_path.with_suffix(".stop.log"), timeout=timeout_s + 30)
         try:
             self.proc.wait(timeout=10)
