@@ -121,9 +121,14 @@ def test_sweep_keeps_measured_points_and_flags_an_unstable_one(served_small, sma
     assert (table["window_s"] > 0.9).all() and (table["measurement_request_count"] > 20).all(), table[
         ["window_s", "measurement_request_count"]
     ]
-    assert (table["triton_compute_infer_ms"] > 0).all() and (table["stats_max_rel_diff"] < 0.5).all(), table[
-        SERVER_COLUMNS
-    ]
+    # the cross-check holds where the time per request is the model's own (concurrency 1); at concurrency 2 the queue
+    # time is the arrivals' timing, which a loaded machine changes between the warm-up and the windows (70% apart, seen
+    # with one core kept busy), so there it is only computed
+    offline = table["scenario"] == "offline"
+    assert (table["triton_compute_infer_ms"] > 0).all() and (table.loc[offline, "stats_max_rel_diff"] < 0.5).all(), (
+        table[SERVER_COLUMNS]
+    )
+    assert table["stats_max_rel_diff"].notna().all()
     assert (table["server_cpu_pct"] > 0).all() and (
         table["server_rss_mb"] > 10
     ).all()  # the server's processes, sampled
@@ -521,6 +526,11 @@ def test_python_runtime_serves_multi_io_integer_and_variable_length_requests(tmp
             client.async_infer(
                 "embed", inputs, callback=lambda result, error, i=i: results.__setitem__(i, (result, error))
             )
+            # a request of another shape closes the batch the batcher holds, and concurrent calls may reach its queue in
+            # any order (3, 7, 3, 7, 11: five executions, seen with one core kept busy): the first pair is queued whole
+            # before any other shape is sent
+            if i == 1:
+                time.sleep(1.0)
         deadline = time.monotonic() + 30
         while len(results) < len(requests) and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -534,7 +544,7 @@ def test_python_runtime_serves_multi_io_integer_and_variable_length_requests(tmp
         np.testing.assert_allclose(result.as_numpy("emb"), want_emb, rtol=1e-5, atol=1e-6)
         np.testing.assert_array_equal(result.as_numpy("count"), want_count)
     assert stats.inference_count - before.inference_count == 7
-    # {3, 3}, {7, 7}, {11} when all five are queued within the delay; at least one merge in any case
+    # {3, 3}, {7, 7}, {11} when the last three reach the queue in the order sent; the first pair merged in any case
     assert stats.execution_count - before.execution_count < len(requests)
 
 
