@@ -15,7 +15,11 @@ import os
 import statistics
 import time
 
-import numpy as np
+# one BLAS thread, set before NumPy loads it: a pinned process's product then runs on its core only (affinity is the
+# calling thread's, and threads made at import keep both cores)
+os.environ["OPENBLAS_NUM_THREADS"] = os.environ["OMP_NUM_THREADS"] = "1"
+
+import numpy as np  # noqa: E402
 from provenance import RESULTS, recorded
 
 
@@ -78,7 +82,6 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=60.0, help="time spent per work and core")
     args = parser.parse_args()
     cores = sorted(os.sched_getaffinity(0))
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
     with recorded(RESULTS / "machine_noise.json", model_sizes=["no model: fixed CPU work"]) as record:
         total0, steal0 = cpu_times()
         record["by_core"] = {}
