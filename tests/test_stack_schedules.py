@@ -123,11 +123,20 @@ def retire_old_nights(client, deployment_id, queue_delay_us: int, settle_s: floa
     new one. Returns how many it deleted."""
     deleted, deadline = 0, time.monotonic() + settle_s
     while time.monotonic() < deadline:
-        for run in runs_in(client, deployment_id, "SCHEDULED"):
-            if run.parameters["request"]["max_queue_delay_us"] == queue_delay_us:
+        deleted += delete_scheduled(client, deployment_id, queue_delay_us)
+        time.sleep(2)
+    return deleted
+
+
+def delete_scheduled(client, deployment_id, queue_delay_us: int | None = None) -> int:
+    """Delete the deployment's runs that are scheduled and not yet started (those asking for this queue delay, or all);
+    how many it deleted. One gone meanwhile (Prefect deletes a schedule's future runs when it changes) is skipped."""
+    deleted = 0
+    for run in runs_in(client, deployment_id, "SCHEDULED"):
+        if queue_delay_us is None or run.parameters["request"]["max_queue_delay_us"] == queue_delay_us:
+            with contextlib.suppress(ObjectNotFound):
                 client.delete_flow_run(run.id)
                 deleted += 1
-        time.sleep(2)
     return deleted
 
 
@@ -137,9 +146,7 @@ def wait_until_idle(client, deployment_id, timeout_s: float = 300) -> None:
     between the history's two readings below), and those started finish."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        for run in runs_in(client, deployment_id, "SCHEDULED"):
-            with contextlib.suppress(ObjectNotFound):  # taken meanwhile: it is waited for as running
-                client.delete_flow_run(run.id)
+        delete_scheduled(client, deployment_id)
         if not runs_in(client, deployment_id, "SCHEDULED", "PENDING", "RUNNING"):
             return
         time.sleep(2)
