@@ -50,6 +50,10 @@ runner = CliRunner()
             ["run", "resnet50", "--calibration-samples", "0"],
             "error: invalid option: calibration_samples: Input should be greater than or equal to 1",
         ),
+        (
+            ["run", "resnet50", "--trials", "0"],
+            "error: invalid option: trials: Input should be greater than or equal to 1",
+        ),
         (["search", "nosuch"], "error: unknown model 'nosuch'"),
         (
             ["stack", "up", "--pools", "cpu,b200"],
@@ -87,6 +91,22 @@ def test_bad_input_exits_non_zero_with_one_line(args, message):
     assert result.exit_code == 2
     lines = [ln for ln in result.output.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith(message)
+
+
+def test_trials_and_cpu_pinning_reach_the_request(monkeypatch):
+    """--trials and --no-pin-cpus land in the resolved request the run reads (the checks before Prefect see them)."""
+    import tbench.cli.run as run_command
+
+    seen = []
+
+    def stop_at_preflight(resolved):
+        seen.append(resolved)
+        raise ConfigError("stopped before the run")
+
+    monkeypatch.setattr(run_command, "preflight", stop_at_preflight)
+    runner.invoke(app, ["run", "resnet50", "--trials", "3", "--no-pin-cpus"])
+    runner.invoke(app, ["run", "resnet50"])
+    assert [(r.trials, r.pin_cpus) for r in seen] == [(3, False), (1, True)]
 
 
 def test_model_options_are_numbers_where_they_read_as_numbers():

@@ -73,6 +73,19 @@ def test_plain_flow_run_reads_request_fields_from_argv():
     assert (r.model, r.size, r.batch_sizes, r.output) == ("resnet50", "small", [1, 4], "/tmp/x")
 
 
+def test_trials_and_cpu_pinning_are_kept_and_bounded():
+    from pydantic import ValidationError
+
+    from tbench.request.benchmark import request_from_argv
+
+    assert (BenchmarkRequest().trials, BenchmarkRequest().pin_cpus) == (1, True)
+    resolved = request_from_argv(["resnet50", "trials=5", "pin_cpus=false"]).resolve(has_gpu=False)
+    assert (resolved.trials, resolved.pin_cpus) == (5, False)
+    for trials in (0, 51):
+        with pytest.raises(ValidationError, match="trials"):
+            BenchmarkRequest(trials=trials)
+
+
 def test_tolerances_follow_precision_unless_given():
     assert (BenchmarkRequest(model="resnet50").resolve(False).tolerance_atol) == 1e-3
     assert BenchmarkRequest(model="resnet50", precision="fp16").resolve(True).tolerance_rtol == 1e-2

@@ -117,6 +117,8 @@ def run(
     window_s: WindowS = None,
     stability: Stability = None,
     max_trials: MaxTrials = None,
+    trials: int = typer.Option(1, "--trials", metavar="N", help=field_help("trials")),
+    pin_cpus: bool = typer.Option(True, "--pin-cpus/--no-pin-cpus", help=field_help("pin_cpus")),
     verbose: Verbose = False,
 ) -> None:
     """Export, check, serve and measure MODEL; prints the run folder."""
@@ -161,6 +163,8 @@ def run(
             baseline=baseline,
             reuse_measurements=reuse,
             measurement=measurement_overrides(window_s, stability, max_trials),
+            trials=trials,
+            pin_cpus=pin_cpus,
             **server_fields(
                 server, server_url, docker_image, gpus, docker_network, docker_ulimit, http_port, grpc_port
             ),

@@ -286,6 +286,19 @@ class BenchmarkRequest(BaseModel):
         description="perf_analyzer measurement settings to change; "
         "the profile's and the model's hold for every field not given.",
     )
+    trials: int = Field(
+        1,
+        ge=1,
+        le=50,
+        description="Each point measured in this many separate server processes (a fresh server per trial); the "
+        "spread between trials is the run-to-run noise that `tbench compare` and the history judge by. 1: one "
+        "trial, the run-to-run spread unknown.",
+    )
+    pin_cpus: bool = Field(
+        True,
+        description="Place the server and perf_analyzer on disjoint CPU sets where the node has enough cores, and "
+        "fix the runtimes' thread counts; the placement is recorded in the manifest.",
+    )
     output: str = Field(
         default_factory=lambda: os.environ.get("TBENCH_ARTIFACT_ROOT", "runs"),
         description="Artifact root: a local folder or any fsspec URL (s3://bucket/prefix); the worker's "
@@ -566,6 +579,8 @@ class ResolvedRequest(BaseModel):
     accuracy_samples: int
     accuracy_batch_size: int
     measurement: Measurement
+    trials: int = 1
+    pin_cpus: bool = True
     output: str
     baseline: str | None
     reuse_measurements: bool
