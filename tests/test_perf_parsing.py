@@ -144,7 +144,7 @@ def test_a_rate_points_windows_are_sized_from_its_rate_and_its_time_limit_fits_t
 
 
 def test_a_rate_point_the_windows_rule_left_undetermined_is_measured_again_with_the_requests_that_decide_it():
-    from tbench.stages.sweep import MAX_DECIDING_WINDOW_S, requests_to_decide, retry_window_requests
+    from tbench.stages.rate_verdict import MAX_DECIDING_WINDOW_S, requests_to_decide, retry_window_requests
 
     point = Point(Scenario.RATE, 1, None, 6.8, "poisson")
     # 92 requests at 6.8/s of 125 ms each on 1 instance: 85% busy, too uncertain to place below capacity

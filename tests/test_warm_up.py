@@ -7,8 +7,8 @@ import pytest
 import tritonclient.grpc as grpcclient
 
 from tbench.core import progress
-from tbench.stages import sweep
-from tbench.stages.sweep import formed_batch_sizes, warm_up
+from tbench.stages import warm_up as warming
+from tbench.stages.warm_up import formed_batch_sizes, warm_up
 
 
 def test_formed_batch_sizes_are_the_multiples_of_a_request_up_to_the_batcher_and_the_clients():
@@ -41,14 +41,14 @@ def test_warm_up_runs_every_batch_the_batcher_can_form_before_timing(served_smal
     after = batch_counts(served_small, "resnet50")
     assert set(latency) == {1}  # only the request's batch is timed
     ran = {b: after.get(b, 0) - before.get(b, 0) for b in range(1, 9)}
-    assert all(ran[b] >= sweep.FORMED_WARMUP_CALLS for b in range(2, 9)), ran
+    assert all(ran[b] >= warming.FORMED_WARMUP_CALLS for b in range(2, 9)), ran
 
 
 @pytest.mark.e2e
 def test_warming_the_formed_batches_stops_at_its_budget_and_says_what_it_left(
     served_small, small_artifacts, monkeypatch
 ):
-    monkeypatch.setattr(sweep, "FORMED_WARMUP_S", -1.0)  # spent before it starts
+    monkeypatch.setattr(warming, "FORMED_WARMUP_S", -1.0)  # spent before it starts
     events = []
 
     def on_event(event: str, **data) -> None:

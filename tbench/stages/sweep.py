@@ -12,7 +12,7 @@ import json
 import math
 import signal
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,14 +28,11 @@ from tbench.core.metrics import RESULT_COLUMNS, THROUGHPUT
 from tbench.core.shape_sets import guessed_shapes_line
 from tbench.core.storage import file_sha256
 from tbench.loadgen.arrivals import arrivals_fidelity
-from tbench.loadgen.behind import InstanceLoad, kept_up
 from tbench.loadgen.perf_analyzer import (
     STABLE_WINDOWS,
     UNSTABLE_MARK,
     PerfInputs,
     Point,
-    RequestLog,
-    compact_profile_export,
     export_fits,
     merged_requests,
     noise_from_log,
@@ -45,11 +42,21 @@ from tbench.loadgen.perf_analyzer import (
     perf_argv,
     perf_json_value,
     profile_export_path,
-    read_profile_export,
     window_seconds,
 )
 from tbench.node import procs, shm, tools
 from tbench.request.benchmark import Measurement, plain_name
+from tbench.stages.rate_verdict import (
+    RATE_STABILITY_PCT,
+    REQUESTS_FROM,
+    measure_again,
+    point_requests,
+    rate_point_verdict,
+    requests_to_decide,
+    retry_window_requests,
+)
+from tbench.stages.shared_memory import release_shared_memory, remove_unregistered_regions
+from tbench.stages.warm_up import formed_batch_sizes, warm_up
 from tbench.triton.monitor import NoMonitor, cross_check
 from tbench.triton.served import serving_instances
 
@@ -84,11 +91,6 @@ SMALL_SAMPLES_VALUES = 100_000
 # speech model's 256 token sequences took 105 s on 2 cores in one call; 8 of them take about 2 s)
 OUTPUT_PROBE_CHUNK = 8
 OUTPUT_PROBE_BUDGET_S = 5.0
-
-
-def _zeros(shape: list[int], dtype: np.dtype) -> np.ndarray:
-    """A warm-up input: zeros, or empty strings for a string input."""
-    return np.full(shape, "", dtype=object) if dtype.kind == "O" else np.zeros(shape, dtype)
 
 
 def prepare_inputs(
@@ -230,40 +232,6 @@ def cache_key(point: Point, model: str) -> dict:
     }
 
 
-# A rate point is judged by kept_up (from its requests, or from its windows and the server's compute times), not by
-# perf_analyzer's agreement of windows: it is asked for a spread it always meets, so it stops after its first 3 windows
-# (the point's span) and never calls an open-loop point "unstable" for the arrivals' own noise or a queue's random walk
-RATE_STABILITY_PCT = 1000.0
-
-
-MAX_DECIDING_WINDOW_S = 40.0  # a retry sized to decide a rate point: windows of at most this long at its rate
-
-
-def requests_to_decide(point: Point, row: dict, instances: int | None) -> int | None:
-    """Requests that would let the windows rule decide an undetermined rate point (the upper bound of the load its
-    offered rate puts on the `instances` falls below 1: InstanceLoad.requests_to_decide); None for another verdict."""
-    merged = row.get("window_requests", np.nan) * STABLE_WINDOWS
-    if row.get("status") != "undetermined" or point.rate is None or instances is None or not merged >= 1:
-        return None
-    load = InstanceLoad.estimate(point.rate, busy_per_request_ms(row), instances, int(merged))
-    return load.requests_to_decide() if load else None
-
-
-def retry_window_requests(planned: int, deciding: int | None, rate: float) -> int:
-    """Requests per window of a retry: the `planned` longer windows, or, for a point whose load the windows could not
-    place below capacity, enough that its merged windows hold `deciding` requests, in windows of at most
-    MAX_DECIDING_WINDOW_S at the offered `rate`."""
-    if not deciding:
-        return planned
-    return max(planned, min(math.ceil(deciding / STABLE_WINDOWS), math.ceil(MAX_DECIDING_WINDOW_S * rate)))
-
-
-def measure_again(row: dict, attempt: int, m: Measurement) -> bool:
-    """Whether a measured rate point is measured again with longer windows: its requests could not tell whether it
-    kept up (undetermined), and a retry is left."""
-    return row.get("status") == "undetermined" and attempt < m.retries
-
-
 def empty_row() -> dict:
     return {c: np.nan for c in RESULT_COLUMNS}
 
@@ -400,99 +368,6 @@ def measure_point(
     return row
 
 
-# what a rate point's verdict read (the requests_from column): (exported, requests read) -> where from
-REQUESTS_FROM = {
-    (True, True): "export",
-    (True, False): "windows",  # an export perf_analyzer left empty
-    (False, True): "server trace",
-    (False, False): "windows",
-}
-
-
-def point_requests(export: Path | None) -> RequestLog | None:
-    """A rate point's exported requests, its file then rewritten with their timestamps only (small); None without."""
-    if export is None:
-        return None
-    requests = read_profile_export(export)
-    compact_profile_export(export)
-    return requests
-
-
-def busy_per_request_ms(row: dict) -> float | None:
-    """The time an instance spent per request (compute input + infer + output, perf_analyzer's server breakdown), or
-    None where the server gave no compute infer."""
-    infer = row.get("server_compute_infer_ms")
-    if infer is None or not np.isfinite(infer):
-        return None
-    parts = (row.get(c) for c in ("server_compute_input_ms", "server_compute_output_ms"))
-    return float(infer) + sum(float(v) for v in parts if v is not None and np.isfinite(v))
-
-
-def rate_point_verdict(
-    point: Point,
-    row: dict,
-    merged: int | None,
-    log_text: str,
-    requests: RequestLog | None = None,
-    instances: int | None = None,
-) -> dict:
-    """What a measured open-loop point's row becomes: its late sends, and its status and reason when it did not carry
-    the load (behind, client-bound, or undetermined when its requests, or its windows and the server's compute time
-    per request on its `instances` without them, cannot tell)."""
-    served = row[THROUGHPUT.column] / point.batch_size
-    verdict = kept_up(
-        point.rate,
-        served,
-        merged or 0,
-        point.distribution,
-        log_text,
-        request_log=requests,
-        busy_ms=busy_per_request_ms(row),
-        instances=instances,
-    )
-    update = {"delayed_pct": verdict.delayed_pct}
-    if verdict.status != "ok":
-        update.update(status=verdict.status, error=verdict.reason)
-    return update
-
-
-def perf_analyzer_region(name: str, tensors: list[str]) -> bool:
-    """Whether a registered region is one perf_analyzer makes for these tensors: named as the tensor, or the tensor
-    followed by its batch and step (`input__0_0_3`) when it sends user data."""
-    return any(name == t or name.startswith(t + "_") for t in tensors)
-
-
-def release_shared_memory(grpc_url: str, kind: str, tensors: list[str] | None = None) -> list[str]:
-    """Unregister the regions a perf_analyzer left registered with the server, and unlink their files.
-
-    perf_analyzer unregisters its regions when it ends cleanly, but not when it is killed or stops on an unstable point.
-    The server then still maps the old region (memory held until it stops), and the next perf_analyzer re-creates a
-    region of the same name with another size: the server read past its end and died (SIGBUS) in our fault tests.
-    With `tensors`, only the regions perf_analyzer names after them are released (a shared server may hold other
-    clients' regions); without, every region. Returns the names released."""
-    import tritonclient.grpc as grpcclient
-
-    def ours(name: str) -> bool:
-        return tensors is None or perf_analyzer_region(name, tensors)
-
-    try:
-        with grpcclient.InferenceServerClient(grpc_url) as client:
-            status, unregister = (
-                (client.get_cuda_shared_memory_status, client.unregister_cuda_shared_memory)
-                if kind == "cuda"
-                else (client.get_system_shared_memory_status, client.unregister_system_shared_memory)
-            )
-            regions = {name: r for name, r in status(as_json=True).get("regions", {}).items() if ours(name)}
-            for name in regions:
-                unregister(name)
-    except Exception:  # a server that cannot answer fails the point itself, with perf_analyzer's own error
-        return []
-    if kind != "cuda":  # a system region is a file under /dev/shm
-        for region in regions.values():
-            (shm.SHM_DIR / region.get("key", "").lstrip("/")).unlink(missing_ok=True)
-    return list(regions)
-
-
 def expected_online_rate(point: Point, served: dict[int, dict[int, float]]) -> float | None:
     """Requests/s an online point will serve at least: the most a lower (or equal) concurrency at its batch size
     served earlier in the sweep (`served`: batch -> {concurrency: requests/s}), since more requests in flight never
@@ -503,16 +378,6 @@ def expected_online_rate(point: Point, served: dict[int, dict[int, float]]) -> f
     return max(lower, default=None)
 
 
-def remove_unregistered_regions(tensors: list[str]) -> list[str]:
-    """After a perf_analyzer that did not end cleanly, under the host-wide lock on system regions: the region files
-    named after these tensors that no process maps, which it created and never registered (killed in between) or
-    registered with a server that is gone; nothing else on the host uses those names while the lock is held."""
-    removed = [p for p in shm.unmapped_regions() if perf_analyzer_region(p.name, tensors)]
-    for path in removed:
-        path.unlink(missing_ok=True)
-    return [p.name for p in removed]
-
-
 def measurement_order(points: list[Point], m: Measurement) -> list[Point]:
     """Shuffled with a fixed seed by default: measured in grid order, a slow drift of the machine (heat, a neighbour's
     load) would line up with batch size or concurrency and tilt the curve; shuffled, it spreads over the grid as
@@ -521,81 +386,6 @@ def measurement_order(points: list[Point], m: Measurement) -> list[Point]:
         return list(points)
     order = np.random.default_rng(m.seed).permutation(len(points))
     return [points[i] for i in order]
-
-
-FORMED_WARMUP_S = 30.0  # warming every batch the batcher can form stops here (largest models, largest batches)
-FORMED_WARMUP_CALLS = 2  # TorchScript's profiling executor: the first call profiles, the second optimises
-
-
-def formed_batch_sizes(request_batch: int, max_batch_size: int, concurrency: int | None = None) -> list[int]:
-    """The batches a dynamic batcher can hand the model when each request carries `request_batch` samples: every
-    multiple of it up to max_batch_size, and at most `concurrency` requests' worth under a closed loop (None: open
-    loop). Empty where the model has no batch axis (max_batch_size 0)."""
-    if max_batch_size < 1 or request_batch < 1:
-        return []
-    largest = max_batch_size if concurrency is None else min(max_batch_size, concurrency * request_batch)
-    return list(range(request_batch, largest + 1, request_batch))
-
-
-def warm_up(
-    grpc_url: str,
-    model: str,
-    spec: IoSpec,
-    batch_sizes: list[int],
-    requests: int,
-    shapes: dict[str, list[int]] | None = None,
-    calibrate_s: float = 0.25,
-    max_timed: int = 10,
-    batching: bool = True,
-    model_version: str = "",
-    formed: Iterable[int] = (),
-) -> dict[int, float]:
-    """Warm up and calibrate: `requests` untimed requests at every batch size of the sweep (runtimes allocate and
-    optimise per input shape on their first calls, which would otherwise land in the first windows), then timed ones
-    (until `calibrate_s` or `max_timed`) whose median is the batch size's single-request latency, in seconds.
-    `formed`: the batches the dynamic batcher can hand the model (formed_batch_sizes), each warmed untimed too, within
-    FORMED_WARMUP_S. TorchScript compiles a graph for every new batch size on its first calls (7 ms instead of 1.3 on
-    this CPU, 6-22 ms instead of 1.1 on an H200): unwarmed, those land in the first rate point's p99.
-    Returns {batch_size: latency_s}; empty where the model cannot answer zeros (its points will say why)."""
-    import tritonclient.grpc as grpcclient
-
-    from tbench.stages.accuracy import infer_triton
-
-    def zeros(batch: int) -> dict[str, np.ndarray]:
-        return {
-            t.name: _zeros(
-                [batch] * batching + ((shapes or {}).get(t.name) or [max(d, 1) for d in t.shape]), t.np_dtype
-            )
-            for t in spec.inputs
-        }
-
-    latencies: dict[int, float] = {}
-    client = grpcclient.InferenceServerClient(grpc_url)
-    try:
-        for batch in batch_sizes:
-            inputs = zeros(batch)
-            for _ in range(requests):
-                infer_triton(client, model, spec, inputs, model_version)
-            timed: list[float] = []
-            while len(timed) < max_timed and sum(timed) < calibrate_s:
-                start = time.perf_counter()
-                infer_triton(client, model, spec, inputs, model_version)
-                timed.append(time.perf_counter() - start)
-            latencies[batch] = float(np.median(timed))
-        others = [b for b in sorted(set(formed)) if b not in latencies]
-        deadline = time.monotonic() + FORMED_WARMUP_S
-        for i, batch in enumerate(others):
-            if time.monotonic() > deadline:
-                progress.emit("warmup_partial", model=model, warmed=others[:i], left=others[i:])
-                break
-            inputs = zeros(batch)
-            for _ in range(max(requests, FORMED_WARMUP_CALLS)):
-                infer_triton(client, model, spec, inputs, model_version)
-    except Exception as err:  # a model that cannot answer zeros still gets measured; its point will say why
-        progress.emit("warmup_failed", model=model, error=str(err))
-    finally:
-        client.close()
-    return latencies
 
 
 def run_sweep(
