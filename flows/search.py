@@ -22,7 +22,8 @@ from tbench.capacity.request import CapacityRequest
 from tbench.capacity.statistics import PercentileRule, percentile_measurement
 from tbench.node import hardware as hw
 from tbench.planning.run_plan import RunPlan
-from tbench.request.benchmark import DEFAULT_TOLERANCES, BenchmarkRequest, adapter_for, request_from_argv
+from tbench.request.adapter import adapter_for
+from tbench.request.benchmark import DEFAULT_TOLERANCES, BenchmarkRequest, request_from_argv
 from tbench.search.evaluate import ServedVariant, TritonEvaluator, artifact_key
 from tbench.search.plan import (
     CHECKPOINT,

@@ -12,7 +12,8 @@ from typing import Annotated
 
 import typer
 
-from tbench.request.benchmark import BenchmarkRequest, MeasurementOverrides
+from tbench.request.benchmark import BenchmarkRequest
+from tbench.request.measurement import MeasurementOverrides
 
 
 def field_help(name: str, cli: str = "", model: type = BenchmarkRequest) -> str:

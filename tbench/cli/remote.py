@@ -128,7 +128,7 @@ def submit(
             check_served(request)
             request = hand_over(request, output or os.environ.get("TBENCH_ARTIFACT_ROOT", "runs"))
         elif request.model_file:  # read here as the worker will (a bad file fails here), then handed over
-            from tbench.request.benchmark import adapter_for
+            from tbench.request.adapter import adapter_for
 
             adapter_for(request)
             request = hand_over(request, output or os.environ.get("TBENCH_ARTIFACT_ROOT", "runs"))

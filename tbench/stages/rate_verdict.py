@@ -17,7 +17,7 @@ from tbench.loadgen.perf_analyzer import (
     compact_profile_export,
     read_profile_export,
 )
-from tbench.request.benchmark import Measurement
+from tbench.request.measurement import Measurement
 
 # A rate point is judged by kept_up (from its requests, or from its windows and the server's compute times), not by
 # perf_analyzer's agreement of windows: it is asked for a spread it always meets, so it stops after its first 3 windows

@@ -45,7 +45,8 @@ from tbench.loadgen.perf_analyzer import (
     window_seconds,
 )
 from tbench.node import procs, shm, tools
-from tbench.request.benchmark import Measurement, plain_name
+from tbench.request.benchmark import plain_name
+from tbench.request.measurement import Measurement
 from tbench.stages.rate_verdict import (
     RATE_STABILITY_PCT,
     REQUESTS_FROM,
