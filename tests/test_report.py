@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 
 from tbench.core.metrics import OK, UNSTABLE
-from tbench.results.report import flagged_only_lines, scenario_rows
+from tbench.results.format_section import flagged_only_lines, scenario_rows
 
 
 def rows(*statuses: tuple[str, str]) -> pd.DataFrame:
