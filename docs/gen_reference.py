@@ -19,6 +19,9 @@ import yaml
 from pydantic import BaseModel
 
 from tbench.capacity.rate_search import CONFIRMATIONS, REPEATS
+from tbench.search.confirm import CONFIRM_ROUNDS, CONFIRM_WIDTH, SMART_CONFIRM_ROUNDS
+from tbench.search.objective import TIE_MARGIN
+from tbench.triton.monitor import METRICS_INTERVAL_MS
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -161,11 +164,12 @@ VERDICTS = {
     "searches (from the spread of each run's count over the SLO), and how long they take.",
     "history": "The history's regression alert and `tbench history`'s exit code: a change alerts once, on the run that "
     "confirms it, put down to what differed in the manifests of the neighbouring runs.",
-    "search": "The search's best configuration: candidates ranked on the mean's standard error, ties within 2%, "
-    "feasibility on p99 plus its error within the budget; where the leaders cannot be separated, they are measured "
-    "again (up to 6 rounds of 3) and judged on all their windows; undetermined where that still cannot decide.",
-    "energy": "Energy per inference: the serving GPUs' energy counter, polled every 100 ms, over the span requests "
-    "were served, with its uncertainty.",
+    "search": "The search's best configuration: candidates ranked on the mean's standard error, ties within "
+    f"{100 * TIE_MARGIN:g}%, feasibility on p99 plus its error within the budget; where the leaders cannot be "
+    f"separated, they are measured again (up to {CONFIRM_ROUNDS} rounds of {CONFIRM_WIDTH}, {SMART_CONFIRM_ROUNDS} in "
+    "a smart search) and judged on all their windows; undetermined where that still cannot decide.",
+    "energy": f"Energy per inference: the serving GPUs' energy counter, polled every {METRICS_INTERVAL_MS} ms, over "
+    "the span requests were served, with its uncertainty.",
 }
 
 
