@@ -8,10 +8,13 @@ its objects, as a real store does through an outage; moto keeps them only in mem
 SIGKILLed, a perf_analyzer SIGKILLed, the staging disk filled (a tmpfs, for some seconds), and the Prefect server
 stopped and started again on its port and database.
 
-Each run ends as one of: completed (its results stored in S3 with every point measured on the worker), failed
-cleanly (a final state whose message is one line, and a manifest on the worker's disk that says why), or lost
-(no final state by the end, a crashed state, a multi-line message or none, or points measured on the worker that
-are in no results file). At the end, after the stack is down: leftover processes (tritonserver, perf_analyzer, the
+Each run ends as one of (OUTCOMES): completed (its results stored in S3), failed cleanly (a final state whose message
+is one line, and a run folder whose manifest says why), failed without a run folder (a one-line message, but nothing
+on the worker or in the store: refused or killed before it made its folder), infrastructure crashed (Prefect's
+"infrastructure exited with non-zero status code": the run's process died, whatever it printed), or lost (no final
+state by the end, a multi-line message or none, a completed run whose results are not in the store). Apart from the
+outcome, each run's lost points: measured (the worker's run folder, else the stored manifest's count) and not in the
+store. At the end, after the stack is down: leftover processes (tritonserver, perf_analyzer, the
 python backend's stubs, the stack's own), shared memory no process maps, port reservations still locked, and the
 device lock's held slots.
 """
@@ -367,11 +370,14 @@ def soak(
     left_shm = sorted(str(r) for r in set(unmapped_regions()) - shm_before)
     left_locks = sorted(set(held_port_locks()) - locks_before)
     leftovers = left_processes + left_shm + left_locks + ([f"device lock: {lock_slots} slots"] if lock_slots else [])
-    counts = {k: sum(r["outcome"] == k for r in table) for k in ("completed", "failed_cleanly", "lost")}
+    counts = outcome_counts(table)
     untouched_failed = sum(not r["faults"] and r["outcome"] != "completed" for r in table)
-    keep = counts["lost"] or untouched_failed
+    keep = counts["lost"] or counts["infrastructure_crashed"] or untouched_failed
     if keep:  # its logs (the workers', the server's, each run's) say what happened
-        progress(f"kept {root} for its logs: {counts['lost']} runs lost, {untouched_failed} untouched runs failed")
+        progress(
+            f"kept {root} for its logs: {counts['lost']} runs lost, {counts['infrastructure_crashed']} crashed, "
+            f"{untouched_failed} untouched runs failed"
+        )
     else:
         shutil.rmtree(root, ignore_errors=True)
     return {
@@ -382,7 +388,6 @@ def soak(
         **counts,
         "lost_runs": counts["lost"],
         "lost_points": sum(r["lost_points"] for r in table),
-        "failed_without_manifest": sum(r["outcome"] == "failed_cleanly" and not r["manifest"] for r in table),
         "untouched_runs": sum(not r["faults"] for r in table),
         "untouched_completed": sum(not r["faults"] and r["outcome"] == "completed" for r in table),
         "leftovers": leftovers,
@@ -406,9 +411,43 @@ def leftovers_now(s: Soak, shm_before: set, locks_before: set) -> list[str]:
     return processes + shm + ([f"device lock: {slots} slots"] if slots else [])
 
 
+OUTCOMES = ("completed", "failed_cleanly", "failed_without_run_folder", "infrastructure_crashed", "lost")
+# Prefect's message when the run's process exited non-zero: not tbench's one line about what went wrong
+INFRASTRUCTURE_CRASH = "infrastructure exited with non-zero status code"
+
+
+def outcome_of(state: str | None, message: str, mine: dict | None, kept: dict | None) -> tuple[str, str]:
+    """A run's outcome (one of OUTCOMES) and why, from its final state and message, its run folder on the worker
+    (`mine`) and its stored copy (`kept`)."""
+    manifest = (mine or kept or {}).get("manifest", {})
+    if state == "COMPLETED":
+        return ("completed", "") if kept is not None else ("lost", "completed, but its results are not in the store")
+    one_line = bool(message.strip()) and "\n" not in message.strip()
+    if state in ("FAILED", "CRASHED") and one_line:
+        if INFRASTRUCTURE_CRASH in message:
+            return "infrastructure_crashed", message
+        if mine is None and kept is None:
+            return "failed_without_run_folder", message
+        if manifest.get("status") not in (None, "running") or mine is None:
+            return "failed_cleanly", message  # the manifest says why (a killed run's, once the next run marked it)
+    folder = "" if mine is not None else " (no run folder on the worker)"
+    return "lost", f"state {state}: {message[:300]}{folder}"
+
+
+def lost_points(mine: dict | None, kept: dict | None) -> int:
+    """Points measured (the worker's run folder, else what the stored manifest counted) and not in the store; a run
+    with no stored copy lost every point it measured."""
+    stored_manifest = (kept or {}).get("manifest", {})
+    measured = mine.get("points", 0) if mine else (stored_manifest.get("points") or {}).get("measured", 0)
+    return max(0, measured - ((kept or {}).get("points") or 0))
+
+
+def outcome_counts(table: list[dict]) -> dict[str, int]:
+    return {k: sum(r["outcome"] == k for r in table) for k in OUTCOMES}
+
+
 def classify(ids, states, local, stored, faults, started) -> list[dict]:
-    """One row per submitted run: its outcome, the faults during its span, and points lost (measured on the worker,
-    where a failed run's folder stays, and not in the store)."""
+    """One row per submitted run: its outcome, the faults during its span, and points lost."""
     epoch_start = time.time() - (time.monotonic() - started)
     rows = []
     for run_id in ids:
@@ -418,28 +457,8 @@ def classify(ids, states, local, stored, faults, started) -> list[dict]:
         during = [
             f.kind for f in faults if begin is not None and begin - 5 <= epoch_start + f.at_s <= end + f.took_s + 5
         ]
-        message = st.get("message", "")
+        outcome, why = outcome_of(st.get("state"), st.get("message", ""), mine, kept)
         manifest = (mine or kept or {}).get("manifest", {})
-        local_points = (mine or {}).get("points", 0)
-        stored_count = (kept or {}).get("points")
-        # measured (the worker's copy, else what the stored manifest counted) and not in the store's results
-        measured = local_points if mine else ((kept or {}).get("manifest", {}).get("points") or {}).get("measured", 0)
-        lost_points = max(0, measured - (stored_count or 0)) if kept else 0
-        if st.get("state") == "COMPLETED":
-            outcome = "completed" if kept is not None else "lost"
-            why = "" if kept is not None else "completed, but its results are not in the store"
-        elif (
-            st.get("state") in ("FAILED", "CRASHED")
-            and message
-            and "\n" not in message.strip()
-            and (manifest.get("status") not in (None, "running") or not mine)
-        ):
-            # one line; the manifest on the worker says why (a killed run's, once the next run marked it), or the run
-            # was refused before it made its folder
-            outcome, why = "failed_cleanly", message if mine else f"refused before its run folder: {message}"
-        else:
-            outcome = "lost"
-            why = f"state {st.get('state')}: {message[:300]}" + ("" if mine else " (no run folder on the worker)")
         rows.append(
             {
                 "flow_run": run_id,
@@ -447,9 +466,10 @@ def classify(ids, states, local, stored, faults, started) -> list[dict]:
                 "outcome": outcome,
                 "why": why,
                 "faults": during,
-                "points_on_worker": local_points,
-                "points_stored": stored_count,
-                "lost_points": lost_points,
+                "points_on_worker": (mine or {}).get("points", 0),
+                "points_stored": (kept or {}).get("points"),
+                "lost_points": lost_points(mine, kept),
+                "run_folder": mine is not None,
                 "manifest": bool(mine or kept),
                 "manifest_status": manifest.get("status"),
                 "manifest_error": str(manifest.get("error") or "")[:300],
