@@ -3,8 +3,9 @@ no traceback, writing nothing. A harness module of benchmarks/soak.py (the recor
 
 Each command line runs as a user runs it (`tbench ...`, its own process, in an empty working folder with its own
 HOME), under a time limit: one that is still running then was not refused (it started a run) and counts as such.
-The forms are what the Prefect UI sends: each is validated as a flow parameter is (pydantic) and resolved as the flow
-resolves it; a form that gets through both was not refused.
+The forms are what the Prefect UI sends to the benchmark, search, capacity, colocated and fleet deployments: each is
+validated as a flow parameter is (pydantic) and resolved as the flow resolves it (a fleet's file read); a form that
+gets through both was not refused, and a refusal counts the lines of its message.
 """
 
 from __future__ import annotations
@@ -126,6 +127,17 @@ def fixtures(root: Path) -> dict[str, Path]:
     np.savez(made["npz_wrong"], nosuch=np.zeros((2, 4), np.float32))
     made["npz_garbage"] = root / "garbage.npz"
     made["npz_garbage"].write_bytes(os.urandom(512))
+    made["fleet_list"] = root / "fleet_list.yaml"  # valid YAML, not a mapping
+    made["fleet_list"].write_text("- a\n- b\n")
+    made["fleet_bad_model"] = root / "fleet_bad_model.yaml"
+    made["fleet_bad_model"].write_text(
+        "models: [{name: a, traffic_rps: -1, slo_ms: 10, sustainable_rps: {cpu: 100}}]\npools: [{name: cpu}]\n"
+    )
+    made["fleet_no_repository"] = root / "fleet_no_repository.yaml"
+    made["fleet_no_repository"].write_text(
+        "models: [{name: a, traffic_rps: 1, slo_ms: 10, sustainable_rps: {cpu: 100}, repository: /nonexistent/repo}]\n"
+        "pools: [{name: cpu, usd_per_hour: 1}]\n"
+    )
     return made
 
 
@@ -214,7 +226,7 @@ def cli_cases(fx: dict[str, Path], rng: random.Random) -> list[tuple[str, list[s
     return cases
 
 
-def form_cases(rng: random.Random) -> list[tuple[str, str, dict]]:
+def form_cases(rng: random.Random, fx: dict[str, Path]) -> list[tuple[str, str, dict]]:
     """(flow, label, form): what a Prefect UI form may hold, wrong."""
     bad_values = {
         "model": ["nosuch", 3, None, ""],
@@ -251,6 +263,40 @@ def form_cases(rng: random.Random) -> list[tuple[str, str, dict]]:
         ("capacity", "capacity pools", {"traffic_rps": 10, "slo_ms": 10, "pools": ["nosuchpool"]}),
         ("capacity", "capacity max points", {"traffic_rps": 10, "slo_ms": 10, "max_points": 0}),
     ]
+    load = {"model": "resnet50", "rate": 10}
+    colocated = {
+        "no loads": {"loads": []},
+        "load without rate or concurrency": {"loads": [{"model": "a"}]},
+        "load with rate and concurrency": {"loads": [{"model": "a", "rate": 10, "concurrency": 2}]},
+        "load without a model": {"loads": [{"model": "", "rate": 1}]},
+        "negative rate": {"loads": [{"model": "a", "rate": -1}]},
+        "load percentile": {"loads": [{**load, "percentile": 42}]},
+        "load slo": {"loads": [{**load, "slo_ms": 0}]},
+        "missing repository": {"loads": [load], "repositories": ["/nonexistent/repo"]},
+        "a file as repository": {"loads": [load], "repositories": [str(fx["text"])]},
+        "server": {"loads": [load], "repositories": [str(fx["folder"])], "server": "cloud"},
+        "port": {"loads": [load], "server_url": "localhost:8001,localhost:8000", "http_port": 70000},
+        "percentile": {"loads": [load], "server_url": "localhost:8001,localhost:8000", "percentile": 42},
+        "loads as text": {"loads": "resnet50:rate=10"},
+        "unknown field": {"loads": [load], "server_url": "localhost:8001,localhost:8000", "nosuch_field": 1},
+    }
+    cases += [("colocated", label, form) for label, form in colocated.items()]
+    fleet = {
+        "no fleet": {},
+        "missing fleet file": {"fleet": "/nonexistent/fleet.yaml"},
+        "fleet file not JSON": {"fleet": str(fx["bad_json"])},
+        "fleet file a folder": {"fleet": str(fx["folder"])},
+        "fleet file not a mapping": {"fleet": str(fx["fleet_list"])},
+        "fleet model's traffic": {"fleet": str(fx["fleet_bad_model"])},
+        "fleet model's repository": {"fleet": str(fx["fleet_no_repository"])},
+        "missing prices": {"fleet": str(fx["fleet_bad_model"]), "prices": "/nonexistent/prices.csv"},
+        "rounds": {"fleet": str(fx["fleet_list"]), "rounds": 0},
+        "child timeout": {"fleet": str(fx["fleet_list"]), "child_timeout_s": -1},
+        "server": {"fleet": str(fx["fleet_list"]), "server": "remote"},
+        "window": {"fleet": str(fx["fleet_list"]), "window_s": 0},
+        "unknown field": {"fleet": str(fx["fleet_list"]), "nosuch_field": 1},
+    }
+    cases += [("fleet", label, form) for label, form in fleet.items()]
     return cases
 
 
@@ -298,27 +344,38 @@ def run_cli(label: str, argv: list[str], work: Path) -> Outcome:
 def run_form(flow: str, label: str, form: dict) -> Outcome:
     from pydantic import ValidationError
 
-    from tbench.capacity.request import CapacityRequest
+    from tbench.capacity.fleet_file import load_fleet
+    from tbench.capacity.request import CapacityRequest, FleetRequest
     from tbench.cli.common import validation_line
     from tbench.core.errors import BenchError
     from tbench.request.benchmark import BenchmarkRequest
+    from tbench.request.colocated import ColocatedRequest
     from tbench.search.request import SearchRequest
 
     outcome = Outcome("form", f"{flow}: {label}")
+    message = ""
     try:
         if flow == "benchmark":
             BenchmarkRequest.model_validate(form).resolve(has_gpu=False)
         elif flow == "search":
             SearchRequest.model_validate(form)
+        elif flow == "colocated":
+            ColocatedRequest.model_validate(form)
+        elif flow == "fleet":  # the flow reads the fleet file first
+            request = FleetRequest.model_validate(form)
+            load_fleet(request.fleet, request.prices)
         else:
             CapacityRequest.model_validate(form)
     except ValidationError as err:
-        outcome.refused, outcome.first_line = True, validation_line(err)[:200]
-    except BenchError as err:
-        outcome.refused, outcome.first_line = True, str(err).splitlines()[0][:200]
+        outcome.refused, message = True, validation_line(err)
+    except BenchError as err:  # the flow run fails with this message
+        outcome.refused, message = True, str(err)
     except Exception as err:  # anything else reaches the user as a traceback in the flow run's log
-        outcome.traceback, outcome.first_line = True, f"{type(err).__name__}: {err}"[:200]
-    outcome.lines = 1 if outcome.refused else 0
+        outcome.traceback, message = True, f"{type(err).__name__}: {err}"
+    # the message's own lines, as the form's user reads them in the flow run's state
+    lines = [line for line in message.splitlines() if line.strip()]
+    outcome.lines = len(lines)
+    outcome.first_line = lines[0][:200] if lines else ""
     return outcome
 
 
@@ -341,7 +398,7 @@ def fuzz(seed: int = 0, workers: int = 2, progress=print) -> dict:
 
         with ThreadPoolExecutor(workers) as pool:
             outcomes = list(pool.map(one, enumerate(cases)))
-        outcomes += [run_form(*case) for case in form_cases(rng)]
+        outcomes += [run_form(*case) for case in form_cases(rng, fx)]
     cli = [o for o in outcomes if o.kind == "cli"]
     return {
         "inputs_tried": len(outcomes),
