@@ -3,11 +3,13 @@
 An option that sets a request field takes its help from that field's description in request/benchmark.py, so what a
 field means is written in one place: the CLI, the Python API and Prefect's parameter form say the same. Where the
 command line spells a value differently from the field (a list as '1,2,4'), a short note follows the description.
-Defaults stay in each command's signature: `run` sends every option, `submit` only the ones given.
+Defaults stay in each command's signature (a group's, ServerOptions' and WindowOptions', in its fields): `run` sends
+every option, `submit` only the ones given.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Annotated
 
 import typer
@@ -115,25 +117,44 @@ def measurement_overrides(window_s: float | None = None, stability: float | None
     return MeasurementOverrides(**given) if given else None
 
 
-def server_fields(
-    server: str | None,
-    server_url: str | None,
-    docker_image: str | None = None,
-    gpus: str | None = None,
-    docker_network: str | None = None,
-    docker_ulimit: list[str] | None = None,
-    http_port: int | None = None,
-    grpc_port: int | None = None,
-) -> dict:
-    """The request's server fields from the server options, as `run` and `search` both pass them."""
-    return dict(
-        server=server,
-        server_url=server_url,
-        docker_image=docker_image,
-        gpus=gpus,
-        docker_network=docker_network,
-        http_port=http_port,
-        grpc_port=grpc_port,
-        # --docker-ulimit none: the empty list, which sets no ulimit at all
-        docker_ulimits=None if not docker_ulimit else [u for u in docker_ulimit if u != "none"],
-    )
+@dataclass(frozen=True)
+class ServerOptions:
+    """Where a run's server is, as `run`, `search` and `capacity` all take it: --server, --server-url, the docker
+    options and the ports (a group: tbench.cli.option_groups)."""
+
+    server: Server = "embedded"
+    server_url: ServerUrl = None
+    docker_image: DockerImage = None
+    gpus: Gpus = None
+    docker_network: DockerNetwork = "host"
+    docker_ulimit: DockerUlimit = None
+    http_port: HttpPort = None
+    grpc_port: GrpcPort = None
+
+    def fields(self) -> dict:
+        """The request's server fields."""
+        return dict(
+            server=self.server,
+            server_url=self.server_url,
+            docker_image=self.docker_image,
+            gpus=self.gpus,
+            docker_network=self.docker_network,
+            http_port=self.http_port,
+            grpc_port=self.grpc_port,
+            # --docker-ulimit none: the empty list, which sets no ulimit at all
+            docker_ulimits=None if not self.docker_ulimit else [u for u in self.docker_ulimit if u != "none"],
+        )
+
+
+@dataclass(frozen=True)
+class WindowOptions:
+    """How perf_analyzer's windows are sized and judged, as `run`, `search` and `submit` take it (a group:
+    tbench.cli.option_groups)."""
+
+    window_s: WindowS = None
+    stability: Stability = None
+    max_trials: MaxTrials = None
+
+    def overrides(self):
+        """The request's measurement: only the fields given (measurement_overrides)."""
+        return measurement_overrides(self.window_s, self.stability, self.max_trials)

@@ -22,13 +22,13 @@ from tbench.cli.common import (
     parse_int_list,
     parse_job_variables,
 )
+from tbench.cli.option_groups import with_option_groups
 from tbench.cli.options import (
     BatchSizes,
     Concurrency,
     Formats,
     Framework,
     InputData,
-    MaxTrials,
     ModelFile,
     ModelOrFile,
     Output,
@@ -39,15 +39,14 @@ from tbench.cli.options import (
     ServerUrl,
     Shape,
     Size,
-    Stability,
     ValueRange,
-    WindowS,
+    WindowOptions,
     field_help,
-    measurement_overrides,
 )
 from tbench.core.errors import ConfigError
 
 
+@with_option_groups
 def submit(
     model: ModelOrFile = None,
     model_file: ModelFile = None,
@@ -67,9 +66,7 @@ def submit(
     scenarios: Scenarios = None,
     trace: str = typer.Option(None, "--trace", help=field_help("trace") + " Uploaded with the run, as a model file."),
     trace_speed: str = typer.Option(None, "--trace-speed", help=field_help("trace_speeds", "e.g. 1,2,4.")),
-    window_s: WindowS = None,
-    stability: Stability = None,
-    max_trials: MaxTrials = None,
+    windows: WindowOptions = WindowOptions(),
     output: Output = None,
     reuse: Reuse = False,
     follow: bool = typer.Option(True, "--follow/--no-follow", help="Follow the run to its end (states and logs)."),
@@ -115,7 +112,7 @@ def submit(
                 trace_speeds=parse_float_list(trace_speed, "trace speeds"),
                 output=output,
                 reuse_measurements=reuse or None,
-                measurement=measurement_overrides(window_s, stability, max_trials),
+                measurement=windows.overrides(),
             ),
         )
         if request.trace:  # read here as the worker will: a bad trace fails here

@@ -18,19 +18,13 @@ from tbench.cli.common import (
     parse_named,
     parse_options,
 )
+from tbench.cli.option_groups import with_option_groups
 from tbench.cli.options import (
     BatchSizes,
     Concurrency,
-    DockerImage,
-    DockerNetwork,
-    DockerUlimit,
     Formats,
     Framework,
-    Gpus,
-    GrpcPort,
-    HttpPort,
     InputData,
-    MaxTrials,
     ModelFile,
     ModelOrFile,
     Output,
@@ -38,23 +32,20 @@ from tbench.cli.options import (
     Reuse,
     Scenarios,
     ServedModel,
-    Server,
-    ServerUrl,
+    ServerOptions,
     Shape,
     Size,
-    Stability,
     ValueRange,
     Verbose,
-    WindowS,
+    WindowOptions,
     field_help,
-    measurement_overrides,
-    server_fields,
 )
 from tbench.core.errors import ConfigError
 from tbench.planning.preflight import preflight
 from tbench.team.prefect_api import start_early
 
 
+@with_option_groups
 def run(
     model: ModelOrFile = None,
     model_file: ModelFile = None,
@@ -105,18 +96,9 @@ def run(
     output: Output = None,
     baseline: str = typer.Option(None, help=field_help("baseline")),
     reuse: Reuse = False,
-    server: Server = "embedded",
-    server_url: ServerUrl = None,
     served_model: ServedModel = None,
-    docker_image: DockerImage = None,
-    gpus: Gpus = None,
-    docker_network: DockerNetwork = "host",
-    docker_ulimit: DockerUlimit = None,
-    http_port: HttpPort = None,
-    grpc_port: GrpcPort = None,
-    window_s: WindowS = None,
-    stability: Stability = None,
-    max_trials: MaxTrials = None,
+    serving: ServerOptions = ServerOptions(),
+    windows: WindowOptions = WindowOptions(),
     trials: int = typer.Option(1, "--trials", metavar="N", help=field_help("trials")),
     pin_cpus: bool = typer.Option(True, "--pin-cpus/--no-pin-cpus", help=field_help("pin_cpus")),
     verbose: Verbose = False,
@@ -162,12 +144,10 @@ def run(
             **_given(output=output),
             baseline=baseline,
             reuse_measurements=reuse,
-            measurement=measurement_overrides(window_s, stability, max_trials),
+            measurement=windows.overrides(),
             trials=trials,
             pin_cpus=pin_cpus,
-            **server_fields(
-                server, server_url, docker_image, gpus, docker_network, docker_ulimit, http_port, grpc_port
-            ),
+            **serving.fields(),
         )
         if served_model:
             preflight(served_model_answers(request))

@@ -20,41 +20,35 @@ from tbench.cli.common import (
     model_file_fields,
     search_space,
 )
+from tbench.cli.option_groups import with_option_groups
 from tbench.cli.options import (
-    DockerImage,
-    DockerNetwork,
-    DockerUlimit,
     Framework,
-    Gpus,
-    GrpcPort,
-    HttpPort,
     InputData,
     Instances,
     MaxBatchSizes,
-    MaxTrials,
     ModelFile,
     ModelOrFile,
     Output,
     Preferred,
     QueueDelaysUs,
     ServedModel,
-    Server,
-    ServerUrl,
+    ServerOptions,
     Shape,
     Size,
     Stability,
     ValueRange,
     Verbose,
+    WindowOptions,
     WindowS,
     field_help,
     measurement_overrides,
-    server_fields,
 )
 from tbench.core.errors import ConfigError
 from tbench.planning.preflight import preflight
 from tbench.team.prefect_api import start_early
 
 
+@with_option_groups
 def search(
     model: ModelOrFile = None,
     model_file: ModelFile = None,
@@ -93,17 +87,8 @@ def search(
         None, help="An interrupted search's run folder (or search.jsonl): measured candidates are not measured again."
     ),
     output: Output = None,
-    server: Server = "embedded",
-    server_url: ServerUrl = None,
-    docker_image: DockerImage = None,
-    gpus: Gpus = None,
-    docker_network: DockerNetwork = "host",
-    docker_ulimit: DockerUlimit = None,
-    http_port: HttpPort = None,
-    grpc_port: GrpcPort = None,
-    window_s: WindowS = None,
-    stability: Stability = None,
-    max_trials: MaxTrials = None,
+    serving: ServerOptions = ServerOptions(),
+    windows: WindowOptions = WindowOptions(),
     verbose: Verbose = False,
 ) -> None:
     """Search MODEL's Triton configuration grid for the best throughput under a p99 budget (or the lowest p99 above a
@@ -115,7 +100,7 @@ def search(
     with cli_errors(EXIT_BAD_OPTIONS, options=True):
         if throughput_floor is not None and p99_budget_ms is not None:
             raise ConfigError("give a p99 budget or a throughput floor, not both")
-        measurement = measurement_overrides(window_s, stability, max_trials)
+        measurement = windows.overrides()
         space = search_space(instances, max_batch_sizes, preferred, queue_delays_us, variants)
         objective = (
             Objective(goal="min_latency", throughput_floor=throughput_floor)
@@ -138,9 +123,7 @@ def search(
             **_given(output=output),
             measurement=measurement,
             formats=list(dict.fromkeys(v.partition(":")[0] for v in space.formats if v)) or None,
-            **server_fields(
-                server, server_url, docker_image, gpus, docker_network, docker_ulimit, http_port, grpc_port
-            ),
+            **serving.fields(),
         )
         from tbench.node import hardware
         from tbench.search.plan import fit_search, resume_checkpoint, search_context, variant_plan
@@ -169,6 +152,7 @@ def search(
     _run_with_progress(lambda: search_flow(request, search_request), "search.md", verbose)
 
 
+@with_option_groups
 def capacity(
     model: ModelOrFile = None,
     model_file: ModelFile = None,
@@ -201,14 +185,7 @@ def capacity(
     size: Size = None,
     framework: Framework = None,
     output: Output = None,
-    server: Server = "embedded",
-    server_url: ServerUrl = None,
-    docker_image: DockerImage = None,
-    gpus: Gpus = None,
-    docker_network: DockerNetwork = "host",
-    docker_ulimit: DockerUlimit = None,
-    http_port: HttpPort = None,
-    grpc_port: GrpcPort = None,
+    serving: ServerOptions = ServerOptions(),
     window_s: WindowS = None,
     stability: Stability = None,
     verbose: Verbose = False,
@@ -247,9 +224,7 @@ def capacity(
             framework=framework,
             **_given(output=output),
             measurement=measurement_overrides(window_s, stability, None),
-            **server_fields(
-                server, server_url, docker_image, gpus, docker_network, docker_ulimit, http_port, grpc_port
-            ),
+            **serving.fields(),
         )
         from tbench.capacity.costs import load_prices
 
