@@ -8,6 +8,7 @@ import importlib.util
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 import time
@@ -295,8 +296,11 @@ def test_results_file_has_a_complete_provenance_block(path):
     missing = [f for f in provenance.FIELDS if p.get(f) in (None, "", [], {}) and f != "dirty"]
     assert not missing, f"{path.name}: provenance lacks {missing}"
     assert isinstance(p["dirty"], bool)
-    script = f"benchmarks/{command.split('benchmarks/')[1].split()[0]}" if path.name in provenance.COMMANDS else ""
-    assert script in p["command"] and p["command"].split()[0].split("/")[-1].startswith("python")
+    # every results file has its command, and the record names that command's script as a word of its own
+    assert path.name in provenance.COMMANDS, f"{path.name}: no command in provenance.COMMANDS writes it"
+    script = f"benchmarks/{command.split('benchmarks/')[1].split()[0]}"
+    words = shlex.split(p["command"])
+    assert script in words and words[0].split("/")[-1].startswith("python"), p["command"]
     assert re.fullmatch(r"[0-9a-f]{40}", p["commit"])
     assert all(p["machine"].get(k) not in (None, "") for k in ("cpu_model", "cpu_cores", "memory_gib", "gpus"))
     assert ISO_UTC.match(p["started"]) and ISO_UTC.match(p["ended"])
