@@ -12,11 +12,10 @@ import os
 from prefect import flow
 from prefect.artifacts import create_markdown_artifact
 
-from flows.matrix import settled
+from flows.matrix import settled, store_parent_run
 from flows.search import run_search
 from flows.served_capacity import served_capacity
 from tasks.matrix_runs import matrix_run
-from tasks.store import store_task
 from tbench.capacity.report import CAPACITY_JSON, PoolAnswer, write_capacity_files
 from tbench.capacity.request import CapacityRequest
 from tbench.core.errors import BenchError
@@ -24,7 +23,7 @@ from tbench.core.layout import RunLayout, new_run_id
 from tbench.core.storage import url_to_fs
 from tbench.node import hardware as hw
 from tbench.request.benchmark import BenchmarkRequest
-from tbench.stages.store import discard_staged, run_url, staging_root
+from tbench.stages.store import staging_root
 from tbench.stages.tracker import RunTracker
 from tbench.team.matrix_runs import children_cancelled_on_interrupt
 
@@ -89,21 +88,15 @@ def _across_pools(request: BenchmarkRequest, capacity: CapacityRequest) -> str:
         layout.report_md.write_text(text)
         create_markdown_artifact(text, key="capacity-report", description="Capacity plan across the pools")
     unfinished = [a for a in answers if a.status == "failed"]
-    with tracker.stage("store"):
-        url = store_task(
-            layout.run_dir,
-            root,
-            layout.run_id,
-            tracker.manifest(
-                request=request.model_dump(mode="json"),
-                capacity=capacity.model_dump(mode="json"),
-                runs=rows,
-                not_finished=len(unfinished),
-                artifact_url=run_url(root, layout.run_id),
-                local_dir=str(layout.run_dir),
-            ),
-        )
-    discard_staged(layout.run_dir, root)  # stored: its report is there, and a worker's disk keeps nothing of it
+    url = store_parent_run(
+        tracker,
+        layout,
+        root,
+        request=request.model_dump(mode="json"),
+        capacity=capacity.model_dump(mode="json"),
+        runs=rows,
+        not_finished=len(unfinished),
+    )
     if unfinished:
         named = ", ".join(f"{a.pool} ({a.reason})" for a in unfinished[:3])
         raise CapacityIncomplete(f"{len(unfinished)} of {len(answers)} pools did not answer: {named}; report: {url}")

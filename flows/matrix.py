@@ -86,6 +86,17 @@ def child_parameters(matrix: MatrixRequest, model: str, fmt: str | None, precisi
     return {"request": request}
 
 
+def store_parent_run(tracker: RunTracker, layout: RunLayout, root: str, **record) -> str:
+    """A run that gathered its children's runs (a matrix, a capacity plan across pools) stored with its manifest
+    (`record`: its own fields), then its staged folder discarded: its report is in the store, and a worker's disk
+    keeps nothing of it. Returns the stored run's URL."""
+    with tracker.stage("store"):
+        manifest = tracker.manifest(**record, artifact_url=run_url(root, layout.run_id), local_dir=str(layout.run_dir))
+        url = store_task(layout.run_dir, root, layout.run_id, manifest)
+    discard_staged(layout.run_dir, root)
+    return url
+
+
 def settled(future, pool: str, model: str, fmt: str | None, precision: str) -> dict:
     """The child's row; a matrix-run task that itself broke (it catches everything it expects) is a row too."""
     outcome = future.result(raise_on_failure=False)
@@ -146,20 +157,9 @@ def matrix_flow(matrix: MatrixRequest = MatrixRequest()) -> str:
         layout.report_md.write_text(text)
         write_html_report(layout.report_md)
         create_markdown_artifact(text, key="matrix-report", description="Cross-GPU comparison of the matrix's runs")
-    with tracker.stage("store"):
-        url = store_task(
-            layout.run_dir,
-            root,
-            layout.run_id,
-            tracker.manifest(
-                matrix=matrix.model_dump(mode="json"),
-                runs=runs,
-                not_finished=len(unfinished),
-                artifact_url=run_url(root, layout.run_id),
-                local_dir=str(layout.run_dir),
-            ),
-        )
-    discard_staged(layout.run_dir, root)  # stored: its report is there, and a worker's disk keeps nothing of it
+    url = store_parent_run(
+        tracker, layout, root, matrix=matrix.model_dump(mode="json"), runs=runs, not_finished=len(unfinished)
+    )
     if unfinished:  # after the store: the report of the children that finished is there
         raise MatrixIncomplete(incomplete_message(unfinished, len(runs), url))
     return url
