@@ -24,6 +24,7 @@ from tbench.core.enums import Format, Scenario
 from tbench.core.errors import PerfAnalyzerError
 from tbench.node import hardware as hw
 from tbench.node.host_load import HostLoad
+from tbench.node.placement import on_client_cpus
 from tbench.planning.run_plan import Exported, RunPlan
 from tbench.request.benchmark import BenchmarkRequest, adapter_for, adapter_notes, plain_name, request_from_argv
 from tbench.results.point_cache import tool_versions
@@ -131,18 +132,34 @@ def _benchmark(plan: RunPlan, adapter, tracker: RunTracker) -> str:
                 require_same_answers(result, model.name)
         identity = server.identity()
         tracker.environment = {"server": identity, "tools": tool_versions(), "model_digests": serving.model_digests}
-        # the point cache is keyed on the inputs sent: one per shape set; read with --reuse, kept by every run
-        caches = [serving.point_cache(identity, s.inputs, read=req.reuse_measurements) for s in shape_sets]
+        # the point cache is keyed on the inputs sent: one per shape set; read with --reuse (never across trials, whose
+        # point is to measure again), kept by every run
+        reuse = req.reuse_measurements and req.trials == 1
+        caches = [serving.point_cache(identity, s.inputs, read=reuse) for s in shape_sets]
         host_load = HostLoad(own=server.processes)  # other processes' CPU, over the measured sweeps only
         tracker.host = host_load.summary  # filled in as it goes: an interrupted run keeps what was seen
         with host_load:
-            for model in measured:
-                tracker.served_on[model.format.value] = model.device.model_dump()
-                for scenario in req.scenarios:
-                    offline = {n: offline_configs[n] for n in model.behind} if scenario is Scenario.OFFLINE else {}
-                    with configs_loaded(server, offline):  # reloaded once for every shape set
-                        for shapes, cache in zip(shape_sets, caches):  # one set unless the user swept shapes
-                            _sweep(plan, tracker, server, model, scenario, shapes, cache, adapter.given_samples)
+            for trial in range(1, req.trials + 1):
+                if trial > 1:  # each trial in a server process of its own: the spread between them is run-to-run
+                    with tracker.stage(f"server-restart-trial{trial}"):
+                        server.stop()
+                        server_task(server)
+                with on_client_cpus(plan.placement, exclude=server.processes()):
+                    for model in measured:
+                        tracker.served_on[model.format.value] = model.device.model_dump()
+                        for scenario in req.scenarios:
+                            _measure_scenario(
+                                plan,
+                                tracker,
+                                server,
+                                model,
+                                scenario,
+                                offline_configs,
+                                shape_sets,
+                                caches,
+                                adapter.given_samples,
+                                trial,
+                            )
     except BaseException as err:
         _finish(tracker, plan, server, error=err)
         raise
@@ -154,9 +171,32 @@ def _benchmark(plan: RunPlan, adapter, tracker: RunTracker) -> str:
     return url
 
 
-def _sweep(plan: RunPlan, tracker: RunTracker, server, model, scenario: Scenario, shapes, cache, samples) -> None:
-    """One format's sweep of one scenario at one shape set: a stage of its own, every point kept as measured."""
-    key = "-".join(filter(None, ("perf", scenario.value, model.format.value, shapes.tag)))
+def _measure_scenario(
+    plan: RunPlan,
+    tracker: RunTracker,
+    server,
+    model,
+    scenario: Scenario,
+    offline_configs,
+    shape_sets,
+    caches,
+    samples,
+    trial: int,
+) -> None:
+    """One format's scenario in one trial, at every shape set, with its offline configs loaded."""
+    offline = {n: offline_configs[n] for n in model.behind} if scenario is Scenario.OFFLINE else {}
+    with configs_loaded(server, offline):  # reloaded once for every shape set
+        for shapes, cache in zip(shape_sets, caches):  # one set unless the user swept shapes
+            _sweep(plan, tracker, server, model, scenario, shapes, cache, samples, trial)
+
+
+def _sweep(
+    plan: RunPlan, tracker: RunTracker, server, model, scenario: Scenario, shapes, cache, samples, trial: int = 1
+) -> None:
+    """One format's sweep of one scenario at one shape set in one trial: a stage of its own, every point kept as
+    measured."""
+    trial_tag = f"trial{trial}" if plan.req.trials > 1 else ""
+    key = "-".join(filter(None, ("perf", scenario.value, model.format.value, shapes.tag, trial_tag)))
     labels = {**model.labels, "shapes": shapes.label}
     with tracker.stage(key):
         perf_task(
@@ -170,7 +210,7 @@ def _sweep(plan: RunPlan, tracker: RunTracker, server, model, scenario: Scenario
             spec=model.spec,
             m=plan.req.measurement,
             layout=tracker.layout,
-            static={**labels, **model.batching(scenario)},
+            static={**labels, **model.batching(scenario), "trial": trial},
             on_row=lambda t: tracker.save_points(key, t),
             gpu_env=plan.gpu_env,  # perf_analyzer's CUDA memory: the server's GPU
             dynamic_max_batch=model.online.dynamic_max_batch if scenario is not Scenario.OFFLINE else 0,
@@ -200,6 +240,8 @@ def _finish(tracker: RunTracker, plan: RunPlan, server, error: BaseException | N
         "guessed_shapes": tracker.guessed_shapes,  # the dims no --shape set: tbench chose them
         "environment": tracker.environment,  # server identity, tool versions, model digests (tbench.history)
         "host": tracker.host,  # other processes' CPU during the sweeps (tbench.node.host_load, tbench.history)
+        "placement": plan.placement.manifest(),  # the server's and the client's CPU sets (tbench.node.placement)
+        "trials": req.trials,
         "artifact_url": run_url(req.output, layout.run_id),
         "local_dir": str(layout.run_dir),
         "flow_run_id": flow_run_id(),

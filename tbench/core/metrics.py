@@ -98,6 +98,7 @@ _MEASUREMENT = {
     "batching": "What the server did with the point's requests: static (offline) or dynamic (the batcher under test)",
     "max_queue_delay_us": "The dynamic batcher's delay the point was served with (0 for static batching)",
     "reused_from": "The run that measured the point when a re-run took it from the point cache (tasks/point_cache.py)",
+    "trial": "Which of the run's trials measured the row (--trials: each trial a fresh server process; 1 otherwise)",
 }
 # What the server did during the point (tasks/monitor.py): Triton's statistics API per request, its largest relative
 # difference from perf_analyzer's server breakdown, the server's CPU (100 = one core) and memory, and GPU metrics.

@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from tbench.core.enums import Format
+from tbench.node.placement import Placement, plan_placement
 from tbench.request.benchmark import PYTHON_BACKEND_RUNTIMES
 from tbench.results.point_cache import PointCache, file_digest, tool_versions
 from tbench.triton.repository import ACCELERATOR_LABELS, RUNTIME_MODEL, ServingConfig
@@ -28,7 +29,15 @@ def server_options(req, hardware=None) -> dict:
     }.get(req.server, {})
     if hardware is not None and (gpu_env := pinned_env(req.server, hardware)):
         options["gpu_env"] = gpu_env
+    if req.server != "remote":
+        options["placement"] = placement_for(req)
     return {k: v for k, v in options.items() if v is not None}
+
+
+def placement_for(req) -> Placement:
+    """The run's CPU sets (tbench.node.placement): pinned unless the request says not to (requests without the field,
+    a search's or a capacity plan's, are pinned)."""
+    return plan_placement(pin=getattr(req, "pin_cpus", True))
 
 
 def offline_shared_memory(req, hardware, strings: bool = False) -> str:
@@ -69,7 +78,7 @@ def serving_config(req, hardware, fmt, device: ServedOn, name: str | None = None
         max_queue_delay_us=req.max_queue_delay_us,
         instances=req.model_instances,
         kind=device.kind,
-        intra_op_threads=max(1, hardware.cpu_cores // req.model_instances),
+        intra_op_threads=placement_for(req).server_threads(req.model_instances, hardware.cpu_cores),
     )
 
 

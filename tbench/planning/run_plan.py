@@ -19,10 +19,12 @@ from tbench.core.precision import results_precision
 from tbench.loadgen.arrivals import with_intervals
 from tbench.loadgen.perf_analyzer import PerfInputs, Point
 from tbench.node.hardware import Hardware
+from tbench.node.placement import Placement
 from tbench.planning.plan import (
     accelerator_label,
     confirm_devices,
     offline_shared_memory,
+    placement_for,
     plan_devices,
     point_cache,
     server_options,
@@ -84,6 +86,11 @@ class RunPlan:
     def tolerances(self) -> tuple[float, float]:
         """(atol, rtol): how far a converted or served model's outputs may be from the source model's."""
         return self.req.tolerance_atol, self.req.tolerance_rtol
+
+    @property
+    def placement(self) -> Placement:
+        """The server's and the client's CPU sets (tbench.node.placement)."""
+        return placement_for(self.req)
 
     @property
     def server_options(self) -> dict:

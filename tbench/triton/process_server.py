@@ -23,6 +23,7 @@ import psutil
 from tbench.core.errors import ServerStartError
 from tbench.node import containers, procs, shm, tools
 from tbench.node import ports as loopback
+from tbench.node.placement import Placement, cpu_list
 from tbench.triton.monitor import METRICS_INTERVAL_MS
 from tbench.triton.server import PortTakenError, ServerEndpoints, TritonServer, one_line
 from tbench.triton.trace import TRACE_FILE, RequestTrace, trace_args
@@ -48,8 +49,10 @@ class ProcessServer(TritonServer):
         grpc_port: int | None = None,
         start_timeout_s: float = 180.0,
         model_control: str = "all",
+        placement: Placement = Placement(),
     ):
         super().__init__(repository, log_path, start_timeout_s)
+        self.placement = placement  # the server's CPU set (tbench.node.placement): its stubs inherit it
         # "all": every model of the repository loaded at start; "explicit": none (loaded through the client). Both
         # run Triton in explicit model-control mode, so a model can be reloaded with another config (offline points).
         self.model_control = model_control
@@ -113,6 +116,10 @@ class ProcessServer(TritonServer):
     @abstractmethod
     def argv(self) -> list[str]: ...
 
+    def launch_argv(self) -> list[str]:
+        """The command as started: on the placement's server CPUs."""
+        return self.placement.wrap(self.argv())
+
     def env(self) -> dict[str, str]:
         return dict(os.environ)
 
@@ -125,7 +132,7 @@ class ProcessServer(TritonServer):
         while True:
             self._before_launch()
             self.proc = procs.start(
-                self.argv(),
+                self.launch_argv(),
                 self.log_path,
                 env=self.env(),
                 container=self._container_record(),
@@ -401,6 +408,9 @@ class DockerServer(ProcessServer):
         self.image, self.gpus, self.network, self.ulimits, self.docker = image, gpus, network, list(ulimits), docker
         self.container = f"tbench-triton-{uuid.uuid4().hex[:8]}"
 
+    def launch_argv(self) -> list[str]:
+        return self.argv()
+
     def processes(self) -> list[psutil.Process]:
         """The container's processes as this host sees them (for CPU and memory readings)."""
         return containers.processes(self.docker, self.container) if self.alive() else []
@@ -410,6 +420,8 @@ class DockerServer(ProcessServer):
 
     def argv(self) -> list[str]:
         argv = [self.docker, "run", "--rm", "--name", self.container, "--ipc=host"]
+        if self.placement.pinned:  # the container's processes on the server's CPUs (taskset would pin the CLI only)
+            argv += ["--cpuset-cpus", cpu_list(self.placement.server)]
         for limit in self.ulimits:
             argv += ["--ulimit", limit]
         if self.gpus and self.gpus != "none":  # with GPUs, offline points use CUDA shared memory
