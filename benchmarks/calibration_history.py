@@ -28,6 +28,16 @@ Measured (shares over planted regressions that the detector confirmed on some ni
 - recent_runs_3_never_alerted: what the rule before (a change is news while its start is among the newest 3 runs)
   would have missed, for comparison.
 
+Lost points (tbench.history.lost): a point served (ok) for several nights, then, from a night drawn so that at least
+3 follow, behind, error, unstable, undetermined, client-bound or absent (not measured while the sweep's other point
+is) to the last night, replayed night by night from the night before the loss through
+tbench.history.analysis.judge_points (what `analyse` runs on the stored points):
+- lost_point_never_exit_0: the night that lost it exits 1 or 2, never 0;
+- lost_point_exit_as_rule: 1 where the point now fails its rule (behind, error), 2 where its status cannot say;
+- lost_point_alerted_once: told exactly once, on the night that lost it, not on the nights it stays lost;
+- lost_point_named: that night's summary line names the point, its status and its error text;
+- lost_point_alerts_before_the_loss: alerts about the point on the night before the loss, when it was served.
+
 Usage: .venv/bin/python benchmarks/calibration_history.py [--seed 0] [--scale 1.0]   (prints the JSON; writes nothing)
 `calibrate()` is what benchmarks/calibration.py imports.
 """
@@ -50,9 +60,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # change_detection and
 
 from change_detection import measured_noise, simulate  # noqa: E402
 
+from tbench.core.metrics import OK, POINT_STATUSES, RESULT_COLUMNS  # noqa: E402
 from tbench.history import attribute, detect  # noqa: E402
-from tbench.history.analysis import EXIT_CODES, MIN_RUNS, History, judge_series  # noqa: E402
-from tbench.history.series import METRICS, Series  # noqa: E402
+from tbench.history.analysis import EXIT_CODES, MIN_RUNS, History, judge_points, judge_series  # noqa: E402
+from tbench.history.lost import ABSENT, FAILED, LostPoint  # noqa: E402
+from tbench.history.series import METRICS, Series, point_name  # noqa: E402
 
 NIGHTS = 24  # night-by-night replay costs ~nights^2 detections: long enough for a 13-run confirmation lag
 STEPS = (0.07, 0.10, 0.20)
@@ -66,6 +78,9 @@ METRIC = {"throughput": METRICS[0], "latency": METRICS[2]}  # throughput, p99 la
 ONNXRUNTIME = "tool versions: onnxruntime"
 OTHER_CPU = attribute.NUMERIC["host.other_cpu_pct.mean"][0]
 DATES = pd.date_range("2026-11-01", periods=NIGHTS, freq="D", tz="UTC")
+LOST_STATUSES = (*(s for s in POINT_STATUSES if s != OK), ABSENT)
+LOST_PER_STATUS = 5  # sweeps per status at scale 1: each night's judgement reads every point (~0.1 s)
+LOST_ERROR = "the lost point's error text"
 
 
 @dataclass
@@ -227,6 +242,75 @@ def _exactly_once(p: Planted) -> bool:
     return p.alerts == [p.confirmed_on] and p.exit_on_confirming_night == 1
 
 
+def _sim_key(concurrency: int) -> dict:
+    return {
+        "model": "sim", "model_size": "small", "gpu": "CPU", "format": "onnx", "precision": "fp32",
+        "scenario": "online", "batch_size": 1, "concurrency": concurrency, "request_rate": None,
+        "request_distribution": None, "shapes": None, "input_data": None,
+    }  # fmt: skip
+
+
+def _lost_points_frame(rng, status: str, lost_from: int, noise: dict) -> pd.DataFrame:
+    """The stored points of one sweep over NIGHTS nights: the point at concurrency 1, served until `lost_from` and then
+    `status` (ABSENT: not measured), and one at concurrency 2 served every night, with our runs' noise."""
+    rows = []
+    for concurrency in (1, 2):
+        values, reported, _, _ = simulate(rng, "throughput", noise, NIGHTS, 0.0, outliers=True)
+        for night in range(NIGHTS):
+            now = status if concurrency == 1 and night >= lost_from else OK
+            if now == ABSENT:
+                continue
+            row = dict.fromkeys(RESULT_COLUMNS, np.nan)
+            row.update(
+                _sim_key(concurrency), status=now, error=None if now == OK else LOST_ERROR,
+                throughput_infer_per_s=values[night] if now == OK else np.nan, p50_ms=4000 / values[night],
+                p99_ms=6000 / values[night], throughput_cv=reported[night], latency_cv=reported[night],
+                run_id=f"night{night:02d}", started_at=DATES[night],
+            )  # fmt: skip
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def lost_points(rng, noise: dict, per_status: int) -> dict:
+    """Each status a served point can be lost to, replayed night by night (module docstring)."""
+    outcomes: dict[str, list[dict]] = {status: [] for status in LOST_STATUSES}
+    alerts_before = 0
+    for status in LOST_STATUSES:
+        for _ in range(per_status):
+            lost_from = int(rng.integers(2, NIGHTS - 3))  # served 2+ nights, lost for 4+
+            points = _lost_points_frame(rng, status, lost_from, noise)
+            alerted, exit_code, summary = [], None, ""
+            for night in range(lost_from, NIGHTS + 1):  # the night before the loss, the loss and the nights after
+                stored = points[points["started_at"] < DATES[night - 1] + pd.Timedelta(hours=1)]
+                history = judge_points(stored, {}, root="simulated")
+                news = history.news(f"night{night - 1:02d}")
+                told = [a for a in news if isinstance(a, LostPoint) and a.key["concurrency"] == 1]
+                if told and night - 1 < lost_from:
+                    alerts_before += 1
+                alerted += [night - 1] * len(told)
+                if night - 1 == lost_from:
+                    exit_code, summary = EXIT_CODES[history.verdict], history.summary()
+            named = point_name(_sim_key(1)) in summary and f"lost, {status} in run" in summary
+            outcomes[status].append(
+                {
+                    "never_exit_0": exit_code != 0,
+                    "exit_as_rule": exit_code == (1 if status in FAILED else 2),
+                    "alerted_once": alerted == [lost_from],
+                    "named": named and (status == ABSENT or LOST_ERROR in summary),
+                }
+            )
+    every = [o for found in outcomes.values() for o in found]
+    return {
+        "lost_point_never_exit_0": _share(every, lambda o: o["never_exit_0"]),
+        "lost_point_exit_as_rule": _share(every, lambda o: o["exit_as_rule"]),
+        "lost_point_alerted_once": _share(every, lambda o: o["alerted_once"]),
+        "lost_point_named": _share(every, lambda o: o["named"]),
+        "lost_point_alerts_before_the_loss": alerts_before,
+        "lost_point_alerted_once_by_status": {s: _share(o, lambda o: o["alerted_once"]) for s, o in outcomes.items()},
+        "lost_points": len(every),
+    }
+
+
 def calibrate(seed: int = 0, scale: float = 1.0) -> dict:
     started = time.monotonic()
     rng = np.random.default_rng(seed)
@@ -250,6 +334,9 @@ def calibrate(seed: int = 0, scale: float = 1.0) -> dict:
     kept = [p for p in confirmed if p.found_at_end]  # attribution is judged where the last night still has the change
     neighbours = [p for p in kept if p.case.startswith("neighbour")]
     reverts = [p for p in confirmed if p.revert_named is not None]
+    lost_started = time.monotonic()
+    lost = lost_points(rng, noise, max(1, round(LOST_PER_STATUS * scale)))
+    lost_seconds = round(time.monotonic() - lost_started, 1)
     history = {
         "alerted_share": _share(confirmed, _exactly_once),
         "never_alerted": _share(confirmed, lambda p: not p.alerts),
@@ -282,6 +369,7 @@ def calibrate(seed: int = 0, scale: float = 1.0) -> dict:
         "confirmation_lag_runs": {str(k): v for k, v in sorted(lags.items())},
         # the rule before: news while the change's index is among the newest 3 runs, on the night that confirms it
         "recent_runs_3_never_alerted": _share(confirmed, lambda p: p.confirmed_index < p.confirmed_on - 3),
+        **lost,
     }
     return {
         "rules": {"history": history},
@@ -300,6 +388,9 @@ def calibrate(seed: int = 0, scale: float = 1.0) -> dict:
                 "other_cpu_pct": {"idle": list(IDLE_OTHER_CPU), "neighbour": list(NEIGHBOUR_OTHER_CPU)},
                 "step_night": f"uniform in [{detect.MIN_SIZE}, {NIGHTS} - 3] (- 6 where a later event follows)",
                 "match": "a finding placed within min_size = 3 nights of the planted step",
+                "lost_points": f"{max(1, round(LOST_PER_STATUS * scale))} sweeps per status {list(LOST_STATUSES)}: "
+                f"a point served from night 1, lost from a night in [2, {NIGHTS} - 4] to the last, beside one served "
+                f"every night ({lost_seconds} s)",
                 "seed": seed,
                 "scale": scale,
                 "seconds": round(time.monotonic() - started, 1),
@@ -320,6 +411,8 @@ def calibrate(seed: int = 0, scale: float = 1.0) -> dict:
                 "reconfirm_lookback_runs": detect.RECONFIRM_LOOKBACK,
                 "other_cpu_moved_pct": attribute.OTHER_CPU_MOVED_PCT,
                 "exit_codes": EXIT_CODES,
+                "lost_point_fails": list(FAILED),
+                "lost_point_module": "tbench.history.lost (tbench.history.analysis.judge_points)",
             }
         },
     }

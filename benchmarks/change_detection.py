@@ -19,8 +19,10 @@ reports in a series without a step is a false alarm (per 100 series-nights: chan
 changes elsewhere in a series with a step are counted apart ("extra_changes_per_100_series_nights").
 
 Also measured, not the headline: the same with outlier nights (each night, with probability 2%, 10-25% off, either
-way: a noisy neighbour); the newest-run verdict (judge_latest) night by night: how many nights after a step it first
-flags it, and how many nights without a change it flags (confirmed changes and single-run candidates apart); and the
+way: a noisy neighbour); the newest-run verdict (`judge`, what the history takes) night by night: how many nights
+after a step it first flags it (a change it newly confirms, or a candidate, of the step's sign within min_size nights
+of it: judge may first place a change up to a segment off), and how many nights without a change it flags (newly
+confirmed changes and candidates apart); and the
 trade-off behind the defaults on fewer series (`sensitivity`: looser p-values, the window CV as a value's noise).
 
 Usage: .venv/bin/python benchmarks/change_detection.py [--series 5000] [--nights 30] [--seed 0] [--sizes all]
@@ -145,8 +147,8 @@ def detection(rng, noise: dict, series: int, nights: int, outliers: bool = False
 
 
 def newest_run(rng, noise: dict, series: int, nights: int, step: float = 0.1, outliers: bool = False) -> dict:
-    """judge_latest night by night (each night's run judged against the nights before it, from night 2 x min_size):
-    nights flagged in series without a change, and for a planted step the first night it is flagged."""
+    """judge night by night (each night's run judged against the nights before it, from night 2 x min_size): nights
+    flagged in series without a change, and for a planted step the first night it is flagged."""
     first = 2 * detect.MIN_SIZE
     flagged = {"confirmed": 0, "candidate": 0}
     judged = 0
@@ -155,20 +157,17 @@ def newest_run(rng, noise: dict, series: int, nights: int, step: float = 0.1, ou
         for _ in range(series):
             values, reported, _, _ = simulate(rng, kind, noise, nights, 0.0, outliers)
             for t in range(first, nights + 1):
-                verdict = detect.judge_latest(values[:t], reported[:t])
+                verdict = detect.judge(values[:t], reported[:t])
                 judged += 1
-                if verdict is not None:
-                    flagged["confirmed" if verdict.confirmed else "candidate"] += 1
+                flagged["confirmed"] += bool(verdict.new)
+                flagged["candidate"] += verdict.candidate is not None
         for _ in range(series):
             values, reported, at, signed = simulate(rng, kind, noise, nights, step, outliers)
             delay = None
             for t in range(max(first, at + 1), nights + 1):
-                verdict = detect.judge_latest(values[:t], reported[:t])
-                if (
-                    verdict is not None
-                    and abs(verdict.index - at) <= 1
-                    and np.sign(verdict.relative) == np.sign(signed)
-                ):
+                verdict = detect.judge(values[:t], reported[:t])
+                told = [*verdict.new, *([verdict.candidate] if verdict.candidate else [])]
+                if any(abs(c.index - at) <= detect.MIN_SIZE and np.sign(c.relative) == np.sign(signed) for c in told):
                     delay = t - 1 - at  # 0: flagged by the run on the step's own night
                     break
             delays.append(delay)
@@ -211,7 +210,7 @@ def main() -> None:
     parser.add_argument(
         "--sizes", default="all", help='model sizes whose run-to-run spread is used, e.g. "resnet50 full,tiny file"'
     )
-    parser.add_argument("--newest-series", type=int, default=1000, help="series per kind for the judge_latest part")
+    parser.add_argument("--newest-series", type=int, default=1000, help="series per kind for the newest-run part")
     args = parser.parse_args()
     sizes = None if args.sizes == "all" else {s.strip() for s in args.sizes.split(",") if s.strip()}
     noise = measured_noise(sizes)

@@ -1,7 +1,8 @@
 """After a run is stored: its model's history judged and the static site refreshed (tbench.history), a link to the site
-on the flow run's page, and, where the newest run confirmed a regression, a Prefect event that an automation can act
-on (`tbench.history.regressed`): once per change, from the run that confirms it, however late (History.news). A
-history that cannot be read or written is a warning, never the run's failure."""
+on the flow run's page, and, where the newest run confirmed a regression or lost a point a run before it served
+(behind, error, unstable, not measured), a Prefect event that an automation can act on (`tbench.history.regressed`):
+once per change, from the run that confirms it, however late, and once per lost point, from the run that lost it
+(History.news). A history that cannot be read or written is a warning, never the run's failure."""
 
 from __future__ import annotations
 
@@ -33,10 +34,10 @@ def history_task(root_url: str, model: str, run_id: str) -> str | None:
         index, link_text=f"History of {model}", key=HISTORY_LINK_KEY, description="Every series of the model, judged"
     )
     news = judged.news(run_id)
-    for finding in news:
-        logger.warning("regression: %s", finding.line())
+    for told in news:  # a regression's line says "regression", a lost point's "lost"
+        logger.warning("history: %s", told.line())
     if news:
-        emit_regressed(model, run_id, index, [f.line() for f in news])
+        emit_regressed(model, run_id, index, [told.line() for told in news])
     return index
 
 

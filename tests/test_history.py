@@ -16,9 +16,18 @@ import pandas as pd
 import pytest
 from browser import headless_chromium, needs_chromium
 
-from tbench.core.metrics import RESULT_COLUMNS
-from tbench.history.analysis import EXIT_CODES, MIN_RUNS, REGRESSION, UNDETERMINED, analyse
+from tbench.core.metrics import OK, POINT_STATUSES, RESULT_COLUMNS
+from tbench.history.analysis import (
+    EXIT_CODES,
+    MIN_RUNS,
+    NO_REGRESSION,
+    REGRESSION,
+    UNDETERMINED,
+    Finding,
+    analyse,
+)
 from tbench.history.attribute import OTHER_CPU_MOVED_PCT, differences
+from tbench.history.lost import ABSENT, FAILED, LostPoint
 from tbench.history.series import build_series, load_points
 from tbench.history.site import write_site
 from tbench.results.dataset import add_run_to_dataset
@@ -34,18 +43,29 @@ def store_run(
     instances: int,
     onnxruntime: str = "1.32.0",
     other_cpu_pct: float | None = None,
+    status: str = OK,
+    error: str | None = None,
+    others: tuple[int, ...] = (),
 ) -> str:
     started = dt.datetime(2026, 11, 1, 2, 0, tzinfo=dt.UTC) + dt.timedelta(days=night)
     run_id = f"tiny-{started:%Y%m%d-%H%M%S}-{night:06x}"
     run_dir = root / run_id
     run_dir.mkdir(parents=True)
-    row = {c: np.nan for c in RESULT_COLUMNS}
-    row.update(
-        model="tiny", model_size="file", gpu="CPU", format="onnx", precision="fp32", scenario="online",
-        batch_size=1, concurrency=4, request_distribution=None, status="ok", throughput_infer_per_s=throughput,
-        p50_ms=4000 / throughput, p99_ms=6000 / throughput, throughput_cv=0.01, latency_cv=0.01,
-    )  # fmt: skip
-    pd.DataFrame([row]).to_parquet(run_dir / "results.parquet")
+    rows = []
+    # the point at concurrency 4 with `status` (ABSENT: not measured), and ok points at the concurrencies `others`
+    for concurrency, point_status in ((4, status), *((c, OK) for c in others)):
+        if point_status == ABSENT:
+            continue
+        row = {c: np.nan for c in RESULT_COLUMNS}
+        served = point_status == OK
+        row.update(
+            model="tiny", model_size="file", gpu="CPU", format="onnx", precision="fp32", scenario="online",
+            batch_size=1, concurrency=concurrency, request_distribution=None, status=point_status,
+            error=None if served else error, throughput_infer_per_s=throughput if served else np.nan,
+            p50_ms=4000 / throughput, p99_ms=6000 / throughput, throughput_cv=0.01, latency_cv=0.01,
+        )  # fmt: skip
+        rows.append(row)
+    pd.DataFrame(rows, columns=RESULT_COLUMNS).to_parquet(run_dir / "results.parquet")
     manifest = {
         "run_id": run_id,
         "status": "completed",
@@ -265,3 +285,62 @@ def test_too_few_runs_are_undetermined_not_no_regression(tmp_path):
     assert "not enough runs" in history.summary()
     store_run(tmp_path, MIN_RUNS - 1, 1000, 2)
     assert analyse(str(tmp_path)).verdict not in (UNDETERMINED, REGRESSION)  # flat, and long enough to judge
+
+
+BEHIND_ERROR = "served 61.2 of 100 req/s"  # the kind of reason a point behind its rate stores
+
+
+def test_a_point_lost_by_the_newest_run_is_a_regression_told_once_on_that_run(tmp_path):
+    """Eight nights served, then two behind: the first is a regression (exit 1) whose summary names the point, its
+    status and its error, told once; the second, still behind, is no news and no longer gates."""
+    told, codes, summaries = {}, {}, {}
+    for night in range(10):
+        status = "behind" if night >= 8 else OK
+        run_id = store_run(tmp_path, night, 1000 * jitter(night), 2, status=status, error=BEHIND_ERROR, others=(2,))
+        history = analyse(str(tmp_path))  # as the nightly history stage judges the run just stored
+        told[night], summaries[night] = history.news(run_id), history.summary()
+        codes[night] = EXIT_CODES[history.verdict]
+    assert [n for n, news in told.items() if news] == [8]
+    (lost,) = told[8]
+    assert isinstance(lost, LostPoint) and lost.status == "behind" and lost.fails
+    assert lost.last_ok_run.endswith("000007") and lost.lost_run.endswith("000008")
+    assert codes[8] == EXIT_CODES[REGRESSION] == 1 and codes[9] == EXIT_CODES[NO_REGRESSION] == 0
+    assert "tiny file · onnx fp32 · CPU · online concurrency 4: lost, behind in run" in summaries[8]
+    assert BEHIND_ERROR in summaries[8] and "lost" not in summaries[9]
+    (still,) = history.lost  # the night after: shown, not told
+    assert not still.new and still.lost_run == lost.lost_run and "still behind in run" in still.line()
+    throughput = next(s for s in history.series if s.metric.label == "throughput" and s.key["concurrency"] == 4)
+    assert len(throughput.runs) == 8  # a series holds the nights that served the point
+
+
+@pytest.mark.parametrize("status", [*(s for s in POINT_STATUSES if s != OK), ABSENT])
+def test_a_lost_point_never_passes_exit_1_when_it_fails_its_rule_else_2(tmp_path, status):
+    for night in range(3):
+        store_run(tmp_path, night, 1000 * jitter(night), 2, others=(2,))
+    run_id = store_run(tmp_path, 3, 1000, 2, status=status, error="boom" if status == "error" else None, others=(2,))
+    history = analyse(str(tmp_path))
+    (lost,) = history.news(run_id)
+    assert lost.status == status and lost.new
+    assert EXIT_CODES[history.verdict] == (1 if status in FAILED else 2)
+    assert f"concurrency 4: lost, {status} in run {run_id}" in history.summary()
+    assert ("boom" in history.summary()) == (status == "error")
+
+
+def test_a_regression_told_before_the_point_was_lost_is_not_told_again(tmp_path):
+    """A drop confirmed by night 11, then the point errors on night 12: the newest run's news is the lost point alone
+    (the series' newest run is night 11, whose news the nightly stage told then)."""
+    for night in range(12):
+        confirming = store_run(tmp_path, night, (850 if night >= 9 else 1000) * jitter(night), 2, others=(2,))
+    assert any(isinstance(a, Finding) for a in analyse(str(tmp_path)).news(confirming))
+    run_id = store_run(tmp_path, 12, 850, 2, status="error", error="model failed to load", others=(2,))
+    history = analyse(str(tmp_path))
+    assert [type(a) for a in history.news(run_id)] == [LostPoint] and history.alerts == history.news(run_id)
+    assert history.verdict == REGRESSION and any(f.regression for f in history.findings)  # still on the site
+
+
+def test_the_site_lists_the_points_lost(tmp_path):
+    for night in range(4):
+        store_run(tmp_path, night, 1000, 2, status=OK if night < 3 else "unstable", others=(2,))
+    write_site(analyse(str(tmp_path)), tmp_path / "site")
+    page = (tmp_path / "site" / "regressions.html").read_text()
+    assert "Points lost" in page and "online concurrency 4" in page and "unstable" in page

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
-from tbench.history.detect import MIN_SIZE, detect_changes, judge, judge_latest, series_noise
+from tbench.history.detect import MIN_SIZE, detect_changes, judge, run_to_run_cv, series_noise
 
 SEEDS = range(5)
 
@@ -47,8 +49,9 @@ def test_a_step_with_two_runs_after_it_is_not_confirmed_one_run_early():
     assert detect_changes(before + after, cv) == []
     (change,) = detect_changes([*before, *after, 112.5], [*cv, 0.01])
     assert change.index == 5 and change.relative == pytest.approx(-0.72, abs=0.01)
-    latest = judge_latest(before + after, cv)
-    assert latest is not None and not latest.confirmed and latest.index == 5  # shown as a candidate, not gated
+    judged = judge(before + after, cv)
+    assert judged.new == [] and judged.candidate is not None  # shown as a candidate, not gated
+    assert not judged.candidate.confirmed and judged.candidate.index == 5
 
 
 def test_a_night_within_its_own_noise_is_no_outlier_in_a_steady_series():
@@ -108,39 +111,72 @@ def test_nan_values_are_skipped_and_indexes_count_them():
 def test_short_series_and_noise_free_series():
     assert detect_changes([]) == [] and detect_changes([1.0, 2.0, 3.0]) == []
     flat = np.full(20, 5.0)
-    assert detect_changes(flat) == [] and judge_latest(flat) is None
+    assert detect_changes(flat) == [] and judge(flat).new == [] and judge(flat).candidate is None
     stepped = np.r_[np.full(10, 5.0), np.full(10, 6.0)]
     (c,) = detect_changes(stepped)
     assert c.index == 10 and c.relative == pytest.approx(0.2)
     assert series_noise(np.array([1.0, 1.0])) == 0.0
 
 
-def test_judge_latest_flat_series_and_unknown_newest_value():
+def test_judge_a_flat_series_and_an_unknown_newest_value_say_nothing():
     values = noisy(25, 0.03, 4)
-    assert judge_latest(values, 0.03) is None
-    assert judge_latest(np.r_[values, np.nan], 0.03) is None
+    for series in (values, np.r_[values, np.nan]):
+        judged = judge(series, 0.03)
+        assert judged.changes == [] and judged.new == [] and judged.candidate is None
 
 
 @pytest.mark.parametrize("seed", SEEDS)
-def test_judge_latest_a_single_newest_run_is_a_candidate_only_far_outside(seed):
+def test_judge_a_single_newest_run_is_a_candidate_only_far_outside(seed):
     history = noisy(20, 0.02, seed)
-    assert judge_latest(np.r_[history, 1000 * 1.06], 0.02) is None  # 3 sigma: could be a noisy night
-    far = judge_latest(np.r_[history, 1000 * 0.70], 0.02)  # 15 sigma
-    assert far is not None and not far.confirmed and far.index == 20 and far.relative < -0.2
+    assert judge(np.r_[history, 1000 * 1.06], 0.02).candidate is None  # 3 sigma: could be a noisy night
+    far = judge(np.r_[history, 1000 * 0.70], 0.02)  # 15 sigma
+    assert far.new == [] and far.candidate is not None
+    assert not far.candidate.confirmed and far.candidate.index == 20 and far.candidate.relative < -0.2
 
 
 @pytest.mark.parametrize("seed", SEEDS)
-def test_judge_latest_confirms_a_step_once(seed):
+def test_judge_confirms_a_step_once_night_by_night(seed):
     values = noisy(30, 0.02, seed)
     values[20:] *= 0.88
-    verdicts = {t: judge_latest(values[:t], 0.02) for t in range(12, 31)}
-    assert all(v is None for t, v in verdicts.items() if t <= 20)  # nothing before the step
-    flagged = {t: v for t, v in verdicts.items() if v is not None}
-    confirmed = [t for t, v in flagged.items() if v.confirmed]
-    assert len(confirmed) == 1 and confirmed[0] <= 23  # by the third run after it, and reported once
-    for v in flagged.values():
-        assert abs(v.index - 20) <= 1 and v.relative < 0
+    verdicts = {t: judge(values[:t], 0.02) for t in range(12, 31)}
+    assert all(not v.new and v.candidate is None for t, v in verdicts.items() if t <= 20)  # nothing before the step
+    confirmed = [t for t, v in verdicts.items() if v.new]
+    assert len(confirmed) == 1 and confirmed[0] <= 23  # by the third run after it, and told once
+    for v in verdicts.values():
+        for change in [*v.new, *([v.candidate] if v.candidate else [])]:
+            assert abs(change.index - 20) <= 1 and change.relative < 0
     assert [c.index for c in detect_changes(values, 0.02)] == [20]
+
+
+def test_run_to_run_cv_is_the_robust_spread_of_successive_nights():
+    assert math.isnan(run_to_run_cv([])) and math.isnan(run_to_run_cv([1000.0, np.nan, 1010.0]))
+    assert run_to_run_cv([1000.0, 1000.0, 1000.0]) == 0.0
+    values = noisy(400, 0.04, 7)
+    assert run_to_run_cv(values) == pytest.approx(0.04, rel=0.15)
+    stepped = values.copy()
+    stepped[200:] *= 0.8  # a step moves one successive difference: the spread stays the nights'
+    stepped[[50, 300]] *= 1.5  # and odd nights two each
+    assert run_to_run_cv(stepped) == pytest.approx(run_to_run_cv(values), rel=0.1)
+    assert run_to_run_cv(values) == pytest.approx(series_noise(values / np.median(values)))
+
+
+def alternating(n: int, spread: float) -> np.ndarray:
+    """Nights alternately `spread` above and below 1000: a night-to-night spread with no randomness."""
+    return 1000 * (1 + spread * np.where(np.arange(n) % 2, 1.0, -1.0))
+
+
+def test_the_series_spread_sets_the_floor_not_the_runs_window_cv():
+    """Runs whose windows are steady (1% CV) in a series that moves 4% either way night to night (a spread of about
+    8.4%): a 7% step is within one night's spread, whatever the windows say, even where 100 nights on each side make
+    it significant; in a steady series it is a change."""
+    for spread, found in ((0.04, False), (0.002, True)):
+        values = alternating(200, spread)
+        values[100:] *= 1.07
+        assert (run_to_run_cv(values[:100]) > 0.07) != found  # one night's spread against the step
+        assert bool(detect_changes(values, np.full(200, 0.01))) == found
+        nightly = alternating(30, spread)
+        nightly[15:] *= 1.07
+        assert bool([c for t in range(16, 31) for c in judge(nightly[:t], np.full(t, 0.01)).new]) == found
 
 
 # eight steady nights, a 10% drop, and two odd nights among the five after it: the third run after the step is not

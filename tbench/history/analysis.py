@@ -1,19 +1,25 @@
 """A history judged: every series of an artifact root (tbench.history.series) run through the change detector
 (tbench.history.detect), each change attributed from the manifests of its neighbouring segments
 (tbench.history.attribute), and a verdict a scheduled run or a CI job can gate on: a regression that a series' newest
-run confirmed. Each change is news once, on the run that confirms it; the runs after it see it as history."""
+run confirmed, or a point that a sweep's newest run lost (tbench.history.lost: it served the point before and no
+longer does). Each change and each lost point is news once, on the run that confirms or loses it; the runs after it see
+it as history."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import pandas as pd
+
 from tbench.history.attribute import Difference, differences
 from tbench.history.detect import MIN_SIZE, Change, judge
+from tbench.history.lost import LostPoint, lost_points, newest_runs, sweep_of
 from tbench.history.series import Series, build_series, load_points
 
 MIN_RUNS = 2 * MIN_SIZE  # a series shorter than this cannot hold a confirmed change: it cannot be judged yet
 NO_HISTORY, NO_REGRESSION, REGRESSION, UNDETERMINED = "no history", "no regression", "regression", "undetermined"
-# undetermined: no series has MIN_RUNS runs yet; like compare's "not comparable", a gate must not read it as a pass
+# undetermined: no series has MIN_RUNS runs yet, or the newest run lost a point with a status that cannot say why
+# (unstable, undetermined, absent); like compare's "not comparable", a gate must not read it as a pass
 EXIT_CODES = {NO_REGRESSION: 0, REGRESSION: 1, NO_HISTORY: 0, UNDETERMINED: 2}
 
 
@@ -53,20 +59,23 @@ class History:
     series: list[Series]
     findings: list[Finding] = field(default_factory=list)
     runs: int = 0
+    lost: list[LostPoint] = field(default_factory=list)  # points a sweep served and its newest run did not
 
     @property
     def regressions(self) -> list[Finding]:
         return [f for f in self.findings if f.regression]
 
     @property
-    def alerts(self) -> list[Finding]:
-        """The confirmed regressions that their series' newest run confirmed: what the verdict gates on."""
-        return [f for f in self.findings if f.regression and f.new and not f.candidate]
+    def alerts(self) -> list[Finding | LostPoint]:
+        """What the verdict gates on: the confirmed regressions that their series' newest run confirmed, and the
+        points their sweep's newest run lost."""
+        regressions = [f for f in self.findings if f.regression and f.new and not f.candidate]
+        return [*regressions, *(p for p in self.lost if p.new)]
 
-    def news(self, run_id: str) -> list[Finding]:
-        """The confirmed regressions `run_id` confirmed, each told once: on a later run it is no longer news, and a
-        series that `run_id` did not measure has nothing new to say."""
-        return [f for f in self.alerts if f.newest_run == run_id]
+    def news(self, run_id: str) -> list[Finding | LostPoint]:
+        """The confirmed regressions `run_id` confirmed and the points it lost, each told once: on a later run it is
+        no longer news, and a series that `run_id` did not measure has nothing new to say."""
+        return [a for a in self.alerts if a.newest_run == run_id]
 
     @property
     def too_short(self) -> list[Series]:
@@ -75,21 +84,27 @@ class History:
 
     @property
     def verdict(self) -> str:
-        """A regression that a series' newest run confirmed; a candidate (the newest run alone, which cannot tell a
-        step from an odd night) is shown, not gated on; no series long enough to judge is "undetermined"."""
+        """A regression that a series' newest run confirmed, or a point the newest run lost that now fails its rule;
+        undetermined where the newest run lost a point it cannot say why, or no series is long enough to judge. A
+        candidate (the newest run alone, which cannot tell a step from an odd night) is shown, not gated on."""
         if not self.series:
             return NO_HISTORY
-        if self.alerts:
+        alerts = self.alerts
+        if any(isinstance(a, Finding) or a.fails for a in alerts):
             return REGRESSION
-        return UNDETERMINED if len(self.too_short) == len(self.series) else NO_REGRESSION
+        if alerts or len(self.too_short) == len(self.series):
+            return UNDETERMINED
+        return NO_REGRESSION
 
     def summary(self) -> str:
-        """The verdict in one line, with why where the runs cannot decide."""
+        """The verdict in one line, with why where the runs cannot decide, and each point the newest runs lost."""
         line = f"{self.verdict}: {len(self.series)} series over {self.runs} runs"
-        if self.verdict == UNDETERMINED:
-            return line + f" (not enough runs: every series has fewer than {MIN_RUNS}, the fewest to confirm a change)"
         short = len(self.too_short)
-        return line + (f" ({short} not judged yet: fewer than {MIN_RUNS} runs)" if short else "")
+        if self.series and short == len(self.series):
+            line += f" (not enough runs: every series has fewer than {MIN_RUNS}, the fewest to confirm a change)"
+        elif short:
+            line += f" ({short} not judged yet: fewer than {MIN_RUNS} runs)"
+        return "; ".join([line, *(p.line() for p in self.lost if p.new)])
 
 
 def _is_regression(series: Series, change: Change) -> bool:
@@ -119,9 +134,22 @@ def judge_series(series: Series, manifests: dict[str, dict], min_effect: float =
 
 
 def analyse(root: str, model: str | None = None, gpu: str | None = None, min_effect: float = 0.05) -> History:
-    """Every series under `root` (optionally one model's, one GPU's), its changes and what differed at each."""
+    """Every series under `root` (optionally one model's, one GPU's), its changes and what differed at each, and the
+    points the newest runs lost."""
     points, manifests = load_points(root, model=model, gpu=gpu)
-    history = History(root=root, series=build_series(points), runs=len(manifests))
+    return judge_points(points, manifests, root=root, min_effect=min_effect)
+
+
+def judge_points(points: pd.DataFrame, manifests: dict[str, dict], root: str = "", min_effect: float = 0.05) -> History:
+    """The history of `points` (load_points: every status) judged: each series (judge_series) and the lost points.
+    A change confirmed by a series' newest run is new only where that run is its sweep's newest: a run that then
+    lost the point has its own news (the point lost), and the change was told on the run that confirmed it."""
+    history = History(root=root, series=build_series(points), runs=len(manifests), lost=lost_points(points))
+    newest = newest_runs(points)
     for series in history.series:
-        history.findings += judge_series(series, manifests, min_effect=min_effect)
+        findings = judge_series(series, manifests, min_effect=min_effect)
+        if newest.get(sweep_of(series.key)) != series.runs["run_id"].iloc[-1]:
+            for finding in findings:
+                finding.new = False
+        history.findings += findings
     return history

@@ -10,7 +10,9 @@ The rule
    - the series' night-to-night spread, robustly: sigma = 1.4826 * median(|successive differences|) / sqrt(2) of the
      values over their median (the MAD of first differences; a step moves one difference, an outlier two, so neither
      inflates it). This is the between-run (night-to-night) variance, which holds more than a run's own windows
-     show (server start, clocks, neighbours): the noise used is never below it, so the detector does not flood on it;
+     show (server start, clocks, neighbours): the noise used is never below it (in the penalty, the t-test's
+     variance, the outlier test and the effect threshold alike), so steady windows cannot call a step that the
+     series' own nights scatter by. `run_to_run_cv` gives it for any point's values;
    - each value's own standard error: its window CV / sqrt(`noise_windows`) (perf_analyzer reports the mean of its
      last 3 stable windows, tbench.loadgen.perf_analyzer.STABLE_WINDOWS). Taking the CV itself would overstate it:
      our logs' window CVs are 3.7-4.9% (throughput) while repeated runs of one point spread by 0.8-4.9%, and 10%
@@ -42,7 +44,7 @@ The rule
      significant. A step in runs with 10% window CV has to be 10%; in runs with 1% it has to be 5%.
    With `min_size` 3, a change is confirmed by at least three runs after it, and a single outlier (or two) cannot
    be a segment of its own, so it is never a change.
-4. **The newest run** (`judge`, and `judge_latest` for the newest change alone): a change is news on the run that
+4. **The newest run** (`judge`): a change is news on the run that
    confirms it (the run that makes step 3 find it, whenever that is: 3 runs after the step, or 4 to 13 in a noisy
    series or one with an odd night among them) and on no other: a change that no judgement of the series without
    its newest run had (nor, for one that came and went, of the `RECONFIRM_LOOKBACK` runs before). Before that, the
@@ -96,7 +98,7 @@ class Change:
     after: float  # mean of the segment after it (up to the next change; outlier nights left out)
     relative: float  # (after - before) / before
     p_value: float  # the t-test that confirmed it (single newest run: the lookback t / z-score's)
-    confirmed: bool = True  # False: the newest run(s) only, fewer than min_size (judge_latest)
+    confirmed: bool = True  # False: the newest run(s) only, fewer than min_size (judge's candidate)
 
 
 @dataclass(frozen=True)
@@ -113,6 +115,18 @@ def series_noise(y: np.ndarray) -> float:
     if len(y) < 2:
         return 0.0
     return float(1.4826 * np.median(np.abs(np.diff(y))) / math.sqrt(2))
+
+
+def run_to_run_cv(values: Sequence[float] | np.ndarray) -> float:
+    """The between-run spread of one point, relative to its level: `series_noise` of its finite values over their
+    median (a step or an odd night moves one or two successive differences, so neither inflates it). NaN for fewer
+    than 3 finite values (two give one difference: a spread of one pair says nothing robust) or a zero median."""
+    v = np.asarray(values, dtype=float).ravel()
+    v = v[np.isfinite(v)]
+    if len(v) < 3:
+        return math.nan
+    level = float(np.median(np.abs(v)))
+    return series_noise(v / level) if level > 0 else math.nan
 
 
 def _prepare(values, noise) -> _Prepared:
@@ -289,43 +303,6 @@ def detect_changes(
     return [_change(p, t) for t in _detect(p, opts)]
 
 
-def judge_latest(
-    values: Sequence[float] | np.ndarray,
-    noise: Sequence[float] | np.ndarray | float | None = None,
-    *,
-    min_effect: float = MIN_EFFECT,
-    alpha: float = ALPHA,
-    min_size: int = MIN_SIZE,
-    noise_factor: float = NOISE_FACTOR,
-    penalty: float = PENALTY,
-    noise_windows: int = NOISE_WINDOWS,
-    outlier_z: float | None = OUTLIER_Z,
-    candidate_z: float = CANDIDATE_Z,
-) -> Change | None:
-    """Whether the newest value starts (or confirms) a change against the series' history.
-
-    - A confirmed change (as detect_changes finds it) that the series without its newest value did not have
-      (none within one index of it): the newest run confirms it. It is returned with ``confirmed=True``.
-    - Otherwise the newest k < `min_size` values against the runs since the last confirmed change: the two newest
-      values each beyond the effect threshold, the same way, with a t-test p <= `alpha`, or the newest value alone
-      beyond the threshold and at least `candidate_z` standard deviations out: returned with ``confirmed=False``, a
-      candidate that the next runs confirm or not.
-    - None when the newest value is not finite, or nothing is new.
-    """
-    opts = _options(min_effect, alpha, min_size, noise_factor, penalty, noise_windows, outlier_z)
-    v, nz = _arrays(values, noise)
-    if len(v) == 0 or not np.isfinite(v[-1]):
-        return None
-    p = _prepare(v, nz)
-    tests = _detect(p, opts)
-    if tests:
-        earlier = _detect(_prepare(v[:-1], None if nz is None else nz[:-1]), opts)
-        last = tests[-1]
-        if all(abs(t.index - last.index) > 1 for t in earlier):  # compressed indexes agree: v[-1] is finite
-            return _change(p, last)
-    return _candidate(p, tests, opts, candidate_z)
-
-
 @dataclass(frozen=True)
 class Judgement:
     """A series judged as of its newest value (`judge`)."""
@@ -414,7 +391,7 @@ def _not_seen_before(v, nz, changes: list[Change], opts: dict, lookback: int) ->
 
 
 def _candidate(p: _Prepared, tests: list[_Test], opts: dict, candidate_z: float) -> Change | None:
-    """The newest k < min_size values far off the runs since the last confirmed change (judge_latest's second case)."""
+    """The newest k < min_size values far off the runs since the last confirmed change (judge's candidate)."""
     n = len(p.y)
     start = tests[-1].index if tests else 0
     for k in range(min(opts["min_size"] - 1, n - 1), 0, -1):

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from tbench.core.measured import SYNTHETIC
+from tbench.core.metrics import OK
 from tbench.core.storage import join, url_to_fs
 from tbench.results.dataset import query_results
 
@@ -54,6 +55,28 @@ METRICS = [
 ]
 
 
+def point_load(key: dict) -> str:
+    """The load of a point (SERIES_KEYS -> value): 'batch 8', 'concurrency 4' or 'rate 50/s poisson'."""
+    if pd.notna(key.get("request_rate")):
+        return f"rate {key['request_rate']:g}/s {key.get('request_distribution') or ''}".strip()
+    if key.get("scenario") == "offline":
+        return f"batch {int(key['batch_size'])}"
+    batch = f", batch {int(key['batch_size'])}" if key["batch_size"] != 1 else ""
+    return f"concurrency {int(key['concurrency'])}{batch}"
+
+
+def measured_at(key: dict) -> list[str]:
+    """The shapes and input data a point was measured at, where they were recorded."""
+    return [str(key[k]) for k in ("shapes", "input_data") if key.get(k) and pd.notna(key[k])]
+
+
+def point_name(key: dict) -> str:
+    """A point in words: model and size · format, precision and GPU · scenario and load (· shapes, input data)."""
+    served = f"{key['format']} {key['precision']} · {key['gpu']}"
+    load = " · ".join([f"{key['scenario']} {point_load(key)}", *measured_at(key)])
+    return f"{key['model']} {key['model_size']} · {served} · {load}"
+
+
 @dataclass
 class Series:
     key: dict  # SERIES_KEYS -> value
@@ -64,27 +87,17 @@ class Series:
     @property
     def point(self) -> str:
         """The load of the point: 'batch 8', 'concurrency 4' or 'rate 50/s poisson'."""
-        k = self.key
-        if pd.notna(k.get("request_rate")):
-            return f"rate {k['request_rate']:g}/s {k.get('request_distribution') or ''}".strip()
-        if k.get("scenario") == "offline":
-            return f"batch {int(k['batch_size'])}"
-        return f"concurrency {int(k['concurrency'])}" + (
-            f", batch {int(k['batch_size'])}" if k["batch_size"] != 1 else ""
-        )
+        return point_load(self.key)
 
     @property
     def measured_at(self) -> list[str]:
         """The shapes and input data the point was measured at, where they were recorded (not for a fixed-shape model
         on synthetic data)."""
-        return [str(self.key[k]) for k in ("shapes", "input_data") if self.key.get(k) and pd.notna(self.key[k])]
+        return measured_at(self.key)
 
     @property
     def name(self) -> str:
-        k = self.key
-        served = f"{k['format']} {k['precision']} · {k['gpu']}"
-        load = " · ".join([f"{k['scenario']} {self.point}", *self.measured_at])
-        return f"{k['model']} {k['model_size']} · {served} · {load} · {self.metric.label}"
+        return f"{point_name(self.key)} · {self.metric.label}"
 
     @property
     def slug(self) -> str:
@@ -113,32 +126,45 @@ def read_manifests(root: str, run_ids: list[str]) -> dict[str, dict]:
 
 
 def load_points(root: str, model: str | None = None, gpu: str | None = None) -> tuple[pd.DataFrame, dict[str, dict]]:
-    """The ok points of every complete stored run (tbench.results.dataset) and the runs' manifests, each point with its
-    run's start time (`started_at`)."""
+    """Every point of every complete stored run (tbench.results.dataset), whatever its status (a point a run lost is
+    news: tbench.history.lost), and the runs' manifests, each point with its run's start time (`started_at`)."""
     points = query_results(root, model=model, gpu=gpu)
     if points.empty:
         return points, {}
-    points = points[points["status"] == "ok"].copy()
     manifests = read_manifests(root, sorted(points["run_id"].unique()))
     started = {run_id: m.get("started_at") for run_id, m in manifests.items()}
-    points["started_at"] = pd.to_datetime(points["run_id"].map(started), utc=True, errors="coerce")
+    points = points.assign(started_at=pd.to_datetime(points["run_id"].map(started), utc=True, errors="coerce"))
     points = points.dropna(subset=["started_at"])
-    for column in ("throughput_cv", "latency_cv", *SERIES_KEYS):
+    for column in ("status", "error", "throughput_cv", "latency_cv", *SERIES_KEYS):
         if column not in points.columns:
             points[column] = pd.NA
     return points, manifests
 
 
+def served(points: pd.DataFrame) -> pd.Series:
+    """Which points their run served (status ok); a point stored before the status column, by its measured
+    throughput (as tbench compare reads such runs)."""
+    measured = points["throughput_infer_per_s"].notna() if "throughput_infer_per_s" in points else True
+    status = points["status"] if "status" in points else pd.Series(pd.NA, index=points.index)
+    return (status == OK).fillna(False) | (status.isna() & measured)
+
+
+def keyed_points(points: pd.DataFrame) -> pd.DataFrame:
+    """`points` with SERIES_KEYS comparable across runs: missing values as None, and synthetic input data as what
+    runs stored before the label measured (one series across the upgrade)."""
+    keyed = points.assign(**{k: points[k].astype(object).where(points[k].notna(), None) for k in SERIES_KEYS})
+    keyed["input_data"] = keyed["input_data"].where(keyed["input_data"] != SYNTHETIC, None)
+    return keyed
+
+
 def build_series(points: pd.DataFrame, metrics: list[Metric] = METRICS) -> list[Series]:
-    """Every series in `points` (load_points), each metric of each point, its runs oldest first (one value per run:
-    the median where a run measured the point more than once)."""
+    """Every series of the points their runs served (load_points, `served`), each metric of each point, its runs oldest
+    first (one value per run: the median where a run measured the point more than once)."""
+    points = points[served(points)] if not points.empty else points
     if points.empty:
         return []
     found = []
-    keyed = points.assign(**{k: points[k].astype(object).where(points[k].notna(), None) for k in SERIES_KEYS})
-    # synthetic data is what runs stored before the label measured: one series across the upgrade
-    keyed["input_data"] = keyed["input_data"].where(keyed["input_data"] != SYNTHETIC, None)
-    for key_values, rows in keyed.groupby(SERIES_KEYS, dropna=False, sort=True):
+    for key_values, rows in keyed_points(points).groupby(SERIES_KEYS, dropna=False, sort=True):
         key = dict(zip(SERIES_KEYS, key_values))
         for metric in metrics:
             per_run = (

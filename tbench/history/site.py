@@ -1,6 +1,7 @@
 """The history as a static site that needs no server (`tbench history ROOT --output DIR`): an index of every series
 with its newest value and trend, one page per model with each series' plot (changes marked, each run's noise as an
-error bar) and a table of its runs linked to their reports, and a page of the regressions with what differed.
+error bar) and a table of its runs linked to their reports, and a page of the regressions with what differed and the
+points the runs lost (tbench.history.lost).
 
 Written into a local folder, or into the artifact root itself (any fsspec URL) next to the runs it links to.
 """
@@ -114,6 +115,10 @@ def write_site(history: History, out: Path) -> Path:
     if history.too_short:
         verdict += f" {len(history.too_short)} series have fewer than {MIN_RUNS} runs: not enough to confirm a change."
     verdict += "</p>"
+    if history.lost:
+        verdict += (
+            f'<p class="bad">{len(history.lost)} points lost: see <a href="regressions.html">Regressions</a>.</p>'
+        )
     models_list = " ".join(f'<a href="{_model_page(m)}">{html.escape(m)}</a>' for m in models)
     index = _page(
         "Benchmark history",
@@ -161,8 +166,23 @@ def write_site(history: History, out: Path) -> Path:
         if regressions
         else "<p>No regression detected.</p>"
     )
-    (out / "regressions.html").write_text(_page("Regressions", body))
+    (out / "regressions.html").write_text(_page("Regressions", body + _lost_table(history)))
     return out / "index.html"
+
+
+def _lost_table(history: History) -> str:
+    if not history.lost:
+        return ""
+    rows = [
+        [
+            html.escape(p.name),
+            f'<span class="bad">{html.escape(p.status)}</span>' + (f"<br>{html.escape(p.error)}" if p.error else ""),
+            _run_link(history.root, p.last_ok_run) + " → " + _run_link(history.root, p.lost_run),
+            "lost by the newest run" if p.new else f"still lost in {_run_link(history.root, p.newest_run)}",
+        ]
+        for p in history.lost
+    ]
+    return "<h2>Points lost</h2>" + _table(["Point", "Status now", "Ok → lost", "When"], rows)
 
 
 def publish_site(history: History, target: str) -> str:
