@@ -45,7 +45,7 @@ The rule
    With `min_size` 3, a change is confirmed by at least three runs after it, and a single outlier (or two) cannot
    be a segment of its own, so it is never a change.
 4. **The newest run** (`judge`): a change is news on the run that
-   confirms it (the run that makes step 3 find it, whenever that is: 3 runs after the step, or 4 to 13 in a noisy
+   confirms it (the run that makes step 3 find it, whenever that is: 3 runs after the step, or more in a noisy
    series or one with an odd night among them) and on no other: a change that no judgement of the series without
    its newest run had (nor, for one that came and went, of the `RECONFIRM_LOOKBACK` runs before). Before that, the
    newest 1 or 2 runs (fewer than `min_size`) are a *candidate* (``confirmed=False``) when they lie far outside the
@@ -338,7 +338,7 @@ def judge(
     A change is new when no earlier run's judgement had it: not the series without its newest value, and, for a
     change that came and went (confirmed, then lost to a later odd night, then confirmed again), none of the
     `lookback` runs before either. So each change is news exactly once, on the run that confirms it, however many
-    runs after the step that takes (4 to 13 in noisy series), and never again on the runs after."""
+    runs after the step that takes (more in noisy series), and never again on the runs after."""
     opts = _options(min_effect, alpha, min_size, noise_factor, penalty, noise_windows, outlier_z)
     v, nz = _arrays(values, noise)
     p = _prepare(v, nz)
