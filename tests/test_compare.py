@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import shutil
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -38,8 +39,29 @@ from tbench.results.compare import (
 )
 
 GOLDEN = Path(__file__).parent / "golden"
-BASELINE = GOLDEN / "compare" / "dlrm_cpu_baseline"
+RECORDED = GOLDEN / "compare" / "dlrm_cpu_baseline"
+
+
+def _with_window_requests(golden: Path, requests: int = 1000) -> Path:
+    """The golden run as today's runs record it: it predates `window_requests`, and its own request counts per window
+    (as few as 32 at batch 1024) leave its best point's p99 undetermined, which the tests of the other rules must not
+    hinge on (test_golden_run_p99_rests_on_its_own_request_counts checks the golden as recorded)."""
+    run = Path(tempfile.mkdtemp(prefix="tbench-golden-")) / golden.name
+    shutil.copytree(golden, run)
+    results = pd.read_csv(run / "results.csv")
+    results["window_requests"] = requests
+    results.to_csv(run / "results.csv", index=False)
+    return run
+
+
+BASELINE = _with_window_requests(RECORDED)
 TPUT = "throughput_infer_per_s"
+
+
+def windows_only(baseline, candidate, **kw):
+    """The windows' rule alone: runs stated not to move from one server process to the next (--run-cv 0), as the
+    tests of that rule need; the run-to-run rule has tests of its own (tests/test_run_noise.py)."""
+    return compare_runs(baseline, candidate, run_cv=0.0, **kw)
 
 
 def make_run(
@@ -94,6 +116,7 @@ RATE_POINT = {
     TPUT: 100.0,
     "p99_ms": 5.68,
     "avg_ms": 4.0,
+    "window_requests": 1000.0,  # a p99 over 3,000 requests: enough to decide (MIN_P99_REQUESTS)
 }
 STEADY = [(99.0, 3860.0), (100.0, 4000.0), (101.0, 4140.0)]
 
@@ -181,8 +204,8 @@ def test_missing_logs_fall_back_to_assumed_noise(tmp_path):
     assert cand.results["noise_assumed"].all()
     assert (cand.results["throughput_cv"] == compare.DEFAULT_NOISE).all()
     assert (cand.results["noise_note"] == "no perf_analyzer log").all()
-    c = compare_runs(BASELINE, cand)
-    assert c.verdict == NO_CHANGE and c.points["noise_assumed"].all()
+    c = windows_only(BASELINE, cand)  # no windows to tell how far a point moves: never a pass
+    assert c.verdict == UNDETERMINED and verdict_exit_code(c) == 2 and c.points["noise_assumed"].all()
     b1024 = c.points.set_index("batch_size").loc[1024]
     assert b1024["throughput_noise"] == pytest.approx(math.hypot(0.0416207, 0.05), abs=1e-6)
     assert "noise assumed" in comparison_markdown(c)
@@ -192,14 +215,14 @@ def test_missing_logs_fall_back_to_assumed_noise(tmp_path):
 
 
 def test_identical_runs_no_significant_change():
-    c = compare_runs(BASELINE, BASELINE)
+    c = windows_only(BASELINE, BASELINE)
     assert c.verdict == NO_CHANGE and verdict_exit_code(c) == 0
     assert set(c.points["verdict"]) == {WITHIN} and len(c.points) == 4 and c.unmatched.empty
     assert c.summary.startswith("no significant change against the baseline: offline best 63346 -> 63346 infer/s")
 
 
 def test_throughput_scaled_by_08_is_a_regression_at_the_right_points(tmp_path):
-    c = compare_runs(BASELINE, make_run(tmp_path, "slow", scaled(0.8)))
+    c = windows_only(BASELINE, make_run(tmp_path, "slow", scaled(0.8)))
     assert c.verdict == REGRESSION and verdict_exit_code(c) == 1
     # -20 % exceeds 3 x the combined noise only where the windows were steady: b1024 (sqrt(2) x 4.16 % -> 17.7 %),
     # not b64/b256/b2048 (9-11 % noise -> 27-34 %); b1024 is the offline best point, so the run regresses
@@ -210,14 +233,14 @@ def test_throughput_scaled_by_08_is_a_regression_at_the_right_points(tmp_path):
         "slower than the baseline: offline best 63346 -> 50677 infer/s (-20.0%, noise ±5.9%); 1 of 4 points slower"
     )
     # halved: every point beyond its noise
-    half = compare_runs(BASELINE, make_run(tmp_path, "half", scaled(0.5)))
+    half = windows_only(BASELINE, make_run(tmp_path, "half", scaled(0.5)))
     assert set(verdicts(half).values()) == {SLOWER} and half.summary.endswith("4 of 4 points slower")
 
 
 def test_majority_of_points_slower_regresses_even_if_the_best_point_holds(tmp_path):
     quiet = quiet_windows(1.0)  # 1 % windows: combined 1.4 %, threshold max(5 %, 4.2 %) = 5 %
     base = make_run(tmp_path, "base", windows=quiet)
-    c = compare_runs(
+    c = windows_only(
         base, make_run(tmp_path, "cand", scaled(0.9, where=lambda df: df["batch_size"] != 1024), windows=quiet)
     )
     assert verdicts(c) == {64: SLOWER, 256: SLOWER, 1024: WITHIN, 2048: SLOWER}
@@ -225,7 +248,7 @@ def test_majority_of_points_slower_regresses_even_if_the_best_point_holds(tmp_pa
 
 
 def test_improvement_is_symmetric(tmp_path):
-    c = compare_runs(BASELINE, make_run(tmp_path, "fast", scaled(1.25)))
+    c = windows_only(BASELINE, make_run(tmp_path, "fast", scaled(1.25)))
     assert verdicts(c) == {64: WITHIN, 256: WITHIN, 1024: FASTER, 2048: WITHIN}
     assert c.verdict == IMPROVEMENT and verdict_exit_code(c) == 0
     assert c.summary.startswith("faster than the baseline: offline best 63346 -> 79183 infer/s (+25.0%")
@@ -237,12 +260,12 @@ def test_two_percent_drop_with_three_percent_noise_is_within_noise(tmp_path):
     assert load_run(base).results["throughput_cv"].tolist() == pytest.approx([0.03] * 4)
     cand = make_run(tmp_path, "cand", scaled(0.98), windows=noisy)
     # even with no minimum effect the 2 % drop stays inside 3 x sqrt(2) x 3 % = 12.7 %
-    c = compare_runs(base, cand, min_effect=0.0)
+    c = windows_only(base, cand, min_effect=0.0)
     assert set(c.points["throughput_verdict"]) == {WITHIN} and c.verdict == NO_CHANGE
     assert c.points["throughput_noise"].tolist() == pytest.approx([math.hypot(0.03, 0.03)] * 4)
     # the same drop measured with steady windows (0.1 %) is real
     steady = quiet_windows(0.1)
-    c2 = compare_runs(
+    c2 = windows_only(
         make_run(tmp_path, "b2", windows=steady),
         make_run(tmp_path, "c2", scaled(0.98), windows=steady),
         min_effect=0.01,
@@ -251,14 +274,14 @@ def test_two_percent_drop_with_three_percent_noise_is_within_noise(tmp_path):
 
 
 def test_p99_latency_rule(tmp_path):
-    c = compare_runs(BASELINE, make_run(tmp_path, "lat", scaled(1.5, column="p99_ms")))
+    c = windows_only(BASELINE, make_run(tmp_path, "lat", scaled(1.5, column="p99_ms")))
     # +50 % is beyond 3 x sqrt(2) x 5-8 % (these older results have no window_requests: p99 takes the windows' CV)
     lat = {int(p["batch_size"]): p["latency_verdict"] for _, p in c.points.iterrows()}
     assert lat == {64: HIGHER_LATENCY, 256: HIGHER_LATENCY, 1024: HIGHER_LATENCY, 2048: HIGHER_LATENCY}
     assert set(c.points["throughput_verdict"]) == {WITHIN}
     assert c.verdict == REGRESSION and verdict_exit_code(c) == 1
     assert c.summary == (
-        "higher latency than the baseline: p99 latency 30 -> 45 ms (+50.0%, noise ±6.9%) at offline batch 1024 "
+        "higher latency than the baseline: p99 latency 30 -> 45 ms (+50.0%, noise ±7.9%) at offline batch 1024 "
         "concurrency 1; 0 of 4 points slower, 4 with higher latency"
     )
     assert "higher p99 latency" in comparison_markdown(c)
@@ -267,7 +290,7 @@ def test_p99_latency_rule(tmp_path):
 def test_rate_point_whose_p99_doubles_at_the_offered_rate_is_a_regression(tmp_path):
     # the user's case: two busy processes beside the server; it still serves the 100 req/s offered, p99 5.68 -> 11 ms
     base, busy = rate_run(tmp_path, "base"), rate_run(tmp_path, "busy", {"p99_ms": 11.0})
-    c = compare_runs(base, busy)
+    c = windows_only(base, busy)
     p = c.points.iloc[0]
     assert p["throughput_verdict"] == WITHIN and p["p99_verdict"] == HIGHER_LATENCY and p["avg_verdict"] == WITHIN
     assert p["latency_noise"] == pytest.approx(math.hypot(0.035, 0.035)) and p["latency_threshold"] == pytest.approx(
@@ -286,13 +309,15 @@ def test_rate_point_whose_p99_doubles_at_the_offered_rate_is_a_regression(tmp_pa
 
     from tbench.cli import app
 
-    result = CliRunner().invoke(app, ["compare", str(base), str(busy), "--output", str(tmp_path / "out")])
+    result = CliRunner().invoke(
+        app, ["compare", str(base), str(busy), "--run-cv", "0", "--output", str(tmp_path / "out")]
+    )
     assert result.exit_code == 1 and result.output.startswith("higher latency than the baseline: p99 latency")
 
 
 def test_unchanged_rate_repeat_is_no_significant_change(tmp_path):
     again = rate_run(tmp_path, "again", {TPUT: 99.8, "p99_ms": 5.9, "avg_ms": 4.1})  # +3.9 %, +2.5 %: within 14.8 %
-    c = compare_runs(rate_run(tmp_path, "base"), again)
+    c = windows_only(rate_run(tmp_path, "base"), again)
     assert c.verdict == NO_CHANGE and verdict_exit_code(c) == 0
     assert c.summary == (
         "no significant change against the baseline: rate best 100 -> 99.8 infer/s (-0.2%, noise ±1.4%), "
@@ -301,7 +326,7 @@ def test_unchanged_rate_repeat_is_no_significant_change(tmp_path):
 
 
 def test_mean_latency_up_is_a_regression(tmp_path):
-    c = compare_runs(rate_run(tmp_path, "base"), rate_run(tmp_path, "slow", {"avg_ms": 5.0}))  # +25 %, p99 unchanged
+    c = windows_only(rate_run(tmp_path, "base"), rate_run(tmp_path, "slow", {"avg_ms": 5.0}))  # +25 %, p99 unchanged
     assert c.points.iloc[0]["p99_verdict"] == WITHIN and c.points.iloc[0]["avg_verdict"] == HIGHER_LATENCY
     assert c.verdict == REGRESSION and verdict_exit_code(c) == 1
     assert c.summary.startswith(
@@ -311,33 +336,33 @@ def test_mean_latency_up_is_a_regression(tmp_path):
 
 def test_lower_latency_is_an_improvement_only_when_both_fall(tmp_path):
     base = rate_run(tmp_path, "base")
-    both = compare_runs(base, rate_run(tmp_path, "both", {"p99_ms": 4.0, "avg_ms": 3.0}))
+    both = windows_only(base, rate_run(tmp_path, "both", {"p99_ms": 4.0, "avg_ms": 3.0}))
     assert both.verdict == IMPROVEMENT and verdict_exit_code(both) == 0
     assert both.summary.startswith(
         "lower latency than the baseline: p99 latency 5.68 -> 4 ms (-29.6%, noise ±4.9%) and mean latency 4 -> 3 ms"
     )
-    tail = compare_runs(base, rate_run(tmp_path, "tail", {"p99_ms": 4.0}))  # a p99 dip alone: one tail
+    tail = windows_only(base, rate_run(tmp_path, "tail", {"p99_ms": 4.0}))  # a p99 dip alone: one tail
     assert tail.points.iloc[0]["p99_verdict"] == LOWER_LATENCY and tail.verdict == NO_CHANGE
     # lower latency while serving less is no improvement: the lost throughput makes it a regression
-    fewer = compare_runs(base, rate_run(tmp_path, "fewer", {TPUT: 80.0, "p99_ms": 4.0, "avg_ms": 3.0}))
+    fewer = windows_only(base, rate_run(tmp_path, "fewer", {TPUT: 80.0, "p99_ms": 4.0, "avg_ms": 3.0}))
     assert fewer.verdict == REGRESSION and fewer.summary.startswith("slower than the baseline: rate best 100 -> 80")
 
 
 def test_offline_point_with_p99_tripled_at_equal_throughput_is_a_regression(tmp_path):
-    c = compare_runs(
+    c = windows_only(
         BASELINE, make_run(tmp_path, "tail", scaled(3.0, column="p99_ms", where=lambda df: df["batch_size"] == 1024))
     )
     assert set(c.points["throughput_verdict"]) == {WITHIN}
-    # b1024, the offline best point: +200 % beyond 3 x sqrt(2) x 4.9 % (its windows' latency CV)
+    # b1024, the offline best point: +200 % beyond 3 x its p99 noise (the candidate's p99 standard error is the larger)
     assert c.verdict == REGRESSION and verdict_exit_code(c) == 1
     assert c.summary == (
-        "higher latency than the baseline: p99 latency 30 -> 90 ms (+200.0%, noise ±6.9%) at offline batch 1024 "
+        "higher latency than the baseline: p99 latency 30 -> 90 ms (+200.0%, noise ±10.1%) at offline batch 1024 "
         "concurrency 1; 0 of 4 points slower, 1 with higher latency"
     )
 
 
 def test_constant_and_poisson_arrivals_never_match(tmp_path):
-    c = compare_runs(
+    c = windows_only(
         rate_run(tmp_path, "constant", {"request_distribution": "constant"}), rate_run(tmp_path, "poisson")
     )
     assert c.points.empty and c.verdict == NOT_COMPARABLE and verdict_exit_code(c) == 2
@@ -345,7 +370,7 @@ def test_constant_and_poisson_arrivals_never_match(tmp_path):
     assert "arrival distributions" in c.reason
     # both in both runs: each matches its own, the constant one 2x slower in p99 (+100 %), the Poisson one unchanged
     both = [{"request_distribution": "constant"}, {}]
-    c2 = compare_runs(
+    c2 = windows_only(
         rate_run(tmp_path, "b", *both), rate_run(tmp_path, "c", {**both[0], "p99_ms": 11.36}, {"p99_ms": 5.68})
     )
     assert dict(zip(c2.points["request_distribution"], c2.points["p99_verdict"])) == {
@@ -353,7 +378,7 @@ def test_constant_and_poisson_arrivals_never_match(tmp_path):
         "poisson": WITHIN,
     }
     # rows without a rate: an empty, missing or filled-in distribution is the same point
-    c3 = compare_runs(BASELINE, make_run(tmp_path, "filled", lambda df: df.assign(request_distribution="constant")))
+    c3 = windows_only(BASELINE, make_run(tmp_path, "filled", lambda df: df.assign(request_distribution="constant")))
     assert len(c3.points) == 4 and c3.unmatched.empty
 
 
@@ -362,14 +387,14 @@ def test_points_measured_at_other_shapes_or_data_never_match(tmp_path):
     stored before these labels matches on the others."""
     at = lambda shapes, data="synthetic": lambda df: df.assign(shapes=shapes, input_data=data)  # noqa: E731
     short, long = make_run(tmp_path, "short", at("input_ids=16")), make_run(tmp_path, "long", at("input_ids=512"))
-    c = compare_runs(short, long)
+    c = windows_only(short, long)
     assert c.points.empty and c.verdict == NOT_COMPARABLE and verdict_exit_code(c) == EXIT_CODES[NOT_COMPARABLE]
     assert set(c.unmatched["shapes"]) == {"input_ids=16", "input_ids=512"}
     other_data = make_run(tmp_path, "other", at("input_ids=16", "sha256:0123456789abcdef"))
-    assert compare_runs(short, other_data).verdict == NOT_COMPARABLE
-    same = compare_runs(short, make_run(tmp_path, "again", at("input_ids=16")))
+    assert windows_only(short, other_data).verdict == NOT_COMPARABLE
+    same = windows_only(short, make_run(tmp_path, "again", at("input_ids=16")))
     assert len(same.points) == 4 and same.verdict == NO_CHANGE
-    assert len(compare_runs(BASELINE, long).points) == 4  # the golden run has no such columns: an older run
+    assert len(windows_only(BASELINE, long).points) == 4  # the golden run has no such columns: an older run
 
 
 def perf_percentiles(latencies: np.ndarray) -> dict[str, np.ndarray]:
@@ -419,12 +444,12 @@ def test_p99_noise_is_its_standard_error_from_the_requests_it_rests_on_where_lar
 def test_a_p99_from_too_few_requests_is_undetermined_and_never_passes(tmp_path):
     # 16 requests a window: 48 requests, a p99 that is the sample's largest
     few = {"p95_ms": 5.0, "p99_ms": 5.68, "window_requests": 16}
-    c = compare_runs(rate_run(tmp_path, "base", few), rate_run(tmp_path, "cand", {**few, "p99_ms": 5.9}))
+    c = windows_only(rate_run(tmp_path, "base", few), rate_run(tmp_path, "cand", {**few, "p99_ms": 5.9}))
     assert c.points.iloc[0]["p99_verdict"] == UNDETERMINED
-    assert c.verdict == NOT_COMPARABLE and verdict_exit_code(c) == 2
+    assert c.verdict == UNDETERMINED and verdict_exit_code(c) == 2
     assert f"p99 undetermined at rate 100/s poisson (48 requests); a p99 needs at least {MIN_P99_REQUESTS}" in c.summary
     # a throughput drop is still a regression
-    slow = compare_runs(rate_run(tmp_path, "b2", few), rate_run(tmp_path, "c2", {**few, TPUT: 80.0}))
+    slow = windows_only(rate_run(tmp_path, "b2", few), rate_run(tmp_path, "c2", {**few, TPUT: 80.0}))
     assert slow.verdict == REGRESSION and "p99 undetermined" in slow.summary
 
 
@@ -454,21 +479,23 @@ def test_two_runs_of_one_distribution_are_not_a_regression():
         noise = [Noise(cv(t), cv(a), 3, False) for t, a in zip(windows, avg)]
         return compare.RunResults(name, name, compare.with_noise(rows, noise))
 
-    verdicts_seen = [compare_runs(run("a"), run("b")).verdict for _ in range(150)]
+    verdicts_seen = [windows_only(run("a"), run("b")).verdict for _ in range(150)]
     assert verdicts_seen.count(REGRESSION) <= 1
 
 
 def test_repeats_spread_is_the_noise_where_larger(tmp_path):
     base = rate_run(tmp_path, "base")
     # three repeats in the candidate, p99 5, 6.5, 8 ms (CV 23 %): the last, 8 ms (+41 %), is within that spread
-    reps = compare_runs(base, rate_run(tmp_path, "reps", {"p99_ms": 5.0}, {"p99_ms": 6.5}, {"p99_ms": 8.0}))
+    reps = windows_only(base, rate_run(tmp_path, "reps", {"p99_ms": 5.0}, {"p99_ms": 6.5}, {"p99_ms": 8.0}))
     p = reps.points.iloc[0]
     assert p["p99_noise"] == pytest.approx(math.hypot(0.035, 1.5 / 6.5))
     assert p["throughput_noise"] == pytest.approx(math.hypot(0.01, 0.01))  # equal throughputs: the windows' CV
     assert reps.verdict == NO_CHANGE and p["candidate_p99_ms"] == 8.0
-    assert reps.unmatched["reason"].tolist() == ["3 rows for this point in the candidate; the last one compared"]
+    assert reps.unmatched["reason"].tolist() == [
+        "3 rows for this point in the candidate; the last one of a trial compared"
+    ]
     # the same 8 ms measured once is a regression
-    assert compare_runs(base, rate_run(tmp_path, "once", {"p99_ms": 8.0})).verdict == REGRESSION
+    assert windows_only(base, rate_run(tmp_path, "once", {"p99_ms": 8.0})).verdict == REGRESSION
 
 
 def test_unmatched_and_unstable_points_are_listed_and_the_lost_ones_never_pass(tmp_path):
@@ -480,7 +507,7 @@ def test_unmatched_and_unstable_points_are_listed_and_the_lost_ones_never_pass(t
         extra = df[df["batch_size"] == 2048].assign(batch_size=4096, source_file="perf/dlrm_offline_b4096_c1_try0.csv")
         return pd.concat([df, extra], ignore_index=True)  # b4096 only in the candidate
 
-    c = compare_runs(BASELINE, make_run(tmp_path, "partial", edit))
+    c = windows_only(BASELINE, make_run(tmp_path, "partial", edit))
     assert sorted(c.points["batch_size"]) == [1024, 2048]
     reasons = {int(u["batch_size"]): u["reason"] for _, u in c.unmatched.iterrows()}
     assert reasons[64] == "only in the baseline"
@@ -502,7 +529,7 @@ def test_a_lost_best_point_is_a_regression(tmp_path, status):
     """The baseline kept up at 50/s and at 100/s; the candidate's 100/s point (the best) is not ok."""
     base = rate_run(tmp_path, "base", {TPUT: 50.0, "request_rate": 50.0}, {})
     cand = rate_run(tmp_path, "cand", {TPUT: 50.0, "request_rate": 50.0}, {"status": status, "error": "served 70/s"})
-    c = compare_runs(base, cand)
+    c = windows_only(base, cand)
     assert c.verdict == REGRESSION and verdict_exit_code(c) == EXIT_CODES[REGRESSION] == 1
     assert f"rate 100/s poisson (best; {status} in the candidate: served 70/s)" in c.summary
     assert c.lost["best"].tolist() == [True]
@@ -512,31 +539,33 @@ def test_a_lost_point_that_is_not_the_best_never_passes(tmp_path):
     rates = [{TPUT: r, "request_rate": r} for r in (25.0, 50.0, 100.0)]
     base = rate_run(tmp_path, "base", *rates)
     cand = rate_run(tmp_path, "cand", {**rates[0], "status": "behind"}, rates[1], rates[2])
-    c = compare_runs(base, cand)
+    c = windows_only(base, cand)
     assert verdict_exit_code(c) >= 1 and c.verdict == NOT_COMPARABLE
     assert "rate 25/s poisson (behind in the candidate)" in c.summary
     # two of three lost: a majority, a regression
-    two = compare_runs(base, rate_run(tmp_path, "two", *({**r, "status": "error"} for r in rates[:2]), rates[2]))
+    two = windows_only(base, rate_run(tmp_path, "two", *({**r, "status": "error"} for r in rates[:2]), rates[2]))
     assert two.verdict == REGRESSION and "the candidate lost 2 points" in two.summary
     # every point failed: a regression, not "no ok point"
-    none = compare_runs(base, rate_run(tmp_path, "none", *({**r, "status": "error"} for r in rates)))
+    none = windows_only(base, rate_run(tmp_path, "none", *({**r, "status": "error"} for r in rates)))
     assert none.verdict == REGRESSION and none.points.empty
 
 
 def test_duplicated_point_is_listed_and_compared_once(tmp_path):
-    c = compare_runs(BASELINE, make_run(tmp_path, "dup", lambda df: pd.concat([df, df.iloc[[0]]], ignore_index=True)))
+    c = windows_only(BASELINE, make_run(tmp_path, "dup", lambda df: pd.concat([df, df.iloc[[0]]], ignore_index=True)))
     assert len(c.points) == 4 and c.verdict == NO_CHANGE
-    assert c.unmatched["reason"].tolist() == ["2 rows for this point in the candidate; the last one compared"]
+    assert c.unmatched["reason"].tolist() == [
+        "2 rows for this point in the candidate; the last one of a trial compared"
+    ]
     assert "not compared" not in c.summary
 
 
 def test_different_model_is_not_comparable(tmp_path):
-    c = compare_runs(BASELINE, make_run(tmp_path, "other", lambda df: df.assign(model="resnet50")))
+    c = windows_only(BASELINE, make_run(tmp_path, "other", lambda df: df.assign(model="resnet50")))
     assert c.verdict == NOT_COMPARABLE and verdict_exit_code(c) == 2
     assert c.reason == "different model (baseline dlrm; candidate resnet50)"
     assert c.summary == "not comparable: different model (baseline dlrm; candidate resnet50)"
     assert len(c.unmatched) == 8  # all four points of each run, listed
-    gpu = compare_runs(BASELINE, make_run(tmp_path, "gpu", lambda df: df.assign(gpu="NVIDIA A100", precision="FP16")))
+    gpu = windows_only(BASELINE, make_run(tmp_path, "gpu", lambda df: df.assign(gpu="NVIDIA A100", precision="FP16")))
     assert "different gpu" in gpu.reason and "different precision" in gpu.reason
     plot_comparison(c, tmp_path / "nc.png")  # nothing matched: still a figure
 
@@ -551,7 +580,7 @@ def test_nan_safe_matching_across_parquet_and_csv(tmp_path):
 
     base = make_run(tmp_path, "base", rate_points, as_parquet=True)  # None in parquet
     cand = make_run(tmp_path, "cand", rate_points)  # empty cells -> NaN in CSV
-    c = compare_runs(base, cand)
+    c = windows_only(base, cand)
     assert len(c.points) == 6 and c.unmatched.empty and c.verdict == NO_CHANGE
     assert sorted(c.points["request_rate"].dropna()) == [50.0, 100.0]
 
@@ -560,11 +589,11 @@ def test_nan_safe_matching_across_parquet_and_csv(tmp_path):
 
 
 def test_markdown_and_plot(tmp_path):
-    c = compare_runs(BASELINE, make_run(tmp_path, "slow", scaled(0.8)))
+    c = windows_only(BASELINE, make_run(tmp_path, "slow", scaled(0.8)))
     md = comparison_markdown(c)
     assert md.startswith("## Comparison against the baseline")
     assert "**Verdict: regression**" in md and c.summary in md
-    assert "max(5%, 3 × noise)" in md  # the rule
+    assert "max(5%, the run-to-run threshold, 3 × noise)" in md  # the rule
     assert "| Format" in md and "Δ throughput" in md and "-20.0%" in md and "±5.9%" in md and "slower (best)" in md
     png = plot_comparison(c, tmp_path / "plots" / "compare.png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
@@ -576,7 +605,16 @@ def test_cli_exit_code(tmp_path):
     from tbench.cli import app
 
     result = CliRunner().invoke(
-        app, ["compare", str(BASELINE), str(make_run(tmp_path, "slow", scaled(0.8))), "--output", str(tmp_path / "out")]
+        app,
+        [
+            "compare",
+            str(BASELINE),
+            str(make_run(tmp_path, "slow", scaled(0.8))),
+            "--run-cv",
+            "0",
+            "--output",
+            str(tmp_path / "out"),
+        ],
     )
     assert result.exit_code == 1 and result.output.startswith("slower than the baseline")
     assert (tmp_path / "out" / "comparison.md").exists() and (tmp_path / "out" / "comparison.png").exists()
@@ -592,8 +630,9 @@ def test_the_flows_baseline_stage_reports_a_verdict_or_why_not(tmp_path):
 
     run = make_run(tmp_path, "slow", scaled(0.5))
     (run / "plots").mkdir(exist_ok=True)
-    lines, entry = compare_with_baseline(str(BASELINE), run, run / "plots")
-    assert entry["verdict"] == REGRESSION and "**Verdict: regression**" in "\n".join(lines)
+    lines, entry = compare_with_baseline(str(BASELINE), run, run / "plots")  # one trial each: no spread to judge by
+    assert entry["verdict"] == UNDETERMINED and "**Verdict: undetermined**" in "\n".join(lines)
+    assert "the run-to-run spread is unknown (one trial per run)" in "\n".join(lines)
     assert "![](plots/baseline_comparison.png)" in lines and (run / "plots" / "baseline_comparison.png").exists()
     lines, entry = compare_with_baseline(str(tmp_path / "nowhere"), run, run / "plots")  # nothing lost: one line why
     assert (
@@ -601,3 +640,12 @@ def test_the_flows_baseline_stage_reports_a_verdict_or_why_not(tmp_path):
         and "could not be read" in lines[2]
         and "no results.parquet or results.csv" in entry["error"]
     )
+
+
+def test_golden_run_p99_rests_on_its_own_request_counts():
+    """A run recorded before window_requests: its windows' --measurement-request-count is the count, and a best
+    point whose p99 rests on fewer than MIN_P99_REQUESTS requests is undetermined, never passed."""
+    c = windows_only(RECORDED, RECORDED)
+    best = c.best.iloc[0]
+    assert best["p99_requests"] < MIN_P99_REQUESTS and best["p99_verdict"] == UNDETERMINED
+    assert c.verdict == UNDETERMINED and verdict_exit_code(c) == EXIT_CODES[UNDETERMINED] == 2

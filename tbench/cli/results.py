@@ -18,13 +18,21 @@ def compare(
     candidate: str = typer.Argument(..., help="The run to judge against it."),
     min_effect: float = typer.Option(0.05, min=0, help="Smallest relative change that can count, e.g. 0.05 for 5%."),
     k: float = typer.Option(3.0, "-k", help="How many times the combined window noise a change must exceed."),
+    run_cv: float = typer.Option(
+        None,
+        "--run-cv",
+        min=0,
+        help="The machine's run-to-run spread of a point (e.g. 0.05), stated, for runs measured with one trial each; "
+        "runs with --trials measure their own. Without either, no change can be put on the model (exit 2).",
+    ),
     output: str = typer.Option(".", "--output", "-o", help="Folder for comparison.md and comparison.png."),
 ) -> None:
-    """Per-point deltas and a noise-aware verdict; exit 0 (no change or faster), 1 (regression), 2 (not comparable)."""
+    """Per-point deltas and a verdict judged by the run-to-run spread; exit 0 (no change or faster), 1 (regression),
+    2 (not comparable, or undetermined: the data cannot resolve the change)."""
     from tbench.results.compare import compare_runs, comparison_markdown, plot_comparison, verdict_exit_code
 
     with cli_errors(2, also=(OSError, ValueError)):  # 2: not comparable (a run that is missing or unreadable)
-        result = compare_runs(baseline, candidate, min_effect, k)
+        result = compare_runs(baseline, candidate, min_effect, k, run_cv=run_cv)
     out = Path(output)
     out.mkdir(parents=True, exist_ok=True)
     (out / "comparison.md").write_text(comparison_markdown(result))

@@ -16,8 +16,16 @@ statistics' rank interval mapped through the exponential tail that the point's p
 rows of the same point (repeats), the spread (CV) of their throughput, p99 and avg latency is the noise where it is
 larger. A missing or unreadable log is not an error: the point gets `DEFAULT_NOISE` and is flagged ``noise_assumed``.
 
-Rule: each matched point's change of throughput, p99 latency (``p99_ms``) and mean latency (``avg_ms``) is significant
-when it exceeds ``max(min_effect, k * sqrt(noise_baseline^2 + noise_candidate^2))`` with each metric's own noise. A
+Rule: a point's figure is the mean of its trials (`tbench run --trials N`: each trial a server process of its own).
+Each matched point's change of throughput, p99 latency (``p99_ms``) and mean latency (``avg_ms``) is significant when
+it exceeds ``max(min_effect, k * sqrt(noise_baseline^2 + noise_candidate^2), run-to-run threshold)`` with each metric's
+own noise; the run-to-run threshold comes from the spread between trials, or a spread stated for the machine
+(``--run-cv``), by Welch's test (tbench.results.run_noise). Windows agree far better than runs do, so where neither
+gives the spread no change is decided ("undetermined", exit 2), and a change inside a threshold wider than
+``min_effect`` is undetermined too, never "within noise": the line says how many trials would resolve it. A run whose
+manifest shows other processes busy during its sweeps (over `HOST_BUSY_PCT` of a CPU) is never called a regression
+or an improvement: the comparison is undetermined and names the neighbour. A point with no perf_analyzer log or no
+request count is never passed. A
 point is *worse* when its throughput is significantly lower or its p99 or mean latency significantly higher, *better*
 when it is not worse and its throughput is significantly higher or both its latencies significantly lower. The
 comparison is a "regression" when the best-throughput point of any format x scenario (the baseline's best point) is
@@ -36,17 +44,12 @@ Plain functions, pandas and matplotlib (Agg); no Prefect. `verdict_exit_code` gi
 from __future__ import annotations
 
 import math
-import posixpath
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from tbench.core.layout import perf_log_for
-from tbench.core.metrics import RESULT_COLUMNS
-from tbench.core.storage import url_to_fs
-from tbench.loadgen.perf_analyzer import DEFAULT_NOISE, STABLE_WINDOWS, Noise, cv, noise_from_log
+from tbench.loadgen.perf_analyzer import DEFAULT_NOISE, cv  # DEFAULT_NOISE: a log-less point's, re-exported
 from tbench.results.compare_report import (
     _summary,
     _undecided_reason,
@@ -59,6 +62,7 @@ from tbench.results.comparison import (  # the vocabulary, re-exported: `tbench 
     EXIT_CODES,
     FASTER,
     HIGHER_LATENCY,
+    HOST_BUSY_PCT,
     IMPROVEMENT,
     LATENCY_MOVES,
     LOWER_LATENCY,
@@ -68,7 +72,6 @@ from tbench.results.comparison import (  # the vocabulary, re-exported: `tbench 
     NOT_COMPARABLE,
     NUMERIC_KEYS,
     P99,
-    P99_Z,
     POINT_COLUMNS,
     RECENT_KEYS,
     REGRESSION,
@@ -80,97 +83,8 @@ from tbench.results.comparison import (  # the vocabulary, re-exported: `tbench 
     Comparison,
     _missing,
 )
-
-# --- noise from the perf_analyzer log ---------------------------------------------------------------------------------
-
-
-# --- loading a run ----------------------------------------------------------------------------------------------------
-
-
-@dataclass
-class RunResults:
-    """A run's tidy results plus, per ok point, its noise columns: throughput_cv, latency_cv, noise_windows,
-    noise_assumed, noise_note."""
-
-    source: str  # the folder, as given
-    name: str  # the folder's name (the run id for a run folder)
-    results: pd.DataFrame
-
-    @property
-    def ok(self) -> pd.DataFrame:
-        return self.results[self.results["status"] == "ok"]
-
-
-def _join(root: str, rel: str) -> str:
-    return root.rstrip("/") + "/" + rel
-
-
-def _read_text(fs, path: str) -> str | None:
-    try:
-        with fs.open(path, "rb") as f:
-            return f.read().decode(errors="replace")
-    except OSError:  # FileNotFoundError, PermissionError, ...: the noise is assumed
-        return None
-
-
-def load_run(path_or_url: str | Path, default_noise: float = DEFAULT_NOISE) -> RunResults:
-    """A run folder (local path or fsspec URL; or its results.parquet / results.csv itself) -> its results and noise.
-
-    Reads ``results.parquet`` (else ``results.csv``); for each ok point the log of its counting attempt gives the noise;
-    a point whose log is missing gets `default_noise` with ``noise_assumed`` set."""
-    source = str(path_or_url)
-    fs, root = url_to_fs(source)
-    if root.endswith((".parquet", ".csv")) and fs.isfile(root):
-        candidates, root = [root], posixpath.dirname(root)
-    else:
-        candidates = [_join(root, "results.parquet"), _join(root, "results.csv")]
-    found = next((p for p in candidates if fs.exists(p)), None)
-    if found is None:
-        raise FileNotFoundError(f"{source}: no results.parquet or results.csv (a baseline is a run folder)")
-    with fs.open(found, "rb") as f:
-        results = pd.read_parquet(f) if found.endswith(".parquet") else pd.read_csv(f, keep_default_na=True)
-    for col in RESULT_COLUMNS:
-        if col not in results.columns:
-            results[col] = np.nan
-    if results["status"].isna().all():  # results written before the status column: a number is a measured point
-        results["status"] = np.where(results[TPUT].notna(), "ok", "error")
-    results = results.reset_index(drop=True)
-
-    noise = []
-    for _, row in results.iterrows():
-        if row["status"] != "ok":
-            noise.append(Noise(math.nan, math.nan, 0, False))
-            continue
-        src = row["source_file"]
-        text = None if _missing(src) or str(src) == "" else _read_text(fs, _join(root, perf_log_for(src)))
-        if text is None:
-            noise.append(Noise(default_noise, default_noise, 0, True, "no perf_analyzer log"))
-        else:
-            n = noise_from_log(text, default=default_noise)
-            if math.isnan(n.throughput_cv) or math.isnan(n.latency_cv):  # e.g. a zero mean: not a usable noise
-                n = Noise(default_noise, default_noise, 0, True, "unusable measurement windows")
-            noise.append(n)
-    name = posixpath.basename(root.rstrip("/")) or source
-    return RunResults(source=source, name=name, results=with_noise(results, noise))
-
-
-def with_noise(results: pd.DataFrame, noise: list[Noise]) -> pd.DataFrame:
-    """The results with each row's noise columns (`noise`: one per row, from its windows): throughput_cv, latency_cv,
-    p99_cv (the larger of the windows' latency CV and the p99's standard error), noise_windows, noise_assumed and
-    noise_note."""
-    results = results.copy()
-    results["throughput_cv"] = [n.throughput_cv for n in noise]
-    results["latency_cv"] = [n.latency_cv for n in noise]
-    p99_se = [
-        p99_standard_error(p95, p99, requests)
-        for p95, p99, requests in zip(results["p95_ms"], results["p99_ms"], results["window_requests"])
-    ]
-    results["p99_cv"] = [_largest(n.latency_cv, se) for n, se in zip(noise, p99_se)]
-    results["noise_windows"] = [n.windows for n in noise]
-    results["noise_assumed"] = [n.assumed for n in noise]
-    results["noise_note"] = [n.note for n in noise]
-    return results
-
+from tbench.results.run_noise import MAX_TRIALS, TRIAL, RunSpread, run_spread, trial_rows
+from tbench.results.run_results import RunResults, _largest, load_run, p99_requests, p99_standard_error, with_noise
 
 # --- matching and verdicts --------------------------------------------------------------------------------------------
 
@@ -219,35 +133,6 @@ def _rel(new: float, old: float) -> float:
     return float(new) / float(old) - 1.0
 
 
-def p99_requests(window_requests: float) -> float:
-    """The requests a point's p99 rests on: perf_analyzer's merged stable windows (NaN when not recorded)."""
-    return math.nan if _missing(window_requests) else STABLE_WINDOWS * float(window_requests)
-
-
-def p99_standard_error(p95_ms: float, p99_ms: float, window_requests: float) -> float:
-    """The relative standard error of a p99 measured from the merged windows' n requests, from order statistics: the
-    p99's rank n*0.99 moves by ± sqrt(n*0.99*0.01) (binomial), i.e. the tail beyond it holds 1% ± s of the requests;
-    the point's own p95..p99 give the tail's exponential scale, (p99 - p95) / ln 5, which maps those tail shares to
-    latencies: x(u) = p99 + scale * ln(0.01 / u). Half the interval is the standard error. Where the interval's
-    upper end lies beyond the sample (u under half a request), it stops there: for n under `MIN_P99_REQUESTS` the
-    change is undetermined anyway. (The density at p99 taken as the p95..p99 average understates this ~2.5x.)
-    perf_analyzer logs no per-window p99, and the windows' average latency is far steadier than their tail; NaN
-    where the point lacks the numbers."""
-    values = [p95_ms, p99_ms, window_requests]
-    if any(_missing(v) for v in values) or p99_ms <= 0 or window_requests <= 0:
-        return math.nan
-    n = p99_requests(window_requests)
-    scale = max(float(p99_ms) - float(p95_ms), 0.0) / math.log(5.0)
-    spread = P99_Z * math.sqrt(0.99 * 0.01 / n)
-    beyond_high, beyond_low = 0.01 + spread, max(0.01 - spread, 0.5 / n)
-    return scale * math.log(beyond_high / beyond_low) / 2.0 / float(p99_ms)
-
-
-def _largest(*values: float) -> float:
-    """The largest of the values that are not missing (NaN when none is)."""
-    return max((float(v) for v in values if not _missing(v)), default=math.nan)
-
-
 def _noise(results: pd.DataFrame, idx: list[int], cv_column: str, *metrics: str) -> float:
     """One run's noise of a point: its windows' CV (`cv_column` of the row compared, the last), or the spread of the
     run's repeats of the point (its ok rows) where that is larger: repeats show what windows of one call cannot."""
@@ -266,22 +151,17 @@ def _latency_verdict(p99: str, avg: str) -> str:
     measured = {p99, avg} - {"n/a"}
     if not measured:
         return "n/a"
+    if UNDETERMINED in measured:
+        return UNDETERMINED
     return LOWER_LATENCY if measured == {LOWER_LATENCY} else WITHIN
 
 
-def _verdict(delta: float, threshold: float, up: str, down: str) -> str:
-    if _missing(delta):
-        return "n/a"
-    if delta < -threshold:
-        return down
-    if delta > threshold:
-        return up
-    return WITHIN
-
-
 def _status(results: pd.DataFrame, idx: list[int] | None) -> str:
+    """A point's status: its last row's; ok where any of its trials was ok (the others are left out of its mean)."""
     if not idx:
         return "absent"
+    if _trial_count(results, idx) > 1 and (results.loc[idx, "status"] == "ok").any():
+        return "ok"
     return str(results.loc[idx[-1], "status"])
 
 
@@ -320,19 +200,60 @@ def _why_not_compared(b_status: str, c_status: str, b_res, bi, c_res, ci) -> str
     return reason + (f": {errors[0]}" if errors else "")
 
 
-def _judged(b: pd.Series, c: pd.Series, noises: tuple[float, float, float], min_effect: float, k: float) -> dict:
-    """One matched point's deltas, thresholds and verdicts; `noises`: the combined noise of throughput, mean latency
-    and p99."""
+def _verdict(delta: float, threshold: float, up: str, down: str, resolved: bool = True) -> str:
+    """Beyond the threshold: up or down; inside it: within noise where the data resolves the smallest effect asked
+    for, else undetermined (a change it could not have seen)."""
+    if _missing(delta):
+        return "n/a"
+    if _missing(threshold):  # the run-to-run spread is unknown: no move can be put on the model
+        return UNDETERMINED
+    if delta < -threshold:
+        return down
+    if delta > threshold:
+        return up
+    return WITHIN if resolved else UNDETERMINED
+
+
+def _threshold(window_noise: float, spread: RunSpread, metric: str, n: tuple[int, int], min_effect: float, k: float):
+    """(threshold, resolved): the larger of min_effect, k x the windows' noise and the run-to-run threshold; resolved
+    when the spread lets min_effect be seen. With the spread unknown the threshold is NaN: the windows alone say
+    nothing of how far a fresh run moves."""
+    if not spread.known(metric):
+        return math.nan, False
+    windows = min_effect if _missing(window_noise) else max(min_effect, k * window_noise)
+    between = spread.threshold(metric, *n)
+    return max(windows, between), between <= min_effect
+
+
+def _judged(
+    b: pd.Series,
+    c: pd.Series,
+    noises: tuple[float, float, float],
+    min_effect: float,
+    k: float,
+    spread: RunSpread = RunSpread(),
+    trials: tuple[int, int] = (1, 1),
+) -> dict:
+    """One matched point's deltas, thresholds and verdicts; `noises`: the combined windows' noise of throughput, mean
+    latency and p99; `spread`: the run-to-run spread, `trials`: each side's trials of the point (b, c: their means)."""
     t_noise, l_noise, p_noise = noises
-    t_thr, l_thr, p_thr = (max(min_effect, k * x) for x in noises)
     t_delta, p_delta, a_delta = _rel(c[TPUT], b[TPUT]), _rel(c[P99], b[P99]), _rel(c[AVG_MS], b[AVG_MS])
+    (t_thr, t_ok), (l_thr, l_ok), (p_thr, p_ok) = (
+        _threshold(noise, spread, metric, trials, min_effect, k)
+        for noise, metric in ((t_noise, TPUT), (l_noise, AVG_MS), (p_noise, P99))
+    )
     requests = min(p99_requests(b["window_requests"]), p99_requests(c["window_requests"]))
-    tv = _verdict(t_delta, t_thr, FASTER, SLOWER)
-    pv = UNDETERMINED if requests < MIN_P99_REQUESTS else _verdict(p_delta, p_thr, HIGHER_LATENCY, LOWER_LATENCY)
-    av = _verdict(a_delta, l_thr, HIGHER_LATENCY, LOWER_LATENCY)
-    moved = [tv] if tv not in (WITHIN, "n/a") else []
+    tv = _verdict(t_delta, t_thr, FASTER, SLOWER, t_ok)
+    av = _verdict(a_delta, l_thr, HIGHER_LATENCY, LOWER_LATENCY, l_ok)
+    few = _missing(requests) or requests < MIN_P99_REQUESTS  # an unknown count is not enough either
+    pv = UNDETERMINED if few else _verdict(p_delta, p_thr, HIGHER_LATENCY, LOWER_LATENCY, p_ok)
+    assumed = bool(b["noise_assumed"] or c["noise_assumed"])
+    if assumed and not (tv == SLOWER or HIGHER_LATENCY in (pv, av)):  # no windows: only a move past the floor counts
+        tv, av, pv = (UNDETERMINED if v != "n/a" else v for v in (tv, av, pv))
+    moved = [tv] if tv not in (WITHIN, "n/a", UNDETERMINED) else []
     moved += [f"{v.split()[0]} {name} latency" for name, v in (("p99", pv), ("mean", av)) if v in LATENCY_MOVES]
-    moved += ["p99 undetermined"] if pv == UNDETERMINED else []
+    named = (("throughput", tv), ("p99", pv), ("mean", av))
+    moved += [f"{name} undetermined" for name, v in named if v == UNDETERMINED]
     return {
         "baseline_throughput": float(b[TPUT]),
         "candidate_throughput": float(c[TPUT]),
@@ -354,7 +275,8 @@ def _judged(b: pd.Series, c: pd.Series, noises: tuple[float, float, float], min_
         "latency_noise": l_noise,
         "latency_threshold": l_thr,
         "latency_verdict": _latency_verdict(pv, av),
-        "noise_assumed": bool(b["noise_assumed"] or c["noise_assumed"]),
+        "noise_assumed": assumed,
+        "trials": f"{trials[0]}/{trials[1]}",
         "verdict": ", ".join(moved) if moved else WITHIN,
     }
 
@@ -371,28 +293,33 @@ def _best_keys(entries: list[tuple[tuple, float]]) -> set[tuple]:
 
 
 def compare_runs(
-    baseline: RunResults | str | Path, candidate: RunResults | str | Path, min_effect: float = 0.05, k: float = 3.0
+    baseline: RunResults | str | Path,
+    candidate: RunResults | str | Path,
+    min_effect: float = 0.05,
+    k: float = 3.0,
+    run_cv: float | None = None,
 ) -> Comparison:
-    """Match the two runs' points on `MATCH_KEYS` and judge each against its noise; see the module docstring."""
+    """Match the two runs' points on `MATCH_KEYS` and judge each against its noise and the run-to-run spread (from
+    the runs' trials, else `run_cv` as stated, else unknown: tbench.results.run_noise); see the module docstring."""
     base = baseline if isinstance(baseline, RunResults) else load_run(baseline)
     cand = candidate if isinstance(candidate, RunResults) else load_run(candidate)
     b_res, c_res = base.results, cand.results
     older = {k for k in RECENT_KEYS if not (_recorded(b_res, k) and _recorded(c_res, k))}
     b_keys, c_keys = _keyed(b_res, older), _keyed(c_res, older)
 
-    rows, keys, unmatched = [], [], []
+    matched, unmatched = [], []
     for key in list(b_keys) + [key for key in c_keys if key not in b_keys]:
         bi, ci = b_keys.get(key), c_keys.get(key)
         b_status, c_status = _status(b_res, bi), _status(c_res, ci)
         kd = dict(zip(MATCH_KEYS, key))
-        for name, idx in (("baseline", bi), ("candidate", ci)):
-            if idx and len(idx) > 1:  # the last row counts; the others are listed, not dropped
+        for name, res, idx in (("baseline", b_res, bi), ("candidate", c_res, ci)):
+            if idx and len(idx) > _trial_count(res, idx):  # the last row of a trial counts; the others are listed
                 unmatched.append(
                     {
                         **kd,
                         "baseline_status": b_status,
                         "candidate_status": c_status,
-                        "reason": f"{len(idx)} rows for this point in the {name}; the last one compared",
+                        "reason": f"{len(idx)} rows for this point in the {name}; the last one of a trial compared",
                         "compared": True,
                         "lost": False,
                         "measured": True,
@@ -415,12 +342,19 @@ def compare_runs(
                 }
             )
             continue
-        b, c = b_res.loc[bi[-1]], c_res.loc[ci[-1]]
+        matched.append((key, bi, ci, trial_rows(b_res, bi), trial_rows(c_res, ci)))
+
+    groups = [g for _, _, _, b_rows, c_rows in matched for g in (b_rows, c_rows)]
+    spread = run_spread(groups, [TPUT, AVG_MS, P99], stated=run_cv)
+    rows, keys = [], []
+    for key, bi, ci, b_rows, c_rows in matched:
         noises = tuple(
-            math.hypot(_noise(b_res, bi, col, metric), _noise(c_res, ci, col, metric))
+            math.hypot(_window_noise(b_res, bi, b_rows, col, metric), _window_noise(c_res, ci, c_rows, col, metric))
             for col, metric in (("throughput_cv", TPUT), ("latency_cv", AVG_MS), ("p99_cv", P99))
         )
-        rows.append({**kd, **_judged(b, c, noises, min_effect, k)})
+        b, c = _mean_row(b_rows), _mean_row(c_rows)
+        judged = _judged(b, c, noises, min_effect, k, spread, (len(b_rows), len(c_rows)))
+        rows.append({**dict(zip(MATCH_KEYS, key)), **judged})
         keys.append(key)
     # the baseline's best per format x scenario, among the points judged: matched, or measured and lost
     failed = [u for u in unmatched if u["lost"] and u["measured"]]
@@ -435,34 +369,96 @@ def compare_runs(
     unmatched_df = pd.DataFrame(unmatched, columns=UNMATCHED_COLUMNS)
     points = pd.DataFrame(rows, columns=POINT_COLUMNS)
     comparison = Comparison(base.source, cand.source, min_effect, k, NO_CHANGE, "", points, unmatched_df)
+    comparison.spread = spread.describe(TPUT)
     if points.empty and not failed:
         comparison.verdict = NOT_COMPARABLE
         comparison.reason = _not_comparable_reason(base.ok, cand.ok)
         comparison.summary = f"not comparable: {comparison.reason}"
         return comparison
     comparison.best = points[points["best"].astype(bool)]
-    return _decide(comparison)
+    return _decide(comparison, spread, _neighbours(base, cand))
 
 
-def _decide(c: Comparison) -> Comparison:
+def _trial_count(results: pd.DataFrame, idx: list[int]) -> int:
+    if TRIAL not in results:
+        return 1
+    return max(1, int(results.loc[idx, TRIAL].nunique(dropna=True)))
+
+
+def _window_noise(results: pd.DataFrame, idx: list[int], rows: pd.DataFrame, cv_column: str, metric: str) -> float:
+    """One side's windows' noise of a point's figure: one trial's (or its repeats' spread, where larger); over
+    several trials, that of their mean (the root mean square of their CVs over sqrt(trials))."""
+    if len(rows) < 2:
+        return _noise(results, idx, cv_column, metric)
+    values = rows[cv_column].dropna().to_numpy(dtype=float)
+    return math.sqrt(float(np.mean(values**2)) / len(rows)) if len(values) else math.nan
+
+
+def _mean_row(rows: pd.DataFrame) -> pd.Series:
+    """The point as its trials measured it: the last trial's row with the trials' mean throughput and latencies."""
+    row = rows.iloc[-1].copy()
+    for metric in (TPUT, AVG_MS, P99, "p95_ms"):
+        if metric in rows:
+            row[metric] = rows[metric].mean()
+    row["window_requests"] = rows["window_requests"].min()  # the p99 that rests on the fewest requests
+    row["noise_assumed"] = bool(rows["noise_assumed"].any())
+    return row
+
+
+def _neighbours(*runs: RunResults) -> str:
+    """Which run had other processes busy during its sweeps (tbench.node.host_load), in words; '' for none."""
+    busy = [
+        f"other processes used {run.neighbour_cpu_pct:.0f}% CPU during the {side}'s sweeps"
+        for side, run in zip(("baseline", "candidate"), runs)
+        if run.neighbour_cpu_pct > HOST_BUSY_PCT
+    ]
+    return "; ".join(busy)
+
+
+def _decide(c: Comparison, spread: RunSpread = RunSpread(), neighbours: str = "") -> Comparison:
     """The verdict from the judged points and the lost ones (module docstring), and its summary."""
     points, lost = c.points, c.lost
     failed = lost.loc[lost["measured"].astype(bool)]
-    tv, lv = points["throughput_verdict"], points["latency_verdict"]
+    tv, lv, pv = points["throughput_verdict"], points["latency_verdict"], points["p99_verdict"]
     worse = (tv == SLOWER) | (lv == HIGHER_LATENCY)
     better = ~worse & ((tv == FASTER) | (lv == LOWER_LATENCY))
     is_best = points["best"].astype(bool)
     judged = len(points) + len(failed)
-    undetermined_best = points[is_best & (points["p99_verdict"] == UNDETERMINED)]
+    undecided = (tv == UNDETERMINED) | (lv == UNDETERMINED) | (pv == UNDETERMINED)
+    undetermined_best = points[is_best & undecided & ~worse]
     if (worse & is_best).any() or failed["best"].astype(bool).any() or worse.sum() + len(failed) > judged / 2:
         c.verdict = REGRESSION
-    elif not lost.empty or not undetermined_best.empty:
+    elif not lost.empty:
         c.verdict = NOT_COMPARABLE
         c.reason = _undecided_reason(lost, undetermined_best)
+    elif not undetermined_best.empty:
+        c.verdict = UNDETERMINED
+        c.reason = _unresolved_reason(undetermined_best, spread, c.min_effect)
     elif (better & is_best).any() or better.sum() > judged / 2:
         c.verdict = IMPROVEMENT
+    if neighbours and c.verdict in (REGRESSION, IMPROVEMENT):  # a move a neighbour may have made is not the model's
+        c.verdict, c.reason = UNDETERMINED, f"{neighbours}: a change cannot be put on the model"
     c.summary = _summary(c, worse if c.verdict == REGRESSION else better)
     return c
+
+
+def _unresolved_reason(undetermined_best: pd.DataFrame, spread: RunSpread, min_effect: float) -> str:
+    """Why a best point's change cannot be decided, and what would decide it."""
+    if not spread.known(TPUT):
+        fix = "measure both runs with --trials 3 (or more), or state the machine's run-to-run spread with --run-cv"
+        return f"the run-to-run spread is unknown (one trial per run): {fix}"
+    if (
+        undetermined_best["p99_verdict"].eq(UNDETERMINED).all()
+        and not undetermined_best["throughput_verdict"].eq(UNDETERMINED).any()
+    ):
+        return _undecided_reason(pd.DataFrame(columns=UNMATCHED_COLUMNS), undetermined_best)
+    needed = spread.trials_needed(TPUT, min_effect)
+    advice = (
+        f"--trials {needed} per run would resolve {100 * min_effect:g}%"
+        if needed
+        else f"no --trials up to {MAX_TRIALS} resolves {100 * min_effect:g}% (a quieter machine would)"
+    )
+    return f"{spread.describe(TPUT)} hides a change of {100 * min_effect:g}%: {advice}"
 
 
 def verdict_exit_code(comparison: Comparison) -> int:
@@ -471,6 +467,7 @@ def verdict_exit_code(comparison: Comparison) -> int:
 
 
 __all__ = [
+    "DEFAULT_NOISE",
     "EXIT_CODES",
     "FASTER",
     "HIGHER_LATENCY",

@@ -143,7 +143,7 @@ def _counts(c: Comparison) -> str:
     pts, n = c.points, len(c.points)
     n_slow, n_fast = int((pts["throughput_verdict"] == SLOWER).sum()), int((pts["throughput_verdict"] == FASTER).sum())
     counts = f"{n_slow} of {n} points slower" if c.verdict != IMPROVEMENT else f"{n_fast} of {n} points faster"
-    if c.verdict in (NO_CHANGE, NOT_COMPARABLE):
+    if c.verdict in (NO_CHANGE, NOT_COMPARABLE, UNDETERMINED):
         counts = f"{n_slow} of {n} points slower, {n_fast} faster"
     for v in (HIGHER_LATENCY, LOWER_LATENCY):
         if n_lat := int((pts["latency_verdict"] == v).sum()):
@@ -159,8 +159,8 @@ def _summary(c: Comparison, flagged: pd.Series) -> str:
     points worse (for a regression) or better (for an improvement) than the baseline."""
     best, pts = c.best, c.points
     formats = _many_formats(c)
-    if c.verdict == NOT_COMPARABLE:
-        return f"not comparable: {c.reason}; {_counts(c)}"
+    if c.verdict in (NOT_COMPARABLE, UNDETERMINED):
+        return f"{c.verdict}: {c.reason}; {_counts(c)}"
     shown, head = best, "no significant change against the baseline"
     if c.verdict in SIDES:
         shown = pts[flagged & pts.index.isin(best.index)]
@@ -188,8 +188,12 @@ def _load_label(p) -> str:
 
 def rule_sentence(min_effect: float, k: float) -> str:
     return (
+        f"A point's figure is the mean of its trials (each a server process of its own). "
         f"A change of a point's throughput, p99 or mean latency is significant beyond "
-        f"max({100 * min_effect:g}%, {k:g} × noise), the noise being sqrt(CV_baseline² + CV_candidate²) over the "
+        f"max({100 * min_effect:g}%, the run-to-run threshold, {k:g} × noise): the run-to-run threshold is Welch's "
+        f"test on the spread between trials (or a stated --run-cv); without either, nothing is decided "
+        f"(undetermined), nor is a change the spread cannot resolve. The noise is sqrt(CV_baseline² + "
+        f"CV_candidate²) over the "
         f"{STABLE_WINDOWS} windows perf_analyzer averaged (for p99, its standard error from its sample size where "
         f"larger; the spread of a run's repeats of the point where larger still). "
         f"A point is worse when its throughput is significantly lower or either latency significantly higher; better "
@@ -243,8 +247,10 @@ def comparison_markdown(comparison: Comparison, title: str = "Comparison against
         lines += [pd.DataFrame(table).to_markdown(index=False), ""]
         if c.points["noise_assumed"].any():
             lines += ["\\* noise assumed: no perf_analyzer log for the point in one of the runs.", ""]
-    if c.verdict == NOT_COMPARABLE:
-        lines += [f"Not comparable: {c.reason}.", ""]
+    if c.verdict in (NOT_COMPARABLE, UNDETERMINED):
+        lines += [f"{c.verdict.capitalize()}: {c.reason}.", ""]
+    if c.spread:
+        lines += [f"Judged against the {c.spread}.", ""]
     if not c.unmatched.empty:
         rows = [
             {

@@ -42,8 +42,9 @@ REGRESSION, IMPROVEMENT, NO_CHANGE, NOT_COMPARABLE = (
 SLOWER, FASTER, WITHIN = "slower", "faster", "within noise"
 HIGHER_LATENCY, LOWER_LATENCY = "higher latency", "lower latency"
 LATENCY_MOVES = (HIGHER_LATENCY, LOWER_LATENCY)
-EXIT_CODES = {NO_CHANGE: 0, IMPROVEMENT: 0, REGRESSION: 1, NOT_COMPARABLE: 2}
-UNDETERMINED = "undetermined"  # a metric's change that its sample cannot decide
+UNDETERMINED = "undetermined"  # a metric's change (or a whole comparison) that its data cannot decide
+EXIT_CODES = {NO_CHANGE: 0, IMPROVEMENT: 0, REGRESSION: 1, NOT_COMPARABLE: 2, UNDETERMINED: 2}
+HOST_BUSY_PCT = 10.0  # other processes' mean CPU (100 = one core) over a run's sweeps beyond which it had a neighbour
 MIN_P99_REQUESTS = 150  # below this, the requests beyond a p99 are one or two: the p99 is the sample's largest
 P99_Z = 1.0  # the rank interval's half-width, in binomial standard deviations: ± one standard error
 
@@ -63,12 +64,13 @@ class Comparison:
     candidate: str
     min_effect: float
     k: float
-    verdict: str  # regression | improvement | no significant change | not comparable
+    verdict: str  # regression | improvement | no significant change | not comparable | undetermined
     summary: str  # one line
     points: pd.DataFrame  # matched ok points: values, deltas, noise, thresholds, verdicts
     unmatched: pd.DataFrame  # points not compared, and why (plus duplicated points: compared=True, the last row used)
     best: pd.DataFrame = field(default_factory=pd.DataFrame)  # per format x scenario: the best-throughput point
-    reason: str = ""  # why not comparable
+    reason: str = ""  # why not comparable, or undetermined
+    spread: str = ""  # the run-to-run spread judged by, and where it came from (tbench.results.run_noise)
 
     @property
     def slower(self) -> pd.DataFrame:
@@ -109,6 +111,7 @@ POINT_COLUMNS = [
     "latency_threshold",
     "latency_verdict",  # of p99 and mean together: higher if either rose, lower if both fell
     "noise_assumed",
+    "trials",  # the baseline's / the candidate's trials of the point ("1/1": one each)
     "verdict",
     "best",  # the baseline's best-throughput point of its format x scenario
 ]

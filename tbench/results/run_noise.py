@@ -1,0 +1,105 @@
+"""The run-to-run spread a comparison judges by: how much one point's figure moves from one server process to the next.
+
+A run's windows agree with each other far better than two runs do (on these 2-core VMs the windows' CV was 3.5-6.7%
+while fresh runs of one commit moved 4.5-20% per point): a rule that takes the windows' spread for the noise calls
+every second A/A comparison a regression. The spread between runs is measured where it can be:
+- **trials** (`tbench run --trials N`): each point measured in N server processes; a run's spread is the pooled
+  relative variance of its points' trials (each point's trials against their own mean), the two runs' pooled again;
+- **stated**: a floor given for the machine (`tbench compare --run-cv`), e.g. from its history or a record;
+- otherwise it is **unknown**, and no change beyond the windows' noise can be put on the model.
+
+A point's change is tested against `t(1 - ALPHA, df) * cv * sqrt(1/n_baseline + 1/n_candidate)` (Welch's test with
+the pooled spread); `df` counts half the pooled trials' degrees of freedom, since one trial's points move together
+(a slow process is slow at every point). Where that threshold exceeds the smallest effect asked for, the data cannot
+resolve it: a change inside the threshold is "undetermined", and `trials_needed` says how many trials would resolve it.
+
+Plain functions over the results table; no Prefect.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+from scipy.special import stdtrit
+
+TRIAL = "trial"  # the results column (tbench.core.metrics)
+ALPHA = 0.005  # one-sided, per point and metric
+MAX_TRIALS = 50  # the request's bound on --trials
+
+
+@dataclass(frozen=True)
+class RunSpread:
+    """The relative spread of one trial per metric (NaN: unknown), its degrees of freedom and where it came from."""
+
+    cv: dict[str, float] = field(default_factory=dict)
+    df: float = 0.0
+    source: str = "unknown"
+
+    def known(self, metric: str) -> bool:
+        return not math.isnan(self.cv.get(metric, math.nan))
+
+    def threshold(self, metric: str, n_baseline: int, n_candidate: int) -> float:
+        """The smallest relative change of a point's mean that the spread lets one call (NaN when unknown)."""
+        if not self.known(metric):
+            return math.nan
+        return t_quantile(self.df) * self.cv[metric] * math.sqrt(1.0 / n_baseline + 1.0 / n_candidate)
+
+    def trials_needed(self, metric: str, min_effect: float) -> int | None:
+        """Trials per run (both runs alike) that would resolve `min_effect` at this spread; None beyond MAX_TRIALS."""
+        if not self.known(metric):
+            return None
+        for n in range(2, MAX_TRIALS + 1):
+            if self.threshold(metric, n, n) <= min_effect:
+                return n
+        return None
+
+    def describe(self, metric: str) -> str:
+        if not self.known(metric):
+            return "run-to-run spread unknown"
+        return f"run-to-run spread {100 * self.cv[metric]:.1f}% ({self.source})"
+
+
+def t_quantile(df: float) -> float:
+    """Student's t at 1 - ALPHA; a stated floor (infinite df) gives the normal quantile."""
+    return float(stdtrit(df, 1.0 - ALPHA)) if math.isfinite(df) else float(stdtrit(1e9, 1.0 - ALPHA))
+
+
+def trial_rows(results: pd.DataFrame, idx: list[int]) -> pd.DataFrame:
+    """A point's ok rows, the last of each trial (a point measured twice within a trial counts once)."""
+    rows = results.loc[idx]
+    rows = rows[rows["status"] == "ok"]
+    if TRIAL not in rows or rows[TRIAL].isna().all():
+        return rows.tail(1)
+    return rows.groupby(rows[TRIAL].fillna(1), sort=True).tail(1)
+
+
+def pooled_spread(groups: list[pd.DataFrame], metrics: list[str]) -> tuple[dict[str, float], float]:
+    """The pooled relative variance of the points' trials (each against its own mean): {metric: CV}, degrees of
+    freedom. Points with one trial add nothing."""
+    cvs, df = {}, 0.0
+    for metric in metrics:
+        squares, dof = 0.0, 0
+        for rows in groups:
+            values = rows[metric].dropna().to_numpy(dtype=float)
+            if len(values) < 2 or values.mean() <= 0:
+                continue
+            squares += float(np.sum((values / values.mean() - 1.0) ** 2))
+            dof += len(values) - 1
+        cvs[metric] = math.sqrt(squares / dof) if dof else math.nan
+        df = max(df, dof)
+    return cvs, df
+
+
+def run_spread(groups: list[pd.DataFrame], metrics: list[str], stated: float | None = None) -> RunSpread:
+    """The spread of the two runs' matched points (`groups`: each point's trial rows, baseline's and candidate's
+    apart): measured from trials where any point has two, else the stated floor, else unknown."""
+    cvs, df = pooled_spread(groups, metrics)
+    if df > 0:
+        trials = max(len(g) for g in groups)
+        return RunSpread(cvs, max(df / 2.0, 1.0), f"measured over up to {trials} trials per point")
+    if stated is not None:
+        return RunSpread(dict.fromkeys(metrics, float(stated)), math.inf, f"stated: --run-cv {100 * stated:g}%")
+    return RunSpread(dict.fromkeys(metrics, math.nan))

@@ -1,0 +1,141 @@
+"""The run-to-run rule of `tbench compare` (tbench/results/run_noise.py): trials measure the spread, a change inside
+what it resolves is undetermined, an unknown spread decides nothing, a busy neighbour is named, never blamed on the
+model. Runs are simulated with fixed seeds: each trial's speed drawn around the truth with a known CV."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from tbench.results.compare import (
+    EXIT_CODES,
+    NO_CHANGE,
+    REGRESSION,
+    UNDETERMINED,
+    compare_runs,
+    verdict_exit_code,
+)
+from tbench.results.run_noise import RunSpread, pooled_spread, run_spread
+
+TPUT = "throughput_infer_per_s"
+CONCURRENCY = (1, 2, 4, 8)
+SPEEDUP = np.array([1.0, 1.8, 2.5, 2.9])
+
+
+def trial_run(
+    tmp_path: Path, name: str, rng, trials: int, run_cv: float, factor: float = 1.0, busy_pct: float | None = None
+) -> Path:
+    """A run folder: every point measured in `trials` server processes, each process's speed off by N(0, run_cv),
+    its windows steady (1% CV, from real-looking Pass lines); `busy_pct`: other processes' CPU in its manifest."""
+    run = tmp_path / name
+    logs = run / "logs" / "perf_analyzer"
+    logs.mkdir(parents=True)
+    rows = []
+    for trial in range(1, trials + 1):
+        speed = factor * (1 + run_cv * rng.standard_normal())
+        for c, s in zip(CONCURRENCY, SPEEDUP):
+            tput = 400.0 * s * speed
+            avg = 2.5 * c / (s * speed)
+            stem = f"{name}_c{c}_t{trial}_try0"
+            windows = [(tput * f, 1000 * avg / f) for f in (0.99, 1.0, 1.01)]
+            (logs / f"{stem}.log").write_text(
+                "".join(
+                    f"  Pass [{i}] throughput: {t:.2f} infer/sec. Avg latency: {lat:.0f} usec (std 10 usec). \n"
+                    for i, (t, lat) in enumerate(windows, 1)
+                )
+            )
+            rows.append(
+                {
+                    "model": "resnet50",
+                    "model_size": "small",
+                    "format": "onnx",
+                    "scenario": "online",
+                    "precision": "FP32",
+                    "gpu": "CPU",
+                    "batch_size": 1,
+                    "concurrency": c,
+                    "status": "ok",
+                    TPUT: tput,
+                    "avg_ms": avg,
+                    "p95_ms": 1.5 * avg,
+                    "p99_ms": 2.0 * avg,
+                    "window_requests": 2000,
+                    "trial": trial,
+                    "source_file": f"perf/{stem}.csv",
+                }
+            )
+    pd.DataFrame(rows).to_csv(run / "results.csv", index=False)
+    if busy_pct is not None:
+        (run / "manifest.json").write_text(json.dumps({"host": {"other_cpu_pct": {"mean": busy_pct, "max": 190}}}))
+    return run
+
+
+def test_pooled_spread_recovers_the_trials_cv():
+    rng = np.random.default_rng(0)
+    groups = [pd.DataFrame({TPUT: 100 * (1 + 0.04 * rng.standard_normal(5))}) for _ in range(40)]
+    cvs, df = pooled_spread(groups, [TPUT])
+    assert cvs[TPUT] == pytest.approx(0.04, rel=0.15) and df == 160
+
+
+def test_threshold_and_trials_needed():
+    spread = RunSpread({TPUT: 0.03}, df=30, source="test")
+    assert spread.threshold(TPUT, 4, 4) < spread.threshold(TPUT, 2, 2)
+    n = spread.trials_needed(TPUT, 0.05)
+    assert spread.threshold(TPUT, n, n) <= 0.05 < spread.threshold(TPUT, n - 1, n - 1)
+    assert RunSpread({TPUT: 0.5}, df=30).trials_needed(TPUT, 0.05) is None  # beyond --trials' bound
+    assert not RunSpread().known(TPUT) and math.isnan(RunSpread().threshold(TPUT, 3, 3))
+
+
+def test_one_trial_each_decides_nothing_and_says_how_to(tmp_path):
+    rng = np.random.default_rng(1)
+    c = compare_runs(trial_run(tmp_path, "a", rng, 1, 0.05), trial_run(tmp_path, "b", rng, 1, 0.05, factor=0.7))
+    assert c.verdict == UNDETERMINED and verdict_exit_code(c) == EXIT_CODES[UNDETERMINED] == 2
+    assert "the run-to-run spread is unknown (one trial per run)" in c.summary and "--trials" in c.summary
+    stated = compare_runs(
+        trial_run(tmp_path, "c", rng, 1, 0.0), trial_run(tmp_path, "d", rng, 1, 0.0, factor=0.7), run_cv=0.05
+    )
+    assert stated.verdict == REGRESSION and "stated: --run-cv 5%" in stated.spread
+
+
+def test_a_a_with_trials_never_regresses(tmp_path):
+    rng = np.random.default_rng(2)
+    verdicts = [
+        compare_runs(trial_run(tmp_path, f"a{i}", rng, 5, 0.03), trial_run(tmp_path, f"b{i}", rng, 5, 0.03)).verdict
+        for i in range(40)
+    ]
+    assert verdicts.count(REGRESSION) <= 1 and NO_CHANGE in verdicts
+
+
+def test_a_planted_slowdown_is_found_with_the_trials_the_spread_asks_for(tmp_path):
+    rng = np.random.default_rng(3)
+    spread = run_spread([], [TPUT], stated=0.03)
+    n = spread.trials_needed(TPUT, 0.05)
+    found = [
+        compare_runs(
+            trial_run(tmp_path, f"a{i}", rng, n, 0.03), trial_run(tmp_path, f"b{i}", rng, n, 0.03, factor=0.9)
+        ).verdict
+        for i in range(20)
+    ]
+    assert found.count(REGRESSION) >= 18
+
+
+def test_a_spread_too_wide_for_the_effect_is_undetermined_with_the_trials_it_needs(tmp_path):
+    rng = np.random.default_rng(4)
+    c = compare_runs(trial_run(tmp_path, "a", rng, 2, 0.08), trial_run(tmp_path, "b", rng, 2, 0.08, factor=0.97))
+    assert c.verdict == UNDETERMINED and "per run would resolve 5%" in c.summary
+    assert c.points["trials"].eq("2/2").all()
+
+
+def test_a_busy_neighbour_is_named_never_blamed_on_the_model(tmp_path):
+    rng = np.random.default_rng(5)
+    base = trial_run(tmp_path, "a", rng, 3, 0.02, busy_pct=0.3)
+    slowed = trial_run(tmp_path, "b", rng, 3, 0.02, factor=0.6, busy_pct=95.0)
+    c = compare_runs(base, slowed)
+    assert c.verdict == UNDETERMINED and "other processes used 95% CPU during the candidate's sweeps" in c.summary
+    quiet = trial_run(tmp_path, "c", rng, 3, 0.02, factor=0.6, busy_pct=0.4)
+    assert compare_runs(base, quiet).verdict == REGRESSION
