@@ -307,6 +307,18 @@ def test_markdown_and_plot(tmp_path):
     assert json.loads(result.model_dump_json())["grid_size"] == 60
 
 
+def test_a_best_found_without_a_confirmation_round_is_not_followed_by_none_meets_it():
+    """search.md under a valid best, when no confirmation round was needed: the best and its verdict, and no line
+    saying that nothing meets the objective (it followed every best without a round)."""
+    result = _result(_obs(2, 120.0), _obs(1, 100.0))
+    assert result.confirmation == [] and result.best is not None and result.selection.verdict == "best"
+    text = result.to_markdown()
+    assert "**Best configuration**" in text and "Verdict: **best**" in text
+    assert "No measured configuration meets the objective" not in text
+    over = _result(_obs(2, 120.0, p99=80.0), budget=50.0)
+    assert over.best is None and "No measured configuration meets the objective" in over.to_markdown()
+
+
 def test_perf_rows_become_observations_with_their_status():
     from tbench.search.evaluate import observation_from_row
 
@@ -388,7 +400,7 @@ def test_resume_refuses_a_checkpoint_of_another_search_in_one_line(tmp_path):
         resume_checkpoint(str(tmp_path), refused["server.url"])
 
 
-def _obs(instances: int, throughput: float, cv: float | None = 0.02, p99: float = 10.0, latency_cv=None):
+def _obs(instances: int, throughput: float, cv: float | None = 0.02, p99: float = 10.0, latency_cv=0.02):
     c = Candidate(instances=instances, max_batch_size=8, preferred_batch_sizes=(), queue_delay_us=500)
     return Observation(
         candidate=c, throughput=throughput, p99_ms=p99, avg_ms=5.0, throughput_cv=cv, latency_cv=latency_cv
@@ -408,14 +420,31 @@ def _result(*observations: Observation, budget: float = 50.0) -> SearchResult:
 def test_a_tie_needs_the_difference_shown_small_then_the_cheaper_configuration_wins():
     """At 0.3% window noise, 2 instances measuring 0.3% more than 1 is shown to be within TIE_MARGIN: a tie, and the
     cheaper one is the answer. At 2% the windows cannot tell 1% apart: undetermined, the measured best kept and the
-    other named. A 20% lead is a decided best; unknown noise keeps the measured best."""
+    other named. A 20% lead is a decided best; unknown noise keeps the measured best, undetermined."""
     tie = _result(_obs(2, 100.3, 0.003), _obs(1, 100.0, 0.003)).selection
     assert (tie.verdict, tie.best.candidate.instances) == ("tie", 1)
     open_ = _result(_obs(2, 101.0), _obs(1, 100.0)).selection
     assert (open_.verdict, open_.best.candidate.instances) == ("undetermined", 2)
     assert [o.candidate.instances for o in open_.contenders] == [1] and "cannot decide" in open_.reason
     assert _result(_obs(2, 120.0), _obs(1, 100.0)).selection.verdict == "best"
-    assert _result(_obs(2, 101.0, None), _obs(1, 100.0, None)).best.candidate.instances == 2
+    unknown = _result(_obs(2, 101.0, None), _obs(1, 100.0, None)).selection
+    assert (unknown.verdict, unknown.best.candidate.instances) == ("undetermined", 2)
+
+
+@pytest.mark.parametrize(("throughput_cv", "latency_cv", "unknown"), [(None, 0.02, "throughput"), (0.02, None, "p99")])
+def test_unknown_noise_of_the_objective_or_its_limit_leaves_the_verdict_undetermined(
+    throughput_cv, latency_cv, unknown
+):
+    """A 20% lead is decided only where the windows' noise is known, of the throughput ranked and of the p99 the
+    budget bounds: without either, the lead or the limit rests on the estimate alone, and the verdict says so."""
+    leader = _obs(2, 120.0, throughput_cv, latency_cv=latency_cv)
+    selection = _result(leader, _obs(1, 100.0, throughput_cv, latency_cv=latency_cv)).selection
+    assert selection.best is leader and selection.verdict == "undetermined"
+    assert f"noise of its {unknown} is unknown" in selection.reason
+    assert _result(_obs(2, 120.0), _obs(1, 100.0)).selection.verdict == "best"  # both known: decided
+    alone = [_obs(1, 100.0, latency_cv=None)]
+    unbounded = SearchResult(strategy="exhaustive", objective=Objective(), grid_size=1, budget=1, observations=alone)
+    assert unbounded.selection.verdict == "best"  # no budget: the p99's noise is not needed
 
 
 def test_at_4pct_window_noise_an_11pct_slower_configuration_is_not_a_tie():

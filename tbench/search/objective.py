@@ -8,8 +8,10 @@ under the budget by chance. Two candidates tie only when their difference is sho
 difference's TIE_K-standard-error interval inside it). A candidate the windows cannot separate from the answer is
 harmless when it is shown at most TIE_MARGIN better (the answer is then within the margin of it, whichever is ahead);
 one that may be more than TIE_MARGIN better leaves the verdict "undetermined", with the contenders named, rather than a
-silent pick. A search measures those again before it settles (tbench.search.confirm), and a measurement over more
-windows (`Observation.windows`, its measurements combined) has a smaller standard error."""
+silent pick. So does a leader whose noise is unknown (no windows' CV, its own or the search's): neither its lead nor
+its limit can then be tested, only its estimates. A search measures those again before it settles
+(tbench.search.confirm), and a measurement over more windows (`Observation.windows`, its measurements combined) has a
+smaller standard error."""
 
 from __future__ import annotations
 
@@ -116,6 +118,15 @@ class Objective(BaseModel):
         se = self.standard_error(o, "throughput", pooled) or 0.0
         return o.throughput * (1 - FEASIBLE_K * se) >= self.throughput_floor
 
+    def untested(self, o: Observation, pooled: Pooled | None = None) -> str:
+        """The figures of `o` whose noise is unknown, the objective's and its limit's ('' when both are known): a
+        verdict resting on them is the estimate's alone."""
+        figures = ["throughput" if self.goal == "max_throughput" else "p99"]
+        limit = self.p99_budget_ms if self.goal == "max_throughput" else self.throughput_floor
+        if limit is not None:
+            figures.append("p99" if self.goal == "max_throughput" else "throughput")
+        return " and ".join(f for f in dict.fromkeys(figures) if self.standard_error(o, f, pooled) is None)
+
     def value(self, o: Observation) -> float:
         """Higher is better: throughput, or minus p99."""
         return o.throughput if self.goal == "max_throughput" else -o.p99_ms
@@ -189,7 +200,8 @@ class Selection:
     """The search's answer: `best` (None when nothing meets the limit), how sure it is (`verdict`: best -- the measured
     leader, every other behind it by more than the noise or shown at most TIE_MARGIN ahead of it; tie -- the cheapest
     of candidates shown equal; undetermined -- the measured leader, with `contenders` that may be more than TIE_MARGIN
-    better than it), and why, in a sentence. For best and tie, `contenders` are those it was not separated from."""
+    better than it, or with its noise unknown), and why, in a sentence. For best and tie, `contenders` are those it was
+    not separated from."""
 
     best: Observation | None
     verdict: Verdict
@@ -215,6 +227,10 @@ def select(objective: Objective, observations: list[Observation]) -> Selection:
     best = min(tied, key=lambda o: (o.candidate.cost, -objective.value(o)))
     unseparated = [o for o in feasible[1:] if verdicts[id(o)] == "undetermined"]
     open_ = [o for o in unseparated if not objective.at_most_margin_better(best, o, pooled)]
+    untested = objective.untested(best, pooled)
+    if untested:  # its lead and its limit rest on the estimates alone
+        reason = f"the measured best, untested: the windows' noise of its {untested} is unknown"
+        return Selection(best, "undetermined", reason, contenders=unseparated, near_limit=near, leader=leader)
     if open_:
         se = objective.value_error(best, pooled)
         noise = f"{100 * se:.1f}%" if se is not None else "unknown"
@@ -229,10 +245,6 @@ def select(objective: Objective, observations: list[Observation]) -> Selection:
         reason += within if unseparated else ""
         others = [o for o in tied if o is not best] + unseparated
         return Selection(best, "tie", reason, contenders=others, near_limit=near, leader=leader)
-    if objective.value_error(leader, pooled) is None:
-        return Selection(
-            best, "best", "the measured best; the windows' noise is unknown, so untested against it", [], near, leader
-        )
     if unseparated:
         behind = len(feasible) - 1 - len(unseparated)
         reason = f"the measured best{within}" + (

@@ -136,7 +136,7 @@ class SearchResult(BaseModel):
             ]
         if self.confirmation:
             lines += [_confirmation_line(self.confirmation), ""]
-        else:
+        if best is None:  # with or without a confirmation round: one that left nothing feasible says so too
             near = self.closest()
             lines += [
                 "**No measured configuration meets the objective.**"
