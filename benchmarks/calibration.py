@@ -49,6 +49,12 @@ GOALS: dict[str, dict[str, tuple[str, float, str]]] = {
     "capacity": {
         "above_truth": ("<=", 0.01, "plan ≤ true capacity in ≥ 99% of searches"),
         "within_090": (">=", 0.90, "plan ≥ 0.90 of true capacity in ≥ 90% of searches"),
+        "windows_above_truth": (
+            "<=",
+            0.01,
+            "no exported requests (the windows' p99 by its bound): above the truth by over 1% in ≤ 1% of searches",
+        ),
+        "windows_within_085": (">=", 0.90, "the same: plan ≥ 0.85 of the truth in ≥ 90% of searches"),
     },
     "history": {
         "alerted_share": (">=", 1.0, "every confirmed change alerts exactly once, whenever confirmed"),

@@ -4,12 +4,14 @@ simulated system whose true capacity is known (pure logic, no server)."""
 from __future__ import annotations
 
 import math
+import random
 
 import pytest
 
 from tbench.capacity.rate_search import (
     CONFIRMATIONS,
     NEIGHBOURS,
+    PASSING,
     REPEATS,
     STATUSES,
     RatePoint,
@@ -20,7 +22,7 @@ from tbench.capacity.rate_search import (
     neighbours_verdict,
     rate_verdict,
 )
-from tbench.capacity.statistics import PercentileRule
+from tbench.capacity.statistics import WINDOWS_WARMUP, PercentileRule, windows_standard_error
 
 RULE = PercentileRule()  # p99, 1522 requests
 SLO_MS = 50.0
@@ -32,6 +34,7 @@ def row(**overrides) -> dict:
         "status": "ok",
         "error": "",
         "throughput_infer_per_s": 100.0,
+        "p95_ms": 15.0,
         "p99_ms": 20.0,
         "window_requests": 600.0,
         "measure_seconds": 18.5,
@@ -66,12 +69,13 @@ def test_judge_latency_comes_from_the_rules_column():
     assert point.status == "pass"
 
 
-def test_judge_at_the_slo_passes():
-    assert judge(100.0, 1, row(p99_ms=SLO_MS), SLO_MS, RULE).status == "pass"
+def test_judge_at_the_slo_with_no_spread_in_the_tail_passes():
+    """p95 = p99: the tail beyond the p99 has no spread, so neither has the estimate: judged on it."""
+    assert judge(100.0, 1, row(p95_ms=SLO_MS, p99_ms=SLO_MS), SLO_MS, RULE).status == "pass"
 
 
 def test_judge_over_slo():
-    point = judge(100.0, 1, row(p99_ms=50.5), SLO_MS, RULE)
+    point = judge(100.0, 1, row(p95_ms=50.0, p99_ms=50.5), SLO_MS, RULE)
     assert point.status == "over_slo"
     assert not point.passed
     assert point.latency_ms == 50.5
@@ -90,7 +94,7 @@ def test_judge_client_bound_passes_as_a_lower_bound_when_the_slo_holds():
     reason = "client-bound: 2.4% of the sends were late ..."
     point = judge(100.0, 1, row(status="client_bound", error=reason, delayed_pct=2.4), SLO_MS, RULE)
     assert point.status == "client_bound" and point.passed and point.reason == reason and point.delayed_pct == 2.4
-    assert judge(100.0, 1, row(status="client_bound", p99_ms=80.0), SLO_MS, RULE).status == "over_slo"
+    assert judge(100.0, 1, row(status="client_bound", p95_ms=78.0, p99_ms=80.0), SLO_MS, RULE).status == "over_slo"
     assert judge(100.0, 1, row(status="client_bound", window_requests=10.0), SLO_MS, RULE).status == "too_few"
 
 
@@ -717,3 +721,71 @@ def test_a_point_alone_whose_slow_requests_came_in_one_stall_is_undetermined_not
     short = judge(50.0, 1, row, 60.0, rule, RequestLog(sent, longer, 7.2, (0.0, 7.2)))
     assert short.status == "too_few"
     assert alone_verdict(short, rule).status == "undetermined" and "measure longer" in alone_verdict(short, rule).reason
+
+
+# -- the windows path: no exported requests (an image model), the p99 judged by its bound ------------------------------
+
+
+def test_a_windows_p99_passes_only_when_its_upper_bound_holds_the_slo():
+    """A p99 of 48.5 ms against 50, its tail's p95..p99 spanning 8.5 ms: from 1,800 requests its bound reaches past the
+    SLO (undetermined, measured again), from 18,000 it holds (pass); at 56 ms even the lower bound breaks it."""
+    straddling = judge(100.0, 1, row(p95_ms=40.0, p99_ms=48.5), SLO_MS, RULE)
+    assert straddling.status == "undetermined" and not straddling.passed
+    assert straddling.latency_se_ms == pytest.approx(windows_standard_error(40.0, 48.5, 600.0))
+    assert "bounds" in straddling.reason and "SLO 50" in straddling.reason
+    more = judge(100.0, 1, row(p95_ms=40.0, p99_ms=48.5, window_requests=6000.0), SLO_MS, RULE)
+    assert more.status == "pass" and more.latency_se_ms < straddling.latency_se_ms
+    assert judge(100.0, 1, row(p95_ms=50.0, p99_ms=56.0), SLO_MS, RULE).status == "over_slo"
+
+
+def test_a_windows_p99_without_a_p95_cannot_be_bounded():
+    values = row()
+    del values["p95_ms"]
+    point = judge(100.0, 1, values, SLO_MS, RULE)
+    assert point.status == "undetermined" and "without a p95" in point.reason
+
+
+def test_a_windows_p99_has_the_warm_up_added_back_by_the_queues_share():
+    """A queue four times the compute time (near saturation: the windows' empty start reads low) raises a 44 ms p99 by
+    WINDOWS_WARMUP x 16; no queue, nothing."""
+    queued = row(p95_ms=40.0, p99_ms=44.0, server_queue_ms=40.0, server_compute_infer_ms=10.0)
+    assert judge(100.0, 1, queued, 60, RULE).latency_ms == pytest.approx(44.0 * (1 + WINDOWS_WARMUP * 16))
+    idle = judge(100.0, 1, queued | {"server_queue_ms": 0.0}, 60, RULE)
+    assert idle.latency_ms == 44.0
+
+
+def test_the_windows_path_bounds_only_p99_other_percentiles_keep_their_figure():
+    rule = PercentileRule(percentile=90)
+    point = judge(100.0, 1, row(p90_ms=49.0), SLO_MS, rule)
+    assert point.status == "pass" and point.latency_se_ms is None
+
+
+def test_windows_runs_at_a_rate_are_pooled_on_their_mean():
+    """Each run alone straddles the SLO; pooled, twelve runs at 48.5 ms pass and twelve at 51.5 ms fail, at the search's
+    shared z; two runs cannot decide."""
+    z = 2.64
+    under = judge(100.0, 1, row(p95_ms=40.0, p99_ms=48.5), SLO_MS, RULE)
+    over = judge(100.0, 1, row(p95_ms=43.0, p99_ms=51.5), SLO_MS, RULE)
+    assert {under.status, over.status} == {"undetermined"}
+    assert rate_verdict([under] * 2, RULE, z)[0] == "undecided"
+    verdict, why = rate_verdict([under] * 12, RULE, z)
+    assert verdict == "pass" and "12 measurement(s)" in why
+    assert rate_verdict([over] * 12, RULE, z)[0] == "fail"
+    spread = [judge(100.0, 1, row(p95_ms=p - 8.5, p99_ms=p), SLO_MS, RULE) for p in (33.5, 48.5, 63.5) * 4]
+    assert rate_verdict(spread, RULE, z)[0] == "undecided"  # the same mean, but the runs disagree: no pass
+
+
+def test_a_search_on_windows_p99s_stays_at_or_below_the_rate_that_holds():
+    """A system whose true p99 is 10 / (1 - rate / 125) ms (the SLO 50 ms holds up to 100/s), each run's windows p99
+    off by 8% (seeded): the plan is never above 100/s, and within 0.85 of it."""
+    rng = random.Random(3)
+
+    def measure(rate: float) -> RatePoint:
+        true = 10.0 / (1 - rate / 125) if rate < 125 else 1e4
+        p99 = true * math.exp(rng.gauss(0, 0.08))
+        return judge(rate, 1, row(p95_ms=0.8 * p99, p99_ms=p99, throughput_infer_per_s=rate), SLO_MS, RULE)
+
+    for _ in range(5):
+        found = find_sustainable_rate(measure, 40.0)
+        assert found.rate is not None and 85.0 <= found.rate <= 100.0, found.stopped
+        assert found.at_rate.status in PASSING and "merged windows" in found.verdicts[f"{found.rate:g}"]

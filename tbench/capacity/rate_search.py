@@ -2,7 +2,12 @@
 whose percentile latency stays within the bound, over a run long enough for that percentile (statistics.py). Found by
 a bracketing search over rates: from a start rate, double (or halve) until one rate passes and one fails, then bisect
 (geometric middle) until the two are within `tolerance` of each other; each rate is measured again until its runs,
-pooled, decide (rate_verdict). Pure logic: `measure(rate)` does the work."""
+pooled, decide (rate_verdict). Pure logic: `measure(rate)` does the work.
+
+Without exported requests (an image model's, too large to export) a point's p99 is perf_analyzer's merged windows'
+figure, judged by its bound (statistics.windows_standard_error, at the rule's confidence): pass when its upper bound is
+within the SLO, over_slo when its lower bound is above it, undetermined between; a rate's runs are pooled on their mean
+(statistics.windows_score) as the exported path pools its counts. Other percentiles keep the windows' figure."""
 
 from __future__ import annotations
 
@@ -22,6 +27,9 @@ from tbench.capacity.statistics import (
     percentile_upper_bound,
     steady_latencies,
     tail_inflation,
+    warmed_up_p99,
+    windows_score,
+    windows_standard_error,
 )
 from tbench.loadgen.behind import CARRIED
 from tbench.loadgen.perf_analyzer import RequestLog
@@ -56,6 +64,10 @@ class RatePoint(BaseModel):
     status: Status
     reason: str = ""
     latency_ms: float | None = Field(None, description="The SLO's percentile latency at this rate.")
+    latency_se_ms: float | None = Field(
+        None, description="Without exported requests: the windows' p99's standard error (its bound's, and pooling's)."
+    )
+    slo_ms: float | None = Field(None, description="The latency SLO the point was judged against.")
     throughput: float | None = Field(None, description="Served inferences per second.")
     served_rps: float | None = Field(None, description="Served requests per second (throughput / batch size).")
     requests: int | None = Field(None, description="Requests the percentile comes from.")
@@ -125,6 +137,7 @@ def judge(
         joules_per_inference=per_inference(number("gpu_energy_j"), number("triton_requests"), batch_size),
         seconds=number("measure_seconds") or 0.0,
         source_file=str(row.get("source_file") or ""),
+        slo_ms=slo_ms,
     )
     bound, estimate = "", None
     if requests is not None:
@@ -154,6 +167,11 @@ def judge(
     if requests is None and (point.requests is None or point.requests < rule.requests()):
         reason = f"{point.requests or 0} requests measured; p{rule.percentile} needs {rule.requests()}"
         return point.model_copy(update={"status": "too_few", "reason": reason})
+    if requests is None and rule.percentile == 99 and point.latency_ms is not None:
+        warmed = warmed_up_p99(point.latency_ms, number("server_queue_ms"), number("server_compute_infer_ms"))
+        point = windows_bound(point, number("p95_ms"), merged, slo_ms, rule, warmed)
+        if point.status != "pass":
+            return point
     if point.latency_ms is None or point.latency_ms > slo_ms:
         measured = "not reported" if point.latency_ms is None else f"{point.latency_ms:.3g} ms"
         reason = f"p{rule.percentile} {measured}{bound} > SLO {slo_ms:g} ms"
@@ -163,6 +181,48 @@ def judge(
     return point
 
 
+def windows_bound(
+    point: RatePoint,
+    p95_ms: float | None,
+    window_requests: float | None,
+    slo_ms: float,
+    rule: PercentileRule,
+    warmed_ms: float,
+) -> RatePoint:
+    """A windows p99 against the SLO by its bound at the rule's confidence, with its standard error: still a pass when
+    its upper bound is within the SLO, over_slo when even its lower bound is above it, undetermined when the bound
+    straddles it (no pass: measured again, its runs pooled). The p99 judged is `warmed_ms` (statistics.warmed_up_p99),
+    its error scaled with it. Without a p95 the tail's spread is unknown: undetermined."""
+    measured = point.latency_ms or 0.0
+    error = windows_standard_error(p95_ms, measured, window_requests)
+    if error is None:
+        reason = f"p99 {measured:.3g} ms without a p95: its spread over {point.requests or 0} requests is unknown"
+        return point.model_copy(update={"status": "undetermined", "reason": reason})
+    latency, error = warmed_ms, error * warmed_ms / measured if measured else error
+    z = NormalDist().inv_cdf(rule.confidence)
+    low, high = latency - z * error, latency + z * error
+    point = point.model_copy(update={"latency_ms": latency, "latency_se_ms": error})
+    if high <= slo_ms:
+        return point
+    bound = (
+        f"p99 {latency:.3g} ms (its {100 * rule.confidence:g}% bounds {low:.3g}..{high:.3g} ms, {point.requests} "
+        f"requests in the merged windows)"
+    )
+    if low > slo_ms:
+        return point.model_copy(update={"status": "over_slo", "reason": f"{bound} > SLO {slo_ms:g} ms"})
+    return point.model_copy(update={"status": "undetermined", "reason": f"{bound} around SLO {slo_ms:g} ms"})
+
+
+def poolable(point: RatePoint) -> bool:
+    """Whether a measurement counts towards its rate's pooled verdict: it carried its load, and its percentile is one
+    the pool can weigh (its requests counted, a run too short alone included; or a windows p99 with its error)."""
+    if point.over_slo is not None and point.requests:
+        return point.status in (*PASSING, "over_slo", "too_few")
+    if point.latency_se_ms is not None:
+        return point.status in (*PASSING, "over_slo", "undetermined")
+    return point.status in PASSING
+
+
 Verdict = Literal["pass", "fail", "undecided"]
 
 
@@ -170,22 +230,37 @@ def rate_verdict(points: list[RatePoint], rule: PercentileRule, z: float) -> tup
     """The verdict of the measurements at one rate, and why. Any that did not carry its load (behind, unstable, an
     error; too few requests where they cannot be pooled) fails the rate. Where each counted its requests over the SLO,
     they are pooled: the rate passes when the share over the SLO is below the percentile's tail by `z` standard errors
-    (exceedance_score), fails when above it by `z`, and is undecided between. Without counts (no exported requests)
-    each point's own verdict."""
-    counted = all(p.over_slo is not None and p.requests for p in points)
-    # a run too short to bound the percentile alone still counts towards the pool
-    pooled = (*PASSING, "over_slo", "too_few") if counted else PASSING
-    failed = next((p for p in points if p.status not in pooled), None)
+    (exceedance_score), fails when above it by `z`, and is undecided between. Windows p99s (no exported requests) are
+    pooled on their mean, against the SLO by `z` of its standard errors (windows_score). Other percentiles without
+    counts: each point's own verdict."""
+    failed = next((p for p in points if not poolable(p)), None)
     if failed is not None:
         return "fail", failed.reason
+    counted = all(p.over_slo is not None and p.requests for p in points)
+    if not counted and all(p.latency_se_ms is not None and p.slo_ms is not None for p in points):
+        return windows_verdict(points, z)
     if not counted:
-        return "pass", ""
+        failed = next((p for p in points if not p.passed), None)
+        return ("fail", failed.reason) if failed is not None else ("pass", "")
     requests, over = [p.requests or 0 for p in points], [p.over_slo or 0 for p in points]
     score = exceedance_score(requests, over, [p.inflation or 1.0 for p in points], rule.percentile)
     share = sum(over) / sum(requests)
     why = (
         f"{100 * share:.2g}% of {sum(requests):,} requests over the SLO in {len(points)} measurement(s), "
         f"{score:+.1f} standard errors from p{rule.percentile}'s {100 * rule.tail:.2g}%"
+    )
+    return ("pass" if score <= -z else "fail" if score >= z else "undecided"), why
+
+
+def windows_verdict(points: list[RatePoint], z: float) -> tuple[Verdict, str]:
+    """The pooled verdict of windows p99s at one rate (rate_verdict)."""
+    slo = points[0].slo_ms or 0.0
+    latencies = [p.latency_ms or 0.0 for p in points]
+    score = windows_score(latencies, [p.latency_se_ms or 0.0 for p in points], slo)
+    why = (
+        f"p99 {float(np.mean(latencies)):.3g} ms, the mean of {len(points)} measurement(s) of "
+        f"{sum(p.requests or 0 for p in points):,} requests in their merged windows, {score:+.1f} standard errors "
+        f"from the SLO {slo:g} ms"
     )
     return ("pass" if score <= -z else "fail" if score >= z else "undecided"), why
 
@@ -266,7 +341,7 @@ class SustainableRate(BaseModel):
             decided = {r for r, verdict in self.verdicts.items() if verdict.startswith("pass")}
             points = [p for p in self.points if p.passed and (not self.verdicts or f"{p.rate:g}" in decided)]
             return max(points, key=lambda p: p.rate, default=None)
-        at = [p for p in self.points if p.rate == self.rate and p.status in (*PASSING, "over_slo", "too_few")]
+        at = [p for p in self.points if p.rate == self.rate and poolable(p)]
         if not at or (len(at) == 1 and at[0].passed):
             return at[0] if at else None
         latencies = [p.latency_ms for p in at if p.latency_ms is not None]
