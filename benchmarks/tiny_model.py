@@ -10,7 +10,9 @@ import sys
 from pathlib import Path
 
 
-def build_tiny_image_onnx(path: Path, seed: int = 0) -> Path:
+def build_tiny_image_onnx(path: Path, seed: int = 0, extra_layers: int = 0) -> Path:
+    """`extra_layers`: 3x3 convolutions (16 channels at 16x16) added after the second convolution, a planted slowdown
+    of the same model (benchmarks/real_aa.py measures how much slower it serves)."""
     import torch
     from torch import nn
 
@@ -24,6 +26,7 @@ def build_tiny_image_onnx(path: Path, seed: int = 0) -> Path:
                 nn.ReLU(),
                 nn.Conv2d(8, 16, 3, stride=2, padding=1),
                 nn.ReLU(),
+                *(m for _ in range(extra_layers) for m in (nn.Conv2d(16, 16, 3, padding=1), nn.ReLU())),
                 nn.AdaptiveAvgPool2d(1),
                 nn.Flatten(),
             )

@@ -1,0 +1,210 @@
+"""Real A/A and planted-change comparisons on this machine: does `tbench compare` stay quiet on two runs of one commit,
+name a busy neighbour instead of blaming the model, and find a model made slower with the trials it asks for?
+
+Every run is `tbench run ...` in a subprocess (its own server), one after the other:
+1. **spread**: `--runs` fresh runs of the small ResNet-50 unpinned (`--no-pin-cpus`: the placement before the
+   run-to-run issue, server and perf_analyzer anywhere on the machine's cores, ONNX Runtime on every core) and as
+   many pinned (the default): the per-point CV of throughput across runs, before and after.
+2. **aa**: `tbench compare` on every ordered pair of the pinned ResNet-50 runs and of `--tiny-runs` runs of the tiny
+   model (benchmarks/tiny_model.py), as a user runs it (one trial each: no spread known) and with the machine's
+   run-to-run spread stated (`--run-cv`: the median per-point CV the runs of that model just showed).
+3. **neighbour**: `--neighbour-runs` tiny runs with a busy loop started beside them, each compared against the
+   first two idle tiny runs with the spread stated: never exit 1 (0, or 2 naming the neighbour).
+4. **planted**: the tiny model and the same model with one more 3x3 convolution (`extra_layers=1`: its best point
+   serves about 10% less), `--planted-runs` runs of each (the offline sweep), alternating, every point measured in the
+   trials that
+   `tbench compare` says resolve 5% at the spread measured in 2 (capped by `--max-trials`); every (baseline,
+   candidate) pair compared: the share found (exit 1), and the slowdown the runs actually measured.
+
+Usage: .venv/bin/python benchmarks/real_aa.py [--runs 5] [--tiny-runs 4] [--neighbour-runs 3] [--planted-runs 4]
+Writes benchmarks/results/real_aa.json with its provenance; an interim copy after every run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pandas as pd
+from provenance import RESULTS, recorded
+from tiny_model import build_tiny_image_onnx
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # standalone: the repository's tbench
+
+from tbench.results.run_noise import run_spread  # noqa: E402
+
+TBENCH = str(Path(sys.executable).with_name("tbench"))
+TPUT = "throughput_infer_per_s"
+POINT = ["scenario", "format", "batch_size", "concurrency", "request_rate"]
+MIN_EFFECT = 0.05
+
+
+def run(target: list[str], out: Path, extra: list[str] = (), neighbour: bool = False) -> dict:
+    """One `tbench run` in its own process; `neighbour`: a busy loop beside it for its whole length."""
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if neighbour else None
+    start = time.monotonic()
+    try:
+        done = subprocess.run([TBENCH, "run", *target, *extra, "--output", str(out)], capture_output=True, text=True)
+    finally:
+        if busy is not None:
+            busy.kill()
+            busy.wait()
+    wall = round(time.monotonic() - start, 1)
+    if done.returncode not in (0, 3):
+        return {"ok": False, "wall_s": wall, "error": (done.stderr.strip().splitlines() or ["?"])[-1]}
+    folder = Path(done.stdout.strip().splitlines()[-1])
+    manifest = json.loads((folder / "manifest.json").read_text())
+    return {
+        "ok": True,
+        "run_dir": str(folder),
+        "wall_s": wall,
+        "placement": manifest.get("placement"),
+        "neighbour_cpu_pct": ((manifest.get("host") or {}).get("other_cpu_pct") or {}).get("mean"),
+    }
+
+
+def point_table(runs: list[dict]) -> pd.DataFrame:
+    """Per point, each run's mean throughput over its trials (ok rows only), runs as columns."""
+    series = {}
+    for i, r in enumerate(runs):
+        if not r["ok"]:
+            continue
+        df = pd.read_parquet(Path(r["run_dir"]) / "results.parquet")
+        df = df[df["status"] == "ok"].fillna({"concurrency": 0, "request_rate": 0})
+        series[i] = df.groupby(POINT)[TPUT].mean()
+    return pd.DataFrame(series)
+
+
+def per_point_cv(runs: list[dict]) -> dict:
+    table = point_table(runs).dropna()
+    cvs = (table.std(axis=1, ddof=1) / table.mean(axis=1)).sort_values()
+    best = table.max(axis=0)
+    return {
+        "runs": int(table.shape[1]),
+        "points": int(table.shape[0]),
+        "median_pct": round(100 * float(cvs.median()), 2),
+        "max_pct": round(100 * float(cvs.max()), 2),
+        "by_point_pct": {" ".join(str(v) for v in k): round(100 * float(c), 2) for k, c in cvs.items()},
+        "best_throughput_cv_pct": round(100 * float(best.std(ddof=1) / best.mean()), 2),
+    }
+
+
+def compare(base: dict, cand: dict, run_cv: float | None = None) -> dict:
+    argv = [TBENCH, "compare", base["run_dir"], cand["run_dir"], "--output", tempfile.mkdtemp(prefix="tbench-cmp-")]
+    argv += ["--run-cv", f"{run_cv:.4f}"] if run_cv is not None else []
+    done = subprocess.run(argv, capture_output=True, text=True)
+    line = (done.stdout.strip().splitlines() or [done.stderr.strip()])[-1]
+    return {"exit": done.returncode, "line": line[:400]}
+
+
+def pairs(runs: list[dict]) -> list[tuple[dict, dict]]:
+    ok = [r for r in runs if r["ok"]]
+    return list(itertools.permutations(ok, 2))
+
+
+def exits(comparisons: list[dict]) -> dict:
+    codes = [c["exit"] for c in comparisons]
+    return {str(code): codes.count(code) for code in sorted(set(codes))}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--tiny-runs", type=int, default=4)
+    parser.add_argument("--neighbour-runs", type=int, default=3)
+    parser.add_argument("--planted-runs", type=int, default=4)
+    parser.add_argument("--max-trials", type=int, default=4)
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="tbench-real-aa-"))
+    tiny = build_tiny_image_onnx(work / "tiny.onnx")
+    slower = build_tiny_image_onnx(work / "tiny_slower.onnx", extra_layers=1)
+    resnet = ["resnet50", "--size", "small"]
+    with recorded(RESULTS / "real_aa.json", model_sizes=["resnet50 small", "tiny onnx"]) as record:
+
+        def measured(key: str, target: list[str], n: int, **kw) -> list[dict]:
+            runs = record.setdefault(key, [])
+            for i in range(n):
+                runs.append(run(target, work / key, **kw))
+                print(f"{key} {i + 1}/{n}: {runs[-1]}", flush=True)
+                record.save()
+            return runs
+
+        before = measured("runs_unpinned", resnet, args.runs, extra=["--no-pin-cpus"])
+        after = measured("runs_pinned", resnet, args.runs)
+        record["per_point_cv_before"] = per_point_cv(before)
+        record["per_point_cv_after"] = per_point_cv(after)
+        print("before", record["per_point_cv_before"], "\nafter", record["per_point_cv_after"], flush=True)
+        idle_tiny = measured("runs_tiny", ["--model-file", str(tiny)], args.tiny_runs)
+        tiny_cv = per_point_cv(idle_tiny)
+        record["per_point_cv_tiny"] = tiny_cv
+        floors = {
+            "resnet50 small": record["per_point_cv_after"]["median_pct"] / 100,
+            "tiny": tiny_cv["median_pct"] / 100,
+        }
+        record["stated_run_cv"] = floors
+
+        comparisons = []
+        for model, runs in (("resnet50 small", after), ("tiny", idle_tiny)):
+            for base, cand in pairs(runs):
+                comparisons.append(
+                    {"model": model, "as_run": compare(base, cand), "stated": compare(base, cand, floors[model])}
+                )
+        record["aa"] = comparisons
+        record["comparisons"] = len(comparisons)
+        record["false_regressions"] = sum(c["as_run"]["exit"] == 1 for c in comparisons)
+        record["false_regressions_stated"] = sum(c["stated"]["exit"] == 1 for c in comparisons)
+        record["aa_exits"] = exits([c["as_run"] for c in comparisons])
+        record["aa_exits_stated"] = exits([c["stated"] for c in comparisons])
+        record.save()
+
+        busy = measured("runs_neighbour", ["--model-file", str(tiny)], args.neighbour_runs, neighbour=True)
+        neighbour = [
+            compare(base, cand, floors["tiny"]) for base in idle_tiny[:2] if base["ok"] for cand in busy if cand["ok"]
+        ]
+        record["neighbour"] = neighbour
+        record["neighbour_comparisons"] = len(neighbour)
+        record["neighbour_false_regressions"] = sum(c["exit"] == 1 for c in neighbour)
+        record["neighbour_named"] = sum(c["exit"] == 2 and "other processes used" in c["line"] for c in neighbour)
+        record.save()
+
+        spread = run_spread([], [TPUT], stated=floors["tiny"])
+        needed = spread.trials_needed(TPUT, MIN_EFFECT)
+        trials = min(needed or args.max_trials, args.max_trials)
+        record["planted_trials"] = {"tool_asked": needed, "used": trials, "cap": args.max_trials}
+        planted_base, planted_cand = record.setdefault("runs_planted_base", []), record.setdefault("runs_planted", [])
+        for i in range(args.planted_runs):  # alternating: a slow drift of the machine hits both sides alike
+            for model, runs in ((tiny, planted_base), (slower, planted_cand)):
+                extra = ["--trials", str(trials), "--scenarios", "offline"]  # the offline sweep: a trial in ~30 s
+                runs.append(run(["--model-file", str(model)], work / "planted", extra=extra))
+                print(f"planted {model.name} {i + 1}: {runs[-1]}", flush=True)
+                record.save()
+        planted = [compare(b, c) for b in planted_base if b["ok"] for c in planted_cand if c["ok"]]
+        record["planted"] = planted
+        record["planted_comparisons"] = len(planted)
+        record["planted_found"] = sum(c["exit"] == 1 for c in planted)
+        means = [point_table(runs).mean(axis=1) for runs in (planted_base, planted_cand)]
+        slowdown = (means[1] / means[0] - 1).dropna()
+        record["planted_slowdown_pct"] = {
+            "best_point": round(100 * float(slowdown[means[0].dropna().idxmax()]), 2),
+            "median_point": round(100 * float(slowdown.median()), 2),
+        }
+        summary = {k: record[k] for k in ("comparisons", "false_regressions", "neighbour_false_regressions")}
+        print(json.dumps({**summary, "planted_found": record["planted_found"], "of": len(planted)}), flush=True)
+        print(
+            f"per-point CV median {record['per_point_cv_before']['median_pct']}% -> "
+            f"{record['per_point_cv_after']['median_pct']}% (max {record['per_point_cv_before']['max_pct']}% -> "
+            f"{record['per_point_cv_after']['max_pct']}%)",
+            flush=True,
+        )
+        record["median_of_walls_s"] = statistics.median(r["wall_s"] for r in after)
+
+
+if __name__ == "__main__":
+    main()
