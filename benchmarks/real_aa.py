@@ -38,7 +38,7 @@ from tiny_model import build_tiny_image_onnx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # standalone: the repository's tbench
 
-from tbench.results.run_noise import run_spread  # noqa: E402
+from tbench.results.run_noise import RunSpread  # noqa: E402
 
 TBENCH = str(Path(sys.executable).with_name("tbench"))
 TPUT = "throughput_infer_per_s"
@@ -120,7 +120,7 @@ def main() -> None:
     parser.add_argument("--tiny-runs", type=int, default=4)
     parser.add_argument("--neighbour-runs", type=int, default=3)
     parser.add_argument("--planted-runs", type=int, default=4)
-    parser.add_argument("--max-trials", type=int, default=4)
+    parser.add_argument("--max-trials", type=int, default=5)
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="tbench-real-aa-"))
     tiny = build_tiny_image_onnx(work / "tiny.onnx")
@@ -174,8 +174,8 @@ def main() -> None:
         record["neighbour_named"] = sum(c["exit"] == 2 and "other processes used" in c["line"] for c in neighbour)
         record.save()
 
-        spread = run_spread([], [TPUT], stated=floors["tiny"])
-        needed = spread.trials_needed(TPUT, MIN_EFFECT)
+        # what compare asks for at the spread the idle runs showed, once trials measure it (tbench.results.run_noise)
+        needed = RunSpread({TPUT: floors["tiny"]}, measured=True).trials_needed(TPUT, MIN_EFFECT)
         trials = min(needed or args.max_trials, args.max_trials)
         record["planted_trials"] = {"tool_asked": needed, "used": trials, "cap": args.max_trials}
         planted_base, planted_cand = record.setdefault("runs_planted_base", []), record.setdefault("runs_planted", [])

@@ -20,7 +20,7 @@ from tbench.results.compare import (
     compare_runs,
     verdict_exit_code,
 )
-from tbench.results.run_noise import RunSpread, pooled_spread, run_spread
+from tbench.results.run_noise import RunSpread, pooled_spread
 
 TPUT = "throughput_infer_per_s"
 CONCURRENCY = (1, 2, 4, 8)
@@ -83,11 +83,13 @@ def test_pooled_spread_recovers_the_trials_cv():
 
 
 def test_threshold_and_trials_needed():
-    spread = RunSpread({TPUT: 0.03}, df=30, source="test")
+    spread = RunSpread({TPUT: 0.03}, measured=True, source="test")
     assert spread.threshold(TPUT, 4, 4) < spread.threshold(TPUT, 2, 2)
     n = spread.trials_needed(TPUT, 0.05)
     assert spread.threshold(TPUT, n, n) <= 0.05 < spread.threshold(TPUT, n - 1, n - 1)
-    assert RunSpread({TPUT: 0.5}, df=30).trials_needed(TPUT, 0.05) is None  # beyond --trials' bound
+    # measured from few trials, a spread is known less well than a stated one: it asks for more
+    assert RunSpread({TPUT: 0.03}).trials_needed(TPUT, 0.05) < n
+    assert RunSpread({TPUT: 0.5}, measured=True).trials_needed(TPUT, 0.05) is None  # beyond --trials' bound
     assert not RunSpread().known(TPUT) and math.isnan(RunSpread().threshold(TPUT, 3, 3))
 
 
@@ -105,16 +107,15 @@ def test_one_trial_each_decides_nothing_and_says_how_to(tmp_path):
 def test_a_a_with_trials_never_regresses(tmp_path):
     rng = np.random.default_rng(2)
     verdicts = [
-        compare_runs(trial_run(tmp_path, f"a{i}", rng, 5, 0.03), trial_run(tmp_path, f"b{i}", rng, 5, 0.03)).verdict
+        compare_runs(trial_run(tmp_path, f"a{i}", rng, 6, 0.02), trial_run(tmp_path, f"b{i}", rng, 6, 0.02)).verdict
         for i in range(40)
     ]
-    assert verdicts.count(REGRESSION) <= 1 and NO_CHANGE in verdicts
+    assert verdicts.count(REGRESSION) <= 1 and verdicts.count(NO_CHANGE) >= 30
 
 
 def test_a_planted_slowdown_is_found_with_the_trials_the_spread_asks_for(tmp_path):
     rng = np.random.default_rng(3)
-    spread = run_spread([], [TPUT], stated=0.03)
-    n = spread.trials_needed(TPUT, 0.05)
+    n = RunSpread({TPUT: 0.03}, measured=True).trials_needed(TPUT, 0.05)  # what compare asks for at 3%
     found = [
         compare_runs(
             trial_run(tmp_path, f"a{i}", rng, n, 0.03), trial_run(tmp_path, f"b{i}", rng, n, 0.03, factor=0.9)

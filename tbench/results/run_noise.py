@@ -6,12 +6,13 @@ every second A/A comparison a regression. The spread between runs is measured wh
 - **trials** (`tbench run --trials N`): each point measured in N server processes; a run's spread is the pooled
   relative variance of its points' trials (each point's trials against their own mean), the two runs' pooled again;
 - **stated**: a floor given for the machine (`tbench compare --run-cv`), e.g. from its history or a record;
-- otherwise it is **unknown**, and no change beyond the windows' noise can be put on the model.
+- otherwise it is **unknown**, and no change can be put on the model (the windows say nothing of it).
 
 A point's change is tested against `t(1 - ALPHA, df) * cv * sqrt(1/n_baseline + 1/n_candidate)` (Welch's test with
-the pooled spread); `df` counts half the pooled trials' degrees of freedom, since one trial's points move together
-(a slow process is slow at every point). Where that threshold exceeds the smallest effect asked for, the data cannot
-resolve it: a change inside the threshold is "undetermined", and `trials_needed` says how many trials would resolve it.
+the pooled spread); `df` is the two runs' trials less two, as if every point of a trial moved together (a slow process
+is slow at every point, so pooling points adds no independent evidence), infinite for a stated spread. Where that
+threshold exceeds the smallest effect asked for, the data cannot resolve it: a change inside the threshold is
+"undetermined", and `trials_needed` says how many trials would resolve it.
 
 Plain functions over the results table; no Prefect.
 """
@@ -32,20 +33,27 @@ MAX_TRIALS = 50  # the request's bound on --trials
 
 @dataclass(frozen=True)
 class RunSpread:
-    """The relative spread of one trial per metric (NaN: unknown), its degrees of freedom and where it came from."""
+    """The relative spread of one trial per metric (NaN: unknown), whether the runs' trials measured it (else it was
+    stated) and where it came from."""
 
     cv: dict[str, float] = field(default_factory=dict)
-    df: float = 0.0
+    measured: bool = False
     source: str = "unknown"
 
     def known(self, metric: str) -> bool:
         return not math.isnan(self.cv.get(metric, math.nan))
 
+    def df(self, n_baseline: int, n_candidate: int) -> float:
+        """The spread's degrees of freedom: a measured one's, as if each trial's points moved together (a slow server
+        process is slow at every point, so its points add no independent evidence); a stated one is taken as known."""
+        return float(max(1, n_baseline - 1 + n_candidate - 1)) if self.measured else math.inf
+
     def threshold(self, metric: str, n_baseline: int, n_candidate: int) -> float:
         """The smallest relative change of a point's mean that the spread lets one call (NaN when unknown)."""
         if not self.known(metric):
             return math.nan
-        return t_quantile(self.df) * self.cv[metric] * math.sqrt(1.0 / n_baseline + 1.0 / n_candidate)
+        scale = math.sqrt(1.0 / n_baseline + 1.0 / n_candidate)
+        return t_quantile(self.df(n_baseline, n_candidate)) * self.cv[metric] * scale
 
     def trials_needed(self, metric: str, min_effect: float) -> int | None:
         """Trials per run (both runs alike) that would resolve `min_effect` at this spread; None beyond MAX_TRIALS."""
@@ -64,7 +72,7 @@ class RunSpread:
 
 def t_quantile(df: float) -> float:
     """Student's t at 1 - ALPHA; a stated floor (infinite df) gives the normal quantile."""
-    return float(stdtrit(df, 1.0 - ALPHA)) if math.isfinite(df) else float(stdtrit(1e9, 1.0 - ALPHA))
+    return float(stdtrit(min(df, 1e9), 1.0 - ALPHA))
 
 
 def trial_rows(results: pd.DataFrame, idx: list[int]) -> pd.DataFrame:
@@ -99,7 +107,7 @@ def run_spread(groups: list[pd.DataFrame], metrics: list[str], stated: float | N
     cvs, df = pooled_spread(groups, metrics)
     if df > 0:
         trials = max(len(g) for g in groups)
-        return RunSpread(cvs, max(df / 2.0, 1.0), f"measured over up to {trials} trials per point")
+        return RunSpread(cvs, True, f"measured over up to {trials} trials per point")
     if stated is not None:
-        return RunSpread(dict.fromkeys(metrics, float(stated)), math.inf, f"stated: --run-cv {100 * stated:g}%")
+        return RunSpread(dict.fromkeys(metrics, float(stated)), False, f"stated: --run-cv {100 * stated:g}%")
     return RunSpread(dict.fromkeys(metrics, math.nan))
