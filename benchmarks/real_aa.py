@@ -2,10 +2,12 @@
 name a busy neighbour instead of blaming the model, and find a model made slower with the trials it asks for?
 
 Every run is `tbench run ...` in a subprocess (its own server), one after the other:
-1. **spread**: `--runs` fresh runs of the small ResNet-50 unpinned (`--no-pin-cpus`: the placement before the
-   run-to-run issue, server and perf_analyzer anywhere on the machine's cores, ONNX Runtime on every core) and as
-   many pinned (the default): the per-point CV of throughput across runs, before and after.
-2. **aa**: `tbench compare` on every ordered pair of the pinned ResNet-50 runs and of `--tiny-runs` runs of the tiny
+1. **spread**: `--runs` fresh runs of the small ResNet-50 each way: unpinned (`--no-pin-cpus`: the placement before
+   the run-to-run issue, server and perf_analyzer anywhere on the machine's cores, ONNX Runtime on every core), as
+   the default runs now (tbench.node.placement: pinned from `MIN_CORES` cores on), and pinned on this machine whatever
+   its cores (`TBENCH_PIN_MIN_CORES=2`: the server on one core, perf_analyzer and tbench on the other): the per-point
+   CV of throughput across runs, before (unpinned), after (the default) and pinned.
+2. **aa**: `tbench compare` on every ordered pair of the default ResNet-50 runs and of `--tiny-runs` runs of the tiny
    model (benchmarks/tiny_model.py), as a user runs it (one trial each: no spread known) and with the machine's
    run-to-run spread stated (`--run-cv`: the median per-point CV the runs of that model just showed).
 3. **neighbour**: `--neighbour-runs` tiny runs with a busy loop started beside them, each compared against the
@@ -25,6 +27,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -46,12 +49,13 @@ POINT = ["scenario", "format", "batch_size", "concurrency", "request_rate"]
 MIN_EFFECT = 0.05
 
 
-def run(target: list[str], out: Path, extra: list[str] = (), neighbour: bool = False) -> dict:
+def run(target: list[str], out: Path, extra: list[str] = (), neighbour: bool = False, env: dict | None = None) -> dict:
     """One `tbench run` in its own process; `neighbour`: a busy loop beside it for its whole length."""
     busy = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if neighbour else None
     start = time.monotonic()
     try:
-        done = subprocess.run([TBENCH, "run", *target, *extra, "--output", str(out)], capture_output=True, text=True)
+        argv = [TBENCH, "run", *target, *extra, "--output", str(out)]
+        done = subprocess.run(argv, capture_output=True, text=True, env={**os.environ, **(env or {})})
     finally:
         if busy is not None:
             busy.kill()
@@ -137,10 +141,14 @@ def main() -> None:
             return runs
 
         before = measured("runs_unpinned", resnet, args.runs, extra=["--no-pin-cpus"])
-        after = measured("runs_pinned", resnet, args.runs)
+        after = measured("runs_default", resnet, args.runs)
+        pinned = measured("runs_pinned_two_cores", resnet, args.runs, env={"TBENCH_PIN_MIN_CORES": "2"})
         record["per_point_cv_before"] = per_point_cv(before)
         record["per_point_cv_after"] = per_point_cv(after)
-        print("before", record["per_point_cv_before"], "\nafter", record["per_point_cv_after"], flush=True)
+        record["per_point_cv_pinned_two_cores"] = per_point_cv(pinned)
+        record["default_placement"] = after[0].get("placement")
+        for key in ("before", "after", "pinned_two_cores"):
+            print(key, record[f"per_point_cv_{key}"], flush=True)
         idle_tiny = measured("runs_tiny", ["--model-file", str(tiny)], args.tiny_runs)
         tiny_cv = per_point_cv(idle_tiny)
         record["per_point_cv_tiny"] = tiny_cv

@@ -151,8 +151,10 @@ def deployments_page() -> str:
 # What each verdict decides, in words; its figures, parameters and conditions come from the record
 VERDICTS = {
     "compare": "`tbench compare`'s verdict and exit code: each matched point's throughput, p99 and mean latency "
-    "against their noise (k standard errors, at least the minimum effect); a point the candidate lost is never "
-    "left out.",
+    "(the means of its trials) against the run-to-run spread (measured by the runs' trials, or stated) by Welch's "
+    "test, and against their windows' noise (k standard errors, at least the minimum effect); no spread, or one "
+    "too wide for the minimum effect, gives undetermined; a point the candidate lost is never left out. Simulated at "
+    "run-to-run spreads of 2, 5, 10 and 20% and a bimodal one.",
     "kept_up": "Whether a rate point carried the load it was offered (ok, behind, client-bound, undetermined): served "
     "against offered within the arrivals' randomness and the latency's trend, from every request's timestamps "
     "(exported or the server's trace), else from the windows, ok there only when the server's compute time per "

@@ -240,7 +240,11 @@ def _finish(tracker: RunTracker, plan: RunPlan, server, error: BaseException | N
         "guessed_shapes": tracker.guessed_shapes,  # the dims no --shape set: tbench chose them
         "environment": tracker.environment,  # server identity, tool versions, model digests (tbench.history)
         "host": tracker.host,  # other processes' CPU during the sweeps (tbench.node.host_load, tbench.history)
-        "placement": plan.placement.manifest(),  # the server's and the client's CPU sets (tbench.node.placement)
+        # the server's and the client's CPU sets (tbench.node.placement) and the runtime's threads per instance
+        "placement": {
+            **plan.placement.manifest(),
+            "intra_op_threads": plan.placement.server_threads(req.model_instances, hardware.cpu_cores),
+        },
         "trials": req.trials,
         "artifact_url": run_url(req.output, layout.run_id),
         "local_dir": str(layout.run_dir),

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tbench.node import placement as pl
-from tbench.node.placement import Placement, cores, on_client_cpus, parse_cpu_list, plan_placement
+from tbench.node.placement import MIN_CORES, Placement, cores, on_client_cpus, parse_cpu_list, plan_placement
 
 
 def smt_topology(tmp_path: Path, pairs: list[tuple[int, int]]) -> Path:
@@ -26,7 +26,9 @@ def test_parse_cpu_list():
     assert parse_cpu_list("0-3,8,10-11\n") == {0, 1, 2, 3, 8, 10, 11}
 
 
-def test_two_cores_give_one_each(tmp_path):
+def test_two_cores_stay_unpinned_unless_asked_to(tmp_path, monkeypatch):
+    assert not plan_placement(cpus={0, 1}, topology=tmp_path).pinned and MIN_CORES > 2
+    monkeypatch.setenv("TBENCH_PIN_MIN_CORES", "2")
     p = plan_placement(cpus={0, 1}, topology=tmp_path)  # no /sys entries: each CPU its own core
     assert p.pinned and p.server == (0,) and p.client == (1,)
     assert p.server_threads(instances=1, cpu_cores=2) == 1
@@ -45,7 +47,7 @@ def test_smt_siblings_stay_on_one_side(tmp_path):
 def test_unpinned_when_asked_or_on_one_core(tmp_path):
     assert not plan_placement(pin=False).pinned
     one = plan_placement(cpus={0}, topology=tmp_path)
-    assert not one.pinned and "1 usable CPU" in one.reason
+    assert not one.pinned and "1 usable CPU(s)" in one.reason
     assert one.wrap(["x"]) == ["x"] and one.server_threads(instances=1, cpu_cores=4) == 4
 
 

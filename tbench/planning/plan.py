@@ -35,9 +35,9 @@ def server_options(req, hardware=None) -> dict:
 
 
 def placement_for(req) -> Placement:
-    """The run's CPU sets (tbench.node.placement): pinned unless the request says not to (requests without the field,
-    a search's or a capacity plan's, are pinned)."""
-    return plan_placement(pin=getattr(req, "pin_cpus", True))
+    """The run's CPU sets (tbench.node.placement): a run's request pins unless it says not to; requests without the
+    field (a search's, a capacity plan's) are not pinned, as their flows keep the client where it is."""
+    return plan_placement(pin=getattr(req, "pin_cpus", False))
 
 
 def offline_shared_memory(req, hardware, strings: bool = False) -> str:
