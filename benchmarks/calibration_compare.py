@@ -17,7 +17,8 @@ regression); one trial each with the true spread stated (`--run-cv`); three tria
 the trials `RunSpread.trials_needed` asks for at the true spread to resolve 5% (where at most `MAX_ASKED`).
 
 - aa_false_regression: baseline and candidate from one truth; share of comparisons whose verdict is regression, per
-  run-to-run spread in `aa_false_regression_by_run_cv` (the worst mode and condition at each spread).
+  run-to-run spread in `aa_false_regression_by_run_cv` (pooled over that spread's conditions and modes; the worst
+  spread in `aa_false_regression_worst_run_cv`).
 - found_10pct: the candidate's throughput 10% lower at every point (latencies unchanged), or its latencies beyond the
   true p90 stretched so the true p99 is 10% higher: share judged a regression, over the conditions and modes where
   `resolvable` (the tool's own threshold plus 1.645 standard errors within 10%); `found_10pct_asked`: the throughput
@@ -296,9 +297,10 @@ def calibrate(seed: int = 0, scale: float = 1.0) -> dict:
     rng = np.random.default_rng(seed)
     repeats = max(10, int(round(40 * scale)))  # comparisons per condition and mode, A/A and each planted change
     by_condition = [r for cond in CONDITIONS for mode in MODES if (r := _condition(rng, cond, mode, repeats))]
-    by_cv = {
+    by_cv = {  # pooled over the spread's conditions and modes: 40 comparisons a condition cannot show a 1% rate
         str(cv): round(
-            max(r["aa_false_regression"] for r in by_condition if r["condition"].endswith(f"run_cv={cv}")), 4
+            float(np.mean([r["aa_false_regression"] for r in by_condition if r["condition"].endswith(f"run_cv={cv}")])),
+            4,
         )
         for cv in RUN_CVS
     }
@@ -313,7 +315,8 @@ def calibrate(seed: int = 0, scale: float = 1.0) -> dict:
         "rules": {
             "compare": {
                 "aa_false_regression": round(float(np.mean([r["aa_false_regression"] for r in by_condition])), 4),
-                "aa_false_regression_worst_condition": max(by_cv.values()),
+                "aa_false_regression_worst_run_cv": max(by_cv.values()),
+                "aa_false_regression_worst_condition": round(max(r["aa_false_regression"] for r in by_condition), 4),
                 "aa_false_regression_by_run_cv": by_cv,
                 "found_10pct": round(float(np.mean(found)), 4),
                 "found_10pct_worst_resolvable_condition": round(float(np.min(found)), 4),

@@ -9,17 +9,21 @@ Every run is `tbench run ...` in a subprocess (its own server), one after the ot
    CV of throughput across runs, before (unpinned), after (the default) and pinned.
 2. **aa**: `tbench compare` on every ordered pair of the default ResNet-50 runs and of `--tiny-runs` runs of the tiny
    model (benchmarks/tiny_model.py), as a user runs it (one trial each: no spread known) and with the machine's
-   run-to-run spread stated (`--run-cv`: the median per-point CV the runs of that model just showed).
+   run-to-run spread stated (`--run-cv` and `--run-cv-p99`: the median per-point CV of throughput and of p99 that the
+   runs of that model just showed).
 3. **neighbour**: `--neighbour-runs` tiny runs with a busy loop started beside them, each compared against the
    first two idle tiny runs with the spread stated: never exit 1 (0, or 2 naming the neighbour).
-4. **planted**: the tiny model and the same model with one more 3x3 convolution (`extra_layers=1`: its best point
-   serves about 10% less), `--planted-runs` runs of each (the offline sweep), alternating, every point measured in the
+4. **planted**: the tiny model and the same model with two more 3x3 convolutions (`PLANTED_LAYERS`, saved under the
+   same file name so that its points match), `--planted-runs` runs of each (the offline sweep), alternating, every
+   point measured in the
    trials that
    `tbench compare` says resolve 5% at the spread measured in 2 (capped by `--max-trials`); every (baseline,
    candidate) pair compared: the share found (exit 1), and the slowdown the runs actually measured.
 
 Usage: .venv/bin/python benchmarks/real_aa.py [--runs 5] [--tiny-runs 4] [--neighbour-runs 3] [--planted-runs 4]
-Writes benchmarks/results/real_aa.json with its provenance; an interim copy after every run.
+       .venv/bin/python benchmarks/real_aa.py --planted-only TRIALS [--planted-runs 4]
+Writes benchmarks/results/real_aa.json (real_aa_planted.json with --planted-only) with its provenance; an interim copy
+after every run.
 """
 
 from __future__ import annotations
@@ -45,8 +49,10 @@ from tbench.results.run_noise import RunSpread  # noqa: E402
 
 TBENCH = str(Path(sys.executable).with_name("tbench"))
 TPUT = "throughput_infer_per_s"
+P99 = "p99_ms"
 POINT = ["scenario", "format", "batch_size", "concurrency", "request_rate"]
 MIN_EFFECT = 0.05
+PLANTED_LAYERS = 2  # 3x3 convolutions added to the tiny model: one made its best point only 6.6% slower
 
 
 def run(target: list[str], out: Path, extra: list[str] = (), neighbour: bool = False, env: dict | None = None) -> dict:
@@ -74,20 +80,20 @@ def run(target: list[str], out: Path, extra: list[str] = (), neighbour: bool = F
     }
 
 
-def point_table(runs: list[dict]) -> pd.DataFrame:
-    """Per point, each run's mean throughput over its trials (ok rows only), runs as columns."""
+def point_table(runs: list[dict], metric: str = TPUT) -> pd.DataFrame:
+    """Per point, each run's mean `metric` over its trials (ok rows only), runs as columns."""
     series = {}
     for i, r in enumerate(runs):
         if not r["ok"]:
             continue
         df = pd.read_parquet(Path(r["run_dir"]) / "results.parquet")
         df = df[df["status"] == "ok"].fillna({"concurrency": 0, "request_rate": 0})
-        series[i] = df.groupby(POINT)[TPUT].mean()
+        series[i] = df.groupby(POINT)[metric].mean()
     return pd.DataFrame(series)
 
 
-def per_point_cv(runs: list[dict]) -> dict:
-    table = point_table(runs).dropna()
+def per_point_cv(runs: list[dict], metric: str = TPUT) -> dict:
+    table = point_table(runs, metric).dropna()
     cvs = (table.std(axis=1, ddof=1) / table.mean(axis=1)).sort_values()
     best = table.max(axis=0)
     return {
@@ -100,9 +106,11 @@ def per_point_cv(runs: list[dict]) -> dict:
     }
 
 
-def compare(base: dict, cand: dict, run_cv: float | None = None) -> dict:
+def compare(base: dict, cand: dict, floor: dict | None = None) -> dict:
+    """`tbench compare` as a CI job runs it; `floor`: the spreads stated for throughput (and mean latency) and p99."""
     argv = [TBENCH, "compare", base["run_dir"], cand["run_dir"], "--output", tempfile.mkdtemp(prefix="tbench-cmp-")]
-    argv += ["--run-cv", f"{run_cv:.4f}"] if run_cv is not None else []
+    if floor:
+        argv += ["--run-cv", f"{floor['throughput']:.4f}", "--run-cv-p99", f"{floor['p99']:.4f}"]
     done = subprocess.run(argv, capture_output=True, text=True)
     line = (done.stdout.strip().splitlines() or [done.stderr.strip()])[-1]
     return {"exit": done.returncode, "line": line[:400]}
@@ -118,6 +126,30 @@ def exits(comparisons: list[dict]) -> dict:
     return {str(code): codes.count(code) for code in sorted(set(codes))}
 
 
+def planted_phase(record, work: Path, tiny: Path, trials: int, runs_each: int) -> None:
+    """The tiny model against the same model made slower (the same file name, so its points match), `runs_each` runs
+    of each, alternating (a slow drift of the machine hits both sides alike), every point in `trials` trials."""
+    slower = build_tiny_image_onnx(work / "slower" / tiny.name, extra_layers=PLANTED_LAYERS)
+    base, cand = record.setdefault("runs_planted_base", []), record.setdefault("runs_planted", [])
+    for i in range(runs_each):
+        for model, runs in ((tiny, base), (slower, cand)):
+            extra = ["--trials", str(trials), "--scenarios", "offline"]  # the offline sweep: a trial in ~30 s
+            runs.append(run(["--model-file", str(model)], work / "planted", extra=extra))
+            print(f"planted {model.parent.name}/{model.name} {i + 1}: {runs[-1]}", flush=True)
+            record.save()
+    planted = [compare(b, c) for b in base if b["ok"] for c in cand if c["ok"]]
+    record["planted"] = planted
+    record["planted_comparisons"] = len(planted)
+    record["planted_found"] = sum(c["exit"] == 1 for c in planted)
+    means = [point_table(runs).mean(axis=1) for runs in (base, cand)]
+    slowdown = (means[1] / means[0] - 1).dropna()
+    record["planted_slowdown_pct"] = {
+        "best_point": round(100 * float(slowdown[means[0].dropna().idxmax()]), 2),
+        "median_point": round(100 * float(slowdown.median()), 2),
+    }
+    print(json.dumps({k: record[k] for k in ("planted_comparisons", "planted_found", "planted_slowdown_pct")}))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=5)
@@ -125,10 +157,21 @@ def main() -> None:
     parser.add_argument("--neighbour-runs", type=int, default=3)
     parser.add_argument("--planted-runs", type=int, default=4)
     parser.add_argument("--max-trials", type=int, default=5)
+    parser.add_argument(
+        "--planted-only",
+        type=int,
+        metavar="TRIALS",
+        help="Only the planted phase, every point in TRIALS trials (what compare asked for in a full record), into "
+        "benchmarks/results/real_aa_planted.json",
+    )
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="tbench-real-aa-"))
     tiny = build_tiny_image_onnx(work / "tiny.onnx")
-    slower = build_tiny_image_onnx(work / "tiny_slower.onnx", extra_layers=1)
+    if args.planted_only:
+        with recorded(RESULTS / "real_aa_planted.json", model_sizes=["tiny onnx"]) as record:
+            record["planted_trials"] = {"used": args.planted_only, "planted_layers": PLANTED_LAYERS}
+            planted_phase(record, work, tiny, args.planted_only, args.planted_runs)
+        return
     resnet = ["resnet50", "--size", "small"]
     with recorded(RESULTS / "real_aa.json", model_sizes=["resnet50 small", "tiny onnx"]) as record:
 
@@ -152,9 +195,12 @@ def main() -> None:
         idle_tiny = measured("runs_tiny", ["--model-file", str(tiny)], args.tiny_runs)
         tiny_cv = per_point_cv(idle_tiny)
         record["per_point_cv_tiny"] = tiny_cv
-        floors = {
-            "resnet50 small": record["per_point_cv_after"]["median_pct"] / 100,
-            "tiny": tiny_cv["median_pct"] / 100,
+        floors = {  # each metric's median per-point CV over the idle runs: the machine's spread, stated
+            model: {
+                "throughput": per_point_cv(runs)["median_pct"] / 100,
+                "p99": per_point_cv(runs, P99)["median_pct"] / 100,
+            }
+            for model, runs in (("resnet50 small", after), ("tiny", idle_tiny))
         }
         record["stated_run_cv"] = floors
 
@@ -183,28 +229,16 @@ def main() -> None:
         record.save()
 
         # what compare asks for at the spread the idle runs showed, once trials measure it (tbench.results.run_noise)
-        needed = RunSpread({TPUT: floors["tiny"]}, measured=True).trials_needed(TPUT, MIN_EFFECT)
+        spread = RunSpread({TPUT: floors["tiny"]["throughput"], P99: floors["tiny"]["p99"]}, measured=True)
+        needed = max(spread.trials_needed(m, MIN_EFFECT) or args.max_trials for m in (TPUT, P99))
         trials = min(needed or args.max_trials, args.max_trials)
         record["planted_trials"] = {"tool_asked": needed, "used": trials, "cap": args.max_trials}
-        planted_base, planted_cand = record.setdefault("runs_planted_base", []), record.setdefault("runs_planted", [])
-        for i in range(args.planted_runs):  # alternating: a slow drift of the machine hits both sides alike
-            for model, runs in ((tiny, planted_base), (slower, planted_cand)):
-                extra = ["--trials", str(trials), "--scenarios", "offline"]  # the offline sweep: a trial in ~30 s
-                runs.append(run(["--model-file", str(model)], work / "planted", extra=extra))
-                print(f"planted {model.name} {i + 1}: {runs[-1]}", flush=True)
-                record.save()
-        planted = [compare(b, c) for b in planted_base if b["ok"] for c in planted_cand if c["ok"]]
-        record["planted"] = planted
-        record["planted_comparisons"] = len(planted)
-        record["planted_found"] = sum(c["exit"] == 1 for c in planted)
-        means = [point_table(runs).mean(axis=1) for runs in (planted_base, planted_cand)]
-        slowdown = (means[1] / means[0] - 1).dropna()
-        record["planted_slowdown_pct"] = {
-            "best_point": round(100 * float(slowdown[means[0].dropna().idxmax()]), 2),
-            "median_point": round(100 * float(slowdown.median()), 2),
-        }
+        planted_phase(record, work, tiny, trials, args.planted_runs)
         summary = {k: record[k] for k in ("comparisons", "false_regressions", "neighbour_false_regressions")}
-        print(json.dumps({**summary, "planted_found": record["planted_found"], "of": len(planted)}), flush=True)
+        print(
+            json.dumps({**summary, "planted_found": record["planted_found"], "of": record["planted_comparisons"]}),
+            flush=True,
+        )
         print(
             f"per-point CV median {record['per_point_cv_before']['median_pct']}% -> "
             f"{record['per_point_cv_after']['median_pct']}% (max {record['per_point_cv_before']['max_pct']}% -> "

@@ -101,7 +101,10 @@ def test_one_trial_each_decides_nothing_and_says_how_to(tmp_path):
     stated = compare_runs(
         trial_run(tmp_path, "c", rng, 1, 0.0), trial_run(tmp_path, "d", rng, 1, 0.0, factor=0.7), run_cv=0.05
     )
-    assert stated.verdict == REGRESSION and "stated: --run-cv 5%" in stated.spread
+    assert stated.verdict == REGRESSION and "stated: throughput 5%, avg 5%" in stated.spread
+    # the tail's spread is not the mean's: with --run-cv alone an unchanged run's p99 is not judged, and says why
+    same = compare_runs(trial_run(tmp_path, "e", rng, 1, 0.0), trial_run(tmp_path, "f", rng, 1, 0.0), run_cv=0.02)
+    assert same.verdict == UNDETERMINED and "the p99's run-to-run spread is unknown" in same.summary
 
 
 def test_a_a_with_trials_never_regresses(tmp_path):

@@ -25,6 +25,13 @@ def compare(
         help="The machine's run-to-run spread of a point (e.g. 0.05), stated, for runs measured with one trial each; "
         "runs with --trials measure their own. Without either, no change can be put on the model (exit 2).",
     ),
+    run_cv_p99: float = typer.Option(
+        None,
+        "--run-cv-p99",
+        min=0,
+        help="The same for the p99, whose tail moves from run to run far more than a mean; without it (or trials) "
+        "a p99 is not judged by --run-cv.",
+    ),
     output: str = typer.Option(".", "--output", "-o", help="Folder for comparison.md and comparison.png."),
 ) -> None:
     """Per-point deltas and a verdict judged by the run-to-run spread; exit 0 (no change or faster), 1 (regression),
@@ -32,7 +39,7 @@ def compare(
     from tbench.results.compare import compare_runs, comparison_markdown, plot_comparison, verdict_exit_code
 
     with cli_errors(2, also=(OSError, ValueError)):  # 2: not comparable (a run that is missing or unreadable)
-        result = compare_runs(baseline, candidate, min_effect, k, run_cv=run_cv)
+        result = compare_runs(baseline, candidate, min_effect, k, run_cv=run_cv, run_cv_p99=run_cv_p99)
     out = Path(output)
     out.mkdir(parents=True, exist_ok=True)
     (out / "comparison.md").write_text(comparison_markdown(result))

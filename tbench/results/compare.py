@@ -298,9 +298,11 @@ def compare_runs(
     min_effect: float = 0.05,
     k: float = 3.0,
     run_cv: float | None = None,
+    run_cv_p99: float | None = None,
 ) -> Comparison:
     """Match the two runs' points on `MATCH_KEYS` and judge each against its noise and the run-to-run spread (from
-    the runs' trials, else `run_cv` as stated, else unknown: tbench.results.run_noise); see the module docstring."""
+    the runs' trials, else as stated: `run_cv` for throughput and mean latency, `run_cv_p99` for the p99, else unknown:
+    tbench.results.run_noise); see the module docstring."""
     base = baseline if isinstance(baseline, RunResults) else load_run(baseline)
     cand = candidate if isinstance(candidate, RunResults) else load_run(candidate)
     b_res, c_res = base.results, cand.results
@@ -345,7 +347,8 @@ def compare_runs(
         matched.append((key, bi, ci, trial_rows(b_res, bi), trial_rows(c_res, ci)))
 
     groups = [g for _, _, _, b_rows, c_rows in matched for g in (b_rows, c_rows)]
-    spread = run_spread(groups, [TPUT, AVG_MS, P99], stated=run_cv)
+    stated = {TPUT: run_cv, AVG_MS: run_cv, P99: run_cv_p99}
+    spread = run_spread(groups, [TPUT, AVG_MS, P99], stated=stated)
     rows, keys = [], []
     for key, bi, ci, b_rows, c_rows in matched:
         noises = tuple(
@@ -447,12 +450,15 @@ def _unresolved_reason(undetermined_best: pd.DataFrame, spread: RunSpread, min_e
     if not spread.known(TPUT):
         fix = "measure both runs with --trials 3 (or more), or state the machine's run-to-run spread with --run-cv"
         return f"the run-to-run spread is unknown (one trial per run): {fix}"
-    if (
-        undetermined_best["p99_verdict"].eq(UNDETERMINED).all()
-        and not undetermined_best["throughput_verdict"].eq(UNDETERMINED).any()
-    ):
+    few = undetermined_best["p99_requests"].isna() | (undetermined_best["p99_requests"] < MIN_P99_REQUESTS)
+    if not spread.known(P99) and not few.all():
+        fix = "measure both runs with --trials 3 (or more), or state its run-to-run spread with --run-cv-p99"
+        return f"the p99's run-to-run spread is unknown (one trial per run, only --run-cv stated): {fix}"
+    requests_only = undetermined_best["p99_verdict"].eq(UNDETERMINED) & few
+    if requests_only.all() and not undetermined_best["throughput_verdict"].eq(UNDETERMINED).any():
         return _undecided_reason(pd.DataFrame(columns=UNMATCHED_COLUMNS), undetermined_best)
-    needed = spread.trials_needed(TPUT, min_effect)
+    asks = [spread.trials_needed(m, min_effect) for m in (TPUT, AVG_MS, P99) if spread.known(m)]
+    needed = None if None in asks else max(asks)  # the metric that needs most: the p99's tail, often
     advice = (
         f"--trials {needed} per run would resolve {100 * min_effect:g}%"
         if needed

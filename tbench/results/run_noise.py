@@ -5,7 +5,8 @@ while fresh runs of one commit moved 4.5-20% per point): a rule that takes the w
 every second A/A comparison a regression. The spread between runs is measured where it can be:
 - **trials** (`tbench run --trials N`): each point measured in N server processes; a run's spread is the pooled
   relative variance of its points' trials (each point's trials against their own mean), the two runs' pooled again;
-- **stated**: a floor given for the machine (`tbench compare --run-cv`), e.g. from its history or a record;
+- **stated**: a floor given for the machine (`tbench compare --run-cv`, and `--run-cv-p99` for the tail, which moves
+  far more), e.g. from its history or a record;
 - otherwise it is **unknown**, and no change can be put on the model (the windows say nothing of it).
 
 A point's change is tested against `t(1 - ALPHA, df) * cv * sqrt(1/n_baseline + 1/n_candidate)` (Welch's test with
@@ -101,13 +102,18 @@ def pooled_spread(groups: list[pd.DataFrame], metrics: list[str]) -> tuple[dict[
     return cvs, df
 
 
-def run_spread(groups: list[pd.DataFrame], metrics: list[str], stated: float | None = None) -> RunSpread:
+def run_spread(
+    groups: list[pd.DataFrame], metrics: list[str], stated: dict[str, float | None] | None = None
+) -> RunSpread:
     """The spread of the two runs' matched points (`groups`: each point's trial rows, baseline's and candidate's
-    apart): measured from trials where any point has two, else the stated floor, else unknown."""
+    apart): measured from trials where any point has two, else the floor stated per metric (a metric stated None
+    stays unknown: a tail moves from run to run far more than a mean), else unknown."""
     cvs, df = pooled_spread(groups, metrics)
     if df > 0:
         trials = max(len(g) for g in groups)
         return RunSpread(cvs, True, f"measured over up to {trials} trials per point")
-    if stated is not None:
-        return RunSpread(dict.fromkeys(metrics, float(stated)), False, f"stated: --run-cv {100 * stated:g}%")
+    given = {m: v for m, v in (stated or {}).items() if v is not None}
+    if given:
+        words = ", ".join(f"{m.split('_')[0]} {100 * v:g}%" for m, v in given.items())
+        return RunSpread({m: float(given.get(m, math.nan)) for m in metrics}, False, f"stated: {words}")
     return RunSpread(dict.fromkeys(metrics, math.nan))
