@@ -168,7 +168,7 @@ def simulate_runs(
 
 def as_run(sim: dict, run: int, name: str, cond: Condition, lost: tuple[int, str] | None = None) -> RunResults:
     """One run (every trial of it) as the loader returns it: the result rows, then the noise columns by the
-    project's code; `lost`: (point, status) in its last trial."""
+    project's code; `lost`: (point, status) in every trial (a point the candidate no longer serves)."""
     trials = sim["avg_ms"].shape[1]
     frames, noise = [], []
     for t in range(trials):
@@ -201,13 +201,14 @@ def as_run(sim: dict, run: int, name: str, cond: Condition, lost: tuple[int, str
     rows = pd.concat(frames, ignore_index=True)
     if lost is not None:
         point, status = lost
-        row = len(rows) - len(CONCURRENCY) + point
+        at = [t * len(CONCURRENCY) + point for t in range(trials)]
         if status == "absent":
             rows = rows[rows["concurrency"] != CONCURRENCY[point]].reset_index(drop=True)
             noise = [n for i, n in enumerate(noise) if i % len(CONCURRENCY) != point]
         else:
-            rows.loc[row, ["status", "error", "throughput_infer_per_s"]] = [status, f"simulated {status}", np.nan]
-            noise[row] = Noise(math.nan, math.nan, 0, False)
+            rows.loc[at, ["status", "error", "throughput_infer_per_s"]] = [status, f"simulated {status}", np.nan]
+            for row in at:
+                noise[row] = Noise(math.nan, math.nan, 0, False)
     return RunResults(name, name, with_noise(rows, noise))
 
 

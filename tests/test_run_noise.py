@@ -143,3 +143,20 @@ def test_a_busy_neighbour_is_named_never_blamed_on_the_model(tmp_path):
     assert c.verdict == UNDETERMINED and "other processes used 95% CPU during the candidate's sweeps" in c.summary
     quiet = trial_run(tmp_path, "c", rng, 3, 0.02, factor=0.6, busy_pct=0.4)
     assert compare_runs(base, quiet).verdict == REGRESSION
+
+
+def test_a_point_most_trials_failed_is_lost_one_failed_trial_is_left_out(tmp_path):
+    rng = np.random.default_rng(6)
+    base = trial_run(tmp_path, "a", rng, 3, 0.01)
+
+    def failing(name: str, trials: int) -> Path:
+        run = trial_run(tmp_path, name, rng, 3, 0.01)
+        df = pd.read_csv(run / "results.csv")
+        best = (df["concurrency"] == CONCURRENCY[-1]) & (df["trial"] <= trials)
+        df.loc[best, ["status", TPUT]] = ["behind", np.nan]
+        df.to_csv(run / "results.csv", index=False)
+        return run
+
+    assert compare_runs(base, failing("two", 2)).verdict == REGRESSION  # the best point lost
+    one = compare_runs(base, failing("one", 1))
+    assert one.verdict != REGRESSION and (one.points["trials"] == "3/2").sum() == 1

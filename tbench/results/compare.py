@@ -157,12 +157,16 @@ def _latency_verdict(p99: str, avg: str) -> str:
 
 
 def _status(results: pd.DataFrame, idx: list[int] | None) -> str:
-    """A point's status: its last row's; ok where any of its trials was ok (the others are left out of its mean)."""
+    """A point's status: its last row's; over trials, ok where most of its trials were (the others are left out of its
+    mean), else the last status that was not ok: a point most server processes failed is lost."""
     if not idx:
         return "absent"
-    if _trial_count(results, idx) > 1 and (results.loc[idx, "status"] == "ok").any():
-        return "ok"
-    return str(results.loc[idx[-1], "status"])
+    statuses = results.loc[idx, "status"].astype(str)
+    if _trial_count(results, idx) > 1:
+        if (statuses == "ok").mean() > 0.5:
+            return "ok"
+        return statuses[statuses != "ok"].iloc[-1]
+    return statuses.iloc[-1]
 
 
 def _not_comparable_reason(base: pd.DataFrame, cand: pd.DataFrame) -> str:
