@@ -134,7 +134,7 @@ def test_the_flow_plans_and_confirms_per_triton_model(monkeypatch, tmp_path):
     """planning/plan.py: python-backend models on the GPU only where their runtime has CUDA; then the log decides."""
     import tbench.planning.doctor
     from tbench.core.enums import Format
-    from tbench.planning.plan import confirm_devices, plan_devices, server_options
+    from tbench.planning.plan import confirm_devices, placement_for, plan_devices, server_options
     from tbench.request.benchmark import BenchmarkRequest
 
     monkeypatch.setattr(tbench.planning.doctor, "cuda_runtimes", lambda runtimes: {"onnxruntime"} & set(runtimes))
@@ -145,8 +145,10 @@ def test_the_flow_plans_and_confirms_per_triton_model(monkeypatch, tmp_path):
     log.write_text(LOG)
     checked = confirm_devices(devices, types.SimpleNamespace(log_path=log), NODE)
     assert checked["resnet50"].label == CPU_LABEL  # one instance fell back to the CPU
-    assert server_options(req, NODE) == {"gpu_env": {"CUDA_VISIBLE_DEVICES": UUIDS[0]}}
-    assert server_options(req, CPU_MACHINE) == {} == server_options(req)
+    # besides the run's CPU sets (tbench.node.placement), which depend on the cores this process may use
+    placed = {"placement": placement_for(req)}
+    assert server_options(req, NODE) == {"gpu_env": {"CUDA_VISIBLE_DEVICES": UUIDS[0]}, **placed}
+    assert server_options(req, CPU_MACHINE) == placed == server_options(req)
 
 
 def _tiny_onnx(path: Path) -> None:
