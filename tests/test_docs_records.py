@@ -22,9 +22,7 @@ RESULTS = ROOT / "benchmarks" / "results"
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 
 # Pages others are correcting; each fails this test for a reason named here. Empty this list as they are fixed.
-KNOWN_EXCEPTIONS = {
-    "docs/tutorials/capacity.md": "cites capacity.json (a dirty tree) and figures not in capacity.json",
-}
+KNOWN_EXCEPTIONS: dict[str, str] = {}
 
 # The page listing every record as the output of its command: what a record measures, not its figures, so a dirty
 # record may be listed there (it says what re-measures it).
