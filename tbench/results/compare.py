@@ -82,6 +82,7 @@ from tbench.results.comparison import (  # the vocabulary, re-exported: `tbench 
     WITHIN,
     Comparison,
     _missing,
+    too_few_p99_requests,
 )
 from tbench.results.run_noise import MAX_TRIALS, TRIAL, RunSpread, run_spread, trial_rows
 from tbench.results.run_results import RunResults, _largest, load_run, p99_requests, p99_standard_error, with_noise
@@ -454,7 +455,7 @@ def _unresolved_reason(undetermined_best: pd.DataFrame, spread: RunSpread, min_e
     if not spread.known(TPUT):
         fix = "measure both runs with --trials 3 (or more), or state the machine's run-to-run spread with --run-cv"
         return f"the run-to-run spread is unknown (one trial per run): {fix}"
-    few = undetermined_best["p99_requests"].isna() | (undetermined_best["p99_requests"] < MIN_P99_REQUESTS)
+    few = too_few_p99_requests(undetermined_best)
     if not spread.known(P99) and not few.all():
         fix = "measure both runs with --trials 3 (or more), or state its run-to-run spread with --run-cv-p99"
         return f"the p99's run-to-run spread is unknown (one trial per run, only --run-cv stated): {fix}"

@@ -24,6 +24,7 @@ from tbench.results.comparison import (
     WITHIN,
     Comparison,
     _missing,
+    too_few_p99_requests,
 )
 
 
@@ -171,7 +172,7 @@ def _summary(c: Comparison, flagged: pd.Series) -> str:
         head = f"{' and '.join(kinds)} than the baseline" if kinds else c.verdict
     parts = [_part(p, c.verdict, i in best.index, formats) for i, p in shown.iterrows()]
     parts += [_lost_text(c.lost, formats)] if not c.lost.empty else []
-    few = pts["p99_requests"].isna() | (pts["p99_requests"] < MIN_P99_REQUESTS)  # the spread's cases: the reason
+    few = too_few_p99_requests(pts)  # the spread's cases are the reason's
     undetermined = pts[(pts["p99_verdict"] == UNDETERMINED) & few]
     parts += [_undetermined_text(undetermined, formats)] if not undetermined.empty else []
     return f"{head}: {'; '.join(parts)}; {_counts(c)}"

@@ -49,6 +49,11 @@ MIN_P99_REQUESTS = 150  # below this, the requests beyond a p99 are one or two: 
 P99_Z = 1.0  # the rank interval's half-width, in binomial standard deviations: ± one standard error
 
 
+def too_few_p99_requests(points: pd.DataFrame) -> pd.Series:
+    """Which judged points' p99 rests on too few requests to decide, an unknown count included."""
+    return points["p99_requests"].isna() | (points["p99_requests"] < MIN_P99_REQUESTS)
+
+
 def _missing(v) -> bool:
     if v is None or v is pd.NA or v is pd.NaT:
         return True
