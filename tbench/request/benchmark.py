@@ -62,6 +62,9 @@ def has_credentials(url: str) -> bool:
     return False
 
 
+MAX_TRIALS = 50  # --trials: server processes per point
+
+
 class BenchmarkRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)  # a misspelt field is an error, not ignored
 
@@ -162,7 +165,7 @@ class BenchmarkRequest(BaseModel):
     trials: int = Field(
         1,
         ge=1,
-        le=50,
+        le=MAX_TRIALS,
         description="Each point measured in this many separate server processes (a fresh server per trial); the "
         "spread between trials is the run-to-run noise that `tbench compare` and the history judge by. 1: one "
         "trial, the run-to-run spread unknown.",

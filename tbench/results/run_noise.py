@@ -27,9 +27,10 @@ import numpy as np
 import pandas as pd
 from scipy.special import stdtrit
 
+from tbench.request.benchmark import MAX_TRIALS  # the request's bound on --trials
+
 TRIAL = "trial"  # the results column (tbench.core.metrics)
 ALPHA = 0.0025  # one-sided, per point and metric: 0.005 gave 1.7% A/A regressions at a 20% spread (calibration)
-MAX_TRIALS = 50  # the request's bound on --trials
 
 
 @dataclass(frozen=True)
