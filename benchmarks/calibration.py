@@ -55,7 +55,8 @@ GOALS: dict[str, dict[str, tuple[str, float, str]]] = {
     },
     "capacity": {
         "above_truth": ("<=", 0.01, "plan ≤ true capacity in ≥ 99% of searches"),
-        "within_090": (">=", 0.90, "plan ≥ 0.90 of true capacity in ≥ 90% of searches"),
+        # the owner's goal (2026-11): ≥ 0.85 of the truth in ≥ 90% of searches, never above it beyond 1%
+        "within_085": (">=", 0.90, "plan ≥ 0.85 of true capacity in ≥ 90% of searches"),
         "windows_above_truth": (
             "<=",
             0.01,
