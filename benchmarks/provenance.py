@@ -72,6 +72,7 @@ COMMANDS = {
     "ui_submissions.json": ".venv/bin/python benchmarks/ui_submissions.py",
     "fleet.json": ".venv/bin/python benchmarks/fleet.py",
     "trace.json": ".venv/bin/python benchmarks/trace_replay.py",
+    "pt2_adapters.json": ".venv/bin/python benchmarks/pt2_adapters.py --size small",
 }
 
 _open: set[Path] = set()  # results files a `recorded` block of this process is writing

@@ -34,7 +34,7 @@ class ModelFileAdapter(ModelAdapter):
 
         super().__init__(size="file")
         self.path, self.shapes, self.dtypes, self.value_ranges = str(path), shapes, dtypes, value_ranges
-        if detect_format(Path(path)) is Format.TS_SCRIPT:  # without io_spec.json, the --shape values declare its inputs
+        if detect_format(Path(path)) in (Format.TS_SCRIPT, Format.PT2):  # without an io spec, --shape declares inputs
             self.file = read_model_file(Path(path), shapes=shapes, dtypes=dtypes, value_ranges=value_ranges)
             self._shape_sets = [dict(shapes or {})]
         else:  # several shapes per input: a sweep; inputs sharing a named dim take its size together

@@ -26,6 +26,7 @@ class Format(_ParsedEnum):
     TRT = "trt"
     TS_TRACE = "ts-trace"
     TS_SCRIPT = "ts-script"
+    PT2 = "pt2"  # an AOTInductor package (torch.export + torch._inductor.aoti_compile_and_package)
     ENSEMBLE = "ensemble"  # a Triton ensemble of composing models, each exported in its own format
 
     @property
@@ -41,6 +42,7 @@ _FORMAT_LABELS = {
     Format.TRT: "NVIDIA TensorRT",
     Format.TS_TRACE: "TorchScript",
     Format.TS_SCRIPT: "TorchScript",
+    Format.PT2: "PyTorch AOTInductor",
     Format.ENSEMBLE: "NVIDIA Triton Ensemble",
 }
 

@@ -28,7 +28,8 @@ SYNTHETIC_WORDS = (
     "like just plot best well even really people acting love characters could would see make ever only little"
 ).split()
 ACCEPTED = (
-    "an .onnx file, a TensorFlow SavedModel directory (with saved_model.pb) or a TorchScript archive (torch.jit.save)"
+    "an .onnx file, a TensorFlow SavedModel directory (with saved_model.pb), a TorchScript archive (torch.jit.save) "
+    "or an AOTInductor package (.pt2, torch._inductor.aoti_compile_and_package)"
 )
 SHAPE_FLAG = "--shape NAME:D1,D2,..."
 RANGE_FLAG = "--value-range NAME:LO,HI"
@@ -77,6 +78,10 @@ def detect_format(path: Path) -> Format:
 
 
 def _zip_format(path: Path) -> Format:
+    from tbench.core.pt2_files import is_pt2
+
+    if is_pt2(path):
+        return Format.PT2
     with zipfile.ZipFile(path) as archive:
         names = archive.namelist()
     # TorchScript archives carry compiled code; torch.save checkpoints only pickled tensors.
@@ -121,6 +126,10 @@ def read_model_file(
     table_rows: dict[str, int] = {}
     if fmt is Format.TS_SCRIPT:
         spec, batching, shapes_are_spec = _read_torchscript(path, shapes, dtypes, int_high, ranges)
+    elif fmt is Format.PT2:
+        from tbench.core.pt2_files import read_pt2
+
+        spec, batching, shapes_are_spec = read_pt2(path, shapes, dtypes, int_high, ranges)
     elif fmt is Format.ONNX:
         spec, batching, table_rows = _read_onnx(path)
         shapes_are_spec = False

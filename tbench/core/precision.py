@@ -21,6 +21,7 @@ FILE_PRECISIONS: dict[Format, tuple[Precision, ...]] = {
     Format.ONNX: (Precision.FP32, Precision.FP16),
     Format.TS_TRACE: (Precision.FP32, Precision.FP16),
     Format.TS_SCRIPT: (Precision.FP32, Precision.FP16),
+    Format.PT2: (Precision.FP32, Precision.FP16),
     Format.TRT: (Precision.FP32, Precision.FP16, Precision.INT8),
     Format.TF_TRT: (Precision.FP32, Precision.FP16, Precision.INT8),
     Format.TF_SAVEDMODEL: (Precision.FP32,),

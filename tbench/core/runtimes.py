@@ -12,7 +12,7 @@ import numpy as np
 from tbench.core.enums import Format
 from tbench.core.iospec import IoSpec
 
-FILE_FRAMEWORKS = {f.value for f in (Format.ONNX, Format.TS_SCRIPT, Format.TS_TRACE, Format.TF_SAVEDMODEL)}
+FILE_FRAMEWORKS = {f.value for f in (Format.ONNX, Format.TS_SCRIPT, Format.TS_TRACE, Format.PT2, Format.TF_SAVEDMODEL)}
 
 
 def _as_outputs(spec: IoSpec, out) -> dict[str, np.ndarray]:
@@ -65,6 +65,10 @@ def _load(fmt: Format, path: str):
         import torch
 
         return cached("torchscript", path, lambda: torch.jit.load(path, map_location="cpu").eval())
+    if fmt is Format.PT2:
+        from tbench.core.pt2_files import load_package
+
+        return cached("aoti", path, lambda: load_package(Path(path)))
     if fmt in (Format.TF_SAVEDMODEL, Format.TF_TRT):
         import tensorflow as tf
 
@@ -78,7 +82,8 @@ def _load(fmt: Format, path: str):
 
 
 def run_file(fmt: Format, path: str, spec: IoSpec, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """An exported model file in its own runtime: ONNX Runtime, libtorch (TorchScript), TensorFlow or TensorRT."""
+    """An exported model file in its own runtime: ONNX Runtime, libtorch (TorchScript, an AOTInductor package),
+    TensorFlow or TensorRT."""
     runtime = _load(fmt, str(path))
     if fmt is Format.TRT:  # outputs in the io spec's dtypes: an engine may hold int32 where the spec says int64
         out = runtime.run(inputs)
@@ -87,7 +92,7 @@ def run_file(fmt: Format, path: str, spec: IoSpec, inputs: dict[str, np.ndarray]
         return dict(
             zip(spec.output_names(), runtime.run(spec.output_names(), {t.name: inputs[t.name] for t in spec.inputs}))
         )
-    if fmt in (Format.TS_TRACE, Format.TS_SCRIPT):
+    if fmt in (Format.TS_TRACE, Format.TS_SCRIPT, Format.PT2):
         return run_pytorch(runtime, spec, inputs)
     import tensorflow as tf
 

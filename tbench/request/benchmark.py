@@ -31,6 +31,7 @@ PYTHON_BACKEND_RUNTIMES = {
     Format.ONNX: "onnxruntime",
     Format.TS_TRACE: "torchscript",
     Format.TS_SCRIPT: "torchscript",
+    Format.PT2: "aoti",  # the package loaded by torch._inductor.aoti_load_package
     Format.TF_SAVEDMODEL: "tensorflow",
 }
 

@@ -41,6 +41,7 @@ FILE_NAMES = {
     Format.ONNX: "model.onnx",
     Format.TS_TRACE: "model.pt",
     Format.TS_SCRIPT: "model.pt",
+    Format.PT2: "model.pt2",
     Format.TRT: "model.plan",
     Format.TF_SAVEDMODEL: "model.savedmodel",
     Format.TF_TRT: "model.savedmodel",
@@ -303,3 +304,7 @@ def _no_grad(framework: str):
 
         return torch.inference_mode()
     return contextlib.nullcontext()
+    elif fmt is Format.PT2:  # a package tbench made says so in its metadata; another one is taken as FP32
+        from tbench.core.pt2_files import package_precision
+
+        return Precision.parse(package_precision(path))

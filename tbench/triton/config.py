@@ -25,6 +25,7 @@ PLATFORMS = {
     Format.ONNX: "onnxruntime_onnx",
     Format.TS_TRACE: "pytorch_libtorch",
     Format.TS_SCRIPT: "pytorch_libtorch",
+    Format.PT2: "torch_aoti",  # Triton 26.03 on: the PyTorch backend loads an AOTInductor package
     Format.TF_SAVEDMODEL: "tensorflow_savedmodel",
     Format.TF_TRT: "tensorflow_savedmodel",
     Format.TRT: "tensorrt_plan",
@@ -32,6 +33,7 @@ PLATFORMS = {
 BACKEND_DIRS = {
     "onnxruntime_onnx": "onnxruntime",
     "pytorch_libtorch": "pytorch",
+    "torch_aoti": "pytorch",
     "tensorflow_savedmodel": "tensorflow",
     "tensorrt_plan": "tensorrt",
 }
@@ -39,6 +41,7 @@ BACKEND_DIRS = {
 MODEL_FILENAMES = {
     "onnxruntime_onnx": "model.onnx",
     "pytorch_libtorch": "model.pt",
+    "torch_aoti": "model.pt2",
     "tensorflow_savedmodel": "model.savedmodel",
     "tensorrt_plan": "model.plan",
 }

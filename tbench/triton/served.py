@@ -26,6 +26,7 @@ _FORMATS = {
     "onnxruntime_onnx": Format.ONNX,
     "onnxruntime": Format.ONNX,
     "pytorch_libtorch": Format.TS_SCRIPT,
+    "torch_aoti": Format.PT2,
     "pytorch": Format.TS_SCRIPT,
     "tensorflow_savedmodel": Format.TF_SAVEDMODEL,
     "tensorflow": Format.TF_SAVEDMODEL,

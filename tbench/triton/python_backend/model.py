@@ -1,9 +1,11 @@
-"""Python-backend runtime model: ONNX Runtime, TorchScript or a TF SavedModel inside Triton's python backend.
+"""Python-backend runtime model: ONNX Runtime, TorchScript, an AOTInductor package (aoti) or a TF SavedModel inside
+Triton's python backend.
 
 Copied into the model repository as `<model>/1/model.py`. Requests that the dynamic batcher hands over together
 are concatenated along the batch axis (those with the same non-batch shapes), run in one runtime call, and split
 back per request.
-Parameters come from config.pbtxt: `runtime` (onnxruntime | torchscript | tensorflow), `model_file`, `intra_op_threads`.
+Parameters come from config.pbtxt: `runtime` (onnxruntime | torchscript | aoti | tensorflow), `model_file`,
+`intra_op_threads`.
 A KIND_GPU instance runs on its GPU where the runtime has CUDA, else on the CPU; each instance prints the device it
 actually got (DEVICE_MARK + JSON, to the server's log), which the run checks before it labels results with a GPU.
 """
@@ -57,6 +59,18 @@ class TritonPythonModel:
                 f"cuda:{args['model_instance_device_id']}" if use_gpu and torch.cuda.is_available() else "cpu"
             )
             self.module = torch.jit.load(path, map_location=self.device).eval()
+            self._run = self._run_torch
+            device = str(self.device)
+        elif self.runtime == "aoti":  # an AOTInductor package: it runs on the device it was compiled for
+            import torch
+            import torch._inductor
+
+            if threads:
+                torch.set_num_threads(threads)
+            index = int(args["model_instance_device_id"]) if use_gpu else -1  # -1: the default device
+            self.module = torch._inductor.aoti_load_package(path, device_index=index)
+            compiled_for = self.module.get_metadata().get("AOTI_DEVICE_KEY", "cpu")
+            self.device = torch.device(f"cuda:{max(index, 0)}" if compiled_for == "cuda" else "cpu")
             self._run = self._run_torch
             device = str(self.device)
         elif self.runtime == "tensorflow":
