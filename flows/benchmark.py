@@ -132,6 +132,7 @@ def _benchmark(plan: RunPlan, adapter, tracker: RunTracker) -> str:
                 require_same_answers(result, model.name)
         identity = server.identity()
         tracker.environment = {"server": identity, "tools": tool_versions(), "model_digests": serving.model_digests}
+        tracker.environment["exporters"] = {a.format.value: a.exporter for a in exported.every_artifact if a.exporter}
         # the point cache is keyed on the inputs sent: one per shape set; read with --reuse (never across trials, whose
         # point is to measure again), kept by every run
         reuse = req.reuse_measurements and req.trials == 1

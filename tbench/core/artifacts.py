@@ -16,6 +16,9 @@ class ModelArtifact(BaseModel):
     source_hash: str
     seconds: float
     cached: bool = False  # every conversion step came from the conversion cache
+    # the exporter that made the file where a step names one: PyTorch -> ONNX says "dynamo" (torch.export's) or
+    # "legacy (fallback: <why torch.export did not take the model>)"; None for the other steps and for given files
+    exporter: str | None = None
 
 
 class OutputError(BaseModel):

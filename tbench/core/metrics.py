@@ -120,6 +120,13 @@ _SERVER = {
     "of the span",
     "gpu_energy_span_s": "The span the energy was taken over: the first to the last reading that saw requests served",
     "gpu_joules_per_request": "Energy per request served over that span, in J",
+    "triton_hist_requests": "Requests the server's latency histogram counted over the point (empty where the server "
+    "exposes none: Triton before the histogram, or started without `--metrics-config histogram_latencies=true`)",
+    "triton_hist_mean_ms": "Request to first response per request, in ms: the histogram's sum over its count, diffed "
+    "over the point",
+    "triton_hist_p50_ms": "The server-side p50 of request to first response, in ms, placed by the histogram's buckets "
+    "(interpolated in its bucket; empty where that bucket is more than 2x wide, as Triton's default ones are)",
+    "triton_hist_p99_ms": "The server-side p99 the same way, in ms",
 }
 # A point's status (the `status` column): the vocabulary every reader of results imports
 POINT_STATUSES = ("ok", "unstable", "behind", "client_bound", "undetermined", "error")

@@ -27,6 +27,7 @@ WATCHED = {
     "environment.server.image": "server image",
     "environment.tools": "tool versions",
     "environment.model_digests": "model digest",
+    "environment.exporters": "exporter",
     "request.model_instances": "model instances",
     "request.max_batch_size": "max batch size",
     "request.max_queue_delay_us": "queue delay (us)",

@@ -100,6 +100,7 @@ def point_cache(req, hardware, server: dict, artifacts, perf_inputs, read: bool 
                     "format": a.format.value,
                     "precision": a.precision.value,
                     "io": a.io_spec.model_dump(),
+                    **({"exporter": a.exporter} if a.exporter else {}),  # another exporter, another graph
                 }
                 for a in artifacts
             ],

@@ -146,6 +146,9 @@ SERVER_TABLE = {
     "triton_queue_ms": "Queue (ms)",
     "triton_compute_infer_ms": "Compute infer (ms)",
     "stats_max_rel_diff": "Max diff vs client",
+    "triton_hist_mean_ms": "Histogram mean (ms)",
+    "triton_hist_p50_ms": "Histogram p50 (ms)",
+    "triton_hist_p99_ms": "Histogram p99 (ms)",
     "server_cpu_pct": "Server CPU %",
     "server_rss_mb": "Server RSS (MB)",
     "gpu_util_pct": "GPU util %",
@@ -165,12 +168,24 @@ def server_lines(rows: pd.DataFrame) -> list[str]:
     table = ok[columns].rename(columns=SERVER_TABLE).round(3)
     if "Max diff vs client" in table:
         table["Max diff vs client"] = (100 * ok["stats_max_rel_diff"]).round(1).astype(str) + " %"
+    histogram = ""
+    if "triton_hist_mean_ms" in columns:  # only where the server exposes its latency histogram
+        histogram = (
+            " The histogram columns are the server's own request-to-first-response histogram diffed over the point: "
+            "its mean exactly, its p50 and p99 interpolated in the bucket that holds them"
+            + (
+                "."
+                if "triton_hist_p99_ms" in columns
+                else " (empty here: its buckets are too wide to place them; Triton's default ones are 100, 500, 2000 "
+                "and 5000 ms)."
+            )
+        )
     return [
         "### Server side",
         "",
         "Triton's statistics API over each point (per request), its largest difference from "
         "perf_analyzer's server-side breakdown (which reads the same API over its measurement windows only), and the "
-        "server's processes sampled during the point.",
+        "server's processes sampled during the point." + histogram,
         "",
         table.to_markdown(index=False),
         "",

@@ -208,7 +208,8 @@ def _record_lines(record: dict | None) -> list[str]:
     if not record:
         return []
     profile = record.get("profile")
-    lines = [f"profile {line}" for line in describe(TrtProfile.model_validate(profile))] if profile else []
+    lines = [f"exporter: {record['exporter']}"] if record.get("exporter") else []  # PyTorch -> ONNX: which one
+    lines += [f"profile {line}" for line in describe(TrtProfile.model_validate(profile))] if profile else []
     c = record.get("calibration")
     if c:
         lines.append(
@@ -217,6 +218,15 @@ def _record_lines(record: dict | None) -> list[str]:
             f"from {c['source']}"
         )
     return lines
+
+
+def step_exporter(out: Path) -> str | None:
+    """The exporter a step's record names (PyTorch -> ONNX: "dynamo", or "legacy (fallback: why)"), from the
+    conversion.json beside its output: a cached step's too. None for steps that name none."""
+    try:
+        return json.loads((out.parent / CONVERSION_JSON).read_text()).get("exporter")
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def _copy_source_file(adapter: ModelAdapter, path: Path, fmt: Format, out_dir: Path) -> Path:
@@ -247,6 +257,7 @@ def export_model(
     options = options or ConversionOptions()
     fp32 = options.model_copy(update={"precision": Precision.FP32})
     start = time.monotonic()
+    exporter = None  # the PyTorch -> ONNX step's exporter, for every artifact made from its file
     if adapter.framework == fmt.value:
         source, digest, all_cached = _copy_source_file(adapter, Path(module), fmt, out_dir), source_hash, False
         held = file_precision(fmt, source)
@@ -257,6 +268,7 @@ def export_model(
             for i, conv in enumerate(steps):
                 applies = i == len(steps) - 1 and options.precision in conv.precisions
                 source, digest, cached = run_step(adapter, conv, source, digest, out_dir, options if applies else fp32)
+                exporter = step_exporter(Path(source)) or exporter
                 all_cached, held = all_cached and cached, options.precision if applies else Precision.FP32
     own = (fmt.value, fmt)  # the format's own precision step: FP32 file -> reduced-precision file
     step = REGISTRY[own] if own in REGISTRY else None
@@ -274,6 +286,7 @@ def export_model(
         source_hash=source_hash,
         seconds=time.monotonic() - start,
         cached=all_cached,
+        exporter=exporter,
     )
 
 
@@ -295,6 +308,10 @@ def file_precision(fmt: Format, path: Path) -> Precision:
         for tensor in [*module.parameters(), *module.buffers()]:
             if tensor.dtype in (torch.float16, torch.float32):
                 counts[Precision.FP16 if tensor.dtype == torch.float16 else Precision.FP32] += tensor.numel()
+    elif fmt is Format.PT2:  # a package tbench made says so in its metadata; another one is taken as FP32
+        from tbench.core.pt2_files import package_precision
+
+        return Precision.parse(package_precision(path))
     return Precision.FP16 if counts[Precision.FP16] > counts[Precision.FP32] else Precision.FP32
 
 
@@ -304,7 +321,3 @@ def _no_grad(framework: str):
 
         return torch.inference_mode()
     return contextlib.nullcontext()
-    elif fmt is Format.PT2:  # a package tbench made says so in its metadata; another one is taken as FP32
-        from tbench.core.pt2_files import package_precision
-
-        return Precision.parse(package_precision(path))

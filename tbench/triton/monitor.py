@@ -1,6 +1,8 @@
 """What the server did during one measured point, next to what perf_analyzer saw: Triton's statistics API (queue and
 compute times per request, diffed over the point) cross-checked against the client CSV, the server's CPU and memory
-(its processes, sampled), and on GPU nodes GPU utilisation, memory and power from Triton's metrics endpoint."""
+(its processes, sampled), on GPU nodes GPU utilisation, memory and power from Triton's metrics endpoint, and where the
+server exposes one (`--metrics-config histogram_latencies=true`) its per-model latency histogram, diffed over the
+point: a server-side p50/p99 estimate per point (latency_histogram, histogram_columns)."""
 
 from __future__ import annotations
 
@@ -54,6 +56,26 @@ METRICS_INTERVAL_MS = 100
 
 _METRIC_LINE = re.compile(r"^(\w+)\{([^}]*)\}\s+(\S+)$")
 _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+_ANY_LINE = re.compile(r"^(\w+)(?:\{([^}]*)\})?\s+(\S+)(?:\s+\d+)?$")  # a sample, labels and timestamp optional
+
+# Triton's per-model latency histogram (core PR 396, named in the 26.01 release notes; on every model, decoupled or
+# not; present only with `--metrics-config histogram_latencies=true`): request to first response, in ms. Its series
+# carry the labels model and version (namespace where namespacing is on, `_<tag>` per model tag); the buckets are
+# `<family>_bucket{...,le="<bound>"}` (cumulative, the last `+Inf`), beside `<family>_count` and `<family>_sum`.
+LATENCY_HISTOGRAM = "nv_inference_first_response_histogram_ms"
+# Triton's own buckets (100, 500, 2000, 5000 ms) cannot place a p99 of a few ms; a model config's `model_metrics`
+# (model_metrics_pbtxt) sets these: 0.05 ms to about 26 s in steps of sqrt(2), so a quantile's bucket is at most
+# about 1.41x wide.
+LATENCY_BUCKETS_MS = tuple(float(f"{0.05 * 2 ** (k / 2):.3g}") for k in range(39))
+# a quantile is estimated only where the bucket holding it is at most this many times as wide (upper / lower bound):
+# a p50 of 2 ms inside Triton's default first bucket (0-100 ms) would otherwise read as 50 ms
+MAX_BUCKET_RATIO = 2.0
+HISTOGRAM_COLUMNS = {
+    "requests": "triton_hist_requests",
+    "mean": "triton_hist_mean_ms",
+    "p50": "triton_hist_p50_ms",
+    "p99": "triton_hist_p99_ms",
+}
 
 
 def model_statistics(client, model: str) -> dict[str, int]:
@@ -129,6 +151,105 @@ def parse_gpu_metrics(text: str, gpu_uuids: Collection[str]) -> dict[str, float]
     return out
 
 
+@dataclass(frozen=True)
+class Histogram:
+    """One model's latency histogram as a scrape shows it (every version summed): cumulative counts per upper bound
+    (ms, sorted, `inf` last), the observations' count and sum (ms)."""
+
+    bounds: tuple[float, ...]
+    cumulative: tuple[float, ...]
+    count: float
+    sum: float
+
+
+def latency_histogram(text: str, model: str, family: str = LATENCY_HISTOGRAM) -> Histogram | None:
+    """The model's histogram of `family` from Triton's Prometheus text; None where the page has none for it (a server
+    without histograms: the embedded 2.51, or one started without `histogram_latencies=true`)."""
+    buckets: dict[float, float] = {}
+    totals = {"count": 0.0, "sum": 0.0}
+    seen = False
+    for line in text.splitlines():
+        match = _ANY_LINE.match(line.strip())
+        if not match or not match.group(1).startswith(family):
+            continue
+        suffix = match.group(1)[len(family) :]
+        labels = dict(_LABEL.findall(match.group(2) or ""))
+        if labels.get("model") != model or suffix not in ("", "_bucket", "_count", "_sum"):
+            continue
+        try:
+            value = float(match.group(3))
+        except ValueError:
+            continue
+        if suffix in ("_count", "_sum"):
+            totals[suffix[1:]] += value
+            seen = True
+        elif "le" in labels:  # a bucket (Triton's docs print them without the `_bucket` suffix: both are read)
+            bound = float(labels["le"])  # "+Inf" -> inf
+            buckets[bound] = buckets.get(bound, 0.0) + value
+            seen = True
+    if not seen or not buckets:
+        return None
+    bounds = tuple(sorted(buckets))
+    return Histogram(bounds, tuple(buckets[b] for b in bounds), totals["count"], totals["sum"])
+
+
+def histogram_delta(before: Histogram, after: Histogram) -> Histogram | None:
+    """What the histogram gained between two scrapes; None where the two do not line up (other buckets, or counters
+    that went back: the model was reloaded between them)."""
+    if before.bounds != after.bounds:
+        return None
+    cumulative = tuple(a - b for a, b in zip(after.cumulative, before.cumulative))
+    count = after.count - before.count
+    if count < 0 or any(c < 0 for c in cumulative) or after.sum < before.sum:
+        return None
+    return Histogram(after.bounds, cumulative, count, after.sum - before.sum)
+
+
+def histogram_quantile(q: float, h: Histogram, max_ratio: float = MAX_BUCKET_RATIO) -> float | None:
+    """The q-quantile (0..1) of a histogram's observations, Prometheus's way: the bucket that holds it, linearly
+    interpolated between its bounds (the first bucket's lower bound is 0). None where it has no observations, where
+    the quantile falls past the last finite bound, or where its bucket is more than `max_ratio` times as wide (upper /
+    lower bound): a figure its buckets cannot resolve."""
+    total = h.cumulative[-1] if h.cumulative else 0.0
+    if total <= 0:
+        return None
+    rank = q * total
+    lower, below = 0.0, 0.0
+    for bound, cumulative in zip(h.bounds, h.cumulative):
+        if cumulative >= rank and cumulative > below:
+            if bound == float("inf") or lower <= 0 or bound / lower > max_ratio:
+                return None
+            return lower + (bound - lower) * (rank - below) / (cumulative - below)
+        lower, below = bound, cumulative
+    return None
+
+
+def histogram_columns(before: Histogram | None, after: Histogram | None) -> dict[str, float]:
+    """A point's columns from the scrapes at its start and end: the requests the histogram counted over it, their
+    exact mean (its sum over its count) and the p50 and p99 its buckets place. Empty where either scrape had none."""
+    delta = histogram_delta(before, after) if before is not None and after is not None else None
+    if delta is None or delta.count <= 0:
+        return {}
+    row = {HISTOGRAM_COLUMNS["requests"]: delta.count, HISTOGRAM_COLUMNS["mean"]: delta.sum / delta.count}
+    for name, q in (("p50", 0.5), ("p99", 0.99)):
+        value = histogram_quantile(q, delta)
+        if value is not None:
+            row[HISTOGRAM_COLUMNS[name]] = value
+    return row
+
+
+def model_metrics_pbtxt(buckets: tuple[float, ...] = LATENCY_BUCKETS_MS, family: str = LATENCY_HISTOGRAM) -> str:
+    """A model config's `model_metrics` block giving the latency histogram these buckets (core PR 405: an older
+    server refuses the field; only for a server started with `histogram_latencies=true`)."""
+    values = ", ".join(f"{b:g}" for b in buckets)
+    return (
+        "model_metrics {\n  metric_control: [\n    {\n"
+        f'      metric_identifier: {{ family: "{family}" }}\n'
+        f"      histogram_options: {{ buckets: [ {values} ] }}\n"
+        "    }\n  ]\n}\n"
+    )
+
+
 @dataclass
 class _Samples:
     cpu: list[float] = field(default_factory=list)
@@ -188,6 +309,8 @@ class PointMonitor:
         self.grpc_url, self.model, self.processes = grpc_url, model, processes
         self.gpu_uuids = list(gpu_uuids)  # the GPUs serving the model (tbench.serving); none: no GPU columns
         self.metrics_url = metrics_url if self.gpu_uuids else None
+        self.histogram_url = metrics_url or None  # the latency histogram, read wherever the server has one
+        self._has_histogram: bool | None = None  # False once a page was read without it: not scraped again
         self.interval_s = interval_s
         self.energy_interval_s = energy_interval_s  # readings of the energy counter and the request count, together
         self._stop = threading.Event()
@@ -195,6 +318,7 @@ class PointMonitor:
         self._energy_thread: threading.Thread | None = None
         self._samples = _Samples()
         self._before: dict[str, int] | None = None
+        self._histogram_before: Histogram | None = None
         self._energy_before: float | None = None
         self.trace = trace  # the server's RequestTrace of the model (tbench.triton.trace), where it has one
         self._tracing = False
@@ -216,11 +340,25 @@ class PointMonitor:
         except Exception:
             self._before = None  # no statistics: the point is still measured, its stats columns stay empty
         self._energy_before = self._energy()
+        self._histogram_before = self._histogram()
         self._thread = threading.Thread(target=self._sample, daemon=True)
         self._thread.start()
         if self.metrics_url:
             self._energy_thread = threading.Thread(target=self._sample_energy, daemon=True)
             self._energy_thread.start()
+
+    def _histogram(self) -> Histogram | None:
+        """The model's latency histogram now, where the server exposes one (read at the point's start and end)."""
+        if not self.histogram_url or self._has_histogram is False:
+            return None
+        try:
+            with urllib.request.urlopen(self.histogram_url, timeout=2) as reply:
+                found = latency_histogram(reply.read().decode(), self.model)
+        except (OSError, ValueError):
+            return None
+        if self._has_histogram is None:
+            self._has_histogram = found is not None
+        return found
 
     def _gpu_metrics(self) -> dict[str, float]:
         if not self.metrics_url:
@@ -291,6 +429,8 @@ class PointMonitor:
             except Exception:
                 pass
         row.update(self._energy_columns(row.get("triton_requests")))
+        if self._histogram_before is not None:
+            row.update(histogram_columns(self._histogram_before, self._histogram()))
         if self._samples.cpu:
             row["server_cpu_pct"] = float(np.mean(self._samples.cpu))  # 100 = one core busy
             row["server_rss_mb"] = float(np.max(self._samples.rss))

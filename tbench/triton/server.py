@@ -31,6 +31,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from tbench.core.errors import ServerStartError
 from tbench.node import procs
+from tbench.triton.loads import log_offset, wait_released
 
 # Triton's words for a port it could not bind ("Socket '127.0.0.1:8001' already in use"), and docker's
 PORT_TAKEN = re.compile(r"already in use|port is already allocated", re.IGNORECASE)
@@ -113,9 +114,11 @@ class TritonServer(ABC):
     def load(self, name: str, config: mc.ModelConfig | None = None) -> None:
         """(Re)load a model of the repository, with `config` in place of its config.pbtxt when given (Triton's load
         API with a config override): how the offline scenario serves the model with static batching. Triton swaps
-        the new version in once it is ready; an ensemble that uses the model is reloaded with it."""
+        the new version in once it is ready; an ensemble that uses the model is reloaded with it. The version it
+        replaced is released in the background: waited for in the log of a server tbench started (triton/loads.py)."""
         from tritonclient.utils import InferenceServerException
 
+        offset = log_offset(self.log_path) if self.mode != "remote" else None  # a remote log is ours, not its
         client = self._client()
         try:
             client.load_model(name, **self._load_args(name, config), client_timeout=self.start_timeout_s)
@@ -126,6 +129,7 @@ class TritonServer(ABC):
             ) from None
         finally:
             client.close()
+        wait_released(self.log_path, name, offset)  # before anything is measured on it
 
     def _load_args(self, name: str, config: mc.ModelConfig | None) -> dict:
         """Always a config: Triton keeps a load's config override through a later load without one, so the

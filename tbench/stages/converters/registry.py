@@ -18,7 +18,9 @@ from tbench.request.trt_profiles import opt_batch_size
 class ConversionOptions(BaseModel):
     """The guides' conversion knobs. The TensorRT builders' profile and calibration: tbench/request/trt_profiles.py."""
 
-    onnx_opset: int = 17
+    # None: each ONNX exporter's own (torch.export's 18; the legacy torch exporter's and tf2onnx's ONNX_OPSET); an asked
+    # opset is the file's exactly
+    onnx_opset: int | None = None
     precision: Precision = Precision.FP32
     max_batch_size: int = 8  # TensorRT optimisation profile: batch 1 .. max
     max_workspace_bytes: int = 1 << 32
@@ -59,6 +61,7 @@ class Converter:
 REGISTRY: Registry[tuple[str, Format], Converter] = Registry("converter", describe=lambda c: qualified_name(c.run))
 
 HALF = (Precision.FP32, Precision.FP16)  # the precisions of the converters that also write FP16
+ONNX_OPSET = 17  # the opset of the exporters before torch.export's (tf2onnx, torch's legacy one) where none is asked
 
 
 def converter(

@@ -14,7 +14,7 @@ from tbench.core.enums import Format, Precision
 from tbench.core.errors import ConversionError
 from tbench.core.iospec import IoSpec
 from tbench.request.trt_profiles import shaped_inputs
-from tbench.stages.converters.registry import ConversionOptions, converter
+from tbench.stages.converters.registry import ONNX_OPSET, ConversionOptions, converter
 from tbench.stages.converters.tensorrt import CalibrationData, CalibrationSet, engine_profile
 
 
@@ -55,7 +55,7 @@ def savedmodel_to_onnx(saved: Path, out: Path, spec: IoSpec, options: Conversion
         "--signature_def",
         "serving_default",
         "--opset",
-        str(options.onnx_opset),
+        str(options.onnx_opset or ONNX_OPSET),
         "--output",
         str(out),
     ]
