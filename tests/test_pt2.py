@@ -110,6 +110,18 @@ def test_a_second_conversion_comes_from_the_cache_without_compiling(packaged):
     assert log.startswith("pytorch -> pt2 in ") and "torch" in log
 
 
+def test_fp16_is_exported_in_half_behind_fp32_io(packaged, tmp_path):
+    from tbench.core.pt2_files import package_metadata
+
+    adapter, module, _, _, root, digest = packaged
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TBENCH_CACHE_DIR", str(root / "cache"))
+        half = export_model(adapter, module, Format.PT2, tmp_path, digest, ConversionOptions(precision=Precision.FP16))
+    assert half.precision is Precision.FP16 and package_metadata(Path(half.path))["tbench.precision"] == "fp16"
+    (result,) = check_artifacts(adapter, module, [half], atol=1e-2, rtol=1e-2)
+    assert result.passed and 0 < result.outputs[0].max_abs_err  # FP32 io, FP16 inside
+
+
 def test_a_data_dependent_branch_is_refused_in_one_line_naming_it():
     import torch
 
