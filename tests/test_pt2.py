@@ -155,6 +155,21 @@ def test_a_model_file_package_brings_its_own_io_spec(packaged):
     )
 
 
+def test_a_model_that_fixes_its_batch_is_refused_naming_the_dim():
+    import torch
+
+    from tbench.stages.converters.aoti import export_program
+
+    class Fixed(torch.nn.Module):
+        def forward(self, x):
+            return x.reshape(2, -1)  # the sample's batch, baked in
+
+    with pytest.raises(ConversionError) as caught:
+        export_program(Fixed().eval(), (torch.randn(2, 3, 8, 8),), SPEC, 8, "Fixed")
+    message = str(caught.value)
+    assert "\n" not in message and "a dynamic dim the model fixes" in message and "batch" in message, message
+
+
 def _repackaged(artifact, out: Path, **metadata) -> Path:
     """The package again with its metadata changed (None drops a key): what another team's package looks like."""
     from torch._inductor.package import package_aoti

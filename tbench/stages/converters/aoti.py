@@ -98,7 +98,7 @@ def refusal(err: BaseException) -> str:
         what += " (Python control flow or a shape that depends on a tensor's values; torch.cond takes such a branch)"
     elif "ConstraintViolation" in kind or lines and lines[0].startswith("Constraints violated"):
         detail = next((line[2:] for line in lines if line.startswith("- ")), lines[0] if lines else kind)
-        what = f"a dynamic dim the model fixes: {one_line(detail, 200)}"
+        what = f"a dynamic dim the model fixes: {one_line(detail.split('. ')[0], 200)}"
     else:
         what = f"{kind}: {one_line(_first_line(err), 200)}"
     where = model_frame(err)
