@@ -31,7 +31,7 @@ from tbench.results.point_cache import tool_versions
 from tbench.stages.accuracy import require_same_answers
 from tbench.stages.correctness import require_passed
 from tbench.stages.store import run_url
-from tbench.stages.sweep import measured_shape_sets
+from tbench.stages.sweep import SHM_REFUSED_NOTE, measured_shape_sets, refused_shared_memory
 from tbench.stages.tracker import COMPLETED_WITH_FAILURES, FAILED, STATE_COMPLETED_WITH_FAILURES, RunTracker
 from tbench.team.pools import check_worker_hardware
 from tbench.triton.monitor import PointMonitor
@@ -59,6 +59,18 @@ def _benchmark(plan: RunPlan, adapter, tracker: RunTracker) -> str:
     req, layout = plan.req, tracker.layout
     server = None
     try:
+        with tracker.stage("server"):  # what the server can do decides each model's serving format, before export
+            server = make_server(
+                req.server,
+                layout.repository_dir,
+                layout.server_log,
+                http_port=req.http_port,
+                grpc_port=req.grpc_port,
+                url=req.server_url,
+                **plan.server_options,
+            )
+            plan = plan.on_server(server.capabilities(), adapter.part_formats())
+            req = plan.req
         with tracker.stage("export"):
             module = adapter.build()
             artifacts = export_task(adapter, module, req.formats, layout.models_dir, plan.conversion)
@@ -84,19 +96,9 @@ def _benchmark(plan: RunPlan, adapter, tracker: RunTracker) -> str:
             inputs = shape_sets[0].inputs  # a --shape sweep's first set: the server's warm-up, the labels' defaults
             tracker.measured_shapes = list(dict.fromkeys(line for s in shape_sets for line in s.shapes))
             tracker.guessed_shapes = adapter.guessed_shapes
-        with tracker.stage("server"):  # what the server can run decides how the repository serves each format
-            server = make_server(
-                req.server,
-                layout.repository_dir,
-                layout.server_log,
-                http_port=req.http_port,
-                grpc_port=req.grpc_port,
-                url=req.server_url,
-                **plan.server_options,
-            )
-            serving = plan.serving(exported, server.backends())
-        tracker.served_by = serving.served_by
         with tracker.stage("repository"):
+            serving = plan.serving(exported)  # on the capabilities the server stage read
+            tracker.served_by = serving.served_by_why
             configs = serving.configs
             for cfg, artifact, is_native in configs:
                 repository_task(layout.repository_dir, cfg, artifact, is_native)
@@ -200,7 +202,7 @@ def _sweep(
     key = "-".join(filter(None, ("perf", scenario.value, model.format.value, shapes.tag, trial_tag)))
     labels = {**model.labels, "shapes": shapes.label}
     with tracker.stage(key):
-        perf_task(
+        table = perf_task(
             scenario,
             [
                 replace(p, shapes=shapes.tag)
@@ -228,6 +230,9 @@ def _sweep(
             ),
             cache=cache.for_model(labels) if cache else None,
         )
+    # a server that refused client shared memory: its offline points went over gRPC, said once in the report
+    if refused_shared_memory(table, shapes.inputs.shared_memory) and SHM_REFUSED_NOTE not in tracker.notes:
+        tracker.notes.append(SHM_REFUSED_NOTE)
 
 
 def _finish(tracker: RunTracker, plan: RunPlan, server, error: BaseException | None = None) -> str:
@@ -237,6 +242,10 @@ def _finish(tracker: RunTracker, plan: RunPlan, server, error: BaseException | N
         "request": req.model_dump(mode="json"),
         "hardware": hardware.model_dump(),
         "served_on": tracker.served_on,  # per measured format: the results' gpu label, and why
+        "served_by": tracker.served_by,  # per served format: the backend, and why a format was re-planned
+        # what the server could do (its version, backends, python runtimes): what the plan was made for
+        "server_capabilities": plan.capabilities.manifest() if plan.capabilities else None,
+        "notes": tracker.notes,
         "measured_shapes": tracker.measured_shapes,  # each dynamic dim's measured value
         "guessed_shapes": tracker.guessed_shapes,  # the dims no --shape set: tbench chose them
         "environment": tracker.environment,  # server identity, tool versions, model digests (tbench.history)
@@ -272,7 +281,7 @@ def _finish(tracker: RunTracker, plan: RunPlan, server, error: BaseException | N
                 served_by=tracker.served_by,
                 served_on=tracker.served_on,
                 composing=tracker.composing,
-                model_notes=adapter_notes(req),
+                model_notes=adapter_notes(req) + [ln for n in tracker.notes for ln in (f"**Note**: {n}.", "")],
                 stage_seconds=dict(tracker.stage_seconds),
                 plots_dir=layout.plots_dir,
                 status=tracker.status,

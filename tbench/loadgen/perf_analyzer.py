@@ -18,6 +18,7 @@ from tbench.core.errors import PerfAnalyzerError
 from tbench.core.iospec import IoSpec
 from tbench.core.metrics import AVG, BREAKDOWN, METRICS
 from tbench.request.benchmark import Measurement
+from tbench.triton.capabilities import CLIENT_SHM_REFUSED
 
 UNSTABLE_MARK = "Failed to obtain stable measurement"
 
@@ -216,6 +217,12 @@ class Window:
 def parse_windows(log_text: str) -> list[Window]:
     """Every "Pass [i] throughput: ..." line of a perf_analyzer -v log, in order."""
     return [Window(int(m[1]), float(m[2]), float(m[3])) for m in PASS_RE.finditer(log_text)]
+
+
+def refused_client_shm(log: str) -> bool:
+    """Whether the server refused perf_analyzer's shared memory regions: Triton 2.68 on, started without
+    --allow-client-shm=true, answers their registration with this (tbench.triton.capabilities.CLIENT_SHM_REFUSED)."""
+    return CLIENT_SHM_REFUSED in log
 
 
 def pass_throughputs(log: str) -> list[float]:

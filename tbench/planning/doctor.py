@@ -25,11 +25,12 @@ from tbench.core.enums import Format
 from tbench.core.errors import BenchError, one_line
 from tbench.core.precision import GPU_BUILT
 from tbench.node import hardware as hw
+from tbench.triton.capabilities import RUNTIME_MODULES, pytriton_server_version
 
 PYTRITON = "pip install nvidia-pytriton==0.7.0 (a dependency of this project's node extra: `pip install -e '.[node]'`)"
 WORKER_IMAGE = "the worker image (infra/worker.Dockerfile)"
 # the python backend's runtimes (tbench.request.benchmark.PYTHON_BACKEND_RUNTIMES) -> the framework whose CUDA they use
-RUNTIME_FRAMEWORKS = {"onnxruntime": "onnxruntime", "torchscript": "torch", "tensorflow": "tensorflow"}
+RUNTIME_FRAMEWORKS = RUNTIME_MODULES
 
 
 class Check(BaseModel):
@@ -147,8 +148,9 @@ def embedded_check() -> Check:
     stub = (server_dir / "python_backend_stubs" / version / "triton_python_backend_stub").exists()
     why = ([] if "python" in backends else ["no python backend"]) + ([] if stub else [f"no python {version} stub"])
     binary = server_dir / "bin" / "tritonserver"
+    wheel = importlib.metadata.version("nvidia-pytriton")
     detail = (
-        f"{binary} (nvidia-pytriton {importlib.metadata.version('nvidia-pytriton')}); "
+        f"{binary} (nvidia-pytriton {wheel}, Triton {pytriton_server_version(wheel) or 'unknown'}); "
         f"backends: {', '.join(backends) or 'none'}; python {version} stub: {'yes' if stub else 'no'}"
     )
     return Check(
@@ -225,6 +227,41 @@ def docker_check(image: str | None = None) -> Check:
         detail=detail,
         hint="" if present else f"docker pull {image} (the first docker run pulls it otherwise)",
         data={"daemon": out, "image": image, "image_present": present},
+    )
+
+
+def docker_image_check(image: str | None = None) -> Check:
+    """What the docker mode's image (the default where none is given) implies for a run, from the Triton release its
+    tag names: whether TensorFlow models keep their backend, and the client shared memory flag it is started with.
+    Nothing to pass or fail (ok None): what a run re-plans is said here before it does."""
+    from tbench.triton.capabilities import ServerCapabilities, image_version, is_ngc_image
+    from tbench.triton.process_server import NGC_IMAGE
+
+    image = image or NGC_IMAGE
+    which = "default image" if image == NGC_IMAGE else "image"
+    version, source = image_version(image)
+    caps = ServerCapabilities(version, source=source)
+    if version is None:
+        detail = f"{which} {image}: its tag names no Triton release; a run reads its version from the image"
+        return Check(area="serve", name="docker image", ok=None, detail=detail, data={"image": image})
+    said = [f"Triton {version} ({source})"]
+    if caps.after_tf_backend:
+        said.append("no TensorFlow backend (TensorFlow models are served as ONNX, or TensorRT on a GPU)")
+    else:
+        said.append("TensorFlow backend (NGC <= 25.02)")
+    if is_ngc_image(image):
+        said.append("no framework in its python backend")
+    if caps.client_shm_flag:
+        said.append("started with --allow-client-shm=true (client shared memory is off without it)")
+    return Check(
+        area="serve",
+        name="docker image",
+        ok=None,
+        detail=f"{which} {image}: " + "; ".join(said),
+        hint=""
+        if image != NGC_IMAGE
+        else "another release: --docker-image (e.g. nvcr.io/nvidia/tritonserver:24.10-py3)",
+        data={"image": image, **caps.manifest()},
     )
 
 
@@ -374,7 +411,9 @@ def measure_checks() -> list[Check]:
 
 
 def full_report() -> NodeReport:
-    checks = export_checks() + [server_check(m) for m in ("embedded", "local", "docker", "remote")] + measure_checks()
+    servers = [server_check(m) for m in ("embedded", "local", "docker", "remote")]
+    servers.insert(3, docker_image_check())  # the default image and what it implies, beside the docker check
+    checks = export_checks() + servers + measure_checks()
     return NodeReport(host=socket.gethostname(), checks=checks)
 
 

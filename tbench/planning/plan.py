@@ -1,6 +1,7 @@
 """How a run serves its models, from its request and the machine: the server's options (`server_options`), where each
 Triton model runs (`plan_devices`, then `confirm_devices` from the server's log), the config each is served with
-(`serving_config`, `accelerator_label`) and the shared memory perf_analyzer uses offline (`offline_shared_memory`).
+(`serving_config`, `accelerator_label`), the shared memory perf_analyzer uses offline (`offline_shared_memory`) and
+the format that serves a model on a server that can do what its capabilities say (`serving_format`).
 Pure functions: the flows call them, and so do the tests."""
 
 from __future__ import annotations
@@ -8,9 +9,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from tbench.core.enums import Format
+from tbench.core.errors import ConfigError
 from tbench.node.placement import Placement, plan_placement
 from tbench.request.benchmark import PYTHON_BACKEND_RUNTIMES
 from tbench.results.point_cache import PointCache, file_digest, tool_versions
+from tbench.triton.capabilities import ServerCapabilities
 from tbench.triton.repository import ACCELERATOR_LABELS, RUNTIME_MODEL, ServingConfig
 from tbench.triton.serving import ServedOn, confirmed, device_reports, pinned_env, served_on
 
@@ -38,6 +41,31 @@ def placement_for(req) -> Placement:
     """The run's CPU sets (tbench.node.placement): a run's request pins unless it says not to; requests without the
     field (a search's, a capacity plan's) are not pinned, as their flows keep the client where it is."""
     return plan_placement(pin=getattr(req, "pin_cpus", False))
+
+
+TF_FORMATS = (Format.TF_SAVEDMODEL, Format.TF_TRT)
+
+
+def serving_format(fmt: Format, caps: ServerCapabilities, has_gpu: bool = False) -> tuple[Format, str]:
+    """The format that serves a model planned as `fmt` on a server that can do `caps`, and why it differs ("" where
+    it does not). A TensorFlow format on a server with neither the tensorflow backend nor TensorFlow in its python
+    backend is served as ONNX (tf2onnx), or as a TensorRT engine where the server has that backend and this node a
+    GPU to build it (TF-TRT's first); a format no backend of the server can serve is refused in one line, before
+    anything is exported."""
+    if fmt is Format.ENSEMBLE or caps.serves(fmt):
+        return fmt, ""
+    if fmt in TF_FORMATS:
+        engine = [Format.TRT] if has_gpu and caps.native(Format.TRT) else []
+        order = engine + [Format.ONNX] if fmt is Format.TF_TRT else [Format.ONNX] + engine
+        for other in order:
+            if caps.serves(other):
+                by = "its onnxruntime backend" if caps.native(other) else "its python backend (onnxruntime)"
+                by = "its tensorrt backend" if other is Format.TRT else by
+                return other, (
+                    f"planned as {fmt.value}, served as {other.value} by {by}: {caps.label()} can serve "
+                    f"{fmt.value} {caps.why_not(fmt)}"
+                )
+    raise ConfigError(caps.cannot_serve(fmt))
 
 
 def offline_shared_memory(req, hardware, strings: bool = False) -> str:

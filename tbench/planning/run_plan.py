@@ -29,11 +29,13 @@ from tbench.planning.plan import (
     point_cache,
     server_options,
     serving_config,
+    serving_format,
 )
 from tbench.request.benchmark import ResolvedRequest, plain_name
 from tbench.results.point_cache import PointCache
 from tbench.stages.converters.registry import ConversionOptions
 from tbench.stages.sweep import plan_points
+from tbench.triton.capabilities import ServerCapabilities
 from tbench.triton.repository import ServingConfig, backend_label, serves_natively
 from tbench.triton.serving import ServedOn, combined, pinned_env
 
@@ -64,21 +66,59 @@ class Exported:
 
 @dataclass(frozen=True)
 class RunPlan:
-    """What a run does on this machine, from its resolved request and the hardware."""
+    """What a run does on this machine, from its resolved request and the hardware; once the server has said what it
+    can do (`on_server`), the formats each model is served in (`req` re-planned) and why any differs (`replanned`)."""
 
     req: ResolvedRequest
     hardware: Hardware
+    capabilities: ServerCapabilities | None = None
+    # served format (or "ensemble part NAME") -> why it is not the format the request planned
+    replanned: dict[str, str] = field(default_factory=dict)
+    part_formats: dict[str, list[Format]] = field(default_factory=dict)  # an ensemble's parts, re-planned
+
+    def on_server(self, caps: ServerCapabilities, part_formats: dict[str, list[str]] | None = None) -> RunPlan:
+        """The plan for a server that can do `caps`, decided before anything is exported: each served format (and
+        each ensemble part's served one, `part_formats`: the adapter's) the server cannot serve re-planned
+        (tbench.planning.plan.serving_format), or refused in one line."""
+        req, has_gpu = self.req, self.hardware.has_gpu
+        serve, replanned = [], {}
+        for fmt in req.serve_formats:
+            served_as, why = serving_format(fmt, caps, has_gpu)
+            serve.append(served_as)
+            if why:
+                replanned[served_as.value] = why
+        parts = {}
+        for part, listed in (part_formats or {}).items():
+            first, *rest = [Format.parse(f) for f in listed]
+            served_as, why = serving_format(first, caps, has_gpu)
+            parts[part] = [served_as, *(f for f in [first, *rest] if f is not served_as)]
+            if why:
+                replanned[f"ensemble part {part}"] = why
+        gone = {f.value for f in req.serve_formats if f not in serve}
+        update = {
+            "serve_formats": list(dict.fromkeys(serve)),
+            "formats": list(dict.fromkeys([*req.formats, *(f for f in serve if f is not Format.ENSEMBLE)])),
+            "accelerators": {k: v for k, v in req.accelerators.items() if k not in gone},
+        }
+        return replace(
+            self, req=req.model_copy(update=update), capabilities=caps, replanned=replanned, part_formats=parts
+        )
 
     @property
     def conversion(self) -> ConversionOptions:
         return ConversionOptions.for_run(self.req)
 
     def parts(self, adapter, module, models_dir: Path) -> list[PartExport]:
-        """An ensemble's composing models, each exported in its own formats into its own folder; none otherwise."""
+        """An ensemble's composing models, each exported in its own formats (as re-planned for the server) into its
+        own folder; none otherwise."""
         if not adapter.is_ensemble:
             return []
         return [
-            PartExport(p, [Format.parse(f) for f in p.part.formats], models_dir / p.part.name)
+            PartExport(
+                p,
+                self.part_formats.get(p.part.name) or [Format.parse(f) for f in p.part.formats],
+                models_dir / p.part.name,
+            )
             for p in part_adapters(adapter, module)
         ]
 
@@ -127,15 +167,17 @@ class RunPlan:
         natively)): one instance kind for all, the GPU only where every one of them runs there."""
         return combined(plan_devices(self.req, self.hardware, models))
 
-    def serving(self, exported: Exported, backends: set[str]) -> Serving:
-        """Where each Triton model will run and how, once the server has said which backends it has (a format
-        without its own backend is served through the python-backend runtime)."""
+    def serving(self, exported: Exported, backends: ServerCapabilities | set[str] | None = None) -> Serving:
+        """Where each Triton model will run and how, on a server that can do `backends` (its capabilities, by default
+        those `on_server` planned for; a set of backends alone assumes every python runtime): a format without its
+        own backend is served through the python-backend runtime."""
         req = self.req
+        server = self.capabilities if backends is None else backends
         served = [a for fmt in req.serve_formats for a in exported.artifacts if a.format is fmt]
         composing = [
             (req.part_name(p.adapter.part.name), arts[0]) for p, arts in zip(exported.parts, exported.part_artifacts)
         ]
-        native = {a.format: serves_natively(a.format, backends) for a in served + [a for _, a in composing]}
+        native = {a.format: serves_natively(a.format, server) for a in served + [a for _, a in composing]}
         models = {req.triton_name(a.format): a for a in served} | dict(composing)
         devices = plan_devices(req, self.hardware, {name: (a.format, native[a.format]) for name, a in models.items()})
         return Serving(self, served, composing, native, models, devices)
@@ -178,6 +220,17 @@ class Serving:
             by[Format.ENSEMBLE.value] = "ensemble of " + ", ".join(
                 f"{plain_name(name)} ({backend_label(a.format, self.native[a.format])})" for name, a in self.composing
             )
+        return by
+
+    @property
+    def served_by_why(self) -> dict[str, str]:
+        """`served_by` with the reason where the plan re-planned a format for this server (the report's and the
+        manifest's wording; the results' `backend` column keeps the backend alone)."""
+        why = self.plan.replanned
+        by = {fmt: label + (f"; {why[fmt]}" if fmt in why else "") for fmt, label in self.served_by.items()}
+        parts = [f"{k.removeprefix('ensemble part ')}: {w}" for k, w in why.items() if k.startswith("ensemble part ")]
+        if parts and Format.ENSEMBLE.value in by:
+            by[Format.ENSEMBLE.value] += "; " + "; ".join(parts)
         return by
 
     @property

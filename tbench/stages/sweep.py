@@ -13,7 +13,7 @@ import math
 import signal
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -42,6 +42,7 @@ from tbench.loadgen.perf_analyzer import (
     perf_argv,
     perf_json_value,
     profile_export_path,
+    refused_client_shm,
     window_seconds,
 )
 from tbench.node import procs, shm, tools
@@ -233,6 +234,20 @@ def cache_key(point: Point, model: str) -> dict:
     }
 
 
+# the report's line where the server refused client shared memory and the offline points went over gRPC
+SHM_REFUSED_NOTE = (
+    "the server refused client shared memory (Triton 2.68 on runs without it unless started with "
+    "--allow-client-shm=true): the offline points were measured without shared memory, tensors over gRPC"
+)
+
+
+def refused_shared_memory(table: pd.DataFrame, planned: str) -> bool:
+    """Whether a sweep planned with shared memory measured offline points without it (the server refused it)."""
+    if planned == "none" or table is None or table.empty:
+        return False
+    return bool(((table["scenario"] == Scenario.OFFLINE.value) & (table["shared_memory"] == "none")).any())
+
+
 def empty_row() -> dict:
     return {c: np.nan for c in RESULT_COLUMNS}
 
@@ -277,7 +292,12 @@ def measure_point(
         measure_seconds=0.0,
     )
     # a point measured again in the same run (a capacity search's repeats of a rate) keeps every measurement's files
-    taken = next(n for n in itertools.count() if not layout.perf_csv(model, point.scenario, point.label, n).exists())
+    taken = next(
+        n
+        for n in itertools.count()
+        if not layout.perf_csv(model, point.scenario, point.label, n).exists()
+        and not layout.perf_log(model, point.scenario, point.label, n).exists()  # a failed call writes no CSV
+    )
     for attempt in range(1 + m.retries):
         request_count = m.requests_per_window(latency_s, point.concurrency or 1, attempt, measured_rate, point.rate)
         if point.rate is not None:
@@ -311,6 +331,24 @@ def measure_point(
             measure_seconds=row["measure_seconds"] + done.seconds,
         )
         log = done.log_tail(40)
+        failed_in_shm = row["shared_memory"] != "none" and done.returncode != 0
+        if failed_in_shm and refused_client_shm(log_path.read_text(errors="replace")):
+            # the server refuses client shared memory (Triton 2.68 on, without --allow-client-shm=true): the point is
+            # measured over gRPC, the refused attempt's files kept; the report says so in one line (SHM_REFUSED_NOTE)
+            return measure_point(
+                point,
+                model=model,
+                grpc_url=grpc_url,
+                spec=spec,
+                m=m,
+                layout=layout,
+                binary=binary,
+                env=env,
+                inputs=replace(inputs, shared_memory="none"),
+                monitor=monitor,
+                latency_s=latency_s,
+                expected_rate=expected_rate,
+            )
         if done.returncode == 0 and csv_path.exists():
             try:
                 row.update(
@@ -457,6 +495,8 @@ def run_sweep(
                 latency_s=latency.get(point.batch_size),
                 expected_rate=expected_online_rate(point, served),
             )
+            if point.scenario is Scenario.OFFLINE and inputs.shared_memory != row["shared_memory"] == "none":
+                inputs = replace(inputs, shared_memory="none")  # refused once: the sweep's next points over gRPC
             if cache is not None:
                 cache.put(cache_key(point, model), row, layout.run_dir, layout.run_id)
         row.update(static, point_index=i)

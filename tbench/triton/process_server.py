@@ -6,6 +6,7 @@ that is not ours, and a stop that reaps the process group and removes the shared
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import shutil
 import signal
@@ -16,6 +17,7 @@ import time
 import uuid
 import weakref
 from abc import abstractmethod
+from dataclasses import replace
 from pathlib import Path
 
 import psutil
@@ -24,12 +26,26 @@ from tbench.core.errors import ServerStartError
 from tbench.node import containers, procs, shm, tools
 from tbench.node import ports as loopback
 from tbench.node.placement import Placement, cpu_list
+from tbench.triton.capabilities import (
+    ServerCapabilities,
+    environment_version,
+    every_runtime,
+    help_options,
+    image_version,
+    importable_runtimes,
+    is_ngc_image,
+    pytriton_server_version,
+)
 from tbench.triton.monitor import METRICS_INTERVAL_MS
 from tbench.triton.server import PortTakenError, ServerEndpoints, TritonServer, one_line
 from tbench.triton.trace import TRACE_FILE, RequestTrace, trace_args
 
 NGC_ULIMITS = ("memlock=-1", "stack=67108864")  # NGC's advice for the Triton image
-NGC_IMAGE = "nvcr.io/nvidia/tritonserver:24.10-py3"  # Triton 2.51, the release of our perf_analyzer
+# The newest NGC release whose notes were found documented (docs.nvidia.com, "Triton Inference Server Release 26.10",
+# 2026-11): Triton 2.74, without the TensorFlow backend (gone after 25.02) and with client shared memory off unless
+# the server runs with --allow-client-shm=true (given: capabilities.launch_args). Older images (24.10, Triton 2.51, the
+# release of our perf_analyzer) keep working with --docker-image.
+NGC_IMAGE = "nvcr.io/nvidia/tritonserver:26.10-py3"
 LOCAL_BACKENDS = Path("/opt/tritonserver/backends")  # where the NGC image and Triton's packages put them
 CONTAINER_PORTS = {"http": 8000, "grpc": 8001, "metrics": 8002}
 CONTAINER_TRACE_DIR = "/tbench-trace"  # where a container writes its requests' trace (tbench.triton.trace)
@@ -68,6 +84,7 @@ class ProcessServer(TritonServer):
         self.instance_id = f"tbench-{uuid.uuid4().hex[:12]}"
         self.proc: subprocess.Popen | None = None
         self.trace_path: Path | None = None  # where the server writes its requests' trace (a mode that has one)
+        self._version: ServerCapabilities | None = None  # what version_info read, once
 
     def _pick_ports(self) -> dict[str, int]:
         chosen = {**self.chosen_ports, "metrics": None}
@@ -111,7 +128,25 @@ class ProcessServer(TritonServer):
             "--exit-on-error=true",
             "--strict-readiness=true",
             "--log-verbose=0",
+            *self.version_info().launch_args(),  # the flags its version has: client shm, latency histogram
         ]
+
+    def version_info(self) -> ServerCapabilities:
+        """The server's version (and the options its --help lists, where read) without starting it, read once: what
+        decides the flags it is started with."""
+        if self._version is None:
+            self._version = replace(self.read_version(), mode=self.mode)
+        return self._version
+
+    def read_version(self) -> ServerCapabilities:
+        return ServerCapabilities(version=None, source="unknown")
+
+    def python_runtimes(self) -> frozenset[str]:
+        """The runtimes its python backend's environment can import."""
+        return every_runtime()
+
+    def read_capabilities(self) -> ServerCapabilities:
+        return replace(self.version_info(), backends=frozenset(self.backends()), python_runtimes=self.python_runtimes())
 
     @abstractmethod
     def argv(self) -> list[str]: ...
@@ -298,6 +333,18 @@ class EmbeddedServer(ProcessServer):
     def backends(self) -> set[str]:
         return backends_in(tools.pytriton_server_dir() / "backends")
 
+    def read_version(self) -> ServerCapabilities:
+        """The wheel holds no file that names its server's version: the nvidia-pytriton release names it."""
+        try:
+            wheel = importlib.metadata.version("nvidia-pytriton")
+        except importlib.metadata.PackageNotFoundError:
+            return ServerCapabilities(version=None, source="unknown (no nvidia-pytriton)")
+        version = pytriton_server_version(wheel)
+        return ServerCapabilities(version=version, source=f"nvidia-pytriton {wheel}" + ("" if version else ": unknown"))
+
+    def python_runtimes(self) -> frozenset[str]:
+        return importable_runtimes()  # its stub runs this venv's Python (env: PATH)
+
     def where(self) -> dict:
         return {"binary": str(tools.pytriton_server_dir() / "bin" / "tritonserver")}
 
@@ -367,6 +414,24 @@ class LocalServer(ProcessServer):
 
     def backends(self) -> set[str]:
         return backends_in(self.backend_dir)
+
+    def read_version(self) -> ServerCapabilities:
+        """Without starting it: the version NGC's images set in the environment (the server on PATH inside one), and
+        the options its --help lists (whether it knows --allow-client-shm)."""
+        version, source = environment_version(dict(os.environ))
+        options: frozenset[str] = frozenset()
+        if Path(self.binary).is_file():
+            try:
+                done = subprocess.run(
+                    [self.binary, "--help"], capture_output=True, text=True, timeout=30, env=self.env()
+                )
+                options = help_options(done.stdout + done.stderr)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+        return ServerCapabilities(version=version, source=source, options=options)
+
+    def python_runtimes(self) -> frozenset[str]:
+        return importable_runtimes()  # its stub runs on this machine, with the Python on PATH
 
     def where(self) -> dict:
         return {"binary": self.binary, "backend_dir": str(self.backend_dir)}
@@ -472,6 +537,26 @@ class DockerServer(ProcessServer):
     def _remove_leftovers(self) -> None:
         """A container whose client was killed, or that ignored `docker stop`, is removed too."""
         containers.remove(self.docker, self.container)
+
+    def inspect(self) -> str | None:
+        """`docker image inspect` of the image (JSON), None where it is not here or no daemon answers."""
+        try:
+            done = subprocess.run(
+                [self.docker, "image", "inspect", self.image], capture_output=True, text=True, timeout=60
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return done.stdout if done.returncode == 0 else None
+
+    def read_version(self) -> ServerCapabilities:
+        """The image's own word (its env), else the release its tag names."""
+        version, source = image_version(self.image, self.inspect())
+        return ServerCapabilities(version=version, source=source, where=self.image)
+
+    def python_runtimes(self) -> frozenset[str]:
+        """NGC's python backend has no framework in its environment; another image's is not ours to see (every
+        runtime assumed, as a server of our own making would have them)."""
+        return frozenset() if is_ngc_image(self.image) else every_runtime()
 
     def backends_argv(self) -> list[str]:
         return [self.docker, "run", "--rm", "--entrypoint", "ls", self.image, str(LOCAL_BACKENDS)]

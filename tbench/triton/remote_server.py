@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import json
 from contextlib import suppress
+from dataclasses import replace
 from pathlib import Path
 
 from tritonclient.grpc import model_config_pb2 as mc
 
 from tbench.core.errors import ServerStartError
 from tbench.request.benchmark import run_suffix
+from tbench.triton.capabilities import ServerCapabilities, every_runtime
 from tbench.triton.config import parse_pbtxt
 from tbench.triton.server import ServerEndpoints, TritonServer, config_json, one_line
 
@@ -95,6 +97,25 @@ class RemoteServer(TritonServer):
         if self._backends is None:
             self._backends = self.probe_backends()
         return self._backends
+
+    def read_capabilities(self) -> ServerCapabilities:
+        """Its version from its metadata, its backends as named or probed. Its python backend's environment is not
+        ours to see: a server of a release after the last with the TensorFlow backend (25.02) is taken for NGC's
+        layout (no framework there), an older or unknown one for a server like ours (every runtime)."""
+        client = self._client()
+        try:
+            version = client.get_server_metadata(as_json=True).get("version")
+        except Exception as err:  # not live, or no gRPC there: said in one line
+            raise ServerStartError(
+                f"cannot ask the remote Triton at {self.endpoints.grpc_url} for its version: {one_line(str(err))}"
+            ) from None
+        finally:
+            client.close()
+        caps = ServerCapabilities(
+            version=version, source="server metadata", mode=self.mode, where=self.endpoints.grpc_url
+        )
+        runtimes = frozenset() if caps.after_tf_backend else every_runtime()
+        return replace(caps, backends=frozenset(self.backends()), python_runtimes=runtimes)
 
     def probe_backends(self) -> set[str]:
         from tritonclient.utils import InferenceServerException

@@ -16,11 +16,10 @@ from tbench.core.errors import ConfigError
 from tbench.core.iospec import IoSpec
 from tbench.core.onnx_files import copy_onnx_external_files
 from tbench.request.benchmark import PYTHON_BACKEND_RUNTIMES
+from tbench.triton.capabilities import ServerCapabilities, as_capabilities
 from tbench.triton.config import (
-    BACKEND_DIRS,
     MODEL_FILENAMES,
     PLATFORMS,
-    PYTHON_BACKEND,
     Accelerator,
     DynamicBatching,
     EnsembleStep,
@@ -69,16 +68,16 @@ class ServingConfig:
         return self.accelerator if native and self.kind == "KIND_GPU" else None
 
 
-def serves_natively(fmt: Format, backends: set[str]) -> bool:
-    """True: the format's own backend; False: the python-backend runtime model; neither: a clear error."""
-    if BACKEND_DIRS[PLATFORMS[fmt]] in backends:
+def serves_natively(fmt: Format, server: ServerCapabilities | set[str]) -> bool:
+    """True: the format's own backend (from the release that brought its platform: capabilities.NATIVE_SINCE);
+    False: the python-backend runtime model, where the server's python environment has the runtime; neither: one
+    line naming the fix. `server`: the server's capabilities, or its backends alone (every python runtime assumed)."""
+    caps = as_capabilities(server)
+    if caps.native(fmt):
         return True
-    if fmt in PYTHON_BACKEND_RUNTIMES and PYTHON_BACKEND in backends:
+    if caps.python_runs(fmt):
         return False
-    raise ConfigError(
-        f"the server can serve {fmt.value} neither natively (no {BACKEND_DIRS[PLATFORMS[fmt]]} backend) "
-        f"nor through the python backend; it has: {', '.join(sorted(backends)) or 'no backends'}"
-    )
+    raise ConfigError(caps.cannot_serve(fmt))
 
 
 # the published results' `backend_accelerator` wording

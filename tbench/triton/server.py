@@ -8,7 +8,9 @@ Embedded and local servers see only the run's GPU (`gpu_env`, tbench.serving.pin
 - remote: an already running server by URL; models are uploaded and loaded through the client (explicit model
   control), so the server needs no access to our files.
 Each checks health and model readiness with a timeout, keeps its log with the run, stops cleanly, and fails with
-one line quoting the log's errors.
+one line quoting the log's errors. What a server can do (its version, backends and python runtimes:
+tbench/triton/capabilities.py) is read once per run by `capabilities()`, each mode its own way, before anything is
+exported: the plan picks each model's format from it, and a server we launch gets the flags its version has.
 
 This module holds what every mode shares: the interface (`TritonServer`), its endpoints, the start-failure helpers
 and the config overrides (`configs_loaded`). The modes live beside it, so the interface imports none of them:
@@ -22,7 +24,7 @@ import re
 import time
 from abc import ABC, abstractmethod
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import psutil
@@ -31,6 +33,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from tbench.core.errors import ServerStartError
 from tbench.node import procs
+from tbench.triton.capabilities import ServerCapabilities, as_capabilities
 from tbench.triton.loads import log_offset, wait_released
 
 # Triton's words for a port it could not bind ("Socket '127.0.0.1:8001' already in use"), and docker's
@@ -67,6 +70,7 @@ class TritonServer(ABC):
         self.repository = repository
         self.log_path = log_path
         self.start_timeout_s = start_timeout_s
+        self._capabilities: ServerCapabilities | None = None
 
     @property
     @abstractmethod
@@ -84,6 +88,17 @@ class TritonServer(ABC):
     @abstractmethod
     def backends(self) -> set[str]:
         """The backends this server can load, read from the server's backend directory."""
+
+    def capabilities(self) -> ServerCapabilities:
+        """What this server can do (tbench.triton.capabilities): its version, backends and python runtimes, read once
+        per run (before anything is exported: the plan picks each model's format from them)."""
+        if self._capabilities is None:
+            self._capabilities = self.read_capabilities()
+        return self._capabilities
+
+    def read_capabilities(self) -> ServerCapabilities:
+        """A mode's own reading; by default its backends alone (version unknown, every python runtime assumed)."""
+        return replace(as_capabilities(self.backends()), mode=self.mode)
 
     def models(self) -> list[str]:
         return sorted(p.parent.name for p in self.repository.glob("*/config.pbtxt"))
