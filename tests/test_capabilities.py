@@ -343,3 +343,46 @@ def test_the_doctor_names_the_default_image_and_what_it_implies():
     older = docker_image_check("nvcr.io/nvidia/tritonserver:24.10-py3")
     assert "TensorFlow backend (NGC <= 25.02)" in older.detail and "allow-client-shm" not in older.detail
     assert docker_image_check("tbench-triton-cpu:2.51-x").detail.endswith("a run reads its version from the image")
+
+
+# --- end to end: the re-plan on a real server ---
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize(("model", "size"), [("widedeep", "small"), ("dlrm", "tiny")], ids=["widedeep", "dlrm"])
+def test_a_tensorflow_model_is_served_as_onnx_where_the_server_cannot_run_tensorflow(
+    prefect_harness, tmp_path, monkeypatch, model, size
+):
+    """The embedded server taken for one whose python backend has no TensorFlow (as NGC's, which has no TensorFlow
+    backend either): the SavedModel (DLRM: its sparse part) is converted by tf2onnx before anything is served,
+    served by the python backend's onnxruntime, and answers as the framework does."""
+    import json
+
+    from conftest import run_flow
+
+    monkeypatch.setattr(EmbeddedServer, "python_runtimes", lambda self: importable_runtimes() - {"tensorflow"})
+    run, results, report = run_flow(
+        tmp_path,
+        BenchmarkRequest(
+            model=model,
+            size=size,
+            batch_sizes=[64],
+            max_batch_size=128,
+            accuracy_samples=256,
+            scenarios=["offline"],
+            output=str(tmp_path),
+            measurement=Measurement(window_s=0.5, stability_percentage=50),
+        ),
+    )
+    manifest = json.loads((run / "manifest.json").read_text())
+    assert manifest["server_capabilities"]["version"] == "2.51.0"
+    assert "tensorflow" not in manifest["server_capabilities"]["python_runtimes"]
+    served = "onnx" if model == "widedeep" else "ensemble"
+    assert manifest["request"]["serve_formats"] == [served]
+    assert (
+        "planned as tf-savedmodel, served as onnx by its python backend (onnxruntime)" in manifest["served_by"][served]
+    )
+    assert "python (tensorflow)" not in set(results["backend"]) and (results["status"] == "ok").any()
+    accuracy = json.loads((run / "accuracy.json").read_text())[0]
+    assert abs(accuracy["difference"]) < 1e-3  # the same answers through Triton
+    assert "planned as tf-savedmodel, served as onnx" in report
