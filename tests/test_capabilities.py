@@ -21,9 +21,9 @@ from tbench.node.procs import Completed
 from tbench.planning.plan import serving_format
 from tbench.planning.run_plan import RunPlan
 from tbench.request.benchmark import PYTHON_BACKEND_RUNTIMES, BenchmarkRequest, Measurement
+from tbench.loadgen.perf_analyzer import CLIENT_SHM_REFUSED
 from tbench.triton.capabilities import (
     CLIENT_SHM_FLAG,
-    CLIENT_SHM_REFUSED,
     LATENCY_HISTOGRAM,
     NATIVE_SINCE,
     TORCH_AOTI,

@@ -6,7 +6,6 @@ run on an ONNX file should not pay for it.
 
 from __future__ import annotations
 
-import math
 import os
 import zipfile
 from pathlib import Path
@@ -20,19 +19,25 @@ from tbench.core.errors import ConfigError
 from tbench.core.iospec import _TRITON_DTYPES, IoSpec, TensorSpec
 from tbench.core.onnx_graph import onnx_table_rows
 from tbench.core.runtimes import cached, run_file
+from tbench.core.synthetic import (  # noqa: F401 - the flags and defaults stay importable from here
+    DEFAULT_DYNAMIC_DIM,
+    RANGE_FLAG,
+    SHAPE_FLAG,
+    SYNTHETIC_WORDS,
+    check_names,
+    check_ranges,
+    dims_text,
+    int_bounds,
+    positive_shape,
+    probe_dim,
+    random_values,
+    tensor_spec,
+)
 
-DEFAULT_DYNAMIC_DIM = 16  # the size a dynamic non-batch dim gets when the user names none
-# the words synthetic strings are made of: common English, so a text model's vocabulary finds some of them
-SYNTHETIC_WORDS = (
-    "the a of and to in is it that was for on with as this movie film good bad great not very story time one "
-    "like just plot best well even really people acting love characters could would see make ever only little"
-).split()
 ACCEPTED = (
     "an .onnx file, a TensorFlow SavedModel directory (with saved_model.pb), a TorchScript archive (torch.jit.save) "
     "or an AOTInductor package (.pt2, torch._inductor.aoti_compile_and_package)"
 )
-SHAPE_FLAG = "--shape NAME:D1,D2,..."
-RANGE_FLAG = "--value-range NAME:LO,HI"
 TS_IO_SPEC = "io_spec.json"  # optional extra file of a TorchScript archive holding IoSpec JSON
 # what a TorchScript module's inputs are tried with before the user's --shape, in order: a batch axis (two sizes), a
 # batch fixed at 1 (a module that takes one sample), nothing (the --shape is the whole shape); the last two are served
@@ -136,7 +141,7 @@ def read_model_file(
     else:
         spec, batching = _read_savedmodel(path)
         shapes_are_spec = False
-    _check_names(spec.input_names(), dtypes, "--dtype")
+    check_names(spec.input_names(), dtypes, "--dtype")
     _check_dtypes(spec, dtypes, path)
     overrides = {} if shapes_are_spec else shapes  # then their -1 dims get the default like any dynamic dim
     return described_model(str(path), fmt, spec, batching, overrides, ranges, int_high, table_rows)
@@ -156,8 +161,8 @@ def described_model(
     and --value-range checked against it and every dynamic dim given a size."""
     shapes = {name: [int(d) for d in dims] for name, dims in (shapes or {}).items()}
     ranges = {name: list(bounds) for name, bounds in (value_ranges or {}).items()}
-    _check_names(spec.input_names(), shapes, "--shape")
-    _check_ranges(spec, ranges)
+    check_names(spec.input_names(), shapes, "--shape")
+    check_ranges(spec, ranges)
     return ModelFile(
         path=path,
         format=fmt,
@@ -180,48 +185,10 @@ def _dtype_name(value: str, what: str) -> str:
     return name
 
 
-def _check_names(names: list[str], given: dict, flag: str) -> None:
-    unknown = sorted(set(given) - set(names))
-    if unknown:
-        raise ConfigError(
-            f"{flag} names unknown input(s) {', '.join(unknown)}; the model's inputs are {', '.join(names)}"
-        )
-
-
 def _check_dtypes(spec: IoSpec, dtypes: dict[str, str], path: Path) -> None:
     for t in spec.inputs:
         if t.name in dtypes and dtypes[t.name] != t.dtype:
             raise ConfigError(f"--dtype {t.name}:{dtypes[t.name]} contradicts {path}, which declares {t.dtype}")
-
-
-def _check_ranges(spec: IoSpec, ranges: dict[str, list[float]]) -> None:
-    """Each --value-range: two numbers LO <= HI that hold at least one value of the input's dtype."""
-    _check_names(spec.input_names(), ranges, "--value-range")
-    dtypes = {t.name: t.np_dtype for t in spec.inputs}
-    for name, bounds in ranges.items():
-        given = f"--value-range {name}:{','.join(f'{b:g}' for b in bounds)}"
-        if len(bounds) != 2 or not all(math.isfinite(b) for b in bounds) or bounds[0] > bounds[1]:
-            raise ConfigError(f"{given} needs two finite numbers LO,HI with LO <= HI")
-        if dtypes[name].kind == "O":  # a string input: words per string
-            low, high = _int_bounds(bounds)
-            if low < 1 or low > high:
-                raise ConfigError(f"{given}: a string input's range is its words per string, LO >= 1 and LO <= HI")
-        elif dtypes[name].kind in "biu":
-            low, high = _int_bounds(bounds)
-            limits = (
-                (0, 1)
-                if dtypes[name].kind == "b"
-                else (int(np.iinfo(dtypes[name]).min), int(np.iinfo(dtypes[name]).max))
-            )
-            if low > high:
-                raise ConfigError(f"{given} holds no integer, and {name} is {dtypes[name].name}")
-            if low < limits[0] or high > limits[1]:
-                raise ConfigError(f"{given} does not fit {name}'s {dtypes[name].name} ({limits[0]}..{limits[1]})")
-
-
-def _int_bounds(bounds: list[float]) -> tuple[int, int]:
-    """An integer input's inclusive range from [LO, HI]: the integers within it."""
-    return math.ceil(bounds[0]), math.floor(bounds[1])
 
 
 def _fill_shape(spec: TensorSpec, override: list[int] | None) -> list[int]:
@@ -231,14 +198,10 @@ def _fill_shape(spec: TensorSpec, override: list[int] | None) -> list[int]:
     fits = len(override) == len(spec.shape) and all(o > 0 and (d == -1 or d == o) for d, o in zip(spec.shape, override))
     if not fits:
         raise ConfigError(
-            f"--shape {spec.name}:{_dims(override)} does not fit the model's shape {_dims(spec.shape)} "
+            f"--shape {spec.name}:{dims_text(override)} does not fit the model's shape {dims_text(spec.shape)} "
             f"for {spec.name} (-1 is dynamic; rank and static dims must match)"
         )
     return list(override)
-
-
-def _dims(shape: list[int]) -> str:
-    return ",".join(str(d) for d in shape)
 
 
 def _split_batch(inputs: list[TensorSpec], outputs: list[TensorSpec]) -> tuple[IoSpec, bool]:
@@ -249,16 +212,6 @@ def _split_batch(inputs: list[TensorSpec], outputs: list[TensorSpec]) -> tuple[I
         for t in tensors:
             t.shape = t.shape[1:]
     return IoSpec(inputs=inputs, outputs=outputs), batching
-
-
-def _tensor(name: str, dtype: Any, shape: list[int], path: Path) -> TensorSpec:
-    dtype_name = np.dtype(dtype).name
-    if dtype_name not in _TRITON_DTYPES:
-        raise ConfigError(
-            f"tensor {name} of {path} has dtype {dtype_name}, which tbench cannot feed or read; "
-            f"supported: {', '.join(_TRITON_DTYPES)}"
-        )
-    return TensorSpec(name=name, dtype=dtype_name, shape=shape)
 
 
 # ---------------------------------------------------------------- ONNX
@@ -314,7 +267,7 @@ def _onnx_tensor(value: Any, path: Path) -> TensorSpec:
         dtype = tensor_dtype_to_np_dtype(tensor_type.elem_type)
     except KeyError:
         raise ConfigError(f"ONNX tensor {value.name} of {path} has an unknown element type") from None
-    return _tensor(value.name, dtype, shape, path)
+    return tensor_spec(value.name, dtype, shape, path)
 
 
 # ---------------------------------------------------------------- TF SavedModel
@@ -336,7 +289,7 @@ def _tf_tensor(name: str, spec: Any, path: Path) -> TensorSpec:
     if spec.shape.rank is None:
         raise ConfigError(f"signature tensor {name} of {path} has no declared rank")
     shape = [-1 if d is None else int(d) for d in spec.shape.as_list()]
-    return _tensor(name, spec.dtype.as_numpy_dtype, shape, path)
+    return tensor_spec(name, spec.dtype.as_numpy_dtype, shape, path)
 
 
 def _savedmodel_signature(path: Path) -> Any:
@@ -381,16 +334,16 @@ def _read_torchscript(
             _dtype_name(t.dtype, f"{TS_IO_SPEC} tensor {t.name}")
         return spec, True, False
     names = _forward_inputs(module, path, shapes)
-    _check_names(names, shapes, "--shape")
-    _check_names(names, dtypes, "--dtype")
+    check_names(names, shapes, "--shape")
+    check_names(names, dtypes, "--dtype")
     missing = [n for n in names if n not in shapes]
     if missing:
         raise ConfigError(
             f"TorchScript {path} declares no input shapes: give {SHAPE_FLAG} (without the batch axis) "
             f"for {', '.join(missing)}"
         )
-    inputs = [TensorSpec(name=n, dtype=dtypes.get(n, "float32"), shape=_positive(n, shapes[n])) for n in names]
-    _check_ranges(IoSpec(inputs=inputs, outputs=[]), ranges)  # before the probe draws its inputs from them
+    inputs = [TensorSpec(name=n, dtype=dtypes.get(n, "float32"), shape=positive_shape(n, shapes[n])) for n in names]
+    check_ranges(IoSpec(inputs=inputs, outputs=[]), ranges)  # before the probe draws its inputs from them
     failed = None
     for leads in _PROBE_LEADS:
         try:
@@ -436,12 +389,6 @@ def _forward_inputs(module: Any, path: Path, shapes: dict[str, list[int]]) -> li
     return names
 
 
-def _positive(name: str, shape: list[int]) -> list[int]:
-    if any(d == 0 or d < -1 for d in shape):
-        raise ConfigError(f"--shape {name}:{_dims(shape)} needs positive dims (or -1 for dynamic)")
-    return list(shape)
-
-
 def _probe_outputs(
     module: Any,
     inputs: list[TensorSpec],
@@ -456,9 +403,9 @@ def _probe_outputs(
     runs = []
     for grow, lead in enumerate(leads):
         feeds = {
-            t.name: _random(
+            t.name: random_values(
                 t.dtype,
-                lead + [_probe_dim(d, grow) for d in t.shape],
+                lead + [probe_dim(d, grow) for d in t.shape],
                 np.random.default_rng(grow),
                 ranges.get(t.name),
                 int_high,
@@ -477,12 +424,8 @@ def _probe_outputs(
             )
         skip = 1 if batching else 0
         shape = [da if da == db else -1 for da, db in zip(a.shape[skip:], b.shape[skip:])]
-        outputs.append(_tensor(f"output__{i}", a.dtype, shape, path))
+        outputs.append(tensor_spec(f"output__{i}", a.dtype, shape, path))
     return outputs
-
-
-def _probe_dim(dim: int, grow: int) -> int:
-    return DEFAULT_DYNAMIC_DIM + grow if dim == -1 else dim
 
 
 def _run_torchscript_module(module: Any, inputs: list[TensorSpec], feeds: dict, path: Path) -> list[np.ndarray]:
@@ -491,7 +434,7 @@ def _run_torchscript_module(module: Any, inputs: list[TensorSpec], feeds: dict, 
     except ConfigError:
         raise
     except Exception as err:
-        shapes = ", ".join(f"{n}:{_dims(list(a.shape))}" for n, a in feeds.items())
+        shapes = ", ".join(f"{n}:{dims_text(list(a.shape))}" for n, a in feeds.items())
         ints = [t.name for t in inputs if t.np_dtype.kind in "iu"]
         ranges = f" and, for the integers of {', '.join(ints)}, {RANGE_FLAG}" if ints else ""
         raise ConfigError(
@@ -520,7 +463,7 @@ def synthetic_inputs(mf: ModelFile, batch_size: int, seed: int = 0) -> dict[str,
     rng = np.random.default_rng(seed)
     lead = [batch_size] if mf.batching else []
     return {
-        t.name: _random(t.dtype, lead + mf.input_shapes[t.name], rng, synthetic_range(mf, t.name), mf.int_high)
+        t.name: random_values(t.dtype, lead + mf.input_shapes[t.name], rng, synthetic_range(mf, t.name), mf.int_high)
         for t in mf.io_spec.inputs
     }
 
@@ -540,36 +483,8 @@ def describe_range(mf: ModelFile, t: TensorSpec) -> str:
     bounds = synthetic_range(mf, t.name)
     if bounds is None:
         return f"0..{min(mf.int_high, int(np.iinfo(t.np_dtype).max) + 1) - 1}"
-    low, high = _int_bounds(bounds)
+    low, high = int_bounds(bounds)
     return f"{low}..{high}"
-
-
-def _random(
-    dtype: str, shape: list[int], rng: np.random.Generator, bounds: list[float] | None = None, int_high: int = 16
-) -> np.ndarray:
-    np_dtype = np.dtype(dtype)
-    if np_dtype.kind == "O":  # strings: LO..HI words each (--value-range), 1..8 by default
-        low, high = _int_bounds(bounds) if bounds is not None else (1, 8)
-        counts = rng.integers(low, high, shape, endpoint=True)
-        words = rng.integers(0, len(SYNTHETIC_WORDS), int(counts.sum()))
-        out, start = np.empty(shape, dtype=object), 0
-        for index, count in np.ndenumerate(counts):
-            out[index] = " ".join(SYNTHETIC_WORDS[w] for w in words[start : start + count])
-            start += count
-        return out
-    if np_dtype.kind in "biu" and bounds is not None:
-        low, high = _int_bounds(bounds)
-        return rng.integers(
-            low, high, shape, dtype=np.int8 if np_dtype == np.bool_ else np_dtype, endpoint=True
-        ).astype(np_dtype)
-    if np_dtype == np.bool_:
-        return rng.integers(0, 2, shape).astype(np.bool_)
-    if np_dtype.kind in "iu":
-        high = min(int_high, int(np.iinfo(np_dtype).max) + 1)  # int_high may not fit a narrow dtype
-        return rng.integers(0, high, shape, dtype=np_dtype)
-    if bounds is not None:
-        return rng.uniform(bounds[0], bounds[1], shape).astype(np_dtype)
-    return rng.standard_normal(shape).astype(np_dtype)
 
 
 def run_model_file(mf: ModelFile, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

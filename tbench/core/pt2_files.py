@@ -24,6 +24,16 @@ import numpy as np
 
 from tbench.core.errors import ConfigError
 from tbench.core.iospec import IoSpec, TensorSpec
+from tbench.core.runtime_cache import cached
+from tbench.core.synthetic import (
+    SHAPE_FLAG,
+    check_names,
+    check_ranges,
+    positive_shape,
+    probe_dim,
+    random_values,
+    tensor_spec,
+)
 
 MODEL = "model"  # the model name aoti_compile_and_package gives, and the one Triton's PyTorch backend loads
 RECOMPILE = (
@@ -148,8 +158,6 @@ def read_pt2(
 ) -> tuple[IoSpec, bool, bool]:
     """(spec, batching, shapes_are_spec), as tbench.core.model_file reads a TorchScript file: the io spec tbench's
     converter stored, else the user's --shape for `input__0`... and the outputs the package gives on them."""
-    from tbench.core.model_file import SHAPE_FLAG, _check_names, _check_ranges, _positive
-    from tbench.core.runtimes import cached
 
     meta = check_package(path)
     model = cached("aoti", path, lambda: load_package(path))
@@ -159,16 +167,16 @@ def read_pt2(
         except ValueError as err:
             raise ConfigError(f"{IO_SPEC_KEY} in {path}'s metadata is not an io spec: {_last_line(err)}") from None
     names = [f"input__{i}" for i in range(model.input_count)]
-    _check_names(names, shapes, "--shape")
-    _check_names(names, dtypes, "--dtype")
+    check_names(names, shapes, "--shape")
+    check_names(names, dtypes, "--dtype")
     missing = [n for n in names if n not in shapes]
     if missing:
         raise ConfigError(
             f"AOTInductor package {path} declares no input shapes: give {SHAPE_FLAG} (without the batch axis) "
             f"for {', '.join(missing)} (its inputs in forward's order)"
         )
-    inputs = [TensorSpec(name=n, dtype=dtypes.get(n, "float32"), shape=_positive(n, shapes[n])) for n in names]
-    _check_ranges(IoSpec(inputs=inputs, outputs=[]), ranges)
+    inputs = [TensorSpec(name=n, dtype=dtypes.get(n, "float32"), shape=positive_shape(n, shapes[n])) for n in names]
+    check_ranges(IoSpec(inputs=inputs, outputs=[]), ranges)
     failed = None
     for leads in (([2], [3]), ([1], [1]), ([], [])):  # a batch axis; a batch fixed at 1; no batch axis
         try:
@@ -186,14 +194,12 @@ def _probe(model, inputs, path: Path, int_high: int, ranges, leads) -> list[Tens
     """The outputs' dtypes and shapes from two runs (dims that move with the inputs are dynamic)."""
     import torch
 
-    from tbench.core.model_file import SHAPE_FLAG, _probe_dim, _random, _tensor
-
     runs = []
     for grow, lead in enumerate(leads):
         arrays = [
-            _random(
+            random_values(
                 t.dtype,
-                lead + [_probe_dim(d, grow) for d in t.shape],
+                lead + [probe_dim(d, grow) for d in t.shape],
                 np.random.default_rng(grow),
                 ranges.get(t.name),
                 int_high,
@@ -218,7 +224,7 @@ def _probe(model, inputs, path: Path, int_high: int, ranges, leads) -> list[Tens
         if batching and (a.ndim == 0 or a.shape[0] != leads[0][0] or b.shape[0] != leads[1][0]):
             raise ConfigError(f"output {i} of AOTInductor package {path} does not keep the batch on axis 0")
         shape = [da if da == db else -1 for da, db in zip(a.shape[skip:], b.shape[skip:])]
-        outputs.append(_tensor(f"output__{i}", a.dtype, shape, path))
+        outputs.append(tensor_spec(f"output__{i}", a.dtype, shape, path))
     return outputs
 
 

@@ -4,13 +4,13 @@ and accuracy compare against these; frameworks are imported only when a model of
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
 from tbench.core.enums import Format
 from tbench.core.iospec import IoSpec
+from tbench.core.runtime_cache import cached
 
 FILE_FRAMEWORKS = {f.value for f in (Format.ONNX, Format.TS_SCRIPT, Format.TS_TRACE, Format.PT2, Format.TF_SAVEDMODEL)}
 
@@ -39,21 +39,6 @@ def run_keras(model, spec: IoSpec, inputs: dict[str, np.ndarray]) -> dict[str, n
         return {k: v.numpy() for k, v in out.items()}
     outs = out if isinstance(out, (tuple, list)) else (out,)
     return _as_outputs(spec, [o.numpy() for o in outs])
-
-
-# Loaded runtimes by (kind, path, mtime): repeated calls skip the load (a SavedModel or a big ONNX file takes
-# seconds), a rewritten file reloads, and only the last few stay in memory.
-_RUNTIMES: dict[tuple[str, str, int], object] = {}
-_MAX_RUNTIMES = 4
-
-
-def cached(kind: str, path: Path, load: Callable[[], object]):
-    key = (kind, str(path), Path(path).stat().st_mtime_ns)
-    if key not in _RUNTIMES:
-        if len(_RUNTIMES) >= _MAX_RUNTIMES:
-            del _RUNTIMES[next(iter(_RUNTIMES))]  # oldest first: dicts keep insertion order
-        _RUNTIMES[key] = load()
-    return _RUNTIMES[key]
 
 
 def _load(fmt: Format, path: str):

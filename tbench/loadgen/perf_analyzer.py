@@ -18,9 +18,11 @@ from tbench.core.errors import PerfAnalyzerError
 from tbench.core.iospec import IoSpec
 from tbench.core.metrics import AVG, BREAKDOWN, METRICS
 from tbench.request.benchmark import Measurement
-from tbench.triton.capabilities import CLIENT_SHM_REFUSED
 
 UNSTABLE_MARK = "Failed to obtain stable measurement"
+# What Triton answers a client shared memory registration when it runs without --allow-client-shm=true (2.68 on:
+# server src/common.h kClientShmDisabledErrorStr); perf_analyzer prints it when it registers its regions
+CLIENT_SHM_REFUSED = "Client shared memory is disabled"
 
 
 @dataclass(frozen=True)
@@ -221,7 +223,7 @@ def parse_windows(log_text: str) -> list[Window]:
 
 def refused_client_shm(log: str) -> bool:
     """Whether the server refused perf_analyzer's shared memory regions: Triton 2.68 on, started without
-    --allow-client-shm=true, answers their registration with this (tbench.triton.capabilities.CLIENT_SHM_REFUSED)."""
+    --allow-client-shm=true, answers their registration with this (CLIENT_SHM_REFUSED)."""
     return CLIENT_SHM_REFUSED in log
 
 

@@ -28,9 +28,6 @@ TF_BACKEND_LAST = (2, 55)  # 25.02: the last NGC release whose image ships the T
 # A format's native backend counts only from the release that brought its platform (keyed by Format value)
 NATIVE_SINCE: dict[str, tuple[int, int]] = {"pt2": TORCH_AOTI}
 
-# What Triton answers a client shared memory registration when it runs without --allow-client-shm=true (2.68 on:
-# server src/common.h kClientShmDisabledErrorStr); perf_analyzer prints it when it registers its regions
-CLIENT_SHM_REFUSED = "Client shared memory is disabled"
 
 # The server the nvidia-pytriton wheel bundles, by wheel version (its CHANGELOG's "embedded in wheel" line)
 PYTRITON_SERVERS = {"0.7.0": "2.51.0"}
