@@ -73,6 +73,7 @@ COMMANDS = {
     "fleet.json": ".venv/bin/python benchmarks/fleet.py",
     "trace.json": ".venv/bin/python benchmarks/trace_replay.py",
     "pt2_adapters.json": ".venv/bin/python benchmarks/pt2_adapters.py --size small",
+    "todays_stack.json": ".venv/bin/python benchmarks/todays_stack.py",
 }
 
 _open: set[Path] = set()  # results files a `recorded` block of this process is writing
