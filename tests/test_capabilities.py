@@ -15,13 +15,12 @@ from tbench.core.enums import Format, Scenario
 from tbench.core.errors import ConfigError
 from tbench.core.iospec import IoSpec, TensorSpec
 from tbench.core.layout import RunLayout
-from tbench.loadgen.perf_analyzer import PerfInputs, Point
+from tbench.loadgen.perf_analyzer import CLIENT_SHM_REFUSED, PerfInputs, Point
 from tbench.node.hardware import Hardware
 from tbench.node.procs import Completed
 from tbench.planning.plan import serving_format
 from tbench.planning.run_plan import RunPlan
 from tbench.request.benchmark import PYTHON_BACKEND_RUNTIMES, BenchmarkRequest, Measurement
-from tbench.loadgen.perf_analyzer import CLIENT_SHM_REFUSED
 from tbench.triton.capabilities import (
     CLIENT_SHM_FLAG,
     LATENCY_HISTOGRAM,
