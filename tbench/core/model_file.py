@@ -21,15 +21,18 @@ from tbench.core.onnx_graph import onnx_table_rows
 from tbench.core.runtimes import cached, run_file
 from tbench.core.synthetic import (  # noqa: F401 - the flags and defaults stay importable from here
     DEFAULT_DYNAMIC_DIM,
+    PROBE_LEADS,
     RANGE_FLAG,
     SHAPE_FLAG,
     SYNTHETIC_WORDS,
     check_names,
     check_ranges,
+    declared_inputs,
     dims_text,
     int_bounds,
     positive_shape,
     probe_dim,
+    probed_spec,
     random_values,
     tensor_spec,
 )
@@ -39,10 +42,6 @@ ACCEPTED = (
     "or an AOTInductor package (.pt2, torch._inductor.aoti_compile_and_package)"
 )
 TS_IO_SPEC = "io_spec.json"  # optional extra file of a TorchScript archive holding IoSpec JSON
-# what a TorchScript module's inputs are tried with before the user's --shape, in order: a batch axis (two sizes), a
-# batch fixed at 1 (a module that takes one sample), nothing (the --shape is the whole shape); the last two are served
-# without a batch axis
-_PROBE_LEADS = (([2], [3]), ([1], [1]), ([], []))
 
 
 class ModelFile(BaseModel):
@@ -334,27 +333,8 @@ def _read_torchscript(
             _dtype_name(t.dtype, f"{TS_IO_SPEC} tensor {t.name}")
         return spec, True, False
     names = _forward_inputs(module, path, shapes)
-    check_names(names, shapes, "--shape")
-    check_names(names, dtypes, "--dtype")
-    missing = [n for n in names if n not in shapes]
-    if missing:
-        raise ConfigError(
-            f"TorchScript {path} declares no input shapes: give {SHAPE_FLAG} (without the batch axis) "
-            f"for {', '.join(missing)}"
-        )
-    inputs = [TensorSpec(name=n, dtype=dtypes.get(n, "float32"), shape=positive_shape(n, shapes[n])) for n in names]
-    check_ranges(IoSpec(inputs=inputs, outputs=[]), ranges)  # before the probe draws its inputs from them
-    failed = None
-    for leads in _PROBE_LEADS:
-        try:
-            outputs = _probe_outputs(module, inputs, path, int_high, ranges, leads)
-        except ConfigError as err:
-            failed = failed or err  # the batch axis' error is the one to show: it is what was expected
-            continue
-        batching = leads == _PROBE_LEADS[0]
-        served = inputs if batching else [t.model_copy(update={"shape": leads[0] + t.shape}) for t in inputs]
-        return IoSpec(inputs=served, outputs=outputs), batching, True
-    raise failed
+    inputs = declared_inputs(f"TorchScript {path}", names, shapes, dtypes, ranges)
+    return probed_spec(inputs, lambda leads: _probe_outputs(module, inputs, path, int_high, ranges, leads))
 
 
 def _torchscript(path: Path) -> tuple[Any, str]:
@@ -395,7 +375,7 @@ def _probe_outputs(
     path: Path,
     int_high: int,
     ranges: dict[str, list[float]],
-    leads: tuple[list[int], list[int]] = _PROBE_LEADS[0],
+    leads: tuple[list[int], list[int]] = PROBE_LEADS[0],
 ) -> list[TensorSpec]:
     """Output count, dtypes and shapes, from two runs with the inputs' `leads` put before their shapes; dims that move
     with the inputs are dynamic. With a batch axis (two batch sizes) the outputs must keep it on axis 0, and their

@@ -25,15 +25,7 @@ import numpy as np
 from tbench.core.errors import ConfigError
 from tbench.core.iospec import IoSpec, TensorSpec
 from tbench.core.runtime_cache import cached
-from tbench.core.synthetic import (
-    SHAPE_FLAG,
-    check_names,
-    check_ranges,
-    positive_shape,
-    probe_dim,
-    random_values,
-    tensor_spec,
-)
+from tbench.core.synthetic import SHAPE_FLAG, declared_inputs, probe_dim, probed_spec, random_values, tensor_spec
 
 MODEL = "model"  # the model name aoti_compile_and_package gives, and the one Triton's PyTorch backend loads
 RECOMPILE = (
@@ -167,27 +159,10 @@ def read_pt2(
         except ValueError as err:
             raise ConfigError(f"{IO_SPEC_KEY} in {path}'s metadata is not an io spec: {_last_line(err)}") from None
     names = [f"input__{i}" for i in range(model.input_count)]
-    check_names(names, shapes, "--shape")
-    check_names(names, dtypes, "--dtype")
-    missing = [n for n in names if n not in shapes]
-    if missing:
-        raise ConfigError(
-            f"AOTInductor package {path} declares no input shapes: give {SHAPE_FLAG} (without the batch axis) "
-            f"for {', '.join(missing)} (its inputs in forward's order)"
-        )
-    inputs = [TensorSpec(name=n, dtype=dtypes.get(n, "float32"), shape=positive_shape(n, shapes[n])) for n in names]
-    check_ranges(IoSpec(inputs=inputs, outputs=[]), ranges)
-    failed = None
-    for leads in (([2], [3]), ([1], [1]), ([], [])):  # a batch axis; a batch fixed at 1; no batch axis
-        try:
-            outputs = _probe(model, inputs, path, int_high, ranges, leads)
-        except ConfigError as err:
-            failed = failed or err
-            continue
-        batching = leads[0] != leads[1]
-        served = inputs if batching else [t.model_copy(update={"shape": leads[0] + t.shape}) for t in inputs]
-        return IoSpec(inputs=served, outputs=outputs), batching, True
-    raise failed
+    inputs = declared_inputs(
+        f"AOTInductor package {path}", names, shapes, dtypes, ranges, " (its inputs in forward's order)"
+    )
+    return probed_spec(inputs, lambda leads: _probe(model, inputs, path, int_high, ranges, leads))
 
 
 def _probe(model, inputs, path: Path, int_high: int, ranges, leads) -> list[TensorSpec]:

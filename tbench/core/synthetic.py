@@ -20,6 +20,10 @@ SYNTHETIC_WORDS = (
 ).split()
 SHAPE_FLAG = "--shape NAME:D1,D2,..."
 RANGE_FLAG = "--value-range NAME:LO,HI"
+# what a file's inputs are tried with when it declares no shapes, in order: a batch axis (two sizes), a batch fixed at
+# 1 (a module that takes one sample), nothing (the --shape is the whole shape); the last two are served without a batch
+# axis
+PROBE_LEADS = (([2], [3]), ([1], [1]), ([], []))
 
 
 def check_names(names: list[str], given: dict, flag: str) -> None:
@@ -110,3 +114,37 @@ def random_values(
     if bounds is not None:
         return rng.uniform(bounds[0], bounds[1], shape).astype(np_dtype)
     return rng.standard_normal(shape).astype(np_dtype)
+
+
+def declared_inputs(
+    what: str, names: list[str], shapes: dict, dtypes: dict, ranges: dict, order_hint: str = ""
+) -> list[TensorSpec]:
+    """The inputs of a file that declares no shapes (TorchScript, an AOTInductor package not made by tbench): the user's
+    --shape and --dtype for each, checked, with their --value-range (before a probe draws its inputs from them)."""
+    check_names(names, shapes, "--shape")
+    check_names(names, dtypes, "--dtype")
+    missing = [n for n in names if n not in shapes]
+    if missing:
+        raise ConfigError(
+            f"{what} declares no input shapes: give {SHAPE_FLAG} (without the batch axis) "
+            f"for {', '.join(missing)}{order_hint}"
+        )
+    inputs = [TensorSpec(name=n, dtype=dtypes.get(n, "float32"), shape=positive_shape(n, shapes[n])) for n in names]
+    check_ranges(IoSpec(inputs=inputs, outputs=[]), ranges)
+    return inputs
+
+
+def probed_spec(inputs: list[TensorSpec], probe) -> tuple[IoSpec, bool, bool]:
+    """(spec, batching, shapes_are_spec) from the first of PROBE_LEADS the model runs with; `probe(leads)` returns the
+    outputs it gave, or raises ConfigError."""
+    failed = None
+    for leads in PROBE_LEADS:
+        try:
+            outputs = probe(leads)
+        except ConfigError as err:
+            failed = failed or err  # the batch axis' error is the one to show: it is what was expected
+            continue
+        batching = leads == PROBE_LEADS[0]
+        served = inputs if batching else [t.model_copy(update={"shape": leads[0] + t.shape}) for t in inputs]
+        return IoSpec(inputs=served, outputs=outputs), batching, True
+    raise failed
