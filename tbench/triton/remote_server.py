@@ -27,6 +27,7 @@ class RemoteServer(TritonServer):
     server already has is refused rather than replaced, and only what this object loaded is reloaded or unloaded."""
 
     mode = "remote"
+    logs_itself = False  # the server logs elsewhere: log_path holds what this run saw of it
 
     # Triton has no API that lists backends: each is probed by loading a tiny model that uses it. A missing backend
     # fails with this message; any other outcome (loaded, or a bad model file) means the backend is there.

@@ -66,6 +66,8 @@ class TritonServer(ABC):
 
     mode: str
 
+    logs_itself = True  # log_path is the server's own output (releases are read there); False: ours about it
+
     def __init__(self, repository: Path, log_path: Path, start_timeout_s: float = 180.0):
         self.repository = repository
         self.log_path = log_path
@@ -133,7 +135,7 @@ class TritonServer(ABC):
         replaced is released in the background: waited for in the log of a server tbench started (triton/loads.py)."""
         from tritonclient.utils import InferenceServerException
 
-        offset = log_offset(self.log_path) if self.mode != "remote" else None  # a remote log is ours, not its
+        offset = log_offset(self.log_path) if self.logs_itself else None
         client = self._client()
         try:
             client.load_model(name, **self._load_args(name, config), client_timeout=self.start_timeout_s)
