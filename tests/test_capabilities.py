@@ -258,9 +258,9 @@ def test_an_ensembles_parts_are_re_planned_the_same_way():
     plan = RunPlan(req, CPU).on_server(NGC_26_10, parts)
     assert plan.req.serve_formats == [Format.ENSEMBLE]
     assert plan.part_formats == {"sparse": [Format.ONNX, Format.TF_SAVEDMODEL], "dense": [Format.ONNX]}
-    assert list(plan.replanned) == ["ensemble part sparse"]
+    assert list(plan.replanned_parts) == ["sparse"] and plan.replanned == {}
     kept = RunPlan(req, CPU).on_server(NGC_24_10, parts)
-    assert kept.part_formats["sparse"] == [Format.TF_SAVEDMODEL] and not kept.replanned
+    assert kept.part_formats["sparse"] == [Format.TF_SAVEDMODEL] and not kept.replanned and not kept.replanned_parts
 
 
 def test_what_serves_each_model_and_why_reaches_the_report_wording():

@@ -72,8 +72,10 @@ class RunPlan:
     req: ResolvedRequest
     hardware: Hardware
     capabilities: ServerCapabilities | None = None
-    # served format (or "ensemble part NAME") -> why it is not the format the request planned
-    replanned: dict[str, str] = field(default_factory=dict)
+    replanned: dict[str, str] = field(
+        default_factory=dict
+    )  # served format -> why it is not the one the request planned
+    replanned_parts: dict[str, str] = field(default_factory=dict)  # ensemble part -> why its served format changed
     part_formats: dict[str, list[Format]] = field(default_factory=dict)  # an ensemble's parts, re-planned
 
     def on_server(self, caps: ServerCapabilities, part_formats: dict[str, list[str]] | None = None) -> RunPlan:
@@ -81,7 +83,7 @@ class RunPlan:
         each ensemble part's served one, `part_formats`: the adapter's) the server cannot serve re-planned
         (tbench.planning.plan.serving_format), or refused in one line."""
         req, has_gpu = self.req, self.hardware.has_gpu
-        serve, replanned = [], {}
+        serve, replanned, replanned_parts = [], {}, {}
         for fmt in req.serve_formats:
             served_as, why = serving_format(fmt, caps, has_gpu)
             serve.append(served_as)
@@ -93,7 +95,7 @@ class RunPlan:
             served_as, why = serving_format(first, caps, has_gpu)
             parts[part] = [served_as, *(f for f in [first, *rest] if f is not served_as)]
             if why:
-                replanned[f"ensemble part {part}"] = why
+                replanned_parts[part] = why
         gone = {f.value for f in req.serve_formats if f not in serve}
         update = {
             "serve_formats": list(dict.fromkeys(serve)),
@@ -101,7 +103,12 @@ class RunPlan:
             "accelerators": {k: v for k, v in req.accelerators.items() if k not in gone},
         }
         return replace(
-            self, req=req.model_copy(update=update), capabilities=caps, replanned=replanned, part_formats=parts
+            self,
+            req=req.model_copy(update=update),
+            capabilities=caps,
+            replanned=replanned,
+            replanned_parts=replanned_parts,
+            part_formats=parts,
         )
 
     @property
@@ -228,7 +235,7 @@ class Serving:
         manifest's wording; the results' `backend` column keeps the backend alone)."""
         why = self.plan.replanned
         by = {fmt: label + (f"; {why[fmt]}" if fmt in why else "") for fmt, label in self.served_by.items()}
-        parts = [f"{k.removeprefix('ensemble part ')}: {w}" for k, w in why.items() if k.startswith("ensemble part ")]
+        parts = [f"{part}: {w}" for part, w in self.plan.replanned_parts.items()]
         if parts and Format.ENSEMBLE.value in by:
             by[Format.ENSEMBLE.value] += "; " + "; ".join(parts)
         return by
