@@ -4,6 +4,7 @@ latency at the moment it was sent, from the point's exported requests (where its
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -47,7 +48,7 @@ def arrivals_lines(rate_rows: pd.DataFrame, run_dir: Path, plots_dir: Path, pref
         requests = read_profile_export(profile_export_path(run_dir / source)) if isinstance(source, str) else None
         if requests is None or len(requests) == 0:
             continue
-        name = Path(source).stem.removesuffix("_try0")
+        name = re.sub(r"_try\d+$", "", Path(source).stem)  # named for its point, whichever attempt measured it
         status = row.get("status", "ok")
         flag = "" if status == "ok" else f" ({status})"
         title = f"{row['request_distribution']} arrivals, mean {row['request_rate']:g} req/s{flag}: offered and served"
