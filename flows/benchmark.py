@@ -10,6 +10,7 @@ from prefect import flow
 from prefect.states import Completed
 
 from flows.lifecycle import finish_run, flow_run_id, run_lifecycle
+from flows.repository import repository_benchmark
 from flows.served import served_benchmark
 from tasks.accuracy import accuracy_task
 from tasks.baseline import baseline_task
@@ -47,6 +48,8 @@ def benchmark_flow(request: BenchmarkRequest = BenchmarkRequest()) -> str:
     check_worker_hardware(hardware)  # a worker of the A100 pool must have an A100
     if request.served_model:  # a model someone else serves, measured where it is
         return served_benchmark(request, hardware)
+    if request.repository:  # a model of the user's own repository, served from a copy
+        return repository_benchmark(request, hardware)
     req = request.resolve(hardware.has_gpu)
     adapter = adapter_for(req)
     with run_lifecycle(req, hardware, req.model, req.model_dump(mode="json")) as tracker:

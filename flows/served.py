@@ -32,7 +32,38 @@ def served_benchmark(request: BenchmarkRequest, hardware) -> str:
     name, version = parse_served_model(request.served_model)
     req = check_served(request).model_copy(update={"model": name})
     with run_lifecycle(req, hardware, name, req.model_dump(mode="json")) as tracker:
-        return _measure(req, hardware, name, version, tracker)
+        return measure_served(req, hardware, name, version, tracker, AsServed(req.server_url, tracker.layout))
+
+
+class AsServed:
+    """Where a served run's model is served and how its results name what serves it: by default someone else's
+    server, as it serves the model (flows/repository.py: a copy of the user's repository on a server of ours)."""
+
+    def __init__(self, url: str, layout):
+        self.server = ServedServer(url, layout.server_log)
+
+    def prepare(self, tracker: RunTracker) -> None:
+        """What the run does before its server stage: nothing, the server is someone else's."""
+
+    def labels(self, served: ServedModel) -> dict:
+        """The results' columns that say what served the model."""
+        return {
+            "model_size": f"served v{served.version}" if served.version else "served",
+            "gpu": REMOTE_LABEL,
+            "backend": f"{served.kind} (as served)",
+            "backend_accelerator": "as served",
+        }
+
+    def served_by(self, served: ServedModel) -> dict[str, str]:
+        return {served.format: f"{served.kind} (as served)"}
+
+    def manifest(self) -> dict:
+        """The manifest's keys of its own."""
+        return {}
+
+    def report(self) -> dict | None:
+        """What the report says of where the model came from (None: a running server's)."""
+        return None
 
 
 def read_served(req: BenchmarkRequest, name: str, version: str, tracker: RunTracker, server: ServedServer):
@@ -71,13 +102,16 @@ def read_served(req: BenchmarkRequest, name: str, version: str, tracker: RunTrac
     return served, adapter, shape_sets
 
 
-def _measure(req: BenchmarkRequest, hardware, name: str, version: str, tracker: RunTracker) -> str:
+def measure_served(req: BenchmarkRequest, hardware, name: str, version: str, tracker: RunTracker, source) -> str:
+    """Sweep the model `source` serves (AsServed, or another with its methods); returns the run folder's URL."""
     layout = tracker.layout
-    server, served, sweep = ServedServer(req.server_url, layout.server_log), None, None
+    server, served, sweep = source.server, None, None
     try:
+        source.prepare(tracker)
         served, adapter, shape_sets = read_served(req, name, version, tracker, server)
+        tracker.served_by = source.served_by(served)
         sweep = resolve_served(req, served.config.max_batch_size, hardware.has_gpu)
-        labels = _labels(served, adapter.given_samples)
+        labels = _labels(served, adapter.given_samples) | source.labels(served)
         for scenario in sweep.scenarios:
             points = with_intervals(
                 plan_points(
@@ -112,24 +146,21 @@ def _measure(req: BenchmarkRequest, hardware, name: str, version: str, tracker: 
                         monitor=PointMonitor(server.endpoints.grpc_url, name),
                     )
     except BaseException as err:
-        _finish(tracker, req, hardware, server, served, sweep, error=err)
+        _finish(tracker, req, hardware, source, served, sweep, error=err)
         raise
-    url = _finish(tracker, req, hardware, server, served, sweep)
+    url = _finish(tracker, req, hardware, source, served, sweep)
     if tracker.status == FAILED:
         raise PerfAnalyzerError(f"{tracker.status_line}; the run folder is {url}")
     return url
 
 
 def _labels(served: ServedModel, given) -> dict:
-    """The results' static columns of a served model: what the server says it serves, not what tbench chose."""
+    """The results' static columns of a served model: what the server says it serves, not what tbench chose (the
+    source's labels complete them)."""
     return {
         "model": served.name,
-        "model_size": f"served v{served.version}" if served.version else "served",
-        "gpu": REMOTE_LABEL,
         "format": served.format,
-        "backend": f"{served.kind} (as served)",
         "model_format": served.model_format,
-        "backend_accelerator": "as served",
         "precision": "as served",
         "max_batch_size": served.config.max_batch_size,
         "model_instances": served.instances,
@@ -143,13 +174,14 @@ def _finish(
     tracker: RunTracker,
     req: BenchmarkRequest,
     hardware,
-    server: ServedServer,
+    source: AsServed,
     served: ServedModel | None,
     sweep: ServedSweep | None,
     error: BaseException | None = None,
 ) -> str:
     layout = tracker.layout
     manifest = {
+        **source.manifest(),
         "request": req.model_dump(mode="json"),
         "hardware": hardware.model_dump(),
         "served_model": (
@@ -157,6 +189,7 @@ def _finish(
             if served
             else None
         ),
+        "served_by": tracker.served_by,
         "measured_shapes": tracker.measured_shapes,
         "guessed_shapes": tracker.guessed_shapes,
         "environment": tracker.environment,
@@ -183,6 +216,7 @@ def _finish(
                 error=tracker.error or tracker.status_line,
                 measured_shapes=tracker.measured_shapes,
                 guessed_shapes=tracker.guessed_shapes,
+                source=source.report(),
             )
 
-    return finish_run(tracker, error, manifest, server=server, output=req.output, report=report)
+    return finish_run(tracker, error, manifest, server=source.server, output=req.output, report=report)

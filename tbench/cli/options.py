@@ -37,7 +37,11 @@ _LIST = "On the command line: comma-separated, e.g. {}."
 ModelName = Annotated[str, typer.Argument(help="Model adapter name (see `tbench models`).")]
 # a model file (another team's export) and how to feed it: the same options on every command that measures a model
 ModelOrFile = Annotated[
-    str | None, typer.Argument(help="Model adapter name (see `tbench models`); not needed with --model-file.")
+    str | None,
+    typer.Argument(
+        help="Model adapter name (see `tbench models`); not needed with --model-file; with --repository, the "
+        "repository's model, NAME[:VERSION]."
+    ),
 ]
 ModelFile = Annotated[str | None, typer.Option("--model-file", help=field_help("model_file"))]
 Shape = Annotated[
@@ -57,6 +61,16 @@ ValueRange = Annotated[
     ),
 ]
 InputData = Annotated[str | None, typer.Option("--input-data", help=field_help("input_data"))]
+# a model of the user's own Triton repository: --repository DIR --model NAME[:VERSION]
+Repository = Annotated[str | None, typer.Option("--repository", metavar="DIR", help=field_help("repository"))]
+RepositoryModel = Annotated[
+    str | None,
+    typer.Option(
+        "--model",
+        metavar="NAME[:VERSION]",
+        help=field_help("repository_model", "The positional MODEL names it too: `--repository DIR NAME`."),
+    ),
+]
 
 # What to benchmark
 Size = Annotated[str | None, typer.Option(help=field_help("size"))]

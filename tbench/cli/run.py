@@ -29,6 +29,8 @@ from tbench.cli.options import (
     ModelOrFile,
     Output,
     PrecisionOpt,
+    Repository,
+    RepositoryModel,
     Reuse,
     Scenarios,
     ServedModel,
@@ -97,6 +99,8 @@ def run(
     baseline: str = typer.Option(None, help=field_help("baseline")),
     reuse: Reuse = False,
     served_model: ServedModel = None,
+    repository: Repository = None,
+    repository_model: RepositoryModel = None,
     serving: ServerOptions = ServerOptions(),
     windows: WindowOptions = WindowOptions(),
     trials: int = typer.Option(1, "--trials", metavar="N", help=field_help("trials")),
@@ -108,13 +112,21 @@ def run(
     from tbench.request.benchmark import BenchmarkRequest
 
     with cli_errors(EXIT_BAD_OPTIONS, options=True):
-        if not model and not model_file and not served_model:
+        if repository_model and not repository:
+            raise ConfigError("--model NAME[:VERSION] names a model of --repository DIR; give --repository too")
+        if repository:
+            if model and repository_model and model != repository_model:
+                raise ConfigError(f"--repository: the model is {model!r} or {repository_model!r}? Name it once")
+            repository_model, model = repository_model or model, None
+        if not model and not model_file and not served_model and not repository:
             raise ConfigError(
-                "name a model (see `tbench models`), give --model-file PATH or --served-model NAME with --server-url"
+                "name a model (see `tbench models`), give --model-file PATH or --served-model NAME with --server-url, "
+                "or --repository DIR --model NAME"
             )
         request = BenchmarkRequest(
-            **({"model": model or "resnet50"} if not served_model else _given(model=model)),
+            **({"model": model or "resnet50"} if not (served_model or repository) else _given(model=model)),
             served_model=served_model,
+            **_given(repository=repository, repository_model=repository_model),
             size=size,
             model_options=parse_options(option),
             checkpoint=checkpoint,
@@ -151,6 +163,8 @@ def run(
         )
         if served_model:
             preflight(served_model_answers(request))
+        elif repository:
+            preflight(repository_checked(request))
         else:
             from tbench.node import hardware
 
@@ -172,6 +186,23 @@ def served_model_answers(request):
 
     checked = check_served(request)
     read_served_model(split_server_url(checked.server_url)[0], *parse_served_model(checked.served_model))
+    return checked
+
+
+def repository_checked(request):
+    """A repository run's request, its repository checked against the server it will start (its capabilities read
+    without starting it): one line naming the file and field Triton or that server would refuse, before Prefect
+    starts."""
+    from pathlib import Path
+
+    from tbench.planning.plan import server_options
+    from tbench.request.repository import check_repository
+    from tbench.triton.server_modes import make_server
+    from tbench.triton.user_repository import plan_repository
+
+    checked = check_repository(request)
+    server = make_server(checked.server, Path("."), Path("/dev/null"), **server_options(checked))
+    plan_repository(checked.repository, checked.repository_model, server.capabilities())
     return checked
 
 

@@ -207,6 +207,16 @@ class BenchmarkRequest(BaseModel):
         description="Measure this model where a running server (server_url) serves it, NAME or NAME:VERSION: its "
         "inputs and batching read from the server, nothing exported, loaded or changed.",
     )
+    repository: str | None = Field(
+        None,
+        description="Measure a model of this Triton model repository (<model>/config.pbtxt and version folders), "
+        "served from a copy on tbench's own server with its config as written; the folder is never changed.",
+    )
+    repository_model: str | None = Field(
+        None,
+        description="repository: the model to measure, NAME or NAME:VERSION (by default the newest version its "
+        "version policy serves), with every model its ensemble steps name.",
+    )
     docker_image: str | None = Field(None, description="docker: the Triton image (NGC's 24.10 by default).")
     gpus: str | None = Field(None, description="docker: GPUs for the container: 'all' (the default), '0,1', or 'none'.")
     docker_network: Literal["host", "bridge"] = Field(

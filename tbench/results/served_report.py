@@ -44,28 +44,37 @@ def render_served_report(
     error: str | None = None,
     measured_shapes: list[str] | None = None,
     guessed_shapes: dict[str, list[int]] | None = None,
+    source: dict | None = None,
 ) -> str:
-    """`served`: the ServedModel (None when the run stopped before the server answered); `sweep`: its ServedSweep."""
-    title = f"{request.served_model} on {request.server_url}"
+    """`served`: the ServedModel (None when the run stopped before the server answered); `sweep`: its ServedSweep;
+    `source`: where the model came from when not a running server's (a user's repository: its `title`, `intro`,
+    `server`, `served_by` and a `section` of lines of its own)."""
+    source = source or {}
+    title = source.get("title") or f"{request.served_model} on {request.server_url}"
+    intro = source.get("intro") or (
+        "A model already served, measured where it is: nothing was exported, uploaded, loaded or changed on the server."
+    )
     lines = [
         f"# Triton benchmark: {title}",
         "",
         f"Run `{run_id}`, status **{status}**" + (f": {error}" if error else "") + ".",
         "",
-        "A model already served, measured where it is: nothing was exported, uploaded, loaded or changed on the "
-        "server. Accuracy is not measured: there is no source model to compare its answers with.",
+        f"{intro} Accuracy is not measured: there is no source model to compare its answers with.",
         "",
+        *source.get("section", []),
     ]
     config = served.config_json() if served is not None else {}
+    where = source.get("server") or f"at {request.server_url}"
+    served_by = source.get("served_by") or (f"{served.kind} backend" if served else "-")
     lines += [
         "## Configuration",
         "",
         _kv_table(
             [
-                ("Server", f"{identity.get('id') or 'Triton'} {identity.get('version') or ''} at {request.server_url}"),
+                ("Server", f"{identity.get('id') or 'Triton'} {identity.get('version') or ''} {where}"),
                 ("Model", served.name if served else request.served_model),
                 ("Version", (served.version or "the server's choice") if served else "-"),
-                ("Served by", f"{served.kind} backend" if served else "-"),
+                ("Served by", served_by),
                 ("Max Batch Size", config.get("max_batch_size", "-")),
                 ("Number of model instances", served.instances if served else "-"),
                 ("Batching", served_batching(config) if served else "-"),
@@ -94,7 +103,7 @@ def render_served_report(
     if served is not None:
         lines += format_section(
             served.format,
-            f"{served.kind} (as served)",
+            source.get("backend") or f"{served.kind} (as served)",
             [],
             None,
             results,

@@ -36,6 +36,11 @@ _FORMATS = {
 }
 
 
+def config_format(config: mc.ModelConfig) -> Format | None:
+    """The format a config's platform or backend serves, where tbench knows it."""
+    return _FORMATS.get(config.platform) or _FORMATS.get(config.backend)
+
+
 def parse_served_model(value: str) -> tuple[str, str]:
     """NAME[:VERSION] -> (name, version); version "" is the server's choice (its newest ready version)."""
     name, _, version = value.strip().partition(":")
@@ -83,7 +88,7 @@ class ServedModel:
     @property
     def known_format(self) -> Format | None:
         """The format its platform or backend serves, where tbench knows it."""
-        return _FORMATS.get(self.config.platform) or _FORMATS.get(self.config.backend)
+        return config_format(self.config)
 
     @property
     def format(self) -> str:
