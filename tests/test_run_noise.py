@@ -18,6 +18,7 @@ from tbench.results.compare import (
     REGRESSION,
     UNDETERMINED,
     compare_runs,
+    comparison_markdown,
     verdict_exit_code,
 )
 from tbench.results.run_noise import RunSpread, pooled_spread
@@ -86,7 +87,7 @@ def test_threshold_and_trials_needed():
     spread = RunSpread({TPUT: 0.03}, measured=True, source="test")
     assert spread.threshold(TPUT, 4, 4) < spread.threshold(TPUT, 2, 2)
     n = spread.trials_needed(TPUT, 0.05)
-    assert spread.threshold(TPUT, n, n) <= 0.05 < spread.threshold(TPUT, n - 1, n - 1)
+    assert spread.threshold(TPUT, n, n) <= math.log1p(0.05) < spread.threshold(TPUT, n - 1, n - 1)  # log scale
     # measured from few trials, a spread is known less well than a stated one: it asks for more
     assert RunSpread({TPUT: 0.03}).trials_needed(TPUT, 0.05) < n
     assert RunSpread({TPUT: 0.5}, measured=True).trials_needed(TPUT, 0.05) is None  # beyond --trials' bound
@@ -160,3 +161,39 @@ def test_a_point_most_trials_failed_is_lost_one_failed_trial_is_left_out(tmp_pat
     assert compare_runs(base, failing("two", 2)).verdict == REGRESSION  # the best point lost
     one = compare_runs(base, failing("one", 1))
     assert one.verdict != REGRESSION and (one.points["trials"] == "3/2").sum() == 1
+
+
+def test_a_change_is_judged_on_the_log_of_its_ratio_as_far_up_as_down(tmp_path):
+    """A stated 20% spread, one trial each: the threshold is 3 spreads on the log scale (x2.35 up, /2.35 down). On a
+    linear scale a latency x2 would have passed it (+100% > 85%) while a throughput /2.2 could never have (-55%)."""
+    from tbench.results.compare import FASTER, HIGHER_LATENCY, SLOWER, WITHIN
+
+    rng = np.random.default_rng(7)
+    base = trial_run(tmp_path, "a", rng, 1, 0.0)
+    doubled = compare_runs(base, trial_run(tmp_path, "b", rng, 1, 0.0, factor=0.5), run_cv=0.2, run_cv_p99=0.2)
+    assert doubled.points["avg_verdict"].ne(HIGHER_LATENCY).all() and doubled.verdict != REGRESSION
+    halved = compare_runs(base, trial_run(tmp_path, "c", rng, 1, 0.0, factor=1 / 2.6), run_cv=0.2, run_cv_p99=0.2)
+    assert halved.points["throughput_verdict"].eq(SLOWER).all() and halved.verdict == REGRESSION
+    faster = compare_runs(base, trial_run(tmp_path, "d", rng, 1, 0.0, factor=2.6), run_cv=0.2, run_cv_p99=0.2)
+    assert faster.points["throughput_verdict"].eq(FASTER).all()
+    same = compare_runs(base, trial_run(tmp_path, "e", rng, 1, 0.0, factor=1.02), run_cv=0.01, run_cv_p99=0.01)
+    assert same.points["throughput_verdict"].eq(WITHIN).all()
+
+
+def test_the_p99_has_its_own_smallest_effect_and_the_line_says_which_metric_needs_the_trials(tmp_path):
+    """A tail that moves 6% per trial needs many trials to resolve 5%, and the line says the p99 is what needs them;
+    asked to resolve 15% on the p99 (and 5% on the means, 1.5% spread), eight trials decide."""
+    rng = np.random.default_rng(8)
+
+    def noisy_tail(name: str) -> Path:
+        run = trial_run(tmp_path, name, rng, 8, 0.015)
+        df = pd.read_csv(run / "results.csv")
+        df["p99_ms"] *= 1 + 0.06 * rng.standard_normal(len(df))
+        df.to_csv(run / "results.csv", index=False)
+        return run
+
+    a, b = noisy_tail("a"), noisy_tail("b")
+    tight = compare_runs(a, b)
+    assert tight.verdict == UNDETERMINED and "would resolve 5% of the p99" in tight.summary
+    loose = compare_runs(a, b, min_effect_p99=0.15)
+    assert loose.verdict == NO_CHANGE and "(15% for the p99)" in comparison_markdown(loose)

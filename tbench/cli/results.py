@@ -17,6 +17,13 @@ def compare(
     baseline: str = typer.Argument(..., help="The baseline run folder (a path or an fsspec URL)."),
     candidate: str = typer.Argument(..., help="The run to judge against it."),
     min_effect: float = typer.Option(0.05, min=0, help="Smallest relative change that can count, e.g. 0.05 for 5%."),
+    min_effect_p99: float = typer.Option(
+        None,
+        "--min-effect-p99",
+        min=0,
+        help="The p99's own smallest change that can count (e.g. 0.15): a tail moves from run to run far more than a "
+        "mean, so resolving --min-effect on it can take more trials than a run affords. Default: --min-effect.",
+    ),
     k: float = typer.Option(3.0, "-k", help="How many times the combined window noise a change must exceed."),
     run_cv: float = typer.Option(
         None,
@@ -39,7 +46,9 @@ def compare(
     from tbench.results.compare import compare_runs, comparison_markdown, plot_comparison, verdict_exit_code
 
     with cli_errors(2, also=(OSError, ValueError)):  # 2: not comparable (a run that is missing or unreadable)
-        result = compare_runs(baseline, candidate, min_effect, k, run_cv=run_cv, run_cv_p99=run_cv_p99)
+        result = compare_runs(
+            baseline, candidate, min_effect, k, run_cv=run_cv, run_cv_p99=run_cv_p99, min_effect_p99=min_effect_p99
+        )
     out = Path(output)
     out.mkdir(parents=True, exist_ok=True)
     (out / "comparison.md").write_text(comparison_markdown(result))

@@ -16,26 +16,26 @@ statistics' rank interval mapped through the exponential tail that the point's p
 rows of the same point (repeats), the spread (CV) of their throughput, p99 and avg latency is the noise where it is
 larger. A missing or unreadable log is not an error: the point gets `DEFAULT_NOISE` and is flagged ``noise_assumed``.
 
-Rule: a point's figure is the mean of its trials (`tbench run --trials N`: each trial a server process of its own).
-Each matched point's change of throughput, p99 latency (``p99_ms``) and mean latency (``avg_ms``) is significant when
-it exceeds ``max(min_effect, k * sqrt(noise_baseline^2 + noise_candidate^2), run-to-run threshold)`` with each metric's
-own noise; the run-to-run threshold comes from the spread between trials, or a spread stated for the machine
-(``--run-cv``), by Welch's test (tbench.results.run_noise). Windows agree far better than runs do, so where neither
-gives the spread no change is decided ("undetermined", exit 2), and a change inside a threshold wider than
-``min_effect`` is undetermined too, never "within noise": the line says how many trials would resolve it. A run whose
-manifest shows other processes busy during its sweeps (over `HOST_BUSY_PCT` of a CPU) is never called a regression
-or an improvement: the comparison is undetermined and names the neighbour. A point with no perf_analyzer log or no
-request count is never passed. A
-point is *worse* when its throughput is significantly lower or its p99 or mean latency significantly higher, *better*
-when it is not worse and its throughput is significantly higher or both its latencies significantly lower. The
-comparison is a "regression" when the best-throughput point of any format x scenario (the baseline's best point) is
-worse or *lost* (ok in the baseline; error, behind, unstable or any other status but ok in the candidate), or when more
-than half the points judged are worse or lost; "improvement" symmetrically with better (a regression wins when both
-hold); "not comparable" when no point matches, when any other point is lost or was not measured by the candidate, or
-when a best point's p99 is undetermined (a run that lost a point never passes); else "no significant change". Latency
-counts in every
-scenario: in the rate scenario throughput is the offered rate whenever the server keeps up, so latency is what shows a
-slower server. Points match on `MATCH_KEYS`; constant and Poisson arrivals at the same rate are different points.
+Rule: a point's figure is the geometric mean of its trials (`tbench run --trials N`: each trial a server process of its
+own). Each matched point's change of throughput, p99 latency (``p99_ms``) and mean latency (``avg_ms``), taken as the
+log of its ratio (a slow process multiplies every figure; the same distance up as down), is significant when it exceeds
+``max(min_effect, k * sqrt(noise_baseline^2 + noise_candidate^2), run-to-run threshold)`` (each on the log scale;
+``min_effect_p99`` for the p99 where given) with each metric's own noise; the run-to-run threshold comes from the spread
+between trials, or a spread stated for the machine (``--run-cv``), by Welch's test (tbench.results.run_noise). Windows
+agree far better than runs do, so where neither gives the spread no change is decided ("undetermined", exit 2), and a
+change inside a threshold wider than ``min_effect`` is undetermined too, never "within noise": the line says how many
+trials would resolve it. A run whose manifest shows other processes busy during its sweeps (over `HOST_BUSY_PCT` of a
+CPU) is never called a regression or an improvement: the comparison is undetermined and names the neighbour. A point
+with no perf_analyzer log or no request count is never passed. A point is *worse* when its throughput is significantly
+lower or its p99 or mean latency significantly higher, *better* when it is not worse and its throughput is significantly
+higher or both its latencies significantly lower. The comparison is a "regression" when the best-throughput point of any
+format x scenario (the baseline's best point) is worse or *lost* (ok in the baseline; error, behind, unstable or any
+other status but ok in the candidate), or when more than half the points judged are worse or lost; "improvement"
+symmetrically with better (a regression wins when both hold); "not comparable" when no point matches, when any other
+point is lost or was not measured by the candidate, or when a best point's p99 is undetermined (a run that lost a point
+never passes); else "no significant change". Latency counts in every scenario: in the rate scenario throughput is the
+offered rate whenever the server keeps up, so latency is what shows a slower server. Points match on `MATCH_KEYS`;
+constant and Poisson arrivals at the same rate are different points.
 
 Plain functions, pandas and matplotlib (Agg); no Prefect. `verdict_exit_code` gives CI/nightly jobs a status to gate on;
 ``tbench compare BASELINE CANDIDATE`` prints the summary, writes the section and plot, and exits with it.
@@ -206,45 +206,48 @@ def _why_not_compared(b_status: str, c_status: str, b_res, bi, c_res, ci) -> str
 
 
 def _verdict(delta: float, threshold: float, up: str, down: str, resolved: bool = True) -> str:
-    """Beyond the threshold: up or down; inside it: within noise where the data resolves the smallest effect asked
-    for, else undetermined (a change it could not have seen)."""
-    if _missing(delta):
+    """Beyond the threshold (the log of the ratio against `threshold`, as far up as down): up or down; inside it:
+    within noise where the data resolves the smallest effect asked for, else undetermined (a change it could not have
+    seen)."""
+    if _missing(delta) or delta <= -1:
         return "n/a"
     if _missing(threshold):  # the run-to-run spread is unknown: no move can be put on the model
         return UNDETERMINED
-    if delta < -threshold:
+    if math.log1p(delta) < -threshold:
         return down
-    if delta > threshold:
+    if math.log1p(delta) > threshold:
         return up
     return WITHIN if resolved else UNDETERMINED
 
 
 def _threshold(window_noise: float, spread: RunSpread, metric: str, n: tuple[int, int], min_effect: float, k: float):
-    """(threshold, resolved): the larger of min_effect, k x the windows' noise and the run-to-run threshold; resolved
-    when the spread lets min_effect be seen. With the spread unknown the threshold is NaN: the windows alone say
-    nothing of how far a fresh run moves."""
+    """(threshold, resolved), the threshold on the log of the ratio: the larger of min_effect, k x the windows' noise
+    and the run-to-run threshold; resolved when the spread lets min_effect be seen. With the spread unknown the
+    threshold is NaN: the windows alone say nothing of how far a fresh run moves."""
     if not spread.known(metric):
         return math.nan, False
     windows = min_effect if _missing(window_noise) else max(min_effect, k * window_noise)
     between = spread.threshold(metric, *n)
-    return max(windows, between), between <= min_effect
+    return max(math.log1p(windows), between), between <= math.log1p(min_effect)
 
 
 def _judged(
     b: pd.Series,
     c: pd.Series,
     noises: tuple[float, float, float],
-    min_effect: float,
+    min_effect: float | dict[str, float],
     k: float,
     spread: RunSpread = RunSpread(),
     trials: tuple[int, int] = (1, 1),
 ) -> dict:
     """One matched point's deltas, thresholds and verdicts; `noises`: the combined windows' noise of throughput, mean
-    latency and p99; `spread`: the run-to-run spread, `trials`: each side's trials of the point (b, c: their means)."""
+    latency and p99; `min_effect`: one for every metric or per metric; `spread`: the run-to-run spread, `trials`: each
+    side's trials of the point (b, c: their means). A threshold is kept as the relative rise it allows."""
     t_noise, l_noise, p_noise = noises
+    effects = min_effect if isinstance(min_effect, dict) else dict.fromkeys((TPUT, AVG_MS, P99), min_effect)
     t_delta, p_delta, a_delta = _rel(c[TPUT], b[TPUT]), _rel(c[P99], b[P99]), _rel(c[AVG_MS], b[AVG_MS])
     (t_thr, t_ok), (l_thr, l_ok), (p_thr, p_ok) = (
-        _threshold(noise, spread, metric, trials, min_effect, k)
+        _threshold(noise, spread, metric, trials, effects[metric], k)
         for noise, metric in ((t_noise, TPUT), (l_noise, AVG_MS), (p_noise, P99))
     )
     requests = min(p99_requests(b["window_requests"]), p99_requests(c["window_requests"]))
@@ -264,13 +267,13 @@ def _judged(
         "candidate_throughput": float(c[TPUT]),
         "throughput_delta": t_delta,
         "throughput_noise": t_noise,
-        "throughput_threshold": t_thr,
+        "throughput_threshold": math.expm1(t_thr),
         "throughput_verdict": tv,
         "baseline_p99_ms": float(b[P99]),
         "candidate_p99_ms": float(c[P99]),
         "p99_delta": p_delta,
         "p99_noise": p_noise,
-        "p99_threshold": p_thr,
+        "p99_threshold": math.expm1(p_thr),
         "p99_verdict": pv,
         "p99_requests": requests,
         "baseline_avg_ms": float(b[AVG_MS]),
@@ -278,7 +281,7 @@ def _judged(
         "avg_delta": a_delta,
         "avg_verdict": av,
         "latency_noise": l_noise,
-        "latency_threshold": l_thr,
+        "latency_threshold": math.expm1(l_thr),
         "latency_verdict": _latency_verdict(pv, av),
         "noise_assumed": assumed,
         "trials": f"{trials[0]}/{trials[1]}",
@@ -304,10 +307,12 @@ def compare_runs(
     k: float = 3.0,
     run_cv: float | None = None,
     run_cv_p99: float | None = None,
+    min_effect_p99: float | None = None,
 ) -> Comparison:
     """Match the two runs' points on `MATCH_KEYS` and judge each against its noise and the run-to-run spread (from
     the runs' trials, else as stated: `run_cv` for throughput and mean latency, `run_cv_p99` for the p99, else unknown:
-    tbench.results.run_noise); see the module docstring."""
+    tbench.results.run_noise); `min_effect_p99`: the p99's smallest effect where not `min_effect`; see the module
+    docstring."""
     base = baseline if isinstance(baseline, RunResults) else load_run(baseline)
     cand = candidate if isinstance(candidate, RunResults) else load_run(candidate)
     b_res, c_res = base.results, cand.results
@@ -354,6 +359,8 @@ def compare_runs(
     groups = [g for _, _, _, b_rows, c_rows in matched for g in (b_rows, c_rows)]
     stated = {TPUT: run_cv, AVG_MS: run_cv, P99: run_cv_p99}
     spread = run_spread(groups, [TPUT, AVG_MS, P99], stated=stated)
+    comparison = Comparison(base.source, cand.source, min_effect, k, NO_CHANGE, "", pd.DataFrame(), pd.DataFrame())
+    comparison.min_effect_p99 = min_effect_p99
     rows, keys = [], []
     for key, bi, ci, b_rows, c_rows in matched:
         noises = tuple(
@@ -361,7 +368,7 @@ def compare_runs(
             for col, metric in (("throughput_cv", TPUT), ("latency_cv", AVG_MS), ("p99_cv", P99))
         )
         b, c = _mean_row(b_rows), _mean_row(c_rows)
-        judged = _judged(b, c, noises, min_effect, k, spread, (len(b_rows), len(c_rows)))
+        judged = _judged(b, c, noises, comparison.effects, k, spread, (len(b_rows), len(c_rows)))
         rows.append({**dict(zip(MATCH_KEYS, key)), **judged})
         keys.append(key)
     # the baseline's best per format x scenario, among the points judged: matched, or measured and lost
@@ -374,9 +381,8 @@ def compare_runs(
         r["best"] = key in best
     for u in failed:
         u["best"] = point_key(u) in best
-    unmatched_df = pd.DataFrame(unmatched, columns=UNMATCHED_COLUMNS)
-    points = pd.DataFrame(rows, columns=POINT_COLUMNS)
-    comparison = Comparison(base.source, cand.source, min_effect, k, NO_CHANGE, "", points, unmatched_df)
+    comparison.unmatched = pd.DataFrame(unmatched, columns=UNMATCHED_COLUMNS)
+    comparison.points = points = pd.DataFrame(rows, columns=POINT_COLUMNS)
     comparison.spread = spread.describe(TPUT)
     if points.empty and not failed:
         comparison.verdict = NOT_COMPARABLE
@@ -403,11 +409,14 @@ def _window_noise(results: pd.DataFrame, idx: list[int], rows: pd.DataFrame, cv_
 
 
 def _mean_row(rows: pd.DataFrame) -> pd.Series:
-    """The point as its trials measured it: the last trial's row with the trials' mean throughput and latencies."""
+    """The point as its trials measured it: the last trial's row with the trials' geometric mean throughput and
+    latencies (changes are judged on the log scale: tbench.results.run_noise)."""
     row = rows.iloc[-1].copy()
     for metric in (TPUT, AVG_MS, P99, "p95_ms"):
         if metric in rows:
-            row[metric] = rows[metric].mean()
+            values = rows[metric].dropna().astype(float)
+            geometric = len(values) > 1 and (values > 0).all()
+            row[metric] = float(np.exp(np.log(values).mean())) if geometric else values.mean()
     row["window_requests"] = rows["window_requests"].min()  # the p99 that rests on the fewest requests
     row["noise_assumed"] = bool(rows["noise_assumed"].any())
     return row
@@ -441,7 +450,7 @@ def _decide(c: Comparison, spread: RunSpread = RunSpread(), neighbours: str = ""
         c.reason = _undecided_reason(lost, undetermined_best)
     elif not undetermined_best.empty:
         c.verdict = UNDETERMINED
-        c.reason = _unresolved_reason(undetermined_best, spread, c.min_effect)
+        c.reason = _unresolved_reason(undetermined_best, spread, c.effects)
     elif (better & is_best).any() or better.sum() > judged / 2:
         c.verdict = IMPROVEMENT
     if neighbours and c.verdict in (REGRESSION, IMPROVEMENT):  # a move a neighbour may have made is not the model's
@@ -450,7 +459,7 @@ def _decide(c: Comparison, spread: RunSpread = RunSpread(), neighbours: str = ""
     return c
 
 
-def _unresolved_reason(undetermined_best: pd.DataFrame, spread: RunSpread, min_effect: float) -> str:
+def _unresolved_reason(undetermined_best: pd.DataFrame, spread: RunSpread, effects: dict[str, float]) -> str:
     """Why a best point's change cannot be decided, and what would decide it."""
     if not spread.known(TPUT):
         fix = "measure both runs with --trials 3 (or more), or state the machine's run-to-run spread with --run-cv"
@@ -462,14 +471,16 @@ def _unresolved_reason(undetermined_best: pd.DataFrame, spread: RunSpread, min_e
     requests_only = undetermined_best["p99_verdict"].eq(UNDETERMINED) & few
     if requests_only.all() and not undetermined_best["throughput_verdict"].eq(UNDETERMINED).any():
         return _undecided_reason(pd.DataFrame(columns=UNMATCHED_COLUMNS), undetermined_best)
-    asks = [spread.trials_needed(m, min_effect) for m in (TPUT, AVG_MS, P99) if spread.known(m)]
-    needed = None if None in asks else max(asks)  # the metric that needs most: the p99's tail, often
-    advice = (
-        f"--trials {needed} per run would resolve {100 * min_effect:g}%"
-        if needed
-        else f"no --trials up to {MAX_TRIALS} resolves {100 * min_effect:g}% (a quieter machine would)"
-    )
-    return f"{spread.describe(TPUT)} hides a change of {100 * min_effect:g}%: {advice}"
+    asks = {m: spread.trials_needed(m, effects[m]) for m in (TPUT, AVG_MS, P99) if spread.known(m)}
+    needed = None if None in asks.values() else max(asks.values())  # the metric that needs most: the p99's tail, often
+    hardest = next((m for m, n in asks.items() if n is None or n == needed), TPUT)
+    effect = f"{100 * effects[hardest]:g}%" + (" of the p99" if hardest == P99 else "")
+    if needed:
+        advice = f"--trials {needed} per run would resolve {effect}"
+    else:
+        advice = f"no --trials up to {MAX_TRIALS} resolves {effect} (a quieter machine would"
+        advice += ", or a larger --min-effect-p99)" if hardest == P99 else ")"
+    return f"{spread.describe(hardest)} hides a change of {effect}: {advice}"
 
 
 def verdict_exit_code(comparison: Comparison) -> int:

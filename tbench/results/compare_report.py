@@ -188,12 +188,14 @@ def _load_label(p) -> str:
     return "" if _missing(p["concurrency"]) else f"{p['concurrency']:g}"
 
 
-def rule_sentence(min_effect: float, k: float) -> str:
+def rule_sentence(min_effect: float, k: float, min_effect_p99: float | None = None) -> str:
+    p99 = "" if min_effect_p99 is None else f" ({100 * min_effect_p99:g}% for the p99)"
     return (
-        f"A point's figure is the mean of its trials (each a server process of its own). "
-        f"A change of a point's throughput, p99 or mean latency is significant beyond "
-        f"max({100 * min_effect:g}%, the run-to-run threshold, {k:g} × noise): the run-to-run threshold is Welch's "
-        f"test on the spread between trials (or a stated --run-cv); without either, nothing is decided "
+        f"A point's figure is the geometric mean of its trials (each a server process of its own). "
+        f"A change of a point's throughput, p99 or mean latency, as the log of its ratio (as far up as down), is "
+        f"significant beyond max({100 * min_effect:g}%{p99}, the run-to-run threshold, {k:g} × noise): the run-to-run "
+        f"threshold is Welch's test on the spread between trials (or a stated --run-cv); without either, nothing is "
+        f"decided "
         f"(undetermined), nor is a change the spread cannot resolve. The noise is sqrt(CV_baseline² + "
         f"CV_candidate²) over the "
         f"{STABLE_WINDOWS} windows perf_analyzer averaged (for p99, its standard error from its sample size where "
@@ -217,7 +219,7 @@ def comparison_markdown(comparison: Comparison, title: str = "Comparison against
         "",
         f"Baseline: `{c.baseline}` · Candidate: `{c.candidate}`",
         "",
-        rule_sentence(c.min_effect, c.k),
+        rule_sentence(c.min_effect, c.k, c.min_effect_p99),
         "",
     ]
     if not c.points.empty:

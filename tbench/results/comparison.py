@@ -76,6 +76,13 @@ class Comparison:
     best: pd.DataFrame = field(default_factory=pd.DataFrame)  # per format x scenario: the best-throughput point
     reason: str = ""  # why not comparable, or undetermined
     spread: str = ""  # the run-to-run spread judged by, and where it came from (tbench.results.run_noise)
+    min_effect_p99: float | None = None  # the p99's own smallest effect (a tail moves more); None: min_effect
+
+    @property
+    def effects(self) -> dict[str, float]:
+        """The smallest effect that can count, per metric."""
+        p99 = self.min_effect if self.min_effect_p99 is None else self.min_effect_p99
+        return {TPUT: self.min_effect, AVG_MS: self.min_effect, P99: p99}
 
     @property
     def slower(self) -> pd.DataFrame:

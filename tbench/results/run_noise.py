@@ -4,16 +4,20 @@ A run's windows agree with each other far better than two runs do (on these 2-co
 while fresh runs of one commit moved 4.5-20% per point): a rule that takes the windows' spread for the noise calls
 every second A/A comparison a regression. The spread between runs is measured where it can be:
 - **trials** (`tbench run --trials N`): each point measured in N server processes; a run's spread is the pooled
-  relative variance of its points' trials (each point's trials against their own mean), the two runs' pooled again;
+  variance of the log of its points' trials (each point's trials against their own mean), the two runs' pooled again;
 - **stated**: a floor given for the machine (`tbench compare --run-cv`, and `--run-cv-p99` for the tail, which moves
   far more), e.g. from its history or a record;
 - otherwise it is **unknown**, and no change can be put on the model (the windows say nothing of it).
 
-A point's change is tested against `t(1 - ALPHA, df) * cv * sqrt(1/n_baseline + 1/n_candidate)` (Welch's test with
-the pooled spread); `df` is the two runs' trials less two, as if every point of a trial moved together (a slow process
-is slow at every point, so pooling points adds no independent evidence), infinite for a stated spread. Where that
-threshold exceeds the smallest effect asked for, the data cannot resolve it: a change inside the threshold is
-"undetermined", and `trials_needed` says how many trials would resolve it.
+A process's slowness multiplies its figures, so spreads and changes are taken on the log scale: a trial's spread is the
+standard deviation of the log of its figure (about its CV for small spreads), and a point's change, the log of the
+ratio of its means, is tested against `t(1 - ALPHA, df) * cv * sqrt(1/n_baseline + 1/n_candidate)` (Welch's test with
+the pooled spread), the same distance up as down (on a linear scale a slow baseline trial made every candidate look
+far higher in latency: 1.04% A/A regressions at a 20% spread in the calibration). `df` is the two runs' trials less
+two, as if every point of a trial moved together (a slow process is slow at every point, so pooling points adds no
+independent evidence), infinite for a stated spread. Where that threshold exceeds the smallest effect asked for
+(`log1p(min_effect)`), the data cannot resolve it: a change inside the threshold is "undetermined", and
+`trials_needed` says how many trials would resolve it.
 
 Plain functions over the results table; no Prefect.
 """
@@ -35,8 +39,8 @@ ALPHA = 0.0025  # one-sided, per point and metric: 0.005 gave 1.7% A/A regressio
 
 @dataclass(frozen=True)
 class RunSpread:
-    """The relative spread of one trial per metric (NaN: unknown), whether the runs' trials measured it (else it was
-    stated) and where it came from."""
+    """The spread of one trial per metric, of the log of its figure (NaN: unknown), whether the runs' trials measured
+    it (else it was stated) and where it came from."""
 
     cv: dict[str, float] = field(default_factory=dict)
     measured: bool = False
@@ -51,7 +55,8 @@ class RunSpread:
         return float(max(1, n_baseline - 1 + n_candidate - 1)) if self.measured else math.inf
 
     def threshold(self, metric: str, n_baseline: int, n_candidate: int) -> float:
-        """The smallest relative change of a point's mean that the spread lets one call (NaN when unknown)."""
+        """The smallest change of a point's mean, as the log of its ratio, that the spread lets one call (NaN when
+        unknown)."""
         if not self.known(metric):
             return math.nan
         scale = math.sqrt(1.0 / n_baseline + 1.0 / n_candidate)
@@ -62,7 +67,7 @@ class RunSpread:
         if not self.known(metric):
             return None
         for n in range(2, MAX_TRIALS + 1):
-            if self.threshold(metric, n, n) <= min_effect:
+            if self.threshold(metric, n, n) <= math.log1p(min_effect):
                 return n
         return None
 
@@ -87,16 +92,17 @@ def trial_rows(results: pd.DataFrame, idx: list[int]) -> pd.DataFrame:
 
 
 def pooled_spread(groups: list[pd.DataFrame], metrics: list[str]) -> tuple[dict[str, float], float]:
-    """The pooled relative variance of the points' trials (each against its own mean): {metric: CV}, degrees of
+    """The pooled variance of the log of the points' trials (each against its own mean): {metric: spread}, degrees of
     freedom. Points with one trial add nothing."""
     cvs, df = {}, 0.0
     for metric in metrics:
         squares, dof = 0.0, 0
         for rows in groups:
             values = rows[metric].dropna().to_numpy(dtype=float)
-            if len(values) < 2 or values.mean() <= 0:
+            if len(values) < 2 or (values <= 0).any():
                 continue
-            squares += float(np.sum((values / values.mean() - 1.0) ** 2))
+            logs = np.log(values)
+            squares += float(np.sum((logs - logs.mean()) ** 2))
             dof += len(values) - 1
         cvs[metric] = math.sqrt(squares / dof) if dof else math.nan
         df = max(df, dof)
