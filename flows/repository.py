@@ -117,7 +117,7 @@ class RepositorySource:
             "intro": "A model of your own repository, served with its config.pbtxt as written on a server tbench "
             "started over a copy.",
             "server": f"({self.req.server}, started by tbench)",
-            "served_by": "; ".join(f"{n}: {line}" for n, line in plan.served_by().items()) if plan else "-",
+            "served_by": plan.served_by()[plan.model] if plan else "-",  # each model's: the section above
             "backend": self.backend,
             "section": section,
         }

@@ -209,7 +209,8 @@ def needed_models(root: Path, name: str) -> list[RepositoryModel]:
 @dataclass(frozen=True)
 class RepositoryPlan:
     """What a run does with the user's repository: copies `copied` into the run folder, loads `loaded` in order
-    (the named model last), each served as `served` says; `skipped`: copied models it does not load, and why."""
+    (every ensemble after its steps), each served as `served` says; `skipped`: copied models it does not load, and
+    why."""
 
     source: Path
     model: str
@@ -274,5 +275,5 @@ def plan_repository(source: str | Path, model: str, caps: ServerCapabilities) ->
                 if m.name not in served:
                     served[m.name] = hows[m.name]
                     extra.append(m.name)
-    loaded = extra + [m.name for m in needed]
+    loaded = [m.name for m in needed] + extra  # each chain's steps first: the order holds across chains
     return RepositoryPlan(root, name, version, copied, loaded, served, whole, skipped)
