@@ -10,6 +10,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from flows.lifecycle import run_lifecycle
 from flows.served import measure_served
+from tbench.core.handover import local_path
 from tbench.planning.plan import server_options
 from tbench.request.benchmark import BenchmarkRequest
 from tbench.request.repository import check_repository
@@ -26,6 +27,8 @@ REPOSITORY_PLAN = "repository.json"  # what was copied and loaded, and what serv
 def repository_benchmark(request: BenchmarkRequest, hardware) -> str:
     """Measure `request.repository_model` of `request.repository`; returns the URL of the run folder."""
     req = check_repository(request)
+    # a submitted repository is an upload's URL: fetched (every file checked) into this worker's cache, read there
+    req = req.model_copy(update={"repository": local_path(req.repository)})
     name, version = parse_model_ref(req.repository_model)
     with run_lifecycle(req, hardware, name, req.model_dump(mode="json")) as tracker:
         return measure_served(req, hardware, name, version, tracker, RepositorySource(req, hardware, tracker.layout))

@@ -79,3 +79,22 @@ def test_bytes_changed_in_the_store_are_refused(env, tmp_path, monkeypatch):
         handover.fetch(url)
     with pytest.raises(ConfigError, match="no upload there"):
         handover.fetch(url.replace("/inputs/", "/inputs/x"))
+
+
+def test_a_submitted_repository_travels_whole_and_the_worker_plans_its_fetched_copy(env, tmp_path):
+    """`tbench submit --repository DIR --model NAME`: every file of the repository uploaded under its digest; the
+    worker fetches it, checked, and plans the model from its copy as it would from the user's folder."""
+    from test_user_repository import EMBEDDED, user_repository
+
+    from tbench.cli.remote import hand_over
+    from tbench.triton.user_repository import plan_repository
+
+    user = user_repository(tmp_path / "user_repo")
+    request = hand_over(BenchmarkRequest(repository=str(user), repository_model="pipeline"), "s3://team/repos")
+    assert request.repository.startswith("s3://team/repos/inputs/") and request.repository.endswith("/user_repo")
+    local = handover.fetch(request.repository)
+    # every file and folder, the ensemble's empty version folder too (Triton needs it)
+    assert sorted(p.relative_to(local).as_posix() for p in local.rglob("*")) == sorted(
+        p.relative_to(user).as_posix() for p in user.rglob("*")
+    )
+    assert plan_repository(local, "pipeline", EMBEDDED).loaded == ["doubler", "plus_one", "pipeline"]

@@ -119,8 +119,11 @@ def write_model(root: Path, name: str, config: str, versions=(1,), files: dict[s
 
 @pytest.fixture
 def repo(tmp_path) -> Path:
+    return user_repository(tmp_path / "user_repo")
+
+
+def user_repository(root: Path) -> Path:
     """An ONNX model with the user's batching in two versions, a python model, and an ensemble of the two."""
-    root = tmp_path / "user_repo"
     doubler = write_model(root, "doubler", ONNX_CONFIG, versions=(1, 2))
     for v in (1, 2):
         tiny_onnx(doubler / str(v) / "model.onnx")

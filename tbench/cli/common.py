@@ -329,6 +329,27 @@ def search_space(
     )
 
 
+def model_fields(model, model_file, served_model, repository=None, repository_model=None) -> dict:
+    """The request fields naming what to measure: an adapter (`model`, resnet50 by default), a model file, a served
+    model, or a model of the user's repository (`--repository DIR --model NAME`, or the positional MODEL with
+    --repository); one line where none is named or the names disagree. The model file's own fields come from
+    `model_file_fields`."""
+    if repository_model and not repository:
+        raise ConfigError("--model NAME[:VERSION] names a model of --repository DIR; give --repository too")
+    if repository:
+        if model and repository_model and model != repository_model:
+            raise ConfigError(f"--repository: the model is {model!r} or {repository_model!r}? Name it once")
+        return {"repository": repository, "repository_model": repository_model or model}
+    if not model and not model_file and not served_model:
+        raise ConfigError(
+            "name a model (see `tbench models`), give --model-file PATH or --served-model NAME with --server-url, "
+            "or --repository DIR --model NAME"
+        )
+    if served_model:
+        return {"served_model": served_model, **_given(model=model)}
+    return {"model": model or "resnet50"}
+
+
 def model_file_fields(model_file, shape, value_range, input_data) -> dict:
     """The request fields of a model file and its input options: the same on every command that measures a model."""
     return dict(

@@ -17,6 +17,7 @@ from tbench.cli.common import (
     _split,
     cli_errors,
     console,
+    model_fields,
     model_file_fields,
     parse_float_list,
     parse_int_list,
@@ -33,6 +34,8 @@ from tbench.cli.options import (
     ModelOrFile,
     Output,
     PrecisionOpt,
+    Repository,
+    RepositoryModel,
     Reuse,
     Scenarios,
     ServedModel,
@@ -54,6 +57,8 @@ def submit(
     value_range: ValueRange = None,
     input_data: InputData = None,
     served_model: ServedModel = None,
+    repository: Repository = None,
+    repository_model: RepositoryModel = None,
     server_url: ServerUrl = None,
     pool: str = typer.Option("cpu", help="The work pool whose workers run it: a100, v100, t4, a30, a40, h100 or cpu."),
     # no defaults of its own: only the options given are sent, the worker's request fills the rest
@@ -90,16 +95,11 @@ def submit(
             raise ConfigError(
                 "PREFECT_API_URL is not set: point it at the team's Prefect server (or `tbench stack env`)"
             )
-        if not model and not model_file and not served_model:
-            raise ConfigError(
-                "name a model (see `tbench models`), give --model-file PATH or --served-model NAME with --server-url"
-            )
         files = {k: v for k, v in model_file_fields(model_file, shape, value_range, input_data).items() if v}
         request = BenchmarkRequest(
-            **({"model": model or "resnet50"} if not served_model else _given(model=model)),
+            **model_fields(model, model_file, served_model, repository, repository_model),
             **files,
             **_given(
-                served_model=served_model,
                 server_url=server_url,
                 size=size,
                 framework=framework,
@@ -123,6 +123,11 @@ def submit(
             from tbench.request.served import check_served
 
             check_served(request)
+            request = hand_over(request, output or os.environ.get("TBENCH_ARTIFACT_ROOT", "runs"))
+        elif request.repository:  # checked here as the worker will (a repository Triton would refuse fails here)
+            from tbench.cli.run import repository_checked
+
+            repository_checked(request)
             request = hand_over(request, output or os.environ.get("TBENCH_ARTIFACT_ROOT", "runs"))
         elif request.model_file:  # read here as the worker will (a bad file fails here), then handed over
             from tbench.request.adapter import adapter_for
@@ -159,13 +164,13 @@ def submit(
 
 
 def hand_over(request, root: str):
-    """The request with its model file and input data where the pool's workers can read them: uploaded to the shared
-    artifact root under their content digest (tbench.core.handover), or, with a local root (a worker on this
-    machine), as absolute paths."""
+    """The request with its model file (or repository) and input data where the pool's workers can read them: uploaded
+    to the shared artifact root under their content digest (tbench.core.handover), or, with a local root (a worker on
+    this machine), as absolute paths."""
     from tbench.core import handover
 
     fields = {}
-    for field in ("model_file", "input_data", "trace"):
+    for field in ("model_file", "repository", "input_data", "trace"):
         value = getattr(request, field, None)  # a capacity request has a trace only
         if value and not (field == "trace" and value.startswith("ramp:")):  # a rate schedule travels as it is
             fields[field] = handover.hand_over_path(value, root)

@@ -12,6 +12,7 @@ from tbench.cli.common import (
     _shape_range,
     _split,
     cli_errors,
+    model_fields,
     model_file_fields,
     parse_float_list,
     parse_int_list,
@@ -42,7 +43,6 @@ from tbench.cli.options import (
     WindowOptions,
     field_help,
 )
-from tbench.core.errors import ConfigError
 from tbench.planning.preflight import preflight
 from tbench.team.prefect_api import start_early
 
@@ -112,21 +112,8 @@ def run(
     from tbench.request.benchmark import BenchmarkRequest
 
     with cli_errors(EXIT_BAD_OPTIONS, options=True):
-        if repository_model and not repository:
-            raise ConfigError("--model NAME[:VERSION] names a model of --repository DIR; give --repository too")
-        if repository:
-            if model and repository_model and model != repository_model:
-                raise ConfigError(f"--repository: the model is {model!r} or {repository_model!r}? Name it once")
-            repository_model, model = repository_model or model, None
-        if not model and not model_file and not served_model and not repository:
-            raise ConfigError(
-                "name a model (see `tbench models`), give --model-file PATH or --served-model NAME with --server-url, "
-                "or --repository DIR --model NAME"
-            )
         request = BenchmarkRequest(
-            **({"model": model or "resnet50"} if not (served_model or repository) else _given(model=model)),
-            served_model=served_model,
-            **_given(repository=repository, repository_model=repository_model),
+            **model_fields(model, model_file, served_model, repository, repository_model),
             size=size,
             model_options=parse_options(option),
             checkpoint=checkpoint,

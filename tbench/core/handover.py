@@ -4,6 +4,7 @@ their content digest, and sends their URLs; the worker fetches them into its cac
 reads them.
 
     <root>/inputs/<digest>/handover.json   {"entry": "model.onnx", "files": {"model.onnx": "<sha256>", ...}}
+                                           (+ "folders": [...], a folder's empty folders, where it has any)
     <root>/inputs/<digest>/model.onnx ...
 
 The digest is the sha256 of handover.json's "files" (names and contents), so a file is stored once however often it is
@@ -52,8 +53,20 @@ def handed_files(path: Path) -> dict[str, Path]:
     return files
 
 
-def digest_of(sums: dict[str, str]) -> str:
-    return hashlib.sha256(json.dumps(sorted(sums.items())).encode()).hexdigest()
+def handed_folders(path: Path) -> list[str]:
+    """The empty folders that travel with a folder `path` (a Triton ensemble's version folder holds no file), named
+    relative to the folder `path` is in."""
+    path = path.resolve()
+    if not path.is_dir():
+        return []
+    return sorted(d.relative_to(path.parent).as_posix() for d in path.rglob("*") if d.is_dir() and not any(d.iterdir()))
+
+
+def digest_of(sums: dict[str, str], folders: list[str] = ()) -> str:
+    """What names an upload: its files' names and contents, and its empty folders where it has any (an upload without
+    them keeps the digest it always had)."""
+    listed = sorted(sums.items()) if not folders else [sorted(sums.items()), sorted(folders)]
+    return hashlib.sha256(json.dumps(listed).encode()).hexdigest()
 
 
 def upload(path: str | Path, root: str) -> str:
@@ -62,7 +75,8 @@ def upload(path: str | Path, root: str) -> str:
     path = Path(path)
     files = handed_files(path)
     sums = {name: file_sha256(f) for name, f in files.items()}
-    digest = digest_of(sums)
+    folders = handed_folders(path)
+    digest = digest_of(sums, folders)
     entry = path.resolve().name
     target = join(root, INPUTS_DIR, digest)
     fs, base = url_to_fs(target)
@@ -71,7 +85,8 @@ def upload(path: str | Path, root: str) -> str:
             for name, f in files.items():
                 fs.put_file(str(f), f"{base}/{name}")
             # the manifest last: its presence says the upload is whole
-            fs.pipe_file(f"{base}/{MANIFEST}", json.dumps({"entry": entry, "files": sums}, indent=1).encode())
+            manifest = {"entry": entry, "files": sums, **({"folders": folders} if folders else {})}
+            fs.pipe_file(f"{base}/{MANIFEST}", json.dumps(manifest, indent=1).encode())
     except store_errors() as err:
         raise StorageError(f"cannot upload {path} to {target}: {error_cause(err)}") from None
     return f"{target}/{entry}"
@@ -93,8 +108,8 @@ def fetch(url: str) -> Path:
         raise ConfigError(f"{url}: no upload there ({MANIFEST} missing): submit the file again") from None
     except store_errors() as err:
         raise StorageError(f"cannot fetch {url}: {error_cause(err)}") from None
-    sums = manifest["files"]
-    if digest_of(sums) != digest:
+    sums, folders = manifest["files"], manifest.get("folders", [])
+    if digest_of(sums, folders) != digest:
         raise ConfigError(f"{url}: its manifest does not match the digest {digest[:12]}... its URL names")
     shutil.rmtree(local, ignore_errors=True)  # a copy that was not checked to the end starts again
     partial = local.with_name(local.name + ".partial")
@@ -108,6 +123,8 @@ def fetch(url: str) -> Path:
                 raise ConfigError(f"{url}: {name} does not have the content it was uploaded with (sha256 differs)")
     except store_errors() as err:
         raise StorageError(f"cannot fetch {url}: {error_cause(err)}") from None
+    for folder in folders:
+        (partial / folder).mkdir(parents=True, exist_ok=True)
     (partial / CHECKED).write_text(digest)
     try:
         partial.rename(local)
