@@ -1,0 +1,750 @@
+"""Side by side with Model Analyzer (issue 57): the same user repository searched by Model Analyzer 1.58's own search
+and by `tbench search --repository`, with the same server binary, perf_analyzer, search space and latency budget;
+then both recommended configs re-measured by one referee.
+
+1. **Model Analyzer** installs from PyPI into a scratch virtualenv (`~/.cache/tbench/model-analyzer-venv`, reused)
+   and runs in local launch mode, CPU only, against the embedded server's binary behind a wrapper script named
+   `tritonserver` (the backend directory, LD_LIBRARY_PATH and python stub tbench's EmbeddedServer gives it) and
+   tritonclient 2.51's perf_analyzer behind another (the libraries tbench points it at).
+2. **Two user-style repositories**, written here: `single` (the small ResNet-50 as ONNX inside a python-backend model
+   that runs ONNX Runtime: the embedded server has only the python backend, and this is the model.py tbench's own
+   runtime serves) and `ensemble` (a python preprocessing step, uint8 HWC image to normalised CHW floats, then the
+   same model).
+3. **The budget** binds: the user's own config is measured once at the referee's concurrency, and the p99 budget is
+   `--budget-factor` times its p99, so the heavier candidates exceed it.
+4. **The referee**: every recommended config on a fresh embedded server, one perf_analyzer call each (the given
+   concurrency, count windows of one shared size, p99 as the stability percentile), in alternating rounds; median
+   throughput and p99 per config.
+5. **tbench's half** (`tbench_search`) runs `tbench search --repository DIR --model NAME` in a subprocess; where the
+   CLI does not take that yet, the run records the refusal and exits 1 with one line.
+
+Model Analyzer's brute search is its automatic one: instance counts and max batch sizes (powers of two) with dynamic
+batching on, each config swept over concurrency 1..max (powers of two), stopping a dimension early once throughput
+stops growing. An ensemble is searched by its quick search whatever the mode (Model Analyzer's rule for composing
+models).
+
+Usage: .venv/bin/python benchmarks/peer_model_analyzer.py [--size small] [--repositories single,ensemble]
+       .venv/bin/python benchmarks/peer_model_analyzer.py --ma-only --repositories single --max-batch 4 --output F
+Writes benchmarks/results/peer_model_analyzer.json with its provenance (--ma-only: the record at --output, or in the
+work folder: a trial, not the record).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import shlex
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from provenance import RESULTS, recorded
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # standalone: the repository's tbench
+
+from tbench.core.iospec import IoSpec, TensorSpec  # noqa: E402
+from tbench.node import tools  # noqa: E402
+
+MA_VERSION = "1.58.0"
+MA_VENV = Path.home() / ".cache" / "tbench" / "model-analyzer-venv"
+TBENCH = str(Path(sys.executable).with_name("tbench"))
+MODEL = "resnet50"  # the single repository's model, and the ensemble's second step
+PREPROCESS = "preprocess"
+ENSEMBLE = "classifier"
+REPOSITORIES = {"single": MODEL, "ensemble": ENSEMBLE}  # repository -> the model both tools search
+# a window of this many seconds at the fastest reported throughput: perf_analyzer closes a count window at the first
+# whole second past its request count, so short windows (Model Analyzer's 50 requests) are 1 s of noise each
+REFEREE_WINDOW_S = 2.0
+REFEREE_MIN_REQUESTS = 50  # perf_analyzer's own default, what Model Analyzer's calls use
+
+
+# --- Model Analyzer's environment: a scratch virtualenv and the two wrapper scripts ---
+
+
+def model_analyzer_venv(root: Path = MA_VENV) -> Path:
+    """A virtualenv with triton-model-analyzer (reused when its `model-analyzer` is there); its bin folder. Kept
+    apart from tbench's: it pins its own tritonclient, protobuf and numpy."""
+    binary = root / "bin" / "model-analyzer"
+    if binary.exists():
+        return binary.parent
+    base = Path(sys.base_prefix) / "bin" / "python3"  # the interpreter tbench's venv was made from
+    subprocess.run([str(base), "-m", "venv", "--clear", str(root)], check=True)
+    pip = [str(root / "bin" / "python"), "-m", "pip", "install", "--quiet", f"triton-model-analyzer=={MA_VERSION}"]
+    subprocess.run(pip, check=True)
+    return binary.parent
+
+
+def embedded_backends(dest: Path) -> Path:
+    """The embedded server's backend folder with the python stub of this Python added, as EmbeddedServer prepares
+    it for each start (here once: Model Analyzer starts the server itself)."""
+    server_dir = tools.pytriton_server_dir()
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    stub = server_dir / "python_backend_stubs" / version / "triton_python_backend_stub"
+    if not stub.exists():
+        raise SystemExit(f"the embedded server has no python backend stub for Python {version}")
+    if dest.exists():
+        shutil.rmtree(dest)
+    shutil.copytree(server_dir / "backends", dest)
+    shutil.copy2(stub, dest / "python" / stub.name)
+    return dest
+
+
+def server_wrapper_text(binary: Path, backends: Path, cache: Path, path_head: str, library_path: str) -> str:
+    """A `tritonserver` that is the embedded binary: its backends, its libraries, and PATH led by tbench's venv (the
+    stub's interpreter imports numpy and onnxruntime from there). Model Analyzer adds its own options after these."""
+    return (
+        "#!/bin/sh\n"
+        "# written by benchmarks/peer_model_analyzer.py: the embedded tritonserver as EmbeddedServer starts it\n"
+        f'export PATH={shlex.quote(path_head)}:"$PATH"\n'
+        f"export LD_LIBRARY_PATH={shlex.quote(library_path)}\n"
+        f"exec {shlex.quote(str(binary))} --backend-directory={shlex.quote(str(backends))} "
+        f'--cache-directory={shlex.quote(str(cache))} --allow-gpu-metrics=false "$@"\n'
+    )
+
+
+def perf_analyzer_wrapper_text(binary: Path, library_path: str) -> str:
+    """perf_analyzer 2.51 with the libraries tbench links for it (tools.perf_analyzer_env)."""
+    return (
+        "#!/bin/sh\n"
+        "# written by benchmarks/peer_model_analyzer.py: tritonclient 2.51's perf_analyzer as tbench runs it\n"
+        f"export LD_LIBRARY_PATH={shlex.quote(library_path)}\n"
+        f'exec {shlex.quote(str(binary))} "$@"\n'
+    )
+
+
+def write_executable(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    path.chmod(0o755)
+    return path
+
+
+def write_wrappers(folder: Path) -> dict[str, Path]:
+    """`tritonserver` and `perf_analyzer` scripts in `folder`, for Model Analyzer's triton_server_path and
+    perf_analyzer_path."""
+    server_dir = tools.pytriton_server_dir()
+    backends = embedded_backends(folder / "backends")
+    server_libs = tools.library_path(tools.python_libdir(), tools.pytriton_libs_dir())
+    venv_bin = str(Path(sys.executable).parent)
+    server = server_wrapper_text(
+        server_dir / "bin" / "tritonserver", backends, server_dir / "caches", venv_bin, server_libs
+    )
+    perf_libs = tools.perf_analyzer_env()["LD_LIBRARY_PATH"]
+    return {
+        "tritonserver": write_executable(folder / "bin" / "tritonserver", server),
+        "perf_analyzer": write_executable(
+            folder / "bin" / "perf_analyzer", perf_analyzer_wrapper_text(tools.perf_analyzer_binary(), perf_libs)
+        ),
+    }
+
+
+# --- the user's repositories ---
+
+PREPROCESS_MODEL_PY = '''"""A user's preprocessing step: uint8 HWC images to ImageNet-normalised float CHW."""
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+MEAN = (np.array([0.485, 0.456, 0.406], dtype=np.float32) * 255).reshape(1, 3, 1, 1)
+STD = (np.array([0.229, 0.224, 0.225], dtype=np.float32) * 255).reshape(1, 3, 1, 1)
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            image = pb_utils.get_input_tensor_by_name(request, "IMAGE").as_numpy()
+            pixels = (image.astype(np.float32).transpose(0, 3, 1, 2) - MEAN) / STD
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("PIXELS", np.ascontiguousarray(pixels))]))
+        return responses
+'''
+
+
+@dataclass(frozen=True)
+class UserRepository:
+    """A repository as a user hands it over: its folder, the model to search, and what perf_analyzer sends it."""
+
+    name: str
+    path: Path
+    model: str
+    io: IoSpec
+    composing: tuple[str, ...] = ()  # an ensemble's steps, in order
+
+
+def export_resnet(work: Path, size: str) -> tuple[Path, IoSpec]:
+    """The ResNet-50 adapter's module exported to ONNX, as `tbench run resnet50 --size SIZE` exports it."""
+    import model_adapters
+    from tbench.core.enums import Format
+    from tbench.core.runtimes import source_digest
+    from tbench.stages.export import export_model
+
+    adapter = model_adapters.get("resnet50", size)
+    module = adapter.build()
+    artifact = export_model(adapter, module, Format.ONNX, work / "export", source_digest("pytorch", module))
+    return Path(artifact.path), adapter.io_spec()
+
+
+def write_model_config(model_dir: Path, config) -> None:
+    from tbench.triton.config import to_pbtxt
+
+    model_dir.mkdir(parents=True, exist_ok=True)
+    (model_dir / "config.pbtxt").write_text(to_pbtxt(config))
+
+
+def write_onnx_model(repo: Path, onnx: Path, io: IoSpec, max_batch: int) -> None:
+    """The model as tbench's python-backend runtime serves an ONNX file (tbench.triton.repository.build_config):
+    config.pbtxt naming the runtime, model.py and model.onnx in version 1; one instance, dynamic batching on,
+    ONNX Runtime's own thread count (the user's defaults)."""
+    from tbench.triton.config import DynamicBatching, InstanceGroup, ModelConfigSpec, model_config
+    from tbench.triton.repository import RUNTIME_MODEL
+
+    spec = ModelConfigSpec(
+        name=MODEL,
+        io=io,
+        max_batch_size=max_batch,
+        dynamic_batching=DynamicBatching(),
+        instance_groups=[InstanceGroup(count=1)],
+        parameters={"runtime": "onnxruntime", "model_file": "model.onnx", "intra_op_threads": "0"},
+    )
+    write_model_config(repo / MODEL, model_config(spec))
+    version = repo / MODEL / "1"
+    version.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(RUNTIME_MODEL, version / "model.py")
+    shutil.copy2(onnx, version / "model.onnx")
+
+
+def image_io(model_io: IoSpec) -> tuple[IoSpec, IoSpec]:
+    """The preprocessing step's and the ensemble's tensors: a uint8 HWC image in, the model's outputs out."""
+    channels, height, width = model_io.inputs[0].shape
+    image = TensorSpec(name="IMAGE", dtype="uint8", shape=[height, width, channels])
+    pixels = TensorSpec(name="PIXELS", dtype="float32", shape=[channels, height, width])
+    scores = TensorSpec(name="SCORES", dtype=model_io.outputs[0].dtype, shape=model_io.outputs[0].shape)
+    return IoSpec(inputs=[image], outputs=[pixels]), IoSpec(inputs=[image], outputs=[scores])
+
+
+def write_single_repository(root: Path, onnx: Path, io: IoSpec, max_batch: int) -> UserRepository:
+    write_onnx_model(root, onnx, io, max_batch)
+    return UserRepository("single", root, MODEL, io)
+
+
+def write_ensemble_repository(root: Path, onnx: Path, io: IoSpec, max_batch: int) -> UserRepository:
+    """preprocess (python) -> resnet50, each with dynamic batching and one instance, under an ensemble."""
+    from tbench.triton.config import (
+        DynamicBatching,
+        EnsembleStep,
+        InstanceGroup,
+        ModelConfigSpec,
+        ensemble_config,
+        model_config,
+    )
+
+    write_onnx_model(root, onnx, io, max_batch)
+    step_io, ensemble_io = image_io(io)
+    spec = ModelConfigSpec(
+        name=PREPROCESS,
+        io=step_io,
+        max_batch_size=max_batch,
+        dynamic_batching=DynamicBatching(),
+        instance_groups=[InstanceGroup(count=1)],
+    )
+    write_model_config(root / PREPROCESS, model_config(spec))
+    (root / PREPROCESS / "1").mkdir(parents=True, exist_ok=True)
+    (root / PREPROCESS / "1" / "model.py").write_text(PREPROCESS_MODEL_PY)
+    steps = [
+        EnsembleStep(model_name=PREPROCESS, input_map={"IMAGE": "IMAGE"}, output_map={"PIXELS": "pixels"}),
+        EnsembleStep(
+            model_name=MODEL,
+            input_map={io.inputs[0].name: "pixels"},
+            output_map={io.outputs[0].name: "SCORES"},
+        ),
+    ]
+    write_model_config(root / ENSEMBLE, ensemble_config(ENSEMBLE, max_batch, ensemble_io, steps))
+    (root / ENSEMBLE / "1").mkdir(parents=True, exist_ok=True)  # Triton wants a version folder, empty for an ensemble
+    return UserRepository("ensemble", root, ENSEMBLE, ensemble_io, composing=(PREPROCESS, MODEL))
+
+
+# --- the search space both tools get ---
+
+
+@dataclass(frozen=True)
+class Space:
+    """Model Analyzer's automatic brute search: instance counts min..max and max batch sizes 1..max (powers of two),
+    dynamic batching on with no preferred size or delay, concurrency 1..max (powers of two)."""
+
+    max_instances: int = 2
+    max_batch: int = 8
+    max_concurrency: int = 8
+
+    @staticmethod
+    def powers_of_two(top: int) -> list[int]:
+        return [2**i for i in range(int(math.log2(top)) + 1)]
+
+    def describe(self) -> dict:
+        return {
+            "instances": list(range(1, self.max_instances + 1)),
+            "max_batch_sizes": self.powers_of_two(self.max_batch),
+            "dynamic_batching": "on (no preferred sizes, no delay)",
+            "concurrency": self.powers_of_two(self.max_concurrency),
+        }
+
+
+# --- Model Analyzer's run and its recommendation ---
+
+
+def ma_config(repo: UserRepository, space: Space, budget_ms: float, wrappers: dict[str, Path], out: Path) -> dict:
+    """Model Analyzer's profile config: local launch mode, CPU only, its automatic brute search over `space`, the
+    p99 budget as a constraint; everything it writes under `out`."""
+    profiled = {"cpu_only": True, "constraints": {"perf_latency_p99": {"max": round(budget_ms, 3)}}}
+    config = {
+        "model_repository": str(repo.path),
+        "profile_models": {repo.model: profiled},
+        "triton_launch_mode": "local",
+        "triton_server_path": str(wrappers["tritonserver"]),
+        "perf_analyzer_path": str(wrappers["perf_analyzer"]),
+        "triton_output_path": str(out / "tritonserver.log"),
+        "perf_output": True,
+        "perf_output_path": str(out / "perf_analyzer.log"),
+        "gpus": [],
+        "dcgm_disable": True,
+        "run_config_search_mode": "brute",
+        "run_config_search_min_instance_count": 1,
+        "run_config_search_max_instance_count": space.max_instances,
+        "run_config_search_min_model_batch_size": 1,
+        "run_config_search_max_model_batch_size": space.max_batch,
+        "run_config_search_min_concurrency": 1,
+        "run_config_search_max_concurrency": space.max_concurrency,
+        "output_model_repository_path": str(out / "output_model_repository"),
+        "override_output_model_repository": True,
+        "export_path": str(out / "export"),
+        "checkpoint_directory": str(out / "checkpoints"),
+        "skip_detailed_reports": True,  # its detailed reports need GPU metrics; the summary tables are read here
+    }
+    if repo.composing:  # each step CPU only as well
+        config["ensemble_composing_models"] = {name: {"cpu_only": True} for name in repo.composing}
+    return config
+
+
+def run_model_analyzer(venv_bin: Path, config: dict, out: Path) -> dict:
+    """`model-analyzer profile -f CONFIG` timed by the wall clock; its log beside the config."""
+    import yaml
+
+    out.mkdir(parents=True, exist_ok=True)
+    config_path = out / "config.yaml"
+    config_path.write_text(yaml.safe_dump(config, sort_keys=False))
+    argv = [str(venv_bin / "model-analyzer"), "profile", "-f", str(config_path)]
+    env = {**os.environ, "PATH": f"{venv_bin}:{os.environ.get('PATH', '')}"}
+    start = time.monotonic()
+    with open(out / "model_analyzer.log", "w") as log:
+        done = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=out)
+    wall = round(time.monotonic() - start, 1)
+    return {"exit": done.returncode, "wall_s": wall, "argv": shlex.join(argv), "log": str(out / "model_analyzer.log")}
+
+
+# Model Analyzer's inference table (results/metrics-model-inference.csv) writes its cells unquoted, and an ensemble's
+# "Model Config Path" holds commas ("classifier_config_0: preprocess_config_1, resnet50_config_2"); its first three
+# and last three columns are plain, and the config names are found by their form
+CONFIG_NAME = re.compile(r"[\w.-]+?_config_(?:\d+|default)")
+HEAD = ("Model", "Batch", "Concurrency")
+TAIL = ("Satisfies Constraints", "Throughput (infer/sec)", "p99 Latency (ms)")
+
+
+@dataclass(frozen=True)
+class MaRow:
+    """One measurement of Model Analyzer's inference table, in its own order (its best config first, and within a
+    config its passing measurements first, best first)."""
+
+    model: str
+    concurrency: int
+    config: str  # the (top-level) variant, e.g. resnet50_config_3
+    composing: tuple[str, ...]  # an ensemble's step variants
+    passes: bool
+    throughput: float
+    p99_ms: float
+
+
+def parse_ma_inference_table(text: str) -> list[MaRow]:
+    lines = [line for line in text.splitlines() if line.strip()]
+    header = lines[0].split(",")
+    if tuple(header[:3]) != HEAD or tuple(header[-3:]) != TAIL:
+        raise ValueError(f"not Model Analyzer's default inference table: {lines[0]!r}")
+    rows = []
+    for line in lines[1:]:
+        head, tail = line.split(",", 3)[:3], line.rsplit(",", 3)[-3:]
+        names = CONFIG_NAME.findall(line.split(",", 3)[3].rsplit(",", 3)[0])
+        rows.append(
+            MaRow(
+                model=head[0],
+                concurrency=int(head[2]),
+                config=names[0],
+                composing=tuple(names[1:]),
+                passes=tail[0].strip() == "Yes",
+                throughput=float(tail[1]),
+                p99_ms=float(tail[2]),
+            )
+        )
+    return rows
+
+
+def ma_recommendation(rows: list[MaRow]) -> MaRow | None:
+    """What Model Analyzer recommends: its top config's top measurement among those meeting the constraints (its
+    summary's pick, `top_n_results(1)`: the table lists configs best first, a config's passing rows first); None where
+    nothing met them."""
+    return next((row for row in rows if row.passes), None)
+
+
+def ma_counts(rows: list[MaRow]) -> dict:
+    configs = {row.config for row in rows}
+    return {
+        "configs_measured": len(configs),
+        "measurements": len(rows),
+        "over_budget": sum(not row.passes for row in rows),
+    }
+
+
+def variant_config(output_repo: Path, variant: str, model: str) -> str:
+    """A variant's config.pbtxt from Model Analyzer's output repository, named as the user's model again."""
+    from tbench.triton.config import parse_pbtxt, to_pbtxt
+
+    config = parse_pbtxt((output_repo / variant / "config.pbtxt").read_text())
+    config.name = model
+    return to_pbtxt(config)
+
+
+def model_of_variant(variant: str) -> str:
+    return variant.rsplit("_config_", 1)[0]
+
+
+def ma_pick(out: Path, repo: UserRepository) -> dict:
+    """Model Analyzer's recommended config with its figures as it reported them, and how much it measured."""
+    table = out / "export" / "results" / "metrics-model-inference.csv"
+    rows = parse_ma_inference_table(table.read_text())
+    best = ma_recommendation(rows)
+    picked: dict = {"counts": ma_counts(rows), "table": str(table)}
+    if best is None:
+        return {**picked, "recommended": None}
+    configs = {repo.model: variant_config(out / "output_model_repository", best.config, repo.model)}
+    for variant in best.composing:
+        name = model_of_variant(variant)
+        configs[name] = variant_config(out / "output_model_repository", variant, name)
+    reported = {"concurrency": best.concurrency, "throughput": best.throughput, "p99_ms": best.p99_ms}
+    return {**picked, "recommended": {"variants": [best.config, *best.composing], "configs": configs, **reported}}
+
+
+# --- the referee ---
+
+
+@dataclass
+class RefereeSettings:
+    concurrency: int
+    request_count: int  # per count window, one size for every config
+    rounds: int
+    percentile: int = 99
+    stability_percentage: float = 10.0  # perf_analyzer's default, as Model Analyzer calls it
+    max_trials: int = 10
+    timeout_s: float = 300.0
+
+
+def alternating_order(names: list[str], rounds: int) -> list[tuple[int, str]]:
+    """(round, config) in measuring order: every config once a round, every other round reversed (A B, B A, A B, ...),
+    so a drift of the machine over the rounds falls on each config alike and none is always measured first."""
+    order = []
+    for r in range(rounds):
+        seq = names if r % 2 == 0 else list(reversed(names))
+        order += [(r, name) for name in seq]
+    return order
+
+
+def medians(measurements: list[dict]) -> dict:
+    """Median throughput and p99 of one config's rounds (those that measured), with the spread between rounds."""
+    ok = [m for m in measurements if m.get("ok")]
+    if not ok:
+        return {"rounds_ok": 0}
+    tput = [m["throughput"] for m in ok]
+    p99 = [m["p99_ms"] for m in ok]
+    return {
+        "rounds_ok": len(ok),
+        "throughput": statistics.median(tput),
+        "p99_ms": statistics.median(p99),
+        "throughput_range_pct": round(100 * (max(tput) - min(tput)) / statistics.median(tput), 1),
+    }
+
+
+def request_count(reported_throughputs: list[float], window_s: float = REFEREE_WINDOW_S) -> int:
+    """One count-window size for every config: `window_s` at the fastest throughput either tool reported."""
+    fastest = max([t for t in reported_throughputs if t and t > 0] or [0.0])
+    return max(REFEREE_MIN_REQUESTS, math.ceil(window_s * fastest))
+
+
+def repository_with(repo: UserRepository, configs: dict[str, str], dest: Path) -> Path:
+    """A copy of the user's repository with the given models' config.pbtxt replaced (nothing else changes)."""
+    if dest.exists():
+        shutil.rmtree(dest)
+    shutil.copytree(repo.path, dest)
+    for model, text in configs.items():
+        (dest / model / "config.pbtxt").write_text(text)
+    return dest
+
+
+def referee_argv(repo: UserRepository, grpc_url: str, settings: RefereeSettings, csv_path: Path) -> list[str]:
+    """tbench's perf_analyzer call (tbench.loadgen.perf_analyzer.perf_argv), random data as Model Analyzer sends,
+    the stability judged on p99."""
+    from tbench.core.enums import Scenario
+    from tbench.loadgen.perf_analyzer import Point, perf_argv
+    from tbench.request.measurement import Measurement
+
+    point = Point(Scenario.ONLINE, batch_size=1, concurrency=settings.concurrency)
+    measurement = Measurement(stability_percentage=settings.stability_percentage, max_trials=settings.max_trials)
+    argv = perf_argv(
+        tools.perf_analyzer_binary(),
+        repo.model,
+        grpc_url,
+        point,
+        measurement,
+        settings.request_count,
+        csv_path,
+        repo.io,
+    )
+    return [*argv, "--percentile", str(settings.percentile)]
+
+
+def measure_once(repo: UserRepository, configs: dict[str, str], settings: RefereeSettings, work: Path) -> dict:
+    """One referee measurement: a fresh embedded server on a copy of the repository with `configs`, one
+    perf_analyzer call, the server stopped."""
+    from tbench.loadgen.perf_analyzer import parse_perf_csv
+    from tbench.triton.process_server import EmbeddedServer
+
+    served = repository_with(repo, configs, work / "repository")
+    server = EmbeddedServer(served, work / "tritonserver.log")
+    try:
+        endpoints = server.start()
+        csv_path = work / "perf.csv"
+        argv = referee_argv(repo, endpoints.grpc_url, settings, csv_path)
+        with open(work / "perf_analyzer.log", "w") as log:
+            done = subprocess.run(
+                argv, stdout=log, stderr=subprocess.STDOUT, env=tools.perf_analyzer_env(), timeout=settings.timeout_s
+            )
+    except Exception as e:  # a config that does not load or measure is a result of its own, not the end of the run
+        return {"ok": False, "error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]}
+    finally:
+        server.stop()
+    if done.returncode != 0 or not csv_path.exists():
+        tail = (work / "perf_analyzer.log").read_text().strip().splitlines()[-1:] or ["?"]
+        return {"ok": False, "error": f"perf_analyzer exit {done.returncode}: {tail[0][:300]}"}
+    values = parse_perf_csv(csv_path)
+    return {"ok": True, "throughput": values["throughput_infer_per_s"], "p99_ms": values["p99_ms"]}
+
+
+def referee(repo: UserRepository, picks: dict[str, dict[str, str]], settings: RefereeSettings, work: Path) -> dict:
+    """Every pick (name -> its configs) measured in alternating rounds; per pick its rounds and their medians."""
+    rounds: dict[str, list[dict]] = {name: [] for name in picks}
+    for r, name in alternating_order(list(picks), settings.rounds):
+        measured = measure_once(repo, picks[name], settings, work / f"{name}-round{r}")
+        rounds[name].append({"round": r, **measured})
+        print(f"referee {repo.name} {name} round {r + 1}/{settings.rounds}: {measured}", flush=True)
+    return {name: {**medians(rounds[name]), "rounds": rounds[name]} for name in picks}
+
+
+def user_configs(repo: UserRepository) -> dict[str, str]:
+    """The repository's own configs, as the user wrote them."""
+    return {name: (repo.path / name / "config.pbtxt").read_text() for name in (repo.model, *repo.composing)}
+
+
+def choose_budget(repo: UserRepository, concurrency: int, factor: float, work: Path) -> dict:
+    """The p99 budget from a first measurement: the user's own config at the referee's concurrency, its p99 times
+    `factor` (< 1: that config at that load exceeds it, and so do the candidates that batch or queue more)."""
+    settings = RefereeSettings(concurrency=concurrency, request_count=REFEREE_MIN_REQUESTS, rounds=1)
+    first = measure_once(repo, user_configs(repo), settings, work)
+    if not first.get("ok"):
+        raise SystemExit(f"{repo.name}: the user's own config did not measure: {first.get('error')}")
+    return {"budget_ms": round(factor * first["p99_ms"], 3), "factor": factor, "first_measurement": first}
+
+
+# --- tbench's half ---
+
+
+class TbenchSearchUnavailable(RuntimeError):
+    """`tbench search` does not take --repository yet: the comparison cannot be made (not faked)."""
+
+
+def tbench_search(repo_dir: Path, model: str, budget_ms: float, space: Space, concurrency: int, out: Path) -> dict:
+    """**tbench's half**: `tbench search --repository DIR --model NAME` over the same space and budget, timed by the
+    wall clock; its recommended config(s) and figures as it reported them (search.json's best).
+
+    Raises TbenchSearchUnavailable where the CLI refuses the option (issue 57's part not landed yet)."""
+    described = space.describe()
+    argv = [
+        TBENCH,
+        "search",
+        "--repository",
+        str(repo_dir),
+        "--model",
+        model,
+        "--instances",
+        ",".join(map(str, described["instances"])),
+        "--max-batch-sizes",
+        ",".join(map(str, described["max_batch_sizes"])),
+        "--preferred",
+        "none",
+        "--queue-delays-us",
+        "0",
+        "--p99-budget-ms",
+        f"{budget_ms:g}",
+        "--concurrency",
+        str(concurrency),
+        "--output",
+        str(out),
+    ]
+    start = time.monotonic()
+    done = subprocess.run(argv, capture_output=True, text=True)
+    wall = round(time.monotonic() - start, 1)
+    if done.returncode not in (0, 3):
+        last = (done.stderr.strip().splitlines() or done.stdout.strip().splitlines() or ["?"])[-1]
+        if "--repository" in last or "No such option" in last or "Unknown option" in last:
+            raise TbenchSearchUnavailable(f"tbench search --repository: {last.strip()}")
+        raise RuntimeError(f"tbench search exit {done.returncode}: {last.strip()}")
+    run_dir = Path(done.stdout.strip().splitlines()[-1])
+    summary = json.loads((run_dir / "search.json").read_text())
+    best = summary.get("best") or {}
+    return {
+        "wall_s": wall,
+        "argv": shlex.join(argv),
+        "run_dir": str(run_dir),
+        "measured": summary.get("measured"),
+        "grid_size": summary.get("grid_size"),
+        "recommended": recommended_configs(run_dir, model) if best else None,
+        "reported": {"throughput": best.get("throughput"), "p99_ms": best.get("p99_ms"), "candidate": best},
+    }
+
+
+def recommended_configs(run_dir: Path, model: str) -> dict[str, str]:
+    """The config.pbtxt files tbench writes out ready to copy back: every `<model>/config.pbtxt` under the run folder's
+    recommended/ (the issue's "recommended config.pbtxt written out")."""
+    found = {p.parent.name: p.read_text() for p in sorted((run_dir / "recommended").glob("*/config.pbtxt"))}
+    if model not in found:
+        raise RuntimeError(f"{run_dir}: no recommended/{model}/config.pbtxt to re-measure")
+    return found
+
+
+# --- one repository, both tools ---
+
+
+@dataclass
+class Plan:
+    size: str
+    space: Space
+    concurrency: int
+    rounds: int
+    budget_factor: float
+    budget_ms: float | None
+    ma_only: bool
+    work: Path
+    venv_bin: Path = field(default=MA_VENV / "bin")
+    wrappers: dict[str, Path] = field(default_factory=dict)
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    return round(a / b, 4) if a and b else None
+
+
+def compare_repository(repo: UserRepository, plan: Plan, result: dict) -> None:
+    """Budget, Model Analyzer's search, tbench's (unless --ma-only), then the referee of their picks, into `result`
+    as each part ends (a part that fails leaves the earlier ones recorded)."""
+    work = plan.work / repo.name
+    result.update(model=repo.model, space=plan.space.describe())
+    if plan.budget_ms:
+        result.update(budget_ms=plan.budget_ms, factor=None, first_measurement=None)
+    else:
+        result.update(choose_budget(repo, plan.concurrency, plan.budget_factor, work / "budget"))
+    print(f"{repo.name}: p99 budget {result['budget_ms']} ms", flush=True)
+    config = ma_config(repo, plan.space, result["budget_ms"], plan.wrappers, work / "model_analyzer")
+    ran = run_model_analyzer(plan.venv_bin, config, work / "model_analyzer")
+    print(f"{repo.name}: Model Analyzer exit {ran['exit']} in {ran['wall_s']} s", flush=True)
+    result["model_analyzer"] = ran
+    if ran["exit"] != 0:
+        raise SystemExit(f"{repo.name}: Model Analyzer failed (exit {ran['exit']}); its log: {ran['log']}")
+    ma = result["model_analyzer"] = {**ran, **ma_pick(work / "model_analyzer", repo)}
+    result["budget_bound"] = bool(ma["counts"]["over_budget"])
+    picks = {"model_analyzer": ma["recommended"]["configs"]} if ma["recommended"] else {}
+    reported = [ma["recommended"]["throughput"]] if ma["recommended"] else []
+    if not plan.ma_only:
+        tb = result["tbench"] = tbench_search(
+            repo.path, repo.model, result["budget_ms"], plan.space, plan.concurrency, work / "tbench"
+        )
+        if tb["recommended"]:
+            picks["tbench"] = tb["recommended"]
+            reported.append(tb["reported"]["throughput"])
+    settings = RefereeSettings(plan.concurrency, request_count(reported), plan.rounds)
+    result["referee"] = {"settings": vars(settings), "measured": referee(repo, picks, settings, work / "referee")}
+    if not plan.ma_only:
+        measured = result["referee"]["measured"]
+        result["tbench_over_ma_throughput"] = ratio(
+            measured.get("tbench", {}).get("throughput"), measured.get("model_analyzer", {}).get("throughput")
+        )
+        result["tbench_over_ma_wall"] = ratio(result["tbench"]["wall_s"], ma["wall_s"])
+
+
+def write_repositories(work: Path, size: str, names: list[str], max_batch: int) -> list[UserRepository]:
+    onnx, io_spec = export_resnet(work, size)
+    writers = {"single": write_single_repository, "ensemble": write_ensemble_repository}
+    return [writers[name](work / "user" / name, onnx, io_spec, max_batch) for name in names]
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--size", default="small", help="The ResNet-50's size (small: what the issue measured).")
+    parser.add_argument("--repositories", default="single,ensemble", help="single, ensemble or both.")
+    parser.add_argument("--max-instances", type=int, default=2)
+    parser.add_argument("--max-batch", type=int, default=8, help="Max batch sizes 1..this, powers of two.")
+    parser.add_argument("--concurrency", type=int, default=8, help="The sweep's top and the referee's load.")
+    parser.add_argument("--rounds", type=int, default=6, help="Referee rounds, alternating.")
+    parser.add_argument("--budget-ms", type=float, help="A fixed p99 budget instead of one from a first measurement.")
+    parser.add_argument("--budget-factor", type=float, default=0.8, help="Budget: the user config's p99 times this.")
+    parser.add_argument("--ma-only", action="store_true", help="Model Analyzer's half and the referee of its pick.")
+    parser.add_argument("--work", help="Work folder (a fresh temporary one by default).")
+    parser.add_argument("--output", help="Where the record goes instead (a trial's); --ma-only's default: --work.")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    work = Path(args.work or tempfile.mkdtemp(prefix="tbench-peer-ma-")).resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    names = [n for n in args.repositories.split(",") if n]
+    unknown = sorted(set(names) - set(REPOSITORIES))
+    if unknown:
+        raise SystemExit(f"--repositories: unknown {', '.join(unknown)} (single, ensemble)")
+    output = args.output or (str(work / "peer_model_analyzer_ma_only.json") if args.ma_only else None)
+    space = Space(args.max_instances, args.max_batch, args.concurrency)
+    plan = Plan(args.size, space, args.concurrency, args.rounds, args.budget_factor, args.budget_ms, args.ma_only, work)
+    with recorded(
+        RESULTS / "peer_model_analyzer.json" if output is None else Path(output),
+        model_sizes=[f"resnet50 {args.size}"],
+    ) as record:
+        plan.venv_bin = model_analyzer_venv()
+        plan.wrappers = write_wrappers(work / "wrappers")
+        record["model_analyzer_version"] = MA_VERSION
+        record["ma_only"] = args.ma_only
+        record["repositories"] = {}
+        for repo in write_repositories(work, args.size, names, args.max_batch):
+            result = record["repositories"].setdefault(repo.name, {})
+            try:
+                compare_repository(repo, plan, result)
+            except TbenchSearchUnavailable as e:
+                result["tbench_unavailable"] = str(e)
+                record.save()  # the interim copy stays, marked incomplete, with what Model Analyzer measured
+                raise SystemExit(f"{e}: the comparison needs it (issue 57)") from None
+            record.save()
+            print(json.dumps({k: v for k, v in result.items() if k != "referee"}, default=str)[:2000], flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,146 @@
+"""benchmarks/peer_model_analyzer.py's pure parts: Model Analyzer's recommendation read from its inference table (an
+ensemble's unquoted commas too), the referee's alternating order, medians and window size, the wrapper scripts and
+the profile config. No Model Analyzer install, no server."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+
+
+def _load():
+    sys.path.insert(0, str(BENCHMARKS))  # the script imports `provenance` as a script does
+    spec = importlib.util.spec_from_file_location("peer_model_analyzer", BENCHMARKS / "peer_model_analyzer.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up by name
+    spec.loader.exec_module(module)
+    return module
+
+
+peer = _load()
+
+HEADER = (
+    "Model,Batch,Concurrency,Model Config Path,Instance Group,Max Batch Size,Satisfies Constraints,"
+    "Throughput (infer/sec),p99 Latency (ms)"
+)
+# Model Analyzer's results/metrics-model-inference.csv: configs best first, a config's passing rows first (best first)
+SINGLE_TABLE = "\n".join(
+    [
+        HEADER,
+        "resnet50,1,8,resnet50_config_3,2:CPU,4,No,2410.5,9.8",  # its best config over budget at 8 clients
+        "resnet50,1,4,resnet50_config_3,2:CPU,4,No,2300.0,6.1",
+        "resnet50,1,4,resnet50_config_1,2:CPU,1,Yes,1998.2,4.7",  # the first row that meets the budget
+        "resnet50,1,2,resnet50_config_1,2:CPU,1,Yes,1500.0,2.2",
+        "resnet50,1,8,resnet50_config_1,2:CPU,1,No,2050.0,8.3",
+        "resnet50,1,1,resnet50_config_default,1:CPU,8,Yes,900.0,1.1",
+    ]
+)
+ENSEMBLE_TABLE = "\n".join(
+    [
+        HEADER,
+        "classifier,1,4,classifier_config_2: preprocess_config_1, resnet50_config_0,1:CPU, 2:CPU,4, 4,Yes,1200.0,5.0",
+        "classifier,1,8,classifier_config_0: preprocess_config_0, resnet50_config_default,1:CPU, 1:CPU,8, 8,No,1100,9",
+    ]
+)
+
+
+def test_the_recommendation_is_the_first_row_that_meets_the_constraints():
+    rows = peer.parse_ma_inference_table(SINGLE_TABLE + "\n\n")
+    best = peer.ma_recommendation(rows)
+    assert (best.config, best.concurrency, best.throughput, best.p99_ms) == ("resnet50_config_1", 4, 1998.2, 4.7)
+    assert best.composing == () and best.passes
+    assert peer.ma_counts(rows) == {"configs_measured": 3, "measurements": 6, "over_budget": 3}
+
+
+def test_nothing_meets_the_constraints():
+    rows = peer.parse_ma_inference_table("\n".join(SINGLE_TABLE.splitlines()[:3]))
+    assert peer.ma_recommendation(rows) is None
+
+
+def test_an_ensembles_row_with_unquoted_commas():
+    rows = peer.parse_ma_inference_table(ENSEMBLE_TABLE)
+    best = peer.ma_recommendation(rows)
+    assert best.config == "classifier_config_2" and best.composing == ("preprocess_config_1", "resnet50_config_0")
+    assert (best.concurrency, best.throughput, best.p99_ms) == (4, 1200.0, 5.0)
+    assert rows[1].composing == ("preprocess_config_0", "resnet50_config_default") and not rows[1].passes
+    assert peer.model_of_variant("resnet50_config_default") == "resnet50"
+
+
+def test_another_table_is_refused():
+    with pytest.raises(ValueError, match="inference table"):
+        peer.parse_ma_inference_table("Model,GPU UUID,Batch\nx,y,1")
+
+
+def test_ma_pick_reads_the_variants_configs_back_under_the_users_names(tmp_path):
+    out = tmp_path / "ma"
+    (out / "export" / "results").mkdir(parents=True)
+    (out / "export" / "results" / "metrics-model-inference.csv").write_text(ENSEMBLE_TABLE)
+    for variant, batch in (("classifier_config_2", 4), ("preprocess_config_1", 4), ("resnet50_config_0", 4)):
+        folder = out / "output_model_repository" / variant
+        folder.mkdir(parents=True)
+        (folder / "config.pbtxt").write_text(f'name: "{variant}"\nmax_batch_size: {batch}\n')
+    repo = peer.UserRepository("ensemble", tmp_path / "user", "classifier", None, composing=("preprocess", "resnet50"))
+    picked = peer.ma_pick(out, repo)
+    configs = picked["recommended"]["configs"]
+    assert set(configs) == {"classifier", "preprocess", "resnet50"}
+    assert 'name: "resnet50"' in configs["resnet50"] and "max_batch_size: 4" in configs["resnet50"]
+    assert picked["recommended"]["throughput"] == 1200.0 and picked["counts"]["over_budget"] == 1
+
+
+def test_rounds_alternate_and_every_config_is_measured_each_round():
+    order = peer.alternating_order(["ma", "tbench"], 4)
+    assert [name for _, name in order] == ["ma", "tbench", "tbench", "ma", "ma", "tbench", "tbench", "ma"]
+    assert [r for r, _ in order] == [0, 0, 1, 1, 2, 2, 3, 3]
+    assert peer.alternating_order(["ma"], 3) == [(0, "ma"), (1, "ma"), (2, "ma")]
+
+
+def test_medians_leave_out_failed_rounds():
+    rounds = [
+        {"ok": True, "throughput": 100.0, "p99_ms": 5.0},
+        {"ok": False, "error": "x"},
+        {"ok": True, "throughput": 140.0, "p99_ms": 3.0},
+        {"ok": True, "throughput": 120.0, "p99_ms": 4.0},
+    ]
+    m = peer.medians(rounds)
+    assert (m["rounds_ok"], m["throughput"], m["p99_ms"]) == (3, 120.0, 4.0)
+    assert m["throughput_range_pct"] == pytest.approx(33.3)
+    assert peer.medians([{"ok": False}]) == {"rounds_ok": 0}
+
+
+def test_one_window_size_for_every_config():
+    assert peer.request_count([2000.0, 2400.0]) == 4800  # 2 s at the fastest reported
+    assert peer.request_count([10.0]) == peer.REFEREE_MIN_REQUESTS
+    assert peer.request_count([]) == peer.REFEREE_MIN_REQUESTS
+
+
+def test_the_server_wrapper_starts_the_embedded_binary_with_its_backends(tmp_path):
+    text = peer.server_wrapper_text(
+        Path("/srv/bin/tritonserver"), Path("/w/backends"), Path("/srv/caches"), "/venv/bin", "/lib:/libs"
+    )
+    assert text.startswith("#!/bin/sh\n")
+    assert "export LD_LIBRARY_PATH=/lib:/libs" in text and 'export PATH=/venv/bin:"$PATH"' in text
+    assert "exec /srv/bin/tritonserver --backend-directory=/w/backends" in text and text.rstrip().endswith('"$@"')
+    script = peer.write_executable(tmp_path / "bin" / "tritonserver", text)
+    assert script.stat().st_mode & 0o111
+
+
+def test_the_profile_config_is_cpu_only_local_and_budgeted(tmp_path):
+    repo = peer.UserRepository("ensemble", tmp_path / "user", "classifier", None, composing=("preprocess", "resnet50"))
+    wrappers = {"tritonserver": tmp_path / "ts", "perf_analyzer": tmp_path / "pa"}
+    config = peer.ma_config(repo, peer.Space(2, 4, 8), 12.34567, wrappers, tmp_path / "out")
+    profiled = config["profile_models"]["classifier"]
+    assert profiled["cpu_only"] and profiled["constraints"] == {"perf_latency_p99": {"max": 12.346}}
+    assert config["triton_launch_mode"] == "local" and config["triton_server_path"] == str(tmp_path / "ts")
+    assert config["run_config_search_max_model_batch_size"] == 4 and config["run_config_search_max_concurrency"] == 8
+    assert config["ensemble_composing_models"] == {"preprocess": {"cpu_only": True}, "resnet50": {"cpu_only": True}}
+    assert peer.Space(2, 8, 8).describe()["max_batch_sizes"] == [1, 2, 4, 8]
+
+
+def test_tbench_over_ma_ratios():
+    assert peer.ratio(84.0, 224.0) == 0.375
+    assert peer.ratio(None, 224.0) is None and peer.ratio(1.0, 0.0) is None
