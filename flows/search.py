@@ -7,11 +7,15 @@ from __future__ import annotations
 import json
 import shutil
 import sys
+from dataclasses import dataclass, replace
+from pathlib import Path
 
 from prefect import flow
 from prefect.artifacts import create_markdown_artifact
 
 from flows.lifecycle import finish_run, run_lifecycle
+from flows.repository import RepositorySource
+from flows.served import read_served
 from tasks.correctness import correctness_task
 from tasks.export import export_task
 from tasks.search_eval import search_task
@@ -20,24 +24,36 @@ from tbench.capacity.evaluate import RateEvaluator, emit_rate_point, plan_arriva
 from tbench.capacity.report import pool_answer, write_capacity_files
 from tbench.capacity.request import CapacityRequest
 from tbench.capacity.statistics import PercentileRule, percentile_measurement
+from tbench.core.errors import ConfigError
 from tbench.node import hardware as hw
 from tbench.planning.run_plan import RunPlan
 from tbench.request.adapter import adapter_for
 from tbench.request.benchmark import DEFAULT_TOLERANCES, BenchmarkRequest, request_from_argv
-from tbench.search.evaluate import ServedVariant, TritonEvaluator, artifact_key
+from tbench.request.repository import check_repository
+from tbench.request.served import resolve_served
+from tbench.search.config_edit import candidate_of, edited_config, to_text
+from tbench.search.evaluate import (
+    RepositoryEvaluator,
+    RepositoryVariant,
+    ServedVariant,
+    TritonEvaluator,
+    artifact_key,
+)
 from tbench.search.plan import (
     CHECKPOINT,
     CONTEXT,
     check_resumable,
     fit_search,
+    repository_space,
     resume_checkpoint,
     search_context,
     search_server_options,
+    searchable_model,
     variant_plan,
 )
 from tbench.search.report import partial_result, write_search_files
 from tbench.search.request import SearchRequest
-from tbench.search.strategies import Candidate, Checkpoint
+from tbench.search.strategies import Candidate, Checkpoint, Observation, SearchResult
 from tbench.stages.converters.registry import ConversionOptions
 from tbench.stages.correctness import require_passed
 from tbench.stages.store import run_url
@@ -46,6 +62,7 @@ from tbench.stages.tracker import RunTracker
 from tbench.team.pools import check_worker_hardware, pool_of
 from tbench.triton.repository import serves_natively
 from tbench.triton.server_modes import make_server
+from tbench.triton.user_repository import CONFIG_FILE, parse_model_ref, read_config
 
 
 @flow(name="triton-search")
@@ -57,6 +74,10 @@ def search_flow(request: BenchmarkRequest = BenchmarkRequest(), search: SearchRe
 def run_search(request: BenchmarkRequest, search: SearchRequest, capacity: CapacityRequest | None = None) -> str:
     """The search on this machine: at a fixed concurrency, or (a capacity plan) each candidate by its sustainable
     rate under the SLO, with the capacity answer written beside the search's files."""
+    if request.repository:  # a model of the user's own repository: its config.pbtxt is the base
+        if capacity is not None:
+            raise ConfigError("capacity --repository is not built yet: `tbench search --repository DIR --model NAME`")
+        return repository_search(request, search)
     hardware = hw.detect()
     check_worker_hardware(hardware)
     req = request.resolve(hardware.has_gpu)
@@ -190,6 +211,105 @@ def run_search(request: BenchmarkRequest, search: SearchRequest, capacity: Capac
         return _finish(tracker, req, search, hardware, server, result, concurrency, device, capacity)
 
 
+def repository_search(request: BenchmarkRequest, search: SearchRequest) -> str:
+    """Search the config of a model of the user's repository (`--repository DIR --model NAME[:VERSION]`) in a copy
+    served by a server of ours: each candidate the user's config.pbtxt with the searched fields edited, the user's
+    own config measured the same way, the recommended config.pbtxt written into the run folder. Returns its URL."""
+    hardware = hw.detect()
+    check_worker_hardware(hardware)
+    req = check_repository(request)
+    name, version = parse_model_ref(req.repository_model)
+    target = searchable_model(req.repository, req.repository_model)
+    search, _ = repository_space(search, target.config.max_batch_size)  # the CLI has said why where it shrank
+    if search.resume_from:
+        raise ConfigError("--resume is not built for --repository yet: start a new search")
+    request_json = {"request": req.model_dump(mode="json"), "search": search.model_dump(mode="json")}
+    with run_lifecycle(req, hardware, f"{name}-search", request_json) as tracker:
+        layout = tracker.layout
+        source = RepositorySource(req, hardware, layout)
+        found = RepositoryFindings(source=source)
+        concurrency = search.concurrency or 1
+        try:
+            source.prepare(tracker)  # the plan, and the copy in layout.repository_dir
+            served, _, shape_sets = read_served(req, name, version, tracker, source.server)  # starts and loads
+            if len(shape_sets) > 1:
+                raise ConfigError("a --shape sweep is measured by `tbench run`; search takes one shape")
+            sweep = resolve_served(req, served.config.max_batch_size, hardware.has_gpu)
+            concurrency = search.concurrency or max(sweep.concurrency)
+            measurement = sweep.measurement
+            if search.objective.p99_budget_ms is not None:  # a p99 a candidate is judged by needs the requests
+                measurement = percentile_measurement(measurement, PercentileRule())
+            evaluator = RepositoryEvaluator(
+                server=source.server,
+                repository=layout.repository_dir,
+                variants={"": RepositoryVariant(served.io_spec)},
+                name=name,
+                concurrency=concurrency,
+                measurement=measurement,
+                work_dir=layout.run_dir / "search",
+                inputs=shape_sets[0].inputs,
+                online_batch_size=sweep.online_batch_size,
+                cpu_cores=hardware.cpu_cores,
+                base=read_config(layout.repository_dir / name / CONFIG_FILE),
+            )
+            with tracker.stage("search"):
+                found.result = search_task(
+                    search.strategy,
+                    search.space,
+                    search.objective,
+                    evaluator,
+                    Checkpoint(layout.run_dir / CHECKPOINT),
+                    budget_fraction=search.budget_fraction,
+                    start=candidate_of(evaluator.base),
+                    label=layout.run_id,
+                    confirm_rounds=search.confirm_rounds,
+                )
+            with tracker.stage("your-config"):  # measured the same way, written as the user wrote it
+                found.yours = measure_users_config(evaluator, layout.run_dir / "yours")
+            found.recommended = write_recommended(found.result, evaluator, source.plan.source / name, layout.run_dir)
+        except BaseException as err:
+            _finish(tracker, req, search, hardware, source.server, found.result, concurrency, found=found, error=err)
+            raise
+        return _finish(tracker, req, search, hardware, source.server, found.result, concurrency, found=found)
+
+
+@dataclass
+class RepositoryFindings:
+    """What a repository search found, for its report: the search's result, the user's own config measured the
+    same way, and the recommended config.pbtxt's path."""
+
+    result: SearchResult | None = None
+    yours: Observation | None = None
+    recommended: Path | None = None
+    source: RepositorySource | None = None
+
+    def manifest(self) -> dict:
+        return {
+            **(self.source.manifest() if self.source else {}),
+            "your_config": self.yours.model_dump(mode="json") if self.yours else None,
+            "recommended_config": str(self.recommended) if self.recommended else None,
+        }
+
+
+def measure_users_config(evaluator: RepositoryEvaluator, work_dir: Path) -> Observation:
+    """The user's config.pbtxt as written (no field edited), measured as every candidate was."""
+    own = replace(evaluator, work_dir=work_dir, verbatim=True)
+    return own.evaluate(candidate_of(evaluator.base))
+
+
+def write_recommended(result: SearchResult | None, evaluator: RepositoryEvaluator, model_dir: Path, run_dir: Path):
+    """recommended/<model>/config.pbtxt: the user's own config.pbtxt (not the copy's, which a backend the server lacks
+    rewrites) with the best candidate's fields, ready to copy back; None without a best."""
+    best = result.best if result is not None else None
+    if best is None:
+        return None
+    config = edited_config(read_config(model_dir / CONFIG_FILE), best.candidate, evaluator.threads(best.candidate))
+    path = run_dir / "recommended" / model_dir.name / CONFIG_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(to_text(config))
+    return path
+
+
 def _finish(
     tracker: RunTracker,
     req,
@@ -201,6 +321,7 @@ def _finish(
     device=None,
     capacity: CapacityRequest | None = None,
     error: BaseException | None = None,
+    found: RepositoryFindings | None = None,
 ) -> str:
     """Stop the server, write what the search found (whatever it got to) and store the run folder
     (flows/lifecycle.py: finish_run)."""
@@ -210,6 +331,7 @@ def _finish(
         "search": search.model_dump(mode="json"),
         **({"capacity": capacity.model_dump(mode="json")} if capacity is not None else {}),
         "hardware": hardware.model_dump(),
+        **(found.manifest() if found else {}),
         "artifact_url": run_url(req.output, layout.run_id),
         "local_dir": str(layout.run_dir),
     }
@@ -222,12 +344,16 @@ def _finish(
             if result is None and tracker.layout.run_dir.joinpath(CHECKPOINT).exists():
                 result = partial_result(layout, search)
             if result is not None:
+                what = (
+                    f"{req.repository_model} from {req.repository}" if req.repository else f"{req.model} ({req.size})"
+                )
                 text = write_search_files(
                     layout,
                     result,
-                    f"Configuration search: {req.model} ({req.size}), "
-                    f"concurrency {concurrency}, "
+                    f"Configuration search: {what}, concurrency {concurrency}, "
                     f"{device.label if device else hardware.gpu_label}",
+                    yours=found.yours if found else None,
+                    recommended=found.recommended if found else None,
                 )
                 create_markdown_artifact(
                     text,

@@ -31,6 +31,8 @@ from tbench.cli.options import (
     Output,
     Preferred,
     QueueDelaysUs,
+    Repository,
+    RepositoryModel,
     ServedModel,
     ServerOptions,
     Shape,
@@ -56,6 +58,8 @@ def search(
     value_range: ValueRange = None,
     input_data: InputData = None,
     served_model: ServedModel = None,
+    repository: Repository = None,
+    repository_model: RepositoryModel = None,
     size: Size = None,
     framework: Framework = None,
     variants: str = typer.Option(
@@ -113,20 +117,6 @@ def search(
                 f"{served_model} --scenarios online --concurrency 1:64` (the load grid, its best point in the report) "
                 f"or `tbench capacity --served-model {served_model}` (the highest rate under an SLO)"
             )
-        if not model and not model_file:
-            raise ConfigError("name a model (see `tbench models`) or give --model-file PATH")
-        request = BenchmarkRequest(
-            model=model or "resnet50",
-            **model_file_fields(model_file, shape, value_range, input_data),
-            size=size,
-            framework=framework,
-            **_given(output=output),
-            measurement=measurement,
-            formats=list(dict.fromkeys(v.partition(":")[0] for v in space.formats if v)) or None,
-            **serving.fields(),
-        )
-        from tbench.node import hardware
-        from tbench.search.plan import fit_search, resume_checkpoint, search_context, variant_plan
         from tbench.search.request import SearchRequest
 
         search_request = SearchRequest(
@@ -138,18 +128,73 @@ def search(
             confirm_rounds=confirm_rounds,
             resume_from=resume,
         )
-        machine = hardware.detect()
-        resolved = request.resolve(machine.has_gpu)
-        search_request, note = fit_search(search_request, resolved)
-        if note:
-            typer.echo(note, err=True)
-        plan = variant_plan(search_request.space, resolved, machine.has_gpu)  # fail fast, before Prefect starts
-        preflight(resolved)  # ports, paths, output root, artifact store, this node's tools: before anything starts
-        resume_checkpoint(resume, search_context(resolved, search_request, plan, machine))
+        if repository or repository_model:
+            given = model_file_fields(None, shape, value_range, input_data) | _given(output=output)
+            request, search_request = repository_search_request(
+                model, repository, repository_model, given, measurement, serving, search_request, variants
+            )
+        else:
+            if not model and not model_file:
+                raise ConfigError("name a model (see `tbench models`) or give --model-file PATH")
+            request = BenchmarkRequest(
+                model=model or "resnet50",
+                **model_file_fields(model_file, shape, value_range, input_data),
+                size=size,
+                framework=framework,
+                **_given(output=output),
+                measurement=measurement,
+                formats=list(dict.fromkeys(v.partition(":")[0] for v in space.formats if v)) or None,
+                **serving.fields(),
+            )
+            from tbench.node import hardware
+            from tbench.search.plan import fit_search, resume_checkpoint, search_context, variant_plan
+
+            machine = hardware.detect()
+            resolved = request.resolve(machine.has_gpu)
+            search_request, note = fit_search(search_request, resolved)
+            if note:
+                typer.echo(note, err=True)
+            plan = variant_plan(search_request.space, resolved, machine.has_gpu)  # fail fast, before Prefect starts
+            preflight(resolved)  # ports, paths, output root, artifact store, this node's tools: before anything starts
+            resume_checkpoint(resume, search_context(resolved, search_request, plan, machine))
     start_early()  # the run's Prefect API starts while the flows are imported
     from flows.search import search_flow
 
     _run_with_progress(lambda: search_flow(request, search_request), "search.md", verbose)
+
+
+def repository_search_request(
+    model, repository, repository_model, given: dict, measurement, serving: ServerOptions, search_request, variants
+):
+    """A search of a model of the user's repository (`--repository DIR --model NAME[:VERSION]`), checked as `run
+    --repository` checks it (the repository against the server it will start), its model searchable (no ensemble)
+    and its grid fitted to its config's max_batch_size: (request, search request), before Prefect starts."""
+    from tbench.cli.run import repository_checked
+    from tbench.request.benchmark import BenchmarkRequest
+    from tbench.search.plan import repository_space, searchable_model
+
+    if repository_model and not repository:
+        raise ConfigError("--model NAME[:VERSION] names a model of --repository DIR; give --repository too")
+    if model and repository_model and model != repository_model:
+        raise ConfigError(f"--repository: the model is {model!r} or {repository_model!r}? Name it once")
+    if variants:
+        raise ConfigError("--variants does not apply to --repository: the model is served as its config.pbtxt says")
+    if search_request.resume_from:
+        raise ConfigError("--resume is not built for --repository yet: start a new search")
+    request = BenchmarkRequest(
+        repository=repository,
+        repository_model=repository_model or model,
+        **{k: v for k, v in given.items() if v is not None},
+        measurement=measurement,
+        **serving.fields(),
+    )
+    checked = repository_checked(request)
+    target = searchable_model(checked.repository, checked.repository_model)
+    search_request, note = repository_space(search_request, target.config.max_batch_size)
+    if note:
+        typer.echo(note, err=True)
+    preflight(checked)
+    return request, search_request
 
 
 @with_option_groups

@@ -17,13 +17,17 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tritonclient.grpc import model_config_pb2 as mc
+
 from tbench.core.artifacts import ModelArtifact
 from tbench.core.enums import Scenario
 from tbench.core.errors import ConfigError, PerfAnalyzerError, ServerStartError
+from tbench.core.iospec import IoSpec
 from tbench.core.layout import RunLayout, perf_log_for
 from tbench.loadgen.perf_analyzer import PerfInputs, Point, noise_from_log
 from tbench.node import tools
 from tbench.request.benchmark import Measurement
+from tbench.search.config_edit import edited_config, to_text
 from tbench.search.strategies import (
     Candidate,
     Observation,
@@ -31,7 +35,7 @@ from tbench.search.strategies import (
 from tbench.stages.sweep import formed_batch_sizes, measure_point, warm_up
 from tbench.triton.remote_server import RemoteServer
 from tbench.triton.repository import ServingConfig, write_repository
-from tbench.triton.server import TritonServer, one_line
+from tbench.triton.server import TritonServer, config_json, one_line
 
 
 def _number(value) -> float | None:
@@ -62,6 +66,18 @@ class ServedVariant:
 
     artifact: ModelArtifact
     native: bool  # the format's own backend (else the python-backend runtime model)
+
+    @property
+    def io_spec(self) -> IoSpec:
+        return self.artifact.io_spec
+
+
+@dataclass
+class RepositoryVariant:
+    """The one model a repository search serves: the user's, its inputs as its config serves them."""
+
+    io_spec: IoSpec
+    native: bool = True
 
 
 @dataclass
@@ -106,6 +122,11 @@ class TritonEvaluator:
             kind=self.kind,
             intra_op_threads=max(1, self.cpu_cores // candidate.instances),
         )
+
+    def write(self, candidate: Candidate) -> Path:
+        """The candidate's model folder, its config written (the hook a repository search replaces)."""
+        variant = self.variant(candidate)
+        return write_repository(self.repository, self.serving_config(candidate), variant.artifact, variant.native)
 
     def _client(self):
         import tritonclient.grpc as grpcclient
@@ -161,9 +182,7 @@ class TritonEvaluator:
             )
         try:
             variant = self.variant(candidate)
-            model_dir = write_repository(
-                self.repository, self.serving_config(candidate), variant.artifact, variant.native
-            )
+            model_dir = self.write(candidate)
         except ConfigError as err:
             return failed("error", str(err))
         try:
@@ -187,7 +206,7 @@ class TritonEvaluator:
     def warmed_latency(self, variant: ServedVariant, formed: Iterable[int] = ()) -> float | None:
         """A freshly loaded candidate, warmed up: its single-request latency (s), which sizes its windows. `formed`:
         the batches its dynamic batcher can form under the load to come (sweep.formed_batch_sizes), warmed too."""
-        spec = variant.artifact.io_spec
+        spec = variant.io_spec
         batch = self.online_batch_size
         grpc_url = self.server.endpoints.grpc_url
         return warm_up(
@@ -208,7 +227,7 @@ class TritonEvaluator:
             point,
             model=self.name,
             grpc_url=self.server.endpoints.grpc_url,
-            spec=variant.artifact.io_spec,
+            spec=variant.io_spec,
             m=self.measurement,
             layout=layout,
             binary=self.binary,
@@ -231,6 +250,40 @@ class TritonEvaluator:
                     }
                 )
         return observation
+
+
+@dataclass
+class RepositoryEvaluator(TritonEvaluator):
+    """A search over the user's own config (`--repository DIR --model NAME`): each candidate is the user's config in
+    the run folder's copy with only the searched fields edited (search/config_edit.py), loaded with that config sent
+    explicitly (the server's first load sent the user's as an override, which Triton would keep otherwise).
+    `verbatim`: the user's config as written, unedited: their own row, measured the same way."""
+
+    base: mc.ModelConfig = field(default_factory=mc.ModelConfig)  # the copy's config as the user wrote it
+    verbatim: bool = False
+    written: mc.ModelConfig | None = field(default=None, init=False)
+
+    def threads(self, candidate: Candidate) -> int:
+        """Threads per instance: the cores shared among the instances, as the search's own configs have them."""
+        return max(1, self.cpu_cores // candidate.instances)
+
+    def candidate_config(self, candidate: Candidate) -> mc.ModelConfig:
+        return self.base if self.verbatim else edited_config(self.base, candidate, self.threads(candidate))
+
+    def write(self, candidate: Candidate) -> Path:
+        model_dir = self.repository / self.name
+        path = model_dir / "config.pbtxt"
+        self.written = self.candidate_config(candidate)
+        path.unlink(missing_ok=True)  # written afresh: never through a link into the user's folder
+        path.write_text(to_text(self.written))
+        return model_dir
+
+    def load(self, model_dir: Path) -> None:
+        client = self._client()
+        try:
+            client.load_model(self.name, config=config_json(self.written), client_timeout=self.load_timeout_s)
+        finally:
+            client.close()
 
 
 def artifact_key(text: str) -> str:

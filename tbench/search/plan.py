@@ -14,6 +14,7 @@ from tbench.core.precision import refusal
 from tbench.planning.plan import server_options
 from tbench.search.request import SearchRequest
 from tbench.search.strategies import SearchSpace
+from tbench.triton.user_repository import RepositoryModel, parse_model_ref, read_model
 
 CHECKPOINT = "search.jsonl"
 CONTEXT = "search_context.json"  # beside the checkpoint: what its measurements were taken for (search_context)
@@ -130,3 +131,29 @@ def search_server_options(req, hardware=None) -> dict:
     """The benchmark's server options, in explicit model-control mode (a remote server is explicit already)."""
     options = server_options(req, hardware)
     return options if req.server == "remote" else {**options, "model_control": "explicit"}
+
+
+def searchable_model(repository: str | Path, model: str) -> RepositoryModel:
+    """The model of the user's repository a search edits (NAME[:VERSION]); an ensemble refused in one line: its
+    configuration is its steps'."""
+    name, _ = parse_model_ref(model)
+    found = read_model(Path(repository).expanduser().resolve(), name)
+    if found.is_ensemble:
+        raise ConfigError(
+            f"{found.config_path}: {found.kind_field}: searching a pipeline's steps is not built yet; name a step "
+            f"with --model ({', '.join(found.steps) or 'it has none'})"
+        )
+    return found
+
+
+def repository_space(search: SearchRequest, max_batch_size: int) -> tuple[SearchRequest, str | None]:
+    """The search a model of the user's repository can take, by its config's max_batch_size (0: no batch axis), and
+    the line that says why where the grid shrank."""
+    space = search.space.fitted_to(max_batch_size)
+    if space == search.space:
+        return search, None
+    note = (
+        "the model's config has max_batch_size 0 (no batch axis): the search varies instances and threads only; max "
+        "batch sizes, preferred batch sizes and queue delays do not apply"
+    )
+    return search.model_copy(update={"space": space}), note

@@ -4,19 +4,55 @@ and what an interrupted search measured, read back from its checkpoint (`partial
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from tbench.core.layout import RunLayout
 from tbench.results.html_report import write_html_report
 from tbench.search.confirm import combined_lines, rounds_from_checkpoint
 from tbench.search.plan import CHECKPOINT
 from tbench.search.request import SearchRequest
-from tbench.search.strategies import Checkpoint, SearchResult
+from tbench.search.strategies import Checkpoint, Observation, SearchResult
 
 
-def write_search_files(layout: RunLayout, result, title: str) -> str:
-    """search.md, search.html, search.json and plots/search.png; returns the markdown."""
+def _figure(value: float | None, digits: int) -> str:
+    return "-" if value is None else f"{value:,.{digits}f}"
+
+
+def _row(label: str, observation: Observation, configuration: str) -> str:
+    figures = f"{_figure(observation.throughput, 1)} | {_figure(observation.p99_ms, 2)}"
+    status = observation.status + (f": {observation.error}" if observation.error else "")
+    return f"| {label} | {configuration} | {figures} | {status} |"
+
+
+def users_config_section(yours: Observation | None, best: Observation | None, recommended: str | None) -> str:
+    """A repository search's own section: the user's config as written beside the best, measured the same way, and
+    where the recommended config.pbtxt is."""
+    lines = ["", "## Your config beside the best", ""]
+    lines += ["| | configuration | throughput (infer/s) | p99 (ms) | status |", "| --- | --- | ---: | ---: | --- |"]
+    if yours is not None:
+        lines.append(_row("Your config", yours, f"as written ({yours.candidate.describe()})"))
+    if best is not None:
+        lines.append(_row("Best", best, best.candidate.describe() + ", threads per instance: the cores shared"))
+    if recommended:
+        lines += ["", f"The recommended config is `{recommended}`: your config.pbtxt with only these fields changed,"]
+        lines.append("ready to copy back into your repository.")
+    return "\n".join(lines) + "\n"
+
+
+def write_search_files(
+    layout: RunLayout,
+    result,
+    title: str,
+    yours: Observation | None = None,
+    recommended: Path | None = None,
+) -> str:
+    """search.md, search.html, search.json and plots/search.png; returns the markdown. A repository search's own
+    config (`yours`) and recommended config.pbtxt are written beside the best."""
     plot = result.plot(layout.plots_dir / "search.png")
     text = result.to_markdown(title=title, plot=plot.relative_to(layout.run_dir).as_posix())
+    relative = recommended.relative_to(layout.run_dir).as_posix() if recommended else None
+    if yours is not None or recommended is not None:
+        text += users_config_section(yours, result.selection.best, relative)
     (layout.run_dir / "search.md").write_text(text)
     write_html_report(
         layout.run_dir / "search.md", layout.run_dir / "search.html"
@@ -39,6 +75,9 @@ def write_search_files(layout: RunLayout, result, title: str) -> str:
         "remeasurements": result.remeasurements,
         "confirmation": [r.model_dump(mode="json") for r in result.confirmation],
     }
+    if yours is not None or recommended is not None:
+        summary["your_config"] = yours.model_dump(mode="json") if yours else None
+        summary["recommended_config"] = relative
     (layout.run_dir / "search.json").write_text(json.dumps(summary, indent=2))
     return text
 

@@ -1,0 +1,170 @@
+"""The configuration search over the user's own config.pbtxt (`tbench search --repository DIR --model NAME`): each
+candidate edits only the fields the search varies (search/config_edit.py), everything else as the user wrote it; and on
+the real embedded server, a tiny ONNX model of a repository searched end to end, the user's config measured beside
+the best and the recommended config.pbtxt written out."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2 as mc
+
+from tbench.core.errors import ConfigError
+from tbench.search.config_edit import candidate_of, edited_config, thread_parameter, to_text
+from tbench.search.plan import searchable_model
+from tbench.search.space import Candidate
+
+ONNX_CONFIG = """
+name: "doubler"
+platform: "onnxruntime_onnx"
+max_batch_size: 8
+input { name: "x" data_type: TYPE_FP32 dims: [ 4 ] }
+output { name: "y" data_type: TYPE_FP32 dims: [ 4 ] }
+dynamic_batching { max_queue_delay_microseconds: 200 preferred_batch_size: [ 4 ] priority_levels: 2
+  default_priority_level: 1 }
+instance_group { count: 2 kind: KIND_CPU }
+instance_group { count: 1 kind: KIND_CPU }
+version_policy { specific { versions: [ 1, 3 ] } }
+parameters { key: "intra_op_thread_count" value { string_value: "1" } }
+parameters { key: "enable_mem_pattern" value { string_value: "0" } }
+"""
+
+PYTHON_CONFIG = """
+backend: "python"
+max_batch_size: 8
+input { name: "y" data_type: TYPE_FP32 dims: [ 4 ] }
+output { name: "z" data_type: TYPE_FP32 dims: [ 4 ] }
+instance_group { count: 1 kind: KIND_CPU }
+parameters { key: "my_option" value { string_value: "on" } }
+"""
+
+RUNTIME_CONFIG = PYTHON_CONFIG + 'parameters { key: "runtime" value { string_value: "onnxruntime" } }\n'
+
+NO_BATCH_CONFIG = """
+platform: "pytorch_libtorch"
+max_batch_size: 0
+input { name: "INPUT__0" data_type: TYPE_FP32 dims: [ 3, 4 ] }
+output { name: "OUTPUT__0" data_type: TYPE_FP32 dims: [ 3, 4 ] }
+"""
+
+CANDIDATE = Candidate(instances=3, max_batch_size=16, preferred_batch_sizes=(8, 16), queue_delay_us=500)
+
+
+def parse(text: str) -> mc.ModelConfig:
+    return text_format.Parse(text, mc.ModelConfig())
+
+
+def round_trip(config: mc.ModelConfig) -> mc.ModelConfig:
+    """As written to config.pbtxt and read back by Triton's schema."""
+    return parse(to_text(config))
+
+
+def test_an_onnx_config_changes_only_what_the_search_varies():
+    base = parse(ONNX_CONFIG)
+    edited = round_trip(edited_config(base, CANDIDATE, threads=2))
+    assert edited.max_batch_size == 16 and [g.count for g in edited.instance_group] == [3]
+    assert edited.instance_group[0].kind == mc.ModelInstanceGroup.KIND_CPU
+    batcher = edited.dynamic_batching
+    assert list(batcher.preferred_batch_size) == [8, 16] and batcher.max_queue_delay_microseconds == 500
+    assert (batcher.priority_levels, batcher.default_priority_level) == (2, 1)  # the user's, as written
+    params = {k: v.string_value for k, v in edited.parameters.items()}
+    assert params == {"intra_op_thread_count": "2", "enable_mem_pattern": "0"}
+    assert list(edited.version_policy.specific.versions) == [1, 3]
+    assert edited.input == base.input and edited.output == base.output and edited.name == "doubler"
+    assert base == parse(ONNX_CONFIG)  # the base itself is not changed
+
+
+def test_the_users_kind_and_devices_are_kept():
+    base = parse(ONNX_CONFIG.replace("count: 2 kind: KIND_CPU", "count: 2 kind: KIND_GPU gpus: [ 1 ]"))
+    group = edited_config(base, CANDIDATE, threads=1).instance_group[0]
+    assert (group.count, group.kind, list(group.gpus)) == (3, mc.ModelInstanceGroup.KIND_GPU, [1])
+
+
+def test_a_python_model_gets_threads_only_where_it_is_tbenchs_runtime():
+    own = edited_config(parse(PYTHON_CONFIG), CANDIDATE, threads=2)
+    assert {k: v.string_value for k, v in own.parameters.items()} == {"my_option": "on"}
+    assert own.max_batch_size == 16 and list(own.dynamic_batching.preferred_batch_size) == [8, 16]
+    runtime = edited_config(parse(RUNTIME_CONFIG), CANDIDATE, threads=2)
+    assert runtime.parameters["intra_op_threads"].string_value == "2"
+    assert thread_parameter(parse(NO_BATCH_CONFIG)) == "INTRA_OP_THREAD_COUNT"
+
+
+def test_a_model_without_a_batch_axis_varies_instances_and_threads_only():
+    base = parse(NO_BATCH_CONFIG)
+    edited = round_trip(edited_config(base, Candidate(instances=2, max_batch_size=0), threads=1))
+    assert edited.max_batch_size == 0 and not edited.HasField("dynamic_batching")
+    assert edited.instance_group[0].count == 2 and edited.instance_group[0].kind == mc.ModelInstanceGroup.KIND_AUTO
+    assert edited.parameters["INTRA_OP_THREAD_COUNT"].string_value == "1"
+
+
+def test_a_sequence_models_batcher_is_kept_as_written():
+    base = parse(NO_BATCH_CONFIG.replace("max_batch_size: 0", "max_batch_size: 4") + "sequence_batching { }")
+    edited = edited_config(base, CANDIDATE, threads=1)
+    assert edited.WhichOneof("scheduling_choice") == "sequence_batching" and edited.max_batch_size == 4
+
+
+def test_the_users_config_as_the_searchs_coordinates():
+    assert candidate_of(parse(ONNX_CONFIG)) == Candidate(
+        instances=3, max_batch_size=8, preferred_batch_sizes=(4,), queue_delay_us=200
+    )
+    assert candidate_of(parse(NO_BATCH_CONFIG)) == Candidate(instances=1, max_batch_size=0)
+
+
+def test_an_ensemble_is_refused_in_one_line(tmp_path):
+    model = tmp_path / "pipeline"
+    (model / "1").mkdir(parents=True)
+    (model / "config.pbtxt").write_text('platform: "ensemble"\nmax_batch_size: 1')
+    with pytest.raises(ConfigError, match="searching a pipeline's steps is not built yet; name a step with --model"):
+        searchable_model(tmp_path, "pipeline")
+
+
+def test_the_cli_refuses_an_ensemble_and_run_only_options_in_one_line(tmp_path):
+    import test_user_repository as users
+    from typer.testing import CliRunner
+
+    from tbench.cli import app
+
+    users.tiny_onnx(users.write_model(tmp_path, "doubler", users.ONNX_CONFIG) / "1" / "model.onnx")
+    users.write_model(tmp_path, "plus_one", users.PYTHON_CONFIG, files={"model.py": "# the user's"})
+    users.write_model(tmp_path, "pipeline", users.ENSEMBLE_CONFIG)
+    for args, why in [
+        (["--model", "pipeline"], "searching a pipeline's steps is not built yet; name a step with --model"),
+        (["--model", "doubler", "--variants", "onnx"], "--variants does not apply to --repository"),
+        (["--model", "doubler", "--resume", str(tmp_path)], "--resume is not built for --repository yet"),
+    ]:
+        result = CliRunner().invoke(app, ["search", "--repository", str(tmp_path), *args])
+        lines = [ln for ln in result.output.splitlines() if ln.strip()]
+        assert result.exit_code != 0 and len(lines) == 1 and why in lines[0], result.output
+
+
+# ---- on the real embedded server
+
+
+@pytest.mark.e2e
+def test_search_of_an_onnx_model_of_a_repository(tmp_path):
+    import test_user_repository as users
+    from test_faults import CliRun
+
+    repo = tmp_path / "user_repo"
+    users.tiny_onnx(users.write_model(repo, "doubler", users.ONNX_CONFIG) / "1" / "model.onnx")
+    before = users.tree_digest(repo)
+    args = ["--repository", str(repo), "--model", "doubler", "--instances", "1", "--max-batch-sizes", "2,4"]
+    args += ["--preferred", "max", "--queue-delays-us", "500", "--strategy", "exhaustive", "--concurrency", "2"]
+    args += ["--confirm-rounds", "0", "--window-s", "0.5", "--stability", "50"]
+    run = CliRun(args, tmp_path / "runs", command="search")
+    assert run.finish(timeout=500) == 0, run.output
+    run_dir = run.run_dir()
+    assert users.tree_digest(repo) == before  # the user's folder only read
+    summary = json.loads((run_dir / "search.json").read_text())
+    assert summary["measured"] == 2 and summary["best"]["status"] == "ok", summary
+    yours = summary["your_config"]
+    assert yours["status"] == "ok" and yours["throughput"] > 0, yours
+    assert "Your config" in (run_dir / "search.md").read_text()
+    recommended = parse((run_dir / "recommended" / "doubler" / "config.pbtxt").read_text())
+    assert recommended.platform == "onnxruntime_onnx"  # the user's own backend, ready to copy back
+    assert recommended.max_batch_size == summary["best"]["candidate"]["max_batch_size"]
+    assert recommended.version_policy.HasField("all")  # as the user wrote it
+    assert recommended.dynamic_batching.max_queue_delay_microseconds == 500
+    assert recommended.parameters["intra_op_thread_count"].string_value
