@@ -4,7 +4,7 @@ results, its logs, a report and a manifest that says it failed and where."""
 from __future__ import annotations
 
 import sys
-from dataclasses import replace
+from dataclasses import asdict, replace
 
 from prefect import flow
 from prefect.states import Completed
@@ -31,8 +31,10 @@ from tbench.request.benchmark import BenchmarkRequest, adapter_for, adapter_note
 from tbench.results.point_cache import tool_versions
 from tbench.stages.accuracy import require_same_answers
 from tbench.stages.correctness import require_passed
+from tbench.stages.direct import DIRECT_FORMATS, measure_direct, torch_device, with_triton, write_direct
 from tbench.stages.store import run_url
 from tbench.stages.sweep import SHM_REFUSED_NOTE, measured_shape_sets, refused_shared_memory
+from tbench.stages.tensor_path import server_tensor_paths, with_tensor_paths
 from tbench.stages.tracker import COMPLETED_WITH_FAILURES, FAILED, STATE_COMPLETED_WITH_FAILURES, RunTracker
 from tbench.team.pools import check_worker_hardware
 from tbench.triton.monitor import PointMonitor
@@ -119,6 +121,7 @@ def _benchmark(plan: RunPlan, adapter, tracker: RunTracker) -> str:
         with tracker.stage("server-start"):
             server_task(server)
             serving = serving.confirmed(server)
+            _record_tensor_paths(tracker, serving, server)
         measured = serving.measured(adapter.io_spec(), inputs, adapter.given_samples)
         for model in measured:
             with tracker.stage(f"accuracy-{model.format.value}"):
@@ -166,6 +169,9 @@ def _benchmark(plan: RunPlan, adapter, tracker: RunTracker) -> str:
                                 adapter.given_samples,
                                 trial,
                             )
+        if req.direct:  # after the sweeps: the server idles while the framework runs alone
+            with tracker.stage("direct"):
+                _measure_direct(plan, tracker, exported, measured, adapter)
     except BaseException as err:
         _finish(tracker, plan, server, error=err)
         raise
@@ -175,6 +181,38 @@ def _benchmark(plan: RunPlan, adapter, tracker: RunTracker) -> str:
     if tracker.status == COMPLETED_WITH_FAILURES:  # the UI and `tbench submit` see it; a direct call still gets the URL
         return Completed(message=tracker.status_line, name=STATE_COMPLETED_WITH_FAILURES, data=url)
     return url
+
+
+def _record_tensor_paths(tracker: RunTracker, serving, server) -> None:
+    """The path each python-backend model's tensors took (DLPack or NumPy, as its instances said), in the manifest
+    and beside its backend in "Served by"."""
+    req = serving.plan.req
+    names = {a.format.value: [req.triton_name(a.format)] for a in serving.served}
+    if serving.composing:
+        names[Format.ENSEMBLE.value] = [name for name, _ in serving.composing]
+    tracker.tensor_paths = server_tensor_paths(server.log_path)
+    tracker.served_by = with_tensor_paths(tracker.served_by, names, tracker.tensor_paths)
+
+
+def _measure_direct(plan: RunPlan, tracker: RunTracker, exported: Exported, measured, adapter) -> None:
+    """--direct: each measured format's exported model run by its own runtime at the offline batch sizes, on its
+    served device with the server instance's threads; the rows set beside the offline points."""
+    req, hardware = plan.req, plan.hardware
+    threads = plan.placement.server_threads(req.model_instances, hardware.cpu_cores)
+    devices = {m.format: torch_device(m.device.gpu_uuids, hardware.gpu_uuids) for m in measured}
+    rows = []
+    for artifact in exported.artifacts:
+        if artifact.format in devices and artifact.format in DIRECT_FORMATS:
+            rows += measure_direct(
+                artifact.format,
+                str(artifact.path),
+                req.batch_sizes,
+                lambda b: adapter.sample_batch(b, seed=7),
+                devices[artifact.format],
+                threads,
+            )
+    tracker.direct = with_triton(rows, tracker.results)
+    write_direct(tracker.layout.run_dir, tracker.direct)
 
 
 def _measure_scenario(
@@ -246,6 +284,8 @@ def _finish(tracker: RunTracker, plan: RunPlan, server, error: BaseException | N
         "hardware": hardware.model_dump(),
         "served_on": tracker.served_on,  # per measured format: the results' gpu label, and why
         "served_by": tracker.served_by,  # per served format: the backend, and why a format was re-planned
+        "tensor_paths": tracker.tensor_paths,  # per python-backend model: dlpack or numpy, and why
+        "direct": [asdict(r) for r in tracker.direct],  # --direct: the framework's own figures beside Triton's
         # what the server could do (its version, backends, python runtimes): what the plan was made for
         "server_capabilities": plan.capabilities.manifest() if plan.capabilities else None,
         "notes": tracker.notes,
@@ -292,6 +332,7 @@ def _finish(tracker: RunTracker, plan: RunPlan, server, error: BaseException | N
                 comparison_lines=comparison_lines,
                 measured_shapes=tracker.measured_shapes,
                 guessed_shapes=tracker.guessed_shapes,
+                direct=[asdict(r) for r in tracker.direct],
             )
 
     return finish_run(tracker, error, manifest, server=server, output=req.output, report=report)

@@ -105,6 +105,7 @@ def run(
     windows: WindowOptions = WindowOptions(),
     trials: int = typer.Option(1, "--trials", metavar="N", help=field_help("trials")),
     pin_cpus: bool = typer.Option(True, "--pin-cpus/--no-pin-cpus", help=field_help("pin_cpus")),
+    direct: bool = typer.Option(False, "--direct", help=field_help("direct")),
     verbose: Verbose = False,
 ) -> None:
     """Export, check, serve and measure MODEL; prints the run folder."""
@@ -145,6 +146,7 @@ def run(
             reuse_measurements=reuse,
             measurement=windows.overrides(),
             trials=trials,
+            direct=direct,
             pin_cpus=pin_cpus,
             **serving.fields(),
         )

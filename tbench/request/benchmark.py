@@ -171,6 +171,12 @@ class BenchmarkRequest(BaseModel):
         "spread between trials is the run-to-run noise that `tbench compare` and the history judge by. 1: one "
         "trial, the run-to-run spread unknown.",
     )
+    direct: bool = Field(
+        False,
+        description="Also run each exported model directly in its own runtime, in tbench's process (ONNX Runtime, "
+        "TorchScript, an AOTInductor package; the served device and threads) at the offline batch sizes: the "
+        "framework's own ceiling, reported beside each offline point as Triton / direct (direct.csv).",
+    )
     pin_cpus: bool = Field(
         True,
         description="Place the server and perf_analyzer on disjoint CPU sets where the node has enough cores, and "
@@ -467,6 +473,7 @@ class ResolvedRequest(BaseModel):
     accuracy_batch_size: int
     measurement: Measurement
     trials: int = 1
+    direct: bool = False
     pin_cpus: bool = True
     output: str
     baseline: str | None

@@ -9,6 +9,7 @@ import pandas as pd
 
 from tbench.core.metrics import AVG, THROUGHPUT
 from tbench.core.shape_sets import guessed_shapes_line
+from tbench.results.direct_report import direct_lines
 from tbench.results.format_section import UNBATCHED, correctness_table, format_section
 from tbench.results.published import (
     PUBLISHED_GPUS,
@@ -121,6 +122,7 @@ def render_report(
     served_on: dict[str, dict] | None = None,
     measured_shapes: list[str] | None = None,
     guessed_shapes: dict[str, list[int]] | None = None,
+    direct: list[dict] | None = None,
 ) -> str:
     served_by = served_by or {}
     title = request.model_file or f"{request.model} ({request.size}, {request.framework})"
@@ -194,6 +196,7 @@ def render_report(
     if not results.empty and results.loc[results["status"] == "ok", "format"].nunique() > 1:
         lines += [f"![]({plot_formats(results, plots_dir).relative_to(plots_dir.parent).as_posix()})", ""]
     lines += published_lines(results)
+    lines += direct_lines(direct or [])
     lines += comparison_lines or []
     if correctness:
         served = {f.value for f in request.serve_formats}

@@ -48,6 +48,8 @@ class RunTracker:
         self.accuracy: list[AccuracyResult] = []  # one per served format
         self.served_by: dict[str, str] = {}  # format -> the backend serving it, once the server stage has decided
         self.served_on: dict[str, dict] = {}  # format -> where it ran (tbench.serving.ServedOn), once measured
+        self.tensor_paths: dict[str, dict] = {}  # Triton model -> the path its runtime's tensors took (tensor_path.py)
+        self.direct: list = []  # --direct: the framework's own figures (tbench.stages.direct.DirectRow)
         self.notes: list[str] = []  # one line each, for the report (and the manifest): client shared memory refused
         self.measured_shapes: list[str] = []  # inputs with a dynamic dim and the shape perf_analyzer sent
         self.guessed_shapes: dict[str, list[int]] = {}  # of those, the dims no --shape set (tbench chose them)

@@ -8,6 +8,15 @@ Parameters come from config.pbtxt: `runtime` (onnxruntime | torchscript | aoti |
 `intra_op_threads`.
 A KIND_GPU instance runs on its GPU where the runtime has CUDA, else on the CPU; each instance prints the device it
 actually got (DEVICE_MARK + JSON, to the server's log), which the run checks before it labels results with a GPU.
+
+Tensors cross between Triton and the runtime by one of two paths, chosen per model at initialize and printed
+(TENSOR_MARK + JSON: the path and why) for the run's manifest and report:
+- dlpack: inputs are taken as torch tensors through DLPack and outputs handed back the same way, without NumPy in
+  between; a tensor on the GPU (an input the backend leaves there, an output of a model on the GPU) stays on it.
+  TorchScript and AOTInductor run on torch tensors; ONNX Runtime takes them as OrtValues (OrtValue.from_dlpack) and
+  binds its outputs on its own device.
+- numpy: `as_numpy()` in, a NumPy array out: string tensors (DLPack has no strings), TensorFlow, a runtime without
+  DLPack, or asked for (parameter `tensor_path` or the server's environment TBENCH_TENSOR_PATH = numpy | dlpack).
 """
 
 import json
@@ -18,6 +27,9 @@ import triton_python_backend_utils as pb_utils
 
 DEVICE_MARK = "TBENCH_DEVICE "  # tbench/serving.py reads these lines of the server log
 SPINNING = "session.intra_op.allow_spinning"  # onnxruntime's session option (off: see initialize)
+TENSOR_MARK = "TBENCH_TENSORS "  # tbench/stages/tensor_path.py reads these lines of the server log
+TENSOR_PATH_ENV = "TBENCH_TENSOR_PATH"  # numpy | dlpack: the A/B of the two paths without a new repository
+DLPACK, NUMPY = "dlpack", "numpy"
 
 
 class TritonPythonModel:
@@ -100,17 +112,38 @@ class TritonPythonModel:
             ),
             flush=True,
         )
+        path, why = choose_tensor_path(self.runtime, config, params)
+        self.tensors = DlpackTensors(self.output_dtypes) if path == DLPACK else NumpyTensors(self.output_dtypes)
+        print(TENSOR_MARK + json.dumps({"model": args["model_name"], "path": path, "why": why}), flush=True)
 
     def _run_onnx(self, feeds):
-        return self.session.run(self.outputs, feeds)
+        if self.tensors.name == NUMPY:
+            return self.session.run(self.outputs, feeds)
+        return self._run_onnx_bound(feeds)
+
+    def _run_onnx_bound(self, feeds):
+        """torch tensors in, torch tensors out, through an IO binding: the inputs are read where they lie and the
+        outputs are written on the session's own device (the GPU's memory under the CUDA provider)."""
+        import onnxruntime as ort
+        import torch
+
+        binding = self.session.io_binding()
+        # the OrtValues share the tensors' memory; `feeds` keeps the tensors alive until the run returns
+        for name in self.inputs:
+            binding.bind_ortvalue_input(name, ort.OrtValue.from_dlpack(feeds[name].contiguous()))
+        on_cuda = self.session.get_providers()[0] == "CUDAExecutionProvider"
+        device_id = self.session.get_provider_options().get("CUDAExecutionProvider", {}).get("device_id", 0)
+        for name in self.outputs:
+            binding.bind_output(name, "cuda" if on_cuda else "cpu", int(device_id) if on_cuda else 0)
+        self.session.run_with_iobinding(binding)
+        return [torch.from_dlpack(value) for value in binding.get_outputs()]
 
     def _run_torch(self, feeds):
         import torch
 
         with torch.inference_mode():
-            out = self.module(*(torch.from_numpy(feeds[n]).to(self.device) for n in self.inputs))
-        outs = out if isinstance(out, (tuple, list)) else (out,)
-        return [o.cpu().numpy() for o in outs]
+            out = self.module(*(_as_torch(feeds[n]).to(self.device) for n in self.inputs))
+        return list(out) if isinstance(out, (tuple, list)) else [out]
 
     def _run_tf(self, feeds):
         import tensorflow as tf
@@ -120,7 +153,8 @@ class TritonPythonModel:
 
     def execute(self, requests):
         """Requests whose non-batch shapes agree run as one batch; others (dynamic dims) run in their own groups."""
-        feeds = [{n: _text(pb_utils.get_input_tensor_by_name(r, n).as_numpy()) for n in self.inputs} for r in requests]
+        load = self.tensors.load
+        feeds = [{n: load(pb_utils.get_input_tensor_by_name(r, n)) for n in self.inputs} for r in requests]
         if len(feeds) == 1:  # static batching (offline) and an idle batcher: no grouping, concatenation or slicing
             return self._run_group(feeds)
         groups = {}
@@ -134,30 +168,20 @@ class TritonPythonModel:
 
     def _run_group(self, feeds):
         sizes = [f[self.inputs[0]].shape[0] for f in feeds]
-        batched = feeds[0] if len(feeds) == 1 else {n: np.concatenate([f[n] for f in feeds]) for n in self.inputs}
+        concat = self.tensors.concat
+        batched = feeds[0] if len(feeds) == 1 else {n: concat([f[n] for f in feeds]) for n in self.inputs}
         try:
             results = self._run(batched)
         except Exception as err:  # one failed runtime call fails the requests of that batch, not the model
             message = f"{self.runtime} failed: {err}"  # one error object per response: the stub must not share them
             return [pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(message)) for _ in feeds]
+        to_triton = self.tensors.to_triton
         if len(feeds) == 1:
-            return [
-                pb_utils.InferenceResponse(
-                    output_tensors=[
-                        pb_utils.Tensor(name, np.ascontiguousarray(value, dtype=self.output_dtypes[name]))
-                        for name, value in zip(self.outputs, results)
-                    ]
-                )
-            ]
+            tensors = [to_triton(name, value) for name, value in zip(self.outputs, results)]
+            return [pb_utils.InferenceResponse(output_tensors=tensors)]
         responses, offset = [], 0
         for size in sizes:
-            tensors = [
-                pb_utils.Tensor(
-                    name,
-                    np.ascontiguousarray(value[offset : offset + size]).astype(self.output_dtypes[name], copy=False),
-                )
-                for name, value in zip(self.outputs, results)
-            ]
+            tensors = [to_triton(name, value[offset : offset + size]) for name, value in zip(self.outputs, results)]
             responses.append(pb_utils.InferenceResponse(output_tensors=tensors))
             offset += size
         return responses
@@ -169,3 +193,83 @@ def _text(array):
     if array.dtype != np.object_:
         return array
     return np.vectorize(lambda v: v.decode("utf-8") if isinstance(v, bytes) else v, otypes=[object])(array)
+
+
+def choose_tensor_path(runtime, config, params):
+    """(path, why): DLPack wherever the runtime and the model's tensors allow it, NumPy otherwise."""
+    asked = params.get("tensor_path") or os.environ.get(TENSOR_PATH_ENV, "")
+    if asked == NUMPY:
+        return NUMPY, "asked for"
+    if runtime == "tensorflow":
+        return NUMPY, "the TensorFlow runtime is fed NumPy arrays"
+    strings = [t["name"] for t in config["input"] + config["output"] if t["data_type"] == "TYPE_STRING"]
+    if strings:
+        return NUMPY, f"string tensors ({', '.join(strings)}) have no DLPack form"
+    try:  # the DLPack path holds every tensor as a torch tensor (concatenated, sliced, cast), whatever the runtime
+        import torch  # noqa: F401
+    except ImportError:
+        return NUMPY, "torch is not installed beside the runtime"
+    if runtime == "onnxruntime":
+        import onnxruntime as ort
+
+        if not hasattr(ort.OrtValue, "from_dlpack"):
+            return NUMPY, f"onnxruntime {ort.__version__} has no OrtValue.from_dlpack"
+    return DLPACK, "asked for" if asked == DLPACK else "zero-copy: no NumPy between Triton and the runtime"
+
+
+class NumpyTensors:
+    """Inputs as NumPy arrays (`as_numpy()`), outputs as NumPy arrays in the config's dtypes."""
+
+    name = NUMPY
+
+    def __init__(self, output_dtypes):
+        self.output_dtypes = output_dtypes
+
+    def load(self, tensor):
+        return _text(tensor.as_numpy())
+
+    def concat(self, values):
+        return np.concatenate(values)
+
+    def to_triton(self, name, value):
+        if hasattr(value, "detach"):  # a torch runtime's output
+            value = value.detach().cpu().numpy()
+        return pb_utils.Tensor(name, np.ascontiguousarray(value, dtype=self.output_dtypes[name]))
+
+
+class DlpackTensors:
+    """Inputs as torch tensors over DLPack, on the device Triton put them on; outputs handed back over DLPack from
+    where the runtime left them (a GPU's memory stays on the GPU)."""
+
+    name = DLPACK
+
+    def __init__(self, output_dtypes):
+        import torch
+
+        self.torch = torch
+        # the config's dtype of each output as torch's (an empty NumPy array of that dtype says which)
+        self.output_dtypes = {name: torch.from_numpy(np.empty(0, dtype)).dtype for name, dtype in output_dtypes.items()}
+
+    def load(self, tensor):
+        # the capsule, not the tensor's own __dlpack__: it needs no stream handshake the stub may not know
+        return self.torch.utils.dlpack.from_dlpack(tensor.to_dlpack())
+
+    def concat(self, values):
+        return self.torch.cat(values)
+
+    def to_triton(self, name, value):
+        # the stub takes only C-contiguous tensors; the capsule holds a reference to `tensor`, so it lives until the
+        # stub has sent it, however long after this returns
+        tensor = value.detach().to(self.output_dtypes[name]).contiguous()
+        if tensor.is_cuda:  # a capsule carries no stream: the stub may read the memory once this stream's work is done
+            self.torch.cuda.current_stream(tensor.device).synchronize()
+        return pb_utils.Tensor.from_dlpack(name, self.torch.utils.dlpack.to_dlpack(tensor))
+
+
+def _as_torch(value):
+    """A torch runtime's input: the DLPack path's tensor as it is, the NumPy path's array without a copy."""
+    if hasattr(value, "detach"):
+        return value
+    import torch
+
+    return torch.from_numpy(value)
