@@ -77,8 +77,9 @@ def model_analyzer_venv(root: Path = MA_VENV) -> Path:
         return binary.parent
     base = Path(sys.base_prefix) / "bin" / "python3"  # the interpreter tbench's venv was made from
     subprocess.run([str(base), "-m", "venv", "--clear", str(root)], check=True)
-    pip = [str(root / "bin" / "python"), "-m", "pip", "install", "--quiet", f"triton-model-analyzer=={MA_VERSION}"]
-    subprocess.run(pip, check=True)
+    pip = [str(root / "bin" / "python"), "-m", "pip", "install", f"triton-model-analyzer=={MA_VERSION}"]
+    with open(root / "pip-install.log", "w") as log:  # pip's index warnings are many, and not this run's output
+        subprocess.run(pip, check=True, stdout=log, stderr=subprocess.STDOUT)
     return binary.parent
 
 
@@ -312,8 +313,7 @@ def ma_config(repo: UserRepository, space: Space, budget_ms: float, wrappers: di
         "triton_output_path": str(out / "tritonserver.log"),
         "perf_output": True,
         "perf_output_path": str(out / "perf_analyzer.log"),
-        "gpus": [],
-        "dcgm_disable": True,
+        "gpus": [],  # no GPU to watch (dcgm_disable is refused outside remote mode: Model Analyzer 1.58's rule)
         "run_config_search_mode": "brute",
         "run_config_search_min_instance_count": 1,
         "run_config_search_max_instance_count": space.max_instances,
@@ -471,6 +471,7 @@ def medians(measurements: list[dict]) -> dict:
     p99 = [m["p99_ms"] for m in ok]
     return {
         "rounds_ok": len(ok),
+        "rounds_unstable": sum(not m.get("stable", True) for m in ok),
         "throughput": statistics.median(tput),
         "p99_ms": statistics.median(p99),
         "throughput_range_pct": round(100 * (max(tput) - min(tput)) / statistics.median(tput), 1),
@@ -535,11 +536,34 @@ def measure_once(repo: UserRepository, configs: dict[str, str], settings: Refere
         return {"ok": False, "error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]}
     finally:
         server.stop()
-    if done.returncode != 0 or not csv_path.exists():
-        tail = (work / "perf_analyzer.log").read_text().strip().splitlines()[-1:] or ["?"]
-        return {"ok": False, "error": f"perf_analyzer exit {done.returncode}: {tail[0][:300]}"}
-    values = parse_perf_csv(csv_path)
-    return {"ok": True, "throughput": values["throughput_infer_per_s"], "p99_ms": values["p99_ms"]}
+    log_text = (work / "perf_analyzer.log").read_text()
+    if done.returncode == 0 and csv_path.exists():
+        values = parse_perf_csv(csv_path)
+        return {"ok": True, "stable": True, "throughput": values["throughput_infer_per_s"], "p99_ms": values["p99_ms"]}
+    return unstable_figures(log_text) or {
+        "ok": False,
+        "error": f"perf_analyzer exit {done.returncode}: {last_line(log_text)}",
+    }
+
+
+def last_line(text: str) -> str:
+    return (text.strip().splitlines() or ["?"])[-1][:300]
+
+
+def unstable_figures(log_text: str) -> dict | None:
+    """A call whose windows never agreed within the stability percentage (perf_analyzer writes no CSV then): the mean
+    of its last 3 windows, marked unstable, so that a round on a noisy machine still counts, and says so."""
+    from tbench.loadgen.perf_analyzer import STABLE_WINDOWS, UNSTABLE_MARK, parse_windows
+
+    windows = parse_windows(log_text)[-STABLE_WINDOWS:]
+    if UNSTABLE_MARK not in log_text or len(windows) < STABLE_WINDOWS:
+        return None
+    return {
+        "ok": True,
+        "stable": False,
+        "throughput": statistics.fmean(w.throughput for w in windows),
+        "p99_ms": statistics.fmean(w.latency_us for w in windows) / 1000,  # --percentile 99: the windows' p99
+    }
 
 
 def referee(repo: UserRepository, picks: dict[str, dict[str, str]], settings: RefereeSettings, work: Path) -> dict:
@@ -559,12 +583,22 @@ def user_configs(repo: UserRepository) -> dict[str, str]:
 
 def choose_budget(repo: UserRepository, concurrency: int, factor: float, work: Path) -> dict:
     """The p99 budget from a first measurement: the user's own config at the referee's concurrency, its p99 times
-    `factor` (< 1: that config at that load exceeds it, and so do the candidates that batch or queue more)."""
-    settings = RefereeSettings(concurrency=concurrency, request_count=REFEREE_MIN_REQUESTS, rounds=1)
-    first = measure_once(repo, user_configs(repo), settings, work)
+    `factor` (< 1: that config at that load exceeds it, and so do the candidates that batch or queue more). A short
+    call first sizes the windows of the one that counts (REFEREE_WINDOW_S at the throughput it saw)."""
+    configs = user_configs(repo)
+    short = RefereeSettings(concurrency=concurrency, request_count=REFEREE_MIN_REQUESTS, rounds=1)
+    sizing = measure_once(repo, configs, short, work / "sizing")
+    if not sizing.get("ok"):
+        raise SystemExit(f"{repo.name}: the user's own config did not measure: {sizing.get('error')}")
+    settings = RefereeSettings(concurrency=concurrency, request_count=request_count([sizing["throughput"]]), rounds=1)
+    first = measure_once(repo, configs, settings, work / "measured")
     if not first.get("ok"):
         raise SystemExit(f"{repo.name}: the user's own config did not measure: {first.get('error')}")
-    return {"budget_ms": round(factor * first["p99_ms"], 3), "factor": factor, "first_measurement": first}
+    return {
+        "budget_ms": round(factor * first["p99_ms"], 3),
+        "factor": factor,
+        "first_measurement": {**first, "request_count": settings.request_count},
+    }
 
 
 # --- tbench's half ---

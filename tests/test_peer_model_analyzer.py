@@ -144,3 +144,21 @@ def test_the_profile_config_is_cpu_only_local_and_budgeted(tmp_path):
 def test_tbench_over_ma_ratios():
     assert peer.ratio(84.0, 224.0) == 0.375
     assert peer.ratio(None, 224.0) is None and peer.ratio(1.0, 0.0) is None
+
+
+UNSTABLE_LOG = """*** Measurement Settings ***
+  Pass [1] throughput: 1542.03 infer/sec. p99 latency: 71828 usec
+  Pass [2] throughput: 2000 infer/sec. p99 latency: 9000 usec
+  Pass [3] throughput: 2200 infer/sec. p99 latency: 11000 usec
+  Pass [4] throughput: 2400 infer/sec. p99 latency: 10000 usec
+Failed to obtain stable measurement within 10 measurement windows for concurrency 8. Please try to increase the
+Failed to obtain stable measurement.
+"""
+
+
+def test_an_unstable_call_counts_as_its_last_three_windows_marked_unstable():
+    figures = peer.unstable_figures(UNSTABLE_LOG)
+    assert figures["ok"] and figures["stable"] is False
+    assert figures["throughput"] == pytest.approx(2200.0) and figures["p99_ms"] == pytest.approx(10.0)
+    assert peer.unstable_figures("error: model not ready\n") is None  # a failure is not a measurement
+    assert peer.medians([figures, {"ok": True, "throughput": 1.0, "p99_ms": 1.0}])["rounds_unstable"] == 1
