@@ -161,7 +161,9 @@ def test_search_of_an_onnx_model_of_a_repository(tmp_path):
     assert summary["measured"] == 2 and summary["best"]["status"] == "ok", summary
     yours = summary["your_config"]
     assert yours["status"] == "ok" and yours["throughput"] > 0, yours
-    assert "Your config" in (run_dir / "search.md").read_text()
+    report = (run_dir / "search.md").read_text()
+    assert "| Your config | as written (instances 2, max batch 8" in report, report
+    assert "intra_op_thread_count" in report and "recommended/doubler/config.pbtxt" in report
     recommended = parse((run_dir / "recommended" / "doubler" / "config.pbtxt").read_text())
     assert recommended.platform == "onnxruntime_onnx"  # the user's own backend, ready to copy back
     assert recommended.max_batch_size == summary["best"]["candidate"]["max_batch_size"]

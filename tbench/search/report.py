@@ -8,10 +8,12 @@ from pathlib import Path
 
 from tbench.core.layout import RunLayout
 from tbench.results.html_report import write_html_report
+from tbench.search.config_edit import thread_parameter
 from tbench.search.confirm import combined_lines, rounds_from_checkpoint
 from tbench.search.plan import CHECKPOINT
 from tbench.search.request import SearchRequest
 from tbench.search.strategies import Checkpoint, Observation, SearchResult
+from tbench.triton.user_repository import read_config
 
 
 def _figure(value: float | None, digits: int) -> str:
@@ -24,7 +26,19 @@ def _row(label: str, observation: Observation, configuration: str) -> str:
     return f"| {label} | {configuration} | {figures} | {status} |"
 
 
-def users_config_section(yours: Observation | None, best: Observation | None, recommended: str | None) -> str:
+def threads_note(recommended: Path | None) -> str:
+    """The recommended config's threads per instance, as its backend's parameter names them ('' where it takes
+    none)."""
+    if recommended is None:
+        return ""
+    config = read_config(recommended)
+    key = thread_parameter(config)
+    return f", {key} {config.parameters[key].string_value}" if key else ""
+
+
+def users_config_section(
+    yours: Observation | None, best: Observation | None, recommended: str | None, threads: str = ""
+) -> str:
     """A repository search's own section: the user's config as written beside the best, measured the same way, and
     where the recommended config.pbtxt is."""
     lines = ["", "## Your config beside the best", ""]
@@ -32,7 +46,7 @@ def users_config_section(yours: Observation | None, best: Observation | None, re
     if yours is not None:
         lines.append(_row("Your config", yours, f"as written ({yours.candidate.describe()})"))
     if best is not None:
-        lines.append(_row("Best", best, best.candidate.describe() + ", threads per instance: the cores shared"))
+        lines.append(_row("Best", best, best.candidate.describe() + threads))
     if recommended:
         lines += ["", f"The recommended config is `{recommended}`: your config.pbtxt with only these fields changed,"]
         lines.append("ready to copy back into your repository.")
@@ -52,7 +66,7 @@ def write_search_files(
     text = result.to_markdown(title=title, plot=plot.relative_to(layout.run_dir).as_posix())
     relative = recommended.relative_to(layout.run_dir).as_posix() if recommended else None
     if yours is not None or recommended is not None:
-        text += users_config_section(yours, result.selection.best, relative)
+        text += users_config_section(yours, result.selection.best, relative, threads_note(recommended))
     (layout.run_dir / "search.md").write_text(text)
     write_html_report(
         layout.run_dir / "search.md", layout.run_dir / "search.html"
