@@ -99,3 +99,52 @@ def test_direct_is_a_request_field_and_a_run_option():
 def test_on_a_gpu_the_direct_rows_run_there(models):
     rows = measure_direct(Format.TS_TRACE, str(models[Format.TS_TRACE]), [8], _sample, "cuda:0", threads=1, calls=20)
     assert rows[0].device == "cuda:0" and rows[0].throughput_infer_per_s > 0
+
+
+class Tiny(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.proj = torch.nn.Linear(16, 8)
+
+    def forward(self, x):
+        return torch.relu(self.proj(x))
+
+
+@pytest.mark.e2e
+def test_a_run_with_direct_sets_the_framework_beside_triton(prefect_harness, tmp_path):
+    """The real embedded server and perf_analyzer on a tiny TorchScript file: the runtime's tensors went through
+    DLPack (manifest and Served by), and every offline point has its direct row with a positive Triton / direct."""
+    import json
+
+    from conftest import run_flow
+
+    from tbench.request.benchmark import BenchmarkRequest, Measurement
+
+    model_file = tmp_path / "tiny.pt"
+    torch.jit.script(Tiny().eval()).save(str(model_file))
+    run, results, report = run_flow(
+        tmp_path,
+        BenchmarkRequest(
+            model_file=str(model_file),
+            shapes={"x": [16]},
+            output=str(tmp_path),
+            batch_sizes=[1, 8],
+            concurrency=[2],
+            direct=True,
+            measurement=Measurement(window_s=0.5, stability_percentage=50),
+        ),
+    )
+    manifest = json.loads((run / "manifest.json").read_text())
+    (fmt,) = set(results["format"])
+    (paths,) = manifest["tensor_paths"].values()
+    assert paths["path"] == "dlpack" and "tensors through DLPack" in manifest["served_by"][fmt]
+    assert f"Served by: {manifest['served_by'][fmt]}." in report
+    assert "direct" not in set(results["scenario"])  # results.csv holds Triton's points only
+    direct_rows = pd.read_csv(run / "direct.csv")
+    assert sorted(direct_rows["batch_size"]) == [1, 8] and set(direct_rows["format"]) == {fmt}
+    assert (direct_rows["throughput_infer_per_s"] > 0).all() and (direct_rows["device"] == "cpu").all()
+    ok_offline = set(results[(results["scenario"] == "offline") & (results["status"] == "ok")]["batch_size"])
+    with_ratio = direct_rows[direct_rows["batch_size"].isin(ok_offline)]
+    assert (with_ratio["triton_over_direct"] > 0).all() and len(with_ratio) == len(ok_offline)
+    assert len(manifest["direct"]) == 2 and "## Triton against the framework alone" in report

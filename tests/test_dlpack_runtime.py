@@ -10,6 +10,7 @@ import contextlib
 import io
 import json
 import sys
+import time
 import types
 
 import numpy as np
@@ -231,3 +232,62 @@ def test_on_a_gpu_the_tensors_stay_on_the_device(runtime, tmp_path, torchscript)
     outputs = {t.name(): t.value for t in responses[0].output_tensors}
     assert all(v.is_cuda for v in outputs.values())
     torch.testing.assert_close(outputs["y"], torch.relu(x) * 2.0)
+
+
+@pytest.mark.e2e
+def test_the_real_stub_returns_the_same_outputs_on_both_paths(tmp_path):
+    """The real python backend's pb_utils: one TorchScript model served twice, one copy asked for NumPy; the same
+    inputs (one request, and requests the batcher merges) give the same outputs, and the log says which path each
+    took."""
+    import tritonclient.grpc as grpcclient
+
+    from tbench.core.artifacts import ModelArtifact
+    from tbench.core.enums import Format, Precision
+    from tbench.core.iospec import IoSpec, TensorSpec
+    from tbench.triton.process_server import EmbeddedServer
+    from tbench.triton.repository import ServingConfig, write_repository
+
+    path = tmp_path / "model.pt"
+    torch.jit.script(TwoHeads()).save(str(path))
+    spec = IoSpec(
+        inputs=[TensorSpec(name="x", dtype="float32", shape=[3])],
+        outputs=[TensorSpec(name="y", dtype="float32", shape=[3]), TensorSpec(name="k", dtype="int64", shape=[])],
+    )
+    artifact = ModelArtifact(
+        format=Format.TS_SCRIPT, precision=Precision.FP32, path=str(path), io_spec=spec, source_hash="x", seconds=0
+    )
+    repo = tmp_path / "repo"
+    for name in ("tiny_dlpack", "tiny_numpy"):
+        write_repository(repo, ServingConfig(name, 8, [8], 200_000, 1), artifact)
+    with (repo / "tiny_numpy" / "config.pbtxt").open("a") as config:
+        config.write('\nparameters { key: "tensor_path" value { string_value: "numpy" } }\n')
+    inputs = [r["x"].value for r in _requests(4, 1, 2)]
+    got = {}
+    with EmbeddedServer(repo, tmp_path / "server.log") as server:
+        client = grpcclient.InferenceServerClient(server.endpoints.grpc_url)
+        for name in ("tiny_dlpack", "tiny_numpy"):
+            got[name] = _infer_together(client, name, inputs)
+        client.close()
+    for dlpack_out, numpy_out, x in zip(got["tiny_dlpack"], got["tiny_numpy"], inputs):
+        for name in ("y", "k"):
+            assert dlpack_out[name].dtype == numpy_out[name].dtype
+            np.testing.assert_array_equal(dlpack_out[name], numpy_out[name])
+        np.testing.assert_allclose(dlpack_out["y"], np.maximum(x, 0) * 2.0)
+    paths = tensor_reports((tmp_path / "server.log").read_text())
+    assert paths["tiny_dlpack"]["path"] == "dlpack" and paths["tiny_numpy"] == {"path": "numpy", "why": "asked for"}
+
+
+def _infer_together(client, name, inputs):
+    """The inputs sent as requests in flight together (the 200 ms queue delay merges them): each one's outputs."""
+    import tritonclient.grpc as grpcclient
+
+    results = {}
+    for i, x in enumerate(inputs):
+        request = grpcclient.InferInput("x", list(x.shape), "FP32")
+        request.set_data_from_numpy(x)
+        client.async_infer(name, [request], callback=lambda result, error, i=i: results.__setitem__(i, (result, error)))
+    deadline = time.monotonic() + 30
+    while len(results) < len(inputs) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(results) == len(inputs) and all(error is None for _, error in results.values()), results
+    return [{o: results[i][0].as_numpy(o) for o in ("y", "k")} for i in range(len(inputs))]
