@@ -34,7 +34,7 @@ from tbench.stages.correctness import require_passed
 from tbench.stages.direct import DIRECT_FORMATS, measure_direct, torch_device, with_triton, write_direct
 from tbench.stages.store import run_url
 from tbench.stages.sweep import SHM_REFUSED_NOTE, measured_shape_sets, refused_shared_memory
-from tbench.stages.tensor_path import server_tensor_paths, with_tensor_paths
+from tbench.stages.tensor_path import server_tensor_paths, tensor_words
 from tbench.stages.tracker import COMPLETED_WITH_FAILURES, FAILED, STATE_COMPLETED_WITH_FAILURES, RunTracker
 from tbench.team.pools import check_worker_hardware
 from tbench.triton.monitor import PointMonitor
@@ -184,14 +184,14 @@ def _benchmark(plan: RunPlan, adapter, tracker: RunTracker) -> str:
 
 
 def _record_tensor_paths(tracker: RunTracker, serving, server) -> None:
-    """The path each python-backend model's tensors took (DLPack or NumPy, as its instances said), in the manifest
-    and beside its backend in "Served by"."""
+    """The path each python-backend model's tensors took (DLPack or NumPy, as its instances said): per Triton model
+    in the manifest, per format in the report (under its "Served by")."""
     req = serving.plan.req
     names = {a.format.value: [req.triton_name(a.format)] for a in serving.served}
     if serving.composing:
         names[Format.ENSEMBLE.value] = [name for name, _ in serving.composing]
     tracker.tensor_paths = server_tensor_paths(server.log_path)
-    tracker.served_by = with_tensor_paths(tracker.served_by, names, tracker.tensor_paths)
+    tracker.tensor_words = tensor_words(names, tracker.tensor_paths)
 
 
 def _measure_direct(plan: RunPlan, tracker: RunTracker, exported: Exported, measured, adapter) -> None:
@@ -333,6 +333,7 @@ def _finish(tracker: RunTracker, plan: RunPlan, server, error: BaseException | N
                 measured_shapes=tracker.measured_shapes,
                 guessed_shapes=tracker.guessed_shapes,
                 direct=[asdict(r) for r in tracker.direct],
+                tensors=tracker.tensor_words,
             )
 
     return finish_run(tracker, error, manifest, server=server, output=req.output, report=report)

@@ -138,8 +138,9 @@ def test_a_run_with_direct_sets_the_framework_beside_triton(prefect_harness, tmp
     manifest = json.loads((run / "manifest.json").read_text())
     (fmt,) = set(results["format"])
     (paths,) = manifest["tensor_paths"].values()
-    assert paths["path"] == "dlpack" and "tensors through DLPack" in manifest["served_by"][fmt]
-    assert f"Served by: {manifest['served_by'][fmt]}." in report
+    assert (
+        paths["path"] == "dlpack" and f"Served by: {manifest['served_by'][fmt]}.\n\nTensors: through DLPack (" in report
+    )
     assert "direct" not in set(results["scenario"])  # results.csv holds Triton's points only
     direct_rows = pd.read_csv(run / "direct.csv")
     assert sorted(direct_rows["batch_size"]) == [1, 8] and set(direct_rows["format"]) == {fmt}

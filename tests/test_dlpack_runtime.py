@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from tbench.stages.tensor_path import TENSOR_MARK, tensor_reports, with_tensor_paths
+from tbench.stages.tensor_path import TENSOR_MARK, tensor_reports, tensor_words
 from tbench.triton.repository import RUNTIME_MODEL
 
 DTYPES = {"TYPE_FP32": np.float32, "TYPE_INT64": np.int64, "TYPE_STRING": np.object_}
@@ -200,7 +200,7 @@ def test_a_string_model_is_served_through_numpy(runtime, tmp_path, torchscript):
     assert model.tensors.name == "numpy" and tensor_reports(printed)["tiny"]["path"] == "numpy"
 
 
-def test_served_by_names_the_path_of_each_python_backend_model():
+def test_the_report_names_the_path_of_each_python_backend_model():
     log = "\n".join(
         [
             "I1123 server.cc:674] loading",
@@ -211,14 +211,11 @@ def test_served_by_names_the_path_of_each_python_backend_model():
         ]
     )
     paths = tensor_reports(log)
-    served_by = {"ts-trace": "python (torchscript)", "onnx": "onnxruntime", "ensemble": "ensemble of sparse, dense"}
     names = {"ts-trace": ["m_ts_trace"], "onnx": ["m_onnx"], "ensemble": ["m_sparse", "m_dense"]}
-    worded = with_tensor_paths(served_by, names, paths)
-    assert worded["ts-trace"] == "python (torchscript); tensors through DLPack (zero-copy)"
-    assert worded["onnx"] == "onnxruntime"  # a native backend printed nothing: left as it was
-    assert worded["ensemble"].endswith(
-        "; m_sparse: tensors through NumPy (the TensorFlow runtime), m_dense: tensors through DLPack (zero-copy)"
-    )
+    worded = tensor_words(names, paths)
+    assert worded["ts-trace"] == "through DLPack (zero-copy)"
+    assert "onnx" not in worded  # a native backend printed nothing: no line
+    assert worded["ensemble"] == "m_sparse through NumPy (the TensorFlow runtime), m_dense through DLPack (zero-copy)"
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the GPU branch needs torch with CUDA and a GPU")

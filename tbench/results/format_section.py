@@ -225,11 +225,15 @@ def format_section(
     online_batch_size: int = 1,
     batching: bool = True,
     served_as: str | None = None,
+    tensors: str | None = None,
 ) -> list[str]:
     """One served format: how it is served, its correctness and accuracy, and the guides' tables and plots.
-    `served_as`: how a model someone else serves batches, said of every scenario in place of tbench's own configs."""
+    `served_as`: how a model someone else serves batches, said of every scenario in place of tbench's own configs.
+    `tensors`: the path the python-backend runtime's tensors took (DLPack or NumPy, and why), where it served it."""
     run_dir = plots_dir.parent
     lines = [f"## Format `{fmt}`", "", f"Served by: {served_by}.", ""]
+    if tensors:
+        lines += [f"Tensors: {tensors}.", ""]
     if correctness:
         lines += ["### Correctness", "", correctness_table(correctness), ""]
     if accuracy:

@@ -123,6 +123,7 @@ def render_report(
     measured_shapes: list[str] | None = None,
     guessed_shapes: dict[str, list[int]] | None = None,
     direct: list[dict] | None = None,
+    tensors: dict[str, str] | None = None,
 ) -> str:
     served_by = served_by or {}
     title = request.model_file or f"{request.model} ({request.size}, {request.framework})"
@@ -225,6 +226,7 @@ def render_report(
             composing,
             request.online_batch_size,
             batching=request.max_batch_size > 0,
+            tensors=(tensors or {}).get(fmt),
         )
     lines += closing_lines(results, stage_seconds)
     return "\n".join(lines)

@@ -1,6 +1,6 @@
 """Which path tensors took between Triton and the python-backend runtime (DLPack or NumPy), as each model's
 instances said at initialize (model.py's TENSOR_MARK lines in the server's log), for the manifest and the report's
-"Served by" line."""
+"Tensors" line under "Served by"."""
 
 from __future__ import annotations
 
@@ -34,22 +34,20 @@ def server_tensor_paths(log_path: str | Path) -> dict[str, dict[str, str]]:
 
 
 def path_words(report: Mapping[str, str]) -> str:
-    return f"tensors through {'DLPack' if report['path'] == 'dlpack' else 'NumPy'} ({report['why']})"
+    return f"through {'DLPack' if report['path'] == 'dlpack' else 'NumPy'} ({report['why']})"
 
 
-def with_tensor_paths(
-    served_by: Mapping[str, str], triton_names: Mapping[str, list[str]], paths: Mapping[str, Mapping[str, str]]
-) -> dict[str, str]:
-    """`served_by` (format -> words) with the path its runtime's tensors took; `triton_names`: format -> the Triton
-    models behind it (an ensemble's parts, each named). A format no runtime reported for (a native backend) is left
-    as it was."""
-    worded = dict(served_by)
+def tensor_words(triton_names: Mapping[str, list[str]], paths: Mapping[str, Mapping[str, str]]) -> dict[str, str]:
+    """Per format, the path its runtime's tensors took in words (the report's "Tensors" line); `triton_names`: format
+    -> the Triton models behind it (an ensemble's parts, each named). A format no runtime reported for (a native
+    backend) has none."""
+    worded = {}
     for fmt, names in triton_names.items():
         reported = [(name, paths[name]) for name in names if name in paths]
-        if fmt not in worded or not reported:
+        if not reported:
             continue
         if len(names) == 1:
-            worded[fmt] += f"; {path_words(reported[0][1])}"
+            worded[fmt] = path_words(reported[0][1])
         else:
-            worded[fmt] += "; " + ", ".join(f"{name}: {path_words(report)}" for name, report in reported)
+            worded[fmt] = ", ".join(f"{name} {path_words(report)}" for name, report in reported)
     return worded

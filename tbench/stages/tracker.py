@@ -49,6 +49,7 @@ class RunTracker:
         self.served_by: dict[str, str] = {}  # format -> the backend serving it, once the server stage has decided
         self.served_on: dict[str, dict] = {}  # format -> where it ran (tbench.serving.ServedOn), once measured
         self.tensor_paths: dict[str, dict] = {}  # Triton model -> the path its runtime's tensors took (tensor_path.py)
+        self.tensor_words: dict[str, str] = {}  # format -> that path in the report's words
         self.direct: list = []  # --direct: the framework's own figures (tbench.stages.direct.DirectRow)
         self.notes: list[str] = []  # one line each, for the report (and the manifest): client shared memory refused
         self.measured_shapes: list[str] = []  # inputs with a dynamic dim and the shape perf_analyzer sent

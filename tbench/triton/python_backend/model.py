@@ -128,10 +128,12 @@ class TritonPythonModel:
         import torch
 
         binding = self.session.io_binding()
-        # the OrtValues share the tensors' memory; `feeds` keeps the tensors alive until the run returns
-        for name in self.inputs:
-            binding.bind_ortvalue_input(name, ort.OrtValue.from_dlpack(feeds[name].contiguous()))
         on_cuda = self.session.get_providers()[0] == "CUDAExecutionProvider"
+        # the OrtValues share the tensors' memory; `feeds` keeps the tensors alive until the run returns. An input on
+        # the GPU for a session on the CPU (the backend may leave CUDA inputs there) is brought to the host first
+        for name in self.inputs:
+            tensor = feeds[name] if on_cuda else feeds[name].cpu()
+            binding.bind_ortvalue_input(name, ort.OrtValue.from_dlpack(tensor.contiguous()))
         device_id = self.session.get_provider_options().get("CUDAExecutionProvider", {}).get("device_id", 0)
         for name in self.outputs:
             binding.bind_output(name, "cuda" if on_cuda else "cpu", int(device_id) if on_cuda else 0)
