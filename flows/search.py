@@ -283,6 +283,12 @@ class RepositoryFindings:
     recommended: Path | None = None
     source: RepositorySource | None = None
 
+    @property
+    def users_config(self) -> Path | None:
+        """The user's own config.pbtxt, as written in their folder."""
+        plan = self.source.plan if self.source else None
+        return plan.source / plan.model / CONFIG_FILE if plan else None
+
     def manifest(self) -> dict:
         return {
             **(self.source.manifest() if self.source else {}),
@@ -354,6 +360,7 @@ def _finish(
                     f"{device.label if device else hardware.gpu_label}",
                     yours=found.yours if found else None,
                     recommended=found.recommended if found else None,
+                    users_config=found.users_config if found else None,
                 )
                 create_markdown_artifact(
                     text,

@@ -133,6 +133,7 @@ def test_the_cli_refuses_an_ensemble_and_run_only_options_in_one_line(tmp_path):
         (["--model", "pipeline"], "searching a pipeline's steps is not built yet; name a step with --model"),
         (["--model", "doubler", "--variants", "onnx"], "--variants does not apply to --repository"),
         (["--model", "doubler", "--resume", str(tmp_path)], "--resume is not built for --repository yet"),
+        (["--model", "doubler", "--size", "small"], "--size does not apply to --repository"),
     ]:
         result = CliRunner().invoke(app, ["search", "--repository", str(tmp_path), *args])
         lines = [ln for ln in result.output.splitlines() if ln.strip()]
@@ -163,6 +164,7 @@ def test_search_of_an_onnx_model_of_a_repository(tmp_path):
     assert yours["status"] == "ok" and yours["throughput"] > 0, yours
     report = (run_dir / "search.md").read_text()
     assert "| Your config | as written (instances 2, max batch 8" in report, report
+    assert "queue delay 200 us, intra_op_thread_count 1)" in report  # the user's threads, as written
     assert "intra_op_thread_count" in report and "recommended/doubler/config.pbtxt" in report
     recommended = parse((run_dir / "recommended" / "doubler" / "config.pbtxt").read_text())
     assert recommended.platform == "onnxruntime_onnx"  # the user's own backend, ready to copy back

@@ -129,7 +129,8 @@ def search(
             resume_from=resume,
         )
         if repository or repository_model:
-            given = model_file_fields(None, shape, value_range, input_data) | _given(output=output)
+            given = model_file_fields(model_file, shape, value_range, input_data) | _given(output=output)
+            given |= {"size": size, "framework": framework}  # refused in one line where given (check_repository)
             request, search_request = repository_search_request(
                 model, repository, repository_model, given, measurement, serving, search_request, variants
             )
@@ -184,7 +185,7 @@ def repository_search_request(
     request = BenchmarkRequest(
         repository=repository,
         repository_model=repository_model or model,
-        **{k: v for k, v in given.items() if v is not None},
+        **given,
         measurement=measurement,
         **serving.fields(),
     )

@@ -26,27 +26,27 @@ def _row(label: str, observation: Observation, configuration: str) -> str:
     return f"| {label} | {configuration} | {figures} | {status} |"
 
 
-def threads_note(recommended: Path | None) -> str:
-    """The recommended config's threads per instance, as its backend's parameter names them ('' where it takes
-    none)."""
-    if recommended is None:
+def threads_note(path: Path | None) -> str:
+    """A config's threads per instance, as its backend's parameter names them ('' where it takes none or the config
+    leaves them to the backend)."""
+    if path is None:
         return ""
-    config = read_config(recommended)
+    config = read_config(path)
     key = thread_parameter(config)
-    return f", {key} {config.parameters[key].string_value}" if key else ""
+    return f", {key} {config.parameters[key].string_value}" if key and key in config.parameters else ""
 
 
 def users_config_section(
-    yours: Observation | None, best: Observation | None, recommended: str | None, threads: str = ""
+    yours: Observation | None, best: Observation | None, recommended: str | None, threads: tuple[str, str] = ("", "")
 ) -> str:
     """A repository search's own section: the user's config as written beside the best, measured the same way, and
     where the recommended config.pbtxt is."""
     lines = ["", "## Your config beside the best", ""]
     lines += ["| | configuration | throughput (infer/s) | p99 (ms) | status |", "| --- | --- | ---: | ---: | --- |"]
     if yours is not None:
-        lines.append(_row("Your config", yours, f"as written ({yours.candidate.describe()})"))
+        lines.append(_row("Your config", yours, f"as written ({yours.candidate.describe()}{threads[0]})"))
     if best is not None:
-        lines.append(_row("Best", best, best.candidate.describe() + threads))
+        lines.append(_row("Best", best, best.candidate.describe() + threads[1]))
     if recommended:
         lines += ["", f"The recommended config is `{recommended}`: your config.pbtxt with only these fields changed,"]
         lines.append("ready to copy back into your repository.")
@@ -59,6 +59,7 @@ def write_search_files(
     title: str,
     yours: Observation | None = None,
     recommended: Path | None = None,
+    users_config: Path | None = None,
 ) -> str:
     """search.md, search.html, search.json and plots/search.png; returns the markdown. A repository search's own
     config (`yours`) and recommended config.pbtxt are written beside the best."""
@@ -66,7 +67,8 @@ def write_search_files(
     text = result.to_markdown(title=title, plot=plot.relative_to(layout.run_dir).as_posix())
     relative = recommended.relative_to(layout.run_dir).as_posix() if recommended else None
     if yours is not None or recommended is not None:
-        text += users_config_section(yours, result.selection.best, relative, threads_note(recommended))
+        threads = (threads_note(users_config), threads_note(recommended))
+        text += users_config_section(yours, result.selection.best, relative, threads)
     (layout.run_dir / "search.md").write_text(text)
     write_html_report(
         layout.run_dir / "search.md", layout.run_dir / "search.html"
