@@ -747,6 +747,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def record_of(output: str | None, size: str):
+    """The record: benchmarks/results/peer_model_analyzer.json, or a trial's file elsewhere (--output, --ma-only)."""
+    sizes = [f"resnet50 {size}"]
+    if output:
+        return recorded(Path(output), model_sizes=sizes)
+    return recorded(RESULTS / "peer_model_analyzer.json", model_sizes=sizes)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     work = Path(args.work or tempfile.mkdtemp(prefix="tbench-peer-ma-")).resolve()
@@ -758,10 +766,7 @@ def main(argv: list[str] | None = None) -> int:
     output = args.output or (str(work / "peer_model_analyzer_ma_only.json") if args.ma_only else None)
     space = Space(args.max_instances, args.max_batch, args.concurrency)
     plan = Plan(args.size, space, args.concurrency, args.rounds, args.budget_factor, args.budget_ms, args.ma_only, work)
-    with recorded(
-        RESULTS / "peer_model_analyzer.json" if output is None else Path(output),
-        model_sizes=[f"resnet50 {args.size}"],
-    ) as record:
+    with record_of(output, args.size) as record:
         plan.venv_bin = model_analyzer_venv()
         plan.wrappers = write_wrappers(work / "wrappers")
         record["model_analyzer_version"] = MA_VERSION
