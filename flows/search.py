@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import shutil
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from prefect import flow
@@ -43,15 +43,18 @@ from tbench.search.plan import (
     CHECKPOINT,
     CONTEXT,
     check_resumable,
+    checkpoint_name,
     fit_search,
+    pipeline_steps,
     repository_space,
     resume_checkpoint,
     search_context,
     search_server_options,
     searchable_model,
+    step_space,
     variant_plan,
 )
-from tbench.search.report import partial_result, write_search_files
+from tbench.search.report import partial_result, write_repository_search_files, write_search_files
 from tbench.search.request import SearchRequest
 from tbench.search.strategies import Candidate, Checkpoint, Observation, SearchResult
 from tbench.stages.converters.registry import ConversionOptions
@@ -214,20 +217,21 @@ def run_search(request: BenchmarkRequest, search: SearchRequest, capacity: Capac
 def repository_search(request: BenchmarkRequest, search: SearchRequest) -> str:
     """Search the config of a model of the user's repository (`--repository DIR --model NAME[:VERSION]`) in a copy
     served by a server of ours: each candidate the user's config.pbtxt with the searched fields edited, the user's
-    own config measured the same way, the recommended config.pbtxt written into the run folder. Returns its URL."""
+    own config measured the same way, the recommended config.pbtxt written into the run folder. An ensemble's steps
+    are searched one after another, each with the steps before it at their best, the pipeline measured whole.
+    Returns the run folder's URL."""
     hardware = hw.detect()
     check_worker_hardware(hardware)
     req = check_repository(request)
     name, version = parse_model_ref(req.repository_model)
     target = searchable_model(req.repository, req.repository_model)
-    search, _ = repository_space(search, target.config.max_batch_size)  # the CLI has said why where it shrank
     if search.resume_from:
         raise ConfigError("--resume is not built for --repository yet: start a new search")
     request_json = {"request": req.model_dump(mode="json"), "search": search.model_dump(mode="json")}
     with run_lifecycle(req, hardware, f"{name}-search", request_json) as tracker:
         layout = tracker.layout
         source = RepositorySource(req, hardware, layout)
-        found = RepositoryFindings(source=source)
+        found = RepositoryFindings(source=source, pipeline=name if target.is_ensemble else "")
         concurrency = search.concurrency or 1
         try:
             source.prepare(tracker)  # the plan, and the copy in layout.repository_dir
@@ -252,21 +256,26 @@ def repository_search(request: BenchmarkRequest, search: SearchRequest) -> str:
                 cpu_cores=hardware.cpu_cores,
                 base=read_config(layout.repository_dir / name / CONFIG_FILE),
             )
-            with tracker.stage("search"):
-                found.result = search_task(
-                    search.strategy,
-                    search.space,
-                    search.objective,
-                    evaluator,
-                    Checkpoint(layout.run_dir / CHECKPOINT),
-                    budget_fraction=search.budget_fraction,
-                    start=candidate_of(evaluator.base),
-                    label=layout.run_id,
-                    confirm_rounds=search.confirm_rounds,
-                )
+            for step in pipeline_steps(target):
+                step_evaluator = evaluator_for(evaluator, step, found.pipeline)
+                found.evaluators[step] = step_evaluator
+                with tracker.stage(f"search-{step}" if found.pipeline else "search"):
+                    found.results[step] = search_task(
+                        search.strategy,
+                        searched_space(search, step_evaluator, target).space,
+                        search.objective,
+                        step_evaluator,
+                        Checkpoint(layout.run_dir / checkpoint_name(step, bool(found.pipeline))),
+                        budget_fraction=search.budget_fraction,
+                        start=candidate_of(step_evaluator.base),
+                        label=f"{layout.run_id}-{step}" if found.pipeline else layout.run_id,
+                        confirm_rounds=search.confirm_rounds,
+                    )
+                if found.pipeline:  # the next step is searched with this one at its best
+                    adopt_best(step_evaluator, found.results[step])
             with tracker.stage("your-config"):  # measured the same way, written as the user wrote it
-                found.yours = measure_users_config(evaluator, layout.run_dir / "yours")
-            found.recommended = write_recommended(found.result, evaluator, source.plan.source / name, layout.run_dir)
+                found.yours = measure_users_config(list(found.evaluators.values()), layout.run_dir / "yours")
+            found.recommended = write_recommended(found, source.plan.source, layout.run_dir)
         except BaseException as err:
             _finish(tracker, req, search, hardware, source.server, found.result, concurrency, found=found, error=err)
             raise
@@ -275,45 +284,90 @@ def repository_search(request: BenchmarkRequest, search: SearchRequest) -> str:
 
 @dataclass
 class RepositoryFindings:
-    """What a repository search found, for its report: the search's result, the user's own config measured the
-    same way, and the recommended config.pbtxt's path."""
+    """What a repository search found, for its report: each searched model's result (an ensemble's steps, else the
+    model's), the user's own config measured the same way, and the recommended config.pbtxt files."""
 
-    result: SearchResult | None = None
-    yours: Observation | None = None
-    recommended: Path | None = None
     source: RepositorySource | None = None
+    pipeline: str = ""  # the ensemble whose steps were searched
+    results: dict[str, SearchResult] = field(default_factory=dict)
+    evaluators: dict[str, RepositoryEvaluator] = field(default_factory=dict)
+    yours: Observation | None = None
+    recommended: dict[str, Path] = field(default_factory=dict)
 
     @property
-    def users_config(self) -> Path | None:
-        """The user's own config.pbtxt, as written in their folder."""
+    def result(self) -> SearchResult | None:
+        """The last search's: a pipeline's last step was measured with every step at its best."""
+        return list(self.results.values())[-1] if self.results else None
+
+    @property
+    def users_configs(self) -> dict[str, Path]:
+        """Each searched model's own config.pbtxt, as written in the user's folder."""
         plan = self.source.plan if self.source else None
-        return plan.source / plan.model / CONFIG_FILE if plan else None
+        return {step: plan.source / step / CONFIG_FILE for step in self.evaluators} if plan else {}
 
     def manifest(self) -> dict:
         return {
             **(self.source.manifest() if self.source else {}),
             "your_config": self.yours.model_dump(mode="json") if self.yours else None,
-            "recommended_config": str(self.recommended) if self.recommended else None,
+            "recommended_config": {step: str(path) for step, path in self.recommended.items()},
         }
 
 
-def measure_users_config(evaluator: RepositoryEvaluator, work_dir: Path) -> Observation:
-    """The user's config.pbtxt as written (no field edited), measured as every candidate was."""
-    own = replace(evaluator, work_dir=work_dir, verbatim=True)
-    return own.evaluate(candidate_of(evaluator.base))
+def evaluator_for(evaluator: RepositoryEvaluator, model: str, pipeline: str) -> RepositoryEvaluator:
+    """The evaluator that edits `model`'s config: the searched model's own, or a step's of `pipeline` (its files
+    under search/<step>/, the pipeline measured)."""
+    if not pipeline:
+        return evaluator
+    return replace(
+        evaluator,
+        name=model,
+        pipeline=pipeline,
+        base=read_config(evaluator.repository / model / CONFIG_FILE),
+        work_dir=evaluator.work_dir / model,
+    )
 
 
-def write_recommended(result: SearchResult | None, evaluator: RepositoryEvaluator, model_dir: Path, run_dir: Path):
-    """recommended/<model>/config.pbtxt: the user's own config.pbtxt (not the copy's, which a backend the server lacks
-    rewrites) with the best candidate's fields, ready to copy back; None without a best."""
-    best = result.best if result is not None else None
-    if best is None:
-        return None
-    config = edited_config(read_config(model_dir / CONFIG_FILE), best.candidate, evaluator.threads(best.candidate))
-    path = run_dir / "recommended" / model_dir.name / CONFIG_FILE
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(to_text(config))
-    return path
+def searched_space(search: SearchRequest, evaluator: RepositoryEvaluator, target) -> SearchRequest:
+    """The grid of the model an evaluator edits: fitted to its config (and to the pipeline's max batch)."""
+    if evaluator.pipeline:
+        return step_space(search, evaluator.base.max_batch_size, target.config.max_batch_size)
+    return repository_space(search, evaluator.base.max_batch_size)[0]
+
+
+def adopt_best(evaluator: RepositoryEvaluator, result: SearchResult) -> None:
+    """A pipeline's step served at its best from now on (as the user wrote it where nothing was feasible)."""
+    best = result.best
+    chosen = evaluator if best is not None else replace(evaluator, verbatim=True)
+    chosen.load(chosen.write(best.candidate if best is not None else candidate_of(evaluator.base)))
+
+
+def measure_users_config(evaluators: list[RepositoryEvaluator], work_dir: Path) -> Observation:
+    """The user's config.pbtxt as written (no field edited; every step's, for a pipeline), measured as every
+    candidate was."""
+    *others, last = evaluators
+    for evaluator in others:  # a pipeline's other steps back to the user's configs first
+        own = replace(evaluator, verbatim=True)
+        own.load(own.write(candidate_of(own.base)))
+    own = replace(last, work_dir=work_dir, verbatim=True)
+    return own.evaluate(candidate_of(last.base))
+
+
+def write_recommended(found: RepositoryFindings, user_root: Path, run_dir: Path) -> dict[str, Path]:
+    """recommended/<model>/config.pbtxt per searched model with a best: the user's own config.pbtxt (not the copy's,
+    which a backend the server lacks rewrites) with the best candidate's fields, ready to copy back."""
+    written = {}
+    for model, result in found.results.items():
+        if (best := result.best) is None:
+            continue
+        evaluator = found.evaluators[model]
+        config = edited_config(
+            read_config(user_root / model / CONFIG_FILE), best.candidate, evaluator.threads(best.candidate)
+        )
+        path = run_dir / "recommended" / model / CONFIG_FILE
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(to_text(config))
+        written[model] = path
+    return written
 
 
 def _finish(
@@ -353,15 +407,22 @@ def _finish(
                 what = (
                     f"{req.repository_model} from {req.repository}" if req.repository else f"{req.model} ({req.size})"
                 )
-                text = write_search_files(
-                    layout,
-                    result,
+                title = (
                     f"Configuration search: {what}, concurrency {concurrency}, "
-                    f"{device.label if device else hardware.gpu_label}",
-                    yours=found.yours if found else None,
-                    recommended=found.recommended if found else None,
-                    users_config=found.users_config if found else None,
+                    f"{device.label if device else hardware.gpu_label}"
                 )
+                if found is None:
+                    text = write_search_files(layout, result, title)
+                else:
+                    text = write_repository_search_files(
+                        layout,
+                        found.results or {req.model: result},  # an interrupted search: what its checkpoint holds
+                        title,
+                        found.yours,
+                        found.recommended,
+                        found.users_configs,
+                        found.pipeline,
+                    )
                 create_markdown_artifact(
                     text,
                     key=artifact_key(f"search-report-{req.model}"),

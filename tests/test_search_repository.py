@@ -13,8 +13,9 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from tbench.core.errors import ConfigError
 from tbench.search.config_edit import candidate_of, edited_config, thread_parameter, to_text
-from tbench.search.plan import searchable_model
-from tbench.search.space import Candidate
+from tbench.search.plan import searchable_model, step_space
+from tbench.search.request import SearchRequest
+from tbench.search.space import Candidate, SearchSpace
 
 ONNX_CONFIG = """
 name: "doubler"
@@ -112,12 +113,23 @@ def test_the_users_config_as_the_searchs_coordinates():
     assert candidate_of(parse(NO_BATCH_CONFIG)) == Candidate(instances=1, max_batch_size=0)
 
 
-def test_an_ensemble_is_refused_in_one_line(tmp_path):
-    model = tmp_path / "pipeline"
-    (model / "1").mkdir(parents=True)
-    (model / "config.pbtxt").write_text('platform: "ensemble"\nmax_batch_size: 1')
-    with pytest.raises(ConfigError, match="searching a pipeline's steps is not built yet; name a step with --model"):
-        searchable_model(tmp_path, "pipeline")
+def test_a_pipeline_of_pipelines_is_refused_in_one_line(tmp_path):
+    import test_user_repository as users
+
+    users.write_model(tmp_path, "inner", 'platform: "ensemble"\nmax_batch_size: 1')
+    outer = 'platform: "ensemble"\nmax_batch_size: 1\nensemble_scheduling { step { model_name: "inner" } }'
+    users.write_model(tmp_path, "outer", outer)
+    with pytest.raises(
+        ConfigError, match=r"outer/config.pbtxt: ensemble_scheduling.step\[0\].model_name 'inner' is an"
+    ):
+        searchable_model(tmp_path, "outer")
+
+
+def test_a_steps_grid_takes_no_max_batch_below_the_pipelines():
+    search = SearchRequest(space=SearchSpace(max_batch_sizes=[1, 2, 4, 8, 16]))
+    assert step_space(search, 8, 4).space.max_batch_sizes == [4, 8, 16]
+    assert step_space(search, 8, 32).space.max_batch_sizes == [32]  # none above: the pipeline's own
+    assert step_space(search, 0, 0).space.max_batch_sizes == [0]  # no batch axis: instances only
 
 
 def test_the_cli_refuses_an_ensemble_and_run_only_options_in_one_line(tmp_path):
@@ -130,7 +142,6 @@ def test_the_cli_refuses_an_ensemble_and_run_only_options_in_one_line(tmp_path):
     users.write_model(tmp_path, "plus_one", users.PYTHON_CONFIG, files={"model.py": "# the user's"})
     users.write_model(tmp_path, "pipeline", users.ENSEMBLE_CONFIG)
     for args, why in [
-        (["--model", "pipeline"], "searching a pipeline's steps is not built yet; name a step with --model"),
         (["--model", "doubler", "--variants", "onnx"], "--variants does not apply to --repository"),
         (["--model", "doubler", "--resume", str(tmp_path)], "--resume is not built for --repository yet"),
         (["--model", "doubler", "--size", "small"], "--size does not apply to --repository"),
@@ -172,3 +183,30 @@ def test_search_of_an_onnx_model_of_a_repository(tmp_path):
     assert recommended.version_policy.HasField("all")  # as the user wrote it
     assert recommended.dynamic_batching.max_queue_delay_microseconds == 500
     assert recommended.parameters["intra_op_thread_count"].string_value
+
+
+@pytest.mark.e2e
+def test_search_of_an_ensembles_steps(tmp_path):
+    import test_user_repository as users
+    from test_faults import CliRun
+
+    repo = tmp_path / "user_repo"
+    users.tiny_onnx(users.write_model(repo, "doubler", users.ONNX_CONFIG) / "1" / "model.onnx")
+    users.write_model(repo, "plus_one", users.PYTHON_CONFIG, files={"model.py": users.PYTHON_MODEL})
+    users.write_model(repo, "pipeline", users.ENSEMBLE_CONFIG)
+    args = ["--repository", str(repo), "--model", "pipeline", "--instances", "1,2", "--max-batch-sizes", "2,4"]
+    args += ["--preferred", "max", "--queue-delays-us", "500", "--strategy", "exhaustive", "--concurrency", "2"]
+    args += ["--confirm-rounds", "0", "--window-s", "0.5", "--stability", "50"]
+    run = CliRun(args, tmp_path / "runs", command="search")
+    assert run.finish(timeout=600) == 0, run.output
+    run_dir = run.run_dir()
+    summary = json.loads((run_dir / "search.json").read_text())
+    assert list(summary["steps"]) == ["doubler", "plus_one"] and summary["measured"] == 4, summary
+    for step in summary["steps"].values():  # no max batch below the pipeline's 8: Triton would refuse it
+        assert step["best"]["candidate"]["max_batch_size"] == 8, step
+    assert summary["your_config"]["status"] == "ok", summary["your_config"]
+    assert set(summary["recommended_config"]) == {"doubler", "plus_one"}
+    plus_one = parse((run_dir / "recommended" / "plus_one" / "config.pbtxt").read_text())
+    assert plus_one.backend == "python" and plus_one.dynamic_batching.max_queue_delay_microseconds == 500
+    report = (run_dir / "search.md").read_text()
+    assert "## Step doubler" in report and "## Step plus_one" in report and "| Your config |" in report

@@ -191,7 +191,10 @@ def repository_search_request(
     )
     checked = repository_checked(request)
     target = searchable_model(checked.repository, checked.repository_model)
-    search_request, note = repository_space(search_request, target.config.max_batch_size)
+    if target.is_ensemble:  # each step's grid is fitted to its own config as its search starts
+        note = f"{target.name} is an ensemble: its steps ({', '.join(target.steps)}) are searched one after another"
+    else:
+        search_request, note = repository_space(search_request, target.config.max_batch_size)
     if note:
         typer.echo(note, err=True)
     preflight(checked)

@@ -123,6 +123,11 @@ class TritonEvaluator:
             intra_op_threads=max(1, self.cpu_cores // candidate.instances),
         )
 
+    @property
+    def measured_name(self) -> str:
+        """The model perf_analyzer measures: the one loaded (a pipeline's step search measures the pipeline)."""
+        return self.name
+
     def write(self, candidate: Candidate) -> Path:
         """The candidate's model folder, its config written (the hook a repository search replaces)."""
         variant = self.variant(candidate)
@@ -211,7 +216,7 @@ class TritonEvaluator:
         grpc_url = self.server.endpoints.grpc_url
         return warm_up(
             grpc_url,
-            self.name,
+            self.measured_name,
             spec,
             [batch],
             self.measurement.warmup_requests,
@@ -225,7 +230,7 @@ class TritonEvaluator:
         point = Point(Scenario.ONLINE, self.online_batch_size, self.concurrency)
         row = measure_point(
             point,
-            model=self.name,
+            model=self.measured_name,
             grpc_url=self.server.endpoints.grpc_url,
             spec=variant.io_spec,
             m=self.measurement,
@@ -257,11 +262,23 @@ class RepositoryEvaluator(TritonEvaluator):
     """A search over the user's own config (`--repository DIR --model NAME`): each candidate is the user's config in
     the run folder's copy with only the searched fields edited (search/config_edit.py), loaded with that config sent
     explicitly (the server's first load sent the user's as an override, which Triton would keep otherwise).
-    `verbatim`: the user's config as written, unedited: their own row, measured the same way."""
+    `verbatim`: the user's config as written, unedited: their own row, measured the same way. `pipeline`: the
+    ensemble measured through this step (its step's configs edited, the pipeline measured whole)."""
 
     base: mc.ModelConfig = field(default_factory=mc.ModelConfig)  # the copy's config as the user wrote it
     verbatim: bool = False
+    pipeline: str = ""
     written: mc.ModelConfig | None = field(default=None, init=False)
+
+    @property
+    def measured_name(self) -> str:
+        return self.pipeline or self.name
+
+    def unload(self) -> None:
+        """A pipeline's step stays loaded: the next candidate's load replaces it (and Triton reloads the pipeline
+        with it); unloaded, the pipeline would stop serving."""
+        if not self.pipeline:
+            super().unload()
 
     def threads(self, candidate: Candidate) -> int:
         """Threads per instance: the cores shared among the instances, as the search's own configs have them."""

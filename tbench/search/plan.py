@@ -134,16 +134,38 @@ def search_server_options(req, hardware=None) -> dict:
 
 
 def searchable_model(repository: str | Path, model: str) -> RepositoryModel:
-    """The model of the user's repository a search edits (NAME[:VERSION]); an ensemble refused in one line: its
-    configuration is its steps'."""
+    """The model of the user's repository a search edits (NAME[:VERSION]): one model, or an ensemble whose steps
+    are searched one after another; an ensemble that has an ensemble as a step refused in one line."""
     name, _ = parse_model_ref(model)
-    found = read_model(Path(repository).expanduser().resolve(), name)
-    if found.is_ensemble:
-        raise ConfigError(
-            f"{found.config_path}: {found.kind_field}: searching a pipeline's steps is not built yet; name a step "
-            f"with --model ({', '.join(found.steps) or 'it has none'})"
-        )
+    root = Path(repository).expanduser().resolve()
+    found = read_model(root, name)
+    for i, step in enumerate(found.steps):
+        if read_model(root, step).is_ensemble:
+            raise ConfigError(
+                f"{found.config_path}: ensemble_scheduling.step[{i}].model_name {step!r} is an ensemble: searching a "
+                "pipeline of pipelines is not built yet; name the inner one with --model"
+            )
     return found
+
+
+def pipeline_steps(model: RepositoryModel) -> list[str]:
+    """The models a search edits: an ensemble's steps, each once in the order they run; else the model itself."""
+    return list(dict.fromkeys(model.steps)) if model.is_ensemble else [model.name]
+
+
+def step_space(search: SearchRequest, step_max_batch: int, pipeline_max_batch: int) -> SearchRequest:
+    """A pipeline step's grid: fitted to its own config, and no max batch below the pipeline's (Triton refuses an
+    ensemble that takes larger batches than a step of it)."""
+    fitted, _ = repository_space(search, step_max_batch)
+    if step_max_batch == 0 or pipeline_max_batch == 0:
+        return fitted
+    sizes = [b for b in fitted.space.max_batch_sizes if b >= pipeline_max_batch] or [pipeline_max_batch]
+    return fitted.model_copy(update={"space": fitted.space.model_copy(update={"max_batch_sizes": sizes})})
+
+
+def checkpoint_name(step: str, pipeline: bool) -> str:
+    """A search's checkpoint file: one per step of a pipeline."""
+    return f"search-{step}.jsonl" if pipeline else CHECKPOINT
 
 
 def repository_space(search: SearchRequest, max_batch_size: int) -> tuple[SearchRequest, str | None]:

@@ -8,10 +8,11 @@ from pathlib import Path
 
 from tbench.core.layout import RunLayout
 from tbench.results.html_report import write_html_report
-from tbench.search.config_edit import thread_parameter
+from tbench.search.config_edit import candidate_of, thread_parameter
 from tbench.search.confirm import combined_lines, rounds_from_checkpoint
 from tbench.search.plan import CHECKPOINT
 from tbench.search.request import SearchRequest
+from tbench.search.space import Candidate
 from tbench.search.strategies import Checkpoint, Observation, SearchResult
 from tbench.triton.user_repository import read_config
 
@@ -36,46 +37,41 @@ def threads_note(path: Path | None) -> str:
     return f", {key} {config.parameters[key].string_value}" if key and key in config.parameters else ""
 
 
+def described(configs: dict[str, Path], candidates: dict[str, Candidate]) -> str:
+    """Each model's configuration in words with its threads ('doubler: instances 1, ...; plus_one: ...' for a
+    pipeline's steps, the model's alone otherwise)."""
+    parts = {m: c.describe() + threads_note(configs.get(m)) for m, c in candidates.items()}
+    if len(parts) <= 1:
+        return next(iter(parts.values()), "")
+    return "; ".join(f"{m}: {text}" for m, text in parts.items())
+
+
 def users_config_section(
-    yours: Observation | None, best: Observation | None, recommended: str | None, threads: tuple[str, str] = ("", "")
+    yours: Observation | None, yours_text: str, best: Observation | None, best_text: str, recommended: list[str]
 ) -> str:
     """A repository search's own section: the user's config as written beside the best, measured the same way, and
-    where the recommended config.pbtxt is."""
+    where the recommended config.pbtxt files are."""
     lines = ["", "## Your config beside the best", ""]
     lines += ["| | configuration | throughput (infer/s) | p99 (ms) | status |", "| --- | --- | ---: | ---: | --- |"]
     if yours is not None:
-        lines.append(_row("Your config", yours, f"as written ({yours.candidate.describe()}{threads[0]})"))
+        lines.append(_row("Your config", yours, f"as written ({yours_text})"))
     if best is not None:
-        lines.append(_row("Best", best, best.candidate.describe() + threads[1]))
+        lines.append(_row("Best", best, best_text))
     if recommended:
-        lines += ["", f"The recommended config is `{recommended}`: your config.pbtxt with only these fields changed,"]
-        lines.append("ready to copy back into your repository.")
+        lines += ["", f"Recommended: {', '.join(f'`{r}`' for r in recommended)}: your config.pbtxt with only these"]
+        lines.append("fields changed, ready to copy back into your repository.")
     return "\n".join(lines) + "\n"
 
 
-def write_search_files(
-    layout: RunLayout,
-    result,
-    title: str,
-    yours: Observation | None = None,
-    recommended: Path | None = None,
-    users_config: Path | None = None,
-) -> str:
-    """search.md, search.html, search.json and plots/search.png; returns the markdown. A repository search's own
-    config (`yours`) and recommended config.pbtxt are written beside the best."""
-    plot = result.plot(layout.plots_dir / "search.png")
-    text = result.to_markdown(title=title, plot=plot.relative_to(layout.run_dir).as_posix())
-    relative = recommended.relative_to(layout.run_dir).as_posix() if recommended else None
-    if yours is not None or recommended is not None:
-        threads = (threads_note(users_config), threads_note(recommended))
-        text += users_config_section(yours, result.selection.best, relative, threads)
-    (layout.run_dir / "search.md").write_text(text)
-    write_html_report(
-        layout.run_dir / "search.md", layout.run_dir / "search.html"
-    )  # search.html: the same page, self-contained
+def _markdown(layout: RunLayout, result, title: str, plot_name: str) -> str:
+    plot = result.plot(layout.plots_dir / plot_name)
+    return result.to_markdown(title=title, plot=plot.relative_to(layout.run_dir).as_posix())
+
+
+def _summary(result) -> dict:
     selection = result.selection
     best = selection.best
-    summary = {
+    return {
         "strategy": result.strategy,
         "objective": result.objective.model_dump(),
         "grid_size": result.grid_size,
@@ -91,10 +87,64 @@ def write_search_files(
         "remeasurements": result.remeasurements,
         "confirmation": [r.model_dump(mode="json") for r in result.confirmation],
     }
-    if yours is not None or recommended is not None:
-        summary["your_config"] = yours.model_dump(mode="json") if yours else None
-        summary["recommended_config"] = relative
+
+
+def _write(layout: RunLayout, text: str, summary: dict) -> None:
+    (layout.run_dir / "search.md").write_text(text)
+    write_html_report(layout.run_dir / "search.md", layout.run_dir / "search.html")  # the same page, self-contained
     (layout.run_dir / "search.json").write_text(json.dumps(summary, indent=2))
+
+
+def write_search_files(layout: RunLayout, result, title: str) -> str:
+    """search.md, search.html, search.json and plots/search.png; returns the markdown."""
+    text = _markdown(layout, result, title, "search.png")
+    _write(layout, text, _summary(result))
+    return text
+
+
+def pipeline_summary(pipeline: str, results: dict) -> dict:
+    """search.json of a pipeline's steps searched in turn: each step's, and the last step's best (the pipeline with
+    every step at its best) as the search's."""
+    steps = {step: _summary(result) for step, result in results.items()}
+    last = steps[next(reversed(steps))]
+    return {
+        "pipeline": pipeline,
+        "steps": steps,
+        "grid_size": sum(s["grid_size"] for s in steps.values()),
+        "measured": sum(s["measured"] for s in steps.values()),
+        "seconds": round(sum(s["seconds"] for s in steps.values()), 3),
+        "best": last["best"],
+        "verdict": last["verdict"],
+    }
+
+
+def write_repository_search_files(
+    layout: RunLayout,
+    results: dict,
+    title: str,
+    yours: Observation | None,
+    recommended: dict[str, Path],
+    users_configs: dict[str, Path],
+    pipeline: str = "",
+) -> str:
+    """A repository search's files: search.md, search.html, search.json and its plots, with the user's own config
+    measured beside the best and the recommended config.pbtxt files named. A pipeline's steps (`pipeline`), searched
+    in turn, each get their section and plot (plots/search-<step>.png); returns the markdown."""
+    last = results[next(reversed(results))]
+    if pipeline:
+        text = f"## {title}\n\nThe steps of {pipeline} searched one after another, each with the steps before it at "
+        text += "their best, the pipeline measured whole.\n"
+        text += "".join("\n" + _markdown(layout, r, f"Step {s}", f"search-{s}.png") for s, r in results.items())
+        summary = pipeline_summary(pipeline, results)
+    else:
+        text, summary = _markdown(layout, last, title, "search.png"), _summary(last)
+    bests = {m: r.best.candidate for m, r in results.items() if r.best is not None}
+    users = {m: candidate_of(read_config(path)) for m, path in users_configs.items()}
+    relative = {m: p.relative_to(layout.run_dir).as_posix() for m, p in recommended.items()}
+    best_text = described(recommended, bests) if bests else ""
+    text += users_config_section(yours, described(users_configs, users), last.best, best_text, list(relative.values()))
+    summary |= {"your_config": yours.model_dump(mode="json") if yours else None, "recommended_config": relative}
+    _write(layout, text, summary)
     return text
 
 
