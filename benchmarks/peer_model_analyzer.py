@@ -12,9 +12,11 @@ then both recommended configs re-measured by one referee.
    same model).
 3. **The budget** binds: the user's own config is measured once at the referee's concurrency, and the p99 budget is
    `--budget-factor` times its p99, so the heavier candidates exceed it.
-4. **The referee**: every recommended config on a fresh embedded server, one perf_analyzer call each (the given
-   concurrency, count windows of one shared size, p99 as the stability percentile), in alternating rounds; median
-   throughput and p99 per config.
+4. **The referee**: every recommended config on a fresh embedded server, one perf_analyzer call each (count windows
+   of one shared size, p99 as the stability percentile), in alternating rounds, at the load each tool recommended
+   (tbench's search concurrency, Model Analyzer's pick's); median throughput and p99 per config and load, and its
+   throughput under the budget (the best load whose median p99 holds it). Model Analyzer's pick is measured a second
+   time with the runtime threads per instance of tbench's pick (Model Analyzer cannot search them).
 5. **tbench's half** (`tbench_search`) runs `tbench search --repository DIR --model NAME` in a subprocess; where the
    CLI does not take that yet, the run records the refusal and exits 1 with one line.
 
@@ -43,7 +45,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from provenance import RESULTS, recorded
@@ -566,14 +568,62 @@ def unstable_figures(log_text: str) -> dict | None:
     }
 
 
-def referee(repo: UserRepository, picks: dict[str, dict[str, str]], settings: RefereeSettings, work: Path) -> dict:
-    """Every pick (name -> its configs) measured in alternating rounds; per pick its rounds and their medians."""
-    rounds: dict[str, list[dict]] = {name: [] for name in picks}
+def referee(
+    repo: UserRepository,
+    picks: dict[str, dict[str, str]],
+    settings: RefereeSettings,
+    work: Path,
+    loads: list[int] | None = None,
+    budget_ms: float | None = None,
+) -> dict:
+    """Every pick (name -> its configs) measured in alternating rounds at each of `loads` (concurrencies; the
+    settings' one by default); per pick and load its rounds and their medians, and per pick its throughput under the
+    budget: the highest median throughput of a load whose median p99 holds `budget_ms` (each tool recommends a config
+    at a load, so each is judged at the loads both recommended)."""
+    loads = sorted(set(loads or [settings.concurrency]))
+    rounds: dict[tuple[str, int], list[dict]] = {(name, c): [] for name in picks for c in loads}
     for r, name in alternating_order(list(picks), settings.rounds):
-        measured = measure_once(repo, picks[name], settings, work / f"{name}-round{r}")
-        rounds[name].append({"round": r, **measured})
-        print(f"referee {repo.name} {name} round {r + 1}/{settings.rounds}: {measured}", flush=True)
-    return {name: {**medians(rounds[name]), "rounds": rounds[name]} for name in picks}
+        for c in loads if r % 2 == 0 else reversed(loads):
+            at = replace(settings, concurrency=c)
+            measured = measure_once(repo, picks[name], at, work / f"{name}-c{c}-round{r}")
+            rounds[(name, c)].append({"round": r, **measured})
+            print(f"referee {repo.name} {name} c{c} round {r + 1}/{settings.rounds}: {measured}", flush=True)
+    result = {}
+    for name in picks:
+        by_load = {str(c): {**medians(rounds[(name, c)]), "rounds": rounds[(name, c)]} for c in loads}
+        result[name] = {"loads": by_load, **under_budget(by_load, budget_ms)}
+    return result
+
+
+def under_budget(by_load: dict[str, dict], budget_ms: float | None) -> dict:
+    """A pick's throughput under the budget (its best load whose median p99 holds it; every load without a budget),
+    and that load; None where no load held it."""
+    held = {c: m for c, m in by_load.items() if m.get("rounds_ok") and (budget_ms is None or m["p99_ms"] <= budget_ms)}
+    if not held:
+        return {"throughput": None, "p99_ms": None, "concurrency": None}
+    c, best = max(held.items(), key=lambda item: item[1]["throughput"])
+    return {"throughput": best["throughput"], "p99_ms": best["p99_ms"], "concurrency": int(c)}
+
+
+def with_threads_of(configs: dict[str, str], reference: dict[str, str]) -> dict[str, str] | None:
+    """`configs` with each model's runtime threads per instance set as `reference` sets that model's (Model
+    Analyzer's pick given tbench's threads: it cannot search them); None where no model's threads differ."""
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2 as mc
+
+    from tbench.search.config_edit import thread_parameter, to_text
+
+    changed, out = False, dict(configs)
+    for model, text in configs.items():
+        if model not in reference:
+            continue
+        config = text_format.Parse(text, mc.ModelConfig())
+        ref = text_format.Parse(reference[model], mc.ModelConfig())
+        key = thread_parameter(config)
+        if key and key in ref.parameters and config.parameters[key].string_value != ref.parameters[key].string_value:
+            config.parameters[key].string_value = ref.parameters[key].string_value
+            out[model], changed = to_text(config), True
+    return out if changed else None
 
 
 def user_configs(repo: UserRepository) -> dict[str, str]:
@@ -715,12 +765,19 @@ def compare_repository(repo: UserRepository, plan: Plan, result: dict) -> None:
         if tb["recommended"]:
             picks["tbench"] = tb["recommended"]
             reported.append(tb["reported"]["throughput"])
+    if "tbench" in picks and "model_analyzer" in picks:
+        same = with_threads_of(picks["model_analyzer"], picks["tbench"])
+        if same:  # the goal's third row: Model Analyzer's pick with the runtime threads tbench's pick runs
+            picks["model_analyzer_same_threads"] = same
     settings = RefereeSettings(plan.concurrency, request_count(reported), plan.rounds)
-    result["referee"] = {"settings": vars(settings), "measured": referee(repo, picks, settings, work / "referee")}
+    loads = [plan.concurrency] + ([ma["recommended"]["concurrency"]] if ma["recommended"] else [])
+    measured = referee(repo, picks, settings, work / "referee", loads, result["budget_ms"])
+    result["referee"] = {"settings": vars(settings), "loads": sorted(set(loads)), "measured": measured}
     if not plan.ma_only:
-        measured = result["referee"]["measured"]
-        result["tbench_over_ma_throughput"] = ratio(
-            measured.get("tbench", {}).get("throughput"), measured.get("model_analyzer", {}).get("throughput")
+        tb = measured.get("tbench", {}).get("throughput")
+        result["tbench_over_ma_throughput"] = ratio(tb, measured.get("model_analyzer", {}).get("throughput"))
+        result["tbench_over_ma_same_threads_throughput"] = ratio(
+            tb, measured.get("model_analyzer_same_threads", {}).get("throughput")
         )
         result["tbench_over_ma_wall"] = ratio(result["tbench"]["wall_s"], ma["wall_s"])
 

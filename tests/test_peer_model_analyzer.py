@@ -162,3 +162,22 @@ def test_an_unstable_call_counts_as_its_last_three_windows_marked_unstable():
     assert figures["throughput"] == pytest.approx(2200.0) and figures["p99_ms"] == pytest.approx(10.0)
     assert peer.unstable_figures("error: model not ready\n") is None  # a failure is not a measurement
     assert peer.medians([figures, {"ok": True, "throughput": 1.0, "p99_ms": 1.0}])["rounds_unstable"] == 1
+
+
+def test_a_pick_is_judged_at_its_best_load_that_holds_the_budget():
+    by_load = {
+        "5": {"rounds_ok": 2, "throughput": 2000.0, "p99_ms": 7.0},
+        "8": {"rounds_ok": 2, "throughput": 2300.0, "p99_ms": 9.0},
+    }
+    assert peer.under_budget(by_load, 8.0) == {"throughput": 2000.0, "p99_ms": 7.0, "concurrency": 5}
+    assert peer.under_budget(by_load, None)["concurrency"] == 8
+    assert peer.under_budget(by_load, 5.0)["throughput"] is None
+
+
+def test_model_analyzers_pick_takes_tbenchs_threads_where_they_differ():
+    ma = {"m": 'name: "m"\nbackend: "python"\nparameters { key: "runtime" value { string_value: "onnxruntime" } }\n'
+          'parameters { key: "intra_op_threads" value { string_value: "2" } }\n'}  # fmt: skip
+    tb = {"m": ma["m"].replace('string_value: "2"', 'string_value: "1"')}
+    same = peer.with_threads_of(ma, tb)
+    assert 'key: "intra_op_threads"' in same["m"] and 'string_value: "1"' in same["m"]
+    assert peer.with_threads_of(tb, tb) is None
