@@ -210,3 +210,4 @@ def test_search_of_an_ensembles_steps(tmp_path):
     assert plus_one.backend == "python" and plus_one.dynamic_batching.max_queue_delay_microseconds == 500
     report = (run_dir / "search.md").read_text()
     assert "## Step doubler" in report and "## Step plus_one" in report and "| Your config |" in report
+    assert "plus_one: instances 1, max batch 8, no dynamic batcher)" in report  # the user's, as written

@@ -37,10 +37,18 @@ def threads_note(path: Path | None) -> str:
     return f", {key} {config.parameters[key].string_value}" if key and key in config.parameters else ""
 
 
+def config_words(path: Path | None, candidate: Candidate) -> str:
+    """A configuration in words; one that batches with no dynamic batcher says so (its requests run as they come)."""
+    config = read_config(path) if path is not None and path.is_file() else None
+    if config is not None and config.max_batch_size > 0 and not config.HasField("dynamic_batching"):
+        return f"instances {candidate.instances}, max batch {candidate.max_batch_size}, no dynamic batcher"
+    return candidate.describe()
+
+
 def described(configs: dict[str, Path], candidates: dict[str, Candidate]) -> str:
     """Each model's configuration in words with its threads ('doubler: instances 1, ...; plus_one: ...' for a
     pipeline's steps, the model's alone otherwise)."""
-    parts = {m: c.describe() + threads_note(configs.get(m)) for m, c in candidates.items()}
+    parts = {m: config_words(configs.get(m), c) + threads_note(configs.get(m)) for m, c in candidates.items()}
     if len(parts) <= 1:
         return next(iter(parts.values()), "")
     return "; ".join(f"{m}: {text}" for m, text in parts.items())
