@@ -56,7 +56,7 @@ COMMANDS = {
     "default_runs.json": ".venv/bin/python benchmarks/default_runs.py",
     "machine_noise.json": ".venv/bin/python benchmarks/machine_noise.py",
     "real_aa.json": ".venv/bin/python benchmarks/real_aa.py",
-    "real_aa_planted.json": ".venv/bin/python benchmarks/real_aa.py --planted-only 4",
+    "real_aa_planted.json": ".venv/bin/python benchmarks/real_aa.py --planted-only 8",
     "fast_feedback.json": ".venv/bin/python benchmarks/fast_feedback.py",
     "docker_vs_embedded.json": ".venv/bin/python benchmarks/docker_vs_embedded.py --size small --repeats 2",
     "gpu_check.json": ".venv/bin/python benchmarks/gpu_check.py",
