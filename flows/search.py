@@ -77,7 +77,7 @@ def search_flow(request: BenchmarkRequest = BenchmarkRequest(), search: SearchRe
 def run_search(request: BenchmarkRequest, search: SearchRequest, capacity: CapacityRequest | None = None) -> str:
     """The search on this machine: at a fixed concurrency, or (a capacity plan) each candidate by its sustainable
     rate under the SLO, with the capacity answer written beside the search's files."""
-    if request.repository:  # a model of the user's own repository: its config.pbtxt is the base
+    if getattr(request, "repository", None):  # a model of the user's own repository: its config.pbtxt is the base
         if capacity is not None:
             raise ConfigError("capacity --repository is not built yet: `tbench search --repository DIR --model NAME`")
         return repository_search(request, search)
@@ -172,7 +172,7 @@ def run_search(request: BenchmarkRequest, search: SearchRequest, capacity: Capac
             if capacity is None:
                 if search.objective.p99_budget_ms is not None:  # a p99 a candidate is judged by needs the requests
                     evaluator_args["measurement"] = percentile_measurement(req.measurement, PercentileRule())
-                evaluator = TritonEvaluator(**evaluator_args)
+                evaluator = TritonEvaluator(**evaluator_args, load_budget_ms=search.load_budget_ms)
             else:
                 evaluator = RateEvaluator(
                     **evaluator_args,
@@ -255,6 +255,7 @@ def repository_search(request: BenchmarkRequest, search: SearchRequest) -> str:
                 online_batch_size=sweep.online_batch_size,
                 cpu_cores=hardware.cpu_cores,
                 base=read_config(layout.repository_dir / name / CONFIG_FILE),
+                load_budget_ms=search.load_budget_ms,
             )
             for step in pipeline_steps(target):
                 step_evaluator = evaluator_for(evaluator, step, found.pipeline)
@@ -405,7 +406,7 @@ def _finish(
                 result = partial_result(layout, search)
             if result is not None:
                 what = (
-                    f"{req.repository_model} from {req.repository}" if req.repository else f"{req.model} ({req.size})"
+                    f"{req.repository_model} from {req.repository}" if found else f"{req.model} ({req.size})"
                 )
                 title = (
                     f"Configuration search: {what}, concurrency {concurrency}, "

@@ -285,8 +285,8 @@ def test_markdown_and_plot(tmp_path):
     assert "Measured **60 of 60** configurations (100.0% of the grid" in text
     assert f"**Best configuration**: {best.describe()}" in text
     assert (
-        "| # | format | instances | max batch | preferred | queue delay (us) | throughput (infer/s) | p99 (ms) |"
-        in text
+        "| # | format | instances | max batch | preferred | queue delay (us) | clients | throughput (infer/s) | "
+        "p99 (ms) |" in text
     )
     table = [ln for ln in text.splitlines() if ln.startswith("| ") and ln[2].isdigit()]
     assert len(table) == 10 and table[0].startswith(f"| 1 | - | {best.instances} | {best.max_batch_size} |")
@@ -624,3 +624,30 @@ def test_confirmation_leaves_unknown_noise_alone_and_a_smart_search_confirms_at_
     smart = smart_search(PAIR, Objective(p99_budget_ms=1000), evaluator, budget_fraction=1.0)
     assert smart.measured == 2 and 1 <= len(smart.confirmation) <= confirm.SMART_CONFIRM_ROUNDS
     assert smart.best.candidate.key == two
+
+
+def test_a_candidates_load_is_searched_up_to_the_last_that_holds_the_budget():
+    """Per candidate, its best concurrency whose p99 holds the budget (as Model Analyzer sweeps concurrency): the
+    sweep stops where the p99 leaves the budget, where throughput stops growing, or at a failed point."""
+    from tbench.search.evaluate import load_steps, search_load
+    from tbench.search.space import Candidate
+    from tbench.search.strategies import Observation
+
+    assert load_steps(8) == [1, 2, 4, 8] and load_steps(6) == [1, 2, 4, 6] and load_steps(1) == [1]
+    candidate = Candidate(instances=1, max_batch_size=8)
+    figures = {1: (400, 2.0), 2: (700, 3.0), 4: (1000, 5.0), 8: (1100, 12.0)}  # (infer/s, p99 ms) per load
+    measured = []
+
+    def at(c: int) -> Observation:
+        measured.append(c)
+        tput, p99 = figures[c]
+        return Observation(candidate=candidate, throughput=tput, p99_ms=p99, concurrency=c)
+
+    best = search_load(at, load_steps(8), budget_ms=6.0)
+    assert best.concurrency == 4 and measured == [1, 2, 4, 8]  # 8 measured, over the budget: 4 is the answer
+    measured.clear()
+    figures[4] = (720, 4.0)  # saturated at 2: 4 adds under 5%, so 8 is not tried
+    best = search_load(at, load_steps(8), budget_ms=6.0)
+    assert best.concurrency == 4 and measured == [1, 2, 4]
+    none = search_load(at, load_steps(8), budget_ms=1.0)  # even one client is over: the lightest load, infeasible
+    assert none.concurrency == 1 and none.p99_ms > 1.0

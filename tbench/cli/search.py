@@ -87,6 +87,12 @@ def search(
     concurrency: int = typer.Option(
         None, help="Closed-loop clients per measurement (the model's largest online concurrency by default)."
     ),
+    search_load: bool = typer.Option(
+        True,
+        "--search-load/--fixed-load",
+        help="With --p99-budget-ms, each candidate's best load up to --concurrency (powers of two) whose p99 holds "
+        "the budget: a configuration at a load. --fixed-load: every candidate at --concurrency.",
+    ),
     resume: str = typer.Option(
         None, help="An interrupted search's run folder (or search.jsonl): measured candidates are not measured again."
     ),
@@ -125,6 +131,7 @@ def search(
             strategy=strategy,
             budget_fraction=budget_fraction,
             concurrency=concurrency,
+            search_load=search_load,
             confirm_rounds=confirm_rounds,
             resume_from=resume,
         )

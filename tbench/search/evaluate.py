@@ -97,6 +97,9 @@ class TritonEvaluator:
     cpu_cores: int = 1
     load_timeout_s: float = 300.0
     gpu_env: dict[str, str] = field(default_factory=dict)  # perf_analyzer sees the server's GPU only (pinned_env)
+    # the load searched per candidate: its best concurrency up to `concurrency` whose p99 holds this budget (None:
+    # measured at `concurrency` alone)
+    load_budget_ms: float | None = None
 
     def __post_init__(self):
         self.binary = tools.perf_analyzer_binary()
@@ -226,8 +229,17 @@ class TritonEvaluator:
         ).get(batch)
 
     def measure(self, candidate: Candidate, variant: ServedVariant, layout: RunLayout) -> Observation:
-        """One loaded candidate at the search's closed-loop load: `concurrency` clients."""
-        point = Point(Scenario.ONLINE, self.online_batch_size, self.concurrency)
+        """One loaded candidate at the search's closed-loop load: `concurrency` clients, or, with a budget to search
+        the load against, its best load (search_load)."""
+        if self.load_budget_ms is None:
+            return self.measure_at(candidate, variant, layout, self.concurrency)
+        return search_load(
+            lambda c: self.measure_at(candidate, variant, layout, c), load_steps(self.concurrency), self.load_budget_ms
+        )
+
+    def measure_at(self, candidate: Candidate, variant: ServedVariant, layout: RunLayout, concurrency: int):
+        """One loaded candidate at `concurrency` closed-loop clients."""
+        point = Point(Scenario.ONLINE, self.online_batch_size, concurrency)
         row = measure_point(
             point,
             model=self.measured_name,
@@ -239,10 +251,10 @@ class TritonEvaluator:
             env=self.env,
             inputs=self.inputs,
             latency_s=self.warmed_latency(
-                variant, formed_batch_sizes(self.online_batch_size, candidate.max_batch_size, self.concurrency)
+                variant, formed_batch_sizes(self.online_batch_size, candidate.max_batch_size, concurrency)
             ),
         )
-        observation = observation_from_row(candidate, row, 0.0)
+        observation = observation_from_row(candidate, row, 0.0).model_copy(update={"concurrency": concurrency})
         log = layout.run_dir / perf_log_for(row["source_file"]) if row.get("source_file") else None
         if observation.ok and log is not None and log.is_file():
             noise = noise_from_log(log.read_text(errors="replace"))
@@ -301,6 +313,33 @@ class RepositoryEvaluator(TritonEvaluator):
             client.load_model(self.name, config=config_json(self.written), client_timeout=self.load_timeout_s)
         finally:
             client.close()
+
+
+SATURATED_GAIN = 0.05  # a load whose throughput grew less than this over the one before: more clients only queue
+
+
+def load_steps(top: int) -> list[int]:
+    """The loads a candidate is tried at, lightest first: powers of two up to `top`, and `top` (as Model Analyzer
+    sweeps concurrency)."""
+    steps = [2**i for i in range(top.bit_length()) if 2**i < top]
+    return [*steps, top]
+
+
+def search_load(measure_at, loads: list[int], budget_ms: float) -> Observation:
+    """A candidate's best load: measured at each of `loads` in turn until its p99 leaves the budget (a heavier load
+    only lengthens the queue), its throughput stops growing (SATURATED_GAIN) or a point fails; the observation of the
+    highest throughput within the budget, else the lightest load's (infeasible, kept as measured)."""
+    best: Observation | None = None
+    for concurrency in loads:
+        observation = measure_at(concurrency)
+        if not observation.ok:
+            return best or observation
+        if observation.p99_ms > budget_ms:
+            return best or observation
+        if best is not None and observation.throughput < best.throughput * (1 + SATURATED_GAIN):
+            return observation if observation.throughput > best.throughput else best
+        best = observation
+    return best
 
 
 def artifact_key(text: str) -> str:

@@ -52,6 +52,9 @@ class Observation(BaseModel):
         ge=0,
         description="0: measured by the search; r >= 1: re-measured in confirmation round r (tbench.search.confirm).",
     )
+    concurrency: int | None = Field(
+        None, ge=1, description="The closed-loop clients of its figures: the load searched, or the search's one."
+    )
 
     @property
     def ok(self) -> bool:

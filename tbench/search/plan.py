@@ -70,6 +70,7 @@ def search_context(req, search: SearchRequest, plan: dict, hardware) -> dict:
         "space": search.space.model_dump(mode="json"),
         "objective": search.objective.model_dump(mode="json"),
         "concurrency": search.concurrency or max(req.concurrency),
+        "load_budget_ms": search.load_budget_ms,  # each candidate's load searched against it, or one load
         "online_batch_size": req.online_batch_size,
         "measurement": req.measurement.model_dump(mode="json"),
         "machine": {k: getattr(hardware, k) for k in ("cpu_model", "cpu_cores", "gpus", "gpu_uuids", "driver", "cuda")},

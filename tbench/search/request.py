@@ -36,6 +36,12 @@ class SearchRequest(BaseModel):
         ge=1,
         description="Closed-loop clients per measurement; the largest of the request's online concurrency by default.",
     )
+    search_load: bool = Field(
+        True,
+        description="With a p99 budget, each candidate's load is searched too: its best concurrency up to "
+        "`concurrency` (powers of two) whose p99 holds the budget, so the answer is a configuration at a load; "
+        "false: every candidate at `concurrency`.",
+    )
     confirm_rounds: int | None = Field(
         None,
         ge=0,
@@ -48,3 +54,9 @@ class SearchRequest(BaseModel):
         description="Resume an interrupted search: its checkpoint (search.jsonl) or "
         "its run folder; measured candidates are read back, not measured again.",
     )
+
+    @property
+    def load_budget_ms(self) -> float | None:
+        """The budget each candidate's load is searched against (search_load), or None: measured at one load."""
+        searched = self.search_load and self.objective.goal == "max_throughput"
+        return self.objective.p99_budget_ms if searched else None

@@ -128,8 +128,9 @@ class SearchResult(BaseModel):
         ]
         if best is not None:
             lines += [
-                f"**Best configuration**: {best.candidate.describe()}: **{best.throughput:.1f} infer/s**, "
-                f"p99 {best.p99_ms:.2f} ms.",
+                f"**Best configuration**: {best.candidate.describe()}"
+                + (f" at {best.concurrency} concurrent clients" if best.concurrency else "")
+                + f": **{best.throughput:.1f} infer/s**, p99 {best.p99_ms:.2f} ms.",
                 "",
                 _verdict_line(selection),
                 "",
@@ -245,16 +246,16 @@ def _confirmation_line(rounds: list[ConfirmationRound]) -> str:
 
 def _table(observations: list[Observation]) -> str:
     header = (
-        "| # | format | instances | max batch | preferred | queue delay (us) | throughput (infer/s) | p99 (ms) | "
-        "windows |"
+        "| # | format | instances | max batch | preferred | queue delay (us) | clients | throughput (infer/s) | "
+        "p99 (ms) | windows |"
     )
-    rows = [header, "|---|---|---:|---:|---|---:|---:|---:|---:|"]
+    rows = [header, "|---|---|---:|---:|---|---:|---:|---:|---:|---:|"]
     for i, o in enumerate(observations, 1):
         c = o.candidate
         pref = ",".join(map(str, c.preferred_batch_sizes)) or "none"
         rows.append(
             f"| {i} | {c.format or '-'} | {c.instances} | {c.max_batch_size} | {pref} | {c.queue_delay_us} | "
-            f"{o.throughput:.1f} | {o.p99_ms:.2f} | {o.windows} |"
+            f"{o.concurrency or '-'} | {o.throughput:.1f} | {o.p99_ms:.2f} | {o.windows} |"
         )
     return "\n".join(rows)
 
