@@ -405,9 +405,7 @@ def _finish(
             if result is None and tracker.layout.run_dir.joinpath(CHECKPOINT).exists():
                 result = partial_result(layout, search)
             if result is not None:
-                what = (
-                    f"{req.repository_model} from {req.repository}" if found else f"{req.model} ({req.size})"
-                )
+                what = f"{req.repository_model} from {req.repository}" if found else f"{req.model} ({req.size})"
                 title = (
                     f"Configuration search: {what}, concurrency {concurrency}, "
                     f"{device.label if device else hardware.gpu_label}"
