@@ -708,7 +708,12 @@ def tbench_search(repo_dir: Path, model: str, budget_ms: float, space: Space, co
         "measured": summary.get("measured"),
         "grid_size": summary.get("grid_size"),
         "recommended": recommended_configs(run_dir, model) if best else None,
-        "reported": {"throughput": best.get("throughput"), "p99_ms": best.get("p99_ms"), "candidate": best},
+        "reported": {
+            "throughput": best.get("throughput"),
+            "p99_ms": best.get("p99_ms"),
+            "concurrency": best.get("concurrency"),  # the load its search chose (search_load)
+            "candidate": best,
+        },
     }
 
 
@@ -774,7 +779,10 @@ def compare_repository(repo: UserRepository, plan: Plan, result: dict) -> None:
         if same:  # the goal's third row: Model Analyzer's pick with the runtime threads tbench's pick runs
             picks["model_analyzer_same_threads"] = same
     settings = RefereeSettings(plan.concurrency, request_count(reported), plan.rounds)
-    loads = [plan.concurrency] + ([ma["recommended"]["concurrency"]] if ma["recommended"] else [])
+    # the loads each tool recommended its pick at (tbench's search chooses one per candidate), and the sweep's top
+    recommended = [ma["recommended"]] if ma["recommended"] else []
+    recommended += [result["tbench"]["reported"]] if "tbench" in picks else []
+    loads = [plan.concurrency] + [r["concurrency"] for r in recommended if r.get("concurrency")]
     measured = referee(repo, picks, settings, work / "referee", loads, result["budget_ms"])
     result["referee"] = {"settings": vars(settings), "loads": sorted(set(loads)), "measured": measured}
     if not plan.ma_only:
