@@ -7,19 +7,10 @@ from __future__ import annotations
 
 from tbench.core.errors import ConfigError
 from tbench.request.benchmark import BenchmarkRequest
-from tbench.request.served import NOT_FOR_SERVED
+from tbench.request.served import NOT_FOR_SERVED, SERVER_START_FIELDS
 from tbench.request.server_options import check_server_options, cli_name
 
-# the server's own options: tbench starts the server that serves the copy
-SERVER_START_FIELDS = (
-    "docker_image",
-    "gpus",
-    "docker_ulimits",
-    "tritonserver",
-    "backend_dir",
-    "http_port",
-    "grpc_port",
-)
+# the server's own options apply: tbench starts the server that serves the copy
 NOT_FOR_REPOSITORY = tuple(f for f in NOT_FOR_SERVED if f not in (*SERVER_START_FIELDS, "model"))
 
 

@@ -13,6 +13,16 @@ from tbench.request.load import arrival_load, checked_load
 from tbench.request.server_options import cli_name
 
 # fields that export a model or write its Triton config: the server already has the model as it serves it
+# the options of a server tbench starts (a served model's server is someone else's; a repository's is ours)
+SERVER_START_FIELDS = (
+    "docker_image",
+    "gpus",
+    "docker_ulimits",
+    "tritonserver",
+    "backend_dir",
+    "http_port",
+    "grpc_port",
+)
 NOT_FOR_SERVED = (
     "model",
     "model_file",
@@ -36,13 +46,7 @@ NOT_FOR_SERVED = (
     "tolerance_rtol",
     "trt_shapes",
     "calibration_samples",
-    "docker_image",
-    "gpus",
-    "docker_ulimits",
-    "tritonserver",
-    "backend_dir",
-    "http_port",
-    "grpc_port",
+    *SERVER_START_FIELDS,
 )
 # the defaults a served model is swept with, by profile (the node's: a GPU node sweeps wider)
 SERVED_BATCH_SIZES = {"cpu": [1, 2, 4, 8], "gpu": [1, 2, 4, 8, 16, 32, 64]}

@@ -4,9 +4,10 @@ instances said at initialize (model.py's TENSOR_MARK lines in the server's log),
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from pathlib import Path
+
+from tbench.triton.serving import marked_reports
 
 TENSOR_MARK = "TBENCH_TENSORS "  # tbench/triton/python_backend/model.py prints this and a JSON object per instance
 
@@ -14,15 +15,8 @@ TENSOR_MARK = "TBENCH_TENSORS "  # tbench/triton/python_backend/model.py prints 
 def tensor_reports(log_text: str) -> dict[str, dict[str, str]]:
     """{Triton model name: {"path": dlpack | numpy, "why": ...}}; the last instance's line where several printed."""
     paths: dict[str, dict[str, str]] = {}
-    for line in log_text.splitlines():
-        _, mark, rest = line.partition(TENSOR_MARK)
-        if not mark:
-            continue
-        try:
-            report = json.loads(rest)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(report, dict) and "model" in report and "path" in report:
+    for report in marked_reports(log_text, TENSOR_MARK):
+        if "path" in report:
             paths[str(report["model"])] = {"path": str(report["path"]), "why": str(report.get("why", ""))}
     return paths
 

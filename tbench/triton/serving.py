@@ -98,19 +98,28 @@ def served_on(
     return ServedOn(label=gpu_label(hardware, uuids), kind="KIND_GPU", gpu_uuids=uuids)
 
 
-def device_reports(log_text: str) -> dict[str, list[dict]]:
-    """model.py's DEVICE_MARK lines of a server log: {Triton model name: [one report per instance]}."""
-    reports: dict[str, list[dict]] = {}
+def marked_reports(log_text: str, mark: str) -> list[dict]:
+    """The JSON objects model.py printed after `mark` in a server log (one per instance), each naming its "model";
+    a line that is not one is skipped."""
+    reports = []
     for line in log_text.splitlines():
-        _, mark, rest = line.partition(DEVICE_MARK)
-        if not mark:
+        _, found, rest = line.partition(mark)
+        if not found:
             continue
         try:
             report = json.loads(rest)
         except json.JSONDecodeError:
             continue
         if isinstance(report, dict) and "model" in report:
-            reports.setdefault(str(report["model"]), []).append(report)
+            reports.append(report)
+    return reports
+
+
+def device_reports(log_text: str) -> dict[str, list[dict]]:
+    """model.py's DEVICE_MARK lines of a server log: {Triton model name: [one report per instance]}."""
+    reports: dict[str, list[dict]] = {}
+    for report in marked_reports(log_text, DEVICE_MARK):
+        reports.setdefault(str(report["model"]), []).append(report)
     return reports
 
 
