@@ -287,9 +287,13 @@ def test_each_request_of_a_trace_carries_the_sample_it_names_on_the_real_server(
     position = {1000.0 + sample: k for k, sample in enumerate(order)}  # a served value -> its request in the trace
     served = [position.get(v, -1) for v in map(float, record.read_text().split())]  # -1: the warm-up's zeros
     # perf_analyzer's requests are the last (the warm-up sent the samples before, in their file's order): they follow
-    # the trace, request after request, looping over it
-    steps = np.diff(served[-3 * count :]) % count
-    assert (steps == 1).mean() > 0.97, served
+    # the trace, request after request, looping over it. Two requests sent by different threads a few ms apart can
+    # reach the server swapped on a loaded machine, so each must sit within 2 places of its turn (the trace's order is
+    # a random permutation of the file's: samples sent in the file's order would land anywhere).
+    last = np.array(served[-3 * count :])
+    turn = np.bincount((last - np.arange(len(last))) % count).argmax()  # where the loop over the trace starts
+    off_turn = (last - np.arange(len(last)) - turn) % count
+    assert (np.minimum(off_turn, count - off_turn) <= 2).mean() > 0.97, served
 
 
 def test_a_rate_schedule_is_a_trace_that_ramps(tmp_path):
