@@ -259,7 +259,7 @@ def _quiet_prefect(verbose: bool) -> None:
         os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "CRITICAL")
 
 
-def _run_with_progress(start_flow, done: str, verbose: bool = False) -> None:
+def _run_with_progress(start_flow, done: str, verbose: bool = False, points_exit: bool = True) -> str:
     """Run a flow with a rich progress bar in the CLI's own Prefect API; print `done` (a file of the run folder) and the
     run folder. Every way a run can end is one line and an exit code: completed 0, completed with failed points 3,
     failed 1 (a BenchError's message, or the type and first line of anything else; the traceback is in the run's
@@ -307,11 +307,12 @@ def _run_with_progress(start_flow, done: str, verbose: bool = False) -> None:
         if listener:
             progress.unsubscribe(listener)
     console.print(f"[green]{done}:[/] {url}/{done}")
-    if listener.status == "completed_with_failures":
+    if points_exit and listener.status == "completed_with_failures":
         console.print(f"[yellow]completed with failed points:[/] {listener.detail}")
         typer.echo(url)
         raise typer.Exit(EXIT_FAILED_POINTS)
     typer.echo(url)
+    return url
 
 
 def search_space(

@@ -104,6 +104,14 @@ def run(
     serving: ServerOptions = ServerOptions(),
     windows: WindowOptions = WindowOptions(),
     trials: int = typer.Option(1, "--trials", metavar="N", help=field_help("trials")),
+    against: str = typer.Option(
+        None,
+        "--against",
+        metavar="MODEL_FILE",
+        help="Measure this model file too, as the baseline of --model-file: --trials N rounds, each the two files' "
+        "runs back to back (the order alternating), then the comparison paired by round (what moved the machine in "
+        "a round moved both); exit as `tbench compare` does. The session's folder: <output>/sessions/<id>.",
+    ),
     pin_cpus: bool = typer.Option(True, "--pin-cpus/--no-pin-cpus", help=field_help("pin_cpus")),
     direct: bool = typer.Option(False, "--direct", help=field_help("direct")),
     verbose: Verbose = False,
@@ -159,13 +167,42 @@ def run(
 
             resolved = request.resolve(hardware.detect().has_gpu)  # fail fast, before Prefect starts
             preflight(resolved)  # ports, paths, output root, artifact store, this node's tools: before anything starts
+        if against:
+            check_against(request, against)
 
     if not verbose:
         _quiet_onnxruntime()
     start_early()  # the run's Prefect API starts while the flows are imported
+    if against:
+        _ab_session(request, against, verbose)
     from flows.benchmark import benchmark_flow
 
     _run_with_progress(lambda: benchmark_flow(request), "report.md", verbose)
+
+
+def check_against(request, against: str) -> None:
+    """--against: a model file beside --model-file, measured in rounds (--trials 2 or more); its own request resolves
+    as the candidate's does (the file is read, its inputs checked) before anything starts."""
+    from tbench.core.errors import ConfigError
+    from tbench.node import hardware
+    from tbench.stages.ab_session import side_requests
+
+    if not request.model_file or request.served_model or request.repository:
+        raise ConfigError("--against MODEL_FILE measures a model file against --model-file: give --model-file too")
+    if request.trials < 2:
+        raise ConfigError("--against measures the two files round by round: give --trials N, the rounds (2 or more)")
+    side_requests(request, against)["baseline"].resolve(hardware.detect().has_gpu)
+
+
+def _ab_session(request, against: str, verbose: bool) -> None:
+    """`--against`: the two model files round by round, then the paired comparison's line and exit code."""
+    from flows.session import ab_session_flow
+    from tbench.stages.ab_session import read_session
+
+    url = _run_with_progress(lambda: ab_session_flow(request, against), "comparison.md", verbose, points_exit=False)
+    session = read_session(url)
+    typer.echo(session["summary"])
+    raise typer.Exit(session["exit_code"])
 
 
 def served_model_answers(request):

@@ -66,6 +66,15 @@ def has_credentials(url: str) -> bool:
 MAX_TRIALS = 50  # --trials: server processes per point
 
 
+class SessionRound(BaseModel):
+    """A run's place in an A/B session (`tbench run --against`): the baseline's and the candidate's runs measured
+    round by round, back to back, so that a drift of the machine hits both alike and `tbench compare` can pair them."""
+
+    id: str
+    side: Literal["baseline", "candidate"]
+    round: int = Field(ge=1)
+
+
 class BenchmarkRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)  # a misspelt field is an error, not ignored
 
@@ -170,6 +179,9 @@ class BenchmarkRequest(BaseModel):
         description="Each point measured in this many separate server processes (a fresh server per trial); the "
         "spread between trials is the run-to-run noise that `tbench compare` and the history judge by. 1: one "
         "trial, the run-to-run spread unknown.",
+    )
+    session: SessionRound | None = Field(
+        None, description="Set by `tbench run --against`: this run's side and round in its A/B session."
     )
     direct: bool = Field(
         False,
@@ -473,6 +485,7 @@ class ResolvedRequest(BaseModel):
     accuracy_batch_size: int
     measurement: Measurement
     trials: int = 1
+    session: SessionRound | None = None
     direct: bool = False
     pin_cpus: bool = True
     output: str

@@ -84,8 +84,9 @@ from tbench.results.comparison import (  # the vocabulary, re-exported: `tbench 
     _missing,
     too_few_p99_requests,
 )
-from tbench.results.run_noise import MAX_TRIALS, TRIAL, RunSpread, run_spread, trial_rows
+from tbench.results.run_noise import MAX_TRIALS, TRIAL, RunSpread, paired_spread, run_spread, trial_rows
 from tbench.results.run_results import RunResults, _largest, load_run, p99_requests, p99_standard_error, with_noise
+from tbench.results.session import Pairing, load_side
 
 # --- matching and verdicts --------------------------------------------------------------------------------------------
 
@@ -301,8 +302,8 @@ def _best_keys(entries: list[tuple[tuple, float]]) -> set[tuple]:
 
 
 def compare_runs(
-    baseline: RunResults | str | Path,
-    candidate: RunResults | str | Path,
+    baseline: RunResults | str | Path | list,
+    candidate: RunResults | str | Path | list,
     min_effect: float = 0.05,
     k: float = 3.0,
     run_cv: float | None = None,
@@ -312,10 +313,13 @@ def compare_runs(
     """Match the two runs' points on `MATCH_KEYS` and judge each against its noise and the run-to-run spread (from
     the runs' trials, else as stated: `run_cv` for throughput and mean latency, `run_cv_p99` for the p99, else unknown:
     tbench.results.run_noise); `min_effect_p99`: the p99's smallest effect where not `min_effect`; see the module
-    docstring."""
-    base = baseline if isinstance(baseline, RunResults) else load_run(baseline)
-    cand = candidate if isinstance(candidate, RunResults) else load_run(candidate)
+    docstring. A side may be several runs (a list, or folders joined by commas), each a trial; the two sides of one
+    A/B session (`tbench run --against`) are judged round by round (tbench.results.session)."""
+    base, cand = load_side(baseline), load_side(candidate)
+    pairing = Pairing.of(base, cand)
     b_res, c_res = base.results, cand.results
+    if pairing:  # two model files of one plan: their points match whatever the files are called
+        b_res = b_res.assign(model=c_res["model"].iloc[0]) if len(c_res) else b_res
     older = {k for k in RECENT_KEYS if not (_recorded(b_res, k) and _recorded(c_res, k))}
     b_keys, c_keys = _keyed(b_res, older), _keyed(c_res, older)
 
@@ -354,11 +358,17 @@ def compare_runs(
                 }
             )
             continue
-        matched.append((key, bi, ci, trial_rows(b_res, bi), trial_rows(c_res, ci)))
+        b_rows, c_rows = trial_rows(b_res, bi), trial_rows(c_res, ci)
+        if pairing:  # the rounds both sides measured: a round one side lost pairs with nothing
+            b_rows, c_rows = b_rows[b_rows[TRIAL].isin(c_rows[TRIAL])], c_rows[c_rows[TRIAL].isin(b_rows[TRIAL])]
+        matched.append((key, bi, ci, b_rows, c_rows))
 
-    groups = [g for _, _, _, b_rows, c_rows in matched for g in (b_rows, c_rows)]
-    stated = {TPUT: run_cv, AVG_MS: run_cv, P99: run_cv_p99}
-    spread = run_spread(groups, [TPUT, AVG_MS, P99], stated=stated)
+    metrics = [TPUT, AVG_MS, P99]
+    if pairing:
+        spread = paired_spread([(b_rows, c_rows) for _, _, _, b_rows, c_rows in matched], metrics)
+    else:
+        groups = [g for _, _, _, b_rows, c_rows in matched for g in (b_rows, c_rows)]
+        spread = run_spread(groups, metrics, stated={TPUT: run_cv, AVG_MS: run_cv, P99: run_cv_p99})
     comparison = Comparison(base.source, cand.source, min_effect, k, NO_CHANGE, "", pd.DataFrame(), pd.DataFrame())
     comparison.min_effect_p99 = min_effect_p99
     rows, keys = [], []
@@ -476,7 +486,7 @@ def _unresolved_reason(undetermined_best: pd.DataFrame, spread: RunSpread, effec
     hardest = next((m for m, n in asks.items() if n is None or n == needed), TPUT)
     effect = f"{100 * effects[hardest]:g}%" + (" of the p99" if hardest == P99 else "")
     if needed:
-        advice = f"--trials {needed} per run would resolve {effect}"
+        advice = f"--trials {needed} " + ("rounds" if spread.paired else "per run") + f" would resolve {effect}"
     else:
         advice = f"no --trials up to {MAX_TRIALS} resolves {effect} (a quieter machine would"
         advice += ", or a larger --min-effect-p99)" if hardest == P99 else ")"

@@ -5,6 +5,9 @@ while fresh runs of one commit moved 4.5-20% per point): a rule that takes the w
 every second A/A comparison a regression. The spread between runs is measured where it can be:
 - **trials** (`tbench run --trials N`): each point measured in N server processes; a run's spread is the pooled
   variance of the log of its points' trials (each point's trials against their own mean), the two runs' pooled again;
+- **paired** (`tbench run --against`: an A/B session, baseline and candidate runs measured round by round): the
+  spread of each round's ratio, candidate over baseline, tested with one degree of freedom per round (a paired t-test);
+  a slow stretch of the machine that moves a whole run (up to 22% here) moves both runs of its round and cancels;
 - **stated**: a floor given for the machine (`tbench compare --run-cv`, and `--run-cv-p99` for the tail, which moves
   far more), e.g. from its history or a record;
 - otherwise it is **unknown**, and no change can be put on the model (the windows say nothing of it).
@@ -45,6 +48,7 @@ class RunSpread:
     cv: dict[str, float] = field(default_factory=dict)
     measured: bool = False
     source: str = "unknown"
+    paired: bool = False  # from an A/B session's rounds: each baseline trial measured beside its candidate trial
 
     def known(self, metric: str) -> bool:
         return not math.isnan(self.cv.get(metric, math.nan))
@@ -52,6 +56,8 @@ class RunSpread:
     def df(self, n_baseline: int, n_candidate: int) -> float:
         """The spread's degrees of freedom: a measured one's, as if each trial's points moved together (a slow server
         process is slow at every point, so its points add no independent evidence); a stated one is taken as known."""
+        if self.paired:  # one difference per round
+            return float(max(1, min(n_baseline, n_candidate) - 1))
         return float(max(1, n_baseline - 1 + n_candidate - 1)) if self.measured else math.inf
 
     def threshold(self, metric: str, n_baseline: int, n_candidate: int) -> float:
@@ -74,6 +80,8 @@ class RunSpread:
     def describe(self, metric: str) -> str:
         if not self.known(metric):
             return "run-to-run spread unknown"
+        if self.paired:  # the cv kept is the ratio's over sqrt(2): the figure a reader can check is the ratio's
+            return f"spread of the rounds' ratios {100 * math.sqrt(2) * self.cv[metric]:.1f}% ({self.source})"
         return f"run-to-run spread {100 * self.cv[metric]:.1f}% ({self.source})"
 
 
@@ -107,6 +115,28 @@ def pooled_spread(groups: list[pd.DataFrame], metrics: list[str]) -> tuple[dict[
         cvs[metric] = math.sqrt(squares / dof) if dof else math.nan
         df = max(df, dof)
     return cvs, df
+
+
+def paired_spread(pairs: list[tuple[pd.DataFrame, pd.DataFrame]], metrics: list[str]) -> RunSpread:
+    """The spread of an A/B session's matched points (`pairs`: each point's baseline and candidate trial rows, one
+    per round): the pooled variance of the log of each round's ratio (each point's against its own mean), halved so
+    that Welch's scale sqrt(1/n + 1/n) gives the paired test's sd/sqrt(n). What moved a whole round moved both sides
+    and cancels."""
+    cvs = {}
+    rounds = 0
+    for metric in metrics:
+        squares, dof = 0.0, 0
+        for b_rows, c_rows in pairs:
+            both = b_rows[[TRIAL, metric]].merge(c_rows[[TRIAL, metric]], on=TRIAL, suffixes=("_b", "_c")).dropna()
+            b, c = both[f"{metric}_b"].to_numpy(dtype=float), both[f"{metric}_c"].to_numpy(dtype=float)
+            if len(b) < 2 or (b <= 0).any() or (c <= 0).any():
+                continue
+            d = np.log(c) - np.log(b)
+            squares += float(np.sum((d - d.mean()) ** 2))
+            dof += len(d) - 1
+            rounds = max(rounds, len(d))
+        cvs[metric] = math.sqrt(squares / dof / 2) if dof else math.nan
+    return RunSpread(cvs, True, f"paired over {rounds} rounds of one A/B session", paired=True)
 
 
 def run_spread(
