@@ -240,9 +240,9 @@ def test_every_benchmark_writes_through_provenance(script):
     source = script.read_text()
     assert "from provenance import" in source and "recorded(RESULTS / " in source
     # the sleeper's size is its service time (benchmarks/capacity_truth.py), a simulation's the truth it simulates; a
-    # script that measures no model (the fuzz, the kit's build) says so
+    # script that measures no model (the fuzz, the kit's build) says so; the tiny model has one size
     sized = any(f'"--{o}' in source for o in ("size", "plan", "service-ms")) or any(
-        f'model_sizes=["{kind}' in source for kind in ("simulated", "no model: ")
+        f'model_sizes=["{kind}' in source for kind in ("simulated", "no model: ", "tiny onnx")
     )
     assert "model_sizes" in source and sized
     assert "write_text(json.dumps" not in source and "json.dump(" not in source
