@@ -57,7 +57,7 @@ COMMANDS = {
     "machine_noise.json": ".venv/bin/python benchmarks/machine_noise.py",
     "real_aa.json": ".venv/bin/python benchmarks/real_aa.py",
     "real_aa_planted.json": ".venv/bin/python benchmarks/real_aa.py --planted-only 8",
-    "real_ab_sessions.json": ".venv/bin/python benchmarks/real_ab_sessions.py",
+    "real_ab_sessions.json": ".venv/bin/python benchmarks/real_ab_sessions.py --sessions 10 --aa-sessions 3",
     "fast_feedback.json": ".venv/bin/python benchmarks/fast_feedback.py",
     "docker_vs_embedded.json": ".venv/bin/python benchmarks/docker_vs_embedded.py --size small --repeats 2",
     "gpu_check.json": ".venv/bin/python benchmarks/gpu_check.py",

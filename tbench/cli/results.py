@@ -14,8 +14,12 @@ from tbench.core.errors import StorageError
 
 
 def compare(
-    baseline: str = typer.Argument(..., help="The baseline run folder (a path or an fsspec URL)."),
-    candidate: str = typer.Argument(..., help="The run to judge against it."),
+    baseline: str = typer.Argument(
+        ...,
+        help="The baseline run folder (a path or an fsspec URL), or several joined by commas, each a trial (an A/B "
+        "session's runs, `tbench run --against`, are paired by round).",
+    ),
+    candidate: str = typer.Argument(..., help="The run (or runs, joined by commas) to judge against it."),
     min_effect: float = typer.Option(0.05, min=0, help="Smallest relative change that can count, e.g. 0.05 for 5%."),
     min_effect_p99: float = typer.Option(
         None,
