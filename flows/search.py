@@ -20,7 +20,7 @@ from tasks.correctness import correctness_task
 from tasks.export import export_task
 from tasks.search_eval import search_task
 from tasks.server import server_task
-from tbench.capacity.evaluate import RateEvaluator, emit_rate_point, plan_arrivals
+from tbench.capacity.evaluate import RateEvaluator, RepositoryRateEvaluator, emit_rate_point, plan_arrivals
 from tbench.capacity.report import pool_answer, write_capacity_files
 from tbench.capacity.request import CapacityRequest
 from tbench.capacity.statistics import PercentileRule, percentile_measurement
@@ -78,9 +78,7 @@ def run_search(request: BenchmarkRequest, search: SearchRequest, capacity: Capac
     """The search on this machine: at a fixed concurrency, or (a capacity plan) each candidate by its sustainable
     rate under the SLO, with the capacity answer written beside the search's files."""
     if getattr(request, "repository", None):  # a model of the user's own repository: its config.pbtxt is the base
-        if capacity is not None:
-            raise ConfigError("capacity --repository is not built yet: `tbench search --repository DIR --model NAME`")
-        return repository_search(request, search)
+        return repository_search(request, search, capacity)
     hardware = hw.detect()
     check_worker_hardware(hardware)
     req = request.resolve(hardware.has_gpu)
@@ -214,12 +212,13 @@ def run_search(request: BenchmarkRequest, search: SearchRequest, capacity: Capac
         return _finish(tracker, req, search, hardware, server, result, concurrency, device, capacity)
 
 
-def repository_search(request: BenchmarkRequest, search: SearchRequest) -> str:
+def repository_search(request: BenchmarkRequest, search: SearchRequest, capacity: CapacityRequest | None = None) -> str:
     """Search the config of a model of the user's repository (`--repository DIR --model NAME[:VERSION]`) in a copy
     served by a server of ours: each candidate the user's config.pbtxt with the searched fields edited, the user's
     own config measured the same way, the recommended config.pbtxt written into the run folder. An ensemble's steps
     are searched one after another, each with the steps before it at their best, the pipeline measured whole.
-    Returns the run folder's URL."""
+    `capacity`: a capacity plan, each candidate judged by its sustainable rate under the SLO (`tbench capacity
+    --repository`), the answer written beside. Returns the run folder's URL."""
     hardware = hw.detect()
     check_worker_hardware(hardware)
     req = check_repository(request)
@@ -228,10 +227,13 @@ def repository_search(request: BenchmarkRequest, search: SearchRequest) -> str:
     if search.resume_from:
         raise ConfigError("--resume is not built for --repository yet: start a new search")
     request_json = {"request": req.model_dump(mode="json"), "search": search.model_dump(mode="json")}
-    with run_lifecycle(req, hardware, f"{name}-search", request_json) as tracker:
+    if capacity is not None:
+        request_json["capacity"] = capacity.model_dump(mode="json")
+    kind = "capacity" if capacity is not None else "search"
+    with run_lifecycle(req, hardware, f"{name}-{kind}", request_json) as tracker:
         layout = tracker.layout
         source = RepositorySource(req, hardware, layout)
-        found = RepositoryFindings(source=source, pipeline=name if target.is_ensemble else "")
+        found = RepositoryFindings(source=source, pipeline=name if target.is_ensemble else "", model=name)
         concurrency = search.concurrency or 1
         try:
             source.prepare(tracker)  # the plan, and the copy in layout.repository_dir
@@ -241,9 +243,10 @@ def repository_search(request: BenchmarkRequest, search: SearchRequest) -> str:
             sweep = resolve_served(req, served.config.max_batch_size, hardware.has_gpu)
             concurrency = search.concurrency or max(sweep.concurrency)
             measurement = sweep.measurement
-            if search.objective.p99_budget_ms is not None:  # a p99 a candidate is judged by needs the requests
+            if search.objective.p99_budget_ms is not None and capacity is None:  # a p99 judged needs the requests
                 measurement = percentile_measurement(measurement, PercentileRule())
-            evaluator = RepositoryEvaluator(
+            found.batch_size = sweep.online_batch_size
+            evaluator_args = dict(
                 server=source.server,
                 repository=layout.repository_dir,
                 variants={"": RepositoryVariant(served.io_spec)},
@@ -255,8 +258,21 @@ def repository_search(request: BenchmarkRequest, search: SearchRequest) -> str:
                 online_batch_size=sweep.online_batch_size,
                 cpu_cores=hardware.cpu_cores,
                 base=read_config(layout.repository_dir / name / CONFIG_FILE),
-                load_budget_ms=search.load_budget_ms,
             )
+            if capacity is None:
+                evaluator = RepositoryEvaluator(**evaluator_args, load_budget_ms=search.load_budget_ms)
+            else:
+                evaluator = RepositoryRateEvaluator(
+                    **evaluator_args,
+                    slo_ms=capacity.slo_ms,
+                    rule=capacity.rule,
+                    tolerance=capacity.tolerance,
+                    max_points=capacity.max_points,
+                    repeats=capacity.repeats,
+                    start_rps=capacity.start_rps or capacity.trace_rate(),
+                    on_point=emit_rate_point,
+                    arrivals=plan_arrivals(capacity, layout.run_dir / "arrivals", None, req.measurement.seed),
+                )
             for step in pipeline_steps(target):
                 step_evaluator = evaluator_for(evaluator, step, found.pipeline)
                 found.evaluators[step] = step_evaluator
@@ -270,7 +286,8 @@ def repository_search(request: BenchmarkRequest, search: SearchRequest) -> str:
                         budget_fraction=search.budget_fraction,
                         start=candidate_of(step_evaluator.base),
                         label=f"{layout.run_id}-{step}" if found.pipeline else layout.run_id,
-                        confirm_rounds=search.confirm_rounds,
+                        # a capacity candidate's figure is a rate search, with no windows' noise to confirm
+                        confirm_rounds=search.confirm_rounds if capacity is None else 0,
                     )
                 if found.pipeline:  # the next step is searched with this one at its best
                     adopt_best(step_evaluator, found.results[step])
@@ -278,9 +295,13 @@ def repository_search(request: BenchmarkRequest, search: SearchRequest) -> str:
                 found.yours = measure_users_config(list(found.evaluators.values()), layout.run_dir / "yours")
             found.recommended = write_recommended(found, source.plan.source, layout.run_dir)
         except BaseException as err:
-            _finish(tracker, req, search, hardware, source.server, found.result, concurrency, found=found, error=err)
+            _finish(
+                tracker, req, search, hardware, source.server, found.result, concurrency, None, capacity, err, found
+            )
             raise
-        return _finish(tracker, req, search, hardware, source.server, found.result, concurrency, found=found)
+        return _finish(
+            tracker, req, search, hardware, source.server, found.result, concurrency, None, capacity, None, found
+        )
 
 
 @dataclass
@@ -290,6 +311,8 @@ class RepositoryFindings:
 
     source: RepositorySource | None = None
     pipeline: str = ""  # the ensemble whose steps were searched
+    model: str = ""  # the model searched (the pipeline, for an ensemble), as the reports name it
+    batch_size: int = 1  # the samples per request it was measured with
     results: dict[str, SearchResult] = field(default_factory=dict)
     evaluators: dict[str, RepositoryEvaluator] = field(default_factory=dict)
     yours: Observation | None = None
@@ -387,6 +410,7 @@ def _finish(
     """Stop the server, write what the search found (whatever it got to) and store the run folder
     (flows/lifecycle.py: finish_run)."""
     layout = tracker.layout
+    model = found.model if found else req.model
     manifest = {
         "request": req.model_dump(mode="json"),
         "search": search.model_dump(mode="json"),
@@ -424,26 +448,29 @@ def _finish(
                     )
                 create_markdown_artifact(
                     text,
-                    key=artifact_key(f"search-report-{req.model}"),
+                    key=artifact_key(f"search-report-{model}"),
                     description="Configuration search result (the plot is in the run folder)",
                 )
         if capacity is not None and result is not None:
             with tracker.stage("capacity-report"):
+                work = layout.run_dir / "search"
+                if found and found.pipeline and found.results:  # the last step's rate searches: the pipeline's
+                    work = work / list(found.results)[-1]
                 answer = pool_answer(
                     result,
-                    layout.run_dir / "search",
+                    work,
                     capacity,
-                    model=req.model,
+                    model=model,
                     pool=capacity.pool or pool_of(hardware),
                     hardware=device.label if device else hardware.gpu_label,
-                    batch_size=req.online_batch_size,
+                    batch_size=found.batch_size if found else req.online_batch_size,
                     run_url=run_url(req.output, layout.run_id),
                 )
                 answers.append(answer)
-                text = write_capacity_files(layout.run_dir, [answer], capacity, req.model)
+                text = write_capacity_files(layout.run_dir, [answer], capacity, model)
                 create_markdown_artifact(
                     text,
-                    key=artifact_key(f"capacity-report-{req.model}"),
+                    key=artifact_key(f"capacity-report-{model}"),
                     description="Capacity plan (the plot is in the run folder)",
                 )
 

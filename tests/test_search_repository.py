@@ -149,6 +149,15 @@ def test_the_cli_refuses_an_ensemble_and_run_only_options_in_one_line(tmp_path):
         result = CliRunner().invoke(app, ["search", "--repository", str(tmp_path), *args])
         lines = [ln for ln in result.output.splitlines() if ln.strip()]
         assert result.exit_code != 0 and len(lines) == 1 and why in lines[0], result.output
+    plan = ["capacity", "--repository", str(tmp_path), "--slo-p99-ms", "50", "--traffic", "100"]
+    for args, why in [
+        (["--model", "pipeline"], "capacity --repository plans one model; pipeline is an ensemble"),
+        (["--model", "doubler", "--pools", "a100"], "--repository plans on this machine"),
+        (["--model", "doubler", "--size", "small"], "--size does not apply to --repository"),
+    ]:
+        result = CliRunner().invoke(app, [*plan, *args])
+        lines = [ln for ln in result.output.splitlines() if ln.strip()]
+        assert result.exit_code != 0 and len(lines) == 1 and why in lines[0], result.output
 
 
 # ---- on the real embedded server
@@ -183,6 +192,35 @@ def test_search_of_an_onnx_model_of_a_repository(tmp_path):
     assert recommended.version_policy.HasField("all")  # as the user wrote it
     assert recommended.dynamic_batching.max_queue_delay_microseconds == 500
     assert recommended.parameters["intra_op_thread_count"].string_value
+
+
+@pytest.mark.e2e
+def test_capacity_of_a_model_of_a_repository(tmp_path):
+    """`tbench capacity --repository DIR --model NAME`: each candidate the user's config edited, judged by its
+    sustainable rate under the SLO; the answer, the user's own config judged the same way and the recommended
+    config.pbtxt in the run folder; the user's folder only read."""
+    import test_user_repository as users
+    from test_faults import CliRun
+
+    from tbench.capacity.report import CAPACITY_JSON
+
+    repo = tmp_path / "user_repo"
+    users.tiny_onnx(users.write_model(repo, "doubler", users.ONNX_CONFIG) / "1" / "model.onnx")
+    before = users.tree_digest(repo)
+    args = ["--repository", str(repo), "--model", "doubler", "--slo-p99-ms", "50", "--traffic", "200"]
+    args += ["--instances", "1", "--max-batch-sizes", "4", "--queue-delays-us", "500", "--window-s", "0.5"]
+    run = CliRun(args, tmp_path / "runs", command="capacity")
+    assert run.finish(timeout=600) == 0, run.output
+    run_dir = run.run_dir()
+    assert users.tree_digest(repo) == before
+    answer = json.loads((run_dir / CAPACITY_JSON).read_text())["answers"][0]
+    assert answer["status"] == "ok" and answer["model"] == "doubler", answer
+    [candidate] = answer["candidates"]
+    assert candidate["rate_rps"] > 0 and candidate["points"] >= 2, candidate
+    yours = json.loads((run_dir / "search.json").read_text())["your_config"]
+    assert yours["status"] == "ok" and yours["throughput"] > 0, yours  # the user's config at its sustainable rate
+    recommended = parse((run_dir / "recommended" / "doubler" / "config.pbtxt").read_text())
+    assert recommended.platform == "onnxruntime_onnx" and recommended.max_batch_size == 4
 
 
 @pytest.mark.e2e

@@ -26,7 +26,7 @@ from tbench.core.layout import RunLayout
 from tbench.loadgen.arrivals import with_intervals
 from tbench.loadgen.perf_analyzer import STABLE_WINDOWS, Point, RequestLog, profile_export_path, read_profile_export
 from tbench.request.benchmark import Measurement
-from tbench.search.evaluate import ServedVariant, TritonEvaluator
+from tbench.search.evaluate import RepositoryEvaluator, ServedVariant, TritonEvaluator
 from tbench.search.strategies import Candidate, Observation
 from tbench.stages.sweep import formed_batch_sizes, measure_point
 from tbench.triton.monitor import PointMonitor
@@ -137,18 +137,18 @@ class RateEvaluator(TritonEvaluator):
         def at(rate: float) -> RatePoint:
             monitor = PointMonitor(
                 self.server.endpoints.grpc_url,
-                self.name,
+                self.measured_name,
                 self.server.processes,
                 self.server.endpoints.metrics_url,
                 gpu_uuids=self.gpu_uuids,
-                trace=self.server.request_trace(self.name),
+                trace=self.server.request_trace(self.measured_name),
             )
             return measure_rate(
                 rate,
                 batch,
-                model=self.name,
+                model=self.measured_name,  # a pipeline's step: the pipeline
                 grpc_url=self.server.endpoints.grpc_url,
-                spec=variant.artifact.io_spec,
+                spec=variant.io_spec,
                 m=m,
                 layout=layout,
                 binary=self.binary,
@@ -187,3 +187,10 @@ class RateEvaluator(TritonEvaluator):
         # served 104 at 100 offered plans with 100; the "p99_ms" field holds the rule's percentile (rule.column)
         sustained = found.sustained_rps * batch if found.sustained_rps is not None else best.throughput
         return Observation(candidate=candidate, throughput=sustained, p99_ms=best.latency_ms, avg_ms=None)
+
+
+@dataclass
+class RepositoryRateEvaluator(RepositoryEvaluator, RateEvaluator):
+    """A capacity plan over the user's own config (`tbench capacity --repository DIR --model NAME`): each candidate
+    the user's config with the searched fields edited (RepositoryEvaluator), judged by its sustainable rate under the
+    SLO (RateEvaluator); an ensemble's step is judged by the pipeline's rate."""

@@ -171,6 +171,25 @@ def search(
     _run_with_progress(lambda: search_flow(request, search_request), "search.md", verbose)
 
 
+def repository_capacity_request(model, repository, repository_model, given: dict, measurement, serving, cap):
+    """`tbench capacity --repository DIR --model NAME`: the model's config searched at open-loop rates on this
+    machine, checked as `search --repository` checks it (one model; an ensemble's steps are searched by `tbench
+    search --repository`)."""
+    from tbench.search.plan import searchable_model
+
+    if cap.pools:
+        raise ConfigError("--repository plans on this machine, from the folder given: leave --pools out")
+    named = repository_model or model
+    if repository and named and searchable_model(repository, named).is_ensemble:
+        raise ConfigError(
+            f"capacity --repository plans one model; {named} is an ensemble: "
+            "`tbench search --repository` searches its steps"
+        )
+    return repository_search_request(
+        model, repository, repository_model, given, measurement, serving, cap.search(), None
+    )[0]
+
+
 def repository_search_request(
     model, repository, repository_model, given: dict, measurement, serving: ServerOptions, search_request, variants
 ):
@@ -216,6 +235,8 @@ def capacity(
     value_range: ValueRange = None,
     input_data: InputData = None,
     served_model: ServedModel = None,
+    repository: Repository = None,
+    repository_model: RepositoryModel = None,
     slo_p99_ms: float = typer.Option(..., "--slo-p99-ms", help=field_help("slo_ms", model=CapacityRequest)),
     traffic: float = typer.Option(..., "--traffic", help=field_help("traffic_rps", model=CapacityRequest)),
     headroom: float = typer.Option(0.2, help=field_help("headroom", model=CapacityRequest)),
@@ -268,9 +289,27 @@ def capacity(
             pools=_split(pools) or [],
             prices=prices,
         )
+        if repository or repository_model:
+            request = repository_capacity_request(
+                model,
+                repository,
+                repository_model,
+                model_file_fields(model_file, shape, value_range, input_data)
+                | _given(output=output)
+                | {"size": size, "framework": framework},
+                measurement_overrides(window_s, stability, None),
+                serving,
+                cap,
+            )
+            start_early()
+            from flows.capacity import capacity_flow
+
+            _run_with_progress(lambda: capacity_flow(request, cap), "capacity.md", verbose)
+            return
         if not model and not model_file and not served_model:
             raise ConfigError(
-                "name a model (see `tbench models`), give --model-file PATH or --served-model NAME with --server-url"
+                "name a model (see `tbench models`), give --model-file PATH or --served-model NAME with --server-url, "
+                "or --repository DIR --model NAME"
             )
         request = BenchmarkRequest(
             **({"model": model or "resnet50"} if not served_model else _given(model=model)),
