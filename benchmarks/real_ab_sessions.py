@@ -90,18 +90,20 @@ def main() -> None:
         }
         print(f"pilot: {pilot}\nrounds: {record['rounds']}", flush=True)
         record.save()
-        planted = record.setdefault("planted", [])
-        for i in range(args.sessions):
-            planted.append(session(slower, tiny, work / "runs", rounds))
-            print(f"planted {i + 1}/{args.sessions}: {planted[-1]}", flush=True)
-            record.save()
+
+        def measured(key: str, new: Path, n: int) -> list[dict]:
+            """`n` sessions of `new` against the tiny model, each kept in the record as it ends."""
+            sessions = record.setdefault(key, [])
+            for i in range(n):
+                sessions.append(session(new, tiny, work / "runs", rounds))
+                print(f"{key} {i + 1}/{n}: {sessions[-1]}", flush=True)
+                record.save()
+            return sessions
+
+        planted = measured("planted", slower, args.sessions)
         record["planted_comparisons"] = len(planted)
         record["planted_found"] = sum(s["exit"] == 1 for s in planted)
-        aa = record.setdefault("aa", [])
-        for i in range(args.aa_sessions):
-            aa.append(session(copy, tiny, work / "runs", rounds))
-            print(f"aa {i + 1}/{args.aa_sessions}: {aa[-1]}", flush=True)
-            record.save()
+        aa = measured("aa", copy, args.aa_sessions)
         record["aa_comparisons"] = len(aa)
         record["aa_false_regressions"] = sum(s["exit"] == 1 for s in aa)
         print(

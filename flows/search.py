@@ -20,7 +20,7 @@ from tasks.correctness import correctness_task
 from tasks.export import export_task
 from tasks.search_eval import search_task
 from tasks.server import server_task
-from tbench.capacity.evaluate import RateEvaluator, RepositoryRateEvaluator, emit_rate_point, plan_arrivals
+from tbench.capacity.evaluate import RateEvaluator, RepositoryRateEvaluator, rate_fields
 from tbench.capacity.report import pool_answer, write_capacity_files
 from tbench.capacity.request import CapacityRequest
 from tbench.capacity.statistics import PercentileRule, percentile_measurement
@@ -174,17 +174,8 @@ def run_search(request: BenchmarkRequest, search: SearchRequest, capacity: Capac
             else:
                 evaluator = RateEvaluator(
                     **evaluator_args,
-                    slo_ms=capacity.slo_ms,
-                    rule=capacity.rule,
-                    tolerance=capacity.tolerance,
-                    max_points=capacity.max_points,
-                    repeats=capacity.repeats,
-                    start_rps=capacity.start_rps or capacity.trace_rate(),
-                    on_point=emit_rate_point,
+                    **rate_fields(capacity, layout.run_dir / "arrivals", adapter.given_samples, req.measurement.seed),
                     gpu_uuids=tuple(device.gpu_uuids),
-                    arrivals=plan_arrivals(
-                        capacity, layout.run_dir / "arrivals", adapter.given_samples, req.measurement.seed
-                    ),
                 )
             start = Candidate(
                 instances=req.model_instances,
@@ -263,15 +254,7 @@ def repository_search(request: BenchmarkRequest, search: SearchRequest, capacity
                 evaluator = RepositoryEvaluator(**evaluator_args, load_budget_ms=search.load_budget_ms)
             else:
                 evaluator = RepositoryRateEvaluator(
-                    **evaluator_args,
-                    slo_ms=capacity.slo_ms,
-                    rule=capacity.rule,
-                    tolerance=capacity.tolerance,
-                    max_points=capacity.max_points,
-                    repeats=capacity.repeats,
-                    start_rps=capacity.start_rps or capacity.trace_rate(),
-                    on_point=emit_rate_point,
-                    arrivals=plan_arrivals(capacity, layout.run_dir / "arrivals", None, req.measurement.seed),
+                    **evaluator_args, **rate_fields(capacity, layout.run_dir / "arrivals", None, req.measurement.seed)
                 )
             for step in pipeline_steps(target):
                 step_evaluator = evaluator_for(evaluator, step, found.pipeline)

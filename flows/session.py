@@ -40,7 +40,7 @@ def ab_session_flow(request: BenchmarkRequest, against: str, min_effect: float =
                 record["order"].append(f"{round_}:{side}")
                 try:
                     url = benchmark_flow(round_request(sides[side], session_id, side, round_))
-                except BenchError as err:  # the round is lost for both sides; the others still pair
+                except BenchError as err:  # this round pairs with nothing; the others still pair
                     log.warning("round %d, %s: %s", round_, side, err)
                     record["failed"].append({"round": round_, "side": side, "error": str(err)})
                     continue

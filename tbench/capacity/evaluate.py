@@ -86,6 +86,21 @@ def plan_arrivals(cap, folder: Path, samples=None, seed: int = 0) -> Callable[[P
     return None
 
 
+def rate_fields(cap, arrivals_dir: Path, samples=None, seed: int = 0) -> dict:
+    """A capacity plan's settings as a RateEvaluator's fields (its rate search, SLO and arrivals), whichever model the
+    evaluator serves: a model tbench exported or one of the user's repository."""
+    return dict(
+        slo_ms=cap.slo_ms,
+        rule=cap.rule,
+        tolerance=cap.tolerance,
+        max_points=cap.max_points,
+        repeats=cap.repeats,
+        start_rps=cap.start_rps or cap.trace_rate(),
+        on_point=emit_rate_point,
+        arrivals=plan_arrivals(cap, arrivals_dir, samples, seed),
+    )
+
+
 def exported_requests(layout: RunLayout, row: dict) -> RequestLog | None:
     """The requests a measured rate point's perf_analyzer exported (beside its CSV, `source_file`); None without."""
     source = row.get("source_file")
