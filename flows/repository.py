@@ -14,6 +14,7 @@ from tbench.core.handover import local_path
 from tbench.planning.plan import server_options
 from tbench.request.benchmark import BenchmarkRequest
 from tbench.request.repository import check_repository
+from tbench.triton.config import PYTHON_BACKEND
 from tbench.triton.repository_copy import copy_repository
 from tbench.triton.repository_server import RepositoryServer
 from tbench.triton.served import ServedModel
@@ -90,6 +91,13 @@ class RepositorySource:
 
     def served_by(self, served: ServedModel) -> dict[str, str]:
         return self.plan.served_by() if self.plan else {}
+
+    def steps(self, served: ServedModel) -> list[str]:
+        """The models a pipeline may run, read at each point: an ensemble's or a python model's, every other model
+        loaded (a python model may call any; those it did not call get no row)."""
+        if self.plan.served[served.name].kind not in (ENSEMBLE, PYTHON_BACKEND):  # as the user wrote it
+            return []
+        return [name for name in self.plan.loaded if name != served.name]
 
     def manifest(self) -> dict:
         return {"repository": self.plan.manifest() if self.plan else {"source": self.req.repository}}

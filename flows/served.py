@@ -17,6 +17,7 @@ from tbench.core.measured import input_data_label
 from tbench.loadgen.arrivals import with_intervals
 from tbench.request.benchmark import BenchmarkRequest
 from tbench.request.served import ServedSweep, check_served, resolve_served
+from tbench.results.pipeline_report import bounds_manifest
 from tbench.results.point_cache import tool_versions
 from tbench.stages.sweep import measured_shape_sets, plan_points
 from tbench.stages.tracker import FAILED, RunTracker
@@ -56,6 +57,10 @@ class AsServed:
 
     def served_by(self, served: ServedModel) -> dict[str, str]:
         return {served.format: f"{served.kind} (as served)"}
+
+    def steps(self, served: ServedModel) -> list[str]:
+        """The models a pipeline runs, read at each point (an ensemble's steps, as served); none for one model."""
+        return [step.model_name for step in served.config.ensemble_scheduling.step]
 
     def manifest(self) -> dict:
         """The manifest's keys of its own."""
@@ -143,7 +148,8 @@ def measure_served(req: BenchmarkRequest, hardware, name: str, version: str, tra
                         on_row=lambda t, k=key: tracker.save_points(k, t),
                         server_alive=server.alive,
                         inputs=shapes.inputs,
-                        monitor=PointMonitor(server.endpoints.grpc_url, name),
+                        monitor=PointMonitor(server.endpoints.grpc_url, name, steps=source.steps(served)),
+                        on_steps=tracker.save_steps,
                     )
     except BaseException as err:
         _finish(tracker, req, hardware, source, served, sweep, error=err)
@@ -199,6 +205,8 @@ def _finish(
     def report() -> None:
         with tracker.stage("metrics"):
             manifest["summary"] = summary = metrics_task(tracker.results)
+            if not tracker.steps.empty:  # a pipeline: the step that bounded each scenario's best point
+                manifest["pipeline_bounds"] = bounds_manifest(tracker.steps, tracker.results)
         with tracker.stage("report"):
             served_report_task(
                 layout.report_md,
@@ -217,6 +225,7 @@ def _finish(
                 measured_shapes=tracker.measured_shapes,
                 guessed_shapes=tracker.guessed_shapes,
                 source=source.report(),
+                steps=tracker.steps,
             )
 
     return finish_run(tracker, error, manifest, server=source.server, output=req.output, report=report)

@@ -9,6 +9,7 @@ import hashlib
 import json
 from pathlib import Path
 
+import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
@@ -257,7 +258,6 @@ def test_the_copy_serves_an_onnx_model_by_the_runtime_and_leaves_the_users_folde
 
 
 def _cli_run(tmp_path: Path, repo: Path, model: str):
-    import pandas as pd
     from test_faults import CliRun
 
     args = ["--repository", str(repo), "--model", model, "--batch-sizes", "1,4", "--concurrency", "2"]
@@ -283,8 +283,11 @@ def test_an_onnx_model_of_a_repository_is_served_by_the_runtime_and_measured(rep
 
 @pytest.mark.e2e
 def test_an_ensemble_of_an_onnx_and_a_python_model_is_measured_whole(repo, tmp_path):
-    _, rows, manifest = _cli_run(tmp_path, repo, "pipeline")
+    run_dir, rows, manifest = _cli_run(tmp_path, repo, "pipeline")
     assert (rows["status"] == "ok").all() and len(rows) == 3, rows.to_string()
     assert set(rows["backend"]) == {"ensemble of doubler (python (onnxruntime)), plus_one (python)"}
     assert manifest["repository"]["loaded"] == ["doubler", "plus_one", "pipeline"]
     assert manifest["served_by"]["plus_one"].startswith(f"python, {NATIVELY}")
+    steps = pd.read_csv(run_dir / "pipeline_steps.csv")  # its two steps at every point, from Triton's statistics
+    assert len(steps) == 2 * len(rows) and set(steps["step"]) == {"doubler", "plus_one"}, steps.to_string()
+    assert set(manifest["pipeline_bounds"]) == set(rows["scenario"])

@@ -71,6 +71,11 @@ class RunLayout:
         return self.run_dir / "composing.csv"
 
     @property
+    def steps_csv(self) -> Path:
+        """A pipeline's steps (an ensemble's, or the models a python model called): Triton's statistics per point."""
+        return self.run_dir / "pipeline_steps.csv"
+
+    @property
     def correctness_json(self) -> Path:
         return self.run_dir / "correctness.json"
 

@@ -128,3 +128,17 @@ def plot_shapes(rows: pd.DataFrame, plots_dir: Path, prefix: str = "") -> Path:
         if ax.has_data():
             ax.legend(fontsize="small")
     return _save(fig, plots_dir / f"{prefix}shapes_throughput_p99.png")
+
+
+def plot_steps_busy(rows: pd.DataFrame, points: list[str], plots_dir: Path) -> Path:
+    """A pipeline's steps: how busy each one's instances were at each point (`rows` labelled by `point`), against the
+    line past which a step is full: the tallest bar at the best point is what bounds the pipeline."""
+    table = rows.pivot_table(index="point", columns="step", values="busy_pct", aggfunc="mean", sort=False)
+    table = table.reindex([p for p in points if p in table.index])
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.9 * len(table) + 3), 4))
+    table.plot.bar(ax=ax, rot=20)
+    ax.axhline(100, color="black", linewidth=0.8, linestyle="--")
+    ax.set(xlabel="Point", ylabel="Instances busy (%)", title="Where the pipeline spends its time: busy per step")
+    ax.set_ylim(0, max(110.0, float(table.max().max()) * 1.05 if table.size else 110.0))
+    ax.legend(fontsize="small")
+    return _save(fig, plots_dir / "pipeline_steps_busy.png")

@@ -9,6 +9,7 @@ from pathlib import Path
 import pandas as pd
 
 from tbench.core.shape_sets import guessed_shapes_line
+from tbench.results.pipeline_report import pipeline_lines
 from tbench.results.report import UNBATCHED, _kv_table, closing_lines, format_section, summary_lines
 
 
@@ -45,10 +46,11 @@ def render_served_report(
     measured_shapes: list[str] | None = None,
     guessed_shapes: dict[str, list[int]] | None = None,
     source: dict | None = None,
+    steps: pd.DataFrame | None = None,
 ) -> str:
     """`served`: the ServedModel (None when the run stopped before the server answered); `sweep`: its ServedSweep;
     `source`: where the model came from when not a running server's (a user's repository: its `title`, `intro`,
-    `server`, `served_by` and a `section` of lines of its own)."""
+    `server`, `served_by` and a `section` of lines of its own); `steps`: a pipeline's step rows, where it is one."""
     source = source or {}
     title = source.get("title") or f"{request.served_model} on {request.server_url}"
     intro = source.get("intro") or (
@@ -112,5 +114,6 @@ def render_served_report(
             batching=served.batching,
             served_as=served_batching(config),
         )
+    lines += pipeline_lines(steps, results, plots_dir)
     lines += closing_lines(results, stage_seconds)
     return "\n".join(lines)

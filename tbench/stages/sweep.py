@@ -25,6 +25,7 @@ from tbench.core.errors import PerfAnalyzerError
 from tbench.core.iospec import IoSpec
 from tbench.core.layout import RunLayout
 from tbench.core.metrics import RESULT_COLUMNS, THROUGHPUT
+from tbench.core.pipeline_steps import busy_at
 from tbench.core.shape_sets import guessed_shapes_line
 from tbench.core.storage import file_sha256
 from tbench.loadgen.arrivals import arrivals_fidelity
@@ -59,7 +60,7 @@ from tbench.stages.rate_verdict import (
 )
 from tbench.stages.shared_memory import release_shared_memory, remove_unregistered_regions
 from tbench.stages.warm_up import formed_batch_sizes, warm_up
-from tbench.triton.monitor import NoMonitor, cross_check
+from tbench.triton.monitor import STEPS_KEY, NoMonitor, cross_check
 from tbench.triton.served import serving_instances
 
 
@@ -440,15 +441,18 @@ def run_sweep(
     server_alive: Callable[[], bool] | None = None,
     inputs: PerfInputs = PerfInputs(),
     on_composing: Callable[[list[dict]], None] | None = None,
+    on_steps: Callable[[list[dict]], None] | None = None,
     monitor=None,
     cache=None,
     gpu_env: dict[str, str] | None = None,
     dynamic_max_batch: int = 0,
 ) -> pd.DataFrame:
     """Measure every point in order; `on_row` gets the table after each point so nothing measured is lost, and
-    `on_composing` an ensemble's per composing model rows of the point. With a `cache` (tasks.point_cache), points
-    it holds are taken from it and the others are kept in it as soon as they are measured. `gpu_env` shows
-    perf_analyzer the server's GPU only (tbench.serving.pinned_env): its CUDA shared memory must be there.
+    `on_composing` an ensemble's per composing model rows of the point (perf_analyzer's), `on_steps` a pipeline's
+    per step rows from Triton's statistics (a monitor given `steps`: tbench.core.pipeline_steps). With a `cache`
+    (tasks.point_cache), points it holds are taken from it and the others are kept in it as soon as they are measured.
+    `gpu_env` shows perf_analyzer the server's GPU only (tbench.serving.pinned_env): its CUDA shared memory must be
+    there.
     `dynamic_max_batch`: the max batch of the model's dynamic batcher (0: none), whose batches are warmed up too."""
     binary = tools.perf_analyzer_binary()
     env = {**tools.perf_analyzer_env(), **(gpu_env or {})}
@@ -478,6 +482,7 @@ def run_sweep(
     served: dict[int, dict[int, float]] = {}  # online points measured so far: batch -> {concurrency: requests/s}
 
     for i, point in enumerate(order):
+        steps: list[dict] = []
         if i in reused:
             row = {**empty_row(), **reused[i], "composing": cache.composing(cache_key(point, model))}
         else:
@@ -497,20 +502,24 @@ def run_sweep(
             )
             if point.scenario is Scenario.OFFLINE and inputs.shared_memory != row["shared_memory"] == "none":
                 inputs = replace(inputs, shared_memory="none")  # refused once: the sweep's next points over gRPC
+            steps = row.pop(STEPS_KEY, None) or []  # rows of their own (on_steps), not the point's
             if cache is not None:
                 cache.put(cache_key(point, model), row, layout.run_dir, layout.run_id)
         row.update(static, point_index=i)
         if point.scenario is Scenario.ONLINE and row["status"] == "ok":
             served.setdefault(point.batch_size, {})[point.concurrency] = row[THROUGHPUT.column] / point.batch_size
         composing = row.pop("composing", [])
+        keys = {k: row[k] for k in ("scenario", "format", "batch_size", "concurrency", "request_rate")}
         if composing and on_composing:
-            keys = {k: row[k] for k in ("scenario", "format", "batch_size", "concurrency", "request_rate")}
             on_composing(
                 [
                     {"model": plain_name(model), **keys, **c, "composing_model": plain_name(c["composing_model"])}
                     for c in composing
                 ]
             )
+        if steps and on_steps:
+            measured = row[THROUGHPUT.column] if row["status"] == "ok" else None
+            on_steps([{"model": plain_name(model), **keys, **step} for step in busy_at(steps, measured)])
         rows.append(row)
         table = pd.DataFrame(rows, columns=RESULT_COLUMNS)
         if on_row:

@@ -16,6 +16,7 @@ from tbench.core.artifacts import AccuracyResult, CorrectnessResult
 from tbench.core.errors import BenchError, error_line
 from tbench.core.layout import RunLayout
 from tbench.core.metrics import RESULT_COLUMNS
+from tbench.core.pipeline_steps import STEP_COLUMNS
 from tbench.loadgen.perf_analyzer import COMPOSING_COLUMNS
 from tbench.node.interrupts import is_interrupt, signal_name
 from tbench.stages.run_status import COMPLETED, COMPLETED_WITH_FAILURES, FAILED, INTERRUPTED, RUNNING
@@ -44,6 +45,7 @@ class RunTracker:
         self.results = pd.DataFrame(columns=RESULT_COLUMNS)
         self._tables: dict[str, pd.DataFrame] = {}
         self.composing = pd.DataFrame(columns=COMPOSING_COLUMNS)  # an ensemble's steps, per measured point
+        self.steps = pd.DataFrame(columns=STEP_COLUMNS)  # a pipeline's steps from Triton's statistics, per point
         self.correctness: list[CorrectnessResult] = []
         self.accuracy: list[AccuracyResult] = []  # one per served format
         self.served_by: dict[str, str] = {}  # format -> the backend serving it, once the server stage has decided
@@ -86,6 +88,12 @@ class RunTracker:
         tmp = self.layout.results_parquet.with_suffix(".parquet.tmp")
         table.to_parquet(tmp, index=False)
         tmp.replace(self.layout.results_parquet)
+
+    def save_steps(self, rows: list[dict]) -> None:
+        """A pipeline's step rows (tbench.core.pipeline_steps), appended after every measured point."""
+        added = pd.DataFrame(rows, columns=STEP_COLUMNS)
+        self.steps = added if self.steps.empty else pd.concat([self.steps, added], ignore_index=True)
+        write_local_atomic(self.layout.steps_csv, self.steps.to_csv(index=False))
 
     def save_composing(self, rows: list[dict]) -> None:
         """An ensemble's per composing model latencies, appended after every measured point."""

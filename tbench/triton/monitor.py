@@ -2,7 +2,8 @@
 compute times per request, diffed over the point) cross-checked against the client CSV, the server's CPU and memory
 (its processes, sampled), on GPU nodes GPU utilisation, memory and power from Triton's metrics endpoint, and where the
 server exposes one (`--metrics-config histogram_latencies=true`) its per-model latency histogram, diffed over the
-point: a server-side p50/p99 estimate per point (latency_histogram, histogram_columns)."""
+point: a server-side p50/p99 estimate per point (latency_histogram, histogram_columns). For a pipeline (an ensemble,
+or a python model calling others) every step's statistics too: where its time went (tbench.core.pipeline_steps)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import psutil
+
+from tbench.core.pipeline_steps import ModelCounters, counters_from_statistics, step_rows
+from tbench.triton.served import serving_instances
 
 if TYPE_CHECKING:
     from tbench.loadgen.perf_analyzer import RequestLog
@@ -49,6 +53,7 @@ GPU_FAMILIES = (
     "nv_energy_consumption",
 )
 
+STEPS_KEY = "pipeline_steps"  # a stop's row: the pipeline's step rows (tbench.core.pipeline_steps.step_rows)
 ENERGY_TOTAL = "gpu_energy_total_j"
 # Triton refreshes its GPU metrics, the energy counter included, once per --metrics-interval-ms (default 2000): the
 # servers tbench starts pass this, so a point's energy is known to about one interval's worth at each end of its span
@@ -305,8 +310,12 @@ class PointMonitor:
         interval_s: float = 0.5,
         energy_interval_s: float = METRICS_INTERVAL_MS / 1000,
         trace=None,
+        steps: Collection[str] = (),
     ):
         self.grpc_url, self.model, self.processes = grpc_url, model, processes
+        self.steps = list(steps)  # the models a pipeline may run: read at start and end (STEPS_KEY in stop's row)
+        self._steps_before: dict[str, ModelCounters] | None = None
+        self._instances: dict[str, int | None] | None = None
         self.gpu_uuids = list(gpu_uuids)  # the GPUs serving the model (tbench.serving); none: no GPU columns
         self.metrics_url = metrics_url if self.gpu_uuids else None
         self.histogram_url = metrics_url or None  # the latency histogram, read wherever the server has one
@@ -339,6 +348,7 @@ class PointMonitor:
                 self._before = model_statistics(client, self.model)
         except Exception:
             self._before = None  # no statistics: the point is still measured, its stats columns stay empty
+        self._steps_before = self._step_counters()
         self._energy_before = self._energy()
         self._histogram_before = self._histogram()
         self._thread = threading.Thread(target=self._sample, daemon=True)
@@ -346,6 +356,24 @@ class PointMonitor:
         if self.metrics_url:
             self._energy_thread = threading.Thread(target=self._sample_energy, daemon=True)
             self._energy_thread.start()
+
+    def _step_counters(self) -> dict[str, ModelCounters] | None:
+        """The pipeline's and its steps' counters now, from one statistics call for every model; None without steps
+        or statistics."""
+        if not self.steps:
+            return None
+        try:
+            with self._client() as client:
+                found = counters_from_statistics(client.get_inference_statistics(as_json=True))
+        except Exception:
+            return None
+        return {name: c for name, c in found.items() if name == self.model or name in self.steps}
+
+    def _step_instances(self) -> dict[str, int | None]:
+        """Each step's instance count as served (the pipeline's too), read once."""
+        if self._instances is None:
+            self._instances = {n: serving_instances(self.grpc_url, n) for n in [self.model, *self.steps]}
+        return self._instances
 
     def _histogram(self) -> Histogram | None:
         """The model's latency histogram now, where the server exposes one (read at the point's start and end)."""
@@ -428,6 +456,8 @@ class PointMonitor:
                     row.update(per_request_ms(self._before, model_statistics(client, self.model)))
             except Exception:
                 pass
+        if self._steps_before is not None and (after := self._step_counters()) is not None:
+            row[STEPS_KEY] = step_rows(self.model, self._steps_before, after, self._step_instances())
         row.update(self._energy_columns(row.get("triton_requests")))
         if self._histogram_before is not None:
             row.update(histogram_columns(self._histogram_before, self._histogram()))
