@@ -68,7 +68,10 @@ COMMANDS = {
     "rerun_savings.json": ".venv/bin/python benchmarks/rerun_savings.py --model resnet50 --size small",
     "search_real.json": ".venv/bin/python benchmarks/search.py --part real --size small --concurrency 8",
     "search_simulated.json": ".venv/bin/python benchmarks/search.py --part simulated",
-    "peer_model_analyzer.json": ".venv/bin/python benchmarks/peer_model_analyzer.py --repositories single --rounds 3",
+    "peer_model_analyzer.json": (
+        ".venv/bin/python benchmarks/peer_model_analyzer.py --repositories single,ensemble --rounds 3"
+    ),
+    "user_repositories.json": ".venv/bin/python benchmarks/user_repositories.py",
     "serving_overhead.json": ".venv/bin/python benchmarks/serving_overhead.py --sizes small,full --rounds 2",
     "stack_databases.json": ".venv/bin/python benchmarks/stack_databases.py --size small --runs 2",
     "ui_submissions.json": ".venv/bin/python benchmarks/ui_submissions.py",

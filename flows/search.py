@@ -449,6 +449,11 @@ def _finish(
                     batch_size=found.batch_size if found else req.online_batch_size,
                     run_url=run_url(req.output, layout.run_id),
                 )
+                if found and found.pipeline:  # the pipeline's plan: every step at its chosen configuration
+                    chosen = {
+                        step: r.best.candidate.model_dump(mode="json") for step, r in found.results.items() if r.best
+                    }
+                    answer = answer.model_copy(update={"steps": chosen})
                 answers.append(answer)
                 text = write_capacity_files(layout.run_dir, [answer], capacity, model)
                 create_markdown_artifact(

@@ -148,7 +148,13 @@ def measure_served(req: BenchmarkRequest, hardware, name: str, version: str, tra
                         on_row=lambda t, k=key: tracker.save_points(k, t),
                         server_alive=server.alive,
                         inputs=shapes.inputs,
-                        monitor=PointMonitor(server.endpoints.grpc_url, name, steps=source.steps(served)),
+                        monitor=PointMonitor(
+                            server.endpoints.grpc_url,
+                            name,
+                            server.processes,  # ours: its CPU and memory per point; a remote one's: none
+                            server.endpoints.metrics_url,  # its latency histogram, where it exposes one
+                            steps=source.steps(served),
+                        ),
                         on_steps=tracker.save_steps,
                     )
     except BaseException as err:

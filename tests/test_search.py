@@ -555,6 +555,33 @@ def test_a_near_tie_is_resolved_by_confirmation_in_favour_of_the_truly_faster_co
     assert "Verdict: **best**" in text and "Confirmation: " in text and f"{two} ({best.windows} windows)" in text
 
 
+class LoadSearching(Noisy):
+    """Noisy, searching each candidate's load as TritonEvaluator does with a budget: the first measurement picks
+    its load (4 clients for one instance, 8 for two); a re-measurement is told the load to be measured at."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.loads: list[tuple[str, int, int | None]] = []
+
+    def evaluate(self, c: Candidate, confirm_round: int = 0, load: int | None = None) -> Observation:
+        self.loads.append((c.key, confirm_round, load))
+        chosen = load if load is not None else 4 * c.instances
+        return super().evaluate(c, confirm_round).model_copy(update={"concurrency": chosen})
+
+
+def test_a_remeasurement_is_at_the_load_its_first_measurement_chose():
+    """Windows pooled over one load: a confirmation does not search a candidate's load again (a different load's
+    windows would be averaged in, and the search would cost its whole load sweep again per re-measurement)."""
+    one, two = (c.key for c in PAIR.grid())
+    evaluator = LoadSearching({one: 100.0, two: 106.0}, first={one: 105.0, two: 104.0}, seed=1)
+    result = exhaustive_search(PAIR, Objective(p99_budget_ms=1000), evaluator)
+    assert result.remeasurements > 0
+    first = {k: None for k, r, _ in evaluator.loads if not r}
+    again = {(k, load) for k, r, load in evaluator.loads if r}
+    assert set(first) == {one, two} and again <= {(one, 4), (two, 8)} and again
+    assert {o.candidate.key: o.concurrency for o in result.observations} == {one: 4, two: 8}
+
+
 def test_combined_measurements_rest_on_all_their_windows():
     """The mean over every window and the CV over every window: two equal measurements halve the variance of the
     mean (the standard error narrows as 1/sqrt(windows)); two that disagree widen the CV by their difference."""

@@ -151,13 +151,36 @@ def test_the_cli_refuses_an_ensemble_and_run_only_options_in_one_line(tmp_path):
         assert result.exit_code != 0 and len(lines) == 1 and why in lines[0], result.output
     plan = ["capacity", "--repository", str(tmp_path), "--slo-p99-ms", "50", "--traffic", "100"]
     for args, why in [
-        (["--model", "pipeline"], "capacity --repository plans one model; pipeline is an ensemble"),
         (["--model", "doubler", "--pools", "a100"], "--repository plans on this machine"),
         (["--model", "doubler", "--size", "small"], "--size does not apply to --repository"),
     ]:
         result = CliRunner().invoke(app, [*plan, *args])
         lines = [ln for ln in result.output.splitlines() if ln.strip()]
         assert result.exit_code != 0 and len(lines) == 1 and why in lines[0], result.output
+
+
+def test_the_users_config_against_the_best_says_when_to_keep_it():
+    """A search whose space does not hold the user's config may find nothing better: the report says to keep theirs
+    where the windows separate it from the best, 'as good' where they cannot, and recommends the best otherwise."""
+    from tbench.search.objective import Objective
+    from tbench.search.report import AS_GOOD, KEEP_YOURS, RECOMMENDED, users_config_section, yours_against_best
+    from tbench.search.strategies import Observation
+
+    objective = Objective(p99_budget_ms=5.0)
+
+    def obs(throughput: float, p99: float = 2.0, cv: float = 0.02) -> Observation:
+        return Observation(
+            candidate=CANDIDATE, throughput=throughput, p99_ms=p99, throughput_cv=cv, latency_cv=cv, windows=9
+        )
+
+    best = obs(1261.0)
+    assert yours_against_best(objective, obs(1664.0), best) == KEEP_YOURS
+    assert yours_against_best(objective, obs(1270.0), best) == AS_GOOD
+    assert yours_against_best(objective, obs(1000.0), best) == RECOMMENDED
+    assert yours_against_best(objective, obs(1664.0, p99=9.0), best) == RECOMMENDED  # over the budget: not a rival
+    assert yours_against_best(objective, None, best) is None
+    text = users_config_section(obs(1664.0), "yours", best, "best", ["recommended/m/config.pbtxt"], KEEP_YOURS)
+    assert "**Keep your config**" in text and "recommended/m/config.pbtxt" in text
 
 
 # ---- on the real embedded server
@@ -249,3 +272,27 @@ def test_search_of_an_ensembles_steps(tmp_path):
     report = (run_dir / "search.md").read_text()
     assert "## Step doubler" in report and "## Step plus_one" in report and "| Your config |" in report
     assert "plus_one: instances 1, max batch 8, no dynamic batcher)" in report  # the user's, as written
+
+
+@pytest.mark.e2e
+def test_capacity_of_an_ensemble_plans_the_pipeline_with_each_steps_config(tmp_path):
+    """`tbench capacity --repository DIR --model ENSEMBLE`: its steps searched one after another, each candidate
+    judged by the pipeline's sustainable rate; the plan names every step's configuration."""
+    import test_user_repository as users
+    from test_faults import CliRun
+
+    from tbench.capacity.report import CAPACITY_JSON, CAPACITY_MD
+
+    repo = users.user_repository(tmp_path / "user_repo")
+    args = ["--repository", str(repo), "--model", "pipeline", "--slo-p99-ms", "50", "--traffic", "200"]
+    args += ["--instances", "1", "--max-batch-sizes", "8", "--queue-delays-us", "500", "--window-s", "0.5"]
+    run = CliRun(args, tmp_path / "runs", command="capacity")
+    assert run.finish(timeout=600) == 0, run.output
+    run_dir = run.run_dir()
+    answer = json.loads((run_dir / CAPACITY_JSON).read_text())["answers"][0]
+    assert answer["status"] == "ok" and answer["model"] == "pipeline", answer
+    assert list(answer["steps"]) == ["doubler", "plus_one"] and answer["plan"]["instances"] >= 1, answer
+    assert answer["rate"]["rate"] > 0
+    plan = (run_dir / CAPACITY_MD).read_text()
+    assert "doubler: 1 instance(s), max batch 8" in plan and "; plus_one: 1 instance(s)" in plan, plan
+    assert {p.parent.name for p in (run_dir / "recommended").glob("*/config.pbtxt")} == {"doubler", "plus_one"}

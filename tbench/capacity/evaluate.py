@@ -144,7 +144,10 @@ class RateEvaluator(TritonEvaluator):
     gpu_uuids: tuple[str, ...] = ()  # the serving GPUs: their power gives the energy per inference
     arrivals: Callable[[Point], Point] | None = None  # a trace's or bursty schedule at each rate (plan_arrivals)
 
-    def measure(self, candidate: Candidate, variant: ServedVariant, layout: RunLayout) -> Observation:
+    def measure(
+        self, candidate: Candidate, variant: ServedVariant, layout: RunLayout, load: int | None = None
+    ) -> Observation:
+        """The candidate's sustainable rate under the SLO (`load`, a closed-loop one, does not apply)."""
         batch = self.online_batch_size
         latency = self.warmed_latency(variant, formed_batch_sizes(batch, candidate.max_batch_size))
         m = rate_measurement(self.measurement, self.rule)

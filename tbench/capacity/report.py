@@ -30,6 +30,9 @@ class PoolAnswer(BaseModel):
     status: str = Field("ok", description="ok | no_rate (no configuration met the SLO) | failed (the run did not end)")
     reason: str = ""
     configuration: dict | None = None
+    steps: dict[str, dict] = Field(
+        {}, description="A pipeline's (an ensemble's): each step's chosen configuration; `configuration` is its last."
+    )
     rate: SustainableRate | None = None
     plan: Plan | None = None
     price: dict | None = None
@@ -152,7 +155,7 @@ def capacity_markdown(answers: list[PoolAnswer], cap: CapacityRequest, model: st
     for i, a in enumerate(answers, 1):
         at = a.rate.at_rate if a.rate else None
         p = a.plan
-        config = _config_label(a.configuration) if a.configuration else f"**{a.status}**: {a.reason}"
+        config = _configs_label(a) if a.configuration else f"**{a.status}**: {a.reason}"
         lines.append(
             f"| {i} | {a.pool or 'this machine'} | {a.hardware} | {config} | {_sustained(a.rate)} "
             f"| {_fmt(p.instances if p else None, 'd')} | {_fmt(p.cost_per_hour if p else None, '.2f')} "
@@ -224,6 +227,13 @@ def _sustained(found: SustainableRate | None) -> str:
     if not found or found.sustained_rps is None:
         return _fmt(None)
     return ("≥ " if found.lower_bound else "") + _fmt(found.sustained_rps)
+
+
+def _configs_label(a: PoolAnswer) -> str:
+    """The chosen configuration; a pipeline's, step by step."""
+    if not a.steps:
+        return _config_label(a.configuration)
+    return "; ".join(f"{step}: {_config_label(c)}" for step, c in a.steps.items())
 
 
 def _config_label(c: dict) -> str:

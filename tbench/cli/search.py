@@ -173,18 +173,10 @@ def search(
 
 def repository_capacity_request(model, repository, repository_model, given: dict, measurement, serving, cap):
     """`tbench capacity --repository DIR --model NAME`: the model's config searched at open-loop rates on this
-    machine, checked as `search --repository` checks it (one model; an ensemble's steps are searched by `tbench
-    search --repository`)."""
-    from tbench.search.plan import searchable_model
-
+    machine, checked as `search --repository` checks it (an ensemble: its steps searched one after another, each
+    candidate judged by the pipeline's sustainable rate)."""
     if cap.pools:
         raise ConfigError("--repository plans on this machine, from the folder given: leave --pools out")
-    named = repository_model or model
-    if repository and named and searchable_model(repository, named).is_ensemble:
-        raise ConfigError(
-            f"capacity --repository plans one model; {named} is an ensemble: "
-            "`tbench search --repository` searches its steps"
-        )
     return repository_search_request(
         model, repository, repository_model, given, measurement, serving, cap.search(), None
     )[0]

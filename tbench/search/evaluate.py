@@ -173,9 +173,11 @@ class TritonEvaluator:
         finally:
             client.close()
 
-    def evaluate(self, candidate: Candidate, confirm_round: int = 0) -> Observation:
+    def evaluate(self, candidate: Candidate, confirm_round: int = 0, load: int | None = None) -> Observation:
         """Write, load, measure and unload one candidate. A confirmation's re-measurement (`confirm_round` r >= 1) is
-        the same call: the configuration is written and loaded again, and its files go to <key>.confirm<r>/."""
+        the same call: the configuration is written and loaded again, and its files go to <key>.confirm<r>/; `load`:
+        the closed-loop clients it is measured at (the load its first measurement chose), instead of its load
+        searched again."""
         from tritonclient.utils import InferenceServerException
 
         self.evaluations += 1
@@ -204,7 +206,7 @@ class TritonEvaluator:
             return failed("error", f"load failed: {one_line(err.message() or str(err))}")
         try:
             folder = candidate.key + (f".confirm{confirm_round}" if confirm_round else "")
-            observation = self.measure(candidate, variant, RunLayout(self.work_dir, folder).create())
+            observation = self.measure(candidate, variant, RunLayout(self.work_dir, folder).create(), load)
         finally:
             self.unload()
         if observation.status == "error" and not self.server.alive():
@@ -228,11 +230,13 @@ class TritonEvaluator:
             formed=formed,
         ).get(batch)
 
-    def measure(self, candidate: Candidate, variant: ServedVariant, layout: RunLayout) -> Observation:
+    def measure(
+        self, candidate: Candidate, variant: ServedVariant, layout: RunLayout, load: int | None = None
+    ) -> Observation:
         """One loaded candidate at the search's closed-loop load: `concurrency` clients, or, with a budget to search
-        the load against, its best load (search_load)."""
-        if self.load_budget_ms is None:
-            return self.measure_at(candidate, variant, layout, self.concurrency)
+        the load against, its best load (search_load); at `load` clients where one is given."""
+        if load is not None or self.load_budget_ms is None:
+            return self.measure_at(candidate, variant, layout, load or self.concurrency)
         return search_load(
             lambda c: self.measure_at(candidate, variant, layout, c), load_steps(self.concurrency), self.load_budget_ms
         )

@@ -10,6 +10,7 @@ from tbench.core.layout import RunLayout
 from tbench.results.html_report import write_html_report
 from tbench.search.config_edit import candidate_of, thread_parameter
 from tbench.search.confirm import combined_lines, rounds_from_checkpoint
+from tbench.search.objective import Objective
 from tbench.search.plan import CHECKPOINT
 from tbench.search.request import SearchRequest
 from tbench.search.space import Candidate
@@ -54,17 +55,44 @@ def described(configs: dict[str, Path], candidates: dict[str, Candidate]) -> str
     return "; ".join(f"{m}: {text}" for m, text in parts.items())
 
 
+KEEP_YOURS = "keep_yours"  # the user's config beat the best candidate, the windows separate them
+AS_GOOD = "as_good"  # the user's config is ahead of or level with the best, within the windows' noise
+RECOMMENDED = "recommended"  # the best candidate beat the user's config (or the user's did not meet the objective)
+
+
+def yours_against_best(objective: Objective, yours: Observation | None, best: Observation | None) -> str | None:
+    """The user's own config against the search's best, measured the same way (None: one of them is missing)."""
+    if yours is None or best is None or not best.ok:
+        return None
+    if not objective.feasible(yours) or objective.value(yours) <= objective.value(best):
+        return RECOMMENDED
+    return KEEP_YOURS if objective.compare(yours, best) == "worse" else AS_GOOD
+
+
 def users_config_section(
-    yours: Observation | None, yours_text: str, best: Observation | None, best_text: str, recommended: list[str]
+    yours: Observation | None,
+    yours_text: str,
+    best: Observation | None,
+    best_text: str,
+    recommended: list[str],
+    verdict: str | None = None,
 ) -> str:
     """A repository search's own section: the user's config as written beside the best, measured the same way, and
-    where the recommended config.pbtxt files are."""
+    where the recommended config.pbtxt files are; where the user's was better, it says to keep it."""
     lines = ["", "## Your config beside the best", ""]
     lines += ["| | configuration | throughput (infer/s) | p99 (ms) | status |", "| --- | --- | ---: | ---: | --- |"]
     if yours is not None:
         lines.append(_row("Your config", yours, f"as written ({yours_text})"))
     if best is not None:
         lines.append(_row("Best", best, best_text))
+    if verdict == KEEP_YOURS:
+        lines += ["", "**Keep your config**: it did better than every configuration the search measured, by more than"]
+        lines.append(
+            "the windows' noise (the space searched does not hold it); the best one's file is only for reference."
+        )
+    elif verdict == AS_GOOD:
+        lines += ["", "**Your config is as good as the best** the search measured, within the windows' noise: nothing"]
+        lines.append("better was found; the best one's file is only for reference.")
     if recommended:
         lines += ["", f"Recommended: {', '.join(f'`{r}`' for r in recommended)}: your config.pbtxt with only these"]
         lines.append("fields changed, ready to copy back into your repository.")
@@ -150,8 +178,15 @@ def write_repository_search_files(
     users = {m: candidate_of(read_config(path)) for m, path in users_configs.items()}
     relative = {m: p.relative_to(layout.run_dir).as_posix() for m, p in recommended.items()}
     best_text = described(recommended, bests) if bests else ""
-    text += users_config_section(yours, described(users_configs, users), last.best, best_text, list(relative.values()))
-    summary |= {"your_config": yours.model_dump(mode="json") if yours else None, "recommended_config": relative}
+    verdict = yours_against_best(last.objective, yours, last.best)
+    text += users_config_section(
+        yours, described(users_configs, users), last.best, best_text, list(relative.values()), verdict
+    )
+    summary |= {
+        "your_config": yours.model_dump(mode="json") if yours else None,
+        "your_config_verdict": verdict,  # KEEP_YOURS, AS_GOOD or RECOMMENDED (None: one was not measured)
+        "recommended_config": relative,
+    }
     _write(layout, text, summary)
     return text
 

@@ -309,7 +309,11 @@ class _Session:
         """The candidate measured again, by the evaluator's own call, in a confirmation round."""
         obs = self.stored_again.get((c.key, confirm_round))
         if obs is None:
-            obs = _evaluate_again(self.evaluator, c, confirm_round).model_copy(update={"confirm_round": confirm_round})
+            first = self.seen.get(c.key)  # measured again at the load it was first measured at: windows of one load
+            load = first.concurrency if first is not None else None
+            obs = _evaluate_again(self.evaluator, c, confirm_round, load).model_copy(
+                update={"confirm_round": confirm_round}
+            )
             if self.checkpoint is not None:
                 self.checkpoint.append(obs)
             self.new_again += 1
@@ -340,14 +344,16 @@ class _Session:
         )
 
 
-def _evaluate_again(evaluator: Evaluator, c: Candidate, confirm_round: int) -> Observation:
-    """The evaluator's call for a re-measurement: told the round where it takes it (a real evaluator keeps that
-    measurement's files apart), else the plain call."""
+def _evaluate_again(evaluator: Evaluator, c: Candidate, confirm_round: int, load: int | None = None) -> Observation:
+    """The evaluator's call for a re-measurement: told the round (a real evaluator keeps that measurement's files
+    apart) and the load its first measurement chose (its windows pooled with that one's: not a new load search) where
+    it takes them, else the plain call."""
     try:
-        takes_round = "confirm_round" in inspect.signature(evaluator.evaluate).parameters
+        takes = inspect.signature(evaluator.evaluate).parameters
     except (TypeError, ValueError):
-        takes_round = False
-    return evaluator.evaluate(c, confirm_round=confirm_round) if takes_round else evaluator.evaluate(c)
+        takes = {}
+    given = {"confirm_round": confirm_round, "load": load}
+    return evaluator.evaluate(c, **{k: v for k, v in given.items() if k in takes and v is not None})
 
 
 def exhaustive_search(
