@@ -424,12 +424,34 @@ def model_of_variant(variant: str) -> str:
     return variant.rsplit("_config_", 1)[0]
 
 
+def ma_steps_pick(out: Path, repo: UserRepository, rows: list[MaRow]) -> dict | None:
+    """Model Analyzer's pick for an ensemble whose table holds its steps' rows only (1.58's brute mode profiles each
+    composing model on its own and never the ensemble): each step's top passing config, the ensemble's own config as
+    the user wrote it; figures per step (none of them is the pipeline's). None where a step met nothing."""
+    steps = {name: ma_recommendation([r for r in rows if r.model == name]) for name in repo.composing}
+    if any(best is None for best in steps.values()):
+        return None
+    configs = {name: variant_config(out / "output_model_repository", b.config, name) for name, b in steps.items()}
+    return {
+        "variants": [b.config for b in steps.values()],
+        "configs": configs,
+        "steps_alone": {
+            n: {"concurrency": b.concurrency, "throughput": b.throughput, "p99_ms": b.p99_ms} for n, b in steps.items()
+        },
+        "throughput": min(b.throughput for b in steps.values()),  # the slowest step's, alone: a bound, not a figure
+        "p99_ms": None,
+        "concurrency": None,  # no load of the pipeline was recommended
+    }
+
+
 def ma_pick(out: Path, repo: UserRepository) -> dict:
     """Model Analyzer's recommended config with its figures as it reported them, and how much it measured."""
     table = out / "export" / "results" / "metrics-model-inference.csv"
     rows = parse_ma_inference_table(table.read_text())
-    best = ma_recommendation(rows)
     picked: dict = {"counts": ma_counts(rows), "table": str(table)}
+    if repo.composing and all(row.model != repo.model for row in rows):
+        return {**picked, "recommended": ma_steps_pick(out, repo, rows), "profiled": "steps alone"}
+    best = ma_recommendation(rows)
     if best is None:
         return {**picked, "recommended": None}
     configs = {repo.model: variant_config(out / "output_model_repository", best.config, repo.model)}
@@ -581,6 +603,8 @@ def referee(
     budget: the highest median throughput of a load whose median p99 holds `budget_ms` (each tool recommends a config
     at a load, so each is judged at the loads both recommended)."""
     loads = sorted(set(loads or [settings.concurrency]))
+    refused = {name: why for name, configs in picks.items() if (why := refused_by_triton(repo, configs, work))}
+    picks = {name: configs for name, configs in picks.items() if name not in refused}
     rounds: dict[tuple[str, int], list[dict]] = {(name, c): [] for name in picks for c in loads}
     for r, name in alternating_order(list(picks), settings.rounds):
         for c in loads if r % 2 == 0 else reversed(loads):
@@ -592,7 +616,23 @@ def referee(
     for name in picks:
         by_load = {str(c): {**medians(rounds[(name, c)]), "rounds": rounds[(name, c)]} for c in loads}
         result[name] = {"loads": by_load, **under_budget(by_load, budget_ms)}
+    for name, why in refused.items():  # a pick Triton would not load: its line, no figures
+        result[name] = {"refused": why, "throughput": None}
+        print(f"referee {repo.name} {name}: refused: {why}", flush=True)
     return result
+
+
+def refused_by_triton(repo: UserRepository, configs: dict[str, str], work: Path) -> str | None:
+    """What Triton would refuse in a pick, checked as tbench checks a user's repository before a server starts (an
+    ensemble batching more than a step takes, say), in one line; None where it would load."""
+    from tbench.core.errors import ConfigError
+    from tbench.triton.user_repository import needed_models
+
+    try:
+        needed_models(repository_with(repo, configs, work / "checked"), repo.model)
+    except ConfigError as err:
+        return str(err).replace(str(work / "checked") + "/", "")
+    return None
 
 
 def under_budget(by_load: dict[str, dict], budget_ms: float | None) -> dict:

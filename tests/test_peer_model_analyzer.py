@@ -92,6 +92,48 @@ def test_ma_pick_reads_the_variants_configs_back_under_the_users_names(tmp_path)
     assert picked["recommended"]["throughput"] == 1200.0 and picked["counts"]["over_budget"] == 1
 
 
+# Model Analyzer 1.58's brute mode on an ensemble, as it ran here: each step profiled alone, the ensemble never
+STEPS_TABLE = "\n".join(
+    [
+        HEADER,
+        "preprocess,1,8,preprocess_config_4,2:CPU,2,Yes,4094.0,4.3",
+        "preprocess,1,4,preprocess_config_4,2:CPU,2,Yes,3393.1,2.4",
+        "resnet50,1,8,resnet50_config_6,2:CPU,4,Yes,3147.1,5.8",
+        "resnet50,1,8,resnet50_config_1,1:CPU,2,Yes,2100.0,6.1",
+    ]
+)
+
+
+def test_an_ensemble_profiled_step_by_step_is_picked_per_step_and_checked_as_triton_would(tmp_path):
+    """Each step's top config under its own name; the ensemble's config stays the user's; no pipeline figure claimed.
+    A step whose max batch is below the ensemble's would not load: the referee records Triton's rule in one line."""
+    out = tmp_path / "ma"
+    (out / "export" / "results").mkdir(parents=True)
+    (out / "export" / "results" / "metrics-model-inference.csv").write_text(STEPS_TABLE)
+    for variant, batch in (("preprocess_config_4", 2), ("resnet50_config_6", 4)):
+        folder = out / "output_model_repository" / variant
+        folder.mkdir(parents=True)
+        (folder / "config.pbtxt").write_text(f'name: "{variant}"\nbackend: "python"\nmax_batch_size: {batch}\n')
+    user = tmp_path / "user"
+    for name, text in {
+        "preprocess": 'backend: "python"\nmax_batch_size: 8\n',
+        "resnet50": 'backend: "python"\nmax_batch_size: 8\n',
+        "classifier": 'platform: "ensemble"\nmax_batch_size: 8\nensemble_scheduling { step { model_name: "preprocess" '
+        'model_version: -1 } step { model_name: "resnet50" model_version: -1 } }\n',
+    }.items():
+        (user / name / "1").mkdir(parents=True)
+        (user / name / "config.pbtxt").write_text(text)
+    repo = peer.UserRepository("ensemble", user, "classifier", None, composing=("preprocess", "resnet50"))
+    picked = peer.ma_pick(out, repo)
+    recommended = picked["recommended"]
+    assert picked["profiled"] == "steps alone" and set(recommended["configs"]) == {"preprocess", "resnet50"}
+    assert recommended["variants"] == ["preprocess_config_4", "resnet50_config_6"]
+    assert recommended["concurrency"] is None and recommended["steps_alone"]["resnet50"]["throughput"] == 3147.1
+    why = peer.refused_by_triton(repo, recommended["configs"], tmp_path / "referee")
+    assert why.startswith("preprocess/config.pbtxt: max_batch_size 2 is below the max_batch_size 8 of ensemble")
+    assert peer.refused_by_triton(repo, {}, tmp_path / "referee") is None  # the user's own loads
+
+
 def test_rounds_alternate_and_every_config_is_measured_each_round():
     order = peer.alternating_order(["ma", "tbench"], 4)
     assert [name for _, name in order] == ["ma", "tbench", "tbench", "ma", "ma", "tbench", "tbench", "ma"]

@@ -172,6 +172,15 @@ def test_an_ensemble_step_naming_a_model_not_there_names_the_step(repo):
         plan_repository(repo, "pipeline", EMBEDDED)
 
 
+def test_an_ensemble_batching_more_than_a_step_takes_is_refused(repo):
+    """Triton's rule: an ensemble's max_batch_size may not exceed a step's (Model Analyzer's per-step picks can)."""
+    (repo / "plus_one" / CONFIG_FILE).write_text(PYTHON_CONFIG.replace("max_batch_size: 8", "max_batch_size: 2"))
+    with pytest.raises(
+        ConfigError, match=r"plus_one/config.pbtxt: max_batch_size 2 is below the max_batch_size 8 of ensemble pipeline"
+    ):
+        plan_repository(repo, "pipeline", EMBEDDED)
+
+
 def test_a_model_not_in_the_repository_is_refused_naming_its_models(repo):
     with pytest.raises(ConfigError, match="no model 'resnet' .*its models: doubler, pipeline, plus_one"):
         plan_repository(repo, "resnet", EMBEDDED)

@@ -169,6 +169,16 @@ def how_served(model: RepositoryModel, caps: ServerCapabilities) -> HowServed:
     return HowServed(model.kind, runtime, f"the server has no {backend} backend; its python backend runs {runtime}")
 
 
+def _step_batch(model: RepositoryModel, index: int, by: RepositoryModel) -> None:
+    """Triton refuses an ensemble whose batch is larger than a step's: the step could not take its requests whole."""
+    if by.config.max_batch_size > 0 and model.config.max_batch_size < by.config.max_batch_size:
+        raise ConfigError(
+            f"{model.config_path}: max_batch_size {model.config.max_batch_size} is below the max_batch_size "
+            f"{by.config.max_batch_size} of ensemble {by.name} (its ensemble_scheduling.step[{index}]): Triton refuses "
+            "it; raise it or lower the ensemble's"
+        )
+
+
 def _step_version(model: RepositoryModel, step: mc.ModelEnsembling.Step, index: int, by: RepositoryModel) -> None:
     if step.model_version != LATEST_STEP_VERSION and step.model_version not in model.served_versions():
         raise ConfigError(
@@ -198,6 +208,7 @@ def needed_models(root: Path, name: str) -> list[RepositoryModel]:
                 )
             composing = read_model(root, step.model_name)
             _step_version(composing, step, i, model)
+            _step_batch(composing, i, model)
             visit(composing, (*path, model.name))
         seen.add(model.name)
         order.append(model)
