@@ -22,8 +22,8 @@ then both recommended configs re-measured by one referee.
 
 Model Analyzer's brute search is its automatic one: instance counts and max batch sizes (powers of two) with dynamic
 batching on, each config swept over concurrency 1..max (powers of two), stopping a dimension early once throughput
-stops growing. An ensemble is searched by its quick search whatever the mode (Model Analyzer's rule for composing
-models).
+stops growing. For an ensemble, 1.58's brute mode profiles each composing model alone (the ensemble's max batch not
+applied to them), so its pick is read step by step and checked against Triton's rules before it is measured.
 
 Usage: .venv/bin/python benchmarks/peer_model_analyzer.py [--size small] [--repositories single,ensemble]
        .venv/bin/python benchmarks/peer_model_analyzer.py --ma-only --repositories single --max-batch 4 --output F
@@ -698,7 +698,16 @@ class TbenchSearchUnavailable(RuntimeError):
     """`tbench search` does not take --repository yet: the comparison cannot be made (not faked)."""
 
 
-def tbench_search(repo_dir: Path, model: str, budget_ms: float, space: Space, concurrency: int, out: Path) -> dict:
+def budget_fraction(pipeline: bool) -> float:
+    """smart's share of the grid measured. A model's grid (instances x max batch, 8 configs here): half of it, as
+    Model Analyzer's brute search stops early once throughput stops growing (smart's default 10% is one
+    measurement). A pipeline step's grid is 2 configs (its max batch held at the ensemble's by Triton's rule): both."""
+    return 1.0 if pipeline else 0.5
+
+
+def tbench_search(
+    repo_dir: Path, model: str, budget_ms: float, space: Space, concurrency: int, out: Path, pipeline: bool = False
+) -> dict:
     """**tbench's half**: `tbench search --repository DIR --model NAME` over the same space and budget, timed by the
     wall clock; its recommended config(s) and figures as it reported them (search.json's best).
 
@@ -719,10 +728,8 @@ def tbench_search(repo_dir: Path, model: str, budget_ms: float, space: Space, co
         "none",
         "--queue-delays-us",
         "0",
-        # smart's default 10% of this 8-config grid is one measurement: half of it, as Model Analyzer's brute search
-        # stops early once throughput stops growing
         "--budget-fraction",
-        "0.5",
+        str(budget_fraction(pipeline)),
         "--p99-budget-ms",
         f"{budget_ms:g}",
         "--concurrency",
@@ -808,8 +815,9 @@ def compare_repository(repo: UserRepository, plan: Plan, result: dict) -> None:
     picks = {"model_analyzer": ma["recommended"]["configs"]} if ma["recommended"] else {}
     reported = [ma["recommended"]["throughput"]] if ma["recommended"] else []
     if not plan.ma_only:
+        budget, pipeline = result["budget_ms"], bool(repo.composing)
         tb = result["tbench"] = tbench_search(
-            repo.path, repo.model, result["budget_ms"], plan.space, plan.concurrency, work / "tbench"
+            repo.path, repo.model, budget, plan.space, plan.concurrency, work / "tbench", pipeline
         )
         if tb["recommended"]:
             picks["tbench"] = tb["recommended"]

@@ -272,10 +272,13 @@ def repository_search(request: BenchmarkRequest, search: SearchRequest, capacity
                         # a capacity candidate's figure is a rate search, with no windows' noise to confirm
                         confirm_rounds=search.confirm_rounds if capacity is None else 0,
                     )
-                if found.pipeline:  # the next step is searched with this one at its best
+                if found.pipeline:  # the next step is searched with this one at its best, from its best load
                     adopt_best(step_evaluator, found.results[step])
+                    evaluator.start_load = step_evaluator.start_load
             with tracker.stage("your-config"):  # measured the same way, written as the user wrote it
-                found.yours = measure_users_config(list(found.evaluators.values()), layout.run_dir / "yours")
+                found.yours = measure_users_config(
+                    list(found.evaluators.values()), layout.run_dir / "yours", found.result.best
+                )
             found.recommended = write_recommended(found, source.plan.source, layout.run_dir)
         except BaseException as err:
             _finish(
@@ -348,14 +351,17 @@ def adopt_best(evaluator: RepositoryEvaluator, result: SearchResult) -> None:
     chosen.load(chosen.write(best.candidate if best is not None else candidate_of(evaluator.base)))
 
 
-def measure_users_config(evaluators: list[RepositoryEvaluator], work_dir: Path) -> Observation:
+def measure_users_config(
+    evaluators: list[RepositoryEvaluator], work_dir: Path, best: Observation | None = None
+) -> Observation:
     """The user's config.pbtxt as written (no field edited; every step's, for a pipeline), measured as every
-    candidate was."""
+    candidate was; its load searched from the load `best` (the recommended candidate) chose."""
     *others, last = evaluators
     for evaluator in others:  # a pipeline's other steps back to the user's configs first
         own = replace(evaluator, verbatim=True)
         own.load(own.write(candidate_of(own.base)))
-    own = replace(last, work_dir=work_dir, verbatim=True)
+    start = best.concurrency if best is not None and best.concurrency else last.start_load
+    own = replace(last, work_dir=work_dir, verbatim=True, start_load=start)
     return own.evaluate(candidate_of(last.base))
 
 

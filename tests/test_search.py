@@ -678,3 +678,55 @@ def test_a_candidates_load_is_searched_up_to_the_last_that_holds_the_budget():
     assert best.concurrency == 4 and measured == [1, 2, 4]
     none = search_load(at, load_steps(8), budget_ms=1.0)  # even one client is over: the lightest load, infeasible
     assert none.concurrency == 1 and none.p99_ms > 1.0
+
+
+def test_a_load_search_starts_at_the_best_candidates_load_and_goes_lighter_only_where_that_is_over():
+    """From the load the best candidate so far chose: heavier while the budget holds and throughput grows; where the
+    start is over the budget, lighter loads until one holds it; never the loads below a start that holds."""
+    from tbench.search.evaluate import load_steps, search_load
+    from tbench.search.space import Candidate
+    from tbench.search.strategies import Observation
+
+    candidate = Candidate(instances=1, max_batch_size=8)
+    figures = {1: (400, 2.0), 2: (700, 3.0), 4: (1000, 5.0), 8: (1100, 12.0)}
+    measured = []
+
+    def at(c: int) -> Observation:
+        measured.append(c)
+        tput, p99 = figures[c]
+        return Observation(candidate=candidate, throughput=tput, p99_ms=p99, concurrency=c)
+
+    assert search_load(at, load_steps(8), 6.0, start=4).concurrency == 4 and measured == [4, 8]
+    measured.clear()
+    assert search_load(at, load_steps(8), 4.0, start=4).concurrency == 2 and measured == [4, 2]
+    measured.clear()
+    over = search_load(at, load_steps(8), 1.0, start=4)  # over at every load: the lightest, infeasible
+    assert over.concurrency == 1 and over.p99_ms > 1.0 and measured == [4, 2, 1]
+    measured.clear()
+    assert search_load(at, load_steps(8), 6.0, start=3).concurrency == 4 and measured == [1, 2, 4, 8]  # not a step
+
+
+def test_each_candidates_load_search_starts_where_the_best_so_far_peaked(tmp_path):
+    """The evaluator remembers the load of the best candidate within the budget; the next candidate starts there."""
+    from tbench.core.layout import RunLayout
+    from tbench.request.benchmark import Measurement
+    from tbench.search.evaluate import TritonEvaluator
+    from tbench.search.space import Candidate
+    from tbench.search.strategies import Observation
+
+    started = []
+
+    class Recorded(TritonEvaluator):
+        def measure_at(self, candidate, variant, layout, concurrency):
+            if not started or started[-1][0] != candidate.key:
+                started.append((candidate.key, concurrency))
+            tput = {1: 300, 2: 600, 4: 900, 8: 950}[concurrency] * candidate.instances
+            return Observation(candidate=candidate, throughput=tput, p99_ms=2.0 * concurrency, concurrency=concurrency)
+
+    evaluator = Recorded(None, tmp_path, "m", {}, 8, Measurement(), tmp_path, load_budget_ms=10.0)
+    layout = RunLayout(tmp_path, "x").create()
+    one, two = Candidate(instances=1, max_batch_size=8), Candidate(instances=2, max_batch_size=8)
+    assert evaluator.measure(one, None, layout).concurrency == 4  # 8 is over the budget
+    assert evaluator.start_load == 4
+    evaluator.measure(two, None, layout)
+    assert started == [(one.key, 1), (two.key, 4)]

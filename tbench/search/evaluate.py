@@ -100,11 +100,14 @@ class TritonEvaluator:
     # the load searched per candidate: its best concurrency up to `concurrency` whose p99 holds this budget (None:
     # measured at `concurrency` alone)
     load_budget_ms: float | None = None
+    # the load the best candidate measured so far chose: the next candidate's load search starts there
+    start_load: int | None = None
 
     def __post_init__(self):
         self.binary = tools.perf_analyzer_binary()
         self.env = {**tools.perf_analyzer_env(), **self.gpu_env}
         self.evaluations = 0
+        self.best_seen = 0.0  # the highest throughput within the load budget measured so far (start_load's)
 
     def variant(self, candidate: Candidate) -> ServedVariant:
         if candidate.format in self.variants:
@@ -234,12 +237,19 @@ class TritonEvaluator:
         self, candidate: Candidate, variant: ServedVariant, layout: RunLayout, load: int | None = None
     ) -> Observation:
         """One loaded candidate at the search's closed-loop load: `concurrency` clients, or, with a budget to search
-        the load against, its best load (search_load); at `load` clients where one is given."""
+        the load against, its best load (search_load, from the load of the best candidate so far); at `load` clients
+        where one is given."""
         if load is not None or self.load_budget_ms is None:
             return self.measure_at(candidate, variant, layout, load or self.concurrency)
-        return search_load(
-            lambda c: self.measure_at(candidate, variant, layout, c), load_steps(self.concurrency), self.load_budget_ms
+        observation = search_load(
+            lambda c: self.measure_at(candidate, variant, layout, c),
+            load_steps(self.concurrency),
+            self.load_budget_ms,
+            self.start_load,
         )
+        if observation.ok and observation.p99_ms <= self.load_budget_ms and observation.throughput > self.best_seen:
+            self.best_seen, self.start_load = observation.throughput, observation.concurrency
+        return observation
 
     def measure_at(self, candidate: Candidate, variant: ServedVariant, layout: RunLayout, concurrency: int):
         """One loaded candidate at `concurrency` closed-loop clients."""
@@ -329,21 +339,39 @@ def load_steps(top: int) -> list[int]:
     return [*steps, top]
 
 
-def search_load(measure_at, loads: list[int], budget_ms: float) -> Observation:
-    """A candidate's best load: measured at each of `loads` in turn until its p99 leaves the budget (a heavier load
-    only lengthens the queue), its throughput stops growing (SATURATED_GAIN) or a point fails; the observation of the
-    highest throughput within the budget, else the lightest load's (infeasible, kept as measured)."""
-    best: Observation | None = None
+def search_load(measure_at, loads: list[int], budget_ms: float, start: int | None = None) -> Observation:
+    """A candidate's best load, from `start` (the load the best candidate so far chose; the lightest by default):
+    heavier loads in turn until the p99 leaves the budget (a heavier load only lengthens the queue), throughput stops
+    growing (SATURATED_GAIN) or a point fails; where `start` is already over the budget, lighter loads until one holds
+    it. The observation of the highest throughput within the budget, else the lightest load's (infeasible, kept as
+    measured). Starting where the best candidate peaked skips the light loads that cannot be a candidate's best."""
+    first = loads.index(start) if start in loads else 0
+    observation = measure_at(loads[first])
+    if observation.ok and observation.p99_ms > budget_ms and first > 0:
+        return _lighter_load(measure_at, loads[:first], budget_ms)
+    return _heavier_loads(measure_at, loads[first + 1 :], budget_ms, observation)
+
+
+def _heavier_loads(measure_at, loads: list[int], budget_ms: float, best: Observation) -> Observation:
+    if not best.ok or best.p99_ms > budget_ms:
+        return best
     for concurrency in loads:
         observation = measure_at(concurrency)
-        if not observation.ok:
-            return best or observation
-        if observation.p99_ms > budget_ms:
-            return best or observation
-        if best is not None and observation.throughput < best.throughput * (1 + SATURATED_GAIN):
+        if not observation.ok or observation.p99_ms > budget_ms:
+            return best
+        if observation.throughput < best.throughput * (1 + SATURATED_GAIN):
             return observation if observation.throughput > best.throughput else best
         best = observation
     return best
+
+
+def _lighter_load(measure_at, lighter: list[int], budget_ms: float) -> Observation:
+    """The heaviest of the `lighter` loads whose p99 holds the budget (measured heaviest first), else the lightest's."""
+    for concurrency in reversed(lighter):
+        observation = measure_at(concurrency)
+        if not observation.ok or observation.p99_ms <= budget_ms:
+            return observation
+    return observation
 
 
 def artifact_key(text: str) -> str:
