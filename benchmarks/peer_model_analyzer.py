@@ -645,6 +645,29 @@ def under_budget(by_load: dict[str, dict], budget_ms: float | None) -> dict:
     return {"throughput": best["throughput"], "p99_ms": best["p99_ms"], "concurrency": int(c)}
 
 
+def referee_verdict(ours: dict, theirs: dict) -> str:
+    """Whether the referee's rounds separate two picks, each at the load it was judged at (under_budget's): "higher"
+    or "lower" where every round of ours beat, or lost to, every round of theirs; "undetermined" where their rounds'
+    ranges overlap (the ratio of medians is then within the rounds' spread); "refused" where theirs would not load;
+    "none within the budget" where ours held it at no load."""
+    if theirs.get("refused"):
+        return "refused"
+    if not ours.get("concurrency"):
+        return "none within the budget"
+    if not theirs.get("concurrency"):
+        return "higher"
+
+    def at_load(pick: dict) -> list[float]:
+        return [r["throughput"] for r in pick["loads"][str(pick["concurrency"])]["rounds"] if r.get("ok")]
+
+    a, b = at_load(ours), at_load(theirs)
+    if min(a) > max(b):
+        return "higher"
+    if max(a) < min(b):
+        return "lower"
+    return "undetermined"
+
+
 def with_threads_of(configs: dict[str, str], reference: dict[str, str]) -> dict[str, str] | None:
     """`configs` with each model's runtime threads per instance set as `reference` sets that model's (Model
     Analyzer's pick given tbench's threads: it cannot search them); None where no model's threads differ."""
@@ -840,6 +863,12 @@ def compare_repository(repo: UserRepository, plan: Plan, result: dict) -> None:
             tb, measured.get("model_analyzer_same_threads", {}).get("throughput")
         )
         result["tbench_over_ma_wall"] = ratio(result["tbench"]["wall_s"], ma["wall_s"])
+        if "tbench" in measured:  # can the referee's rounds tell the picks apart at all
+            result["referee_verdicts"] = {
+                other: referee_verdict(measured["tbench"], measured[other])
+                for other in ("model_analyzer", "model_analyzer_same_threads")
+                if other in measured
+            }
 
 
 def write_repositories(work: Path, size: str, names: list[str], max_batch: int) -> list[UserRepository]:

@@ -28,6 +28,7 @@ from tbench.node.host_load import HostLoad
 from tbench.node.placement import on_client_cpus
 from tbench.planning.run_plan import Exported, RunPlan
 from tbench.request.benchmark import BenchmarkRequest, adapter_for, adapter_notes, plain_name, request_from_argv
+from tbench.results.pipeline_report import bounds_manifest
 from tbench.results.point_cache import tool_versions
 from tbench.stages.accuracy import require_same_answers
 from tbench.stages.correctness import require_passed
@@ -268,7 +269,9 @@ def _sweep(
                 server.endpoints.metrics_url,
                 gpu_uuids=model.device.gpu_uuids,
                 trace=server.request_trace(model.name),  # large requests' rate points: the server's timestamps
+                steps=model.steps,  # an ensemble's composing models: where its time went (pipeline_steps.csv)
             ),
+            on_steps=tracker.save_steps,
             cache=cache.for_model(labels) if cache else None,
         )
     # a server that refused client shared memory: its offline points went over gRPC, said once in the report
@@ -307,6 +310,8 @@ def _finish(tracker: RunTracker, plan: RunPlan, server, error: BaseException | N
     def report() -> None:
         with tracker.stage("metrics"):
             manifest["summary"] = summary = metrics_task(tracker.results)
+            if not tracker.steps.empty:  # an ensemble: the step that bounded each scenario's best point
+                manifest["pipeline_bounds"] = bounds_manifest(tracker.steps, tracker.results)
         comparison_lines = []
         if req.baseline:  # after metrics: the results files it reads are complete
             with tracker.stage("compare-baseline"):
@@ -324,6 +329,7 @@ def _finish(tracker: RunTracker, plan: RunPlan, server, error: BaseException | N
                 served_by=tracker.served_by,
                 served_on=tracker.served_on,
                 composing=tracker.composing,
+                steps=tracker.steps,
                 model_notes=adapter_notes(req) + [ln for n in tracker.notes for ln in (f"**Note**: {n}.", "")],
                 stage_seconds=dict(tracker.stage_seconds),
                 plots_dir=layout.plots_dir,

@@ -61,6 +61,12 @@ def test_ensemble_of_sparse_and_dense_parts(prefect_harness, tmp_path, model, ba
     assert set(composing["composing_model"]) == {f"{model}_sparse", f"{model}_dense"}
     assert len(composing) == 2 * len(results) and (composing["server_compute_infer_ms"] > 0).all()
     assert "### Composing models" in report and "Embedding tables" in report
+    # where its time went, from Triton's statistics: both parts at every point, the bounding step named
+    steps = pd.read_csv(run / "pipeline_steps.csv")
+    assert len(steps) == 2 * len(results) and set(steps["step"]) == {f"{model}_sparse", f"{model}_dense"}
+    assert (steps["format"] == "ensemble").all() and (steps["ceiling_per_s"] > 0).all()
+    bounded = json.loads((run / "manifest.json").read_text())["pipeline_bounds"]
+    assert set(bounded) == {"offline"} and "## Where the pipeline spends its time" in report
     # the baseline stage ran and said why a tiny run cannot be judged against a small one of another model or size
     comparison = json.loads((run / "manifest.json").read_text())["comparison"]
     assert comparison["verdict"] == "not comparable" and "## Comparison against the baseline" in report

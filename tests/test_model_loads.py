@@ -26,6 +26,7 @@ class FakeGrpcClient:
     """tritonclient.grpc's client as the loaders use it, recording what they asked."""
 
     calls: list[tuple] = []
+    ready: set[str] = set()  # the models the server serves already (a load of one replaces it)
 
     def __init__(self, url, *args, **kwargs):
         self.url = url
@@ -40,7 +41,7 @@ class FakeGrpcClient:
         return {"models": []}
 
     def is_model_ready(self, name, *args, **kwargs):
-        return False
+        return name in self.ready
 
     def is_server_live(self, *args, **kwargs):
         return True
@@ -69,7 +70,7 @@ def grpc_only(monkeypatch):
     import tritonclient.grpc
     import tritonclient.http
 
-    FakeGrpcClient.calls = []
+    FakeGrpcClient.calls, FakeGrpcClient.ready = [], set()
     monkeypatch.setattr(tritonclient.grpc, "InferenceServerClient", FakeGrpcClient)
     monkeypatch.setattr(tritonclient.http, "InferenceServerClient", NoHttpClient)
     return FakeGrpcClient.calls
@@ -199,6 +200,7 @@ def test_a_reload_returns_once_the_replaced_version_is_released(grpc_only, repos
     log = tmp_path / "server.log"
     log.write_text("I1128 model_lifecycle.cc:849] successfully loaded 'm' version 1\n")
     server = StartedServer(repository, log)
+    FakeGrpcClient.ready = {"m"}  # loaded already: this load replaces it
 
     def release():
         time.sleep(0.3)
@@ -209,6 +211,16 @@ def test_a_reload_returns_once_the_replaced_version_is_released(grpc_only, repos
     threading.Thread(target=release).start()
     server.load("m", mc.ModelConfig(name="m", max_batch_size=8))
     assert time.monotonic() - started >= 0.3 and grpc_only == [("load", "m", True, [])]
+
+
+def test_a_first_load_replaces_nothing_and_waits_for_no_release(grpc_only, repository, tmp_path):
+    """A model the server did not serve yet: no version is released, so nothing is waited for (it was 10 s per
+    model at every server start)."""
+    log = tmp_path / "server.log"
+    log.write_text("I1128 model_lifecycle.cc:849] successfully loaded 'm' version 1\n")
+    started = time.monotonic()
+    StartedServer(repository, log).load("m")
+    assert time.monotonic() - started < 2.0 and grpc_only == [("load", "m", True, [])]
 
 
 def test_the_release_is_looked_for_after_the_load_only_and_not_for_ever(tmp_path):

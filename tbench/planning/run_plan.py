@@ -202,6 +202,11 @@ class MeasuredModel:
     labels: dict  # the results' static columns
     online: ServingConfig  # its config in the online scenarios (offline: its static-batching twin)
 
+    @property
+    def steps(self) -> list[str]:
+        """The models a pipeline runs, read at each point (an ensemble's composing models); none for one model."""
+        return [name for name in self.behind if name != self.name]
+
     def batching(self, scenario: Scenario) -> dict:
         served_as = self.online.static() if scenario is Scenario.OFFLINE else self.online
         return {"batching": served_as.batching, "max_queue_delay_us": served_as.queue_delay_us}

@@ -46,6 +46,8 @@ def bounds(steps: pd.DataFrame, results: pd.DataFrame) -> dict[str, tuple[str, f
     """Per scenario: its best measured point (label, infer/s) and what bounded it."""
     if steps is None or steps.empty or results.empty:
         return {}
+    if "format" in results and "format" in steps:  # a run of several formats: the pipeline's points only
+        results = results[results["format"].isin(set(steps["format"]))]
     ok = _labelled(results[results["status"] == "ok"])
     steps = _labelled(steps)
     found: dict[str, tuple[str, float, Bound]] = {}

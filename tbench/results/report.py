@@ -11,6 +11,7 @@ from tbench.core.metrics import AVG, THROUGHPUT
 from tbench.core.shape_sets import guessed_shapes_line
 from tbench.results.direct_report import direct_lines
 from tbench.results.format_section import UNBATCHED, correctness_table, format_section
+from tbench.results.pipeline_report import pipeline_lines
 from tbench.results.published import (
     PUBLISHED_GPUS,
     PUBLISHED_SIZE,
@@ -117,6 +118,7 @@ def render_report(
     error: str | None = None,
     served_by: dict[str, str] | None = None,
     composing: pd.DataFrame | None = None,
+    steps: pd.DataFrame | None = None,
     model_notes: list[str] | None = None,
     comparison_lines: list[str] | None = None,
     served_on: dict[str, dict] | None = None,
@@ -228,6 +230,7 @@ def render_report(
             batching=request.max_batch_size > 0,
             tensors=(tensors or {}).get(fmt),
         )
+    lines += pipeline_lines(steps, results, plots_dir)  # an ensemble's steps from Triton's statistics
     lines += closing_lines(results, stage_seconds)
     return "\n".join(lines)
 

@@ -138,6 +138,7 @@ class TritonServer(ABC):
         offset = log_offset(self.log_path) if self.logs_itself else None
         client = self._client()
         try:
+            replacing = self._ready(client, name)  # a first load replaces nothing: no release to wait for
             client.load_model(name, **self._load_args(name, config), client_timeout=self.start_timeout_s)
         except InferenceServerException as err:
             raise ServerStartError(
@@ -146,7 +147,17 @@ class TritonServer(ABC):
             ) from None
         finally:
             client.close()
-        wait_released(self.log_path, name, offset)  # before anything is measured on it
+        if replacing:
+            wait_released(self.log_path, name, offset)  # before anything is measured on it
+
+    @staticmethod
+    def _ready(client, name: str) -> bool:
+        from tritonclient.utils import InferenceServerException
+
+        try:
+            return bool(client.is_model_ready(name))
+        except InferenceServerException:
+            return False
 
     def _load_args(self, name: str, config: mc.ModelConfig | None) -> dict:
         """Always a config: Triton keeps a load's config override through a later load without one, so the
