@@ -653,9 +653,9 @@ def test_confirmation_leaves_unknown_noise_alone_and_a_smart_search_confirms_at_
     assert smart.best.candidate.key == two
 
 
-def test_a_candidates_load_is_searched_up_to_the_last_that_holds_the_budget():
-    """Per candidate, its best concurrency whose p99 holds the budget (as Model Analyzer sweeps concurrency): the
-    sweep stops where the p99 leaves the budget, where throughput stops growing, or at a failed point."""
+def test_a_candidates_load_is_searched_down_from_the_heaviest_to_the_first_that_holds_the_budget():
+    """Per candidate, its best concurrency whose p99 holds the budget (as Model Analyzer sweeps concurrency): with no
+    load to start from, the heaviest first, then lighter ones until one holds the budget."""
     from tbench.search.evaluate import load_steps, search_load
     from tbench.search.space import Candidate
     from tbench.search.strategies import Observation
@@ -671,13 +671,12 @@ def test_a_candidates_load_is_searched_up_to_the_last_that_holds_the_budget():
         return Observation(candidate=candidate, throughput=tput, p99_ms=p99, concurrency=c)
 
     best = search_load(at, load_steps(8), budget_ms=6.0)
-    assert best.concurrency == 4 and measured == [1, 2, 4, 8]  # 8 measured, over the budget: 4 is the answer
+    assert best.concurrency == 4 and measured == [8, 4]  # 8 is over the budget: 4 is the answer
     measured.clear()
-    figures[4] = (720, 4.0)  # saturated at 2: 4 adds under 5%, so 8 is not tried
-    best = search_load(at, load_steps(8), budget_ms=6.0)
-    assert best.concurrency == 4 and measured == [1, 2, 4]
+    assert search_load(at, load_steps(8), budget_ms=20.0).concurrency == 8 and measured == [8]  # the top holds it
+    measured.clear()
     none = search_load(at, load_steps(8), budget_ms=1.0)  # even one client is over: the lightest load, infeasible
-    assert none.concurrency == 1 and none.p99_ms > 1.0
+    assert none.concurrency == 1 and none.p99_ms > 1.0 and measured == [8, 4, 2, 1]
 
 
 def test_a_load_search_starts_at_the_best_candidates_load_and_goes_lighter_only_where_that_is_over():
@@ -703,7 +702,12 @@ def test_a_load_search_starts_at_the_best_candidates_load_and_goes_lighter_only_
     over = search_load(at, load_steps(8), 1.0, start=4)  # over at every load: the lightest, infeasible
     assert over.concurrency == 1 and over.p99_ms > 1.0 and measured == [4, 2, 1]
     measured.clear()
-    assert search_load(at, load_steps(8), 6.0, start=3).concurrency == 4 and measured == [1, 2, 4, 8]  # not a step
+    assert search_load(at, load_steps(8), 6.0, start=1).concurrency == 4 and measured == [1, 2, 4, 8]  # climbs
+    measured.clear()
+    figures[4] = (720, 4.0)  # saturated at 2: 4 adds under 5%, so 8 is not tried
+    assert search_load(at, load_steps(8), 6.0, start=1).concurrency == 4 and measured == [1, 2, 4]
+    measured.clear()
+    assert search_load(at, load_steps(8), 6.0, start=3).concurrency == 4 and measured == [8, 4]  # not a step: the top
 
 
 def test_each_candidates_load_search_starts_where_the_best_so_far_peaked(tmp_path):
@@ -729,4 +733,4 @@ def test_each_candidates_load_search_starts_where_the_best_so_far_peaked(tmp_pat
     assert evaluator.measure(one, None, layout).concurrency == 4  # 8 is over the budget
     assert evaluator.start_load == 4
     evaluator.measure(two, None, layout)
-    assert started == [(one.key, 1), (two.key, 4)]
+    assert started == [(one.key, 8), (two.key, 4)]  # the first from the heaviest load, the next from its best

@@ -340,12 +340,13 @@ def load_steps(top: int) -> list[int]:
 
 
 def search_load(measure_at, loads: list[int], budget_ms: float, start: int | None = None) -> Observation:
-    """A candidate's best load, from `start` (the load the best candidate so far chose; the lightest by default):
+    """A candidate's best load, from `start` (the load the best candidate so far chose; the heaviest by default):
     heavier loads in turn until the p99 leaves the budget (a heavier load only lengthens the queue), throughput stops
     growing (SATURATED_GAIN) or a point fails; where `start` is already over the budget, lighter loads until one holds
     it. The observation of the highest throughput within the budget, else the lightest load's (infeasible, kept as
-    measured). Starting where the best candidate peaked skips the light loads that cannot be a candidate's best."""
-    first = loads.index(start) if start in loads else 0
+    measured). Starting heavy skips the light loads that cannot be a candidate's best while a heavier one holds the
+    budget: one or two points where a climb from one client took four."""
+    first = loads.index(start) if start in loads else len(loads) - 1
     observation = measure_at(loads[first])
     if observation.ok and observation.p99_ms > budget_ms and first > 0:
         return _lighter_load(measure_at, loads[:first], budget_ms)
