@@ -348,14 +348,15 @@ def search_load(measure_at, loads: list[int], budget_ms: float, start: int | Non
     budget: one or two points where a climb from one client took four."""
     first = loads.index(start) if start in loads else len(loads) - 1
     observation = measure_at(loads[first])
-    if observation.ok and observation.p99_ms > budget_ms and first > 0:
-        return _lighter_load(measure_at, loads[:first], budget_ms)
+    if not observation.ok:
+        return observation
+    if observation.p99_ms > budget_ms:
+        return _lighter_load(measure_at, loads[:first], budget_ms) if first > 0 else observation
     return _heavier_loads(measure_at, loads[first + 1 :], budget_ms, observation)
 
 
 def _heavier_loads(measure_at, loads: list[int], budget_ms: float, best: Observation) -> Observation:
-    if not best.ok or best.p99_ms > budget_ms:
-        return best
+    """From `best` (a load that holds the budget), heavier ones while they hold it and throughput grows."""
     for concurrency in loads:
         observation = measure_at(concurrency)
         if not observation.ok or observation.p99_ms > budget_ms:
