@@ -10,8 +10,8 @@ then both recommended configs re-measured by one referee.
    that runs ONNX Runtime: the embedded server has only the python backend, and this is the model.py tbench's own
    runtime serves) and `ensemble` (a python preprocessing step, uint8 HWC image to normalised CHW floats, then the
    same model).
-3. **The budget** binds: the user's own config is measured once at the referee's concurrency, and the p99 budget is
-   `--budget-factor` times its p99, so the heavier candidates exceed it.
+3. **The budget** binds: the user's own config is measured three times at the referee's concurrency, and the p99
+   budget is `--budget-factor` times their median p99, so the heavier candidates exceed it.
 4. **The referee**: every recommended config on a fresh embedded server, one perf_analyzer call each (count windows
    of one shared size, p99 as the stability percentile), in alternating rounds, at the load each tool recommended
    (tbench's search concurrency, Model Analyzer's pick's); median throughput and p99 per config and load, and its
@@ -20,10 +20,11 @@ then both recommended configs re-measured by one referee.
 5. **tbench's half** (`tbench_search`) runs `tbench search --repository DIR --model NAME` in a subprocess; where the
    CLI does not take that yet, the run records the refusal and exits 1 with one line.
 
-Model Analyzer's brute search is its automatic one: instance counts and max batch sizes (powers of two) with dynamic
-batching on, each config swept over concurrency 1..max (powers of two), stopping a dimension early once throughput
-stops growing. For an ensemble, 1.58's brute mode profiles each composing model alone (the ensemble's max batch not
-applied to them), so its pick is read step by step and checked against Triton's rules before it is measured.
+Model Analyzer searches as its defaults do for the model's kind. A model: its automatic brute search, instance counts
+and max batch sizes (powers of two) with dynamic batching on, each config swept over concurrency 1..max (powers of
+two), stopping a dimension early once throughput stops growing. An ensemble: its quick search (its only search for an
+ensemble), a hill climb over each step's instances and max batch, the pipeline measured whole. Its picks are checked
+against Triton's rules before the referee measures them.
 
 Usage: .venv/bin/python benchmarks/peer_model_analyzer.py [--size small] [--repositories single,ensemble]
        .venv/bin/python benchmarks/peer_model_analyzer.py --ma-only --repositories single --max-batch 4 --output F
@@ -66,6 +67,7 @@ REPOSITORIES = {"single": MODEL, "ensemble": ENSEMBLE}  # repository -> the mode
 # whole second past its request count, so short windows (Model Analyzer's 50 requests) are 1 s of noise each
 REFEREE_WINDOW_S = 2.0
 REFEREE_MIN_REQUESTS = 50  # perf_analyzer's own default, what Model Analyzer's calls use
+BUDGET_MEASUREMENTS = 3  # calls of the user's config whose median p99 sets the budget
 
 
 # --- Model Analyzer's environment: a scratch virtualenv and the two wrapper scripts ---
@@ -303,8 +305,8 @@ class Space:
 
 
 def ma_config(repo: UserRepository, space: Space, budget_ms: float, wrappers: dict[str, Path], out: Path) -> dict:
-    """Model Analyzer's profile config: local launch mode, CPU only, its automatic brute search over `space`, the
-    p99 budget as a constraint; everything it writes under `out`."""
+    """Model Analyzer's profile config: local launch mode, CPU only, its automatic search over `space` (brute, or
+    quick for an ensemble), the p99 budget as a constraint; everything it writes under `out`."""
     profiled = {"cpu_only": True, "constraints": {"perf_latency_p99": {"max": round(budget_ms, 3)}}}
     config = {
         "model_repository": str(repo.path),
@@ -316,7 +318,8 @@ def ma_config(repo: UserRepository, space: Space, budget_ms: float, wrappers: di
         "perf_output": True,
         "perf_output_path": str(out / "perf_analyzer.log"),
         "gpus": [],  # no GPU to watch (dcgm_disable is refused outside remote mode: Model Analyzer 1.58's rule)
-        "run_config_search_mode": "brute",
+        # its default for the model's kind: brute for a model, quick (its ensemble search) for an ensemble
+        "run_config_search_mode": "quick" if repo.composing else "brute",
         "run_config_search_min_instance_count": 1,
         "run_config_search_max_instance_count": space.max_instances,
         "run_config_search_min_model_batch_size": 1,
@@ -329,8 +332,9 @@ def ma_config(repo: UserRepository, space: Space, budget_ms: float, wrappers: di
         "checkpoint_directory": str(out / "checkpoints"),
         "skip_detailed_reports": True,  # its detailed reports need GPU metrics; the summary tables are read here
     }
-    if repo.composing:  # each step CPU only as well
-        config["ensemble_composing_models"] = {name: {"cpu_only": True} for name in repo.composing}
+    if repo.composing:  # each step CPU only as well (1.58's `ensemble_composing_models` shares its config object
+        # with profile_models: given there, the steps replace the ensemble as the models profiled, each alone)
+        config["cpu_only_composing_models"] = list(repo.composing)
     return config
 
 
@@ -350,9 +354,9 @@ def run_model_analyzer(venv_bin: Path, config: dict, out: Path) -> dict:
     return {"exit": done.returncode, "wall_s": wall, "argv": shlex.join(argv), "log": str(out / "model_analyzer.log")}
 
 
-# Model Analyzer's inference table (results/metrics-model-inference.csv) writes its cells unquoted, and an ensemble's
-# "Model Config Path" holds commas ("classifier_config_0: preprocess_config_1, resnet50_config_2"); its first three
-# and last three columns are plain, and the config names are found by their form
+# Model Analyzer's inference table (results/metrics-model-inference.csv): an ensemble's "Model Config Path",
+# "Instance Group" and "Max Batch Size" cells hold commas ("classifier_config_0: preprocess_config_1,
+# resnet50_config_2"); its first three and last three columns are plain, and the config names are found by their form
 CONFIG_NAME = re.compile(r"[\w.-]+?_config_(?:\d+|default)")
 HEAD = ("Model", "Batch", "Concurrency")
 TAIL = ("Satisfies Constraints", "Throughput (infer/sec)", "p99 Latency (ms)")
@@ -424,33 +428,11 @@ def model_of_variant(variant: str) -> str:
     return variant.rsplit("_config_", 1)[0]
 
 
-def ma_steps_pick(out: Path, repo: UserRepository, rows: list[MaRow]) -> dict | None:
-    """Model Analyzer's pick for an ensemble whose table holds its steps' rows only (1.58's brute mode profiles each
-    composing model on its own and never the ensemble): each step's top passing config, the ensemble's own config as
-    the user wrote it; figures per step (none of them is the pipeline's). None where a step met nothing."""
-    steps = {name: ma_recommendation([r for r in rows if r.model == name]) for name in repo.composing}
-    if any(best is None for best in steps.values()):
-        return None
-    configs = {name: variant_config(out / "output_model_repository", b.config, name) for name, b in steps.items()}
-    return {
-        "variants": [b.config for b in steps.values()],
-        "configs": configs,
-        "steps_alone": {
-            n: {"concurrency": b.concurrency, "throughput": b.throughput, "p99_ms": b.p99_ms} for n, b in steps.items()
-        },
-        "throughput": min(b.throughput for b in steps.values()),  # the slowest step's, alone: a bound, not a figure
-        "p99_ms": None,
-        "concurrency": None,  # no load of the pipeline was recommended
-    }
-
-
 def ma_pick(out: Path, repo: UserRepository) -> dict:
     """Model Analyzer's recommended config with its figures as it reported them, and how much it measured."""
     table = out / "export" / "results" / "metrics-model-inference.csv"
     rows = parse_ma_inference_table(table.read_text())
     picked: dict = {"counts": ma_counts(rows), "table": str(table)}
-    if repo.composing and all(row.model != repo.model for row in rows):
-        return {**picked, "recommended": ma_steps_pick(out, repo, rows), "profiled": "steps alone"}
     best = ma_recommendation(rows)
     if best is None:
         return {**picked, "recommended": None}
@@ -689,28 +671,49 @@ def with_threads_of(configs: dict[str, str], reference: dict[str, str]) -> dict[
     return out if changed else None
 
 
+def max_batch_sizes(repo: UserRepository, picks: dict[str, dict[str, str]]) -> dict[str, dict[str, int]]:
+    """Each model's max batch as the user wrote it and in each pick (a pick that leaves a model as written: the
+    user's): an ensemble's own max batch is what its clients may send, and Model Analyzer's ensemble search lowers it
+    to its steps' smallest."""
+    from tbench.triton.config import parse_pbtxt
+
+    users = user_configs(repo)
+    return {
+        model: {
+            "user": parse_pbtxt(text).max_batch_size,
+            **{name: parse_pbtxt(pick.get(model, text)).max_batch_size for name, pick in picks.items()},
+        }
+        for model, text in users.items()
+    }
+
+
 def user_configs(repo: UserRepository) -> dict[str, str]:
     """The repository's own configs, as the user wrote them."""
     return {name: (repo.path / name / "config.pbtxt").read_text() for name in (repo.model, *repo.composing)}
 
 
 def choose_budget(repo: UserRepository, concurrency: int, factor: float, work: Path) -> dict:
-    """The p99 budget from a first measurement: the user's own config at the referee's concurrency, its p99 times
-    `factor` (< 1: that config at that load exceeds it, and so do the candidates that batch or queue more). A short
-    call first sizes the windows of the one that counts (REFEREE_WINDOW_S at the throughput it saw)."""
+    """The p99 budget from first measurements: the user's own config at the referee's concurrency, the median p99 of
+    BUDGET_MEASUREMENTS calls (one call's p99 moved 4.4 to 8.4 ms between runs) times `factor` (< 1: that config at
+    that load exceeds it, and so do the candidates that batch or queue more). A short call first sizes the windows of
+    those that count (REFEREE_WINDOW_S at the throughput it saw)."""
     configs = user_configs(repo)
     short = RefereeSettings(concurrency=concurrency, request_count=REFEREE_MIN_REQUESTS, rounds=1)
     sizing = measure_once(repo, configs, short, work / "sizing")
     if not sizing.get("ok"):
         raise SystemExit(f"{repo.name}: the user's own config did not measure: {sizing.get('error')}")
     settings = RefereeSettings(concurrency=concurrency, request_count=request_count([sizing["throughput"]]), rounds=1)
-    first = measure_once(repo, configs, settings, work / "measured")
-    if not first.get("ok"):
-        raise SystemExit(f"{repo.name}: the user's own config did not measure: {first.get('error')}")
+    first = []
+    for n in range(BUDGET_MEASUREMENTS):
+        measured = measure_once(repo, configs, settings, work / f"measured{n}")
+        if not measured.get("ok"):
+            raise SystemExit(f"{repo.name}: the user's own config did not measure: {measured.get('error')}")
+        first.append(measured)
+    p99 = statistics.median(m["p99_ms"] for m in first)
     return {
-        "budget_ms": round(factor * first["p99_ms"], 3),
+        "budget_ms": round(factor * p99, 3),
         "factor": factor,
-        "first_measurement": {**first, "request_count": settings.request_count},
+        "first_measurements": {"request_count": settings.request_count, "p99_ms_median": p99, "calls": first},
     }
 
 
@@ -823,7 +826,7 @@ def compare_repository(repo: UserRepository, plan: Plan, result: dict) -> None:
     work = plan.work / repo.name
     result.update(model=repo.model, space=plan.space.describe())
     if plan.budget_ms:
-        result.update(budget_ms=plan.budget_ms, factor=None, first_measurement=None)
+        result.update(budget_ms=plan.budget_ms, factor=None, first_measurements=None)
     else:
         result.update(choose_budget(repo, plan.concurrency, plan.budget_factor, work / "budget"))
     print(f"{repo.name}: p99 budget {result['budget_ms']} ms", flush=True)
@@ -849,6 +852,7 @@ def compare_repository(repo: UserRepository, plan: Plan, result: dict) -> None:
         same = with_threads_of(picks["model_analyzer"], picks["tbench"])
         if same:  # the goal's third row: Model Analyzer's pick with the runtime threads tbench's pick runs
             picks["model_analyzer_same_threads"] = same
+    result["max_batch_sizes"] = max_batch_sizes(repo, picks)
     settings = RefereeSettings(plan.concurrency, request_count(reported), plan.rounds)
     # the loads each tool recommended its pick at (tbench's search chooses one per candidate), and the sweep's top
     recommended = [ma["recommended"]] if ma["recommended"] else []

@@ -1,5 +1,5 @@
 """benchmarks/peer_model_analyzer.py's pure parts: Model Analyzer's recommendation read from its inference table (an
-ensemble's unquoted commas too), the referee's alternating order, medians and window size, the wrapper scripts and
+ensemble's quoted cells too), the referee's alternating order, medians and window size, the wrapper scripts and
 the profile config. No Model Analyzer install, no server."""
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+GOLDEN = Path(__file__).resolve().parent / "golden" / "model_analyzer"
 
 
 def _load():
@@ -40,13 +41,8 @@ SINGLE_TABLE = "\n".join(
         "resnet50,1,1,resnet50_config_default,1:CPU,8,Yes,900.0,1.1",
     ]
 )
-ENSEMBLE_TABLE = "\n".join(
-    [
-        HEADER,
-        "classifier,1,4,classifier_config_2: preprocess_config_1, resnet50_config_0,1:CPU, 2:CPU,4, 4,Yes,1200.0,5.0",
-        "classifier,1,8,classifier_config_0: preprocess_config_0, resnet50_config_default,1:CPU, 1:CPU,8, 8,No,1100,9",
-    ]
-)
+# Model Analyzer 1.58's quick search of the ensemble repository as it ran here: its inference table, verbatim
+ENSEMBLE_TABLE = (GOLDEN / "ensemble-quick-metrics-model-inference.csv").read_text()
 
 
 def test_the_recommendation_is_the_first_row_that_meets_the_constraints():
@@ -62,12 +58,13 @@ def test_nothing_meets_the_constraints():
     assert peer.ma_recommendation(rows) is None
 
 
-def test_an_ensembles_row_with_unquoted_commas():
+def test_an_ensembles_row_names_its_steps_variants():
     rows = peer.parse_ma_inference_table(ENSEMBLE_TABLE)
     best = peer.ma_recommendation(rows)
-    assert best.config == "classifier_config_2" and best.composing == ("preprocess_config_1", "resnet50_config_0")
-    assert (best.concurrency, best.throughput, best.p99_ms) == (4, 1200.0, 5.0)
-    assert rows[1].composing == ("preprocess_config_0", "resnet50_config_default") and not rows[1].passes
+    assert best.config == "classifier_config_5" and best.composing == ("preprocess_config_0", "resnet50_config_2")
+    assert (best.concurrency, best.throughput, best.p99_ms) == (4, 1588.1, 4.4)
+    default = [r for r in rows if r.config == "classifier_config_default"]
+    assert {r.composing for r in default} == {("preprocess_config_default", "resnet50_config_default")}
     assert peer.model_of_variant("resnet50_config_default") == "resnet50"
 
 
@@ -76,60 +73,48 @@ def test_another_table_is_refused():
         peer.parse_ma_inference_table("Model,GPU UUID,Batch\nx,y,1")
 
 
-def test_ma_pick_reads_the_variants_configs_back_under_the_users_names(tmp_path):
-    out = tmp_path / "ma"
-    (out / "export" / "results").mkdir(parents=True)
-    (out / "export" / "results" / "metrics-model-inference.csv").write_text(ENSEMBLE_TABLE)
-    for variant, batch in (("classifier_config_2", 4), ("preprocess_config_1", 4), ("resnet50_config_0", 4)):
-        folder = out / "output_model_repository" / variant
-        folder.mkdir(parents=True)
-        (folder / "config.pbtxt").write_text(f'name: "{variant}"\nmax_batch_size: {batch}\n')
-    repo = peer.UserRepository("ensemble", tmp_path / "user", "classifier", None, composing=("preprocess", "resnet50"))
-    picked = peer.ma_pick(out, repo)
-    configs = picked["recommended"]["configs"]
-    assert set(configs) == {"classifier", "preprocess", "resnet50"}
-    assert 'name: "resnet50"' in configs["resnet50"] and "max_batch_size: 4" in configs["resnet50"]
-    assert picked["recommended"]["throughput"] == 1200.0 and picked["counts"]["over_budget"] == 1
-
-
-# Model Analyzer 1.58's brute mode on an ensemble, as it ran here: each step profiled alone, the ensemble never
-STEPS_TABLE = "\n".join(
-    [
-        HEADER,
-        "preprocess,1,8,preprocess_config_4,2:CPU,2,Yes,4094.0,4.3",
-        "preprocess,1,4,preprocess_config_4,2:CPU,2,Yes,3393.1,2.4",
-        "resnet50,1,8,resnet50_config_6,2:CPU,4,Yes,3147.1,5.8",
-        "resnet50,1,8,resnet50_config_1,1:CPU,2,Yes,2100.0,6.1",
-    ]
-)
-
-
-def test_an_ensemble_profiled_step_by_step_is_picked_per_step_and_checked_as_triton_would(tmp_path):
-    """Each step's top config under its own name; the ensemble's config stays the user's; no pipeline figure claimed.
-    A step whose max batch is below the ensemble's would not load: the referee records Triton's rule in one line."""
-    out = tmp_path / "ma"
-    (out / "export" / "results").mkdir(parents=True)
-    (out / "export" / "results" / "metrics-model-inference.csv").write_text(STEPS_TABLE)
-    for variant, batch in (("preprocess_config_4", 2), ("resnet50_config_6", 4)):
-        folder = out / "output_model_repository" / variant
-        folder.mkdir(parents=True)
-        (folder / "config.pbtxt").write_text(f'name: "{variant}"\nbackend: "python"\nmax_batch_size: {batch}\n')
-    user = tmp_path / "user"
+def _user_ensemble(root: Path) -> Path:
     for name, text in {
         "preprocess": 'backend: "python"\nmax_batch_size: 8\n',
         "resnet50": 'backend: "python"\nmax_batch_size: 8\n',
         "classifier": 'platform: "ensemble"\nmax_batch_size: 8\nensemble_scheduling { step { model_name: "preprocess" '
         'model_version: -1 } step { model_name: "resnet50" model_version: -1 } }\n',
     }.items():
-        (user / name / "1").mkdir(parents=True)
-        (user / name / "config.pbtxt").write_text(text)
-    repo = peer.UserRepository("ensemble", user, "classifier", None, composing=("preprocess", "resnet50"))
+        (root / name / "1").mkdir(parents=True)
+        (root / name / "config.pbtxt").write_text(text)
+    return root
+
+
+def test_ma_pick_reads_the_variants_configs_back_under_the_users_names(tmp_path):
+    """The pick's three configs (the ensemble's too: Model Analyzer sets its max batch to its steps' smallest), named as
+    the user's models again, and loadable as Triton's rules go."""
+    out = tmp_path / "ma"
+    (out / "export" / "results").mkdir(parents=True)
+    (out / "export" / "results" / "metrics-model-inference.csv").write_text(ENSEMBLE_TABLE)
+    variants = {"classifier_config_5": 1, "preprocess_config_0": 1, "resnet50_config_2": 2}
+    for variant, batch in variants.items():
+        folder = out / "output_model_repository" / variant
+        folder.mkdir(parents=True)
+        kind = 'platform: "ensemble"' if variant.startswith("classifier") else 'backend: "python"'
+        (folder / "config.pbtxt").write_text(f'name: "{variant}"\n{kind}\nmax_batch_size: {batch}\n')
+    repo = peer.UserRepository(
+        "ensemble", _user_ensemble(tmp_path / "user"), "classifier", None, ("preprocess", "resnet50")
+    )
     picked = peer.ma_pick(out, repo)
-    recommended = picked["recommended"]
-    assert picked["profiled"] == "steps alone" and set(recommended["configs"]) == {"preprocess", "resnet50"}
-    assert recommended["variants"] == ["preprocess_config_4", "resnet50_config_6"]
-    assert recommended["concurrency"] is None and recommended["steps_alone"]["resnet50"]["throughput"] == 3147.1
-    why = peer.refused_by_triton(repo, recommended["configs"], tmp_path / "referee")
+    configs = picked["recommended"]["configs"]
+    assert set(configs) == {"classifier", "preprocess", "resnet50"}
+    assert 'name: "resnet50"' in configs["resnet50"] and "max_batch_size: 2" in configs["resnet50"]
+    assert picked["recommended"]["throughput"] == 1588.1 and picked["recommended"]["concurrency"] == 4
+    assert picked["counts"] == {"configs_measured": 7, "measurements": 20, "over_budget": 8}
+
+
+def test_a_pick_triton_would_refuse_is_named_in_one_line(tmp_path):
+    """A step batching less than the ensemble around it: the referee records Triton's rule instead of a figure."""
+    repo = peer.UserRepository(
+        "ensemble", _user_ensemble(tmp_path / "user"), "classifier", None, ("preprocess", "resnet50")
+    )
+    pick = {"preprocess": 'name: "preprocess"\nbackend: "python"\nmax_batch_size: 2\n'}
+    why = peer.refused_by_triton(repo, pick, tmp_path / "referee")
     assert why.startswith("preprocess/config.pbtxt: max_batch_size 2 is below the max_batch_size 8 of ensemble")
     assert peer.refused_by_triton(repo, {}, tmp_path / "referee") is None  # the user's own loads
 
@@ -179,7 +164,14 @@ def test_the_profile_config_is_cpu_only_local_and_budgeted(tmp_path):
     assert profiled["cpu_only"] and profiled["constraints"] == {"perf_latency_p99": {"max": 12.346}}
     assert config["triton_launch_mode"] == "local" and config["triton_server_path"] == str(tmp_path / "ts")
     assert config["run_config_search_max_model_batch_size"] == 4 and config["run_config_search_max_concurrency"] == 8
-    assert config["ensemble_composing_models"] == {"preprocess": {"cpu_only": True}, "resnet50": {"cpu_only": True}}
+    # an ensemble: Model Analyzer's ensemble search, its steps CPU only by the option that leaves profile_models alone
+    assert config["run_config_search_mode"] == "quick" and config["cpu_only_composing_models"] == [
+        "preprocess",
+        "resnet50",
+    ]
+    assert "ensemble_composing_models" not in config
+    single = peer.UserRepository("single", tmp_path / "user", "resnet50", None)
+    assert peer.ma_config(single, peer.Space(), 5.0, wrappers, tmp_path / "out")["run_config_search_mode"] == "brute"
     assert peer.Space(2, 8, 8).describe()["max_batch_sizes"] == [1, 2, 4, 8]
 
 
@@ -223,3 +215,20 @@ def test_model_analyzers_pick_takes_tbenchs_threads_where_they_differ():
     same = peer.with_threads_of(ma, tb)
     assert 'key: "intra_op_threads"' in same["m"] and 'string_value: "1"' in same["m"]
     assert peer.with_threads_of(tb, tb) is None
+
+
+def test_each_models_max_batch_as_written_and_in_each_pick(tmp_path):
+    repo = peer.UserRepository(
+        "ensemble", _user_ensemble(tmp_path / "user"), "classifier", None, ("preprocess", "resnet50")
+    )
+    picks = {
+        "model_analyzer": {
+            "classifier": 'platform: "ensemble"\nmax_batch_size: 1\n',
+            "resnet50": "max_batch_size: 2\n",
+        },
+        "tbench": {"resnet50": "max_batch_size: 8\n"},
+    }
+    sizes = peer.max_batch_sizes(repo, picks)
+    assert sizes["classifier"] == {"user": 8, "model_analyzer": 1, "tbench": 8}
+    assert sizes["resnet50"] == {"user": 8, "model_analyzer": 2, "tbench": 8}
+    assert sizes["preprocess"] == {"user": 8, "model_analyzer": 8, "tbench": 8}
