@@ -653,61 +653,56 @@ def test_confirmation_leaves_unknown_noise_alone_and_a_smart_search_confirms_at_
     assert smart.best.candidate.key == two
 
 
+class _LoadFigures:
+    """A candidate measured at a load from fixed (infer/s, p99 ms) figures, recording the loads asked for."""
+
+    def __init__(self):
+        self.figures = {1: (400, 2.0), 2: (700, 3.0), 4: (1000, 5.0), 8: (1100, 12.0)}
+        self.measured: list[int] = []
+
+    def __call__(self, c: int):
+        from tbench.search.space import Candidate
+        from tbench.search.strategies import Observation
+
+        self.measured.append(c)
+        tput, p99 = self.figures[c]
+        return Observation(
+            candidate=Candidate(instances=1, max_batch_size=8), throughput=tput, p99_ms=p99, concurrency=c
+        )
+
+    def loads(self) -> list[int]:
+        """The loads measured since the last call."""
+        out, self.measured = self.measured, []
+        return out
+
+
 def test_a_candidates_load_is_searched_down_from_the_heaviest_to_the_first_that_holds_the_budget():
     """Per candidate, its best concurrency whose p99 holds the budget (as Model Analyzer sweeps concurrency): with no
     load to start from, the heaviest first, then lighter ones until one holds the budget."""
     from tbench.search.evaluate import load_steps, search_load
-    from tbench.search.space import Candidate
-    from tbench.search.strategies import Observation
 
     assert load_steps(8) == [1, 2, 4, 8] and load_steps(6) == [1, 2, 4, 6] and load_steps(1) == [1]
-    candidate = Candidate(instances=1, max_batch_size=8)
-    figures = {1: (400, 2.0), 2: (700, 3.0), 4: (1000, 5.0), 8: (1100, 12.0)}  # (infer/s, p99 ms) per load
-    measured = []
-
-    def at(c: int) -> Observation:
-        measured.append(c)
-        tput, p99 = figures[c]
-        return Observation(candidate=candidate, throughput=tput, p99_ms=p99, concurrency=c)
-
-    best = search_load(at, load_steps(8), budget_ms=6.0)
-    assert best.concurrency == 4 and measured == [8, 4]  # 8 is over the budget: 4 is the answer
-    measured.clear()
-    assert search_load(at, load_steps(8), budget_ms=20.0).concurrency == 8 and measured == [8]  # the top holds it
-    measured.clear()
+    at = _LoadFigures()
+    assert search_load(at, load_steps(8), budget_ms=6.0).concurrency == 4 and at.loads() == [8, 4]  # 8 is over
+    assert search_load(at, load_steps(8), budget_ms=20.0).concurrency == 8 and at.loads() == [8]  # the top holds it
     none = search_load(at, load_steps(8), budget_ms=1.0)  # even one client is over: the lightest load, infeasible
-    assert none.concurrency == 1 and none.p99_ms > 1.0 and measured == [8, 4, 2, 1]
+    assert none.concurrency == 1 and none.p99_ms > 1.0 and at.loads() == [8, 4, 2, 1]
 
 
 def test_a_load_search_starts_at_the_best_candidates_load_and_goes_lighter_only_where_that_is_over():
     """From the load the best candidate so far chose: heavier while the budget holds and throughput grows; where the
     start is over the budget, lighter loads until one holds it; never the loads below a start that holds."""
     from tbench.search.evaluate import load_steps, search_load
-    from tbench.search.space import Candidate
-    from tbench.search.strategies import Observation
 
-    candidate = Candidate(instances=1, max_batch_size=8)
-    figures = {1: (400, 2.0), 2: (700, 3.0), 4: (1000, 5.0), 8: (1100, 12.0)}
-    measured = []
-
-    def at(c: int) -> Observation:
-        measured.append(c)
-        tput, p99 = figures[c]
-        return Observation(candidate=candidate, throughput=tput, p99_ms=p99, concurrency=c)
-
-    assert search_load(at, load_steps(8), 6.0, start=4).concurrency == 4 and measured == [4, 8]
-    measured.clear()
-    assert search_load(at, load_steps(8), 4.0, start=4).concurrency == 2 and measured == [4, 2]
-    measured.clear()
+    at = _LoadFigures()
+    assert search_load(at, load_steps(8), 6.0, start=4).concurrency == 4 and at.loads() == [4, 8]
+    assert search_load(at, load_steps(8), 4.0, start=4).concurrency == 2 and at.loads() == [4, 2]
     over = search_load(at, load_steps(8), 1.0, start=4)  # over at every load: the lightest, infeasible
-    assert over.concurrency == 1 and over.p99_ms > 1.0 and measured == [4, 2, 1]
-    measured.clear()
-    assert search_load(at, load_steps(8), 6.0, start=1).concurrency == 4 and measured == [1, 2, 4, 8]  # climbs
-    measured.clear()
-    figures[4] = (720, 4.0)  # saturated at 2: 4 adds under 5%, so 8 is not tried
-    assert search_load(at, load_steps(8), 6.0, start=1).concurrency == 4 and measured == [1, 2, 4]
-    measured.clear()
-    assert search_load(at, load_steps(8), 6.0, start=3).concurrency == 4 and measured == [8, 4]  # not a step: the top
+    assert over.concurrency == 1 and over.p99_ms > 1.0 and at.loads() == [4, 2, 1]
+    assert search_load(at, load_steps(8), 6.0, start=1).concurrency == 4 and at.loads() == [1, 2, 4, 8]  # climbs
+    at.figures[4] = (720, 4.0)  # saturated at 2: 4 adds under 5%, so 8 is not tried
+    assert search_load(at, load_steps(8), 6.0, start=1).concurrency == 4 and at.loads() == [1, 2, 4]
+    assert search_load(at, load_steps(8), 6.0, start=3).concurrency == 4 and at.loads() == [8, 4]  # not a step: the top
 
 
 def test_each_candidates_load_search_starts_where_the_best_so_far_peaked(tmp_path):
