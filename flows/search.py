@@ -46,8 +46,10 @@ from tbench.search.plan import (
     checkpoint_name,
     fit_search,
     pipeline_steps,
+    repository_search_context,
     repository_space,
     resume_checkpoint,
+    resumed_checkpoints,
     search_context,
     search_server_options,
     searchable_model,
@@ -215,8 +217,10 @@ def repository_search(request: BenchmarkRequest, search: SearchRequest, capacity
     req = check_repository(request)
     name, version = parse_model_ref(req.repository_model)
     target = searchable_model(req.repository, req.repository_model)
-    if search.resume_from:
-        raise ConfigError("--resume is not built for --repository yet: start a new search")
+    steps = pipeline_steps(target)
+    context = repository_search_context(req, search, hardware)
+    checkpoints = [checkpoint_name(step, target.is_ensemble) for step in steps]
+    resumed = resumed_checkpoints(search.resume_from, context, checkpoints)
     request_json = {"request": req.model_dump(mode="json"), "search": search.model_dump(mode="json")}
     if capacity is not None:
         request_json["capacity"] = capacity.model_dump(mode="json")
@@ -226,9 +230,15 @@ def repository_search(request: BenchmarkRequest, search: SearchRequest, capacity
         source = RepositorySource(req, hardware, layout)
         found = RepositoryFindings(source=source, pipeline=name if target.is_ensemble else "", model=name)
         concurrency = search.concurrency or 1
+        for checkpoint, path in resumed.items():  # the new run starts from copies: the interrupted run stays as it was
+            shutil.copyfile(path, layout.run_dir / checkpoint)
         try:
             source.prepare(tracker)  # the plan, and the copy in layout.repository_dir
             served, _, shape_sets = read_served(req, name, version, tracker, source.server)  # starts and loads
+            context["server"] = source.server.identity()
+            if resumed:  # the same server as well: its address, binary or image, and version
+                check_resumable(next(iter(resumed.values())), context)
+            (layout.run_dir / CONTEXT).write_text(json.dumps(context, indent=2))  # before the first measurement
             if len(shape_sets) > 1:
                 raise ConfigError("a --shape sweep is measured by `tbench run`; search takes one shape")
             sweep = resolve_served(req, served.config.max_batch_size, hardware.has_gpu)
@@ -256,7 +266,7 @@ def repository_search(request: BenchmarkRequest, search: SearchRequest, capacity
                 evaluator = RepositoryRateEvaluator(
                     **evaluator_args, **rate_fields(capacity, layout.run_dir / "arrivals", None, req.measurement.seed)
                 )
-            for step in pipeline_steps(target):
+            for step, checkpoint in zip(steps, checkpoints):
                 step_evaluator = evaluator_for(evaluator, step, found.pipeline)
                 found.evaluators[step] = step_evaluator
                 with tracker.stage(f"search-{step}" if found.pipeline else "search"):
@@ -265,7 +275,7 @@ def repository_search(request: BenchmarkRequest, search: SearchRequest, capacity
                         searched_space(search, step_evaluator, target).space,
                         search.objective,
                         step_evaluator,
-                        Checkpoint(layout.run_dir / checkpoint_name(step, bool(found.pipeline))),
+                        Checkpoint(layout.run_dir / checkpoint),
                         budget_fraction=search.budget_fraction,
                         start=candidate_of(step_evaluator.base),
                         label=f"{layout.run_id}-{step}" if found.pipeline else layout.run_id,

@@ -143,7 +143,7 @@ def test_the_cli_refuses_an_ensemble_and_run_only_options_in_one_line(tmp_path):
     users.write_model(tmp_path, "pipeline", users.ENSEMBLE_CONFIG)
     for args, why in [
         (["--model", "doubler", "--variants", "onnx"], "--variants does not apply to --repository"),
-        (["--model", "doubler", "--resume", str(tmp_path)], "--resume is not built for --repository yet"),
+        (["--model", "doubler", "--resume", str(tmp_path)], "no search checkpoint there (expected search.jsonl"),
         (["--model", "doubler", "--size", "small"], "--size does not apply to --repository"),
     ]:
         result = CliRunner().invoke(app, ["search", "--repository", str(tmp_path), *args])
@@ -157,6 +157,35 @@ def test_the_cli_refuses_an_ensemble_and_run_only_options_in_one_line(tmp_path):
         result = CliRunner().invoke(app, [*plan, *args])
         lines = [ln for ln in result.output.splitlines() if ln.strip()]
         assert result.exit_code != 0 and len(lines) == 1 and why in lines[0], result.output
+
+
+def test_a_resume_is_refused_where_the_users_repository_changed_since(tmp_path):
+    """A repository search's checkpoint is read back only for the same files, grid and machine: a config edited since
+    is named in one line."""
+    import test_user_repository as users
+
+    from tbench.node.hardware import Hardware
+    from tbench.request.benchmark import BenchmarkRequest
+    from tbench.search.plan import CONTEXT, repository_search_context, resumed_checkpoints
+
+    users.tiny_onnx(users.write_model(tmp_path / "repo", "doubler", users.ONNX_CONFIG) / "1" / "model.onnx")
+    req = BenchmarkRequest(repository=str(tmp_path / "repo"), repository_model="doubler")
+    search = SearchRequest(space=SearchSpace(max_batch_sizes=[2, 4]), concurrency=2)
+    machine = Hardware(cpu_model="cpu", cpu_cores=2, memory_gib=8.0, gpus=[], os="Linux")
+    context = repository_search_context(req, search, machine)
+    assert set(context["repository_files"]) == {"doubler/config.pbtxt", "doubler/1/model.onnx"}
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "search.jsonl").write_text("")
+    (run / CONTEXT).write_text(json.dumps(context))
+    assert resumed_checkpoints(str(run), context, ["search.jsonl"]) == {"search.jsonl": run / "search.jsonl"}
+    assert resumed_checkpoints(None, context, ["search.jsonl"]) == {}
+    (tmp_path / "repo" / "doubler" / "config.pbtxt").write_text(users.ONNX_CONFIG.replace("count: 2", "count: 3"))
+    changed = repository_search_context(req, search, machine)
+    with pytest.raises(ConfigError, match=r"another repository_files.doubler/config.pbtxt \(see"):
+        resumed_checkpoints(str(run / "search.jsonl"), changed, ["search.jsonl"])
+    with pytest.raises(ConfigError, match="no search checkpoint there"):
+        resumed_checkpoints(str(run), context, ["search-doubler.jsonl"])
 
 
 def test_the_users_config_against_the_best_says_when_to_keep_it():
@@ -215,6 +244,10 @@ def test_search_of_an_onnx_model_of_a_repository(tmp_path):
     assert recommended.version_policy.HasField("all")  # as the user wrote it
     assert recommended.dynamic_batching.max_queue_delay_microseconds == 500
     assert recommended.parameters["intra_op_thread_count"].string_value
+    again = CliRun([*args, "--resume", str(run_dir)], tmp_path / "runs", command="search")  # nothing measured anew
+    assert again.finish(timeout=300) == 0, again.output
+    resumed = json.loads((again.run_dir() / "search.json").read_text())
+    assert resumed["new_measurements"] == 0 and resumed["best"] == summary["best"], resumed
 
 
 @pytest.mark.e2e

@@ -190,7 +190,14 @@ def repository_search_request(
     and its grid fitted to its config's max_batch_size: (request, search request), before Prefect starts."""
     from tbench.cli.run import repository_checked
     from tbench.request.benchmark import BenchmarkRequest
-    from tbench.search.plan import repository_space, searchable_model
+    from tbench.search.plan import (
+        checkpoint_name,
+        pipeline_steps,
+        repository_search_context,
+        repository_space,
+        resumed_checkpoints,
+        searchable_model,
+    )
 
     if repository_model and not repository:
         raise ConfigError("--model NAME[:VERSION] names a model of --repository DIR; give --repository too")
@@ -198,8 +205,6 @@ def repository_search_request(
         raise ConfigError(f"--repository: the model is {model!r} or {repository_model!r}? Name it once")
     if variants:
         raise ConfigError("--variants does not apply to --repository: the model is served as its config.pbtxt says")
-    if search_request.resume_from:
-        raise ConfigError("--resume is not built for --repository yet: start a new search")
     request = BenchmarkRequest(
         repository=repository,
         repository_model=repository_model or model,
@@ -209,6 +214,12 @@ def repository_search_request(
     )
     checked = repository_checked(request)
     target = searchable_model(checked.repository, checked.repository_model)
+    if search_request is not None and search_request.resume_from:  # refused here, before anything starts
+        from tbench.node import hardware
+
+        context = repository_search_context(checked, search_request, hardware.detect())
+        names = [checkpoint_name(step, target.is_ensemble) for step in pipeline_steps(target)]
+        resumed_checkpoints(search_request.resume_from, context, names)
     if target.is_ensemble:  # each step's grid is fitted to its own config as its search starts
         note = f"{target.name} is an ensemble: its steps ({', '.join(target.steps)}) are searched one after another"
     else:

@@ -1,7 +1,8 @@
 """What a configuration search serves and where it resumes from, decided before anything runs: the variants of its grid
 (`variant_plan`), its server's options (`search_server_options`), what its measurements are taken for
-(`search_context`) and the checkpoint a resume reads (`resume_checkpoint`, refused when it was measured for anything
-else). Pure logic: the CLI checks a search with it before Prefect starts, and the search flow calls it."""
+(`search_context`, `repository_search_context`) and the checkpoints a resume reads (`resume_checkpoint`,
+`resumed_checkpoints`; refused when they were measured for anything else). Pure logic: the CLI checks a search with
+it before Prefect starts, and the search flow calls it."""
 
 from __future__ import annotations
 
@@ -14,10 +15,11 @@ from tbench.core.precision import refusal
 from tbench.planning.plan import server_options
 from tbench.search.request import SearchRequest
 from tbench.search.strategies import SearchSpace
-from tbench.triton.user_repository import RepositoryModel, parse_model_ref, read_model
+from tbench.triton.user_repository import CONFIG_FILE, RepositoryModel, parse_model_ref, read_model
 
 CHECKPOINT = "search.jsonl"
 CONTEXT = "search_context.json"  # beside the checkpoint: what its measurements were taken for (search_context)
+INPUT_FIELDS = ("input_data", "dataset", "shapes", "input_dtypes", "value_ranges")  # the request's, that shape inputs
 
 
 def resume_checkpoint(resume_from: str | None, context: dict | None = None) -> Path | None:
@@ -65,7 +67,7 @@ def search_context(req, search: SearchRequest, plan: dict, hardware) -> dict:
         "model_file": req.model_file,
         "checkpoint": req.checkpoint,
         "model_options": req.model_options,
-        "inputs": {k: getattr(req, k) for k in ("input_data", "dataset", "shapes", "input_dtypes", "value_ranges")},
+        "inputs": {k: getattr(req, k) for k in INPUT_FIELDS},
         "variants": {entry: f"{fmt.value}:{precision.value}" for entry, (fmt, precision) in plan.items()},
         "space": search.space.model_dump(mode="json"),
         "objective": search.objective.model_dump(mode="json"),
@@ -76,6 +78,53 @@ def search_context(req, search: SearchRequest, plan: dict, hardware) -> dict:
         "machine": {k: getattr(hardware, k) for k in ("cpu_model", "cpu_cores", "gpus", "gpu_uuids", "driver", "cuda")},
     }
     return json.loads(json.dumps(context))
+
+
+def repository_search_context(req, search: SearchRequest, hardware) -> dict:
+    """What a search of a model of the user's repository measures for, besides the server: the repository's files
+    for that model and every model it calls (each config as written, each other file by its size and time: a model
+    file changed since would mix numbers), the inputs, the grid and the load, as JSON reads it back."""
+    from tbench.triton.user_repository import needed_models
+
+    root = Path(req.repository).expanduser().resolve()
+    files = {}
+    for model in needed_models(root, parse_model_ref(req.repository_model)[0]):
+        for path in sorted(p for p in model.path.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
+            key = str(path.relative_to(root))
+            stat = path.stat()
+            files[key] = (
+                path.read_text(errors="replace") if path.name == CONFIG_FILE else [stat.st_size, stat.st_mtime_ns]
+            )
+    context = {
+        "repository": str(root),
+        "repository_model": req.repository_model,
+        "repository_files": files,
+        "inputs": {k: getattr(req, k) for k in INPUT_FIELDS},
+        "space": search.space.model_dump(mode="json"),
+        "objective": search.objective.model_dump(mode="json"),
+        "concurrency": search.concurrency,  # None: the model's own default, which its config (above) decides
+        "load_budget_ms": search.load_budget_ms,
+        "measurement": req.measurement and req.measurement.model_dump(mode="json"),  # None: the windows' defaults
+        "machine": {k: getattr(hardware, k) for k in ("cpu_model", "cpu_cores", "gpus", "gpu_uuids", "driver", "cuda")},
+    }
+    return json.loads(json.dumps(context))
+
+
+def resumed_checkpoints(resume_from: str | None, context: dict, names: list[str]) -> dict[str, Path]:
+    """The checkpoints of an interrupted repository search that `resume_from` names (its run folder, or a checkpoint
+    file in it), by file name (`names`: one per searched model, checkpoint_name); refused in one line where there is
+    none or it was measured for anything else (check_resumable)."""
+    if not resume_from:
+        return {}
+    path = Path(resume_from).expanduser()
+    folder = path if path.is_dir() else path.parent
+    found = {name: folder / name for name in names if (folder / name).is_file()}
+    if not found:
+        raise ConfigError(
+            f"resume_from {resume_from!r}: no search checkpoint there (expected {' or '.join(names)} in a run folder)"
+        )
+    check_resumable(next(iter(found.values())), context)
+    return found
 
 
 def context_differences(recorded: dict, current: dict) -> list[str]:
