@@ -69,7 +69,7 @@ COMMANDS = {
     "search_real.json": ".venv/bin/python benchmarks/search.py --part real --size small --concurrency 8",
     "search_simulated.json": ".venv/bin/python benchmarks/search.py --part simulated",
     "peer_model_analyzer.json": (
-        ".venv/bin/python benchmarks/peer_model_analyzer.py --repositories single,ensemble --rounds 3"
+        ".venv/bin/python benchmarks/peer_model_analyzer.py --repositories single,ensemble --rounds 5"
     ),
     "user_repositories.json": ".venv/bin/python benchmarks/user_repositories.py",
     "serving_overhead.json": ".venv/bin/python benchmarks/serving_overhead.py --sizes small,full --rounds 2",

@@ -179,6 +179,7 @@ def test_the_default_docker_image_is_a_current_release_started_with_its_flags(tm
     assert "--allow-client-shm=true" in argv and "--metrics-config=histogram_latencies=true" in argv
     assert argv.index("--allow-client-shm=true") > argv.index("tritonserver")  # the server's option, not docker's
     monkeypatch.setattr(DockerServer, "backends", lambda self: {"onnxruntime", "python", "pytorch", "tensorrt"})
+    monkeypatch.setattr(DockerServer, "runtimes_argv", lambda self: ["false"])  # no python3 in the image to ask
     caps = current.capabilities()
     assert caps.version == "2.74.0" and caps.python_runtimes == frozenset()  # NGC's python backend: no framework
     assert not caps.native(Format.TF_SAVEDMODEL) and not caps.python_runs(Format.TF_SAVEDMODEL)
@@ -188,6 +189,19 @@ def test_the_default_docker_image_is_a_current_release_started_with_its_flags(tm
     assert built.version_info().version is None and "--allow-client-shm=true" not in built.argv()
     monkeypatch.setattr(DockerServer, "backends", lambda self: {"python"})
     assert built.capabilities().python_runtimes == ALL_RUNTIMES  # an image of our making: our runtimes assumed
+
+
+def test_an_images_python_runtimes_are_read_from_its_python(tmp_path, monkeypatch):
+    """The probe an image's python3 runs (DockerServer.runtimes_argv), run here by this Python: what it prints is what
+    the plan counts on, not what the image's name suggests."""
+    import sys
+
+    probe = DockerServer(tmp_path / "repo", tmp_path / "s.log", image="nvcr.io/nvidia/tritonserver:26.10-py3")
+    code = probe.runtimes_argv()[-1]
+    monkeypatch.setattr(DockerServer, "runtimes_argv", lambda self: [sys.executable, "-c", code])
+    assert probe.python_runtimes() == importable_runtimes()  # an NGC tag, but this environment's answer wins
+    monkeypatch.setattr(DockerServer, "runtimes_argv", lambda self: [sys.executable, "-c", "print()"])
+    assert probe.python_runtimes() == frozenset()  # a python3 with no runtime in reach
 
 
 # --- the plan: formats from capabilities ---

@@ -87,7 +87,10 @@ def test_a_docker_run_measures_offline_through_shared_memory_and_removes_its_con
         and "--http-address=127.0.0.1" in argv
         and f"{run_dir}/model_repository:/models:ro" in argv
     )
-    assert json.loads((run_dir / "manifest.json").read_text())["status"] == "completed"
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert manifest["status"] == "completed"
+    # read from the image's own python3: numpy and onnxruntime are all build_cpu_image puts in it
+    assert manifest["server_capabilities"]["python_runtimes"] == ["onnxruntime"], manifest["server_capabilities"]
     assert containers() == before and not leftovers(run_dir)
 
 

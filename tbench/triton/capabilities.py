@@ -122,6 +122,13 @@ def importable_runtimes(find_spec=importlib.util.find_spec) -> frozenset[str]:
     return frozenset(found)
 
 
+def runtimes_said(log_text: str) -> frozenset[str]:
+    """The runtimes a probe of an image's python3 printed (DockerServer.runtimes_argv), from its log: the last line
+    that is not procs.run's "$ argv" header, its words that name a runtime."""
+    lines = [ln for ln in log_text.splitlines() if ln.strip() and not ln.startswith("$ ")]
+    return frozenset(lines[-1].split()) & frozenset(RUNTIME_MODULES) if lines else frozenset()
+
+
 def every_runtime() -> frozenset[str]:
     from tbench.request.benchmark import PYTHON_BACKEND_RUNTIMES
 

@@ -27,6 +27,7 @@ from tbench.node import containers, procs, shm, tools
 from tbench.node import ports as loopback
 from tbench.node.placement import Placement, cpu_list
 from tbench.triton.capabilities import (
+    RUNTIME_MODULES,
     ServerCapabilities,
     environment_version,
     every_runtime,
@@ -35,6 +36,7 @@ from tbench.triton.capabilities import (
     importable_runtimes,
     is_ngc_image,
     pytriton_server_version,
+    runtimes_said,
 )
 from tbench.triton.monitor import METRICS_INTERVAL_MS
 from tbench.triton.server import PortTakenError, ServerEndpoints, TritonServer, one_line
@@ -553,9 +555,19 @@ class DockerServer(ProcessServer):
         version, source = image_version(self.image, self.inspect())
         return ServerCapabilities(version=version, source=source, where=self.image)
 
+    def runtimes_argv(self) -> list[str]:
+        """The image's python3 saying which runtimes' modules it finds (the python backend's stub runs with it)."""
+        probe = (
+            f"import importlib.util as u; print(*[r for r, m in {dict(RUNTIME_MODULES)!r}.items() if u.find_spec(m)])"
+        )
+        return [self.docker, "run", "--rm", "--entrypoint", "python3", self.image, "-c", probe]
+
     def python_runtimes(self) -> frozenset[str]:
-        """NGC's python backend has no framework in its environment; another image's is not ours to see (every
-        runtime assumed, as a server of our own making would have them)."""
+        """Read from the image itself, as its backends are; where it cannot say (no python3 in it), NGC's python
+        backend is taken to have no framework in its environment and another image every runtime."""
+        said = procs.run(self.runtimes_argv(), self.log_path.with_suffix(".runtimes.log"), timeout=600)
+        if said.returncode == 0:
+            return runtimes_said(said.log_path.read_text())
         return frozenset() if is_ngc_image(self.image) else every_runtime()
 
     def backends_argv(self) -> list[str]:
