@@ -79,6 +79,7 @@ COMMANDS = {
     "trace.json": ".venv/bin/python benchmarks/trace_replay.py",
     "pt2_adapters.json": ".venv/bin/python benchmarks/pt2_adapters.py --size small",
     "todays_stack.json": ".venv/bin/python benchmarks/todays_stack.py",
+    "serving_matrix.json": ".venv/bin/python benchmarks/serving_matrix.py",
 }
 
 _open: set[Path] = set()  # results files a `recorded` block of this process is writing
