@@ -653,6 +653,13 @@ def test_confirmation_leaves_unknown_noise_alone_and_a_smart_search_confirms_at_
     assert smart.best.candidate.key == two
 
 
+def within(budget_ms: float):
+    """The load search's rule for a p99 budget: the objective's (its estimate, widened by its noise where known)."""
+    from tbench.search.strategies import Objective
+
+    return Objective(p99_budget_ms=budget_ms).feasible
+
+
 class _LoadFigures:
     """A candidate measured at a load from fixed (infer/s, p99 ms) figures, recording the loads asked for."""
 
@@ -683,9 +690,9 @@ def test_a_candidates_load_is_searched_down_from_the_heaviest_to_the_first_that_
 
     assert load_steps(8) == [1, 2, 4, 8] and load_steps(6) == [1, 2, 4, 6] and load_steps(1) == [1]
     at = _LoadFigures()
-    assert search_load(at, load_steps(8), budget_ms=6.0).concurrency == 4 and at.loads() == [8, 4]  # 8 is over
-    assert search_load(at, load_steps(8), budget_ms=20.0).concurrency == 8 and at.loads() == [8]  # the top holds it
-    none = search_load(at, load_steps(8), budget_ms=1.0)  # even one client is over: the lightest load, infeasible
+    assert search_load(at, load_steps(8), within(6.0)).concurrency == 4 and at.loads() == [8, 4]  # 8 is over
+    assert search_load(at, load_steps(8), within(20.0)).concurrency == 8 and at.loads() == [8]  # the top holds it
+    none = search_load(at, load_steps(8), within(1.0))  # even one client is over: the lightest load, infeasible
     assert none.concurrency == 1 and none.p99_ms > 1.0 and at.loads() == [8, 4, 2, 1]
 
 
@@ -695,14 +702,38 @@ def test_a_load_search_starts_at_the_best_candidates_load_and_goes_lighter_only_
     from tbench.search.evaluate import load_steps, search_load
 
     at = _LoadFigures()
-    assert search_load(at, load_steps(8), 6.0, start=4).concurrency == 4 and at.loads() == [4, 8]
-    assert search_load(at, load_steps(8), 4.0, start=4).concurrency == 2 and at.loads() == [4, 2]
-    over = search_load(at, load_steps(8), 1.0, start=4)  # over at every load: the lightest, infeasible
+    assert search_load(at, load_steps(8), within(6.0), start=4).concurrency == 4 and at.loads() == [4, 8]
+    assert search_load(at, load_steps(8), within(4.0), start=4).concurrency == 2 and at.loads() == [4, 2]
+    over = search_load(at, load_steps(8), within(1.0), start=4)  # over at every load: the lightest, infeasible
     assert over.concurrency == 1 and over.p99_ms > 1.0 and at.loads() == [4, 2, 1]
-    assert search_load(at, load_steps(8), 6.0, start=1).concurrency == 4 and at.loads() == [1, 2, 4, 8]  # climbs
+    assert search_load(at, load_steps(8), within(6.0), start=1).concurrency == 4 and at.loads() == [
+        1,
+        2,
+        4,
+        8,
+    ]  # climbs
     at.figures[4] = (720, 4.0)  # saturated at 2: 4 adds under 5%, so 8 is not tried
-    assert search_load(at, load_steps(8), 6.0, start=1).concurrency == 4 and at.loads() == [1, 2, 4]
-    assert search_load(at, load_steps(8), 6.0, start=3).concurrency == 4 and at.loads() == [8, 4]  # not a step: the top
+    assert search_load(at, load_steps(8), within(6.0), start=1).concurrency == 4 and at.loads() == [1, 2, 4]
+    assert search_load(at, load_steps(8), within(6.0), start=3).concurrency == 4 and at.loads() == [
+        8,
+        4,
+    ]  # not a step: the top
+
+
+def test_a_load_whose_p99_holds_the_budget_only_on_its_estimate_is_not_chosen():
+    """A load whose p99 is under the budget but within its windows' noise of it is judged as the selection will judge
+    it (infeasible): the search settles on the lighter load that holds it by its noise."""
+    from tbench.search.evaluate import load_steps, search_load
+
+    at = _LoadFigures()
+    noisy = at.__call__
+
+    def with_noise(c: int):
+        return noisy(c).model_copy(update={"latency_cv": 0.05, "throughput_cv": 0.02, "windows": 3})
+
+    at.figures[8] = (1100, 5.8)  # 5.8 ms under a 6 ms budget, but 5.8 x (1 + 2 x 2 x 0.05 / sqrt(3)) is over it
+    assert search_load(with_noise, load_steps(8), within(6.0)).concurrency == 4 and at.loads() == [8, 4]
+    assert search_load(at, load_steps(8), within(6.0)).concurrency == 8 and at.loads() == [8]  # no noise known
 
 
 def test_each_candidates_load_search_starts_where_the_best_so_far_peaked(tmp_path):

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import re
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,6 +30,7 @@ from tbench.request.benchmark import Measurement
 from tbench.search.config_edit import edited_config, to_text
 from tbench.search.strategies import (
     Candidate,
+    Objective,
     Observation,
 )
 from tbench.stages.sweep import formed_batch_sizes, measure_point, warm_up
@@ -241,13 +242,14 @@ class TritonEvaluator:
         where one is given."""
         if load is not None or self.load_budget_ms is None:
             return self.measure_at(candidate, variant, layout, load or self.concurrency)
+        holds = Objective(p99_budget_ms=self.load_budget_ms).feasible  # as the selection will judge it: by its noise
         observation = search_load(
             lambda c: self.measure_at(candidate, variant, layout, c),
             load_steps(self.concurrency),
-            self.load_budget_ms,
+            holds,
             self.start_load,
         )
-        if observation.ok and observation.p99_ms <= self.load_budget_ms and observation.throughput > self.best_seen:
+        if holds(observation) and observation.throughput > self.best_seen:
             self.best_seen, self.start_load = observation.throughput, observation.concurrency
         return observation
 
@@ -339,27 +341,30 @@ def load_steps(top: int) -> list[int]:
     return [*steps, top]
 
 
-def search_load(measure_at, loads: list[int], budget_ms: float, start: int | None = None) -> Observation:
+def search_load(
+    measure_at, loads: list[int], holds: Callable[[Observation], bool], start: int | None = None
+) -> Observation:
     """A candidate's best load, from `start` (the load the best candidate so far chose; the heaviest by default):
-    heavier loads in turn until the p99 leaves the budget (a heavier load only lengthens the queue), throughput stops
-    growing (SATURATED_GAIN) or a point fails; where `start` is already over the budget, lighter loads until one holds
-    it. The observation of the highest throughput within the budget, else the lightest load's (infeasible, kept as
-    measured). Starting heavy skips the light loads that cannot be a candidate's best while a heavier one holds the
-    budget: one or two points where a climb from one client took four."""
+    heavier loads in turn until one no longer `holds` the budget (Objective.feasible: its p99 within the budget by its
+    windows' noise, as the selection judges it; a heavier load only lengthens the queue), throughput stops growing
+    (SATURATED_GAIN) or a point fails; where `start` does not hold it, lighter loads until one does. The observation of
+    the highest throughput that holds the budget, else the lightest load's (infeasible, kept as measured). Starting
+    heavy skips the light loads that cannot be a candidate's best while a heavier one holds the budget: one or two
+    points where a climb from one client took four."""
     first = loads.index(start) if start in loads else len(loads) - 1
     observation = measure_at(loads[first])
     if not observation.ok:
         return observation
-    if observation.p99_ms > budget_ms:
-        return _lighter_load(measure_at, loads[:first], budget_ms) if first > 0 else observation
-    return _heavier_loads(measure_at, loads[first + 1 :], budget_ms, observation)
+    if not holds(observation):
+        return _lighter_load(measure_at, loads[:first], holds) if first > 0 else observation
+    return _heavier_loads(measure_at, loads[first + 1 :], holds, observation)
 
 
-def _heavier_loads(measure_at, loads: list[int], budget_ms: float, best: Observation) -> Observation:
+def _heavier_loads(measure_at, loads: list[int], holds, best: Observation) -> Observation:
     """From `best` (a load that holds the budget), heavier ones while they hold it and throughput grows."""
     for concurrency in loads:
         observation = measure_at(concurrency)
-        if not observation.ok or observation.p99_ms > budget_ms:
+        if not observation.ok or not holds(observation):
             return best
         if observation.throughput < best.throughput * (1 + SATURATED_GAIN):
             return observation if observation.throughput > best.throughput else best
@@ -367,11 +372,11 @@ def _heavier_loads(measure_at, loads: list[int], budget_ms: float, best: Observa
     return best
 
 
-def _lighter_load(measure_at, lighter: list[int], budget_ms: float) -> Observation:
-    """The heaviest of the `lighter` loads whose p99 holds the budget (measured heaviest first), else the lightest's."""
+def _lighter_load(measure_at, lighter: list[int], holds) -> Observation:
+    """The heaviest of the `lighter` loads that holds the budget (measured heaviest first), else the lightest's."""
     for concurrency in reversed(lighter):
         observation = measure_at(concurrency)
-        if not observation.ok or observation.p99_ms <= budget_ms:
+        if not observation.ok or holds(observation):
             return observation
     return observation
 
