@@ -6,6 +6,7 @@ offline scenario without shared memory where the server refuses it. No server ru
 from __future__ import annotations
 
 import shutil
+import tempfile
 from dataclasses import replace
 from pathlib import Path
 
@@ -202,6 +203,9 @@ def test_an_images_python_runtimes_are_read_from_its_python(tmp_path, monkeypatc
     assert probe.python_runtimes() == importable_runtimes()  # an NGC tag, but this environment's answer wins
     monkeypatch.setattr(DockerServer, "runtimes_argv", lambda self: [sys.executable, "-c", "print()"])
     assert probe.python_runtimes() == frozenset()  # a python3 with no runtime in reach
+    assert probe.side_log("runtimes") == tmp_path / "s.runtimes.log"
+    checked = DockerServer(tmp_path, Path("/dev/null"), image="nvcr.io/nvidia/tritonserver:26.10-py3")
+    assert checked.side_log("backends").parent == Path(tempfile.gettempdir())  # never a file in /dev
 
 
 # --- the plan: formats from capabilities ---

@@ -555,6 +555,13 @@ class DockerServer(ProcessServer):
         version, source = image_version(self.image, self.inspect())
         return ServerCapabilities(version=version, source=source, where=self.image)
 
+    def side_log(self, name: str) -> Path:
+        """Where a docker call beside the server's (listing its backends, probing its runtimes) logs: beside the
+        server's log, or in the temporary folder where the server logs nowhere (a check before the run: /dev/null)."""
+        if self.log_path.parent == Path("/dev"):
+            return Path(tempfile.gettempdir()) / f"tbench-docker-{name}-{os.getpid()}.log"
+        return self.log_path.with_suffix(f".{name}.log")
+
     def runtimes_argv(self) -> list[str]:
         """The image's python3 saying which runtimes' modules it finds (the python backend's stub runs with it)."""
         probe = (
@@ -565,7 +572,7 @@ class DockerServer(ProcessServer):
     def python_runtimes(self) -> frozenset[str]:
         """Read from the image itself, as its backends are; where it cannot say (no python3 in it), NGC's python
         backend is taken to have no framework in its environment and another image every runtime."""
-        said = procs.run(self.runtimes_argv(), self.log_path.with_suffix(".runtimes.log"), timeout=600)
+        said = procs.run(self.runtimes_argv(), self.side_log("runtimes"), timeout=600)
         if said.returncode == 0:
             return runtimes_said(said.log_path.read_text())
         return frozenset() if is_ngc_image(self.image) else every_runtime()
@@ -575,7 +582,7 @@ class DockerServer(ProcessServer):
 
     def backends(self) -> set[str]:
         """Listed from the image itself (its backend directory), not assumed."""
-        listed = procs.run(self.backends_argv(), self.log_path.with_suffix(".backends.log"), timeout=600)
+        listed = procs.run(self.backends_argv(), self.side_log("backends"), timeout=600)
         if listed.returncode != 0:
             raise ServerStartError(
                 f"docker mode: cannot list the backends of {self.image}: {one_line(listed.log_tail(3))}"
