@@ -23,8 +23,10 @@ then both recommended configs re-measured by one referee.
 Model Analyzer searches as its defaults do for the model's kind. A model: its automatic brute search, instance counts
 and max batch sizes (powers of two) with dynamic batching on, each config swept over concurrency 1..max (powers of
 two), stopping a dimension early once throughput stops growing. An ensemble: its quick search (its only search for an
-ensemble), a hill climb over each step's instances and max batch, the pipeline measured whole. Its picks are checked
-against Triton's rules before the referee measures them.
+ensemble), a hill climb over each step's instances and max batch, the pipeline measured whole. Past `--ma-limit-s` it
+is stopped with SIGINT, as a user would stop it (its quick search once revisited measured configs for 20 minutes
+here), and its pick is its best measurement within the budget from its checkpoint. Its picks are checked against
+Triton's rules before the referee measures them.
 
 Usage: .venv/bin/python benchmarks/peer_model_analyzer.py [--size small] [--repositories single,ensemble]
        .venv/bin/python benchmarks/peer_model_analyzer.py --ma-only --repositories single --max-batch 4 --output F
@@ -68,6 +70,7 @@ REPOSITORIES = {"single": MODEL, "ensemble": ENSEMBLE}  # repository -> the mode
 REFEREE_WINDOW_S = 2.0
 REFEREE_MIN_REQUESTS = 50  # perf_analyzer's own default, what Model Analyzer's calls use
 BUDGET_MEASUREMENTS = 3  # calls of the user's config whose median p99 sets the budget
+MA_LIMIT_S = 1800.0  # Model Analyzer's search stopped past this (its quick search once looped without end here)
 
 
 # --- Model Analyzer's environment: a scratch virtualenv and the two wrapper scripts ---
@@ -338,8 +341,12 @@ def ma_config(repo: UserRepository, space: Space, budget_ms: float, wrappers: di
     return config
 
 
-def run_model_analyzer(venv_bin: Path, config: dict, out: Path) -> dict:
-    """`model-analyzer profile -f CONFIG` timed by the wall clock; its log beside the config."""
+def run_model_analyzer(venv_bin: Path, config: dict, out: Path, limit_s: float = MA_LIMIT_S) -> dict:
+    """`model-analyzer profile -f CONFIG` timed by the wall clock; its log beside the config. Past `limit_s` it is
+    interrupted as a user would stop it (SIGINT, up to its own limit of three: it saves its checkpoint and exits), and
+    the record says so (`stopped_at_limit`): its quick search once revisited measured configs without end here."""
+    import signal
+
     import yaml
 
     out.mkdir(parents=True, exist_ok=True)
@@ -347,11 +354,32 @@ def run_model_analyzer(venv_bin: Path, config: dict, out: Path) -> dict:
     config_path.write_text(yaml.safe_dump(config, sort_keys=False))
     argv = [str(venv_bin / "model-analyzer"), "profile", "-f", str(config_path)]
     env = {**os.environ, "PATH": f"{venv_bin}:{os.environ.get('PATH', '')}"}
-    start = time.monotonic()
+    start, stopped = time.monotonic(), False
     with open(out / "model_analyzer.log", "w") as log:
-        done = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=out)
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=out)
+        try:
+            proc.wait(timeout=limit_s)
+        except subprocess.TimeoutExpired:
+            stopped = True
+            for _ in range(3):
+                proc.send_signal(signal.SIGINT)
+                try:
+                    proc.wait(timeout=60)
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
+            else:
+                proc.kill()
+                proc.wait()
     wall = round(time.monotonic() - start, 1)
-    return {"exit": done.returncode, "wall_s": wall, "argv": shlex.join(argv), "log": str(out / "model_analyzer.log")}
+    return {
+        "exit": proc.returncode,
+        "wall_s": wall,
+        "stopped_at_limit": stopped,
+        "limit_s": limit_s,
+        "argv": shlex.join(argv),
+        "log": str(out / "model_analyzer.log"),
+    }
 
 
 # Model Analyzer's inference table (results/metrics-model-inference.csv): an ensemble's "Model Config Path",
@@ -428,11 +456,41 @@ def model_of_variant(variant: str) -> str:
     return variant.rsplit("_config_", 1)[0]
 
 
-def ma_pick(out: Path, repo: UserRepository) -> dict:
-    """Model Analyzer's recommended config with its figures as it reported them, and how much it measured."""
+def checkpoint_rows(path: Path, model: str, budget_ms: float) -> list[MaRow]:
+    """The measurements of `model` a stopped Model Analyzer kept in its checkpoint (it writes its table only when it
+    finishes), best first as its table would list them: those within the budget, by throughput."""
+    results = json.loads(path.read_text())["ResultManager.results"]["_results"].get(model, {})
+    rows = []
+    for variant, (_, measured) in results.items():
+        for key, measurement in measured.items():
+            for m in measurement["_model_config_measurements"]:
+                figures = dict(m["_non_gpu_data"])
+                p99 = figures["perf_latency_p99"]["_value"]
+                composing = key.split()[-1].split(",") if "_config_" in key.split()[-1] else []
+                rows.append(
+                    MaRow(
+                        model=model,
+                        concurrency=int(m["_model_specific_pa_params"]["concurrency-range"]),
+                        config=variant,
+                        composing=tuple(c for c in composing if c != variant),
+                        passes=p99 <= budget_ms,
+                        throughput=figures["perf_throughput"]["_value"],
+                        p99_ms=p99,
+                    )
+                )
+    return sorted(rows, key=lambda r: (r.passes, r.throughput), reverse=True)
+
+
+def ma_pick(out: Path, repo: UserRepository, budget_ms: float) -> dict:
+    """Model Analyzer's recommended config with its figures as it reported them, and how much it measured; where it
+    was stopped before writing its table, its best measurement within the budget from its checkpoint."""
     table = out / "export" / "results" / "metrics-model-inference.csv"
-    rows = parse_ma_inference_table(table.read_text())
-    picked: dict = {"counts": ma_counts(rows), "table": str(table)}
+    if table.is_file():
+        rows, source = parse_ma_inference_table(table.read_text()), str(table)
+    else:
+        checkpoint = out / "checkpoints" / "0.ckpt"
+        rows, source = checkpoint_rows(checkpoint, repo.model, budget_ms), str(checkpoint)
+    picked: dict = {"counts": ma_counts(rows), "table": source}
     best = ma_recommendation(rows)
     if best is None:
         return {**picked, "recommended": None}
@@ -814,6 +872,7 @@ class Plan:
     work: Path
     venv_bin: Path = field(default=MA_VENV / "bin")
     wrappers: dict[str, Path] = field(default_factory=dict)
+    ma_limit_s: float = MA_LIMIT_S
 
 
 def ratio(a: float | None, b: float | None) -> float | None:
@@ -831,12 +890,12 @@ def compare_repository(repo: UserRepository, plan: Plan, result: dict) -> None:
         result.update(choose_budget(repo, plan.concurrency, plan.budget_factor, work / "budget"))
     print(f"{repo.name}: p99 budget {result['budget_ms']} ms", flush=True)
     config = ma_config(repo, plan.space, result["budget_ms"], plan.wrappers, work / "model_analyzer")
-    ran = run_model_analyzer(plan.venv_bin, config, work / "model_analyzer")
+    ran = run_model_analyzer(plan.venv_bin, config, work / "model_analyzer", plan.ma_limit_s)
     print(f"{repo.name}: Model Analyzer exit {ran['exit']} in {ran['wall_s']} s", flush=True)
     result["model_analyzer"] = ran
-    if ran["exit"] != 0:
+    if ran["exit"] != 0 and not ran["stopped_at_limit"]:
         raise SystemExit(f"{repo.name}: Model Analyzer failed (exit {ran['exit']}); its log: {ran['log']}")
-    ma = result["model_analyzer"] = {**ran, **ma_pick(work / "model_analyzer", repo)}
+    ma = result["model_analyzer"] = {**ran, **ma_pick(work / "model_analyzer", repo, result["budget_ms"])}
     result["budget_bound"] = bool(ma["counts"]["over_budget"])
     picks = {"model_analyzer": ma["recommended"]["configs"]} if ma["recommended"] else {}
     reported = [ma["recommended"]["throughput"]] if ma["recommended"] else []
@@ -892,6 +951,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--budget-ms", type=float, help="A fixed p99 budget instead of one from a first measurement.")
     parser.add_argument("--budget-factor", type=float, default=0.8, help="Budget: the user config's p99 times this.")
     parser.add_argument("--ma-only", action="store_true", help="Model Analyzer's half and the referee of its pick.")
+    parser.add_argument("--ma-limit-s", type=float, default=MA_LIMIT_S, help="Model Analyzer stopped past this.")
     parser.add_argument("--work", help="Work folder (a fresh temporary one by default).")
     parser.add_argument("--output", help="Where the record goes instead (a trial's); --ma-only's default: --work.")
     return parser.parse_args(argv)
@@ -916,6 +976,7 @@ def main(argv: list[str] | None = None) -> int:
     output = args.output or (str(work / "peer_model_analyzer_ma_only.json") if args.ma_only else None)
     space = Space(args.max_instances, args.max_batch, args.concurrency)
     plan = Plan(args.size, space, args.concurrency, args.rounds, args.budget_factor, args.budget_ms, args.ma_only, work)
+    plan.ma_limit_s = args.ma_limit_s
     with record_of(output, args.size) as record:
         plan.venv_bin = model_analyzer_venv()
         plan.wrappers = write_wrappers(work / "wrappers")

@@ -100,12 +100,46 @@ def test_ma_pick_reads_the_variants_configs_back_under_the_users_names(tmp_path)
     repo = peer.UserRepository(
         "ensemble", _user_ensemble(tmp_path / "user"), "classifier", None, ("preprocess", "resnet50")
     )
-    picked = peer.ma_pick(out, repo)
+    picked = peer.ma_pick(out, repo, 6.01)
     configs = picked["recommended"]["configs"]
     assert set(configs) == {"classifier", "preprocess", "resnet50"}
     assert 'name: "resnet50"' in configs["resnet50"] and "max_batch_size: 2" in configs["resnet50"]
     assert picked["recommended"]["throughput"] == 1588.1 and picked["recommended"]["concurrency"] == 4
     assert picked["counts"] == {"configs_measured": 7, "measurements": 20, "over_budget": 8}
+
+
+def test_a_stopped_model_analyzers_pick_is_read_from_its_checkpoint(tmp_path):
+    """Stopped before it writes its table (its quick search looped here), its checkpoint still holds what it measured:
+    the best measurement within the budget is its pick (the golden file: three of its variants, as it saved them)."""
+    out = tmp_path / "ma"
+    (out / "checkpoints").mkdir(parents=True)
+    (out / "checkpoints" / "0.ckpt").write_text((GOLDEN / "ensemble-quick-stopped.ckpt").read_text())
+    for variant in ("classifier_config_5", "preprocess_config_0", "resnet50_config_2"):
+        (out / "output_model_repository" / variant).mkdir(parents=True)
+        (out / "output_model_repository" / variant / "config.pbtxt").write_text(
+            f'name: "{variant}"\nmax_batch_size: 2\n'
+        )
+    repo = peer.UserRepository(
+        "ensemble", _user_ensemble(tmp_path / "user"), "classifier", None, ("preprocess", "resnet50")
+    )
+    picked = peer.ma_pick(out, repo, 6.103)
+    assert picked["table"].endswith("0.ckpt") and picked["counts"] == {
+        "configs_measured": 3,
+        "measurements": 3,
+        "over_budget": 2,
+    }
+    assert picked["recommended"]["variants"] == ["classifier_config_5", "preprocess_config_0", "resnet50_config_2"]
+    assert (picked["recommended"]["concurrency"], picked["recommended"]["throughput"]) == (2, 1391.19)
+
+
+def test_model_analyzer_is_stopped_at_its_limit_as_a_user_would(tmp_path):
+    """Past the limit it gets SIGINT (its own way to stop: a checkpoint, then exit 1), and the record says so."""
+    venv_bin = tmp_path / "bin"
+    peer.write_executable(
+        venv_bin / "model-analyzer", "#!/bin/bash\ntrap 'exit 1' INT\nwhile true; do sleep 0.1; done\n"
+    )
+    ran = peer.run_model_analyzer(venv_bin, {"profile_models": "m"}, tmp_path / "out", limit_s=1.0)
+    assert ran["stopped_at_limit"] and ran["exit"] == 1 and ran["wall_s"] < 30, ran
 
 
 def test_a_pick_triton_would_refuse_is_named_in_one_line(tmp_path):
