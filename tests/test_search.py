@@ -663,8 +663,10 @@ def within(budget_ms: float):
 class _LoadFigures:
     """A candidate measured at a load from fixed (infer/s, p99 ms) figures, recording the loads asked for."""
 
-    def __init__(self):
-        self.figures = {1: (400, 2.0), 2: (700, 3.0), 4: (1000, 5.0), 8: (1100, 12.0)}
+    def __init__(self, noise: dict | None = None):
+        self.figures = {1: (400, 2.0), 2: (700, 3.0), 3: (850, 4.0), 4: (1000, 5.0), 5: (1040, 6.5), 6: (1060, 8.0)}
+        self.figures |= {7: (1080, 10.0), 8: (1100, 12.0)}
+        self.noise = noise or {}  # the windows' noise each observation carries (none: judged on the estimate)
         self.measured: list[int] = []
 
     def __call__(self, c: int):
@@ -673,67 +675,53 @@ class _LoadFigures:
 
         self.measured.append(c)
         tput, p99 = self.figures[c]
-        return Observation(
-            candidate=Candidate(instances=1, max_batch_size=8), throughput=tput, p99_ms=p99, concurrency=c
-        )
+        candidate = Candidate(instances=1, max_batch_size=8)
+        return Observation(candidate=candidate, throughput=tput, p99_ms=p99, concurrency=c, **self.noise)
 
-    def loads(self) -> list[int]:
-        """The loads measured since the last call."""
-        out, self.measured = self.measured, []
-        return out
+    def search(self, budget_ms: float, start: int | None = None) -> tuple[int, list[int]]:
+        """The load search_load chooses under `budget_ms`, and the loads it measured, in order."""
+        from tbench.search.evaluate import load_steps, search_load
+
+        self.measured = []
+        return search_load(self, load_steps(8), within(budget_ms), start).concurrency, self.measured
 
 
 def test_a_candidates_load_is_searched_down_from_the_heaviest_to_the_first_that_holds_the_budget():
     """Per candidate, its best concurrency whose p99 holds the budget (as Model Analyzer sweeps concurrency): with no
-    load to start from, the heaviest first, then lighter ones until one holds the budget."""
-    from tbench.search.evaluate import load_steps, search_load
+    load to start from, the heaviest first, then lighter ones until one holds the budget; then the loads between it
+    and the lightest over the budget bisected, as Model Analyzer's binary search of concurrency does."""
+    from tbench.search.evaluate import load_steps
 
     assert load_steps(8) == [1, 2, 4, 8] and load_steps(6) == [1, 2, 4, 6] and load_steps(1) == [1]
     at = _LoadFigures()
-    assert search_load(at, load_steps(8), within(6.0)).concurrency == 4 and at.loads() == [8, 4]  # 8 is over
-    assert search_load(at, load_steps(8), within(20.0)).concurrency == 8 and at.loads() == [8]  # the top holds it
-    none = search_load(at, load_steps(8), within(1.0))  # even one client is over: the lightest load, infeasible
-    assert none.concurrency == 1 and none.p99_ms > 1.0 and at.loads() == [8, 4, 2, 1]
+    assert at.search(6.0) == (4, [8, 4, 6, 5])  # 8 is over, 4 holds; 6 and 5 are over too
+    assert at.search(9.0) == (6, [8, 4, 6, 7])  # 6 holds, 7 does not: the highest load that holds the budget
+    assert at.search(20.0) == (8, [8])  # the top holds it
+    assert at.search(1.0) == (1, [8, 4, 2, 1])  # even one client is over: the lightest load, infeasible
 
 
 def test_a_load_search_starts_at_the_best_candidates_load_and_goes_lighter_only_where_that_is_over():
     """From the load the best candidate so far chose: heavier while the budget holds and throughput grows; where the
     start is over the budget, lighter loads until one holds it; never the loads below a start that holds."""
-    from tbench.search.evaluate import load_steps, search_load
-
     at = _LoadFigures()
-    assert search_load(at, load_steps(8), within(6.0), start=4).concurrency == 4 and at.loads() == [4, 8]
-    assert search_load(at, load_steps(8), within(4.0), start=4).concurrency == 2 and at.loads() == [4, 2]
-    over = search_load(at, load_steps(8), within(1.0), start=4)  # over at every load: the lightest, infeasible
-    assert over.concurrency == 1 and over.p99_ms > 1.0 and at.loads() == [4, 2, 1]
-    assert search_load(at, load_steps(8), within(6.0), start=1).concurrency == 4 and at.loads() == [
-        1,
-        2,
-        4,
-        8,
-    ]  # climbs
+    assert at.search(6.0, start=4) == (4, [4, 8, 6, 5])
+    assert at.search(4.0, start=4) == (3, [4, 2, 3])  # 4 is over, 2 holds, and so does 3 between them
+    assert at.search(1.0, start=4) == (1, [4, 2, 1])  # over at every load: the lightest, infeasible
+    assert at.search(6.0, start=1) == (4, [1, 2, 4, 8, 6, 5])  # climbs
+    assert at.search(6.0, start=5) == (4, [5, 4])  # a start between the steps (a bisected best) is measured there
     at.figures[4] = (720, 4.0)  # saturated at 2: 4 adds under 5%, so 8 is not tried
-    assert search_load(at, load_steps(8), within(6.0), start=1).concurrency == 4 and at.loads() == [1, 2, 4]
-    assert search_load(at, load_steps(8), within(6.0), start=3).concurrency == 4 and at.loads() == [
-        8,
-        4,
-    ]  # not a step: the top
+    assert at.search(6.0, start=1) == (4, [1, 2, 4])
 
 
 def test_a_load_whose_p99_holds_the_budget_only_on_its_estimate_is_not_chosen():
     """A load whose p99 is under the budget but within its windows' noise of it is judged as the selection will judge
     it (infeasible): the search settles on the lighter load that holds it by its noise."""
-    from tbench.search.evaluate import load_steps, search_load
-
-    at = _LoadFigures()
-    noisy = at.__call__
-
-    def with_noise(c: int):
-        return noisy(c).model_copy(update={"latency_cv": 0.05, "throughput_cv": 0.02, "windows": 3})
-
-    at.figures[8] = (1100, 5.8)  # 5.8 ms under a 6 ms budget, but 5.8 x (1 + 2 x 2 x 0.05 / sqrt(3)) is over it
-    assert search_load(with_noise, load_steps(8), within(6.0)).concurrency == 4 and at.loads() == [8, 4]
-    assert search_load(at, load_steps(8), within(6.0)).concurrency == 8 and at.loads() == [8]  # no noise known
+    noisy = _LoadFigures(noise={"latency_cv": 0.05, "throughput_cv": 0.02, "windows": 3})
+    noisy.figures[8] = (1100, 5.8)  # 5.8 ms under a 6 ms budget, but 5.8 x (1 + 2 x 2 x 0.05 / sqrt(3)) is over it
+    assert noisy.search(6.0) == (4, [8, 4, 6, 5])
+    quiet = _LoadFigures()
+    quiet.figures[8] = (1100, 5.8)
+    assert quiet.search(6.0) == (8, [8])  # no noise known: on the estimate
 
 
 def test_each_candidates_load_search_starts_where_the_best_so_far_peaked(tmp_path):
@@ -750,13 +738,13 @@ def test_each_candidates_load_search_starts_where_the_best_so_far_peaked(tmp_pat
         def measure_at(self, candidate, variant, layout, concurrency):
             if not started or started[-1][0] != candidate.key:
                 started.append((candidate.key, concurrency))
-            tput = {1: 300, 2: 600, 4: 900, 8: 950}[concurrency] * candidate.instances
+            tput = {1: 300, 2: 600, 4: 900, 5: 920, 6: 930, 7: 940, 8: 950}[concurrency] * candidate.instances
             return Observation(candidate=candidate, throughput=tput, p99_ms=2.0 * concurrency, concurrency=concurrency)
 
     evaluator = Recorded(None, tmp_path, "m", {}, 8, Measurement(), tmp_path, load_budget_ms=10.0)
     layout = RunLayout(tmp_path, "x").create()
     one, two = Candidate(instances=1, max_batch_size=8), Candidate(instances=2, max_batch_size=8)
-    assert evaluator.measure(one, None, layout).concurrency == 4  # 8 is over the budget
-    assert evaluator.start_load == 4
+    assert evaluator.measure(one, None, layout).concurrency == 5  # 8 and 6 are over the budget, 5 holds it
+    assert evaluator.start_load == 5
     evaluator.measure(two, None, layout)
-    assert started == [(one.key, 8), (two.key, 4)]  # the first from the heaviest load, the next from its best
+    assert started == [(one.key, 8), (two.key, 5)]  # the first from the heaviest load, the next from its best

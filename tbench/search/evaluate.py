@@ -347,38 +347,64 @@ def search_load(
     """A candidate's best load, from `start` (the load the best candidate so far chose; the heaviest by default):
     heavier loads in turn until one no longer `holds` the budget (Objective.feasible: its p99 within the budget by its
     windows' noise, as the selection judges it; a heavier load only lengthens the queue), throughput stops growing
-    (SATURATED_GAIN) or a point fails; where `start` does not hold it, lighter loads until one does. The observation of
-    the highest throughput that holds the budget, else the lightest load's (infeasible, kept as measured). Starting
-    heavy skips the light loads that cannot be a candidate's best while a heavier one holds the budget: one or two
-    points where a climb from one client took four."""
+    (SATURATED_GAIN) or a point fails; where `start` does not hold it, lighter loads until one does. Between the
+    heaviest load that holds the budget and the lightest that does not, the loads in between are bisected (Model
+    Analyzer's binary search of concurrency under a latency budget): the answer is the highest load that holds it,
+    not the power of two below. The observation of the highest throughput that holds the budget, else the lightest
+    load's (infeasible, kept as measured). Starting heavy skips the light loads that cannot be a candidate's best while
+    a heavier one holds the budget."""
+    if start is not None and loads[0] < start < loads[-1]:
+        loads = sorted({*loads, start})
     first = loads.index(start) if start in loads else len(loads) - 1
     observation = measure_at(loads[first])
     if not observation.ok:
         return observation
-    if not holds(observation):
-        return _lighter_load(measure_at, loads[:first], holds) if first > 0 else observation
-    return _heavier_loads(measure_at, loads[first + 1 :], holds, observation)
+    if holds(observation):
+        best, over = _heavier_loads(measure_at, loads[first + 1 :], holds, observation)
+    elif first == 0:
+        return observation
+    else:
+        best, over = _lighter_load(measure_at, loads[:first], holds, loads[first])
+    return _bisected(measure_at, best, over, holds) if over is not None and holds(best) else best
 
 
-def _heavier_loads(measure_at, loads: list[int], holds, best: Observation) -> Observation:
-    """From `best` (a load that holds the budget), heavier ones while they hold it and throughput grows."""
+def _heavier_loads(measure_at, loads: list[int], holds, best: Observation) -> tuple[Observation, int | None]:
+    """From `best` (a load that holds the budget), heavier ones while they hold it and throughput grows; with the
+    load that left the budget (None where none did)."""
     for concurrency in loads:
         observation = measure_at(concurrency)
-        if not observation.ok or not holds(observation):
-            return best
+        if not observation.ok:
+            return best, None
+        if not holds(observation):
+            return best, concurrency
         if observation.throughput < best.throughput * (1 + SATURATED_GAIN):
-            return observation if observation.throughput > best.throughput else best
+            return (observation if observation.throughput > best.throughput else best), None
         best = observation
-    return best
+    return best, None
 
 
-def _lighter_load(measure_at, lighter: list[int], holds) -> Observation:
-    """The heaviest of the `lighter` loads that holds the budget (measured heaviest first), else the lightest's."""
+def _lighter_load(measure_at, lighter: list[int], holds, over: int) -> tuple[Observation, int]:
+    """The heaviest of the `lighter` loads that holds the budget (measured heaviest first), else the lightest's; with
+    the lightest load above it that did not hold it."""
     for concurrency in reversed(lighter):
         observation = measure_at(concurrency)
         if not observation.ok or holds(observation):
-            return observation
-    return observation
+            return observation, over
+        over = concurrency
+    return observation, over
+
+
+def _bisected(measure_at, best: Observation, over: int, holds) -> Observation:
+    """The loads between `best` (holds the budget) and `over` (does not), halved until they meet: a load that holds
+    it with more throughput moves `best` up, any other brings `over` down."""
+    while over - best.concurrency > 1:
+        concurrency = (best.concurrency + over) // 2
+        observation = measure_at(concurrency)
+        if observation.ok and holds(observation) and observation.throughput > best.throughput:
+            best = observation
+        else:
+            over = concurrency
+    return best
 
 
 def artifact_key(text: str) -> str:
