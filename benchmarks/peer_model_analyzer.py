@@ -356,7 +356,9 @@ def run_model_analyzer(venv_bin: Path, config: dict, out: Path, limit_s: float =
     env = {**os.environ, "PATH": f"{venv_bin}:{os.environ.get('PATH', '')}"}
     start, stopped = time.monotonic(), False
     with open(out / "model_analyzer.log", "w") as log:
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=out)
+        # SIGINT as Model Analyzer's own (a parent that ignores it, a test runner's worker say, would pass that on)
+        sigint = lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)  # noqa: E731
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=out, preexec_fn=sigint)
         try:
             proc.wait(timeout=limit_s)
         except subprocess.TimeoutExpired:
