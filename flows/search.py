@@ -43,7 +43,7 @@ from tbench.search.plan import (
     CHECKPOINT,
     CONTEXT,
     check_resumable,
-    checkpoint_name,
+    checkpoint_names,
     fit_search,
     pipeline_steps,
     repository_search_context,
@@ -219,7 +219,7 @@ def repository_search(request: BenchmarkRequest, search: SearchRequest, capacity
     target = searchable_model(req.repository, req.repository_model)
     steps = pipeline_steps(target)
     context = repository_search_context(req, search, hardware)
-    checkpoints = [checkpoint_name(step, target.is_ensemble) for step in steps]
+    checkpoints = checkpoint_names(target)
     resumed = resumed_checkpoints(search.resume_from, context, checkpoints)
     request_json = {"request": req.model_dump(mode="json"), "search": search.model_dump(mode="json")}
     if capacity is not None:

@@ -191,8 +191,7 @@ def repository_search_request(
     from tbench.cli.run import repository_checked
     from tbench.request.benchmark import BenchmarkRequest
     from tbench.search.plan import (
-        checkpoint_name,
-        pipeline_steps,
+        checkpoint_names,
         repository_search_context,
         repository_space,
         resumed_checkpoints,
@@ -218,8 +217,7 @@ def repository_search_request(
         from tbench.node import hardware
 
         context = repository_search_context(checked, search_request, hardware.detect())
-        names = [checkpoint_name(step, target.is_ensemble) for step in pipeline_steps(target)]
-        resumed_checkpoints(search_request.resume_from, context, names)
+        resumed_checkpoints(search_request.resume_from, context, checkpoint_names(target))
     if target.is_ensemble:  # each step's grid is fitted to its own config as its search starts
         note = f"{target.name} is an ensemble: its steps ({', '.join(target.steps)}) are searched one after another"
     else:

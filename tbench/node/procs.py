@@ -33,6 +33,11 @@ class Completed:
     seconds: float
     timed_out: bool = False
 
+    def output_lines(self) -> list[str]:
+        """What the command printed, line by line: its log without the "$ argv" header run() writes, blanks left out."""
+        text = self.log_path.read_text(errors="replace")
+        return [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.startswith("$ ")]
+
     def log_tail(self, lines: int = 20) -> str:
         return tail(self.log_path, lines)
 

@@ -67,17 +67,24 @@ def search_context(req, search: SearchRequest, plan: dict, hardware) -> dict:
         "model_file": req.model_file,
         "checkpoint": req.checkpoint,
         "model_options": req.model_options,
-        "inputs": {k: getattr(req, k) for k in INPUT_FIELDS},
         "variants": {entry: f"{fmt.value}:{precision.value}" for entry, (fmt, precision) in plan.items()},
-        "space": search.space.model_dump(mode="json"),
-        "objective": search.objective.model_dump(mode="json"),
         "concurrency": search.concurrency or max(req.concurrency),
-        "load_budget_ms": search.load_budget_ms,  # each candidate's load searched against it, or one load
         "online_batch_size": req.online_batch_size,
         "measurement": req.measurement.model_dump(mode="json"),
-        "machine": {k: getattr(hardware, k) for k in ("cpu_model", "cpu_cores", "gpus", "gpu_uuids", "driver", "cuda")},
+        **_grid_context(req, search, hardware),
     }
     return json.loads(json.dumps(context))
+
+
+def _grid_context(req, search: SearchRequest, hardware) -> dict:
+    """What every search's context holds: its inputs, grid, objective, load budget and machine."""
+    return {
+        "inputs": {k: getattr(req, k) for k in INPUT_FIELDS},
+        "space": search.space.model_dump(mode="json"),
+        "objective": search.objective.model_dump(mode="json"),
+        "load_budget_ms": search.load_budget_ms,  # each candidate's load searched against it, or one load
+        "machine": {k: getattr(hardware, k) for k in ("cpu_model", "cpu_cores", "gpus", "gpu_uuids", "driver", "cuda")},
+    }
 
 
 def repository_search_context(req, search: SearchRequest, hardware) -> dict:
@@ -99,13 +106,9 @@ def repository_search_context(req, search: SearchRequest, hardware) -> dict:
         "repository": str(root),
         "repository_model": req.repository_model,
         "repository_files": files,
-        "inputs": {k: getattr(req, k) for k in INPUT_FIELDS},
-        "space": search.space.model_dump(mode="json"),
-        "objective": search.objective.model_dump(mode="json"),
         "concurrency": search.concurrency,  # None: the model's own default, which its config (above) decides
-        "load_budget_ms": search.load_budget_ms,
         "measurement": req.measurement and req.measurement.model_dump(mode="json"),  # None: the windows' defaults
-        "machine": {k: getattr(hardware, k) for k in ("cpu_model", "cpu_cores", "gpus", "gpu_uuids", "driver", "cuda")},
+        **_grid_context(req, search, hardware),
     }
     return json.loads(json.dumps(context))
 
@@ -216,6 +219,11 @@ def step_space(search: SearchRequest, step_max_batch: int, pipeline_max_batch: i
 def checkpoint_name(step: str, pipeline: bool) -> str:
     """A search's checkpoint file: one per step of a pipeline."""
     return f"search-{step}.jsonl" if pipeline else CHECKPOINT
+
+
+def checkpoint_names(target: RepositoryModel) -> list[str]:
+    """A repository search's checkpoint files, one per searched model (pipeline_steps), in search order."""
+    return [checkpoint_name(step, target.is_ensemble) for step in pipeline_steps(target)]
 
 
 def repository_space(search: SearchRequest, max_batch_size: int) -> tuple[SearchRequest, str | None]:

@@ -122,11 +122,10 @@ def importable_runtimes(find_spec=importlib.util.find_spec) -> frozenset[str]:
     return frozenset(found)
 
 
-def runtimes_said(log_text: str) -> frozenset[str]:
-    """The runtimes a probe of an image's python3 printed (DockerServer.runtimes_argv), from its log: the last line
-    that is not procs.run's "$ argv" header, its words that name a runtime."""
-    lines = [ln for ln in log_text.splitlines() if ln.strip() and not ln.startswith("$ ")]
-    return frozenset(lines[-1].split()) & frozenset(RUNTIME_MODULES) if lines else frozenset()
+def runtimes_said(output: list[str]) -> frozenset[str]:
+    """The runtimes a probe of an image's python3 printed (DockerServer.runtimes_argv): the words of its last line
+    that name a runtime."""
+    return frozenset(output[-1].split()) & frozenset(RUNTIME_MODULES) if output else frozenset()
 
 
 def every_runtime() -> frozenset[str]:

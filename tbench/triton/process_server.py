@@ -574,7 +574,7 @@ class DockerServer(ProcessServer):
         backend is taken to have no framework in its environment and another image every runtime."""
         said = procs.run(self.runtimes_argv(), self.side_log("runtimes"), timeout=600)
         if said.returncode == 0:
-            return runtimes_said(said.log_path.read_text())
+            return runtimes_said(said.output_lines())
         return frozenset() if is_ngc_image(self.image) else every_runtime()
 
     def backends_argv(self) -> list[str]:
@@ -587,8 +587,7 @@ class DockerServer(ProcessServer):
             raise ServerStartError(
                 f"docker mode: cannot list the backends of {self.image}: {one_line(listed.log_tail(3))}"
             )
-        # the log starts with the "$ argv" line procs.run writes; the rest is ls's output
-        return {ln.strip() for ln in listed.log_path.read_text().splitlines() if ln.strip() and not ln.startswith("$ ")}
+        return set(listed.output_lines())
 
     def stop_argv(self, timeout_s: float) -> list[str]:
         return [self.docker, "stop", "-t", str(int(timeout_s)), self.container]
