@@ -748,3 +748,36 @@ def test_each_candidates_load_search_starts_where_the_best_so_far_peaked(tmp_pat
     assert evaluator.start_load == 5
     evaluator.measure(two, None, layout)
     assert started == [(one.key, 8), (two.key, 5)]  # the first from the heaviest load, the next from its best
+
+
+def test_a_resumed_search_starts_its_first_new_load_search_where_the_checkpoints_best_peaked(tmp_path):
+    """A measurement read back from a resumed search's checkpoint counts as one made now: the first candidate measured
+    anew starts its load search at the load the best one read back chose, not at the heaviest load."""
+    from tbench.core.layout import RunLayout
+    from tbench.request.benchmark import Measurement
+    from tbench.search.checkpoint import Checkpoint
+    from tbench.search.evaluate import TritonEvaluator
+    from tbench.search.space import Candidate
+    from tbench.search.strategies import Observation, _Session
+
+    started = []
+
+    class Recorded(TritonEvaluator):
+        def measure_at(self, candidate, variant, layout, concurrency):
+            started.append(concurrency)
+            return Observation(
+                candidate=candidate, throughput=100.0 * concurrency, p99_ms=2.0 * concurrency, concurrency=concurrency
+            )
+
+        def evaluate(self, candidate, confirm_round=0, load=None):
+            return self.measure(candidate, None, RunLayout(tmp_path, "x").create(), load)
+
+    one, two = Candidate(instances=1, max_batch_size=8), Candidate(instances=2, max_batch_size=8)
+    checkpoint = Checkpoint(tmp_path / "search.jsonl")
+    checkpoint.append(Observation(candidate=one, throughput=500.0, p99_ms=9.0, concurrency=5))
+    evaluator = Recorded(None, tmp_path, "m", {}, 8, Measurement(), tmp_path, load_budget_ms=10.0)
+    session = _Session(evaluator, checkpoint, limit=4, on_observation=None)
+    session.measure(one)
+    assert started == [] and evaluator.start_load == 5
+    session.measure(two)
+    assert started[0] == 5

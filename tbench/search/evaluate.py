@@ -242,16 +242,26 @@ class TritonEvaluator:
         where one is given."""
         if load is not None or self.load_budget_ms is None:
             return self.measure_at(candidate, variant, layout, load or self.concurrency)
-        holds = Objective(p99_budget_ms=self.load_budget_ms).feasible  # as the selection will judge it: by its noise
         observation = search_load(
             lambda c: self.measure_at(candidate, variant, layout, c),
             load_steps(self.concurrency),
-            holds,
+            self._holds,
             self.start_load,
         )
-        if holds(observation) and observation.throughput > self.best_seen:
-            self.best_seen, self.start_load = observation.throughput, observation.concurrency
+        self.read_back(observation)
         return observation
+
+    def _holds(self, observation: Observation) -> bool:
+        # as the selection will judge it: by its windows' noise
+        return Objective(p99_budget_ms=self.load_budget_ms).feasible(observation)
+
+    def read_back(self, observation: Observation) -> None:
+        """A candidate's measurement, made now or read back from a resumed search's checkpoint: the best within the
+        load budget so far sets where the next candidate's load search starts."""
+        if self.load_budget_ms is None or not observation.concurrency:
+            return
+        if self._holds(observation) and observation.throughput > self.best_seen:
+            self.best_seen, self.start_load = observation.throughput, observation.concurrency
 
     def measure_at(self, candidate: Candidate, variant: ServedVariant, layout: RunLayout, concurrency: int):
         """One loaded candidate at `concurrency` closed-loop clients."""

@@ -56,7 +56,8 @@ OnObservation = Callable[["Observation", int, int], None]  # (observation, measu
 
 class Evaluator(Protocol):
     """Measures a candidate; a re-measurement is the same call (an evaluator may also take `confirm_round`, the
-    confirmation round it measures for, to keep that measurement's files apart)."""
+    confirmation round it measures for, to keep that measurement's files apart, and `read_back(observation)`, told of
+    each measurement a resumed search reads from its checkpoint)."""
 
     def evaluate(self, candidate: Candidate) -> Observation: ...
 
@@ -300,6 +301,8 @@ class _Session:
             if self.checkpoint is not None:
                 self.checkpoint.append(obs)
             self.new += 1
+        elif hasattr(self.evaluator, "read_back"):  # the next new candidate's load search starts from it
+            self.evaluator.read_back(obs)
         self.seen[c.key] = obs
         if self.on_observation is not None:
             self.on_observation(obs, len(self.seen), self.limit)
