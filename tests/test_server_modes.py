@@ -268,3 +268,21 @@ def test_a_container_that_answered_ready_and_then_exited_is_not_taken_for_starte
     monkeypatch.setattr(containers, "main_pid", lambda *args, **kwargs: 2**22 + 1)  # above Linux's pid_max
     assert server._is_ours(ours)
     assert not server._is_ours({"name": "tbench-another"})
+
+
+def test_a_server_that_printed_a_fatal_signal_is_not_serving_while_it_goes_down(tmp_path):
+    """Triton prints "Signal (11) received." on SIGSEGV (and 6 on SIGABRT), then its stack, and can take long to exit
+    with its ports open: from that line on the run takes it for stopped. The same line for SIGTERM or SIGINT is a
+    stop, not a crash."""
+    from tbench.triton.server import fatal_signal
+
+    log = tmp_path / "server.log"
+    log.write_text("I1206 15:01:02.000 grpc_server.cc] Started GRPCInferenceService at 0.0.0.0:8001\n")
+    server = LocalServer(tmp_path, log, binary="tritonserver")
+    server.alive = lambda: True  # its process still runs
+    assert fatal_signal(log) is None and server.serving()
+    log.write_text(log.read_text() + "Signal (15) received.\n")
+    assert fatal_signal(log) is None and server.serving()
+    log.write_text(log.read_text() + "Signal (11) received.\n 0# 0x000055D0 in tritonserver\n")
+    assert fatal_signal(log) == "Signal (11) received." and not server.serving()
+    assert fatal_signal(tmp_path / "no.log") is None

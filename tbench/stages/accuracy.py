@@ -11,6 +11,7 @@ from tbench.core.enums import Format
 from tbench.core.errors import AccuracyError
 from tbench.core.runtimes import run_source
 from tbench.stages.correctness import compare
+from tbench.triton.server import INFER_TIMEOUT_S
 
 
 def infer_triton(
@@ -26,7 +27,9 @@ def infer_triton(
         tensor.set_data_from_numpy(value)
         tensors.append(tensor)
     outputs = [grpcclient.InferRequestedOutput(n) for n in spec.output_names()]
-    result = client.infer(model_name, tensors, outputs=outputs, model_version=model_version)
+    result = client.infer(
+        model_name, tensors, outputs=outputs, model_version=model_version, client_timeout=INFER_TIMEOUT_S
+    )
     served = {}
     for t in spec.outputs:
         value = result.as_numpy(t.name)

@@ -4,6 +4,7 @@ perf_analyzer never meets a stale region of its own name."""
 from __future__ import annotations
 
 from tbench.node import shm
+from tbench.triton.server import CALL_TIMEOUT_S
 
 
 def perf_analyzer_region(name: str, tensors: list[str]) -> bool:
@@ -32,9 +33,10 @@ def release_shared_memory(grpc_url: str, kind: str, tensors: list[str] | None = 
                 if kind == "cuda"
                 else (client.get_system_shared_memory_status, client.unregister_system_shared_memory)
             )
-            regions = {name: r for name, r in status(as_json=True).get("regions", {}).items() if ours(name)}
+            found = status(as_json=True, client_timeout=CALL_TIMEOUT_S).get("regions", {})
+            regions = {name: r for name, r in found.items() if ours(name)}
             for name in regions:
-                unregister(name)
+                unregister(name, client_timeout=CALL_TIMEOUT_S)
     except Exception:  # a server that cannot answer fails the point itself, with perf_analyzer's own error
         return []
     if kind != "cuda":  # a system region is a file under /dev/shm

@@ -526,5 +526,8 @@ def run_sweep(
             on_row(table)
         progress.emit("point_done", index=i + 1, total=len(points), row=row)
         if row["status"] == "error" and server_alive is not None and not server_alive():
-            raise PerfAnalyzerError(f"the Triton server stopped during the sweep at {point.describe()}: {row['error']}")
+            raise PerfAnalyzerError(
+                f"the Triton server stopped serving (exited, or crashed: see its log) during the sweep at "
+                f"{point.describe()}: {row['error']}"
+            )
     return table

@@ -20,6 +20,7 @@ import psutil
 
 from tbench.core.pipeline_steps import ModelCounters, counters_from_statistics, step_rows
 from tbench.triton.served import serving_instances
+from tbench.triton.server import CALL_TIMEOUT_S
 
 if TYPE_CHECKING:
     from tbench.loadgen.perf_analyzer import RequestLog
@@ -85,7 +86,7 @@ HISTOGRAM_COLUMNS = {
 
 def model_statistics(client, model: str) -> dict[str, int]:
     """Cumulative request count and ns per stage of one model (all versions), from the gRPC statistics API."""
-    stats = client.get_inference_statistics(model_name=model, as_json=True)
+    stats = client.get_inference_statistics(model_name=model, as_json=True, client_timeout=CALL_TIMEOUT_S)
     totals = {"count": 0, **{k: 0 for k in STAT_FIELDS}}
     for version in stats.get("model_stats", []):
         inference = version.get("inference_stats", {})
@@ -364,7 +365,9 @@ class PointMonitor:
             return None
         try:
             with self._client() as client:
-                found = counters_from_statistics(client.get_inference_statistics(as_json=True))
+                found = counters_from_statistics(
+                    client.get_inference_statistics(as_json=True, client_timeout=CALL_TIMEOUT_S)
+                )
         except Exception:
             return None
         return {name: c for name, c in found.items() if name == self.model or name in self.steps}

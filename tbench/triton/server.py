@@ -36,8 +36,27 @@ from tbench.node import procs
 from tbench.triton.capabilities import ServerCapabilities, as_capabilities
 from tbench.triton.loads import log_offset, wait_released
 
+# gRPC calls have no deadline unless given one, and a server that crashed mid-run (FATAL_SIGNAL) keeps its ports open
+# while it goes down: every call beside a measurement (statistics, shared memory regions) gets
+# CALL_TIMEOUT_S, an inference INFER_TIMEOUT_S (a full-size model's batch on a CPU takes seconds, never minutes)
+CALL_TIMEOUT_S = 30.0
+INFER_TIMEOUT_S = 300.0
+# Triton traps SIGSEGV and SIGABRT: it prints this line, then its stack, then dumps core, its ports open until it is
+# gone (SIGINT and SIGTERM, 2 and 15, print the same line: a stop, not a crash)
+FATAL_SIGNAL = re.compile(r"Signal \((6|11)\) received\.")
+FATAL_LOG_TAIL_BYTES = 1 << 20
 # Triton's words for a port it could not bind ("Socket '127.0.0.1:8001' already in use"), and docker's
 PORT_TAKEN = re.compile(r"already in use|port is already allocated", re.IGNORECASE)
+
+
+def fatal_signal(log_path: Path) -> str | None:
+    """The line of a server log's tail that says the server received a fatal signal, if there is one."""
+    if not log_path.is_file():
+        return None
+    with log_path.open("rb") as log:
+        log.seek(max(0, log_path.stat().st_size - FATAL_LOG_TAIL_BYTES))
+        found = FATAL_SIGNAL.search(log.read().decode(errors="replace"))
+    return found.group(0) if found else None
 
 
 class PortTakenError(ServerStartError):
@@ -86,6 +105,10 @@ class TritonServer(ABC):
 
     @abstractmethod
     def alive(self) -> bool: ...
+
+    def serving(self) -> bool:
+        """Alive and not going down after a fatal signal (FATAL_SIGNAL): a crashed server can take minutes to exit."""
+        return self.alive() and not (self.logs_itself and fatal_signal(self.log_path))
 
     @abstractmethod
     def backends(self) -> set[str]:
