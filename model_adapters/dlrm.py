@@ -314,7 +314,8 @@ class _Recommender(ModelAdapter):
         )
 
     def part_formats(self) -> dict[str, list[str]]:
-        return {"sparse": ["tf-savedmodel"], "dense": ["onnx", "trt"] if self.profile == "gpu" else ["onnx"]}
+        # the guides serve the dense part as a TensorRT engine; where no engine can be built or served, as ONNX
+        return {"sparse": ["tf-savedmodel"], "dense": ["trt", "onnx"] if self.profile == "gpu" else ["onnx"]}
 
     def parts(self, module) -> list[ModelPart]:
         """The sparse and dense sub-models of `module` (the same layer objects, so the same weights)."""

@@ -403,3 +403,17 @@ def test_a_tensorflow_model_is_served_as_onnx_where_the_server_cannot_run_tensor
     accuracy = json.loads((run / "accuracy.json").read_text())[0]
     assert abs(accuracy["difference"]) < 1e-3  # the same answers through Triton
     assert "planned as tf-savedmodel, served as onnx" in report
+
+
+def test_an_ensembles_dense_part_is_served_as_a_tensorrt_engine_where_one_can_be_built_and_served():
+    """DLRM's dense part on a GPU, as the guides serve it: a TensorRT engine on a server with the tensorrt backend;
+    ONNX, and why, where the server has no tensorrt backend or the node no GPU."""
+    req = BenchmarkRequest(model="dlrm", size="small", server="docker").resolve(has_gpu=True)
+    parts = {"sparse": ["tf-savedmodel"], "dense": ["trt", "onnx"]}
+    engine = RunPlan(req, GPU).on_server(NGC_24_10, parts)
+    assert engine.part_formats["dense"] == [Format.TRT, Format.ONNX] and "dense" not in engine.replanned_parts
+    embedded = RunPlan(req, GPU).on_server(EMBEDDED, parts)
+    assert embedded.part_formats["dense"] == [Format.ONNX, Format.TRT]
+    assert "planned as trt, served as onnx" in embedded.replanned_parts["dense"]
+    on_cpu = RunPlan(req, CPU).on_server(NGC_24_10, parts)
+    assert on_cpu.part_formats["dense"][0] is Format.ONNX and "no GPU" in on_cpu.replanned_parts["dense"]

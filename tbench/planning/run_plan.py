@@ -64,6 +64,20 @@ class Exported:
         return self.artifacts + [a for arts in self.part_artifacts for a in arts]
 
 
+def _first_buildable(formats: list[Format], caps: ServerCapabilities, has_gpu: bool) -> tuple[Format, str]:
+    """An ensemble part's first listed format, unless it is a TensorRT engine (the guides' dense part on a GPU) that
+    this node has no GPU to build or the server no tensorrt backend to serve: then the next one listed, and why."""
+    first = formats[0]
+    if first is not Format.TRT or len(formats) == 1 or (has_gpu and caps.native(Format.TRT)):
+        return first, ""
+    lacking = (
+        "this node has no GPU to build a TensorRT engine on"
+        if not has_gpu
+        else f"{caps.label()} has no tensorrt backend"
+    )
+    return formats[1], f"planned as {first.value}, served as {formats[1].value}: {lacking}"
+
+
 @dataclass(frozen=True)
 class RunPlan:
     """What a run does on this machine, from its resolved request and the hardware; once the server has said what it
@@ -91,9 +105,11 @@ class RunPlan:
                 replanned[served_as.value] = why
         parts = {}
         for part, listed in (part_formats or {}).items():
-            first, *rest = [Format.parse(f) for f in listed]
+            formats = [Format.parse(f) for f in listed]
+            first, skipped = _first_buildable(formats, caps, has_gpu)
             served_as, why = serving_format(first, caps, has_gpu)
-            parts[part] = [served_as, *(f for f in [first, *rest] if f is not served_as)]
+            why = "; ".join(w for w in (skipped, why) if w)
+            parts[part] = [served_as, *(f for f in formats if f is not served_as)]
             if why:
                 replanned_parts[part] = why
         gone = {f.value for f in req.serve_formats if f not in serve}
