@@ -15,9 +15,9 @@ Server kinds:
 - `NGC 25.02`: the last NGC layout with the TensorFlow backend, Triton 2.55.
 
 Beside each cell where one exists, the e2e run that shows it on this machine: benchmarks/results/todays_stack.json's
-runs of the TensorFlow seeds on the embedded server with and without TensorFlow (its `served_by`, read back and set
-against the plan: `agrees`). NGC's images cannot be pulled here (no registry reachable), so their cells are the plan
-alone.
+runs of the TensorFlow seeds on the embedded server with and without TensorFlow, and on the CPU image in docker mode
+(its part 3; each run's `served_by`, read back and set against the plan: `agrees`). NGC's images cannot be pulled
+here (no registry reachable), so their cells are the plan alone.
 
 Usage: .venv/bin/python benchmarks/serving_matrix.py
 Writes benchmarks/results/serving_matrix.json with its provenance.
@@ -60,7 +60,16 @@ NODES = {
     "gpu": Hardware(cpu_model="cpu", cpu_cores=16, memory_gib=64.0, gpus=["NVIDIA A100"], os="Linux"),
 }
 RECORD_RUNS = RESULTS / "todays_stack.json"
-KIND_OF_RUN = {False: "embedded", True: "embedded, no TensorFlow"}  # todays_stack.json's runs by their without_tf
+CPU_IMAGE = "tbench-triton-cpu image"
+
+
+def kind_of_run(run: dict) -> str | None:
+    """The server kind a todays_stack.json run served on: its part 1's by `without_tf`, its part 3's the CPU image."""
+    if run.get("part") == "cpu_image":
+        return CPU_IMAGE
+    if run.get("part") == "seeds_without_tf_backend":
+        return "embedded, no TensorFlow" if run["without_tf"] else "embedded"
+    return None
 
 
 def server_kinds() -> dict[str, ServerCapabilities]:
@@ -71,7 +80,7 @@ def server_kinds() -> dict[str, ServerCapabilities]:
     return {
         "embedded": embedded,
         "embedded, no TensorFlow": replace(embedded, python_runtimes=embedded.python_runtimes - {"tensorflow"}),
-        "tbench-triton-cpu image": ServerCapabilities(
+        CPU_IMAGE: ServerCapabilities(
             None, frozenset({"python"}), frozenset({"onnxruntime"}), "image built here", mode="docker"
         ),
         "NGC 26.10": ServerCapabilities(
@@ -114,9 +123,7 @@ def shown_by(model: str, framework: str, kind: str, planned: dict, runs: list[di
     """The e2e run of todays_stack.json on this machine that served this seed on this kind of server (CPU), and
     whether what it served is what the plan says."""
     for run in runs:
-        if run.get("part") != "seeds_without_tf_backend" or run["model"] != model or framework != "tensorflow":
-            continue
-        if KIND_OF_RUN[bool(run["without_tf"])] != kind or not run.get("ok"):
+        if kind_of_run(run) != kind or run["model"] != model or framework != "tensorflow" or not run.get("ok"):
             continue
         served_by = run.get("served_by") or {}
         if "parts" in planned:  # "ensemble of dlrm_sparse (python (tensorflow)), dlrm_dense (python (onnxruntime))"

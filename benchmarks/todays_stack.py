@@ -18,6 +18,11 @@ Every measurement is a `tbench run` in a subprocess (its own embedded server), o
    format: `exported` (True, or the reason), `correct`, `infer_per_s` (the best point), `compile_s` (the export's
    seconds in artifacts.json, cold) and `cached_s` (the same conversion again on that cache, in this process, as
    benchmarks/pt2_adapters.py does it, with the options the run converted with).
+3. **cpu_image**: the TensorFlow seeds on the NGC-like server this machine can build, `--server docker` with
+   infra/build_cpu_image.py's image (its python backend has ONNX Runtime and no TensorFlow; a Docker daemon as the
+   tests reach one, tests/services.py), one run each: what served each model (`served_as`, from the run's manifest),
+   the image's python runtimes as the run read them, whether Triton answered as TensorFlow did (`same_answers`) and
+   the best point's throughput. These back the serving matrix's cells of that image (benchmarks/serving_matrix.py).
 
 Every run uses the model's default points (offline and, where the model has it, online) with short measurement
 settings (`--window-s`, `--stability`, `--max-trials`; `--scenarios` to narrow). Writes
@@ -54,6 +59,9 @@ POINT = ["scenario", "batch_size", "concurrency", "request_rate"]
 SEEDS = {"widedeep": "small", "dlrm": "tiny", "dcnv2": "tiny", "resnet50": "small"}
 PT2_MODELS = {"resnet50": "small", "nnunet": "small", "fastpitch": "small"}
 PT2_FORMATS = ["pt2", "ts-trace", "onnx"]
+CPU_IMAGE_SEEDS = ("widedeep", "dlrm")  # part 3: a single model and an ensemble whose sparse part is re-planned
+# this sandbox's daemon cannot raise memlock past the host's limit; no GPUs here (benchmarks/docker_vs_embedded.py)
+DOCKER = ["--server", "docker", "--gpus", "none", "--docker-ulimit", "none"]
 FILE_NAMES = {"pt2": "model.pt2", "ts-trace": "model.pt", "onnx": "model.onnx"}  # tbench.stages.export.FILE_NAMES
 
 # `tbench run` on an embedded server whose python backend has no TensorFlow: the replacement
@@ -197,6 +205,39 @@ def seed_pair(name: str, size: str, common: list[str], work: Path, env: dict, ru
     return row
 
 
+def best_infer_per_s(run: dict) -> float | None:
+    found = points(run)
+    return round(float(found[TPUT].max()), 2) if len(found) else None
+
+
+def on_cpu_image(names: list[str], common: list[str], work: Path, env: dict, runs: list, save) -> dict:
+    """Each seed served by infra/build_cpu_image.py's image in docker mode: what served it and whether it answered
+    as TensorFlow did."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from services import cpu_image, docker_daemon  # the tests' way of reaching Docker
+
+    found = {}
+    with docker_daemon() as docker_env:
+        image = cpu_image(docker_env)
+        for name in names:
+            args = [name, "--framework", "tensorflow", "--size", SEEDS[name], *DOCKER, "--docker-image", image, *common]
+            run = tbench_run(args, work / "cpu_image", {**env, **docker_env})
+            runs.append({"part": "cpu_image", "model": name, "image": image, **run})
+            print(f"{name} on {image}: {json.dumps(runs[-1])}", flush=True)
+            save()
+            checked = accuracy(run)
+            found[name] = {
+                "image": image,
+                "served_as": run["served_by"],
+                "python_runtimes": run["python_runtimes"],
+                "same_answers": run["ok"] and bool(checked) and all(a["passed"] for a in checked),
+                "accuracy": checked,
+                "infer_per_s": best_infer_per_s(run),
+                **({} if run["ok"] else {"error": run["error"]}),
+            }
+    return found
+
+
 def failing_formats(run: dict, formats: list[str]) -> dict[str, dict]:
     """The formats a failed run failed on: at export, the first without its file (formats export in order); at
     correctness, those whose check did not pass."""
@@ -333,6 +374,8 @@ def summary(record) -> dict:
             v for r in seeds.values() for v in r["throughput_ratio"]["points"].values()
         ),
     }
+    if record.get("cpu_image"):
+        out["cpu_image_same_answers"] = {s: r["same_answers"] for s, r in record["cpu_image"].items()}
     if pt2:
         out["pt2_exported"] = {m: r["pt2"]["exported"] for m, r in pt2.items()}
         ratio = {}
@@ -370,6 +413,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split(", in one invocation")[0])
     parser.add_argument("--seeds", default=",".join(SEEDS), help="TensorFlow seeds of part 1 ('' for none)")
     parser.add_argument("--pt2-models", default=",".join(PT2_MODELS), help="PyTorch models of part 2 ('' for none)")
+    parser.add_argument(
+        "--cpu-image-seeds", default=",".join(CPU_IMAGE_SEEDS), help="TensorFlow seeds of part 3 ('' for none)"
+    )
     parser.add_argument("--size", default=None, help="one size for every model (default: each model's smallest)")
     parser.add_argument("--window-s", type=float, default=0.5, help="each run's --window-s")
     parser.add_argument("--stability", type=float, default=30.0, help="each run's --stability")
@@ -379,7 +425,8 @@ def main() -> None:
     args = parser.parse_args()
     seeds = [s.strip() for s in args.seeds.split(",") if s.strip()]
     models = [m.strip() for m in args.pt2_models.split(",") if m.strip()]
-    unknown = [s for s in seeds if s not in SEEDS] + [m for m in models if m not in PT2_MODELS]
+    on_image = [s.strip() for s in args.cpu_image_seeds.split(",") if s.strip()]
+    unknown = [s for s in seeds + on_image if s not in SEEDS] + [m for m in models if m not in PT2_MODELS]
     if unknown:
         parser.error(f"unknown model(s) {unknown}: seeds {list(SEEDS)}, pt2 models {list(PT2_MODELS)}")
     common = [
@@ -394,6 +441,7 @@ def main() -> None:
         common += ["--scenarios", args.scenarios]
     model_sizes = [f"{s} {args.size or SEEDS[s]} tensorflow" for s in seeds]
     model_sizes += [f"{m} {args.size or PT2_MODELS[m]} pytorch" for m in models]
+    model_sizes += [f"{s} {SEEDS[s]} tensorflow (cpu image)" for s in on_image]
     work = Path(tempfile.mkdtemp(prefix="tbench-todays-stack-"))
     env = {
         "TBENCH_CACHE_DIR": str(work / "cache" / "seeds"),  # a conversion cache of this invocation's own
@@ -422,6 +470,7 @@ def main() -> None:
             )
             print(f"{model}: {json.dumps(record['pt2'][model])}", flush=True)
             record.save()
+        record["cpu_image"] = on_cpu_image(on_image, common, work, env, runs, record.save) if on_image else {}
         record["summary"] = summary(record)
         print(json.dumps(record["summary"]), flush=True)
 

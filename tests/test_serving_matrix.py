@@ -54,3 +54,12 @@ def test_an_e2e_run_agrees_with_the_plan_only_where_it_served_what_the_plan_says
     assert (
         matrix.shown_by("dlrm", "tensorflow", "embedded", planned, [{**run, "served_by": {}}]) is None
     )  # another kind
+
+
+def test_a_run_on_the_cpu_image_shows_that_images_cell():
+    planned = matrix.cell("widedeep", "tensorflow", KINDS[matrix.CPU_IMAGE], CPU)
+    run = {"part": "cpu_image", "model": "widedeep", "ok": True, "run_dir": "/y"}
+    served = {"onnx": "python (onnxruntime) on cpu; planned as tf-savedmodel, served as onnx"}
+    shown = matrix.shown_by("widedeep", "tensorflow", matrix.CPU_IMAGE, planned, [{**run, "served_by": served}])
+    assert shown["agrees"] and shown["run_dir"] == "/y"
+    assert matrix.shown_by("widedeep", "tensorflow", "embedded", planned, [{**run, "served_by": served}]) is None
