@@ -15,7 +15,9 @@ then both recommended configs re-measured by one referee.
 4. **The referee**: every recommended config on a fresh embedded server, one perf_analyzer call each (count windows
    of one shared size, p99 as the stability percentile), in alternating rounds, at the load each tool recommended
    (tbench's search concurrency, Model Analyzer's pick's); median throughput and p99 per config and load, and its
-   throughput under the budget (the best load whose median p99 holds it). Model Analyzer's pick is measured a second
+   throughput under the budget (the best load whose median p99 holds it; where a config holds it at no load
+   recommended, every config is measured at half the lightest load, down to one client, until each holds it somewhere).
+   Model Analyzer's pick is measured a second
    time with the runtime threads per instance of tbench's pick (Model Analyzer cannot search them).
 5. **tbench's half** (`tbench_search`) runs `tbench search --repository DIR --model NAME` in a subprocess; where the
    CLI does not take that yet, the run records the refusal and exits 1 with one line.
@@ -643,21 +645,35 @@ def referee(
     """Every pick (name -> its configs) measured in alternating rounds at each of `loads` (concurrencies; the
     settings' one by default); per pick and load its rounds and their medians, and per pick its throughput under the
     budget: the highest median throughput of a load whose median p99 holds `budget_ms` (each tool recommends a config
-    at a load, so each is judged at the loads both recommended)."""
+    at a load, so each is judged at the loads both recommended). Where a pick holds the budget at none of them (the
+    machine's noise can put a recommended load over it), every pick is measured at half the lightest load, and so on
+    down to one client, until each holds it somewhere: the throughput under the budget is then compared, not left
+    undetermined."""
     loads = sorted(set(loads or [settings.concurrency]))
     refused = {name: why for name, configs in picks.items() if (why := refused_by_triton(repo, configs, work))}
     picks = {name: configs for name, configs in picks.items() if name not in refused}
-    rounds: dict[tuple[str, int], list[dict]] = {(name, c): [] for name in picks for c in loads}
-    for r, name in alternating_order(list(picks), settings.rounds):
-        for c in loads if r % 2 == 0 else reversed(loads):
-            at = replace(settings, concurrency=c)
-            measured = measure_once(repo, picks[name], at, work / f"{name}-c{c}-round{r}")
-            rounds[(name, c)].append({"round": r, **measured})
-            print(f"referee {repo.name} {name} c{c} round {r + 1}/{settings.rounds}: {measured}", flush=True)
-    result = {}
-    for name in picks:
-        by_load = {str(c): {**medians(rounds[(name, c)]), "rounds": rounds[(name, c)]} for c in loads}
-        result[name] = {"loads": by_load, **under_budget(by_load, budget_ms)}
+    rounds: dict[tuple[str, int], list[dict]] = {}
+
+    def measured_at(at_loads: list[int]) -> dict[str, dict]:
+        for c in at_loads:
+            for name in picks:
+                rounds[(name, c)] = []
+        for r, name in alternating_order(list(picks), settings.rounds):
+            for c in at_loads if r % 2 == 0 else reversed(at_loads):
+                at = replace(settings, concurrency=c)
+                measured = measure_once(repo, picks[name], at, work / f"{name}-c{c}-round{r}")
+                rounds[(name, c)].append({"round": r, **measured})
+                print(f"referee {repo.name} {name} c{c} round {r + 1}/{settings.rounds}: {measured}", flush=True)
+        result = {}
+        for name in picks:
+            by_load = {str(c): {**medians(rounds[(name, c)]), "rounds": rounds[(name, c)]} for c in loads}
+            result[name] = {"loads": by_load, **under_budget(by_load, budget_ms)}
+        return result
+
+    result = measured_at(loads)
+    while budget_ms is not None and loads[0] > 1 and any(r["concurrency"] is None for r in result.values()):
+        loads.insert(0, loads[0] // 2)
+        result = measured_at(loads[:1])
     for name, why in refused.items():  # a pick Triton would not load: its line, no figures
         result[name] = {"refused": why, "throughput": None}
         print(f"referee {repo.name} {name}: refused: {why}", flush=True)
@@ -920,7 +936,8 @@ def compare_repository(repo: UserRepository, plan: Plan, result: dict) -> None:
     recommended += [result["tbench"]["reported"]] if "tbench" in picks else []
     loads = [plan.concurrency] + [r["concurrency"] for r in recommended if r.get("concurrency")]
     measured = referee(repo, picks, settings, work / "referee", loads, result["budget_ms"])
-    result["referee"] = {"settings": vars(settings), "loads": sorted(set(loads)), "measured": measured}
+    loads = sorted({int(c) for pick in measured.values() for c in pick.get("loads", {})} or set(loads))  # lighter too
+    result["referee"] = {"settings": vars(settings), "loads": loads, "measured": measured}
     if not plan.ma_only:
         tb = measured.get("tbench", {}).get("throughput")
         result["tbench_over_ma_throughput"] = ratio(tb, measured.get("model_analyzer", {}).get("throughput"))

@@ -266,3 +266,25 @@ def test_each_models_max_batch_as_written_and_in_each_pick(tmp_path):
     assert sizes["classifier"] == {"user": 8, "model_analyzer": 1, "tbench": 8}
     assert sizes["resnet50"] == {"user": 8, "model_analyzer": 2, "tbench": 8}
     assert sizes["preprocess"] == {"user": 8, "model_analyzer": 8, "tbench": 8}
+
+
+def test_the_referee_goes_to_lighter_loads_until_every_pick_holds_the_budget(tmp_path, monkeypatch):
+    """Neither pick holds the budget at the loads recommended (6 and 8): both are measured at 3, where one holds it,
+    then at 1, where the other does; each is then judged at its own best load within the budget."""
+    p99 = {("ma", 8): 6.0, ("ma", 6): 5.0, ("ma", 3): 4.5, ("ma", 1): 2.0}
+    p99 |= {("tb", 8): 6.0, ("tb", 6): 4.6, ("tb", 3): 3.0, ("tb", 1): 1.5}
+    measured = []
+
+    def measure_once(repo, configs, settings, work):
+        measured.append((configs["who"], settings.concurrency))
+        return {"ok": True, "stable": True, "throughput": 300.0 * settings.concurrency, "p99_ms": p99[measured[-1]]}
+
+    monkeypatch.setattr(peer, "measure_once", measure_once)
+    monkeypatch.setattr(peer, "refused_by_triton", lambda repo, configs, work: None)
+    picks = {"ma": {"who": "ma"}, "tb": {"who": "tb"}}
+    repo = peer.UserRepository("single", tmp_path, "resnet50", None, ())
+    result = peer.referee(repo, picks, peer.RefereeSettings(8, 100, 2), tmp_path, [6, 8], budget_ms=4.0)
+    assert sorted({c for _, c in measured}) == [1, 3, 6, 8]
+    assert measured.index(("ma", 3)) > measured.index(("tb", 8))  # the lighter load after the rounds recommended
+    assert result["tb"]["concurrency"] == 3 and result["ma"]["concurrency"] == 1
+    assert list(result["ma"]["loads"]) == ["1", "3", "6", "8"]
