@@ -221,14 +221,19 @@ def test_ctrl_c_once_twice_then_a_kill_leave_nothing_behind_and_the_next_run_mea
     print(f"after a Ctrl-C and a SIGKILL, the next run started measuring {measuring:.1f} s after it was started")
 
 
-def test_a_server_killed_mid_sweep_fails_the_run_in_one_line_and_keeps_the_points(tmp_path):
+def test_a_server_that_crashes_mid_sweep_fails_the_run_in_one_line_and_keeps_the_points(tmp_path):
+    """A segmentation fault of the server (SIGSEGV): Triton's own handler says so in its log, in the words the run
+    reads (tbench.triton.server.FATAL_SIGNAL), and the run stops at its next failed point."""
+    from tbench.triton.server import fatal_signal
+
     run = CliRun(SWEEP, tmp_path / "runs")
     run.wait_for("offline batch")
     run_dir = run.run_dir()
     server = next(iter(run_processes(run_dir, "tritonserver")))
-    server.kill()
+    server.send_signal(signal.SIGSEGV)
     assert run.finish() == 1, run.output
     assert "Traceback" not in run.output and "the Triton server stopped serving" in run.output
+    assert fatal_signal(run_dir / "logs" / "tritonserver.log") == "Signal (11) received."
     m = manifest(run_dir)
     assert m["status"] == "failed" and m["failed_stage"].startswith("perf-")
     assert (pd.read_csv(run_dir / "results.csv")["status"] != "error").any()
