@@ -107,7 +107,7 @@ class TritonServer(ABC):
     def alive(self) -> bool: ...
 
     def serving(self) -> bool:
-        """Alive and not going down after a fatal signal (FATAL_SIGNAL): a crashed server can take minutes to exit."""
+        """Alive and not going down after a fatal signal (FATAL_SIGNAL): a crashed server can take long to exit."""
         return self.alive() and not (self.logs_itself and fatal_signal(self.log_path))
 
     @abstractmethod
