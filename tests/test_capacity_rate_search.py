@@ -322,6 +322,22 @@ def test_max_points_is_respected_while_bisecting(max_points):
     assert "budget" in found.stopped
 
 
+def test_no_measurement_starts_after_the_time_budget():
+    """On a noisy machine a rate can take `repeats` runs of minutes each: with max_seconds the search stops once that
+    long has passed, its answer the highest rate that had passed, and says the time budget stopped it."""
+    system, now = System(), [0.0]
+
+    def timed(rate: float) -> RatePoint:
+        now[0] += 30.0  # each measurement takes 30 s
+        return system(rate)
+
+    found = find_sustainable_rate(timed, 10.0, tolerance=0.001, max_seconds=100.0, clock=lambda: now[0])
+    assert len(found.points) == 4  # started at 0, 30, 60 and 90 s; none at 120
+    assert found.rate == 80.0 and found.failed_above is None
+    assert found.stopped.startswith("the time budget (100 s) was spent"), found.stopped
+    assert found.seconds == 120.0
+
+
 def test_max_rate_stops_the_doubling():
     system = System(capacity=1000.0)
     found = find_sustainable_rate(system, 10.0, max_rate=50.0)

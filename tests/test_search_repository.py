@@ -265,6 +265,7 @@ def test_capacity_of_a_model_of_a_repository(tmp_path):
     before = users.tree_digest(repo)
     args = ["--repository", str(repo), "--model", "doubler", "--slo-p99-ms", "50", "--traffic", "200"]
     args += ["--instances", "1", "--max-batch-sizes", "4", "--queue-delays-us", "500", "--window-s", "0.5"]
+    args += ["--repeats", "3", "--max-points", "6"]  # a plan's shape, not its precision: each search ~25 s
     run = CliRun(args, tmp_path / "runs", command="capacity")
     assert run.finish(timeout=600) == 0, run.output
     run_dir = run.run_dir()
@@ -319,6 +320,9 @@ def test_capacity_of_an_ensemble_plans_the_pipeline_with_each_steps_config(tmp_p
     repo = users.user_repository(tmp_path / "user_repo")
     args = ["--repository", str(repo), "--model", "pipeline", "--slo-p99-ms", "50", "--traffic", "200"]
     args += ["--instances", "1", "--max-batch-sizes", "8", "--queue-delays-us", "500", "--window-s", "0.5"]
+    # three rate searches (the user's config, then each step's candidate), each bounded: on a busy machine its stalls
+    # can leave every rate undecided for `repeats` runs (27 min once, unbounded)
+    args += ["--repeats", "3", "--max-points", "6", "--max-minutes", "0.5"]
     run = CliRun(args, tmp_path / "runs", command="capacity")
     assert run.finish(timeout=600) == 0, run.output
     run_dir = run.run_dir()
@@ -328,4 +332,5 @@ def test_capacity_of_an_ensemble_plans_the_pipeline_with_each_steps_config(tmp_p
     assert answer["rate"]["rate"] > 0
     plan = (run_dir / CAPACITY_MD).read_text()
     assert "doubler: 1 instance(s), max batch 8" in plan and "; plus_one: 1 instance(s)" in plan, plan
+    assert "or 0.5 minutes per configuration" in plan, plan
     assert {p.parent.name for p in (run_dir / "recommended").glob("*/config.pbtxt")} == {"doubler", "plus_one"}

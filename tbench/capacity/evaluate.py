@@ -95,6 +95,7 @@ def rate_fields(cap, arrivals_dir: Path, samples=None, seed: int = 0) -> dict:
         tolerance=cap.tolerance,
         max_points=cap.max_points,
         repeats=cap.repeats,
+        max_seconds=cap.max_minutes * 60 if cap.max_minutes else None,
         start_rps=cap.start_rps or cap.trace_rate(),
         on_point=emit_rate_point,
         arrivals=plan_arrivals(cap, arrivals_dir, samples, seed),
@@ -139,6 +140,7 @@ class RateEvaluator(TritonEvaluator):
     tolerance: float = TOLERANCE
     max_points: int = MAX_POINTS
     repeats: int = REPEATS
+    max_seconds: float | None = None  # one candidate's rate search: no measurement starts after it
     start_rps: float | None = None
     on_point: Callable[[Candidate, RatePoint], None] | None = None
     gpu_uuids: tuple[str, ...] = ()  # the serving GPUs: their power gives the energy per inference
@@ -195,6 +197,7 @@ class RateEvaluator(TritonEvaluator):
             max_points=self.max_points,
             rule=self.rule,
             repeats=self.repeats,
+            max_seconds=self.max_seconds,
             on_point=measured,
         )
         path.write_text(json.dumps(found.model_dump(mode="json"), indent=2))

@@ -375,25 +375,30 @@ def find_sustainable_rate(
     rule: PercentileRule | None = None,
     repeats: int = REPEATS,
     confirmations: int = CONFIRMATIONS,
+    max_seconds: float | None = None,
+    clock: Callable[[], float] = time.monotonic,
 ) -> SustainableRate:
-    """Bracket, then bisect; at most `max_points` measurements. Each rate is measured until its measurements decide
-    (rate_verdict), at most `repeats` times; the pooled test's z is the rule's confidence shared over those looks. The
-    answer is the highest rate that passed, measured at least 1 + `confirmations` times (one that then fails moves the
-    bracket's top down to it and the answer to the highest other rate that passed)."""
-    started = time.monotonic()
+    """Bracket, then bisect; at most `max_points` measurements, and none started after `max_seconds` (`clock`'s).
+    Each rate is measured until its measurements decide (rate_verdict), at most `repeats` times; the pooled test's z is
+    the rule's confidence shared over those looks. The answer is the highest rate that passed, measured at least
+    1 + `confirmations` times (one that then fails moves the bracket's top down to it and the answer to the highest
+    other rate that passed)."""
+    started = clock()
     rule = rule or PercentileRule()
     z = NormalDist().inv_cdf(1 - (1 - rule.confidence) / max(repeats, 1))
     # the neighbours' verdict looks again after every measurement near the rate: the confidence shared over them all
     z_neighbours = NormalDist().inv_cdf(1 - (1 - rule.confidence) / max(max_points, 1))
     result = SustainableRate()
     passed: set[float] = set()
+    out_of_time = False  # the time budget, not the point budget, stopped it
 
     def at(rate: float) -> list[RatePoint]:
         return [p for p in result.points if p.rate == rate]
 
     def decide(rate: float, least: int = 1) -> tuple[bool | None, float]:
         """Measure `rate` until its verdict is decided on at least `least` measurements: (passed, the rate as
-        measured), passed None when the point budget ran out first."""
+        measured), passed None when the point or time budget ran out first."""
+        nonlocal out_of_time
         points = at(rate)
         while True:
             verdict, why = rate_verdict(points, rule, z) if points else ("undecided", "")
@@ -406,6 +411,9 @@ def find_sustainable_rate(
                 verdict, why = "fail", f"not shown within the SLO after {len(points)} measurements: {why}"
                 break
             if len(result.points) >= max_points:
+                return None, rate
+            if max_seconds is not None and clock() - started >= max_seconds:
+                out_of_time = True
                 return None, rate
             point = measure(rate)  # its rate is the one measured (perf_analyzer takes a rate rounded to its precision)
             result.points.append(point)
@@ -465,9 +473,10 @@ def find_sustainable_rate(
         if (len(result.points), lo, hi) == before:  # decided from what was measured before: nothing new to learn
             result.stopped = f"no rate left to measure between {lo} and {hi}"
             break
+    budget = f"the time budget ({max_seconds:g} s)" if out_of_time else f"the point budget ({max_points})"
     result.confirmed = lo is not None and lo in passed and len(at(lo)) >= need
     if lo is not None and not result.confirmed and not result.lower_bound:
-        result.stopped = result.stopped or f"the point budget ({max_points}) was spent before {lo:.4g}/s was confirmed"
+        result.stopped = result.stopped or f"{budget} was spent before {lo:.4g}/s was confirmed"
         lo = max((r for r in passed if len(at(r)) >= need), default=lo)
         result.confirmed = len(at(lo)) >= need
     if not result.stopped:
@@ -475,7 +484,7 @@ def find_sustainable_rate(
             again = f" (measured {len(at(lo))} times)" if confirmations and result.confirmed else ""
             result.stopped = f"bracketed within {100 * tolerance:g}%: passes at {lo:.4g}/s{again}, fails at {hi:.4g}/s"
         else:
-            result.stopped = f"the point budget ({max_points}) was spent"
+            result.stopped = f"{budget} was spent"
     result.rate, result.failed_above = lo, hi
-    result.seconds = time.monotonic() - started
+    result.seconds = clock() - started
     return result

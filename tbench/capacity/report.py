@@ -181,7 +181,8 @@ def capacity_markdown(answers: list[PoolAnswer], cap: CapacityRequest, model: st
         "least three times (a confirmation); configurations are ranked on it.",
         f"- The sustainable rate is the highest passing rate of a bracketing search (double or halve, then bisect) "
         f"that stops when the passing and failing rates are within {100 * cap.tolerance:g}%, or after "
-        f"{cap.max_points} measurements.",
+        f"{cap.max_points} measurements"
+        + (f" or {cap.max_minutes:g} minutes per configuration." if cap.max_minutes else "."),
         "- Instances = ⌈traffic × (1 + headroom) / sustainable rate⌉; $/million = instances × $/h / (traffic × 3600) "
         "× 10⁶; energy per inference: the serving GPUs' energy counter over the sustainable rate's point / the "
         "inferences served in it (none on a CPU).",

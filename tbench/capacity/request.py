@@ -45,6 +45,12 @@ class CapacityRequest(BaseModel):
     repeats: int = Field(
         REPEATS, ge=1, le=20, description="Most measurements of one rate, pooled, before it counts as not holding."
     )
+    max_minutes: float | None = Field(
+        None,
+        gt=0,
+        description="Longest one configuration's rate search may measure (minutes): no measurement starts after it, "
+        "and the answer is what had passed by then. None: no limit (a noisy machine can take `repeats` runs per rate).",
+    )
     start_rps: float | None = Field(
         None, gt=0, description="First rate tried (requests/s); half the warm-up latency's capacity by default."
     )
