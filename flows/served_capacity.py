@@ -94,7 +94,7 @@ def _sustainable_rate(
         max_points=cap.max_points,
         rule=cap.rule,
         repeats=cap.repeats,
-        max_seconds=cap.max_minutes * 60 if cap.max_minutes else None,
+        max_seconds=cap.max_seconds,
         on_point=measured,
     )
 

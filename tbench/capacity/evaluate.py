@@ -95,7 +95,7 @@ def rate_fields(cap, arrivals_dir: Path, samples=None, seed: int = 0) -> dict:
         tolerance=cap.tolerance,
         max_points=cap.max_points,
         repeats=cap.repeats,
-        max_seconds=cap.max_minutes * 60 if cap.max_minutes else None,
+        max_seconds=cap.max_seconds,
         start_rps=cap.start_rps or cap.trace_rate(),
         on_point=emit_rate_point,
         arrivals=plan_arrivals(cap, arrivals_dir, samples, seed),

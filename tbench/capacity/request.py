@@ -100,6 +100,11 @@ class CapacityRequest(BaseModel):
             raise ValueError(error)
         return list(dict.fromkeys(pools))
 
+    @property
+    def max_seconds(self) -> float | None:
+        """`max_minutes` as the rate search takes it."""
+        return self.max_minutes * 60 if self.max_minutes else None
+
     def trace_rate(self) -> float | None:
         """The trace's mean rate (its speed 1), where the plan is on a trace: where the search starts."""
         if not self.trace:
