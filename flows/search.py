@@ -361,6 +361,18 @@ def adopt_best(evaluator: RepositoryEvaluator, result: SearchResult) -> None:
     chosen.load(chosen.write(best.candidate if best is not None else candidate_of(evaluator.base)))
 
 
+def planned_steps(found: RepositoryFindings) -> dict[str, dict]:
+    """Each searched step's configuration in the pipeline's plan: its best, or where no candidate of it met the SLO
+    the user's config, served as written (adopt_best), marked `yours` so the plan says so."""
+    steps = {}
+    for step, result in found.results.items():
+        if result.best is not None:
+            steps[step] = result.best.candidate.model_dump(mode="json")
+        else:
+            steps[step] = candidate_of(found.evaluators[step].base).model_dump(mode="json") | {"yours": True}
+    return steps
+
+
 def measure_users_config(
     evaluators: list[RepositoryEvaluator], work_dir: Path, best: Observation | None = None
 ) -> Observation:
@@ -466,10 +478,7 @@ def _finish(
                     run_url=run_url(req.output, layout.run_id),
                 )
                 if found and found.pipeline:  # the pipeline's plan: every step at its chosen configuration
-                    chosen = {
-                        step: r.best.candidate.model_dump(mode="json") for step, r in found.results.items() if r.best
-                    }
-                    answer = answer.model_copy(update={"steps": chosen})
+                    answer = answer.model_copy(update={"steps": planned_steps(found)})
                 answers.append(answer)
                 text = write_capacity_files(layout.run_dir, [answer], capacity, model)
                 create_markdown_artifact(

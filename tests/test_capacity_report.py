@@ -14,3 +14,20 @@ def test_a_plan_says_what_arrivals_it_was_measured_on(tmp_path):
     )
     poisson = capacity_markdown(answers, CapacityRequest(), "m")
     assert "Bursty" not in poisson and "trace" not in poisson and "run with Poisson arrivals" in poisson
+
+
+def test_a_pipelines_plan_names_each_steps_config_and_one_kept_as_written():
+    """A step none of whose candidates met the SLO is served as the user wrote it: the plan names that config and
+    says so; the time limit, where one was given, is in the method."""
+    searched = {"instances": 1, "max_batch_size": 8, "preferred_batch_sizes": [], "queue_delay_us": 500}
+    yours = {"instances": 2, "max_batch_size": 8, "preferred_batch_sizes": [4], "queue_delay_us": 200, "yours": True}
+    answer = PoolAnswer(
+        pool="cpu", model="pipeline", configuration=searched, steps={"doubler": yours, "plus_one": searched}
+    )
+    text = capacity_markdown([answer], CapacityRequest(max_minutes=1.5), "pipeline")
+    assert (
+        "doubler: 2 instance(s), max batch 8, preferred 4, delay 200 µs (your config as written: no candidate of this "
+        "step met the SLO); plus_one: 1 instance(s), max batch 8, preferred none, delay 500 µs |"
+    ) in text, text
+    assert "or 1.5 min per configuration (--max-minutes)." in text
+    assert "per configuration" not in capacity_markdown([answer], CapacityRequest(), "pipeline")

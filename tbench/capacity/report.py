@@ -31,7 +31,9 @@ class PoolAnswer(BaseModel):
     reason: str = ""
     configuration: dict | None = None
     steps: dict[str, dict] = Field(
-        {}, description="A pipeline's (an ensemble's): each step's chosen configuration; `configuration` is its last."
+        {},
+        description="A pipeline's (an ensemble's): each step's chosen configuration (`yours`: no candidate of the step "
+        "met the SLO, so the user's config as written); `configuration` is its last.",
     )
     rate: SustainableRate | None = None
     plan: Plan | None = None
@@ -182,7 +184,7 @@ def capacity_markdown(answers: list[PoolAnswer], cap: CapacityRequest, model: st
         f"- The sustainable rate is the highest passing rate of a bracketing search (double or halve, then bisect) "
         f"that stops when the passing and failing rates are within {100 * cap.tolerance:g}%, or after "
         f"{cap.max_points} measurements"
-        + (f" or {cap.max_minutes:g} minutes per configuration." if cap.max_minutes else "."),
+        + (f" or {cap.max_minutes:g} min per configuration (--max-minutes)." if cap.max_minutes else "."),
         "- Instances = ⌈traffic × (1 + headroom) / sustainable rate⌉; $/million = instances × $/h / (traffic × 3600) "
         "× 10⁶; energy per inference: the serving GPUs' energy counter over the sustainable rate's point / the "
         "inferences served in it (none on a CPU).",
@@ -240,9 +242,10 @@ def _configs_label(a: PoolAnswer) -> str:
 def _config_label(c: dict) -> str:
     preferred = ",".join(map(str, c.get("preferred_batch_sizes") or [])) or "none"
     fmt = f"{c['format']}, " if c.get("format") else ""
+    yours = " (your config as written: no candidate of this step met the SLO)" if c.get("yours") else ""
     return (
         f"{fmt}{c['instances']} instance(s), max batch {c['max_batch_size']}, preferred {preferred}, "
-        f"delay {c['queue_delay_us']} µs"
+        f"delay {c['queue_delay_us']} µs{yours}"
     )
 
 
