@@ -1,8 +1,10 @@
 """After a run is stored: its model's history judged and the static site refreshed (tbench.history), a link to the site
-on the flow run's page, and, where the newest run confirmed a regression or lost a point a run before it served
-(behind, error, unstable, not measured), a Prefect event that an automation can act on (`tbench.history.regressed`):
-once per change, from the run that confirms it, however late, and once per lost point, from the run that lost it
-(History.news). A history that cannot be read or written is a warning, never the run's failure."""
+on the flow run's page, each of the run's news in its log (History.news: a change it confirmed, a point it lost), and,
+where that news is a regression (a confirmed regression, a point lost behind or to an error), a Prefect event that an
+automation can act on (`tbench.history.regressed`): once per change, from the run that confirms it, however late, and
+once per lost point, from the run that lost it (History.regressed). A point lost to a status that cannot say why
+(unstable, not measured) leaves the verdict undetermined and is not posted. A history that cannot be read or written
+is a warning, never the run's failure."""
 
 from __future__ import annotations
 
@@ -33,11 +35,10 @@ def history_task(root_url: str, model: str, run_id: str) -> str | None:
     create_link_artifact(
         index, link_text=f"History of {model}", key=HISTORY_LINK_KEY, description="Every series of the model, judged"
     )
-    news = judged.news(run_id)
-    for told in news:  # a regression's line says "regression", a lost point's "lost"
+    for told in judged.news(run_id):  # a regression's line says "regression", a lost point's "lost"
         logger.warning("history: %s", told.line())
-    if news:
-        emit_regressed(model, run_id, index, [told.line() for told in news])
+    if regressed := judged.regressed(run_id):
+        emit_regressed(model, run_id, index, [told.line() for told in regressed])
     return index
 
 

@@ -192,6 +192,7 @@ def test_a_run_is_news_when_it_is_in_a_confirmed_regression_among_the_newest_run
     run_ids = list(history.series[0].runs["run_id"])
     assert {f.series.metric.label for f in history.news(run_ids[-1])} == {"throughput", "p50 latency", "p99 latency"}
     assert history.news(run_ids[STEP_AT - 1]) == []  # a run before the step
+    assert history.regressed(run_ids[-1]) == history.news(run_ids[-1])  # every one a regression, posted
 
 
 def jitter(night: int) -> float:
@@ -322,6 +323,7 @@ def test_a_lost_point_never_passes_exit_1_when_it_fails_its_rule_else_2(tmp_path
     (lost,) = history.news(run_id)
     assert lost.status == status and lost.new
     assert EXIT_CODES[history.verdict] == (1 if status in FAILED else 2)
+    assert history.regressed(run_id) == ([lost] if status in FAILED else [])  # posted to the team only as it fails
     assert f"concurrency 4: lost, {status} in run {run_id}" in history.summary()
     assert ("boom" in history.summary()) == (status == "error")
 

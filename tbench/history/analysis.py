@@ -77,6 +77,12 @@ class History:
         no longer news, and a series that `run_id` did not measure has nothing new to say."""
         return [a for a in self.alerts if a.newest_run == run_id]
 
+    def regressed(self, run_id: str) -> list[Finding | LostPoint]:
+        """What of `run_id`'s news is a regression: its confirmed regressions and the points it lost that now fail
+        their rule. A point lost to a status that cannot say why (unstable on a busy night) is news for the site and
+        the run's log, not a regression to post: it would tell the team of a regression the verdict does not see."""
+        return [a for a in self.news(run_id) if isinstance(a, Finding) or a.fails]
+
     @property
     def too_short(self) -> list[Series]:
         """The series with fewer than MIN_RUNS runs: no change in them can be confirmed yet."""
