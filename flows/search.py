@@ -266,8 +266,15 @@ def repository_search(request: BenchmarkRequest, search: SearchRequest, capacity
                 evaluator = RepositoryRateEvaluator(
                     **evaluator_args, **rate_fields(capacity, layout.run_dir / "arrivals", None, req.measurement.seed)
                 )
+            with tracker.stage("your-config"):  # first, as written: the search's first candidate loads from its load
+                found.yours = measure_users_config(
+                    [evaluator_for(evaluator, step, found.pipeline) for step in steps], layout.run_dir / "yours"
+                )
+            evaluator.read_back(found.yours)
             for step, checkpoint in zip(steps, checkpoints):
                 step_evaluator = evaluator_for(evaluator, step, found.pipeline)
+                if capacity is None and step == steps[0]:  # every other step still as written: the same pipeline
+                    step_evaluator.as_written = found.yours
                 found.evaluators[step] = step_evaluator
                 with tracker.stage(f"search-{step}" if found.pipeline else "search"):
                     found.results[step] = search_task(
@@ -285,10 +292,6 @@ def repository_search(request: BenchmarkRequest, search: SearchRequest, capacity
                 if found.pipeline:  # the next step is searched with this one at its best, from its best load
                     adopt_best(step_evaluator, found.results[step])
                     evaluator.start_load = step_evaluator.start_load
-            with tracker.stage("your-config"):  # measured the same way, written as the user wrote it
-                found.yours = measure_users_config(
-                    list(found.evaluators.values()), layout.run_dir / "yours", found.result.best
-                )
             found.recommended = write_recommended(found, source.plan.source, layout.run_dir)
         except BaseException as err:
             _finish(
@@ -373,18 +376,26 @@ def planned_steps(found: RepositoryFindings) -> dict[str, dict]:
     return steps
 
 
-def measure_users_config(
-    evaluators: list[RepositoryEvaluator], work_dir: Path, best: Observation | None = None
-) -> Observation:
+def measure_users_config(evaluators: list[RepositoryEvaluator], work_dir: Path) -> Observation:
     """The user's config.pbtxt as written (no field edited; every step's, for a pipeline), measured as every
-    candidate was; its load searched from the load `best` (the recommended candidate) chose."""
+    candidate is, before the search (Model Analyzer measures the default config as one of its configs): its load,
+    where it holds the budget, is where the first candidate's load search starts, and a candidate whose config is the
+    same text is not measured again (RepositoryEvaluator.as_written)."""
     *others, last = evaluators
-    for evaluator in others:  # a pipeline's other steps back to the user's configs first
+    for evaluator in others:  # a pipeline's other steps as the user wrote them
         own = replace(evaluator, verbatim=True)
         own.load(own.write(candidate_of(own.base)))
-    start = best.concurrency if best is not None and best.concurrency else last.start_load
-    own = replace(last, work_dir=work_dir, verbatim=True, start_load=start)
+    own = replace(last, work_dir=work_dir, verbatim=True)
     return own.evaluate(candidate_of(last.base))
+
+
+def yours_is_best(found: RepositoryFindings) -> bool:
+    """Every searched model's best is its config as the user wrote it (the same text): the search found nothing
+    better than the user's config, which was measured as its candidate."""
+    return bool(found.results) and all(
+        r.best is not None and found.evaluators[m].candidate_config(r.best.candidate) == found.evaluators[m].base
+        for m, r in found.results.items()
+    )
 
 
 def write_recommended(found: RepositoryFindings, user_root: Path, run_dir: Path) -> dict[str, Path]:
@@ -456,6 +467,7 @@ def _finish(
                         found.recommended,
                         found.users_configs,
                         found.pipeline,
+                        yours_is_best(found),
                     )
                 create_markdown_artifact(
                     text,

@@ -208,8 +208,31 @@ def test_the_users_config_against_the_best_says_when_to_keep_it():
     assert yours_against_best(objective, obs(1000.0), best) == RECOMMENDED
     assert yours_against_best(objective, obs(1664.0, p99=9.0), best) == RECOMMENDED  # over the budget: not a rival
     assert yours_against_best(objective, None, best) is None
+    assert yours_against_best(objective, obs(1000.0), best, same=True) == AS_GOOD  # the best is the user's config
     text = users_config_section(obs(1664.0), "yours", best, "best", ["recommended/m/config.pbtxt"], KEEP_YOURS)
     assert "**Keep your config**" in text and "recommended/m/config.pbtxt" in text
+
+
+def test_the_users_config_measured_first_is_the_candidate_of_the_same_text(tmp_path):
+    """The user's config is measured before the search (flows.search.measure_users_config): a candidate whose config
+    is the same text is that measurement (no server is asked), any other is measured."""
+    import test_user_repository as users
+
+    from tbench.request.benchmark import Measurement
+    from tbench.search.evaluate import RepositoryEvaluator
+    from tbench.search.strategies import Observation
+
+    base = parse(users.ONNX_CONFIG)  # 2 instances with 1 thread each: on 2 cores the search's own threads
+    own = candidate_of(base)
+    measured = Observation(candidate=own, throughput=1234.5, p99_ms=2.0, concurrency=4)
+    evaluator = RepositoryEvaluator(
+        server=None, repository=tmp_path, name="doubler", variants={}, concurrency=8, measurement=Measurement(),
+        work_dir=tmp_path, cpu_cores=2, base=base, as_written=measured,
+    )  # fmt: skip
+    assert evaluator.candidate_config(own) == base
+    assert evaluator.evaluate(own) == measured and evaluator.evaluations == 1
+    other = own.model_copy(update={"instances": 1})  # 2 threads: another text, measured (on the e2e tests' server)
+    assert evaluator.candidate_config(other) != base
 
 
 # ---- on the real embedded server

@@ -308,7 +308,16 @@ class RepositoryEvaluator(TritonEvaluator):
     base: mc.ModelConfig = field(default_factory=mc.ModelConfig)  # the copy's config as the user wrote it
     verbatim: bool = False
     pipeline: str = ""
+    # the user's config measured as written before the search (flows.search.measure_users_config): a candidate whose
+    # config is that same text is that measurement, not measured twice
+    as_written: Observation | None = None
     written: mc.ModelConfig | None = field(default=None, init=False)
+
+    def evaluate(self, candidate: Candidate, confirm_round: int = 0, load: int | None = None) -> Observation:
+        if self.as_written is not None and not confirm_round and self.candidate_config(candidate) == self.base:
+            self.evaluations += 1
+            return self.as_written.model_copy(update={"candidate": candidate})
+        return super().evaluate(candidate, confirm_round, load)
 
     @property
     def measured_name(self) -> str:

@@ -60,10 +60,15 @@ AS_GOOD = "as_good"  # the user's config is ahead of or level with the best, wit
 RECOMMENDED = "recommended"  # the best candidate beat the user's config (or the user's did not meet the objective)
 
 
-def yours_against_best(objective: Objective, yours: Observation | None, best: Observation | None) -> str | None:
-    """The user's own config against the search's best, measured the same way (None: one of them is missing)."""
+def yours_against_best(
+    objective: Objective, yours: Observation | None, best: Observation | None, same: bool = False
+) -> str | None:
+    """The user's own config against the search's best, measured the same way (None: one of them is missing);
+    `same`: the best is the user's config itself, measured as the search's candidate."""
     if yours is None or best is None or not best.ok:
         return None
+    if same:
+        return AS_GOOD
     if not objective.feasible(yours) or objective.value(yours) <= objective.value(best):
         return RECOMMENDED
     return KEEP_YOURS if objective.compare(yours, best) == "worse" else AS_GOOD
@@ -162,6 +167,7 @@ def write_repository_search_files(
     recommended: dict[str, Path],
     users_configs: dict[str, Path],
     pipeline: str = "",
+    yours_is_best: bool = False,
 ) -> str:
     """A repository search's files: search.md, search.html, search.json and its plots, with the user's own config
     measured beside the best and the recommended config.pbtxt files named. A pipeline's steps (`pipeline`), searched
@@ -178,7 +184,7 @@ def write_repository_search_files(
     users = {m: candidate_of(read_config(path)) for m, path in users_configs.items()}
     relative = {m: p.relative_to(layout.run_dir).as_posix() for m, p in recommended.items()}
     best_text = described(recommended, bests) if bests else ""
-    verdict = yours_against_best(last.objective, yours, last.best)
+    verdict = yours_against_best(last.objective, yours, last.best, yours_is_best)
     text += users_config_section(
         yours, described(users_configs, users), last.best, best_text, list(relative.values()), verdict
     )
