@@ -120,6 +120,14 @@ def test_model_options_are_numbers_where_they_read_as_numbers():
     assert parse_options(None) is None
 
 
+def test_preferred_choices_are_rules_or_sizes_joined_by_plus():
+    from tbench.cli.common import search_space
+
+    space = search_space("1", "8", "none,max,4,2+8", "0")
+    assert space.preferred == ["none", "max", [4], [2, 8]]
+    assert {c.preferred_batch_sizes for c in space.grid()} == {(), (8,), (4,), (2, 8)}
+
+
 def test_lists_and_inclusive_ranges():
     assert parse_int_list("1,2,4", "x") == [1, 2, 4]
     assert parse_int_list("16:64:16", "x") == [16, 32, 48, 64]

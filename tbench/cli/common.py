@@ -324,10 +324,16 @@ def search_space(
     return SearchSpace(
         instances=parse_int_list(instances, "instances"),
         max_batch_sizes=parse_int_list(max_batch_sizes, "max batch sizes"),
-        preferred=_split(preferred),
+        preferred=[_preferred_choice(item) for item in _split(preferred) or []],
         queue_delays_us=parse_int_list(queue_delays_us, "queue delays"),
         formats=_split(variants) or [""],
     )
+
+
+def _preferred_choice(item: str) -> str | list[int]:
+    """One choice of --preferred: a rule by name (none, max, half, quarter), or sizes joined by '+' (4, 4+8)."""
+    sizes = item.split("+")
+    return [int(s) for s in sizes] if all(s.isdigit() for s in sizes) else item
 
 
 def model_fields(model, model_file, served_model, repository=None, repository_model=None) -> dict:

@@ -113,7 +113,9 @@ def _space_help(name: str, cli: str = "") -> str:
 
 Instances = Annotated[str, typer.Option(help=_space_help("instances", _INT_LIST))]
 MaxBatchSizes = Annotated[str, typer.Option("--max-batch-sizes", help=_space_help("max_batch_sizes", _INT_LIST))]
-Preferred = Annotated[str, typer.Option(help=_space_help("preferred", _LIST.format("none,max")))]
+Preferred = Annotated[
+    str, typer.Option(help=_space_help("preferred", _LIST.format("none,max,4+8") + " Sizes of one choice: '+'."))
+]
 QueueDelaysUs = Annotated[str, typer.Option("--queue-delays-us", help=_space_help("queue_delays_us", _INT_LIST))]
 
 # The terminal

@@ -103,7 +103,8 @@ class SearchSpace(BaseModel):
         for v in values:
             if isinstance(v, str) and v not in PREFERRED_RULES:
                 raise ValueError(
-                    f"unknown preferred batch size rule {v!r}; known: {', '.join(PREFERRED_RULES)} or a list of sizes"
+                    f"unknown preferred batch size rule {v!r}; known: {', '.join(PREFERRED_RULES)} "
+                    "or sizes (4+8 on the command line)"
                 )
         return values
 
