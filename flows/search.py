@@ -393,8 +393,7 @@ def yours_is_best(found: RepositoryFindings) -> bool:
     """Every searched model's best is its config as the user wrote it (the same text): the search found nothing
     better than the user's config, which was measured as its candidate."""
     return bool(found.results) and all(
-        r.best is not None and found.evaluators[m].candidate_config(r.best.candidate) == found.evaluators[m].base
-        for m, r in found.results.items()
+        r.best is not None and found.evaluators[m].is_as_written(r.best.candidate) for m, r in found.results.items()
     )
 
 

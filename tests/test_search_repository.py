@@ -229,10 +229,10 @@ def test_the_users_config_measured_first_is_the_candidate_of_the_same_text(tmp_p
         server=None, repository=tmp_path, name="doubler", variants={}, concurrency=8, measurement=Measurement(),
         work_dir=tmp_path, cpu_cores=2, base=base, as_written=measured,
     )  # fmt: skip
-    assert evaluator.candidate_config(own) == base
+    assert evaluator.candidate_config(own) == base and evaluator.is_as_written(own)
     assert evaluator.evaluate(own) == measured and evaluator.evaluations == 1
     other = own.model_copy(update={"instances": 1})  # 2 threads: another text, measured (on the e2e tests' server)
-    assert evaluator.candidate_config(other) != base
+    assert evaluator.candidate_config(other) != base and not evaluator.is_as_written(other)
 
 
 # ---- on the real embedded server

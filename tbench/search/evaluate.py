@@ -314,7 +314,7 @@ class RepositoryEvaluator(TritonEvaluator):
     written: mc.ModelConfig | None = field(default=None, init=False)
 
     def evaluate(self, candidate: Candidate, confirm_round: int = 0, load: int | None = None) -> Observation:
-        if self.as_written is not None and not confirm_round and self.candidate_config(candidate) == self.base:
+        if self.as_written is not None and not confirm_round and self.is_as_written(candidate):
             self.evaluations += 1
             return self.as_written.model_copy(update={"candidate": candidate})
         return super().evaluate(candidate, confirm_round, load)
@@ -335,6 +335,10 @@ class RepositoryEvaluator(TritonEvaluator):
 
     def candidate_config(self, candidate: Candidate) -> mc.ModelConfig:
         return self.base if self.verbatim else edited_config(self.base, candidate, self.threads(candidate))
+
+    def is_as_written(self, candidate: Candidate) -> bool:
+        """The candidate's config is the user's config, the same text: nothing the search edits differs."""
+        return self.candidate_config(candidate) == self.base
 
     def write(self, candidate: Candidate) -> Path:
         model_dir = self.repository / self.name
