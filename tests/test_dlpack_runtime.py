@@ -12,6 +12,7 @@ import json
 import sys
 import time
 import types
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -169,8 +170,22 @@ def test_the_runtime_takes_dlpack_and_says_so(runtime, tmp_path, torchscript, on
     assert tensor_reports(printed)["tiny"]["path"] == "dlpack"
     outputs = model.execute(_requests(2))[0].output_tensors
     assert all(isinstance(t.value, torch.Tensor) for t in outputs)  # handed back over DLPack, not as NumPy
-    model, _ = _load(runtime, tmp_path, onnx_model)
-    assert model.tensors.name == "dlpack"
+
+
+def test_onnx_runtime_on_the_cpu_takes_numpy_unless_dlpack_is_asked_for(runtime, tmp_path, onnx_model):
+    """ONNX Runtime reads a NumPy input in place on the CPU: DLPack's IO binding saves no copy there and was slower
+    (benchmarks/tensor_paths.py), and its instances need not import torch. Asked for, DLPack is still taken."""
+    model, printed = _load(runtime, tmp_path, onnx_model)
+    assert model.tensors.name == "numpy"
+    assert tensor_reports(printed)["tiny"] == {
+        "path": "numpy",
+        "why": "ONNX Runtime on the CPU reads NumPy arrays in place",
+    }
+    choose = runtime["choose_tensor_path"]
+    assert choose("onnxruntime", onnx_model, {"tensor_path": "dlpack"})[0] == "dlpack"
+    assert (
+        choose("onnxruntime", onnx_model, {}, "cuda:0")[0] == "dlpack"
+    )  # a session on the GPU keeps its tensors there
 
 
 def test_numpy_where_dlpack_cannot_carry_the_tensors(runtime, monkeypatch):
@@ -190,7 +205,7 @@ def test_an_old_onnxruntime_keeps_numpy(runtime, monkeypatch):
     import onnxruntime as ort
 
     monkeypatch.delattr(ort.OrtValue, "from_dlpack")
-    path, why = runtime["choose_tensor_path"]("onnxruntime", _config("onnxruntime", "m.onnx", []), {})
+    path, why = runtime["choose_tensor_path"]("onnxruntime", _config("onnxruntime", "m.onnx", []), {}, "cuda:0")
     assert path == "numpy" and "has no OrtValue.from_dlpack" in why
 
 
@@ -288,3 +303,21 @@ def _infer_together(client, name, inputs):
         time.sleep(0.05)
     assert len(results) == len(inputs) and all(error is None for _, error in results.values()), results
     return [{o: results[i][0].as_numpy(o) for o in ("y", "k")} for i in range(len(inputs))]
+
+
+@pytest.mark.e2e
+def test_an_onnx_models_instances_on_the_cpu_do_not_load_torch(served_small):
+    """The real stubs of the small model's ONNX instances: NumPy's path, and no libtorch in their memory (importing it
+    costs each instance 1.7 s of CPU here: benchmarks/tensor_paths.py)."""
+    repo = str(served_small.repository)
+    stubs = []
+    for proc in Path("/proc").iterdir():
+        try:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            if "triton_python_backend_stub" in cmdline and repo in cmdline:
+                stubs.append((proc / "maps").read_text())
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+    assert stubs, f"no stub of {repo} found"
+    assert not any("libtorch" in maps for maps in stubs)
+    assert tensor_reports(served_small.log_path.read_text())["resnet50"]["path"] == "numpy"

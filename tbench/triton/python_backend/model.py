@@ -15,8 +15,9 @@ Tensors cross between Triton and the runtime by one of two paths, chosen per mod
   between; a tensor on the GPU (an input the backend leaves there, an output of a model on the GPU) stays on it.
   TorchScript and AOTInductor run on torch tensors; ONNX Runtime takes them as OrtValues (OrtValue.from_dlpack) and
   binds its outputs on its own device.
-- numpy: `as_numpy()` in, a NumPy array out: string tensors (DLPack has no strings), TensorFlow, a runtime without
-  DLPack, or asked for (parameter `tensor_path` or the server's environment TBENCH_TENSOR_PATH = numpy | dlpack).
+- numpy: `as_numpy()` in, a NumPy array out: string tensors (DLPack has no strings), TensorFlow, ONNX Runtime on the
+  CPU (it reads NumPy arrays in place; an IO binding costs more than it saves), a runtime without DLPack, or asked
+  for (parameter `tensor_path` or the server's environment TBENCH_TENSOR_PATH = numpy | dlpack).
 """
 
 import json
@@ -112,7 +113,7 @@ class TritonPythonModel:
             ),
             flush=True,
         )
-        path, why = choose_tensor_path(self.runtime, config, params)
+        path, why = choose_tensor_path(self.runtime, config, params, device)
         self.tensors = DlpackTensors(self.output_dtypes) if path == DLPACK else NumpyTensors(self.output_dtypes)
         print(TENSOR_MARK + json.dumps({"model": args["model_name"], "path": path, "why": why}), flush=True)
 
@@ -197,13 +198,17 @@ def _text(array):
     return np.vectorize(lambda v: v.decode("utf-8") if isinstance(v, bytes) else v, otypes=[object])(array)
 
 
-def choose_tensor_path(runtime, config, params):
-    """(path, why): DLPack wherever the runtime and the model's tensors allow it, NumPy otherwise."""
+def choose_tensor_path(runtime, config, params, device="cpu"):
+    """(path, why): DLPack wherever the runtime and the model's tensors allow it and it pays, NumPy otherwise."""
     asked = params.get("tensor_path") or os.environ.get(TENSOR_PATH_ENV, "")
     if asked == NUMPY:
         return NUMPY, "asked for"
     if runtime == "tensorflow":
         return NUMPY, "the TensorFlow runtime is fed NumPy arrays"
+    if runtime == "onnxruntime" and device == "cpu" and asked != DLPACK:
+        # ONNX Runtime reads a NumPy input in place on the CPU, so DLPack saves no copy there, and its IO binding cost
+        # 19-24% of a small model's throughput (benchmarks/tensor_paths.py) besides torch's import in every instance
+        return NUMPY, "ONNX Runtime on the CPU reads NumPy arrays in place"
     strings = [t["name"] for t in config["input"] + config["output"] if t["data_type"] == "TYPE_STRING"]
     if strings:
         return NUMPY, f"string tensors ({', '.join(strings)}) have no DLPack form"
