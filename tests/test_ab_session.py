@@ -131,6 +131,7 @@ def test_a_session_on_the_real_server_pairs_its_rounds_and_compare_says_the_same
     tbench = str(Path(sys.executable).with_name("tbench"))
     argv = [tbench, "run", "--model-file", str(b), "--against", str(a), "--trials", "2"]
     argv += ["--scenarios", "offline", "--batch-sizes", "1", "--output", str(tmp_path / "runs")]
+    argv += ["--window-s", "0.5", "--stability", "50"]  # the session's plumbing, not its numbers: short windows
     done = subprocess.run(argv, capture_output=True, text=True, timeout=600)
     assert done.returncode in (0, 1, 2), done.stdout + done.stderr
     folder = Path(done.stdout.strip().splitlines()[-2])

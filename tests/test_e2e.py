@@ -121,13 +121,13 @@ def test_sweep_keeps_measured_points_and_flags_an_unstable_one(served_small, sma
     assert (table["window_s"] > 0.9).all() and (table["measurement_request_count"] > 20).all(), table[
         ["window_s", "measurement_request_count"]
     ]
-    # the cross-check holds where the time per request is the model's own (concurrency 1); at concurrency 2 the queue
-    # time is the arrivals' timing, which a loaded machine changes between the warm-up and the windows (70% apart, seen
-    # with one core kept busy), so there it is only computed
-    offline = table["scenario"] == "offline"
-    assert (table["triton_compute_infer_ms"] > 0).all() and (table.loc[offline, "stats_max_rel_diff"] < 0.5).all(), (
-        table[SERVER_COLUMNS]
-    )
+    # the cross-check holds for the model's own time per request (compute infer) at concurrency 1; the queue time is
+    # the batcher thread's wake-up, a tenth of a millisecond that a loaded machine changes between the warm-up and the
+    # windows (0.16 against under 0.05 ms, 71% apart, seen in a full suite), and at concurrency 2 the arrivals' timing,
+    # so their difference is only computed
+    offline = table.loc[table["scenario"] == "offline"]
+    compute_diff = cross_check_of(offline, "triton_compute_infer_ms")
+    assert (table["triton_compute_infer_ms"] > 0).all() and (compute_diff < 0.5).all(), table[SERVER_COLUMNS]
     assert table["stats_max_rel_diff"].notna().all()
     assert (table["server_cpu_pct"] > 0).all() and (
         table["server_rss_mb"] > 10
@@ -185,6 +185,15 @@ def test_open_loop_rate_points_measure_what_the_server_keeps_up_with(served_smal
         "throughput_infer_per_s"
     ]
     assert (layout.perf_dir / "resnet50_rate_b1_r40_poisson_try0.csv").exists()
+
+
+def cross_check_of(table: pd.DataFrame, ours: str) -> pd.Series:
+    """The cross-check (tbench.triton.monitor.cross_check) of one stage alone, per row."""
+    from tbench.triton.monitor import CHECKED_AGAINST, cross_check
+
+    return table.apply(
+        lambda row: cross_check({ours: row[ours], CHECKED_AGAINST[ours]: row[CHECKED_AGAINST[ours]]}), axis=1
+    )
 
 
 def test_dynamic_batching_runs_concurrent_requests_in_one_runtime_call(served_small, small_artifacts, tmp_path):
