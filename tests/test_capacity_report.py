@@ -31,3 +31,30 @@ def test_a_pipelines_plan_names_each_steps_config_and_one_kept_as_written():
     ) in text, text
     assert "or 1.5 min per configuration (--max-minutes)." in text
     assert "per configuration" not in capacity_markdown([answer], CapacityRequest(), "pipeline")
+
+
+def test_no_rate_says_why_the_first_configurations_search_stopped(tmp_path):
+    """A search cut by its time budget before any rate was decided is not every rate failing: the answer says which."""
+    from tbench.capacity.evaluate import rate_search_path
+    from tbench.capacity.rate_search import SustainableRate
+    from tbench.capacity.report import pool_answer
+    from tbench.search.objective import Objective, Observation
+    from tbench.search.space import Candidate
+    from tbench.search.strategies import SearchResult
+
+    candidate = Candidate(instances=1, max_batch_size=8)
+    path = rate_search_path(tmp_path, candidate)
+    path.parent.mkdir(parents=True)
+    path.write_text(SustainableRate(stopped="the time budget (60 s) was spent").model_dump_json())
+    result = SearchResult(
+        strategy="exhaustive",
+        objective=Objective(p99_budget_ms=50),
+        grid_size=1,
+        budget=1,
+        observations=[Observation(candidate=candidate, status="unstable")],
+    )
+    answer = pool_answer(result, tmp_path, CapacityRequest(), model="m", pool="cpu", hardware="CPU")
+    assert answer.status == "no_rate" and answer.reason == (
+        "no configuration met the SLO at any rate measured (the first configuration's search: the time budget (60 s) "
+        "was spent)"
+    )

@@ -70,8 +70,14 @@ def pool_answer(
     best = result.best
     if best is None:  # the report still shows why: the first configuration's rate points
         first = next((load_rate_search(work_dir, o.candidate) for o in result.observations), None)
+        # why the first search stopped: a spent budget is not the same answer as every rate failing
+        why = f" (the first configuration's search: {first.stopped})" if first and first.stopped else ""
         return answer.model_copy(
-            update={"status": "no_rate", "reason": "no configuration met the SLO at any rate", "rate": first}
+            update={
+                "status": "no_rate",
+                "reason": f"no configuration met the SLO at any rate measured{why}",
+                "rate": first,
+            }
         )
     found = load_rate_search(work_dir, best.candidate)
     price = price_for(load_prices(cap.prices), pool) if pool else None
