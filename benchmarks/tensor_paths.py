@@ -1,6 +1,6 @@
 """The python-backend runtime's two tensor paths on the CPU (tbench/triton/python_backend/model.py): NumPy (`as_numpy()`
 in, a NumPy array out) against DLPack (torch tensors in and out; ONNX Runtime through OrtValue.from_dlpack and an IO
-binding), for ONNX Runtime and TorchScript on the small ResNet-50.
+binding), for ONNX Runtime and TorchScript on ResNet-50 (--size small by default).
 
 One embedded server serves each format twice, one copy per path (the config's `tensor_path` parameter), so both paths
 share the server, the cores and the moment; perf_analyzer measures them in alternating order each round (concurrency 1,
@@ -8,7 +8,7 @@ static batching at each batch size), and the medians over rounds are compared. A
 importing torch in the server's Python (what an ONNX Runtime instance on the DLPack path pays at load, and an instance
 on the NumPy path does not).
 
-Usage: .venv/bin/python benchmarks/tensor_paths.py [--rounds 6] [--batch-sizes 1,8]
+Usage: .venv/bin/python benchmarks/tensor_paths.py [--size small|full] [--rounds 6] [--batch-sizes 1,8]
 Writes benchmarks/results/tensor_paths.json, whole, with its provenance (benchmarks/provenance.py).
 """
 
@@ -70,13 +70,14 @@ def serve_both_paths(repo: Path, artifacts: dict, max_batch: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--size", default="small", choices=["small", "full"])
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--batch-sizes", default="1,8")
     args = parser.parse_args()
     batches = [int(b) for b in args.batch_sizes.split(",")]
-    adapter = model_adapters.get("resnet50", "small")
+    adapter = model_adapters.get("resnet50", args.size)
     module = adapter.build()
-    with recorded(RESULTS / "tensor_paths.json", model_sizes=["resnet50 small"]) as record:
+    with recorded(RESULTS / "tensor_paths.json", model_sizes=[f"resnet50 {args.size}"]) as record:
         record.update(rounds=args.rounds, batch_sizes=batches, concurrency=1, batching="static")
         record["torch_import_cpu_s"] = torch_import_cpu_s()
         work = Path(tempfile.mkdtemp(prefix="tbench-tensor-paths-"))
