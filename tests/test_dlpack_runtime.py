@@ -183,9 +183,8 @@ def test_onnx_runtime_on_the_cpu_takes_numpy_unless_dlpack_is_asked_for(runtime,
     }
     choose = runtime["choose_tensor_path"]
     assert choose("onnxruntime", onnx_model, {"tensor_path": "dlpack"})[0] == "dlpack"
-    assert (
-        choose("onnxruntime", onnx_model, {}, "cuda:0")[0] == "dlpack"
-    )  # a session on the GPU keeps its tensors there
+    # a session on the GPU keeps its tensors there
+    assert choose("onnxruntime", onnx_model, {}, "cuda:0")[0] == "dlpack"
 
 
 def test_numpy_where_dlpack_cannot_carry_the_tensors(runtime, monkeypatch):
@@ -308,7 +307,7 @@ def _infer_together(client, name, inputs):
 @pytest.mark.e2e
 def test_an_onnx_models_instances_on_the_cpu_do_not_load_torch(served_small):
     """The real stubs of the small model's ONNX instances: NumPy's path, and no libtorch in their memory (importing it
-    costs each instance 1.7 s of CPU here: benchmarks/tensor_paths.py)."""
+    costs each instance 1.4 s of CPU here: benchmarks/results/tensor_paths.json)."""
     repo = str(served_small.repository)
     stubs = []
     for proc in Path("/proc").iterdir():
