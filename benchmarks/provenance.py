@@ -73,7 +73,7 @@ COMMANDS = {
     ),
     "user_repositories.json": ".venv/bin/python benchmarks/user_repositories.py",
     "serving_overhead.json": ".venv/bin/python benchmarks/serving_overhead.py --sizes small,full --rounds 2",
-    "tensor_paths.json": ".venv/bin/python benchmarks/tensor_paths.py --rounds 6",
+    "tensor_paths.json": ".venv/bin/python benchmarks/tensor_paths.py --rounds 12",
     "stack_databases.json": ".venv/bin/python benchmarks/stack_databases.py --size small --runs 2",
     "ui_submissions.json": ".venv/bin/python benchmarks/ui_submissions.py",
     "fleet.json": ".venv/bin/python benchmarks/fleet.py",
