@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tbench.capacity.rate_search import Status
-from tbench.capacity.report import PoolAnswer
+from tbench.capacity.report import AnswerStatus, PoolAnswer
 from tbench.capacity.statistics import PercentileRule
 from tbench.loadgen.behind import behind_tolerance
 
@@ -37,7 +37,7 @@ def test_capacity_finds_a_sustainable_rate_and_prices_it(tmp_path):
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     run = Path(done.stdout.strip().splitlines()[-1])
     answer = PoolAnswer.model_validate(json.loads((run / "capacity.json").read_text())["answers"][0])
-    assert answer.status == "ok" and answer.pool == "cpu", answer
+    assert answer.status is AnswerStatus.OK and answer.pool == "cpu", answer
     rate = answer.rate
     assert rate.rate and rate.rate > 0 and 1 <= len(rate.points) <= 3
     needed = PercentileRule(percentile=90).requests()

@@ -284,7 +284,7 @@ def test_failing_everywhere_gives_no_rate():
     assert found.rate is None
     assert found.failed_above is not None
     assert found.at_rate is None
-    assert "failed down to" in found.stopped
+    assert "failed down to" in found.stopped and found.ruled_out
     assert "p99 too high" in found.stopped  # the last point's reason
     assert all(not p.passed for p in found.points)
     assert min(system.asked) >= 0.1
@@ -295,7 +295,7 @@ def test_failing_everywhere_gives_no_rate():
 def test_capacity_below_min_rate_gives_no_rate():
     found = find_sustainable_rate(System(capacity=0.05), 1.0, min_rate=0.1)
     assert found.rate is None
-    assert "failed down to" in found.stopped
+    assert "failed down to" in found.stopped and found.ruled_out
 
 
 def test_start_below_min_rate_starts_at_min_rate():
@@ -335,7 +335,21 @@ def test_no_measurement_starts_after_the_time_budget():
     assert len(found.points) == 4  # started at 0, 30, 60 and 90 s; none at 120
     assert found.rate == 80.0 and found.failed_above is None
     assert found.stopped.startswith("the time budget (100 s) was spent"), found.stopped
-    assert found.seconds == 120.0
+    assert found.seconds == 120.0 and not found.ruled_out
+
+
+def test_a_time_budget_spent_before_any_rate_passed_rules_nothing_out():
+    """Every rate measured so far failed, but the budget stopped the halving before the lowest rate: no rate is shown
+    to meet the SLO, and none is ruled out (the capacity answer says undetermined, not no_rate)."""
+    system, now = System(capacity=1.0), [0.0]
+
+    def timed(rate: float) -> RatePoint:
+        now[0] += 30.0
+        return system(rate)
+
+    found = find_sustainable_rate(timed, 10.0, min_rate=0.1, max_seconds=60.0, clock=lambda: now[0])
+    assert found.rate is None and all(not p.passed for p in found.points)
+    assert not found.ruled_out and found.stopped.startswith("the time budget (60 s) was spent"), found.stopped
 
 
 def test_max_rate_stops_the_doubling():

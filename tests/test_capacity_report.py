@@ -33,28 +33,57 @@ def test_a_pipelines_plan_names_each_steps_config_and_one_kept_as_written():
     assert "per configuration" not in capacity_markdown([answer], CapacityRequest(), "pipeline")
 
 
-def test_no_rate_says_why_the_first_configurations_search_stopped(tmp_path):
-    """A search cut by its time budget before any rate was decided is not every rate failing: the answer says which."""
+def _answer_of(tmp_path, searches):
+    """pool_answer of a configuration search none of whose candidates passed, each with the rate search given."""
     from tbench.capacity.evaluate import rate_search_path
-    from tbench.capacity.rate_search import SustainableRate
     from tbench.capacity.report import pool_answer
     from tbench.search.objective import Objective, Observation
     from tbench.search.space import Candidate
     from tbench.search.strategies import SearchResult
 
-    candidate = Candidate(instances=1, max_batch_size=8)
-    path = rate_search_path(tmp_path, candidate)
-    path.parent.mkdir(parents=True)
-    path.write_text(SustainableRate(stopped="the time budget (60 s) was spent").model_dump_json())
+    observations = []
+    for instances, search in enumerate(searches, start=1):
+        candidate = Candidate(instances=instances, max_batch_size=8)
+        if search is not None:
+            path = rate_search_path(tmp_path, candidate)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(search.model_dump_json())
+        observations.append(Observation(candidate=candidate, status="unstable", error="" if search else "no server"))
     result = SearchResult(
         strategy="exhaustive",
         objective=Objective(p99_budget_ms=50),
-        grid_size=1,
-        budget=1,
-        observations=[Observation(candidate=candidate, status="unstable")],
+        grid_size=len(searches),
+        budget=len(searches),
+        observations=observations,
     )
-    answer = pool_answer(result, tmp_path, CapacityRequest(), model="m", pool="cpu", hardware="CPU")
-    assert answer.status == "no_rate" and answer.reason == (
-        "no configuration met the SLO at any rate measured (the first configuration's search: the time budget (60 s) "
-        "was spent)"
+    return pool_answer(result, tmp_path, CapacityRequest(), model="m", pool="cpu", hardware="CPU")
+
+
+def test_a_search_cut_by_its_budget_is_undetermined_not_no_rate(tmp_path):
+    """A rate search stopped by its time budget before any rate was decided is not every rate failing: the answer is
+    undetermined and says which search stopped and what would decide; only searches that each failed down to their
+    lowest rate make no_rate."""
+    from tbench.capacity.rate_search import SustainableRate
+    from tbench.capacity.report import AnswerStatus
+
+    spent = SustainableRate(stopped="the time budget (60 s) was spent")
+    failed = SustainableRate(
+        stopped="failed down to 0.125/s (the lowest rate tried): fail: p99 too high", ruled_out=True
     )
+    answer = _answer_of(tmp_path / "cut", [failed, spent])
+    assert answer.status is AnswerStatus.UNDETERMINED and answer.rate == spent
+    assert answer.reason == (
+        "no configuration was shown to meet the SLO before 1 of 2 rate searches stopped undecided (the first: the time "
+        "budget (60 s) was spent); a larger budget (--max-minutes, --max-points) would decide"
+    )
+    answer = _answer_of(tmp_path / "failed", [failed, failed])
+    assert answer.status is AnswerStatus.NO_RATE and answer.rate == failed
+    assert answer.reason == (
+        "every rate failed the SLO (the first configuration's search: failed down to 0.125/s (the lowest rate tried): "
+        "fail: p99 too high)"
+    )
+    answer = _answer_of(tmp_path / "none", [None])
+    assert answer.status is AnswerStatus.UNDETERMINED and answer.reason == (
+        "no configuration's rate search ran (the first: no server)"
+    )
+    assert f"**{answer.status}**" in capacity_markdown([answer], CapacityRequest(), "m")  # the value, not the member

@@ -11,6 +11,7 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
+from tbench.capacity.report import AnswerStatus
 from tbench.core.errors import ConfigError
 from tbench.search.config_edit import candidate_of, edited_config, thread_parameter, to_text
 from tbench.search.plan import searchable_model, step_space
@@ -294,7 +295,7 @@ def test_capacity_of_a_model_of_a_repository(tmp_path):
     run_dir = run.run_dir()
     assert users.tree_digest(repo) == before
     answer = json.loads((run_dir / CAPACITY_JSON).read_text())["answers"][0]
-    assert answer["status"] == "ok" and answer["model"] == "doubler", answer
+    assert answer["status"] == AnswerStatus.OK and answer["model"] == "doubler", answer
     [candidate] = answer["candidates"]
     assert candidate["rate_rps"] > 0 and candidate["points"] >= 2, candidate
     yours = json.loads((run_dir / "search.json").read_text())["your_config"]
@@ -351,7 +352,7 @@ def test_capacity_of_an_ensemble_plans_the_pipeline_with_each_steps_config(tmp_p
     assert run.finish(timeout=600) == 0, run.output
     run_dir = run.run_dir()
     answer = json.loads((run_dir / CAPACITY_JSON).read_text())["answers"][0]
-    assert answer["status"] == "ok" and answer["model"] == "pipeline", answer
+    assert answer["status"] == AnswerStatus.OK and answer["model"] == "pipeline", answer
     steps = answer["steps"]
     assert list(steps) == ["doubler", "plus_one"] and answer["plan"]["instances"] >= 1, answer
     assert answer["rate"]["rate"] > 0

@@ -10,6 +10,7 @@ from conftest import run_flow
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
+from tbench.capacity.report import AnswerStatus
 from tbench.core.enums import Format, Scenario
 from tbench.core.errors import ConfigError
 from tbench.request.benchmark import BenchmarkRequest, MeasurementOverrides
@@ -213,6 +214,6 @@ def test_the_capacity_of_a_served_model_is_its_sustainable_rate_as_served(prefec
     assert _state(ep.grpc_url) == before
     run = tmp_path / url.rsplit("/", 1)[-1]
     (answer,) = json.loads((run / "capacity.json").read_text())["answers"]
-    assert answer["status"] == "ok" and answer["rate"]["points"] and answer["plan"]["instances"] >= 1
+    assert answer["status"] == AnswerStatus.OK and answer["rate"]["points"] and answer["plan"]["instances"] >= 1
     assert answer["configuration"]["format"] == "python (as served)" and answer["configuration"]["max_batch_size"] == 8
     assert "the server at" in answer["hardware"] and (run / "capacity.md").is_file()

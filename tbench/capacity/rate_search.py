@@ -325,6 +325,11 @@ class SustainableRate(BaseModel):
     lower_bound: bool = Field(
         False, description="The load generator could not offer more: the server sustains at least this rate."
     )
+    ruled_out: bool = Field(
+        False,
+        description="Every rate tried, down to the lowest allowed, failed: no rate meets the SLO (False where a budget "
+        "stopped the search before it could say so).",
+    )
     confirmed: bool = Field(
         False, description="The answer's rate was measured 1 + CONFIRMATIONS times and passed, its measurements pooled."
     )
@@ -445,6 +450,7 @@ def find_sustainable_rate(
             rate = max(start, min_rate) if hi is None else hi / 2
             if hi is not None and rate < min_rate:
                 result.stopped = f"failed down to {hi:g}/s (the lowest rate tried): {result.verdicts[f'{hi:g}']}"
+                result.ruled_out = True
                 break
         elif hi is None and (max_rate is None or lo < max_rate):  # double until one fails
             rate = lo * 2 if max_rate is None else min(lo * 2, max_rate)

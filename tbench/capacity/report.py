@@ -5,6 +5,7 @@ and what each answer rests on (every rate point, its verdict and the requests be
 from __future__ import annotations
 
 import json
+from enum import Enum
 from pathlib import Path
 
 import pandas as pd
@@ -21,13 +22,29 @@ CAPACITY_JSON = "capacity.json"
 CAPACITY_MD = "capacity.md"
 
 
+class AnswerStatus(str, Enum):  # noqa: UP042 - as tbench.core.enums: str() and format() stay the value's
+    OK = "ok"  # a configuration met the SLO: its sustainable rate, instances and cost
+    NO_RATE = "no_rate"  # every configuration's search failed down to its lowest rate: none can meet the SLO
+    UNDETERMINED = "undetermined"  # none was shown to meet it before a budget stopped a search: more time would decide
+    FAILED = "failed"  # the pool's run did not end with an answer
+
+    def __str__(self) -> str:
+        return self.value
+
+    __format__ = str.__format__
+
+
 class PoolAnswer(BaseModel):
     """One pool's answer: the best configuration, its sustainable rate, what serving the traffic takes and costs."""
 
     pool: str | None
     hardware: str = Field("", description="The GPU (or CPU) it was measured on.")
     model: str
-    status: str = Field("ok", description="ok | no_rate (no configuration met the SLO) | failed (the run did not end)")
+    status: AnswerStatus = Field(
+        AnswerStatus.OK,
+        description="ok | no_rate (every rate failed the SLO) | undetermined (a budget stopped the searches before "
+        "they decided) | failed (the run did not end)",
+    )
     reason: str = ""
     configuration: dict | None = None
     steps: dict[str, dict] = Field(
@@ -68,17 +85,8 @@ def pool_answer(
         )
     answer = PoolAnswer(pool=pool, hardware=hardware, model=model, candidates=candidates, run_url=run_url)
     best = result.best
-    if best is None:  # the report still shows why: the first configuration's rate points
-        first = next((load_rate_search(work_dir, o.candidate) for o in result.observations), None)
-        # why the first search stopped: a spent budget is not the same answer as every rate failing
-        why = f" (the first configuration's search: {first.stopped})" if first and first.stopped else ""
-        return answer.model_copy(
-            update={
-                "status": "no_rate",
-                "reason": f"no configuration met the SLO at any rate measured{why}",
-                "rate": first,
-            }
-        )
+    if best is None:
+        return answer.model_copy(update=_without_rate(result, work_dir))
     found = load_rate_search(work_dir, best.candidate)
     price = price_for(load_prices(cap.prices), pool) if pool else None
     at = found.at_rate
@@ -96,6 +104,27 @@ def pool_answer(
         update={"configuration": best.candidate.model_dump(mode="json"), "rate": found, "plan": costs, "price": price}
         | ({"reason": reason} if reason else {})
     )
+
+
+def _without_rate(result: SearchResult, work_dir: Path) -> dict:
+    """No configuration passed: `no_rate` where every rate search ran down to its lowest rate failing, `undetermined`
+    where a budget stopped one before it decided (the time budget spent is not every rate failing)."""
+    searches = [s for s in (load_rate_search(work_dir, o.candidate) for o in result.observations) if s]
+    if not searches:
+        errors = [o.error for o in result.observations if o.error]
+        first = f" (the first: {errors[0]})" if errors else ""
+        return {"status": AnswerStatus.UNDETERMINED, "reason": f"no configuration's rate search ran{first}"}
+    cut = [s for s in searches if not s.ruled_out]
+    if not cut:
+        why = f" (the first configuration's search: {searches[0].stopped})" if searches[0].stopped else ""
+        return {"status": AnswerStatus.NO_RATE, "reason": f"every rate failed the SLO{why}", "rate": searches[0]}
+    why = f": {cut[0].stopped}" if cut[0].stopped else ""
+    return {
+        "status": AnswerStatus.UNDETERMINED,
+        "reason": f"no configuration was shown to meet the SLO before {len(cut)} of {len(searches)} rate searches "
+        f"stopped undecided (the first{why}); a larger budget (--max-minutes, --max-points) would decide",
+        "rate": cut[0],
+    }
 
 
 def ranked(answers: list[PoolAnswer]) -> list[PoolAnswer]:
