@@ -44,46 +44,47 @@ _private_prefect_home()
 _own_cpu()
 configure_prefect_env()
 
-# The modules that take longest, by their summed time in a full run (`--junitxml` of a fresh clone's suite at 6702d43,
+# The modules that take longest, by their summed time in a full run (`--junitxml` of a fresh clone's suite at f9dd7fe,
 # three workers; setup and teardown included), started first so that the workers finish together: each worker takes the
 # next module when it is almost done with its own (xdist's scope scheduling, unreordered: below). Every other module
 # follows in its usual order.
 SLOWEST_FIRST = (
-    "test_stack_e2e",  # 432 s
+    "test_stack_e2e",  # 419 s
     "test_e2e_formats",  # 389
-    "test_stack_schedules",  # 251, one test, mostly waiting for its nights: started with the first
-    "test_e2e",  # 335
-    "test_search_repository",  # 490 then; its capacity plans are bounded since (--max-minutes): about 250
-    "test_docker_mode",  # 234 with test_docker_pool (one group, below)
-    "test_faults",  # 226
-    "test_e2e_recommenders",  # 189
-    "test_stack_capacity",  # 177
-    "test_ab_session",  # 166
-    "test_client_install",  # 116
-    "test_capabilities",  # 104
-    "test_colocated",  # 101
-    "test_point_cache",  # 86
-    "test_stack_postgres",  # 82
-    "test_user_repository",  # 80
-    "test_pt2",  # 71
-    "test_pipeline_steps",  # 55
-    "test_input_data",  # 52
-    "test_search_e2e",  # 51
-    "test_precision",  # 50
-    "test_trials",  # 49
-    "test_arrivals",  # 48
-    "test_export",  # 42
-    "test_served_model",  # 42
-    "test_dlrm",  # 39
-    "test_direct",  # 38
-    "test_history",  # 34
-    "test_compare",  # 25
-    "test_fastpitch",  # 24
-    "test_capacity_e2e",  # 23
+    "test_stack_schedules",  # 266, one test, mostly waiting for its nights: started with the first
+    "test_docker_mode",  # 213 with test_docker_pool (one group, below)
+    "test_e2e_recommenders",  # 208
+    "test_e2e",  # 207
+    "test_search_repository",  # 205
+    "test_faults",  # 185
+    "test_client_install",  # 146
+    "test_stack_capacity",  # 144
+    "test_ab_session",  # 115
+    "test_colocated",  # 107
+    "test_capabilities",  # 88
+    "test_pt2",  # 87
+    "test_stack_postgres",  # 79
+    "test_point_cache",  # 63
+    "test_user_repository",  # 60
+    "test_precision",  # 51
+    "test_arrivals",  # 51
+    "test_input_data",  # 47
+    "test_served_model",  # 47
+    "test_export",  # 45
+    "test_history",  # 39
+    "test_pipeline_steps",  # 37
+    "test_direct",  # 37
+    "test_trials",  # 36
+    "test_search_e2e",  # 33
+    "test_fastpitch",  # 28
+    "test_capacity_e2e",  # 28
+    "test_search",  # 28
+    "test_compare",  # 27
+    "test_widedeep",  # 26
     "test_strings",  # 22
-    "test_widedeep",  # 22
-    "test_run_noise",  # 21
-    "test_search",  # 21
+    "test_onnx_exporter",  # 22
+    "test_run_noise",  # 22
+    "test_dlrm",  # 20
 )
 # Modules that share an expensive session fixture run in one worker: the Docker daemon.
 SHARED_WORKER = {"test_docker_pool": "test_docker_mode"}
