@@ -208,7 +208,7 @@ def choose_tensor_path(runtime, config, params, device="cpu"):
     if runtime == "onnxruntime" and device == "cpu" and asked != DLPACK:
         # ONNX Runtime reads a NumPy input in place on the CPU, so DLPack saves no copy there: NumPy served 1.21 and
         # 1.14 times the IO binding's throughput at batch 1 and 8 (benchmarks/tensor_paths.py), and no instance
-        # imports torch for it (1.4 s of CPU each)
+        # imports torch for it (1.4-1.6 s of CPU each)
         return NUMPY, "ONNX Runtime on the CPU reads NumPy arrays in place"
     strings = [t["name"] for t in config["input"] + config["output"] if t["data_type"] == "TYPE_STRING"]
     if strings:
