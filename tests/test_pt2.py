@@ -6,6 +6,7 @@ a package for another device or package format refused), the Triton configs, and
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import time
 import zipfile
@@ -197,6 +198,55 @@ def test_another_package_takes_its_shapes_from_the_flag_and_its_outputs_from_a_r
     assert mf.batching and [t.model_dump() for t in mf.io_spec.outputs] == [
         {"name": "output__0", "dtype": "float32", "shape": [4]}
     ]
+
+
+def test_a_package_that_aborts_on_synthetic_inputs_is_a_one_line_error_naming_the_dtype(tmp_path, monkeypatch):
+    """A user's package indexing an embedding, fed the float32 a package's undeclared input defaults to: its kernel's
+    bounds check throws in an OpenMP worker thread and aborts the process it runs in (SIGABRT, past any `except`). The
+    probe runs apart (tbench.core.pt2_probe), so this process lives and the error names the flag; with it, the spec."""
+    import torch
+
+    from tbench.core.model_file import read_model_file
+
+    class Lookup(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.table = torch.nn.Embedding(50, 256)  # wide enough that its kernel runs on OpenMP threads
+
+        def forward(self, ids):
+            return self.table(ids).sum(1)
+
+    batch = torch.export.Dim("batch", min=1, max=8)
+    ids = torch.zeros(2, 32, dtype=torch.int64)
+    program = torch.export.export(Lookup().eval(), (ids,), dynamic_shapes=({0: batch},))
+    theirs = torch._inductor.aoti_compile_and_package(program, package_path=str(tmp_path / "lookup.pt2"))
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")  # a worker pinned to one CPU would otherwise run the kernel inline
+    # the kernel aborts the process where a worker thread's bounds check throws (without its what() where both threads
+    # throw at once), and raises where only the calling thread's does: either way one line, and this process goes on
+    with pytest.raises(ConfigError) as refused:
+        read_model_file(Path(theirs), shapes={"input__0": [32]})
+    assert re.match(
+        rf"AOTInductor package {re.escape(theirs)} (aborted \(SIGABRT\)|failed) on synthetic inputs "
+        r"\(input__0:2,32 float32, batch axis included\): ((RuntimeError: )?index out of bounds: 0 <= tmp2 < 50L|"
+        r"terminate called after throwing an instance of 'c10::Error'); a package declares no input dtypes "
+        r"\(float32 unless --dtype\): give each input's, e\.g\. --dtype input__0:int64 for token ids",
+        str(refused.value),
+    ), refused.value
+    mf = read_model_file(Path(theirs), shapes={"input__0": [32]}, dtypes={"input__0": "int64"})
+    assert [t.model_dump() for t in mf.io_spec.outputs] == [{"name": "output__0", "dtype": "float32", "shape": [256]}]
+
+
+def test_a_probes_death_is_told_by_its_own_line_or_the_cpp_exception():
+    """probe_failure on a real abort's stderr (GPT-2's embedding, tests/golden/pt2) and on the probe's own line."""
+    from tbench.core.pt2_files import PROBE_ERROR_MARK, probe_failure
+
+    golden = (Path(__file__).parent / "golden" / "pt2" / "probe_abort.stderr").read_text()
+    assert probe_failure(golden) == "index out of bounds: 0 <= tmp2 < 1000L"
+    said = f"some warning\n{PROBE_ERROR_MARK}RuntimeError: expected scalar type Long\nframe #0: ..."
+    assert probe_failure(said) == "RuntimeError: expected scalar type Long"
+    both = "terminate called after throwing an instance of 'c10::Error'\nterminate called recursively\n"
+    assert probe_failure(both) == "terminate called after throwing an instance of 'c10::Error'"  # two threads threw
+    assert probe_failure("") == "no output"
 
 
 def test_a_package_for_another_device_or_package_format_is_refused_naming_the_fix(packaged, tmp_path):

@@ -53,7 +53,7 @@ def run(
     model_file: ModelFile = None,
     shape: Shape = None,
     dtype: list[str] = typer.Option(
-        None, "--dtype", help="--model-file: an input's numpy dtype, NAME:int64 (TorchScript)."
+        None, "--dtype", help="--model-file: an input's numpy dtype, NAME:int64 (TorchScript, a bare .pt2)."
     ),
     value_range: ValueRange = None,
     input_data: InputData = None,

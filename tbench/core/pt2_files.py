@@ -15,7 +15,10 @@ from __future__ import annotations
 
 import json
 import platform
+import signal
+import subprocess
 import sys
+import tempfile
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -25,7 +28,15 @@ import numpy as np
 from tbench.core.errors import ConfigError
 from tbench.core.iospec import IoSpec, TensorSpec
 from tbench.core.runtime_cache import cached
-from tbench.core.synthetic import SHAPE_FLAG, declared_inputs, probe_dim, probed_spec, random_values, tensor_spec
+from tbench.core.synthetic import (
+    RANGE_FLAG,
+    SHAPE_FLAG,
+    declared_inputs,
+    probe_dim,
+    probed_spec,
+    random_values,
+    tensor_spec,
+)
 
 MODEL = "model"  # the model name aoti_compile_and_package gives, and the one Triton's PyTorch backend loads
 RECOMPILE = (
@@ -37,6 +48,10 @@ IO_SPEC_KEY = "tbench.io_spec"
 PRECISION_KEY = "tbench.precision"
 MAX_BATCH_KEY = "tbench.max_batch"
 TORCH_KEY = "tbench.torch"
+PROBE_TIMEOUT_S = 300  # loading torch and the package, and two runs on synthetic inputs
+PROBE_ERROR_MARK = (
+    "tbench-pt2-probe error: "  # tbench.core.pt2_probe's line saying why a run failed (an abort has none)
+)
 
 
 def is_pt2(path: Path) -> bool:
@@ -162,16 +177,14 @@ def read_pt2(
     inputs = declared_inputs(
         f"AOTInductor package {path}", names, shapes, dtypes, ranges, " (its inputs in forward's order)"
     )
-    return probed_spec(inputs, lambda leads: _probe(model, inputs, path, int_high, ranges, leads))
+    return probed_spec(inputs, lambda leads: _probe(inputs, path, int_high, ranges, leads))
 
 
-def _probe(model, inputs, path: Path, int_high: int, ranges, leads) -> list[TensorSpec]:
-    """The outputs' dtypes and shapes from two runs (dims that move with the inputs are dynamic)."""
-    import torch
-
-    runs = []
-    for grow, lead in enumerate(leads):
-        arrays = [
+def _probe(inputs, path: Path, int_high: int, ranges, leads) -> list[TensorSpec]:
+    """The outputs' dtypes and shapes from two runs (dims that move with the inputs are dynamic), in a process of its
+    own (tbench.core.pt2_probe): a package fed what it does not expect can abort the process it runs in."""
+    runs = [
+        [
             random_values(
                 t.dtype,
                 lead + [probe_dim(d, grow) for d in t.shape],
@@ -181,26 +194,60 @@ def _probe(model, inputs, path: Path, int_high: int, ranges, leads) -> list[Tens
             )
             for t in inputs
         ]
-        try:
-            with torch.inference_mode():
-                result = model(*(torch.from_numpy(np.ascontiguousarray(a)) for a in arrays))
-        except Exception as err:
-            shown = ", ".join(f"{t.name}:{','.join(map(str, a.shape))}" for t, a in zip(inputs, arrays))
-            raise ConfigError(
-                f"AOTInductor package {path} failed on synthetic inputs ({shown}, batch axis included): "
-                f"{_last_line(err)}; check {SHAPE_FLAG} and --dtype"
-            ) from None
-        results = list(result) if isinstance(result, (tuple, list)) else [result]
-        runs.append([r.detach().cpu().numpy() for r in results])
+        for grow, lead in enumerate(leads)
+    ]
+    outputs = _run_apart(path, inputs, runs)
     batching = leads[0] != leads[1]
     skip = 1 if batching else 0  # without a batch axis the shapes are whole
-    outputs = []
-    for i, (a, b) in enumerate(zip(*runs)):
-        if batching and (a.ndim == 0 or a.shape[0] != leads[0][0] or b.shape[0] != leads[1][0]):
+    specs = []
+    for i, (a, b) in enumerate(zip(*outputs)):
+        if batching and (not a["shape"] or a["shape"][0] != leads[0][0] or b["shape"][0] != leads[1][0]):
             raise ConfigError(f"output {i} of AOTInductor package {path} does not keep the batch on axis 0")
-        shape = [da if da == db else -1 for da, db in zip(a.shape[skip:], b.shape[skip:])]
-        outputs.append(tensor_spec(f"output__{i}", a.dtype, shape, path))
-    return outputs
+        shape = [da if da == db else -1 for da, db in zip(a["shape"][skip:], b["shape"][skip:])]
+        specs.append(tensor_spec(f"output__{i}", a["dtype"], shape, path))
+    return specs
+
+
+def _run_apart(path: Path, inputs: list[TensorSpec], runs: list[list[np.ndarray]]) -> list[list[dict]]:
+    """Each run's outputs ({dtype, shape}) from `python -m tbench.core.pt2_probe`; a run that fails or aborts it is a
+    ConfigError naming the inputs as fed and the flags that set them."""
+    with tempfile.TemporaryDirectory(prefix="tbench-pt2-probe-") as folder:
+        files = []
+        for i, arrays in enumerate(runs):
+            files.append(str(Path(folder) / f"run{i}.npz"))
+            np.savez(files[-1], *arrays)
+        done = subprocess.run(
+            [sys.executable, "-m", "tbench.core.pt2_probe", str(path), *files],
+            capture_output=True,
+            text=True,
+            timeout=PROBE_TIMEOUT_S,
+        )
+    if done.returncode == 0:
+        return json.loads(done.stdout.strip().splitlines()[-1])
+    shown = ", ".join(f"{t.name}:{','.join(map(str, a.shape))} {a.dtype}" for t, a in zip(inputs, runs[0]))
+    how = f"aborted ({_signal_name(-done.returncode)})" if done.returncode < 0 else "failed"
+    raise ConfigError(
+        f"AOTInductor package {path} {how} on synthetic inputs ({shown}, batch axis included): "
+        f"{probe_failure(done.stderr)}; a package declares no input dtypes (float32 unless --dtype): give each "
+        f"input's, e.g. --dtype {inputs[0].name}:int64 for token ids, with {RANGE_FLAG}, and check {SHAPE_FLAG}"
+    )
+
+
+def probe_failure(stderr: str) -> str:
+    """Why a probe process died, in one line: its own error line, else a C++ exception's `what():` (an abort), else the
+    exception's type (two threads that throw at once abort without the `what()`), else stderr's last line."""
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    said = next((line.removeprefix(PROBE_ERROR_MARK) for line in lines if line.startswith(PROBE_ERROR_MARK)), "")
+    what = next((line.partition("what():")[2].strip() for line in lines if "what():" in line), "")
+    thrown = next((line for line in lines if line.startswith("terminate called after throwing")), "")
+    return (said or what or thrown or (lines[-1] if lines else "no output"))[:300]
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
 
 
 def _last_line(err: BaseException) -> str:
