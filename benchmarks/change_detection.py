@@ -23,7 +23,9 @@ way: a noisy neighbour); the newest-run verdict (`judge`, what the history takes
 after a step it first flags it (a change it newly confirms, or a candidate, of the step's sign within min_size nights
 of it: judge may first place a change up to a segment off), and how many nights without a change it flags (newly
 confirmed changes and candidates apart); and the
-trade-off behind the defaults on fewer series (`sensitivity`: looser p-values, the window CV as a value's noise).
+trade-off behind the defaults on fewer series (`sensitivity`: looser p-values, the window CV as a value's noise); how
+often a found step is placed on its night exactly (`placed_exactly_share`); and where a 20% step is placed when the
+night before it or its own first night is a wild one (`wild_night_at_a_step`).
 
 Usage: .venv/bin/python benchmarks/change_detection.py [--series 5000] [--nights 30] [--seed 0] [--sizes all]
 Writes benchmarks/results/change_detection.json, whole, with its provenance (benchmarks/provenance.py).
@@ -121,14 +123,16 @@ def detection(rng, noise: dict, series: int, nights: int, outliers: bool = False
     for kind in ("throughput", "latency"):
         by_kind = out["by_kind"][kind] = {"found_share": {}}
         for step in STEPS:
-            found = 0
+            found = exact = 0
             for _ in range(series):
                 values, reported, at, signed = simulate(rng, kind, noise, nights, step, outliers)
                 changes = detect.detect_changes(values, reported, **detector)
                 found += _found(changes, at, signed)
+                exact += any(c.index == at and np.sign(c.relative) == np.sign(signed) for c in changes)
                 extra += sum(1 for c in changes if abs(c.index - at) > 1)
                 series_nights_step += nights
             by_kind["found_share"][str(step)] = round(found / series, 4)
+            by_kind.setdefault("placed_exactly_share", {})[str(step)] = round(exact / series, 4)
         alarms = 0
         for _ in range(series):
             values, reported, _, _ = simulate(rng, kind, noise, nights, 0.0, outliers)
@@ -202,6 +206,29 @@ def sensitivity(rng, noise: dict, series: int, nights: int) -> list[dict]:
     return out
 
 
+def wild_night_at_a_step(rng, noise: dict, series: int, nights: int, step: float = 0.2) -> dict:
+    """Where a step is placed when the night just before it, or its own first night, is a wild one: off by 1.5-2.25
+    steps from its level, the step's way (past the other level by a half to 1.25 steps: far from both, so it says
+    nothing of which side of the step it is on) or the other way. Shares of the series by where the change of the
+    step's sign nearest to the step was placed."""
+    out: dict = {"step": step, "series_per_kind_and_case": series}
+    for night, shift in (("night_before", -1), ("first_night", 0)):
+        for way, sign in (("the_steps_way", 1.0), ("the_other_way", -1.0)):
+            places = {"at_the_step": 0, "one_early": 0, "one_late": 0, "elsewhere_or_missed": 0}
+            for kind in ("throughput", "latency"):
+                for _ in range(series):
+                    values, reported, at, signed = simulate(rng, kind, noise, nights, step)
+                    # the first night is wild from the new level, the night before from the old one
+                    level = 1.0 if shift else 1 + signed
+                    values[at + shift] *= (level + sign * signed * rng.uniform(1.5, 2.25)) / level
+                    changes = detect.detect_changes(values, reported)
+                    offsets = [c.index - at for c in changes if np.sign(c.relative) == np.sign(signed)]
+                    offset = min(offsets, key=abs) if offsets else None
+                    places[{0: "at_the_step", -1: "one_early", 1: "one_late"}.get(offset, "elsewhere_or_missed")] += 1
+            out[f"{night}_{way}"] = {k: round(v / (2 * series), 4) for k, v in places.items()}
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--series", type=int, default=5000, help="series per kind and step size (and without)")
@@ -247,6 +274,11 @@ def main() -> None:
         print(json.dumps(record["newest_run_with_outlier_nights"], indent=1), flush=True)
         record["sensitivity"] = sensitivity(rng, noise, max(1, args.series // 5), args.nights)
         print(json.dumps(record["sensitivity"], indent=1), flush=True)
+        # last, on a generator of its own: the figures above stay what they were for the same seed
+        record["wild_night_at_a_step"] = wild_night_at_a_step(
+            np.random.default_rng(args.seed + 1), noise, max(1, args.series // 5), args.nights
+        )
+        print(json.dumps(record["wild_night_at_a_step"], indent=1), flush=True)
         record["goals"] = {
             "found_10pct_ge_95pct": record["found_share"]["0.1"] >= 0.95,
             "false_alarms_lt_1_per_100_series_nights": record["false_alarms_per_100_series_nights"] < 1,
