@@ -49,9 +49,8 @@ PRECISION_KEY = "tbench.precision"
 MAX_BATCH_KEY = "tbench.max_batch"
 TORCH_KEY = "tbench.torch"
 PROBE_TIMEOUT_S = 300  # loading torch and the package, and two runs on synthetic inputs
-PROBE_ERROR_MARK = (
-    "tbench-pt2-probe error: "  # tbench.core.pt2_probe's line saying why a run failed (an abort has none)
-)
+# the start of tbench.core.pt2_probe's line saying why a run failed (an abort has none)
+PROBE_ERROR_MARK = "tbench-pt2-probe error: "
 
 
 def is_pt2(path: Path) -> bool:
@@ -216,12 +215,18 @@ def _run_apart(path: Path, inputs: list[TensorSpec], runs: list[list[np.ndarray]
         for i, arrays in enumerate(runs):
             files.append(str(Path(folder) / f"run{i}.npz"))
             np.savez(files[-1], *arrays)
-        done = subprocess.run(
-            [sys.executable, "-m", "tbench.core.pt2_probe", str(path), *files],
-            capture_output=True,
-            text=True,
-            timeout=PROBE_TIMEOUT_S,
-        )
+        try:
+            done = subprocess.run(
+                [sys.executable, "-m", "tbench.core.pt2_probe", str(path), *files],
+                capture_output=True,
+                text=True,
+                timeout=PROBE_TIMEOUT_S,
+            )
+        except subprocess.TimeoutExpired:
+            raise ConfigError(
+                f"AOTInductor package {path} did not finish two runs on synthetic inputs in {PROBE_TIMEOUT_S} s; "
+                f"check {SHAPE_FLAG}"
+            ) from None
     if done.returncode == 0:
         return json.loads(done.stdout.strip().splitlines()[-1])
     shown = ", ".join(f"{t.name}:{','.join(map(str, a.shape))} {a.dtype}" for t, a in zip(inputs, runs[0]))
