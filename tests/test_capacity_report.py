@@ -87,3 +87,36 @@ def test_a_search_cut_by_its_budget_is_undetermined_not_no_rate(tmp_path):
         "no configuration's rate search ran (the first: no server)"
     )
     assert f"**{answer.status}**" in capacity_markdown([answer], CapacityRequest(), "m")  # the value, not the member
+
+
+def test_the_capacity_command_exits_2_on_an_undetermined_answer_and_says_each_answer_that_is_no_plan(tmp_path, capsys):
+    """A script reads the exit code: undetermined is 2 (as tbench compare's), a plan or no_rate is 0; every answer that
+    is not a plan is one line on stderr."""
+    import json
+
+    import pytest
+    import typer
+
+    from tbench.capacity.report import CAPACITY_JSON, AnswerStatus
+    from tbench.cli.common import EXIT_UNDETERMINED
+    from tbench.cli.search import _answered
+
+    def folder(name: str, *answers: PoolAnswer) -> str:
+        run = tmp_path / name
+        run.mkdir()
+        (run / CAPACITY_JSON).write_text(json.dumps({"answers": [a.model_dump(mode="json") for a in answers]}))
+        return str(run)
+
+    ok = PoolAnswer(pool="a100", model="m")
+    spent = PoolAnswer(pool="cpu", model="m", status=AnswerStatus.UNDETERMINED, reason="the time budget was spent")
+    failing = PoolAnswer(pool="t4", model="m", status=AnswerStatus.NO_RATE, reason="every rate failed the SLO")
+    with pytest.raises(typer.Exit) as ended:
+        _answered(folder("cut", ok, spent, failing))
+    assert ended.value.exit_code == EXIT_UNDETERMINED
+    err = capsys.readouterr().err
+    assert err.splitlines() == [
+        "undetermined: cpu: the time budget was spent",
+        "no_rate: t4: every rate failed the SLO",
+    ]
+    _answered(folder("answered", ok, failing))  # no exit: both are answers
+    _answered(str(tmp_path / "no-answer"))  # a run folder without capacity.json: nothing to say

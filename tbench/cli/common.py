@@ -24,8 +24,9 @@ from tbench.core.errors import BenchError, ConfigError, error_line, validation_l
 
 console = Console(stderr=True, soft_wrap=True, emoji=False)  # "start:end:step" is not an emoji
 
-# exit codes of `run`, `search` and `submit` (130: interrupted, tbench.node.interrupts.EXIT_INTERRUPTED)
+# exit codes of `run`, `search`, `capacity` and `submit` (130: interrupted, tbench.node.interrupts.EXIT_INTERRUPTED)
 EXIT_FAILED, EXIT_BAD_OPTIONS, EXIT_FAILED_POINTS = 1, 2, 3
+EXIT_UNDETERMINED = 2  # a verdict the measurements could not decide (as tbench compare's and the history's)
 
 
 @contextmanager

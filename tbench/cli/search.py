@@ -12,6 +12,7 @@ from tbench.capacity.request import CapacityRequest
 from tbench.capacity.statistics import PercentileRule
 from tbench.cli.common import (
     EXIT_BAD_OPTIONS,
+    EXIT_UNDETERMINED,
     _given,
     _quiet_prefect,
     _run_with_progress,
@@ -307,7 +308,7 @@ def capacity(
             start_early()
             from flows.capacity import capacity_flow
 
-            _run_with_progress(lambda: capacity_flow(request, cap), "capacity.md", verbose)
+            _answered(_run_with_progress(lambda: capacity_flow(request, cap), "capacity.md", verbose))
             return
         if not model and not model_file and not served_model:
             raise ConfigError(
@@ -356,4 +357,25 @@ def capacity(
     from flows.capacity import capacity_flow
 
     # with pools, the children run on the pools' workers: this flow run submits, gathers and reports
-    _run_with_progress(lambda: capacity_flow(request, cap), "capacity.md", verbose)
+    _answered(_run_with_progress(lambda: capacity_flow(request, cap), "capacity.md", verbose))
+
+
+def _answered(url: str) -> None:
+    """Each pool's answer that is not a plan, one line on stderr; exit 2 where one is undetermined (a budget stopped its
+    searches before they decided), as `tbench compare` exits 2 on what it cannot decide: a script reads the exit code.
+    A plan (ok) and every rate failing the SLO (no_rate) are answers: exit 0."""
+    import json
+
+    from tbench.capacity.report import CAPACITY_JSON, AnswerStatus, PoolAnswer
+    from tbench.core.storage import url_to_fs
+
+    fs, path = url_to_fs(f"{url}/{CAPACITY_JSON}")
+    if not fs.exists(path):
+        return
+    with fs.open(path, "r") as f:
+        answers = [PoolAnswer.model_validate(a) for a in json.load(f)["answers"]]
+    for a in answers:
+        if a.status is not AnswerStatus.OK:
+            typer.echo(f"{a.status}: {a.pool or 'here'}: {a.reason}", err=True)
+    if any(a.status is AnswerStatus.UNDETERMINED for a in answers):
+        raise typer.Exit(EXIT_UNDETERMINED)
