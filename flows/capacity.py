@@ -6,7 +6,6 @@ report ranking the pools by cost at the SLO; a pool whose run did not finish is 
 
 from __future__ import annotations
 
-import json
 import os
 
 from prefect import flow
@@ -16,11 +15,10 @@ from flows.matrix import settled, store_parent_run
 from flows.search import run_search
 from flows.served_capacity import served_capacity
 from tasks.matrix_runs import matrix_run
-from tbench.capacity.report import CAPACITY_JSON, PoolAnswer, write_capacity_files
+from tbench.capacity.report import PoolAnswer, read_answers, write_capacity_files
 from tbench.capacity.request import CapacityRequest
 from tbench.core.errors import BenchError
 from tbench.core.layout import RunLayout, new_run_id
-from tbench.core.storage import url_to_fs
 from tbench.node import hardware as hw
 from tbench.request.benchmark import BenchmarkRequest
 from tbench.stages.store import staging_root
@@ -52,11 +50,9 @@ def child_parameters(request: BenchmarkRequest, capacity: CapacityRequest, pool:
 def child_answer(row: dict, model: str) -> PoolAnswer:
     """A pool's answer from its stored run folder; a run that did not finish, or left no answer, says why."""
     if row["state"] == "COMPLETED" and row.get("run_url"):
-        fs, path = url_to_fs(row["run_url"] + "/" + CAPACITY_JSON)
-        if fs.exists(path):
-            with fs.open(path, "r") as f:
-                stored = PoolAnswer.model_validate(json.load(f)["answers"][0])
-            return stored.model_copy(update={"pool": row["pool"], "run_url": row["run_url"]})
+        stored = read_answers(row["run_url"])
+        if stored:
+            return stored[0].model_copy(update={"pool": row["pool"], "run_url": row["run_url"]})
         reason = "the run completed without a capacity answer"
     else:
         reason = f"{row['state']}: {row.get('reason') or 'the run did not finish'}"

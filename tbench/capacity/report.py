@@ -15,6 +15,7 @@ from tbench.capacity.costs import Plan, load_prices, plan, price_for
 from tbench.capacity.evaluate import load_rate_search
 from tbench.capacity.rate_search import SustainableRate
 from tbench.capacity.request import CapacityRequest
+from tbench.core.storage import url_to_fs
 from tbench.results.html_report import write_html_report
 from tbench.search.strategies import SearchResult
 
@@ -339,6 +340,15 @@ def write_capacity_files(run_dir: Path, answers: list[PoolAnswer], cap: Capacity
     }
     (run_dir / CAPACITY_JSON).write_text(json.dumps(payload, indent=2))
     return text
+
+
+def read_answers(run_url: str) -> list[PoolAnswer]:
+    """The answers a run stored in its capacity.json (local or in the artifact store), ranked; [] where it has none."""
+    fs, path = url_to_fs(f"{run_url}/{CAPACITY_JSON}")
+    if not fs.exists(path):
+        return []
+    with fs.open(path, "r") as f:
+        return [PoolAnswer.model_validate(a) for a in json.load(f)["answers"]]
 
 
 def answers_table(answers: list[PoolAnswer]) -> pd.DataFrame:

@@ -364,16 +364,9 @@ def _answered(url: str) -> None:
     """Each pool's answer that is not a plan, one line on stderr; exit 2 where one is undetermined (a budget stopped its
     searches before they decided), as `tbench compare` exits 2 on what it cannot decide: a script reads the exit code.
     A plan (ok) and every rate failing the SLO (no_rate) are answers: exit 0."""
-    import json
+    from tbench.capacity.report import AnswerStatus, read_answers
 
-    from tbench.capacity.report import CAPACITY_JSON, AnswerStatus, PoolAnswer
-    from tbench.core.storage import url_to_fs
-
-    fs, path = url_to_fs(f"{url}/{CAPACITY_JSON}")
-    if not fs.exists(path):
-        return
-    with fs.open(path, "r") as f:
-        answers = [PoolAnswer.model_validate(a) for a in json.load(f)["answers"]]
+    answers = read_answers(url)
     for a in answers:
         if a.status is not AnswerStatus.OK:
             typer.echo(f"{a.status}: {a.pool or 'here'}: {a.reason}", err=True)
