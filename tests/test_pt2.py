@@ -234,6 +234,17 @@ def test_a_package_that_aborts_on_synthetic_inputs_is_a_one_line_error_naming_th
     ), refused.value
     mf = read_model_file(Path(theirs), shapes={"input__0": [32]}, dtypes={"input__0": "int64"})
     assert [t.model_dump() for t in mf.io_spec.outputs] == [{"name": "output__0", "dtype": "float32", "shape": [256]}]
+    # ids past the table's rows (as the synthetic 0..15 are for a vocabulary below 16): the error gives their range
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the calling thread runs the kernel, and its bounds check raises
+    with pytest.raises(ConfigError) as past:
+        read_model_file(
+            Path(theirs), shapes={"input__0": [32]}, dtypes={"input__0": "int64"}, value_ranges={"input__0": [0, 80]}
+        )
+    assert re.search(
+        r"index out of bounds: 0 <= \w+ < 50L; an index must lie in 0\.\.49: give the ids' range, "
+        r"e\.g\. --value-range input__0:0,49$",
+        str(past.value),
+    ), past.value
 
 
 def test_a_probes_death_is_told_by_its_own_line_or_the_cpp_exception():

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import platform
+import re
 import signal
 import subprocess
 import sys
@@ -51,6 +52,8 @@ TORCH_KEY = "tbench.torch"
 PROBE_TIMEOUT_S = 300  # loading torch and the package, and two runs on synthetic inputs
 # the start of tbench.core.pt2_probe's line saying why a run failed (an abort has none)
 PROBE_ERROR_MARK = "tbench-pt2-probe error: "
+# an AOTInductor kernel's bounds check on an index (an embedding's rows): `index out of bounds: 0 <= tmp2 < 1000L`
+INDEX_BOUND = re.compile(r"index out of bounds: 0 <= \w+ < (\d+)")
 
 
 def is_pt2(path: Path) -> bool:
@@ -231,10 +234,24 @@ def _run_apart(path: Path, inputs: list[TensorSpec], runs: list[list[np.ndarray]
         return json.loads(done.stdout.strip().splitlines()[-1])
     shown = ", ".join(f"{t.name}:{','.join(map(str, a.shape))} {a.dtype}" for t, a in zip(inputs, runs[0]))
     how = f"aborted ({_signal_name(-done.returncode)})" if done.returncode < 0 else "failed"
+    failure = probe_failure(done.stderr)
     raise ConfigError(
         f"AOTInductor package {path} {how} on synthetic inputs ({shown}, batch axis included): "
-        f"{probe_failure(done.stderr)}; a package declares no input dtypes (float32 unless --dtype): give each "
-        f"input's, e.g. --dtype {inputs[0].name}:int64 for token ids, with {RANGE_FLAG}, and check {SHAPE_FLAG}"
+        f"{failure}; {_probe_fix(failure, inputs, runs[0])}"
+    )
+
+
+def _probe_fix(failure: str, inputs: list[TensorSpec], fed: list[np.ndarray]) -> str:
+    """The flags that feed a package what it expects: integer ids past a table's rows need their range (the synthetic
+    ones run to 15, a vocabulary can be smaller); otherwise the dtypes a package never declares."""
+    bound = INDEX_BOUND.search(failure)
+    ints = [t.name for t, a in zip(inputs, fed) if a.dtype.kind in "iu"]
+    if bound and ints:
+        top = int(bound.group(1)) - 1
+        return f"an index must lie in 0..{top}: give the ids' range, e.g. --value-range {ints[0]}:0,{top}"
+    return (
+        f"a package declares no input dtypes (float32 unless --dtype): give each input's, e.g. --dtype "
+        f"{inputs[0].name}:int64 for token ids, with {RANGE_FLAG}, and check {SHAPE_FLAG}"
     )
 
 
