@@ -144,6 +144,10 @@ def test_a_busy_neighbour_is_named_never_blamed_on_the_model(tmp_path):
     assert c.verdict == UNDETERMINED and "other processes used 95% CPU during the candidate's sweeps" in c.summary
     quiet = trial_run(tmp_path, "c", rng, 3, 0.02, factor=0.6, busy_pct=0.4)
     assert compare_runs(base, quiet).verdict == REGRESSION
+    # undecided for another reason (one trial each), the neighbour is still named beside it
+    alone = compare_runs(trial_run(tmp_path, "d", rng, 1, 0.02), trial_run(tmp_path, "e", rng, 1, 0.02, busy_pct=95.0))
+    assert alone.verdict == UNDETERMINED and "one trial per run" in alone.summary
+    assert "other processes used 95% CPU during the candidate's sweeps" in alone.summary
 
 
 def test_a_point_most_trials_failed_is_lost_one_failed_trial_is_left_out(tmp_path):

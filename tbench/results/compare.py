@@ -465,6 +465,8 @@ def _decide(c: Comparison, spread: RunSpread = RunSpread(), neighbours: str = ""
         c.verdict = IMPROVEMENT
     if neighbours and c.verdict in (REGRESSION, IMPROVEMENT):  # a move a neighbour may have made is not the model's
         c.verdict, c.reason = UNDETERMINED, f"{neighbours}: a change cannot be put on the model"
+    elif neighbours and c.verdict == UNDETERMINED:  # undecided anyway: a busy machine is part of why, and its fix
+        c.reason = f"{c.reason}; {neighbours}"
     c.summary = _summary(c, worse if c.verdict == REGRESSION else better)
     return c
 
