@@ -1,12 +1,13 @@
 """Real A/A and planted-change comparisons on this machine: does `tbench compare` stay quiet on two runs of one commit,
 name a busy neighbour instead of blaming the model, and find a model made slower with the trials it asks for?
 
-Every run is `tbench run ...` in a subprocess (its own server), one after the other:
-1. **spread**: `--runs` fresh runs of the small ResNet-50 each way: unpinned (`--no-pin-cpus`: the placement before
-   the run-to-run issue, server and perf_analyzer anywhere on the machine's cores, ONNX Runtime on every core), as
-   the default runs now (tbench.node.placement: pinned from `MIN_CORES` cores on), and pinned on this machine whatever
-   its cores (`TBENCH_PIN_MIN_CORES=2`: the server on one core, perf_analyzer and tbench on the other): the per-point
-   CV of throughput across runs, before (unpinned), after (the default) and pinned.
+Every run is `tbench run ...` in a subprocess (its own server), one after the other, each with its start time:
+1. **spread**: `--runs` rounds of fresh runs of the small ResNet-50, one each way per round: unpinned
+   (`--no-pin-cpus`: the placement before the run-to-run issue, server and perf_analyzer anywhere on the machine's
+   cores, ONNX Runtime on every core), as the default runs now (tbench.node.placement: pinned from `MIN_CORES` cores
+   on), and pinned on this machine whatever its cores (`TBENCH_PIN_MIN_CORES=2`: the server on one core, perf_analyzer
+   and tbench on the other): the per-point CV of throughput across runs, before (unpinned), after (the default) and
+   pinned.
 2. **aa**: `tbench compare` on every ordered pair of the default ResNet-50 runs and of `--tiny-runs` runs of the tiny
    model (benchmarks/tiny_model.py), as a user runs it (one trial each: no spread known) and with the machine's
    run-to-run spread stated (`--run-cv` and `--run-cv-p99`: the median per-point CV of throughput and of p99 that the
@@ -40,7 +41,7 @@ import time
 from pathlib import Path
 
 import pandas as pd
-from provenance import RESULTS, recorded
+from provenance import RESULTS, recorded, utc_now
 from tiny_model import build_tiny_image_onnx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # standalone: the repository's tbench
@@ -58,6 +59,7 @@ PLANTED_LAYERS = 2  # 3x3 convolutions added to the tiny model: one made its bes
 def run(target: list[str], out: Path, extra: list[str] = (), neighbour: bool = False, env: dict | None = None) -> dict:
     """One `tbench run` in its own process; `neighbour`: a busy loop beside it for its whole length."""
     busy = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if neighbour else None
+    started = utc_now()
     start = time.monotonic()
     try:
         argv = [TBENCH, "run", *target, *extra, "--output", str(out)]
@@ -68,12 +70,18 @@ def run(target: list[str], out: Path, extra: list[str] = (), neighbour: bool = F
             busy.wait()
     wall = round(time.monotonic() - start, 1)
     if done.returncode not in (0, 3):
-        return {"ok": False, "wall_s": wall, "error": (done.stderr.strip().splitlines() or ["?"])[-1]}
+        return {
+            "ok": False,
+            "started": started,
+            "wall_s": wall,
+            "error": (done.stderr.strip().splitlines() or ["?"])[-1],
+        }
     folder = Path(done.stdout.strip().splitlines()[-1])
     manifest = json.loads((folder / "manifest.json").read_text())
     return {
         "ok": True,
         "run_dir": str(folder),
+        "started": started,
         "wall_s": wall,
         "placement": manifest.get("placement"),
         "neighbour_cpu_pct": ((manifest.get("host") or {}).get("other_cpu_pct") or {}).get("mean"),
@@ -183,9 +191,19 @@ def main() -> None:
                 record.save()
             return runs
 
-        before = measured("runs_unpinned", resnet, args.runs, extra=["--no-pin-cpus"])
-        after = measured("runs_default", resnet, args.runs)
-        pinned = measured("runs_pinned_two_cores", resnet, args.runs, env={"TBENCH_PIN_MIN_CORES": "2"})
+        # the three placements round by round, so that a drift of the machine over the session hits each alike (run
+        # one set after another at c5b8779, the default set's best point rose by half over its 6 minutes)
+        placements = {
+            "runs_unpinned": {"extra": ["--no-pin-cpus"]},
+            "runs_default": {},
+            "runs_pinned_two_cores": {"env": {"TBENCH_PIN_MIN_CORES": "2"}},
+        }
+        for i in range(args.runs):
+            for key, kw in placements.items():
+                record.setdefault(key, []).append(run(resnet, work / key, **kw))
+                print(f"{key} {i + 1}/{args.runs}: {record[key][-1]}", flush=True)
+                record.save()
+        before, after, pinned = (record[key] for key in placements)
         record["per_point_cv_before"] = per_point_cv(before)
         record["per_point_cv_after"] = per_point_cv(after)
         record["per_point_cv_pinned_two_cores"] = per_point_cv(pinned)
