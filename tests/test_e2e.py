@@ -169,7 +169,9 @@ def test_open_loop_rate_points_measure_what_the_server_keeps_up_with(served_smal
         static={},
         monitor=monitor,
     )
-    assert (table["status"] == "ok").all(), table[["status", "error"]]
+    # the server kept up at both rates: ok, or client_bound where perf_analyzer's sender, starved by the suite's other
+    # workers on 2 cores, sent too many requests late (seen once in 4 suites: 4.31% late at 40/s, the server keeping up)
+    assert set(table["status"]) <= {"ok", "client_bound"}, table[["status", "error"]]
     # a request of 3x32x32 floats is too large for perf_analyzer's export: whether it kept up was read from the
     # server's trace, every window's requests of the last point in it
     assert set(table["requests_from"]) == {"server trace"}
