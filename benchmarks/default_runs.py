@@ -79,6 +79,7 @@ def run_once(model: str, size: str | None, tiny: Path) -> dict:
         "offline_throughput_monotonic": all(b >= a for a, b in zip(tput, tput[1:])),
         "window_s": [round(w, 2) for w in ok["window_s"].tolist()],
         "stages_s": {k: v["seconds"] for k, v in m["stages"].items()},
+        "cpu_speed": (m.get("host") or {}).get("cpu_speed"),  # the CPU probe before and after the sweeps
     }
 
 

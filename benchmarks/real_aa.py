@@ -16,10 +16,12 @@ Every run is `tbench run ...` in a subprocess (its own server), one after the ot
    first two idle tiny runs with the spread stated: never exit 1 (0, or 2 naming the neighbour).
 4. **planted**: the tiny model and the same model with two more 3x3 convolutions (`PLANTED_LAYERS`, saved under the
    same file name so that its points match), `--planted-runs` runs of each (the offline sweep), alternating, every
-   point measured in the
-   trials that
-   `tbench compare` says resolve 5% at the spread measured in 2 (capped by `--max-trials`); every (baseline,
-   candidate) pair compared: the share found (exit 1), and the slowdown the runs actually measured.
+   point measured in the trials that `tbench compare` says resolve 5% at the spread measured in 2 (capped by
+   `--max-trials`); every (baseline, candidate) pair compared: the share found (exit 1), and the slowdown the runs
+   actually measured.
+5. **machine**: each run's CPU probe (tbench.node.cpu_speed, before and after its sweeps) and stolen CPU, and per set
+   of runs how far the probe moved and how closely it tracks the runs' best throughput: is a drift between runs the
+   machine's?
 
 Usage: .venv/bin/python benchmarks/real_aa.py [--runs 5] [--tiny-runs 4] [--neighbour-runs 3] [--planted-runs 4]
        .venv/bin/python benchmarks/real_aa.py --planted-only TRIALS [--planted-runs 4]
@@ -78,13 +80,47 @@ def run(target: list[str], out: Path, extra: list[str] = (), neighbour: bool = F
         }
     folder = Path(done.stdout.strip().splitlines()[-1])
     manifest = json.loads((folder / "manifest.json").read_text())
+    host = manifest.get("host") or {}
     return {
         "ok": True,
         "run_dir": str(folder),
         "started": started,
         "wall_s": wall,
         "placement": manifest.get("placement"),
-        "neighbour_cpu_pct": ((manifest.get("host") or {}).get("other_cpu_pct") or {}).get("mean"),
+        "neighbour_cpu_pct": (host.get("other_cpu_pct") or {}).get("mean"),
+        "steal_pct": (host.get("steal_pct") or {}).get("mean"),
+        "cpu_speed": host.get("cpu_speed"),
+    }
+
+
+def take(record, key: str, label: str, target: list[str], out: Path, **kw) -> dict:
+    """One run into `record[key]`, printed, and the record saved (an interrupted benchmark keeps every run)."""
+    record.setdefault(key, []).append(run(target, out, **kw))
+    print(f"{key} {label}: {record[key][-1]}", flush=True)
+    record.save()
+    return record[key][-1]
+
+
+def machine_speed(runs: list[dict]) -> dict | None:
+    """How far the CPU probe moved over a set of runs, and its correlation with each run's best throughput (the
+    best-throughput point of the set's first run): near 1 where the runs' drift is the machine's."""
+    rows = [
+        (statistics.fmean((r["cpu_speed"] or {}).values()), r)
+        for r in runs
+        if r["ok"] and (r.get("cpu_speed") or {}).values()
+    ]
+    if len(rows) < 3:
+        return None
+    speeds = [speed for speed, _ in rows]
+    table = point_table([r for _, r in rows])
+    best = table.loc[table.iloc[:, 0].idxmax()]
+    return {
+        "runs": len(rows),
+        "probe_range": [min(speeds), max(speeds)],
+        "probe_cv_pct": round(100 * statistics.stdev(speeds) / statistics.fmean(speeds), 2),
+        "best_throughput_cv_pct": round(100 * float(best.std(ddof=1) / best.mean()), 2),
+        "r_probe_best_throughput": round(statistics.correlation(speeds, [float(v) for v in best]), 3),
+        "steal_pct_max": max((r.get("steal_pct") or 0.0) for _, r in rows),
     }
 
 
@@ -139,12 +175,10 @@ def planted_phase(record, work: Path, tiny: Path, trials: int, runs_each: int) -
     of each, alternating (a slow drift of the machine hits both sides alike), every point in `trials` trials."""
     slower = build_tiny_image_onnx(work / "slower" / tiny.name, extra_layers=PLANTED_LAYERS)
     base, cand = record.setdefault("runs_planted_base", []), record.setdefault("runs_planted", [])
+    extra = ["--trials", str(trials), "--scenarios", "offline"]  # the offline sweep: a trial in ~30 s
     for i in range(runs_each):
-        for model, runs in ((tiny, base), (slower, cand)):
-            extra = ["--trials", str(trials), "--scenarios", "offline"]  # the offline sweep: a trial in ~30 s
-            runs.append(run(["--model-file", str(model)], work / "planted", extra=extra))
-            print(f"planted {model.parent.name}/{model.name} {i + 1}: {runs[-1]}", flush=True)
-            record.save()
+        for model, key in ((tiny, "runs_planted_base"), (slower, "runs_planted")):
+            take(record, key, f"{i + 1}/{runs_each}", ["--model-file", str(model)], work / "planted", extra=extra)
     planted = [compare(b, c) for b in base if b["ok"] for c in cand if c["ok"]]
     record["planted"] = planted
     record["planted_comparisons"] = len(planted)
@@ -184,12 +218,9 @@ def main() -> None:
     with recorded(RESULTS / "real_aa.json", model_sizes=["resnet50 small", "tiny onnx"]) as record:
 
         def measured(key: str, target: list[str], n: int, **kw) -> list[dict]:
-            runs = record.setdefault(key, [])
             for i in range(n):
-                runs.append(run(target, work / key, **kw))
-                print(f"{key} {i + 1}/{n}: {runs[-1]}", flush=True)
-                record.save()
-            return runs
+                take(record, key, f"{i + 1}/{n}", target, work / key, **kw)
+            return record[key]
 
         # the three placements round by round, so that a drift of the machine over the session hits each alike (run
         # one set after another at c5b8779, the default set's best point rose by half over its 6 minutes)
@@ -200,9 +231,7 @@ def main() -> None:
         }
         for i in range(args.runs):
             for key, kw in placements.items():
-                record.setdefault(key, []).append(run(resnet, work / key, **kw))
-                print(f"{key} {i + 1}/{args.runs}: {record[key][-1]}", flush=True)
-                record.save()
+                take(record, key, f"{i + 1}/{args.runs}", resnet, work / key, **kw)
         before, after, pinned = (record[key] for key in placements)
         record["per_point_cv_before"] = per_point_cv(before)
         record["per_point_cv_after"] = per_point_cv(after)
@@ -264,6 +293,9 @@ def main() -> None:
             flush=True,
         )
         record["median_of_walls_s"] = statistics.median(r["wall_s"] for r in after)
+        keys = [*placements, "runs_tiny", "runs_planted_base", "runs_planted"]
+        record["machine_speed"] = {key: machine_speed(record[key]) for key in keys}
+        print("machine", json.dumps(record["machine_speed"]), flush=True)
 
 
 if __name__ == "__main__":

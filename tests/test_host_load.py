@@ -12,6 +12,7 @@ import psutil
 import pytest
 
 from tbench.node import host_load
+from tbench.node.cpu_speed import cpu_speed
 from tbench.node.host_load import HostLoad, process_cpu_seconds
 
 BUSY_1S = "import time\nt = time.process_time()\nwhile time.process_time() - t < 1.0: pass"
@@ -87,3 +88,22 @@ def test_the_servers_processes_passed_as_own_are_not_others(monkeypatch):
         assert without.summary["other_cpu_pct"]["mean"] == pytest.approx(used, rel=0.25)
     finally:
         server.kill()
+
+
+def test_the_cpu_speed_is_read_before_and_after_the_sweeps_never_after_an_interrupt():
+    readings = iter([30.0, 33.0])
+    with HostLoad(interval_s=0.05, speed=lambda: next(readings)) as load:
+        assert load.summary["cpu_speed"] == {"start": 30.0}  # read before the first sweep
+        time.sleep(0.15)
+    assert load.summary["cpu_speed"] == {"start": 30.0, "end": 33.0}
+    assert set(load.summary["steal_pct"]) == {"mean", "max"} and load.summary["steal_pct"]["mean"] >= 0.0
+    with pytest.raises(KeyboardInterrupt), HostLoad(interval_s=0.05, speed=lambda: 30.0) as stopped:
+        raise KeyboardInterrupt
+    assert stopped.summary["cpu_speed"] == {"start": 30.0}  # Ctrl-C stops at once
+    assert sampler_threads() == []
+
+
+def test_the_cpu_probe_reads_this_cores_speed_in_millions_of_steps():
+    speeds = [cpu_speed(steps=50_000, repeats=3) for _ in range(3)]
+    assert all(s > 1.0 for s in speeds)  # any core of this century runs a Python loop step in under a microsecond
+    assert max(speeds) / min(speeds) < 1.5  # best of repeats: steady on an idle-ish core

@@ -14,6 +14,8 @@ import pytest
 
 from tbench.results.compare import (
     EXIT_CODES,
+    IMPROVEMENT,
+    MACHINE_MOVED,
     NO_CHANGE,
     REGRESSION,
     UNDETERMINED,
@@ -29,10 +31,18 @@ SPEEDUP = np.array([1.0, 1.8, 2.5, 2.9])
 
 
 def trial_run(
-    tmp_path: Path, name: str, rng, trials: int, run_cv: float, factor: float = 1.0, busy_pct: float | None = None
+    tmp_path: Path,
+    name: str,
+    rng,
+    trials: int,
+    run_cv: float,
+    factor: float = 1.0,
+    busy_pct: float | None = None,
+    cpu_speed: tuple[float, float] | None = None,
 ) -> Path:
     """A run folder: every point measured in `trials` server processes, each process's speed off by N(0, run_cv),
-    its windows steady (1% CV, from real-looking Pass lines); `busy_pct`: other processes' CPU in its manifest."""
+    its windows steady (1% CV, from real-looking Pass lines); `busy_pct`: other processes' CPU in its manifest;
+    `cpu_speed`: its CPU probe before and after the sweeps."""
     run = tmp_path / name
     logs = run / "logs" / "perf_analyzer"
     logs.mkdir(parents=True)
@@ -71,8 +81,13 @@ def trial_run(
                 }
             )
     pd.DataFrame(rows).to_csv(run / "results.csv", index=False)
+    host = {}
     if busy_pct is not None:
-        (run / "manifest.json").write_text(json.dumps({"host": {"other_cpu_pct": {"mean": busy_pct, "max": 190}}}))
+        host["other_cpu_pct"] = {"mean": busy_pct, "max": 190}
+    if cpu_speed is not None:
+        host["cpu_speed"] = dict(zip(("start", "end"), cpu_speed))
+    if host:
+        (run / "manifest.json").write_text(json.dumps({"host": host}))
     return run
 
 
@@ -148,6 +163,21 @@ def test_a_busy_neighbour_is_named_never_blamed_on_the_model(tmp_path):
     alone = compare_runs(trial_run(tmp_path, "d", rng, 1, 0.02), trial_run(tmp_path, "e", rng, 1, 0.02, busy_pct=95.0))
     assert alone.verdict == UNDETERMINED and "one trial per run" in alone.summary
     assert "other processes used 95% CPU during the candidate's sweeps" in alone.summary
+
+
+def test_a_machine_that_sped_up_between_the_runs_is_said_beside_the_verdict(tmp_path):
+    """The CPU probe 12% faster during the candidate: the points' verdict stands (its error rates are measured without
+    the probe) and the line says the machine moved; a probe within MACHINE_MOVED says nothing."""
+    rng = np.random.default_rng(7)
+    base = trial_run(tmp_path, "a", rng, 3, 0.02, cpu_speed=(30.0, 30.4))
+    faster = trial_run(tmp_path, "b", rng, 3, 0.02, factor=1.3, cpu_speed=(33.6, 34.0))
+    c = compare_runs(base, faster)
+    assert c.verdict == IMPROVEMENT
+    assert "the machine's CPU ran 12% faster during the candidate's run than the baseline's" in c.summary
+    steady = trial_run(tmp_path, "c", rng, 3, 0.02, factor=1.3, cpu_speed=(30.9, 31.1))
+    assert MACHINE_MOVED > 31.0 / 30.2 - 1 and "machine's CPU" not in compare_runs(base, steady).summary
+    unknown = trial_run(tmp_path, "d", rng, 3, 0.02, factor=1.3)  # a run from before the probe
+    assert "machine's CPU" not in compare_runs(base, unknown).summary
 
 
 def test_a_point_most_trials_failed_is_lost_one_failed_trial_is_left_out(tmp_path):

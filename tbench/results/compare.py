@@ -25,7 +25,9 @@ between trials, or a spread stated for the machine (``--run-cv``), by Welch's te
 agree far better than runs do, so where neither gives the spread no change is decided ("undetermined", exit 2), and a
 change inside a threshold wider than ``min_effect`` is undetermined too, never "within noise": the line says how many
 trials would resolve it. A run whose manifest shows other processes busy during its sweeps (over `HOST_BUSY_PCT` of a
-CPU) is never called a regression or an improvement: the comparison is undetermined and names the neighbour. A point
+CPU) is never called a regression or an improvement: the comparison is undetermined and names the neighbour. Where
+the machine's own CPU speed (a probe before and after each run's sweeps, tbench.node.cpu_speed) moved by more than
+`MACHINE_MOVED` between the runs, the line says so beside whatever verdict the points gave (said, not judged). A point
 with no perf_analyzer log or no request count is never passed. A point is *worse* when its throughput is significantly
 lower or its p99 or mean latency significantly higher, *better* when it is not worse and its throughput is significantly
 higher or both its latencies significantly lower. The comparison is a "regression" when the best-throughput point of any
@@ -66,6 +68,7 @@ from tbench.results.comparison import (  # the vocabulary, re-exported: `tbench 
     IMPROVEMENT,
     LATENCY_MOVES,
     LOWER_LATENCY,
+    MACHINE_MOVED,
     MATCH_KEYS,
     MIN_P99_REQUESTS,
     NO_CHANGE,
@@ -400,7 +403,7 @@ def compare_runs(
         comparison.summary = f"not comparable: {comparison.reason}"
         return comparison
     comparison.best = points[points["best"].astype(bool)]
-    return _decide(comparison, spread, _neighbours(base, cand))
+    return _decide(comparison, spread, _neighbours(base, cand), _machine_moved(base, cand))
 
 
 def _trial_count(results: pd.DataFrame, idx: list[int]) -> int:
@@ -442,7 +445,20 @@ def _neighbours(*runs: RunResults) -> str:
     return "; ".join(busy)
 
 
-def _decide(c: Comparison, spread: RunSpread = RunSpread(), neighbours: str = "") -> Comparison:
+def _machine_moved(base: RunResults, cand: RunResults) -> str:
+    """How much faster or slower the machine's CPU ran during the candidate than during the baseline (the CPU probe,
+    tbench.node.cpu_speed), in words, where beyond MACHINE_MOVED; '' otherwise or where either run has no probe."""
+    b, c = base.cpu_speed, cand.cpu_speed
+    if math.isnan(b) or math.isnan(c) or abs(c / b - 1) <= MACHINE_MOVED:
+        return ""
+    way = "faster" if c > b else "slower"
+    return (
+        f"the machine's CPU ran {abs(c / b - 1):.0%} {way} during the candidate's run than the baseline's (CPU probe "
+        f"{b:.1f} vs {c:.1f} M steps/s): part of any change is the machine's"
+    )
+
+
+def _decide(c: Comparison, spread: RunSpread = RunSpread(), neighbours: str = "", machine: str = "") -> Comparison:
     """The verdict from the judged points and the lost ones (module docstring), and its summary."""
     points, lost = c.points, c.lost
     failed = lost.loc[lost["measured"].astype(bool)]
@@ -468,6 +484,8 @@ def _decide(c: Comparison, spread: RunSpread = RunSpread(), neighbours: str = ""
     elif neighbours and c.verdict == UNDETERMINED:  # undecided anyway: a busy machine is part of why, and its fix
         c.reason = f"{c.reason}; {neighbours}"
     c.summary = _summary(c, worse if c.verdict == REGRESSION else better)
+    if machine:  # said, not judged: the verdict's error rates are measured without it (benchmarks/real_aa.py)
+        c.summary = f"{c.summary}; {machine}"
     return c
 
 
@@ -507,6 +525,7 @@ __all__ = [
     "HIGHER_LATENCY",
     "IMPROVEMENT",
     "LOWER_LATENCY",
+    "MACHINE_MOVED",
     "MATCH_KEYS",
     "MIN_P99_REQUESTS",
     "NO_CHANGE",

@@ -1,0 +1,27 @@
+"""How fast this machine's CPU runs a fixed piece of work, read just before and just after a run's sweeps (the
+manifest's host.cpu_speed). A machine that sped up or slowed down between two runs (a VM restored from a snapshot
+warming up, the hypervisor's other guests, frequency scaling) moves every figure of the run alike, and a comparison
+must not put that on the model: `tbench compare` names it (tbench.results.compare).
+
+The work is a pure-Python loop on one core, best of a few repeats (the least disturbed one): it needs no library and
+almost no memory, so it reads the core's speed, not a neighbour's burst or the caches. ~50 ms in all.
+"""
+
+from __future__ import annotations
+
+import time
+
+STEPS = 200_000  # ~10 ms a repeat on a 2020s core: long against the clock's resolution, short against the run
+REPEATS = 5
+
+
+def cpu_speed(steps: int = STEPS, repeats: int = REPEATS) -> float:
+    """Millions of loop steps a second, the best of `repeats`."""
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        total = 0
+        for i in range(steps):
+            total += i
+        best = min(best, time.perf_counter() - start)
+    return round(steps / best / 1e6, 2)
