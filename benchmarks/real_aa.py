@@ -113,13 +113,17 @@ def machine_speed(runs: list[dict]) -> dict | None:
         return None
     speeds = [speed for speed, _ in rows]
     table = point_table([r for _, r in rows])
-    best = table.loc[table.iloc[:, 0].idxmax()]
+    best = [float(v) for v in table.loc[table.iloc[:, 0].idxmax()]]
+    try:
+        r = round(statistics.correlation(speeds, best), 3)
+    except statistics.StatisticsError:  # a constant probe or throughput: nothing to track
+        r = None
     return {
         "runs": len(rows),
         "probe_range": [min(speeds), max(speeds)],
         "probe_cv_pct": round(100 * statistics.stdev(speeds) / statistics.fmean(speeds), 2),
-        "best_throughput_cv_pct": round(100 * float(best.std(ddof=1) / best.mean()), 2),
-        "r_probe_best_throughput": round(statistics.correlation(speeds, [float(v) for v in best]), 3),
+        "best_throughput_cv_pct": round(100 * statistics.stdev(best) / statistics.fmean(best), 2),
+        "r_probe_best_throughput": r,
         "steal_pct_max": max((r.get("steal_pct") or 0.0) for _, r in rows),
     }
 
