@@ -56,6 +56,7 @@ COMMANDS = {
     "default_runs.json": ".venv/bin/python benchmarks/default_runs.py",
     "machine_noise.json": ".venv/bin/python benchmarks/machine_noise.py",
     "real_aa.json": ".venv/bin/python benchmarks/real_aa.py",
+    "cpu_probe.json": ".venv/bin/python benchmarks/cpu_probe.py",
     "real_aa_planted.json": ".venv/bin/python benchmarks/real_aa.py --planted-only 8",
     "real_ab_sessions.json": ".venv/bin/python benchmarks/real_ab_sessions.py --sessions 10 --aa-sessions 3",
     "fast_feedback.json": ".venv/bin/python benchmarks/fast_feedback.py",

@@ -105,7 +105,7 @@ def machine_speed(runs: list[dict]) -> dict | None:
     """How far the CPU probe moved over a set of runs, and its correlation with each run's best throughput (the
     best-throughput point of the set's first run): near 1 where the runs' drift is the machine's."""
     rows = [
-        (statistics.fmean((r["cpu_speed"] or {}).values()), r)
+        (max((r["cpu_speed"] or {}).values()), r)  # the better reading, as tbench compare reads it
         for r in runs
         if r["ok"] and (r.get("cpu_speed") or {}).values()
     ]
@@ -120,7 +120,7 @@ def machine_speed(runs: list[dict]) -> dict | None:
         r = None
     return {
         "runs": len(rows),
-        "probe_range": [min(speeds), max(speeds)],
+        "probe_range": [round(min(speeds), 2), round(max(speeds), 2)],
         "probe_cv_pct": round(100 * statistics.stdev(speeds) / statistics.fmean(speeds), 2),
         "best_throughput_cv_pct": round(100 * statistics.stdev(best) / statistics.fmean(best), 2),
         "r_probe_best_throughput": r,

@@ -26,7 +26,7 @@ from tbench.history.analysis import (
     Finding,
     analyse,
 )
-from tbench.history.attribute import OTHER_CPU_MOVED_PCT, differences
+from tbench.history.attribute import MACHINE_MOVED, OTHER_CPU_MOVED_PCT, differences
 from tbench.history.lost import ABSENT, FAILED, LostPoint
 from tbench.history.series import build_series, load_points
 from tbench.history.site import write_site
@@ -259,6 +259,22 @@ def test_other_processes_cpu_that_moved_less_than_its_threshold_is_not_named():
     before, after = [manifest(10.0)] * 4, [manifest(10.0 + OTHER_CPU_MOVED_PCT - 1)] * 3
     assert differences(before, after) == []
     assert len(differences(before, [manifest(10.0 + OTHER_CPU_MOVED_PCT)] * 3)) == 1
+
+
+def test_a_machine_whose_cpu_slowed_is_named_by_its_probe_not_by_its_units():
+    """The CPU probe before each run's sweeps fell 20% from run 5 (the same hardware name, a slower host): named. A move
+    inside MACHINE_MOVED of the level before is not, on a fast machine or a slow one."""
+
+    def manifest(speed):
+        return {"host": {"cpu_speed": {"start": speed, "end": speed * 0.95, "best": speed}}}
+
+    before, after = [manifest(40.0)] * 4, [manifest(32.0)] * 3
+    assert [d.line() for d in differences(before, after)] == [
+        "the machine's CPU probe read 32.0 M steps/s from run 5, 40.0 before"
+    ]
+    for level in (4.0, 40.0):
+        steady = [manifest(level * (1 - MACHINE_MOVED) * 1.01)] * 3
+        assert differences([manifest(level)] * 4, steady) == []
 
 
 def test_a_neighbour_that_left_later_is_still_named_at_the_change():

@@ -93,13 +93,13 @@ def test_the_servers_processes_passed_as_own_are_not_others(monkeypatch):
 def test_the_cpu_speed_is_read_before_and_after_the_sweeps_never_after_an_interrupt():
     readings = iter([30.0, 33.0])
     with HostLoad(interval_s=0.05, speed=lambda: next(readings)) as load:
-        assert load.summary["cpu_speed"] == {"start": 30.0}  # read before the first sweep
+        assert load.summary["cpu_speed"] == {"start": 30.0, "best": 30.0}  # read before the first sweep
         time.sleep(0.15)
-    assert load.summary["cpu_speed"] == {"start": 30.0, "end": 33.0}
+    assert load.summary["cpu_speed"] == {"start": 30.0, "end": 33.0, "best": 33.0}
     assert set(load.summary["steal_pct"]) == {"mean", "max"} and load.summary["steal_pct"]["mean"] >= 0.0
     with pytest.raises(KeyboardInterrupt), HostLoad(interval_s=0.05, speed=lambda: 30.0) as stopped:
         raise KeyboardInterrupt
-    assert stopped.summary["cpu_speed"] == {"start": 30.0}  # Ctrl-C stops at once
+    assert stopped.summary["cpu_speed"] == {"start": 30.0, "best": 30.0}  # Ctrl-C stops at once
     assert sampler_threads() == []
 
 

@@ -1,8 +1,9 @@
 """Attribution: what differed underneath a series between the runs before a change and the runs after it, read from
 their manifests: the server (mode, binary or image, version), the tool and runtime versions, the model's source
 digest, the serving configuration, the measurement settings, the worker host and its hardware (CPUs it may use, GPU
-UUIDs, driver, CUDA), and the CPU that other processes on the host used while the run measured (a noisy neighbour,
-the commonest cause of a step on a shared node; tbench.node.host_load).
+UUIDs, driver, CUDA), the CPU that other processes on the host used while the run measured (a noisy neighbour,
+the commonest cause of a step on a shared node; tbench.node.host_load), and the machine's own CPU speed (a probe before
+each run's sweeps: a host that got slower or faster under the same hardware name; tbench.node.cpu_speed).
 
 A benchmark tool alone sees a step; the manifests say whether it came with a new onnxruntime, a different GPU, one
 instance fewer or a busy neighbour. What differed is not proof of cause, so every difference is listed, the ones that
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tbench.history.detect import MIN_SIZE
+from tbench.results.comparison import MACHINE_MOVED
 
 # manifest paths worth comparing (dotted), and the label a reader knows them by
 WATCHED = {
@@ -50,12 +52,38 @@ NONE = "(none)"  # a field a manifest does not have
 # other processes' CPU during a run's measured sweeps, in % of one core (tbench.node.host_load): a move of a quarter
 # core is far above what an idle node drifts by (a few %) and well below one busy neighbour (100 per busy thread)
 OTHER_CPU_MOVED_PCT = 25.0
-# numeric manifest paths (dotted): label, how far their median must move across a change to count, how to say it
+
+
+@dataclass(frozen=True)
+class Numeric:
+    """A numeric manifest field, and how far its median must move across a change to count."""
+
+    label: str
+    moved: float  # in the field's units, or as a share of its level before where `relative`
+    words: str  # how to say it: {before}, {after} (divided by `scale`), {run}
+    unit: str
+    scale: float = 1.0
+    relative: bool = False  # a probe's units differ from machine to machine: its move is a share
+
+    def threshold(self, before: float) -> float:
+        return self.moved * before if self.relative else self.moved
+
+
+# numeric manifest paths (dotted)
 NUMERIC = {
-    "host.other_cpu_pct.mean": (
+    "host.other_cpu_pct.mean": Numeric(  # % of one core, said in cores
         "other processes' CPU",
         OTHER_CPU_MOVED_PCT,
         "other processes used {after:.1f} cores from {run}, {before:.1f} before",
+        "cores",
+        scale=100.0,
+    ),
+    "host.cpu_speed.best": Numeric(
+        "the machine's CPU speed",
+        MACHINE_MOVED,  # as a share of its level before: beyond what it spreads by on a steady machine
+        "the machine's CPU probe read {after:.1f} M steps/s from {run}, {before:.1f} before",
+        "M steps/s",
+        relative=True,
     ),
 }
 
@@ -156,18 +184,24 @@ def _moved(before: list[dict], after: list[dict], first_run: int) -> list[Differ
     runs, change = before + after, len(before)
     confirming = min(MIN_SIZE, len(after))
     splits = [change + offset for distance in range(MIN_SIZE + 1) for offset in sorted({-distance, distance})]
-    for path, (label, threshold, words) in NUMERIC.items():
+    for path, field in NUMERIC.items():
         for split in (s for s in splits if 0 < s < len(runs)):
             # the newest runs, on the night a change placed early is confirmed, may be fewer than a segment
             window = runs[split : split + confirming]
             old, new = _median(runs[:split], path), _values(window, path)
-            if old is None or not new or len(new) < len(window) or not _all_moved(old, new, threshold):
+            if old is None or not new or len(new) < len(window) or not _all_moved(old, new, field.threshold(old)):
                 continue
-            new = float(np.median(new))
+            before, after = old / field.scale, float(np.median(new)) / field.scale
             run = f"run {first_run + split + 1}"  # runs are numbered from 1 in the series
-            text = words.format(before=old / 100, after=new / 100, run=run)  # % of one core, said in cores
+            text = field.words.format(before=before, after=after, run=run)
             found.append(
-                Difference(label, f"{old / 100:.1f} cores", f"{new / 100:.1f} cores", split == change, words=text)
+                Difference(
+                    field.label,
+                    f"{before:.1f} {field.unit}",
+                    f"{after:.1f} {field.unit}",
+                    split == change,
+                    words=text,
+                )
             )
             break
     return found

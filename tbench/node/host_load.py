@@ -13,7 +13,7 @@ from a changed machine.
     with HostLoad(own=server.processes) as load:
         ...  # the measured sweeps
     load.summary  # {"other_cpu_pct": {"mean": 12.5, "max": 40.1}, "steal_pct": {...}, "cpu_speed": {"start": 37.1,
-                  #  "end": 36.9}, "samples": 30, ...}
+                  #  "end": 36.9, "best": 37.1}, "samples": 30, ...}
 """
 
 from __future__ import annotations
@@ -127,10 +127,13 @@ class HostLoad:
         )
         return now
 
+    def _read_speed(self, when: str) -> None:
+        speed = self.summary.setdefault("cpu_speed", {})
+        speed[when] = self.speed()
+        speed["best"] = max(speed.get("start", 0.0), speed.get("end", 0.0))  # what comparisons read (cpu_speed.py)
+
     def __enter__(self) -> HostLoad:
-        self.summary["cpu_speed"] = {
-            "start": self.speed()
-        }  # before the sampler and the sweeps: nothing else of ours runs
+        self._read_speed("start")  # before the sampler and the sweeps: nothing else of ours runs
         self._thread = threading.Thread(target=self._run, name="tbench-host-load", daemon=True)
         self._thread.start()
         return self
@@ -138,7 +141,7 @@ class HostLoad:
     def __exit__(self, exc_type, *exc) -> None:
         self.stop()
         if exc_type is None:  # after the sweeps; an interrupted run stops at once
-            self.summary["cpu_speed"]["end"] = self.speed()
+            self._read_speed("end")
 
     def stop(self) -> None:
         """Stops sampling (also on Ctrl-C: the thread wakes at once and exits; being a daemon, it never holds the

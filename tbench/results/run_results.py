@@ -39,11 +39,11 @@ class RunResults:
 
     @property
     def cpu_speed(self) -> float:
-        """The CPU probe's mean over the run's sweeps, before and after (tbench.node.cpu_speed; NaN where not
+        """The CPU probe's best reading, before or after the run's sweeps (tbench.node.cpu_speed; NaN where not
         recorded)."""
         speed = ((self.manifest.get("host") or {}).get("cpu_speed") or {}).values()
         values = [float(v) for v in speed if isinstance(v, (int, float)) and v > 0]
-        return sum(values) / len(values) if values else math.nan
+        return max(values) if values else math.nan
 
     @property
     def ok(self) -> pd.DataFrame:
