@@ -81,8 +81,10 @@ def main() -> None:
     parser.add_argument("--processes", type=int, default=16)
     args = parser.parse_args()
     root = Path(__file__).resolve().parents[1]
-    sizes = ["no model: the CPU probe", "resnet50 small", "tiny onnx"]  # the last two: the real_aa runs it reads
-    with recorded(RESULTS / "cpu_probe.json", model_sizes=sizes) as record:
+    # the last two sizes: the real_aa runs it reads
+    with recorded(
+        RESULTS / "cpu_probe.json", model_sizes=["no model: the CPU probe", "resnet50 small", "tiny onnx"]
+    ) as record:
         readings = []
         for i in range(args.processes):
             done = subprocess.run([sys.executable, "-c", PROBES], capture_output=True, text=True, check=True, cwd=root)

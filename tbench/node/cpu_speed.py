@@ -5,10 +5,10 @@ must not put that on the model: `tbench compare` names it (tbench.results.compar
 
 The work is a pure-Python loop on one core, best of a few repeats (the least disturbed one): it needs no library and
 almost no memory, so it reads the core's speed, not a neighbour's burst or the caches. ~25 ms in all. A run keeps the
-better of its two readings (`best`: the one a server's threads, still spinning after the last request, disturbed
-less). On a steady 2-core VM two runs' `best` differed by 1.58% in the median and 7.48% at most (102 pairs of runs,
-the runs' best throughput spreading by 0.55-2.81%), and in 16 fresh processes the loop spread by 3.14%, NumPy's exp
-over an L2-sized array by 3.29%: no steadier, and the loop needs no library (benchmarks/results/cpu_probe.json).
+better of its two readings (`best`: whatever else runs can only slow a reading, never speed it up). On a steady 2-core
+VM two runs' `best` differed by 1.58% in the median and 7.48% at most (102 pairs of runs, the runs' best throughput
+spreading by 0.55-2.81%), and in 16 fresh processes the loop spread by 3.14%, NumPy's exp over an L2-sized array by
+3.29%: no steadier, and the loop needs no library (benchmarks/results/cpu_probe.json).
 """
 
 from __future__ import annotations
