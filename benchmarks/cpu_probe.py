@@ -28,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # standalone: the 
 
 from tbench.results.comparison import MACHINE_MOVED  # noqa: E402
 
+READ_SIZES = ["resnet50 small", "tiny onnx"]  # the real_aa runs it reads
 PROBES = r"""
 import json, time
 import numpy as np
@@ -81,10 +82,7 @@ def main() -> None:
     parser.add_argument("--processes", type=int, default=16)
     args = parser.parse_args()
     root = Path(__file__).resolve().parents[1]
-    # the last two sizes: the real_aa runs it reads
-    with recorded(
-        RESULTS / "cpu_probe.json", model_sizes=["no model: the CPU probe", "resnet50 small", "tiny onnx"]
-    ) as record:
+    with recorded(RESULTS / "cpu_probe.json", model_sizes=["no model: the CPU probe", *READ_SIZES]) as record:
         readings = []
         for i in range(args.processes):
             done = subprocess.run([sys.executable, "-c", PROBES], capture_output=True, text=True, check=True, cwd=root)
