@@ -340,6 +340,7 @@ def _finish(tracker: RunTracker, plan: RunPlan, server, error: BaseException | N
                 guessed_shapes=tracker.guessed_shapes,
                 direct=[asdict(r) for r in tracker.direct],
                 tensors=tracker.tensor_words,
+                host=tracker.host,
             )
 
     return finish_run(tracker, error, manifest, server=server, output=req.output, report=report)

@@ -438,6 +438,8 @@ def test_flow_run_serves_every_pytorch_format_and_reports_each(prefect_harness, 
         if (fmt, "online") in stable:
             assert "Network+server Send/recv" in section
     assert "Served by: python (torchscript)." in report
+    assert "CPU probe (M steps/s)" in report and " after " in report  # the machine's speed, both sides of the sweeps
+    assert "While measuring (% of one CPU)" in report
     assert "AMD" in report or "Intel" in report or "CPU cores" in report
 
 

@@ -1,22 +1,26 @@
-"""The Markdown report's pieces that need no run: a scenario whose every point was flagged still has its section."""
+"""tbench.results.report: the rows that say what the machine did while a run measured (tbench.node.host_load)."""
 
 from __future__ import annotations
 
-import pandas as pd
-
-from tbench.core.metrics import OK, UNSTABLE
-from tbench.results.format_section import flagged_only_lines, scenario_rows
+from tbench.results.report import host_rows
 
 
-def rows(*statuses: tuple[str, str]) -> pd.DataFrame:
-    return pd.DataFrame(
-        [{"scenario": s, "status": st, "batch_size": 1, "concurrency": 1, "request_rate": None} for s, st in statuses]
-    )
+def test_the_hardware_table_says_the_cpu_probe_and_the_load_beside_the_sweeps():
+    host = {
+        "cpu_speed": {"start": 42.9, "end": 43.49, "best": 43.49},
+        "other_cpu_pct": {"mean": 1.2, "max": 6.0},
+        "steal_pct": {"mean": 0.3, "max": 4.0},
+    }
+    assert host_rows(host) == [
+        ("CPU probe (M steps/s)", "42.9 before, 43.5 after"),
+        ("While measuring (% of one CPU)", "other processes 1.2 (max 6.0), steal 0.3 (max 4.0)"),
+    ]
 
 
-def test_a_scenario_with_no_point_within_its_checks_says_so_in_its_section():
-    results = rows(("offline", UNSTABLE), ("offline", UNSTABLE), ("online", OK))
-    offline = flagged_only_lines(results, "offline", scenario_rows(results, "offline"))
-    assert offline[0] == "### Offline scenario" and f"(2 {UNSTABLE})" in offline[2]
-    assert flagged_only_lines(results, "online", scenario_rows(results, "online")) == []  # it has its own section
-    assert flagged_only_lines(results, "rate", scenario_rows(results, "rate")) == []  # not measured: nothing to say
+def test_an_interrupted_run_says_it_has_no_after_reading_and_an_old_manifest_says_nothing():
+    stopped = host_rows({"cpu_speed": {"start": 39.53, "best": 39.53}, "other_cpu_pct": {"mean": 1.0, "max": 4.0}})
+    assert stopped == [
+        ("CPU probe (M steps/s)", "39.5 before (the run stopped before the end)"),
+        ("While measuring (% of one CPU)", "other processes 1.0 (max 4.0)"),
+    ]
+    assert host_rows({}) == []

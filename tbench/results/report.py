@@ -103,6 +103,23 @@ def served_on_rows(served_on: dict[str, dict]) -> list[tuple[str, str]]:
     ]
 
 
+def host_rows(host: dict) -> list[tuple[str, str]]:
+    """What the machine did while the sweeps measured (tbench.node.host_load): its CPU probe before and after, other
+    processes' CPU and the hypervisor's steal; none for a run that recorded none."""
+    rows = []
+    speed = host.get("cpu_speed") or {}
+    if "start" in speed:
+        after = f" before, {speed['end']:.1f} after" if "end" in speed else " before (the run stopped before the end)"
+        rows.append(("CPU probe (M steps/s)", f"{speed['start']:.1f}{after}"))
+    loads = [
+        (host.get(key) or {}, what) for key, what in (("other_cpu_pct", "other processes"), ("steal_pct", "steal"))
+    ]
+    if any(load for load, _ in loads):
+        said = [f"{what} {load['mean']:.1f} (max {load['max']:.1f})" for load, what in loads if load]
+        rows.append(("While measuring (% of one CPU)", ", ".join(said)))
+    return rows
+
+
 def render_report(
     *,
     run_id: str,
@@ -126,6 +143,7 @@ def render_report(
     guessed_shapes: dict[str, list[int]] | None = None,
     direct: list[dict] | None = None,
     tensors: dict[str, str] | None = None,
+    host: dict | None = None,
 ) -> str:
     served_by = served_by or {}
     title = request.model_file or f"{request.model} ({request.size}, {request.framework})"
@@ -189,6 +207,7 @@ def render_report(
                 ("Driver", hardware.driver or "-"),
                 ("OS", hardware.os),
                 *served_on_rows(served_on or {}),
+                *host_rows(host or {}),
             ]
         ),
         "",
