@@ -214,6 +214,31 @@ def how_measured(rows: pd.DataFrame) -> str:
     )
 
 
+QUEUE_SHARE = 0.5  # of a point's mean latency: beyond it the batcher's wait, not the model, set the point
+
+
+def queue_wait_lines(online: pd.DataFrame) -> list[str]:
+    """Online points whose mean latency was mostly the dynamic batcher's wait for a batch too few clients fill (the
+    queue at half the configured delay or more): said, with the option that shortens the wait."""
+    delay_us = float(online["max_queue_delay_us"].iloc[0])
+    if not delay_us > 0:
+        return []
+    queue, avg = online["server_queue_ms"], online["avg_ms"]
+    waited = online[(queue >= QUEUE_SHARE * avg) & (queue >= 0.5 * delay_us / 1000)].sort_values("concurrency")
+    if waited.empty:
+        return []
+    points = "; ".join(
+        f"concurrency {p['concurrency']:g}: {p['server_queue_ms']:.2f} of {p['avg_ms']:.2f} ms"
+        for _, p in waited.iterrows()
+    )
+    return [
+        f"**Note**: most of these requests' latency was the server's queue ({points}): the dynamic batcher waits up to "
+        f"{delay_us:g} us for a batch that so few clients do not fill. A smaller `--queue-delay-us` serves low "
+        "concurrency faster, at some cost in throughput where many clients do fill batches.",
+        "",
+    ]
+
+
 def format_section(
     fmt: str,
     served_by: str,
@@ -287,6 +312,7 @@ def format_section(
             "",
             guide_table(online, ONLINE_COLUMNS),
             "",
+            *(queue_wait_lines(online) if batching and not served_as else []),
         ]
     lines += flagged_only_lines(rows, "online", online)
     rate = scenario_rows(rows, "rate") if not rows.empty else rows

@@ -1,0 +1,35 @@
+"""tbench.results.format_section: the online scenario's note on points whose latency was the batcher's wait."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from tbench.results.format_section import QUEUE_SHARE, queue_wait_lines
+
+
+def online(queue_ms: list[float], avg_ms: list[float], delay_us: float = 2000) -> pd.DataFrame:
+    """As the Hugging Face ResNet's online sweep came out on the 2-core CPU (a small model, the guides' 2000 us)."""
+    return pd.DataFrame(
+        {
+            "concurrency": [1, 2, 4, 8][: len(queue_ms)],
+            "server_queue_ms": queue_ms,
+            "avg_ms": avg_ms,
+            "max_queue_delay_us": delay_us,
+        }
+    )
+
+
+def test_low_concurrency_points_that_waited_for_a_batch_are_said_with_the_option_that_shortens_it():
+    lines = queue_wait_lines(online([2.116, 2.073, 0.155, 1.053], [2.984, 3.257, 1.697, 3.218]))
+    assert lines[0].startswith("**Note**: most of these requests' latency was the server's queue")
+    assert "concurrency 1: 2.12 of 2.98 ms; concurrency 2: 2.07 of 3.26 ms)" in lines[0]
+    assert "concurrency 4" not in lines[0] and "concurrency 8" not in lines[0]  # under QUEUE_SHARE of their latency
+    assert "waits up to 2000 us" in lines[0] and "--queue-delay-us" in lines[0]
+
+
+def test_a_model_slower_than_its_queue_or_a_run_without_a_delay_says_nothing():
+    assert queue_wait_lines(online([2.0, 2.0], [27.0, 30.0])) == []  # the small ResNet-50: 2 of 27 ms
+    assert (
+        queue_wait_lines(online([0.9, 0.9], [0.9 / QUEUE_SHARE, 1.0])) == []
+    )  # mostly queue, but under half the delay
+    assert queue_wait_lines(online([0.01], [0.5], delay_us=0)) == []
