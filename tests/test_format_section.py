@@ -1,10 +1,12 @@
-"""tbench.results.format_section: the online scenario's note on points whose latency was the batcher's wait."""
+"""tbench.results.format_section: the report's pieces that need no run: a scenario whose every point was flagged still
+has its section; the online scenario's note on points whose latency was the batcher's wait."""
 
 from __future__ import annotations
 
 import pandas as pd
 
-from tbench.results.format_section import QUEUE_SHARE, queue_wait_lines
+from tbench.core.metrics import OK, UNSTABLE
+from tbench.results.format_section import QUEUE_SHARE, flagged_only_lines, queue_wait_lines, scenario_rows
 
 
 def online(queue_ms: list[float], avg_ms: list[float], delay_us: float = 2000) -> pd.DataFrame:
@@ -33,3 +35,17 @@ def test_a_model_slower_than_its_queue_or_a_run_without_a_delay_says_nothing():
         queue_wait_lines(online([0.9, 0.9], [0.9 / QUEUE_SHARE, 1.0])) == []
     )  # mostly queue, but under half the delay
     assert queue_wait_lines(online([0.01], [0.5], delay_us=0)) == []
+
+
+def rows(*statuses: tuple[str, str]) -> pd.DataFrame:
+    return pd.DataFrame(
+        [{"scenario": s, "status": st, "batch_size": 1, "concurrency": 1, "request_rate": None} for s, st in statuses]
+    )
+
+
+def test_a_scenario_with_no_point_within_its_checks_says_so_in_its_section():
+    results = rows(("offline", UNSTABLE), ("offline", UNSTABLE), ("online", OK))
+    offline = flagged_only_lines(results, "offline", scenario_rows(results, "offline"))
+    assert offline[0] == "### Offline scenario" and f"(2 {UNSTABLE})" in offline[2]
+    assert flagged_only_lines(results, "online", scenario_rows(results, "online")) == []  # it has its own section
+    assert flagged_only_lines(results, "rate", scenario_rows(results, "rate")) == []  # not measured: nothing to say
