@@ -28,7 +28,8 @@ CLIENT_SHARE = 0.25  # of the CPUs, for perf_analyzer and tbench: its client thr
 # Fewer physical cores than this: not pinned. On 2 cores the server's share is one core, whose own unsteadiness on a
 # shared VM (benchmarks/results/machine_noise.json) outweighs what pinning removes: on the 2-core Intel VM the small
 # ResNet-50's per-point CV over 5 fresh runs was 6.18% pinned against 2.81-3.03% unpinned (benchmarks/real_aa.py at
-# 73f0dd2; its record at c5b8779 ran the placements one after another while the machine sped up, and decides nothing).
+# 73f0dd2), and 2.62% pinned against 1.99-2.46% unpinned with the placements run round by round on a steady machine
+# (benchmarks/results/real_aa.json at d87dfdd).
 # TBENCH_PIN_MIN_CORES sets another bound (the benchmark that measures both sets it to 2).
 MIN_CORES = 4
 TOPOLOGY = Path("/sys/devices/system/cpu")
