@@ -7,6 +7,11 @@ the machine moved (MACHINE_MOVED):
 2. **runs**: every ordered pair of runs within each set of runs in benchmarks/results/real_aa.json (one set: one
    model, one placement, minutes apart on an unchanged machine): how far their `best` readings differed, and how many
    pairs would have been said to be on a moved machine.
+3. **tracking**: whether a model's throughput follows the probe: every ordered pair of one model's repeated runs in
+   benchmarks/results/default_runs.json (fresh servers one after another), the probe's change beside the best
+   throughput's; the pairs said to be on a moved machine whose throughput moved less than half as far (the message
+   warned of a move the model did not show), and the pairs whose throughput moved beyond MACHINE_MOVED while the probe
+   did not (a move it missed); with real_aa.json's correlation of the two per set (`machine_speed`).
 
 Usage: .venv/bin/python benchmarks/cpu_probe.py [--processes 16]
 Writes benchmarks/results/cpu_probe.json with its provenance (benchmarks/provenance.py).
@@ -28,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # standalone: the 
 
 from tbench.results.comparison import MACHINE_MOVED  # noqa: E402
 
-READ_SIZES = ["resnet50 small", "tiny onnx"]  # the real_aa runs it reads
+READ_SIZES = ["resnet50 small", "tiny onnx", "tiny file", "resnet50 full"]  # the real_aa and default_runs runs it reads
 PROBES = r"""
 import json, time
 import numpy as np
@@ -77,6 +82,43 @@ def pairs_within_sets(record: dict) -> dict:
     }
 
 
+def tracking(default_runs: dict, real_aa: dict) -> dict:
+    """Each ordered pair of one model's repeated runs: how far the probe's best reading moved beside its best
+    throughput (relative changes, %), and where the two disagreed."""
+    pairs = []
+    for model in default_runs["models"]:
+        runs = [r for r in model["runs"] if r.get("status") == "completed" and r.get("cpu_speed")]
+        for a, b in itertools.permutations(runs, 2):
+            probe = max(b["cpu_speed"].values()) / max(a["cpu_speed"].values()) - 1
+            throughput = b["best_throughput"] / a["best_throughput"] - 1
+            pairs.append(
+                {
+                    "model_size": model["model_size"],
+                    "probe_pct": round(100 * probe, 2),
+                    "best_throughput_pct": round(100 * throughput, 2),
+                }
+            )
+    said = [p for p in pairs if abs(p["probe_pct"]) > 100 * MACHINE_MOVED]
+    return {
+        "source": "benchmarks/results/default_runs.json",
+        "source_commit": default_runs["provenance"]["commit"],
+        "pairs": pairs,
+        "pairs_said_moved": len(said),
+        "said_moved_model_did_not_follow": sum(
+            p["best_throughput_pct"] * p["probe_pct"] <= 0 or abs(p["best_throughput_pct"]) < abs(p["probe_pct"]) / 2
+            for p in said
+        ),
+        "model_moved_probe_did_not": sum(
+            abs(p["best_throughput_pct"]) > 100 * MACHINE_MOVED and abs(p["probe_pct"]) <= 100 * MACHINE_MOVED
+            for p in pairs
+        ),
+        "real_aa_r_probe_best_throughput": {
+            name: s["r_probe_best_throughput"] for name, s in real_aa.get("machine_speed", {}).items()
+        },
+        "real_aa_commit": real_aa["provenance"]["commit"],
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--processes", type=int, default=16)
@@ -90,8 +132,10 @@ def main() -> None:
             print(f"process {i + 1}/{args.processes}: {readings[-1]}", flush=True)
         record["processes"] = {name: spread([r[name] for r in readings]) for name in ("loop", "numpy_exp")}
         record["processes"]["count"] = args.processes
-        record["runs"] = pairs_within_sets(json.loads((RESULTS / "real_aa.json").read_text()))
-        print(json.dumps({k: record[k] for k in ("processes", "runs")}), flush=True)
+        real_aa = json.loads((RESULTS / "real_aa.json").read_text())
+        record["runs"] = pairs_within_sets(real_aa)
+        record["tracking"] = tracking(json.loads((RESULTS / "default_runs.json").read_text()), real_aa)
+        print(json.dumps({k: record[k] for k in ("processes", "runs", "tracking")}), flush=True)
 
 
 if __name__ == "__main__":
