@@ -239,6 +239,32 @@ def queue_wait_lines(online: pd.DataFrame) -> list[str]:
     ]
 
 
+FELL_SIGMAS = 2.0  # a drop beyond this many standard errors of the two points' windows is the model's, not noise
+FELL_MIN = 0.02  # and beyond this share: windows that happen to agree closely do not turn 1% into a finding
+
+
+def batch_fall_lines(offline: pd.DataFrame) -> list[str]:
+    """Offline batch sizes that served fewer inferences per second than the next smaller one, beyond both points' window
+    noise (throughput_cv): said, with the batch to prefer, since a larger batch is what a user would reach for."""
+    lines = []
+    for _, group in offline.groupby(["precision", "model_instances"], dropna=False):
+        by_batch = group.groupby("batch_size")[[THROUGHPUT.column, "throughput_cv"]].median().sort_index()
+        rows = list(by_batch.itertuples())
+        for (small, t_small, cv_small), (large, t_large, cv_large) in zip(rows, rows[1:]):
+            noise = (pd.Series([cv_small, cv_large]).fillna(0) ** 2).sum() ** 0.5
+            drop = 1 - t_large / t_small
+            if drop > max(FELL_MIN, FELL_SIGMAS * noise):
+                best = by_batch[THROUGHPUT.column].idxmax()
+                lines += [
+                    f"**Note**: batch {large:g} served {drop:.0%} fewer inferences per second than batch {small:g} "
+                    f"({t_small:,.1f} -> {t_large:,.1f}, beyond the windows' ±{noise:.1%}): on this machine this "
+                    f"model's work grew faster than its batch there, so a larger batch does not pay; its best offline "
+                    f"point is batch {best:g}.",
+                    "",
+                ]
+    return lines
+
+
 def format_section(
     fmt: str,
     served_by: str,
@@ -290,6 +316,7 @@ def format_section(
             "",
             guide_table(offline, OFFLINE_COLUMNS),
             "",
+            *(batch_fall_lines(offline) if batching else []),
         ]
     lines += flagged_only_lines(rows, "offline", offline)
     online = scenario_rows(rows, "online") if not rows.empty else rows
