@@ -456,8 +456,8 @@ def _machine_moved(base: RunResults, cand: RunResults) -> str:
     # followed the probe in neither of the pairs said here, and moved by over 10% where the probe did not
     return (
         f"the machine's CPU ran {abs(c / b - 1):.0%} {way} during the candidate's run than the baseline's (CPU probe "
-        f"{b:.1f} vs {c:.1f} M steps/s): the two ran on a machine that was not the same, though a model need not "
-        "follow the probe"
+        f"{b:.1f} vs {c:.1f} M steps/s): the machine was not the same for both runs, though a model need not follow "
+        "the probe"
     )
 
 

@@ -239,7 +239,7 @@ def queue_wait_lines(online: pd.DataFrame) -> list[str]:
     ]
 
 
-FELL_SIGMAS = 2.0  # a drop beyond this many standard errors of the two points' windows is the model's, not noise
+FELL_SIGMAS = 2.0  # a drop beyond this many times the two points' combined window CV is the model's, not noise
 FELL_MIN = 0.02  # and beyond this share: windows that happen to agree closely do not turn 1% into a finding
 
 
