@@ -1,14 +1,16 @@
 """How fast this machine's CPU runs a fixed piece of work, read just before and just after a run's sweeps (the
 manifest's host.cpu_speed). A machine that sped up or slowed down between two runs (a VM restored from a snapshot
-warming up, the hypervisor's other guests, frequency scaling) moves every figure of the run alike, and a comparison
-must not put that on the model: `tbench compare` names it (tbench.results.compare).
+warming up, the hypervisor's other guests, frequency scaling) may move every figure of the run alike: `tbench compare`
+says where two runs' probes differ (tbench.results.compare), as a fact about the machine, not a share of the change.
 
 The work is a pure-Python loop on one core, best of a few repeats (the least disturbed one): it needs no library and
 almost no memory, so it reads the core's speed, not a neighbour's burst or the caches. ~25 ms in all. A run keeps the
 better of its two readings (`best`: whatever else runs can only slow a reading, never speed it up). On a steady 2-core
-VM two runs' `best` differed by 1.58% in the median and 7.48% at most (102 pairs of runs, the runs' best throughput
-spreading by 0.55-2.81%), and in 16 fresh processes the loop spread by 3.14%, NumPy's exp over an L2-sized array by
-3.29%: no steadier, and the loop needs no library (benchmarks/results/cpu_probe.json).
+VM two runs' `best` differed by 1.58% in the median and 7.48% at most (102 pairs of runs); in 16 fresh processes the
+loop spread by 3.03%, NumPy's exp over an L2-sized array by 2.65%, about as steady, and the loop needs no library. A
+model's throughput does not follow it: of a model's repeated runs, the 2 pairs whose probes were over 10% apart
+served within 0.39% of each other, and 4 pairs whose probes stayed within 3.13% served 11.38-18.34% apart
+(benchmarks/results/cpu_probe.json).
 """
 
 from __future__ import annotations

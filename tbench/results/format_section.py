@@ -3,6 +3,7 @@ guides' table and plots, then the server's side, its composing models and any --
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pandas as pd
@@ -249,12 +250,13 @@ def batch_fall_lines(offline: pd.DataFrame) -> list[str]:
     lines = []
     for _, group in offline.groupby(["precision", "model_instances"], dropna=False):
         by_batch = group.groupby("batch_size")[[THROUGHPUT.column, "throughput_cv"]].median().sort_index()
+        by_batch["throughput_cv"] = by_batch["throughput_cv"].fillna(0.0)  # a point without windows adds no noise
+        best = by_batch[THROUGHPUT.column].idxmax()
         rows = list(by_batch.itertuples())
         for (small, t_small, cv_small), (large, t_large, cv_large) in zip(rows, rows[1:]):
-            noise = (pd.Series([cv_small, cv_large]).fillna(0) ** 2).sum() ** 0.5
+            noise = math.hypot(cv_small, cv_large)
             drop = 1 - t_large / t_small
             if drop > max(FELL_MIN, FELL_SIGMAS * noise):
-                best = by_batch[THROUGHPUT.column].idxmax()
                 lines += [
                     f"**Note**: batch {large:g} served {drop:.0%} fewer inferences per second than batch {small:g} "
                     f"({t_small:,.1f} -> {t_large:,.1f}, beyond the windows' ±{noise:.1%}): on this machine this "
