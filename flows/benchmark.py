@@ -155,21 +155,21 @@ def _benchmark(plan: RunPlan, adapter, tracker: RunTracker) -> str:
                         server.stop()
                         server_task(server)
                 with on_client_cpus(plan.placement, exclude=server.processes()):
-                    for model in measured:
+                    for model, scenario, last in sweep_order(measured, req.scenarios):
                         tracker.served_on[model.format.value] = model.device.model_dump()
-                        for scenario in req.scenarios:
-                            _measure_scenario(
-                                plan,
-                                tracker,
-                                server,
-                                model,
-                                scenario,
-                                offline_configs,
-                                shape_sets,
-                                caches,
-                                adapter.given_samples,
-                                trial,
-                            )
+                        _measure_scenario(
+                            plan,
+                            tracker,
+                            server,
+                            model,
+                            scenario,
+                            offline_configs,
+                            shape_sets,
+                            caches,
+                            adapter.given_samples,
+                            trial,
+                            last,
+                        )
         if req.direct:  # after the sweeps: the server idles while the framework runs alone
             with tracker.stage("direct"):
                 _measure_direct(plan, tracker, exported, measured, adapter)
@@ -216,6 +216,13 @@ def _measure_direct(plan: RunPlan, tracker: RunTracker, exported: Exported, meas
     write_direct(tracker.layout.run_dir, tracker.direct)
 
 
+def sweep_order(measured: list, scenarios: list[Scenario]) -> list[tuple]:
+    """Each measured format's scenarios in turn, as (model, scenario, last): the trial's last sweep is followed by a
+    server stop or restart, never by another sweep, so it need not give the models their own configs back."""
+    pairs = [(model, scenario) for model in measured for scenario in scenarios]
+    return [(model, scenario, i == len(pairs) - 1) for i, (model, scenario) in enumerate(pairs)]
+
+
 def _measure_scenario(
     plan: RunPlan,
     tracker: RunTracker,
@@ -227,10 +234,12 @@ def _measure_scenario(
     caches,
     samples,
     trial: int,
+    last: bool = False,
 ) -> None:
-    """One format's scenario in one trial, at every shape set, with its offline configs loaded."""
+    """One format's scenario in one trial, at every shape set, with its offline configs loaded (and the repository's
+    own loaded back after it, unless it is the `last` sweep on this server)."""
     offline = {n: offline_configs[n] for n in model.behind} if scenario is Scenario.OFFLINE else {}
-    with configs_loaded(server, offline):  # reloaded once for every shape set
+    with configs_loaded(server, offline, restore=not last):  # reloaded once for every shape set
         for shapes, cache in zip(shape_sets, caches):  # one set unless the user swept shapes
             _sweep(plan, tracker, server, model, scenario, shapes, cache, samples, trial)
 

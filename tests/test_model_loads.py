@@ -13,10 +13,11 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 import flows.benchmark as benchmark
 from tbench.core.enums import Scenario
+from tbench.core.errors import ServerStartError
 from tbench.search.evaluate import TritonEvaluator
 from tbench.triton.loads import log_offset, wait_released
 from tbench.triton.remote_server import RemoteServer
-from tbench.triton.server import ServerEndpoints, TritonServer
+from tbench.triton.server import ServerEndpoints, TritonServer, load_all
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = 'name: "m"\nbackend: "python"\nmax_batch_size: 8\ninput [{ name: "x" data_type: TYPE_FP32 dims: [3] }]\n'
@@ -192,6 +193,35 @@ def test_the_offline_reloads_come_before_and_after_its_sweeps_never_during_one(m
     events.clear()
     benchmark._measure_scenario(*args, Scenario.ONLINE, offline, ["a"], [None], None, 1)
     assert events == [("sweep", "a")]  # the online scenario reloads nothing
+    events.clear()
+    benchmark._measure_scenario(*args, Scenario.OFFLINE, offline, ["a"], [None], None, 1, last=True)
+    assert events == [("load", "m", "offline"), ("sweep", "a")]  # the server stops next: nothing is given back
+
+
+def test_only_a_trials_last_sweep_skips_the_restoring_reload():
+    scenarios = [Scenario.OFFLINE, Scenario.ONLINE, Scenario.OFFLINE]  # an offline sweep that is not last
+    order = benchmark.sweep_order(["onnx", "ts"], scenarios)
+    assert [(m, s) for m, s, _ in order] == [(m, s) for m in ("onnx", "ts") for s in scenarios]
+    assert [last for *_, last in order] == [False] * 5 + [True]
+    assert benchmark.sweep_order([], scenarios) == []
+
+
+def test_an_ensembles_composing_models_reload_side_by_side_and_a_failed_load_is_raised():
+    """DLRM's sparse step (TensorFlow, 5 s to load and 2 s to release) and dense step reload at once."""
+    started = []
+
+    class Server:
+        def load(self, name, config=None):
+            started.append(time.monotonic())
+            time.sleep(0.4)
+            if name == "broken":
+                raise ServerStartError("could not load broken")
+
+    began = time.monotonic()
+    load_all(Server(), {"sparse": mc.ModelConfig(name="sparse"), "dense": None})
+    assert time.monotonic() - began < 0.75 and len(started) == 2
+    with pytest.raises(ServerStartError, match="broken"):
+        load_all(Server(), {"broken": None, "dense": None})
 
 
 def test_a_reload_returns_once_the_replaced_version_is_released(grpc_only, repository, tmp_path):

@@ -23,6 +23,7 @@ from __future__ import annotations
 import re
 import time
 from abc import ABC, abstractmethod
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -249,12 +250,28 @@ def config_json(config: mc.ModelConfig) -> str:
 
 
 @contextmanager
-def configs_loaded(server: TritonServer, configs: dict[str, mc.ModelConfig]):
+def configs_loaded(server: TritonServer, configs: dict[str, mc.ModelConfig], restore: bool = True):
     """Serve models with other configs for a while (the offline scenario's static batching), then with the
-    repository's own again. A body that fails ends the run, whose server is stopped next: nothing is reloaded then
-    (an interrupted run must not wait for a model load)."""
-    for name, config in configs.items():
-        server.load(name, config)
+    repository's own again, unless `restore` is False (nothing else is measured on this server: a python-backend
+    model's reload costs seconds, an ensemble's TensorFlow step 8). A body that fails ends the run, whose server is
+    stopped next: nothing is reloaded then (an interrupted run must not wait for a model load)."""
+    load_all(server, configs)
     yield
-    for name in configs:
-        server.load(name)
+    if restore:
+        load_all(server, dict.fromkeys(configs))
+
+
+def load_all(server: TritonServer, configs: dict[str, mc.ModelConfig | None]) -> None:
+    """(Re)load several models at once, each with its config (None: the repository's own): an ensemble's composing
+    models load side by side, the ensemble reloaded after each (DLRM's two steps: 8 s, not 11). An interrupted wait
+    leaves the loads that have not begun undone."""
+    if len(configs) < 2:
+        for name, config in configs.items():
+            server.load(name, config)
+        return
+    pool = ThreadPoolExecutor(len(configs), thread_name_prefix="tbench-load")
+    try:
+        for done in [pool.submit(server.load, name, config) for name, config in configs.items()]:
+            done.result()  # the first failure, as a serial load would raise it
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
