@@ -40,7 +40,7 @@ from tbench.stages.tracker import COMPLETED_WITH_FAILURES, FAILED, STATE_COMPLET
 from tbench.team.pools import check_worker_hardware
 from tbench.triton.monitor import PointMonitor
 from tbench.triton.repository import write_ensemble, write_offline_configs
-from tbench.triton.server import configs_loaded
+from tbench.triton.server import serve_configs
 from tbench.triton.server_modes import make_server
 
 
@@ -155,21 +155,21 @@ def _benchmark(plan: RunPlan, adapter, tracker: RunTracker) -> str:
                         server.stop()
                         server_task(server)
                 with on_client_cpus(plan.placement, exclude=server.processes()):
-                    for model, scenario, last in sweep_order(measured, req.scenarios):
+                    for model in measured:
                         tracker.served_on[model.format.value] = model.device.model_dump()
-                        _measure_scenario(
-                            plan,
-                            tracker,
-                            server,
-                            model,
-                            scenario,
-                            offline_configs,
-                            shape_sets,
-                            caches,
-                            adapter.given_samples,
-                            trial,
-                            last,
-                        )
+                        for scenario in req.scenarios:
+                            _measure_scenario(
+                                plan,
+                                tracker,
+                                server,
+                                model,
+                                scenario,
+                                offline_configs,
+                                shape_sets,
+                                caches,
+                                adapter.given_samples,
+                                trial,
+                            )
         if req.direct:  # after the sweeps: the server idles while the framework runs alone
             with tracker.stage("direct"):
                 _measure_direct(plan, tracker, exported, measured, adapter)
@@ -216,13 +216,6 @@ def _measure_direct(plan: RunPlan, tracker: RunTracker, exported: Exported, meas
     write_direct(tracker.layout.run_dir, tracker.direct)
 
 
-def sweep_order(measured: list, scenarios: list[Scenario]) -> list[tuple]:
-    """Each measured format's scenarios in turn, as (model, scenario, last): the trial's last sweep is followed by a
-    server stop or restart, never by another sweep, so it need not give the models their own configs back."""
-    pairs = [(model, scenario) for model in measured for scenario in scenarios]
-    return [(model, scenario, i == len(pairs) - 1) for i, (model, scenario) in enumerate(pairs)]
-
-
 def _measure_scenario(
     plan: RunPlan,
     tracker: RunTracker,
@@ -234,14 +227,13 @@ def _measure_scenario(
     caches,
     samples,
     trial: int,
-    last: bool = False,
 ) -> None:
-    """One format's scenario in one trial, at every shape set, with its offline configs loaded (and the repository's
-    own loaded back after it, unless it is the `last` sweep on this server)."""
-    offline = {n: offline_configs[n] for n in model.behind} if scenario is Scenario.OFFLINE else {}
-    with configs_loaded(server, offline, restore=not last):  # reloaded once for every shape set
-        for shapes, cache in zip(shape_sets, caches):  # one set unless the user swept shapes
-            _sweep(plan, tracker, server, model, scenario, shapes, cache, samples, trial)
+    """One format's scenario in one trial, at every shape set: its models served with the offline configs for the
+    offline scenario and with their own for every other, reloaded only where the server serves them otherwise now."""
+    offline = scenario is Scenario.OFFLINE
+    serve_configs(server, {n: offline_configs[n] if offline else None for n in model.behind})  # once for every set
+    for shapes, cache in zip(shape_sets, caches):  # one set unless the user swept shapes
+        _sweep(plan, tracker, server, model, scenario, shapes, cache, samples, trial)
 
 
 def _sweep(

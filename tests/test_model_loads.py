@@ -1,6 +1,6 @@
 """Models are loaded over gRPC, never over HTTP (loading over HTTP stalled live inference for seconds where gRPC took
 a millisecond: commaai/miniray PR 93), and never while perf_analyzer measures: the offline scenario's reload with its
-static config comes before the sweep's warm-up and the restoring reload after its last point."""
+static config comes before the sweep's warm-up, as does the reload that gives an online sweep the model's own."""
 
 import ast
 import threading
@@ -17,7 +17,7 @@ from tbench.core.errors import ServerStartError
 from tbench.search.evaluate import TritonEvaluator
 from tbench.triton.loads import log_offset, wait_released
 from tbench.triton.remote_server import RemoteServer
-from tbench.triton.server import ServerEndpoints, TritonServer, load_all
+from tbench.triton.server import ServerEndpoints, TritonServer, load_all, serve_configs
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = 'name: "m"\nbackend: "python"\nmax_batch_size: 8\ninput [{ name: "x" data_type: TYPE_FP32 dims: [3] }]\n'
@@ -170,14 +170,17 @@ def test_no_load_or_unload_in_tbench_is_made_with_an_http_client():
                 assert "tritonclient.grpc" in ast.get_source_segment(source, fn), module
 
 
-def test_the_offline_reloads_come_before_and_after_its_sweeps_never_during_one(monkeypatch):
+def test_a_sweep_loads_the_configs_it_needs_before_it_never_during_it_and_gives_nothing_back(monkeypatch):
     events: list[tuple] = []
     measuring = []
 
     class Server:
+        overridden: dict = {}
+
         def load(self, name, config=None):
             assert not measuring, "a model load during a measurement"
             events.append(("load", name, "offline" if config is not None else "own"))
+            self.overridden = {name: config} if config is not None else {}
 
     def sweep(plan, tracker, server, model, scenario, shapes, cache, samples, trial):
         measuring.append(shapes)
@@ -189,21 +192,28 @@ def test_the_offline_reloads_come_before_and_after_its_sweeps_never_during_one(m
     offline = {"m": mc.ModelConfig(name="m", max_batch_size=8)}
     args = (None, None, Server(), model)
     benchmark._measure_scenario(*args, Scenario.OFFLINE, offline, ["a", "b"], [None, None], None, 1)
-    assert events == [("load", "m", "offline"), ("sweep", "a"), ("sweep", "b"), ("load", "m", "own")]
+    assert events == [("load", "m", "offline"), ("sweep", "a"), ("sweep", "b")]  # once for every shape set
+    events.clear()
+    benchmark._measure_scenario(*args, Scenario.OFFLINE, offline, ["a"], [None], None, 1)
+    assert events == [("sweep", "a")]  # served so already
     events.clear()
     benchmark._measure_scenario(*args, Scenario.ONLINE, offline, ["a"], [None], None, 1)
-    assert events == [("sweep", "a")]  # the online scenario reloads nothing
+    assert events == [("load", "m", "own"), ("sweep", "a")]  # the online scenario wants the repository's own
     events.clear()
-    benchmark._measure_scenario(*args, Scenario.OFFLINE, offline, ["a"], [None], None, 1, last=True)
-    assert events == [("load", "m", "offline"), ("sweep", "a")]  # the server stops next: nothing is given back
+    benchmark._measure_scenario(*args, Scenario.ONLINE, offline, ["a"], [None], None, 1)
+    assert events == [("sweep", "a")]
 
 
-def test_only_a_trials_last_sweep_skips_the_restoring_reload():
-    scenarios = [Scenario.OFFLINE, Scenario.ONLINE, Scenario.OFFLINE]  # an offline sweep that is not last
-    order = benchmark.sweep_order(["onnx", "ts"], scenarios)
-    assert [(m, s) for m, s, _ in order] == [(m, s) for m in ("onnx", "ts") for s in scenarios]
-    assert [last for *_, last in order] == [False] * 5 + [True]
-    assert benchmark.sweep_order([], scenarios) == []
+def test_a_server_knows_which_models_it_serves_with_another_config(grpc_only, repository, tmp_path):
+    server = StartedServer(repository, tmp_path / "server.log")
+    static = mc.ModelConfig(name="m", max_batch_size=8)
+    serve_configs(server, {"m": None})
+    assert grpc_only == [] and server.overridden == {}  # its own already: nothing to load
+    serve_configs(server, {"m": static})
+    serve_configs(server, {"m": static})
+    assert len(grpc_only) == 1 and server.overridden == {"m": static}
+    serve_configs(server, {"m": None})
+    assert len(grpc_only) == 2 and server.overridden == {}
 
 
 def test_an_ensembles_composing_models_reload_side_by_side_and_a_failed_load_is_raised():

@@ -179,18 +179,24 @@ def test_a_model_the_server_does_not_have_is_refused_naming_what_it_has(served_s
 
 
 @pytest.mark.e2e
-def test_the_offline_reload_gives_the_model_its_own_config_back(served_small, small_artifacts):
-    """Triton keeps a load's config override through a later load without one: the offline scenario's static config
-    stayed in place for the online scenario (no dynamic batcher) until the repository's own was sent back."""
+def test_the_offline_configs_stay_until_a_sweep_asks_for_the_models_own(served_small, small_artifacts):
+    """Triton keeps a load's config override through a later load without one: the repository's own is sent back
+    explicitly when a sweep asks for it, and a config the model is served with already is not loaded again."""
     import tritonclient.grpc as grpcclient
 
     from tbench.triton.repository import ServingConfig, build_config
-    from tbench.triton.server import configs_loaded
+    from tbench.triton.server import serve_configs
 
     client = grpcclient.InferenceServerClient(served_small.endpoints.grpc_url)
     static = build_config(ServingConfig("resnet50", 8, [4, 8], 1000, 1, batching="static"), small_artifacts[0])
-    with configs_loaded(served_small, {"resnet50": static}):
+    try:
+        serve_configs(served_small, {"resnet50": static})
         assert not client.get_model_config("resnet50").config.HasField("dynamic_batching")
+        log_size = served_small.log_path.stat().st_size
+        serve_configs(served_small, {"resnet50": static})  # served so already: no load
+        assert "loading: resnet50" not in served_small.log_path.read_text()[log_size:]
+    finally:
+        serve_configs(served_small, {"resnet50": None})
     assert client.get_model_config("resnet50").config.dynamic_batching.max_queue_delay_microseconds == 1000
     client.close()
 

@@ -166,6 +166,7 @@ class ProcessServer(TritonServer):
         if self.alive():  # a second start would orphan the first server (and its stubs and shared memory)
             raise ServerStartError(f"this {self.mode} tritonserver is already running ({self._running_as()})")
         tries = 1
+        self.overridden = {}  # a fresh process serves the repository's own configs (a trial's restart too)
         while True:
             self._before_launch()
             self.proc = procs.start(

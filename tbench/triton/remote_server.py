@@ -199,6 +199,7 @@ class RemoteServer(TritonServer):
                 raise ServerStartError(f"remote Triton at {self.endpoints.grpc_url} is not live")
             log.write(f"server metadata: {json.dumps(client.get_server_metadata(as_json=True))}\n")
             names = self.load_order()
+            self.overridden = {}  # each is loaded with our config below
             if taken := [n for n in names if self.taken(client, n)]:  # checked before the first load: nothing to undo
                 self._refuse(taken)
             for name in names:

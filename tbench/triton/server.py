@@ -13,7 +13,7 @@ tbench/triton/capabilities.py) is read once per run by `capabilities()`, each mo
 exported: the plan picks each model's format from it, and a server we launch gets the flags its version has.
 
 This module holds what every mode shares: the interface (`TritonServer`), its endpoints, the start-failure helpers
-and the config overrides (`configs_loaded`). The modes live beside it, so the interface imports none of them:
+and the config overrides (`serve_configs`). The modes live beside it, so the interface imports none of them:
 embedded, local and docker in triton/process_server.py, remote in triton/remote_server.py, and the choice between
 them (`make_server`) in triton/server_modes.py.
 """
@@ -24,7 +24,6 @@ import re
 import time
 from abc import ABC, abstractmethod
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -93,6 +92,8 @@ class TritonServer(ABC):
         self.log_path = log_path
         self.start_timeout_s = start_timeout_s
         self._capabilities: ServerCapabilities | None = None
+        # the models served now with a config other than the repository's (the offline scenario's), by name
+        self.overridden: dict[str, mc.ModelConfig] = {}
 
     @property
     @abstractmethod
@@ -171,6 +172,10 @@ class TritonServer(ABC):
             ) from None
         finally:
             client.close()
+        if config is None:
+            self.overridden.pop(name, None)
+        else:
+            self.overridden[name] = config
         if replacing:
             wait_released(self.log_path, name, offset)  # before anything is measured on it
 
@@ -249,16 +254,12 @@ def config_json(config: mc.ModelConfig) -> str:
     return json_format.MessageToJson(config, preserving_proto_field_name=True)
 
 
-@contextmanager
-def configs_loaded(server: TritonServer, configs: dict[str, mc.ModelConfig], restore: bool = True):
-    """Serve models with other configs for a while (the offline scenario's static batching), then with the
-    repository's own again, unless `restore` is False (nothing else is measured on this server: a python-backend
-    model's reload costs seconds, an ensemble's TensorFlow step 8). A body that fails ends the run, whose server is
-    stopped next: nothing is reloaded then (an interrupted run must not wait for a model load)."""
-    load_all(server, configs)
-    yield
-    if restore:
-        load_all(server, dict.fromkeys(configs))
+def serve_configs(server: TritonServer, configs: dict[str, mc.ModelConfig | None]) -> None:
+    """Serve each model with its config (None: the repository's own), reloading only those the server serves otherwise
+    now: a sweep asks for what it needs and nothing is given back after it, so the offline scenario's configs stay
+    until a later sweep wants the models' own (a python-backend model's reload costs seconds, an ensemble's
+    TensorFlow step 8), and a run whose last sweep is offline reloads nothing before its server stops."""
+    load_all(server, {name: config for name, config in configs.items() if server.overridden.get(name) != config})
 
 
 def load_all(server: TritonServer, configs: dict[str, mc.ModelConfig | None]) -> None:
