@@ -40,7 +40,7 @@ from tbench.stages.tracker import COMPLETED_WITH_FAILURES, FAILED, STATE_COMPLET
 from tbench.team.pools import check_worker_hardware
 from tbench.triton.monitor import PointMonitor
 from tbench.triton.repository import write_ensemble, write_offline_configs
-from tbench.triton.server import serve_configs
+from tbench.triton.server import configs_to_load, serve_configs
 from tbench.triton.server_modes import make_server
 
 
@@ -229,9 +229,14 @@ def _measure_scenario(
     trial: int,
 ) -> None:
     """One format's scenario in one trial, at every shape set: its models served with the offline configs for the
-    offline scenario and with their own for every other, reloaded only where the server serves them otherwise now."""
+    offline scenario and with their own for every other, reloaded only where the server serves them otherwise now
+    (once for every shape set), in a stage of its own: its seconds are not the sweep's, and an interrupt is named."""
     offline = scenario is Scenario.OFFLINE
-    serve_configs(server, {n: offline_configs[n] if offline else None for n in model.behind})  # once for every set
+    wanted = {n: offline_configs[n] if offline else None for n in model.behind}
+    if configs_to_load(server, wanted):
+        trial_tag = f"trial{trial}" if plan.req.trials > 1 else ""
+        with tracker.stage("-".join(filter(None, ("reload", scenario.value, model.format.value, trial_tag)))):
+            serve_configs(server, wanted)
     for shapes, cache in zip(shape_sets, caches):  # one set unless the user swept shapes
         _sweep(plan, tracker, server, model, scenario, shapes, cache, samples, trial)
 

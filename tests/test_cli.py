@@ -218,6 +218,7 @@ def test_an_interrupt_after_the_store_says_the_run_is_complete():
     from rich.progress import Progress
 
     from tbench.cli.common import RichProgress, interrupted_line
+    from tbench.stages.run_status import INTERRUPTED
 
     listener = RichProgress(Progress(console=Console(file=io.StringIO())))
     for stage in ("perf-offline-onnx", "store"):
@@ -232,6 +233,13 @@ def test_an_interrupt_after_the_store_says_the_run_is_complete():
         swept("stage_start", stage=stage)
         swept("stage_end", stage=stage, status=status, seconds=1.0)
     assert not swept.stored
+    # an interrupt between two stages (none of them interrupted): the run's end says so, and names no stage
+    between = RichProgress(Progress(console=Console(file=io.StringIO())))
+    for stage in ("accuracy-onnx", "server-stop", "store"):
+        between("stage_start", stage=stage)
+        between("stage_end", stage=stage, status="completed", seconds=1.0)
+    between("run_end", url="/tmp/run", status=INTERRUPTED, detail="interrupted by Ctrl-C (SIGINT)", stage=None)
+    assert not between.stored and between.stage_name is None
     assert after.startswith("by Ctrl-C (SIGINT) after the run was stored: it is complete")
     before = interrupted_line(KeyboardInterrupt("SIGTERM"), " during perf-offline-onnx", stored=False)
     assert before.startswith("by SIGTERM during perf-offline-onnx; the server is stopped and every point measured")

@@ -3,6 +3,7 @@ a millisecond: commaai/miniray PR 93), and never while perf_analyzer measures: t
 static config comes before the sweep's warm-up, as does the reload that gives an online sweep the model's own."""
 
 import ast
+import contextlib
 import threading
 import time
 from pathlib import Path
@@ -12,7 +13,7 @@ import pytest
 from tritonclient.grpc import model_config_pb2 as mc
 
 import flows.benchmark as benchmark
-from tbench.core.enums import Scenario
+from tbench.core.enums import Format, Scenario
 from tbench.core.errors import ServerStartError
 from tbench.search.evaluate import TritonEvaluator
 from tbench.triton.loads import log_offset, wait_released
@@ -170,7 +171,7 @@ def test_no_load_or_unload_in_tbench_is_made_with_an_http_client():
                 assert "tritonclient.grpc" in ast.get_source_segment(source, fn), module
 
 
-def test_a_sweep_loads_the_configs_it_needs_before_it_never_during_it_and_gives_nothing_back(monkeypatch):
+def test_a_sweep_loads_the_configs_it_needs_in_a_stage_before_it_and_gives_nothing_back(monkeypatch):
     events: list[tuple] = []
     measuring = []
 
@@ -182,25 +183,34 @@ def test_a_sweep_loads_the_configs_it_needs_before_it_never_during_it_and_gives_
             events.append(("load", name, "offline" if config is not None else "own"))
             self.overridden = {name: config} if config is not None else {}
 
+    class Tracker:
+        @contextlib.contextmanager
+        def stage(self, name):
+            events.append(("stage", name))
+            yield
+
     def sweep(plan, tracker, server, model, scenario, shapes, cache, samples, trial):
         measuring.append(shapes)
         events.append(("sweep", shapes))
         measuring.pop()
 
     monkeypatch.setattr(benchmark, "_sweep", sweep)
-    model = SimpleNamespace(behind=["m"])
+    model = SimpleNamespace(behind=["m"], format=Format.ONNX)
     offline = {"m": mc.ModelConfig(name="m", max_batch_size=8)}
-    args = (None, None, Server(), model)
+    plan = SimpleNamespace(req=SimpleNamespace(trials=2))
+    args = (plan, Tracker(), Server(), model)
     benchmark._measure_scenario(*args, Scenario.OFFLINE, offline, ["a", "b"], [None, None], None, 1)
-    assert events == [("load", "m", "offline"), ("sweep", "a"), ("sweep", "b")]  # once for every shape set
+    # once for every shape set, in a stage named for what is loaded
+    assert events == [("stage", "reload-offline-onnx-trial1"), ("load", "m", "offline"), ("sweep", "a"), ("sweep", "b")]
     events.clear()
     benchmark._measure_scenario(*args, Scenario.OFFLINE, offline, ["a"], [None], None, 1)
-    assert events == [("sweep", "a")]  # served so already
+    assert events == [("sweep", "a")]  # served so already: no load, no stage
     events.clear()
-    benchmark._measure_scenario(*args, Scenario.ONLINE, offline, ["a"], [None], None, 1)
-    assert events == [("load", "m", "own"), ("sweep", "a")]  # the online scenario wants the repository's own
+    benchmark._measure_scenario(*args, Scenario.ONLINE, offline, ["a"], [None], None, 2)
+    # the online scenario wants the repository's own
+    assert events == [("stage", "reload-online-onnx-trial2"), ("load", "m", "own"), ("sweep", "a")]
     events.clear()
-    benchmark._measure_scenario(*args, Scenario.ONLINE, offline, ["a"], [None], None, 1)
+    benchmark._measure_scenario(*args, Scenario.ONLINE, offline, ["a"], [None], None, 2)
     assert events == [("sweep", "a")]
 
 

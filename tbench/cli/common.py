@@ -21,6 +21,7 @@ from rich.progress import (
 
 from tbench.core import progress
 from tbench.core.errors import BenchError, ConfigError, error_line, validation_line
+from tbench.stages.run_status import INTERRUPTED
 
 console = Console(stderr=True, soft_wrap=True, emoji=False)  # "start:end:step" is not an emoji
 
@@ -194,7 +195,10 @@ class RichProgress:
     def _show(self, event: str, **data) -> None:
         if event == "run_end":
             self.run_url, self.status, self.detail = data["url"], data["status"], data.get("detail", "")
-            self.stage_name = data.get("stage") or self.stage_name
+            if self.status == INTERRUPTED:  # in a stage (named), or between two (none): the finish's store does not
+                self.stage_name, self.stored = data.get("stage"), False  # make it whole
+            else:
+                self.stage_name = data.get("stage") or self.stage_name
         elif event == "lock_wait":
             self.bar.console.print(
                 f"  [yellow]waiting[/] {data['waited_s']:.0f} s for the device lock: held by {data['holder']}"

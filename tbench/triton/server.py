@@ -254,12 +254,17 @@ def config_json(config: mc.ModelConfig) -> str:
     return json_format.MessageToJson(config, preserving_proto_field_name=True)
 
 
+def configs_to_load(server: TritonServer, configs: dict[str, mc.ModelConfig | None]) -> dict:
+    """The models among `configs` (each with the config wanted; None: the repository's own) that the server serves
+    with another config now: a sweep asks for what it needs and nothing is given back after it, so the offline
+    scenario's configs stay until a later sweep wants the models' own (a python-backend model's reload costs seconds,
+    an ensemble's TensorFlow step 8), and a run whose last sweep is offline reloads nothing before its server stops."""
+    return {name: config for name, config in configs.items() if server.overridden.get(name) != config}
+
+
 def serve_configs(server: TritonServer, configs: dict[str, mc.ModelConfig | None]) -> None:
-    """Serve each model with its config (None: the repository's own), reloading only those the server serves otherwise
-    now: a sweep asks for what it needs and nothing is given back after it, so the offline scenario's configs stay
-    until a later sweep wants the models' own (a python-backend model's reload costs seconds, an ensemble's
-    TensorFlow step 8), and a run whose last sweep is offline reloads nothing before its server stops."""
-    load_all(server, {name: config for name, config in configs.items() if server.overridden.get(name) != config})
+    """Serve each model with its config, reloading only those `configs_to_load` names."""
+    load_all(server, configs_to_load(server, configs))
 
 
 def load_all(server: TritonServer, configs: dict[str, mc.ModelConfig | None]) -> None:
