@@ -269,8 +269,9 @@ def serve_configs(server: TritonServer, configs: dict[str, mc.ModelConfig | None
 
 def load_all(server: TritonServer, configs: dict[str, mc.ModelConfig | None]) -> None:
     """(Re)load several models at once, each with its config (None: the repository's own): an ensemble's composing
-    models load side by side, the ensemble reloaded after each (DLRM's two steps: 8 s, not 11). An interrupted wait
-    leaves the loads that have not begun undone."""
+    models load side by side and Triton reloads the ensemble with them (DLRM's two steps: 8 s, not 11). Never the
+    ensemble itself: Triton 2.51 reloads the steps of an ensemble it is asked to load from their files when those were
+    written lately, dropping their overrides. An interrupted wait leaves the loads that have not begun undone."""
     if len(configs) < 2:
         for name, config in configs.items():
             server.load(name, config)
