@@ -40,7 +40,7 @@ from tbench.stages.tracker import COMPLETED_WITH_FAILURES, FAILED, STATE_COMPLET
 from tbench.team.pools import check_worker_hardware
 from tbench.triton.monitor import PointMonitor
 from tbench.triton.repository import write_ensemble, write_offline_configs
-from tbench.triton.server import configs_to_load, serve_configs
+from tbench.triton.server import configs_to_load, load_all
 from tbench.triton.server_modes import make_server
 
 
@@ -232,13 +232,18 @@ def _measure_scenario(
     offline scenario and with their own for every other, reloaded only where the server serves them otherwise now
     (once for every shape set), in a stage of its own: its seconds are not the sweep's, and an interrupt is named."""
     offline = scenario is Scenario.OFFLINE
-    wanted = {n: offline_configs[n] if offline else None for n in model.behind}
-    if configs_to_load(server, wanted):
-        trial_tag = f"trial{trial}" if plan.req.trials > 1 else ""
-        with tracker.stage("-".join(filter(None, ("reload", scenario.value, model.format.value, trial_tag)))):
-            serve_configs(server, wanted)
+    if pending := configs_to_load(server, {n: offline_configs[n] if offline else None for n in model.behind}):
+        with tracker.stage(_stage_key(plan, "reload", scenario, model, trial)):
+            load_all(server, pending)
     for shapes, cache in zip(shape_sets, caches):  # one set unless the user swept shapes
         _sweep(plan, tracker, server, model, scenario, shapes, cache, samples, trial)
+
+
+def _stage_key(plan: RunPlan, what: str, scenario: Scenario, model, trial: int, shapes_tag: str = "") -> str:
+    """A sweep's stage name (`perf-offline-onnx`, `reload-online-onnx-trial2`): its shape set and trial where a run
+    has several."""
+    trial_tag = f"trial{trial}" if plan.req.trials > 1 else ""
+    return "-".join(filter(None, (what, scenario.value, model.format.value, shapes_tag, trial_tag)))
 
 
 def _sweep(
@@ -246,8 +251,7 @@ def _sweep(
 ) -> None:
     """One format's sweep of one scenario at one shape set in one trial: a stage of its own, every point kept as
     measured."""
-    trial_tag = f"trial{trial}" if plan.req.trials > 1 else ""
-    key = "-".join(filter(None, ("perf", scenario.value, model.format.value, shapes.tag, trial_tag)))
+    key = _stage_key(plan, "perf", scenario, model, trial, shapes.tag)
     labels = {**model.labels, "shapes": shapes.label}
     with tracker.stage(key):
         table = perf_task(

@@ -31,7 +31,7 @@ from tbench.triton.monitor import PointMonitor
 from tbench.triton.process_server import EmbeddedServer, LocalServer
 from tbench.triton.remote_server import RemoteServer
 from tbench.triton.repository import ServingConfig, build_config, write_repository
-from tbench.triton.server import serve_configs
+from tbench.triton.server import configs_to_load, load_all
 
 pytestmark = pytest.mark.e2e
 
@@ -635,12 +635,12 @@ def test_remote_mode_uploads_loads_and_unloads_through_the_client(small_artifact
         assert out["output__0"].shape == (2, 10)
         # the offline scenario's reload with a static-batching config, then back to the repository's own
         static = build_config(ServingConfig("resnet50", 8, [8], 100, 1, batching="static"), small_artifacts[0])
-        serve_configs(remote, {"resnet50": static})
+        load_all(remote, configs_to_load(remote, {"resnet50": static}))
         assert not client.get_model_config("resnet50").config.HasField("dynamic_batching")
         assert infer_triton(client, "resnet50", small_adapter.io_spec(), small_adapter.sample_batch(2))[
             "output__0"
         ].shape == (2, 10)
-        serve_configs(remote, {"resnet50": None})
+        load_all(remote, configs_to_load(remote, {"resnet50": None}))
         assert client.get_model_config("resnet50").config.dynamic_batching.max_queue_delay_microseconds == 100
         remote.stop()
         assert not client.is_model_ready("resnet50")

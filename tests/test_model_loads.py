@@ -18,7 +18,7 @@ from tbench.core.errors import ServerStartError
 from tbench.search.evaluate import TritonEvaluator
 from tbench.triton.loads import log_offset, wait_released
 from tbench.triton.remote_server import RemoteServer
-from tbench.triton.server import ServerEndpoints, TritonServer, load_all, serve_configs
+from tbench.triton.server import ServerEndpoints, TritonServer, configs_to_load, load_all
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = 'name: "m"\nbackend: "python"\nmax_batch_size: 8\ninput [{ name: "x" data_type: TYPE_FP32 dims: [3] }]\n'
@@ -217,12 +217,12 @@ def test_a_sweep_loads_the_configs_it_needs_in_a_stage_before_it_and_gives_nothi
 def test_a_server_knows_which_models_it_serves_with_another_config(grpc_only, repository, tmp_path):
     server = StartedServer(repository, tmp_path / "server.log")
     static = mc.ModelConfig(name="m", max_batch_size=8)
-    serve_configs(server, {"m": None})
+    load_all(server, configs_to_load(server, {"m": None}))
     assert grpc_only == [] and server.overridden == {}  # its own already: nothing to load
-    serve_configs(server, {"m": static})
-    serve_configs(server, {"m": static})
+    load_all(server, configs_to_load(server, {"m": static}))
+    load_all(server, configs_to_load(server, {"m": static}))
     assert len(grpc_only) == 1 and server.overridden == {"m": static}
-    serve_configs(server, {"m": None})
+    load_all(server, configs_to_load(server, {"m": None}))
     assert len(grpc_only) == 2 and server.overridden == {}
 
 

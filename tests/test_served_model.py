@@ -185,18 +185,18 @@ def test_the_offline_configs_stay_until_a_sweep_asks_for_the_models_own(served_s
     import tritonclient.grpc as grpcclient
 
     from tbench.triton.repository import ServingConfig, build_config
-    from tbench.triton.server import serve_configs
+    from tbench.triton.server import configs_to_load, load_all
 
     client = grpcclient.InferenceServerClient(served_small.endpoints.grpc_url)
     static = build_config(ServingConfig("resnet50", 8, [4, 8], 1000, 1, batching="static"), small_artifacts[0])
     try:
-        serve_configs(served_small, {"resnet50": static})
+        load_all(served_small, configs_to_load(served_small, {"resnet50": static}))
         assert not client.get_model_config("resnet50").config.HasField("dynamic_batching")
         log_size = served_small.log_path.stat().st_size
-        serve_configs(served_small, {"resnet50": static})  # served so already: no load
+        load_all(served_small, configs_to_load(served_small, {"resnet50": static}))  # served so already: no load
         assert "loading: resnet50" not in served_small.log_path.read_text()[log_size:]
     finally:
-        serve_configs(served_small, {"resnet50": None})
+        load_all(served_small, configs_to_load(served_small, {"resnet50": None}))
     assert client.get_model_config("resnet50").config.dynamic_batching.max_queue_delay_microseconds == 1000
     client.close()
 

@@ -13,9 +13,9 @@ tbench/triton/capabilities.py) is read once per run by `capabilities()`, each mo
 exported: the plan picks each model's format from it, and a server we launch gets the flags its version has.
 
 This module holds what every mode shares: the interface (`TritonServer`), its endpoints, the start-failure helpers
-and the config overrides (`serve_configs`). The modes live beside it, so the interface imports none of them:
-embedded, local and docker in triton/process_server.py, remote in triton/remote_server.py, and the choice between
-them (`make_server`) in triton/server_modes.py.
+and the config overrides (`configs_to_load`, `load_all`). The modes live beside it, so the interface imports none of
+them: embedded, local and docker in triton/process_server.py, remote in triton/remote_server.py, and the choice
+between them (`make_server`) in triton/server_modes.py.
 """
 
 from __future__ import annotations
@@ -260,11 +260,6 @@ def configs_to_load(server: TritonServer, configs: dict[str, mc.ModelConfig | No
     scenario's configs stay until a later sweep wants the models' own (a python-backend model's reload costs seconds,
     an ensemble's TensorFlow step 8), and a run whose last sweep is offline reloads nothing before its server stops."""
     return {name: config for name, config in configs.items() if server.overridden.get(name) != config}
-
-
-def serve_configs(server: TritonServer, configs: dict[str, mc.ModelConfig | None]) -> None:
-    """Serve each model with its config, reloading only those `configs_to_load` names."""
-    load_all(server, configs_to_load(server, configs))
 
 
 def load_all(server: TritonServer, configs: dict[str, mc.ModelConfig | None]) -> None:
