@@ -39,7 +39,7 @@ from tbench.stages.tensor_path import server_tensor_paths, tensor_words
 from tbench.stages.tracker import COMPLETED_WITH_FAILURES, FAILED, STATE_COMPLETED_WITH_FAILURES, RunTracker
 from tbench.team.pools import check_worker_hardware
 from tbench.triton.monitor import PointMonitor
-from tbench.triton.repository import write_ensemble, write_offline_configs
+from tbench.triton.repository import OFFLINE_CONFIG, write_ensemble, write_offline_configs
 from tbench.triton.server import configs_to_load, load_all
 from tbench.triton.server_modes import make_server
 
@@ -117,8 +117,10 @@ def _benchmark(plan: RunPlan, adapter, tracker: RunTracker) -> str:
                     [(name, a.io_spec) for name, a in serving.composing],
                 )
             offline_configs = (
-                write_offline_configs(layout.offline_configs_dir, configs) if Scenario.OFFLINE in req.scenarios else {}
+                write_offline_configs(layout.repository_dir, configs) if Scenario.OFFLINE in req.scenarios else {}
             )
+            if req.scenarios[0] is Scenario.OFFLINE:  # the first sweep's configs from the start: no reload before it
+                server.serve_from_start(OFFLINE_CONFIG, offline_configs)
         with tracker.stage("server-start"):
             server_task(server)
             serving = serving.confirmed(server)
@@ -230,11 +232,14 @@ def _measure_scenario(
 ) -> None:
     """One format's scenario in one trial, at every shape set: its models served with the offline configs for the
     offline scenario and with their own for every other, reloaded only where the server serves them otherwise now
-    (once for every shape set), in a stage of its own: its seconds are not the sweep's, and an interrupt is named."""
+    (once for every shape set), in a stage of its own (its seconds are not the sweep's, and an interrupt is named),
+    and read back from the server before the first point."""
     offline = scenario is Scenario.OFFLINE
-    if pending := configs_to_load(server, {n: offline_configs[n] if offline else None for n in model.behind}):
+    wanted = {n: offline_configs[n] if offline else None for n in model.behind}
+    if pending := configs_to_load(server, wanted):
         with tracker.stage(_stage_key(plan, "reload", scenario, model, trial)):
             load_all(server, pending)
+    server.confirm(wanted)
     for shapes, cache in zip(shape_sets, caches):  # one set unless the user swept shapes
         _sweep(plan, tracker, server, model, scenario, shapes, cache, samples, trial)
 

@@ -24,6 +24,7 @@ from tbench.planning.run_plan import RunPlan
 from tbench.request.benchmark import PYTHON_BACKEND_RUNTIMES, BenchmarkRequest, Measurement
 from tbench.triton.capabilities import (
     CLIENT_SHM_FLAG,
+    CONFIG_NAME_FLAG,
     LATENCY_HISTOGRAM,
     NATIVE_SINCE,
     TORCH_AOTI,
@@ -106,6 +107,7 @@ def test_the_release_constants_hold_the_versions_the_release_notes_name():
     assert ngc_release_version("26.04") == dotted(CLIENT_SHM_FLAG)
     assert ngc_release_version("26.01") == dotted(LATENCY_HISTOGRAM)
     assert ngc_release_version("26.03") == dotted(TORCH_AOTI)
+    assert ngc_release_version("24.05") == dotted(CONFIG_NAME_FLAG)
     assert NATIVE_SINCE == {"pt2": TORCH_AOTI}
 
 
@@ -151,6 +153,32 @@ def test_a_local_servers_help_says_whether_it_knows_the_client_shm_flag(tmp_path
     server = LocalServer(tmp_path / "repo", tmp_path / "s.log", binary=str(binary))
     assert server.version_info().version == "2.74.0"
     assert "--metrics-config=histogram_latencies=true" in server.argv()
+
+
+def test_a_server_serves_the_offline_configs_from_its_start_where_it_knows_the_flag(tmp_path, monkeypatch):
+    """--model-config-name (24.05 on): each model's configs/offline.pbtxt from the start, and the server counts those
+    models as served with another config; an older server's sweep reloads them instead."""
+    from tritonclient.grpc import model_config_pb2 as mc
+
+    monkeypatch.delenv("TRITON_SERVER_VERSION", raising=False)
+    monkeypatch.delenv("NVIDIA_TRITON_SERVER_VERSION", raising=False)
+    help_251 = (GOLDEN / "tritonserver_2.51_help.txt").read_text()
+    help_older = help_251.replace("--model-config-name", "--model-config-nom")
+    assert "model-config-name" in help_options(help_251)
+    static = {"m": mc.ModelConfig(name="m", max_batch_size=8)}
+    for text, flagged in ((help_251, True), (help_older, False)):
+        (tmp_path / "help.txt").write_text(text)
+        binary = tmp_path / "tritonserver"
+        binary.write_text(f"#!/bin/sh\ncat {tmp_path / 'help.txt'}\nexit 1\n")
+        binary.chmod(0o755)
+        server = LocalServer(tmp_path / "repo", tmp_path / "s.log", binary=str(binary))
+        assert server.serve_from_start("offline", static) is flagged
+        assert ("--model-config-name=offline" in server.argv()) is flagged
+        assert server.start_configs == (static if flagged else {})
+    embedded = EmbeddedServer(tmp_path / "repo", tmp_path / "e.log")  # 2.51: known from its version
+    assert embedded.serve_from_start("offline", static) and "--model-config-name=offline" in embedded.server_args(
+        "/m", None
+    )
 
 
 # --- the flags a server we launch gets ---

@@ -414,7 +414,8 @@ def test_flow_run_serves_every_pytorch_format_and_reports_each(prefect_harness, 
         set(online["batching"]) == {"dynamic"}
         and (online["max_queue_delay_us"] == manifest["request"]["max_queue_delay_us"]).all()
     )
-    assert "offline_configs/resnet50_onnx.pbtxt" in listed
+    assert "model_repository/resnet50_onnx/configs/offline.pbtxt" in listed  # served from the start: no reload
+    assert not any(stage.startswith("reload-offline") for stage in manifest["stages"])
     # the embedded server has only the python backend
     assert set(results["backend"]) == {"python (onnxruntime)", "python (torchscript)"}
     accuracy = json.loads((run / "accuracy.json").read_text())

@@ -183,6 +183,9 @@ def test_a_sweep_loads_the_configs_it_needs_in_a_stage_before_it_and_gives_nothi
             events.append(("load", name, "offline" if config is not None else "own"))
             self.overridden = {name: config} if config is not None else {}
 
+        def confirm(self, configs):
+            events.append(("confirm", {n: "offline" if c is not None else "own" for n, c in configs.items()}))
+
     class Tracker:
         @contextlib.contextmanager
         def stage(self, name):
@@ -200,18 +203,25 @@ def test_a_sweep_loads_the_configs_it_needs_in_a_stage_before_it_and_gives_nothi
     plan = SimpleNamespace(req=SimpleNamespace(trials=2))
     args = (plan, Tracker(), Server(), model)
     benchmark._measure_scenario(*args, Scenario.OFFLINE, offline, ["a", "b"], [None, None], None, 1)
-    # once for every shape set, in a stage named for what is loaded
-    assert events == [("stage", "reload-offline-onnx-trial1"), ("load", "m", "offline"), ("sweep", "a"), ("sweep", "b")]
+    # once for every shape set, in a stage named for what is loaded, and read back before the first point
+    confirmed_offline, confirmed_own = ("confirm", {"m": "offline"}), ("confirm", {"m": "own"})
+    assert events == [
+        ("stage", "reload-offline-onnx-trial1"),
+        ("load", "m", "offline"),
+        confirmed_offline,
+        ("sweep", "a"),
+        ("sweep", "b"),
+    ]
     events.clear()
     benchmark._measure_scenario(*args, Scenario.OFFLINE, offline, ["a"], [None], None, 1)
-    assert events == [("sweep", "a")]  # served so already: no load, no stage
+    assert events == [confirmed_offline, ("sweep", "a")]  # served so already: no load, no stage
     events.clear()
     benchmark._measure_scenario(*args, Scenario.ONLINE, offline, ["a"], [None], None, 2)
     # the online scenario wants the repository's own
-    assert events == [("stage", "reload-online-onnx-trial2"), ("load", "m", "own"), ("sweep", "a")]
+    assert events == [("stage", "reload-online-onnx-trial2"), ("load", "m", "own"), confirmed_own, ("sweep", "a")]
     events.clear()
     benchmark._measure_scenario(*args, Scenario.ONLINE, offline, ["a"], [None], None, 2)
-    assert events == [("sweep", "a")]
+    assert events == [confirmed_own, ("sweep", "a")]
 
 
 def test_a_server_knows_which_models_it_serves_with_another_config(grpc_only, repository, tmp_path):

@@ -123,11 +123,12 @@ def test_tensorrt_accelerator_carries_the_precision():
 
 def test_offline_configs_serve_static_batching_and_keep_everything_else(tmp_path):
     """The offline scenario's config: no dynamic batcher (so no queue delay), the rest as under test."""
-    built = write_offline_configs(tmp_path / "offline", [(CFG, artifact(), False)])
+    built = write_offline_configs(tmp_path, [(CFG, artifact(), False)])
     static, dynamic = built["resnet50"], build_config(CFG, artifact())
     assert dynamic.HasField("dynamic_batching") and not static.HasField("dynamic_batching")
     assert CFG.static().queue_delay_us == 0 and CFG.queue_delay_us == 2000
     static.ClearField("dynamic_batching")
     dynamic.ClearField("dynamic_batching")
     assert static == dynamic
-    assert parse_pbtxt((tmp_path / "offline" / "resnet50.pbtxt").read_text()) == built["resnet50"]
+    # where a server started with --model-config-name=offline finds it
+    assert parse_pbtxt((tmp_path / "resnet50" / "configs" / "offline.pbtxt").read_text()) == built["resnet50"]

@@ -12,7 +12,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from tbench.capacity.report import AnswerStatus
 from tbench.core.enums import Format, Scenario
-from tbench.core.errors import ConfigError
+from tbench.core.errors import ConfigError, ServerStartError
 from tbench.request.benchmark import BenchmarkRequest, MeasurementOverrides
 from tbench.request.served import SERVED_BATCH_SIZES, check_served, resolve_served
 from tbench.triton.served import ServedModel, parse_served_model, split_server_url
@@ -181,7 +181,8 @@ def test_a_model_the_server_does_not_have_is_refused_naming_what_it_has(served_s
 @pytest.mark.e2e
 def test_the_offline_configs_stay_until_a_sweep_asks_for_the_models_own(served_small, small_artifacts):
     """Triton keeps a load's config override through a later load without one: the repository's own is sent back
-    explicitly when a sweep asks for it, and a config the model is served with already is not loaded again."""
+    explicitly when a sweep asks for it, and a config the model is served with already is not loaded again. What is
+    served is read back before a sweep: the other scenario's batching is refused in one line."""
     import tritonclient.grpc as grpcclient
 
     from tbench.triton.repository import ServingConfig, build_config
@@ -189,9 +190,19 @@ def test_the_offline_configs_stay_until_a_sweep_asks_for_the_models_own(served_s
 
     client = grpcclient.InferenceServerClient(served_small.endpoints.grpc_url)
     static = build_config(ServingConfig("resnet50", 8, [4, 8], 1000, 1, batching="static"), small_artifacts[0])
+    with pytest.raises(
+        ServerStartError,
+        match="serves resnet50 with dynamic batching, max_batch_size 8; its offline config asks for static",
+    ):
+        served_small.confirm({"resnet50": static})
     try:
         load_all(served_small, configs_to_load(served_small, {"resnet50": static}))
         assert not client.get_model_config("resnet50").config.HasField("dynamic_batching")
+        served_small.confirm({"resnet50": static})
+        with pytest.raises(
+            ServerStartError, match="with static batching, max_batch_size 8; its own config asks for dynamic"
+        ):
+            served_small.confirm({"resnet50": None})
         log_size = served_small.log_path.stat().st_size
         load_all(served_small, configs_to_load(served_small, {"resnet50": static}))  # served so already: no load
         assert "loading: resnet50" not in served_small.log_path.read_text()[log_size:]

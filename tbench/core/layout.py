@@ -36,11 +36,6 @@ class RunLayout:
         return self.run_dir / "model_repository"
 
     @property
-    def offline_configs_dir(self) -> Path:
-        """The static-batching configs the offline scenario served the models with (the repository holds the others)."""
-        return self.run_dir / "offline_configs"
-
-    @property
     def logs_dir(self) -> Path:
         return self.run_dir / "logs"
 

@@ -305,7 +305,7 @@ def format_section(
             (
                 served_as
                 or (
-                    "Static batching (the model reloaded without its dynamic batcher, so no queue delay)"
+                    "Static batching (the model served without its dynamic batcher, so no queue delay)"
                     if batching
                     else f"No batch sweep: the model has no batch axis, so each request is {UNBATCHED}"
                 )

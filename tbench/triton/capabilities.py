@@ -22,6 +22,7 @@ _NO_RELEASE = {(25, 7)}
 # Releases that changed what a run may ask of the server (the Triton version each arrived in)
 CLIENT_SHM_FLAG = (2, 68)  # 26.04: --allow-client-shm, off by default; without it client shared memory is refused
 LATENCY_HISTOGRAM = (2, 65)  # 26.01: --metrics-config histogram_latencies=true, a latency histogram per model
+CONFIG_NAME_FLAG = (2, 46)  # 24.05: --model-config-name, each model's configs/<name>.pbtxt served for its config.pbtxt
 TORCH_AOTI = (2, 67)  # 26.03: the PyTorch backend's `torch_aoti` platform (an AOTInductor model.pt2)
 TF_BACKEND_LAST = (2, 55)  # 25.02: the last NGC release whose image ships the TensorFlow backend
 
@@ -161,6 +162,11 @@ class ServerCapabilities:
     def client_shm_flag(self) -> bool:
         """A server we launch must be given --allow-client-shm=true (only versions that know the flag accept it)."""
         return self._knows("allow-client-shm", CLIENT_SHM_FLAG)
+
+    @property
+    def config_name_flag(self) -> bool:
+        """A server we launch can serve another config than config.pbtxt from its start (--model-config-name)."""
+        return self._knows("model-config-name", CONFIG_NAME_FLAG)
 
     @property
     def latency_histogram(self) -> bool:

@@ -21,6 +21,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import psutil
+from tritonclient.grpc import model_config_pb2 as mc
 
 from tbench.core.errors import ServerStartError
 from tbench.node import containers, procs, shm, tools
@@ -87,6 +88,15 @@ class ProcessServer(TritonServer):
         self.proc: subprocess.Popen | None = None
         self.trace_path: Path | None = None  # where the server writes its requests' trace (a mode that has one)
         self._version: ServerCapabilities | None = None  # what version_info read, once
+        self.start_config_name = ""  # --model-config-name: each model's configs/<name>.pbtxt served from the start
+        self.start_configs: dict[str, mc.ModelConfig] = {}  # those configs, by model
+
+    def serve_from_start(self, config_name: str, configs: dict[str, mc.ModelConfig]) -> bool:
+        # a Triton before 24.05 exits on the flag; a server started with no model loads each when asked
+        if self.model_control != "all" or not self.version_info().config_name_flag:
+            return False
+        self.start_config_name, self.start_configs = config_name, dict(configs)
+        return True
 
     def _pick_ports(self) -> dict[str, int]:
         chosen = {**self.chosen_ports, "metrics": None}
@@ -127,6 +137,7 @@ class ProcessServer(TritonServer):
             f"--backend-config=python,shm-region-prefix-name={self.shm_prefix}",
             "--model-control-mode=explicit",
             *(["--load-model=*"] if self.model_control == "all" else []),
+            *([f"--model-config-name={self.start_config_name}"] if self.start_config_name else []),
             "--exit-on-error=true",
             "--strict-readiness=true",
             "--log-verbose=0",
@@ -166,7 +177,7 @@ class ProcessServer(TritonServer):
         if self.alive():  # a second start would orphan the first server (and its stubs and shared memory)
             raise ServerStartError(f"this {self.mode} tritonserver is already running ({self._running_as()})")
         tries = 1
-        self.overridden = {}  # a fresh process serves the repository's own configs (a trial's restart too)
+        self.overridden = dict(self.start_configs)  # what a fresh process serves (a trial's restart too)
         while True:
             self._before_launch()
             self.proc = procs.start(

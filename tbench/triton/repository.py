@@ -31,6 +31,7 @@ from tbench.triton.config import (
 )
 
 RUNTIME_MODEL = Path(__file__).with_name("python_backend") / "model.py"
+OFFLINE_CONFIG = "offline"  # the offline scenario's config, by its name among each model's configs/
 
 
 @dataclass(frozen=True)
@@ -134,15 +135,17 @@ def _link_or_copy(src: Path, dst: Path) -> None:
 
 
 def write_offline_configs(
-    config_dir: Path, configs: list[tuple[ServingConfig, ModelArtifact, bool]]
+    repo_dir: Path, configs: list[tuple[ServingConfig, ModelArtifact, bool]]
 ) -> dict[str, mc.ModelConfig]:
-    """The static-batching configs the offline scenario loads in place of the repository's (kept in the run folder as
-    `<name>.pbtxt`, what was served): {triton name: config}."""
-    config_dir.mkdir(parents=True, exist_ok=True)
+    """The static-batching configs the offline scenario serves in place of the repository's, each beside its model's
+    config.pbtxt as Triton keeps another config (`<name>/configs/offline.pbtxt`, served by a server started with
+    `--model-config-name=offline`): {triton name: config}."""
     built = {}
     for cfg, artifact, native in configs:
         built[cfg.name] = build_config(cfg.static(), artifact, native)
-        (config_dir / f"{cfg.name}.pbtxt").write_text(to_pbtxt(built[cfg.name]))
+        path = repo_dir / cfg.name / "configs" / f"{OFFLINE_CONFIG}.pbtxt"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(to_pbtxt(built[cfg.name]))
     return built
 
 

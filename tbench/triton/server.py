@@ -92,8 +92,14 @@ class TritonServer(ABC):
         self.log_path = log_path
         self.start_timeout_s = start_timeout_s
         self._capabilities: ServerCapabilities | None = None
-        # the models served now with a config other than the repository's (the offline scenario's), by name
+        # the models served now with a config other than the repository's config.pbtxt (the offline scenario's), by name
         self.overridden: dict[str, mc.ModelConfig] = {}
+
+    def serve_from_start(self, config_name: str, configs: dict[str, mc.ModelConfig]) -> bool:
+        """Serve `configs` (each its model's configs/<config_name>.pbtxt in the repository) from every start of this
+        server on, in place of the models' config.pbtxt: the first sweep that wants them reloads nothing (a python
+        model's reload costs seconds, DLRM's 8). False where this mode cannot: the sweep reloads them."""
+        return False
 
     @property
     @abstractmethod
@@ -179,6 +185,23 @@ class TritonServer(ABC):
         if replacing:
             wait_released(self.log_path, name, offset)  # before anything is measured on it
 
+    def confirm(self, configs: dict[str, mc.ModelConfig | None]) -> None:
+        """Read back that each model is served with its batching as `configs` want it (None: the repository's own)
+        before anything is measured on it: a config Triton dropped would measure the other scenario's batching."""
+        client = self._client()
+        try:
+            for name, config in configs.items():
+                wanted = config if config is not None else self.own_config(name)
+                served = client.get_model_config(name, client_timeout=30).config
+                if _batching(served) != _batching(wanted):
+                    raise ServerStartError(
+                        f"{self.mode} Triton serves {name} with {_batching(served)}; its "
+                        f"{'offline' if config is not None else 'own'} config asks for {_batching(wanted)} "
+                        f"(log: {self.log_path})"
+                    )
+        finally:
+            client.close()
+
     @staticmethod
     def _ready(client, name: str) -> bool:
         from tritonclient.utils import InferenceServerException
@@ -247,6 +270,12 @@ class TritonServer(ABC):
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def _batching(config: mc.ModelConfig) -> str:
+    """'dynamic batching, max_batch_size 8': what tells the offline scenario's config from the online one's."""
+    kind = "dynamic" if config.HasField("dynamic_batching") else "static"
+    return f"{kind} batching, max_batch_size {config.max_batch_size}"
 
 
 def config_json(config: mc.ModelConfig) -> str:
