@@ -90,18 +90,6 @@ def _benchmark(plan: RunPlan, adapter, tracker: RunTracker) -> str:
             tracker.save_json(layout.iospec_json, adapter.io_spec().model_dump())
             # what was converted and what came from the conversion cache (cached: no conversion ran)
             tracker.save_json(layout.artifacts_json, [x.model_dump(mode="json") for x in exported.every_artifact])
-        with tracker.stage("correctness"):
-            tracker.correctness = correctness_task(adapter, module, artifacts, *plan.tolerances)
-            for p, arts in zip(parts, exported.part_artifacts):
-                checked = correctness_task(p.adapter, p.adapter.part.module, arts, *plan.tolerances)
-                name = plain_name(req.part_name(p.adapter.part.name))
-                tracker.correctness += [c.model_copy(update={"model": name}) for c in checked]
-            tracker.save_json(layout.correctness_json, [c.model_dump(mode="json") for c in tracker.correctness])
-            require_passed(tracker.correctness)
-            shape_sets = measured_shape_sets(adapter, module, layout.run_dir, plan.shared_memory(adapter.io_spec()))
-            inputs = shape_sets[0].inputs  # a --shape sweep's first set: the server's warm-up, the labels' defaults
-            tracker.measured_shapes = list(dict.fromkeys(line for s in shape_sets for line in s.shapes))
-            tracker.guessed_shapes = adapter.guessed_shapes
         with tracker.stage("repository"):
             serving = plan.serving(exported)  # on the capabilities the server stage read
             tracker.served_by = serving.served_by_why
@@ -121,6 +109,19 @@ def _benchmark(plan: RunPlan, adapter, tracker: RunTracker) -> str:
             )
             if req.scenarios[0] is Scenario.OFFLINE:  # the first sweep's configs from the start: no reload before it
                 server.serve_from_start(OFFLINE_CONFIG, offline_configs)
+            server.launch()  # its models load while the correctness check runs; server-start waits for them
+        with tracker.stage("correctness"):
+            tracker.correctness = correctness_task(adapter, module, artifacts, *plan.tolerances)
+            for p, arts in zip(parts, exported.part_artifacts):
+                checked = correctness_task(p.adapter, p.adapter.part.module, arts, *plan.tolerances)
+                name = plain_name(req.part_name(p.adapter.part.name))
+                tracker.correctness += [c.model_copy(update={"model": name}) for c in checked]
+            tracker.save_json(layout.correctness_json, [c.model_dump(mode="json") for c in tracker.correctness])
+            require_passed(tracker.correctness)
+            shape_sets = measured_shape_sets(adapter, module, layout.run_dir, plan.shared_memory(adapter.io_spec()))
+            inputs = shape_sets[0].inputs  # a --shape sweep's first set: the server's warm-up, the labels' defaults
+            tracker.measured_shapes = list(dict.fromkeys(line for s in shape_sets for line in s.shapes))
+            tracker.guessed_shapes = adapter.guessed_shapes
         with tracker.stage("server-start"):
             server_task(server)
             serving = serving.confirmed(server)

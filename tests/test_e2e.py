@@ -304,6 +304,27 @@ def test_a_model_that_fails_to_load_names_the_reason(small_artifacts, tmp_path):
     assert "\n" not in message and "server.log" in message and "resnet50" in message
 
 
+def test_a_launched_server_is_waited_for_by_start_and_stopped_whole_before_it(small_artifacts, tmp_path):
+    """The run launches the server before its correctness check and waits in server-start: a run interrupted in
+    between stops a server whose models are still loading, and leaves no process, region or trace folder behind."""
+    write_repository(tmp_path / "repo", ServingConfig("resnet50", 8, [8], 100, 1), small_artifacts[0])
+    server = EmbeddedServer(tmp_path / "repo", tmp_path / "server.log")
+    server.launch()
+    pid, scratch = server.proc.pid, server._scratch()
+    assert server.alive() and scratch
+    with pytest.raises(ServerStartError, match="already running"):
+        server.launch()
+    server.stop()  # an interrupt during the correctness check: the models may still be loading
+    assert not server.alive() and not stubs(pgid=pid) and not shm.named(server.shm_prefix)
+    assert not any(path.exists() for path in scratch)
+    server.launch()
+    try:
+        assert server.start() == server.endpoints and server.serving()  # waits for the launched one, not another
+        assert server.processes()[0].pid == server.proc.pid
+    finally:
+        server.stop()
+
+
 def test_a_second_start_is_refused_instead_of_orphaning_the_first_server(served_small):
     pid = served_small.proc.pid
     with pytest.raises(ServerStartError, match="already running"):

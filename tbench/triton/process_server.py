@@ -90,6 +90,7 @@ class ProcessServer(TritonServer):
         self._version: ServerCapabilities | None = None  # what version_info read, once
         self.start_config_name = ""  # --model-config-name: each model's configs/<name>.pbtxt served from the start
         self.start_configs: dict[str, mc.ModelConfig] = {}  # those configs, by model
+        self._launched = False  # launch() started the process and start() has not waited for it yet
 
     def serve_from_start(self, config_name: str, configs: dict[str, mc.ModelConfig]) -> bool:
         # a Triton before 24.05 exits on the flag; a server started with no model loads each when asked
@@ -173,21 +174,33 @@ class ProcessServer(TritonServer):
 
     START_TRIES = 3  # a port taken between our pick and the server's bind: fresh ports, another start
 
-    def start(self) -> ServerEndpoints:
+    def launch(self) -> None:
+        """Start the process and return at once: its models load while the run does other work (the correctness
+        check), and start() then waits for them. Stopped like a started one; a second launch is refused."""
         if self.alive():  # a second start would orphan the first server (and its stubs and shared memory)
             raise ServerStartError(f"this {self.mode} tritonserver is already running ({self._running_as()})")
-        tries = 1
         self.overridden = dict(self.start_configs)  # what a fresh process serves (a trial's restart too)
+        self._launched = True
+        self._launch_process()
+
+    def _launch_process(self) -> None:
+        self._before_launch()
+        self.proc = procs.start(
+            self.launch_argv(),
+            self.log_path,
+            env=self.env(),
+            container=self._container_record(),
+            scratch=self._scratch(),
+            shm_prefix=self.shm_prefix,
+        )
+
+    def start(self) -> ServerEndpoints:
+        """Launch the server (unless launch() did) and wait until it and its models are ready."""
+        if not self._launched:
+            self.launch()
+        self._launched = False
+        tries = 1
         while True:
-            self._before_launch()
-            self.proc = procs.start(
-                self.launch_argv(),
-                self.log_path,
-                env=self.env(),
-                container=self._container_record(),
-                scratch=self._scratch(),
-                shm_prefix=self.shm_prefix,
-            )
             try:
                 self._wait_ready(f"{self.mode} tritonserver")
                 return self.endpoints
@@ -198,6 +211,7 @@ class ProcessServer(TritonServer):
                 tries += 1
                 _release_all(self.ports)
                 self.ports.update(self._pick_ports())  # in place: the finalizer releases what it holds at the end
+                self._launch_process()
             except BaseException:
                 self.stop()
                 raise
@@ -293,6 +307,7 @@ class ProcessServer(TritonServer):
         memory this server's processes mapped (perf_analyzer's registered regions, which a killed perf_analyzer leaves
         behind) and its python backend's regions (by name: a server that exits while it starts, or is killed, leaves
         them) are removed."""
+        self._launched = False
         if self.proc is None:
             self._remove_trace()
             return

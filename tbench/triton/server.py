@@ -108,6 +108,11 @@ class TritonServer(ABC):
     @abstractmethod
     def start(self) -> ServerEndpoints: ...
 
+    def launch(self) -> None:
+        """Begin a start that start() finishes, where a mode can (a process it starts loads its models meanwhile);
+        by default nothing: start() does it all."""
+        return None
+
     @abstractmethod
     def stop(self) -> None: ...
 
