@@ -6,8 +6,8 @@ says where two runs' probes differ (tbench.results.compare), as a fact about the
 The work is a pure-Python loop on one core, best of a few repeats (the least disturbed one): it needs no library and
 almost no memory, so it reads the core's speed, not a neighbour's burst or the caches. ~25 ms in all. A run keeps the
 better of its two readings (`best`: whatever else runs can only slow a reading, never speed it up). On a steady 2-core
-VM two runs' `best` differed by 1.58-3.11% in the median and 7.48-11.3% at most (102 pairs of runs, two records); in
-16 fresh processes the loop spread by 3.03-3.9%, NumPy's exp over an L2-sized array by 2.65-5.02%, no steadier, and
+VM two runs' `best` differed by 1.58-4.04% in the median and 7.48-17.51% at most (102 pairs of runs, three records);
+in 16 fresh processes the loop spread by 1.55-3.9%, NumPy's exp over an L2-sized array by 2.65-5.02%, no steadier, and
 the loop needs no library.
 A model's throughput does not follow it: of a model's repeated runs (the record at 527e6f9), the 2 pairs whose probes
 were over 10% apart served within 0.39% of each other, and 4 pairs whose probes stayed within 3.13% served
