@@ -65,6 +65,15 @@ def flag_args(caps: ServerCapabilities) -> list[str]:
     return caps.launch_args()
 
 
+def helping_binary(folder: Path, help_text: str) -> str:
+    """A `tritonserver` that prints `help_text` for --help, as a local server's binary does."""
+    (folder / "help.txt").write_text(help_text)
+    binary = folder / "tritonserver"
+    binary.write_text(f"#!/bin/sh\ncat {folder / 'help.txt'}\nexit 1\n")
+    binary.chmod(0o755)
+    return str(binary)
+
+
 # --- versions: NGC releases, image inspection, the embedded wheel, --help ---
 
 
@@ -140,17 +149,12 @@ def test_a_local_servers_help_says_whether_it_knows_the_client_shm_flag(tmp_path
         help_251 + "\n  --allow-client-shm <boolean>\n\tAllow clients to register/unregister and use shared memory\n"
     )
     for text, flagged in ((help_251, False), (help_268, True)):
-        (tmp_path / "help.txt").write_text(text)
-        binary = tmp_path / "tritonserver"
-        binary.write_text(f"#!/bin/sh\ncat {tmp_path / 'help.txt'}\nexit 1\n")
-        binary.chmod(0o755)
-        server = LocalServer(tmp_path / "repo", tmp_path / "s.log", binary=str(binary))
+        server = LocalServer(tmp_path / "repo", tmp_path / "s.log", binary=helping_binary(tmp_path, text))
         info = server.version_info()
         assert info.version is None and info.client_shm_flag is flagged  # the version unknown, the flag known
         assert ("--allow-client-shm=true" in server.argv()) is flagged
     monkeypatch.setenv("TRITON_SERVER_VERSION", "2.74.0")  # inside NGC's image
-    (tmp_path / "help.txt").write_text(help_268)
-    server = LocalServer(tmp_path / "repo", tmp_path / "s.log", binary=str(binary))
+    server = LocalServer(tmp_path / "repo", tmp_path / "s.log", binary=helping_binary(tmp_path, help_268))
     assert server.version_info().version == "2.74.0"
     assert "--metrics-config=histogram_latencies=true" in server.argv()
 
@@ -167,11 +171,7 @@ def test_a_server_serves_the_offline_configs_from_its_start_where_it_knows_the_f
     assert "model-config-name" in help_options(help_251)
     static = {"m": mc.ModelConfig(name="m", max_batch_size=8)}
     for text, flagged in ((help_251, True), (help_older, False)):
-        (tmp_path / "help.txt").write_text(text)
-        binary = tmp_path / "tritonserver"
-        binary.write_text(f"#!/bin/sh\ncat {tmp_path / 'help.txt'}\nexit 1\n")
-        binary.chmod(0o755)
-        server = LocalServer(tmp_path / "repo", tmp_path / "s.log", binary=str(binary))
+        server = LocalServer(tmp_path / "repo", tmp_path / "s.log", binary=helping_binary(tmp_path, text))
         assert server.serve_from_start("offline", static) is flagged
         assert ("--model-config-name=offline" in server.argv()) is flagged
         assert server.start_configs == (static if flagged else {})
