@@ -197,12 +197,11 @@ class TritonServer(ABC):
         try:
             for name, config in configs.items():
                 wanted = config if config is not None else self.own_config(name)
-                served = client.get_model_config(name, client_timeout=30).config
-                if _batching(served) != _batching(wanted):
+                served = _batching(client.get_model_config(name, client_timeout=30).config)
+                if served != (asked := _batching(wanted)):
                     raise ServerStartError(
-                        f"{self.mode} Triton serves {name} with {_batching(served)}; its "
-                        f"{'offline' if config is not None else 'own'} config asks for {_batching(wanted)} "
-                        f"(log: {self.log_path})"
+                        f"{self.mode} Triton serves {name} with {served}; its "
+                        f"{'offline' if config is not None else 'own'} config asks for {asked} (log: {self.log_path})"
                     )
         finally:
             client.close()
