@@ -269,8 +269,6 @@ class NnUNet(ModelAdapter):
                 online_concurrency=[1],
                 accuracy_samples=2,
                 formats=formats,
-                # ~4-8 s a 64^3 volume: windows of 4 requests keep a point near a minute (throughput resolved to ~8%)
-                measurement={"min_requests": 4},
             )
         return ServingDefaults(
             max_batch_size=4,

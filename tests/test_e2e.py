@@ -140,7 +140,9 @@ def test_sweep_keeps_measured_points_and_flags_an_unstable_one(served_small, sma
         model="resnet50",
         grpc_url=served_small.endpoints.grpc_url,
         spec=small_artifacts[0].io_spec,
-        m=Measurement(window_s=0.5, min_requests=8, stability_percentage=0.001, max_trials=3, retries=1),
+        m=Measurement(
+            window_s=0.5, max_window_s=0.5, min_requests=8, stability_percentage=0.001, max_trials=3, retries=1
+        ),
         layout=layout,
         static={},
     )
@@ -694,7 +696,9 @@ def test_regions_a_killed_perf_analyzer_left_registered_are_released(served_smal
         model="resnet50",
         grpc_url=served_small.endpoints.grpc_url,
         spec=small_artifacts[0].io_spec,
-        m=Measurement(window_s=0.2, min_requests=8, stability_percentage=0.001, max_trials=3, retries=0),
+        m=Measurement(
+            window_s=0.2, max_window_s=0.2, min_requests=8, stability_percentage=0.001, max_trials=3, retries=0
+        ),
         layout=RunLayout(tmp_path, "unstable").create(),
         static={},
     ).iloc[0]

@@ -123,11 +123,26 @@ def test_windows_are_sized_by_time_from_the_calibrated_latency_and_double_on_ret
     m = Measurement(window_s=1.0, min_requests=4)
     assert (Measurement().window_s, Measurement().min_requests) == (2.0, 16)
     assert m.requests_per_window(0.001, 1) == 1000  # a fast model: a second's worth of requests
-    assert m.requests_per_window(0.5, 1) == 4  # a slow one: never fewer than min_requests
     assert m.requests_per_window(0.001, 1000) == 2000  # at least 2 x concurrency
     assert m.requests_per_window(0.001, 1, attempt=1) == 2000  # a retry: twice as long
     assert m.requests_per_window(0.001, 1, attempt=1, measured_rate=300.0) == 600  # sized from what the attempt saw
-    assert m.requests_per_window(None, 2) == 4  # no calibration: the floor
+    assert m.requests_per_window(None, 2) == m.resolving_requests() == 20  # no calibration: what the 10% band resolves
+
+
+def test_a_slow_models_windows_hold_what_the_band_resolves_up_to_max_window_s_and_say_so_where_they_cannot():
+    """nnUNet's 64^3 volume at ~0.87 s on 2 cores measured with 4 requests a window read 1.0 and 1.33 infer/s by
+    turns (one request at an edge is a quarter of a window) and never met the 10% band."""
+    m = Measurement(min_requests=4)
+    n = m.requests_per_window(0.87, 1)
+    assert n == m.resolving_requests() == 20 and m.unresolved_note(n) == ""  # 17.4 s: fits in 20 s
+    crawling = m.requests_per_window(4.0, 1)  # 4 s a request: 20 would last 80 s, 5 fit in max_window_s
+    assert crawling == 5
+    assert m.unresolved_note(crawling) == (
+        "; a window of 5 requests resolves 20%, over half the 10% band: raise measurement.max_window_s (20 s) or "
+        "--stability"
+    )
+    assert m.requests_per_window(4.0, 1, attempt=1) == 10  # a retry's windows (and cap) twice as long
+    assert m.model_copy(update={"stability_percentage": 5.0}).requests_per_window(0.2, 1) == 40  # 8 s of a 5% band
 
 
 def test_a_rate_points_windows_are_sized_from_its_rate_and_its_time_limit_fits_them():

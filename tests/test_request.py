@@ -94,9 +94,11 @@ def test_tolerances_follow_precision_unless_given():
 
 def test_profiles_scale_what_a_model_needs_on_the_cpu():
     from tbench.request.benchmark import adapter_for
+    from tbench.request.measurement import PROFILE_MEASUREMENT
 
     nnunet = BenchmarkRequest(model="nnunet").resolve(has_gpu=False)
-    assert nnunet.measurement.min_requests == 4 and nnunet.batch_sizes == [1]
+    # ~0.9 s a volume: the profile's windows (as many requests as the band resolves, up to max_window_s) fit it
+    assert nnunet.measurement == PROFILE_MEASUREMENT["cpu"] and nnunet.batch_sizes == [1]
     assert adapter_for(nnunet).io_spec().inputs[0].shape == [4, 64, 64, 64]  # the guide's 128^3 on GPU nodes
     on_gpu = BenchmarkRequest(model="nnunet").resolve(has_gpu=True)
     assert adapter_for(on_gpu).io_spec().inputs[0].shape == [4, 128, 128, 128] and on_gpu.measurement.window_s == 2.0

@@ -396,7 +396,8 @@ def measure_point(
             )
             row.update(
                 status="unstable",
-                error=f"not stable within {m.max_trials} windows of {request_count}+ requests{spread}",
+                error=f"not stable within {m.max_trials} windows of {request_count}+ requests{spread}"
+                + m.unresolved_note(request_count),
             )
             continue
         last = [ln for ln in log.splitlines() if ln.strip()]
