@@ -243,3 +243,43 @@ def test_an_interrupt_after_the_store_says_the_run_is_complete():
     assert after.startswith("by Ctrl-C (SIGINT) after the run was stored: it is complete")
     before = interrupted_line(KeyboardInterrupt("SIGTERM"), " during perf-offline-onnx", stored=False)
     assert before.startswith("by SIGTERM during perf-offline-onnx; the server is stopped and every point measured")
+
+
+def test_the_sweep_bar_shows_the_window_a_long_point_is_on_and_goes_back_once_it_is_done():
+    import io
+
+    from rich.console import Console
+    from rich.progress import Progress
+
+    from tbench.cli.common import SWEEP_BAR, RichProgress
+
+    bar = Progress(console=Console(file=io.StringIO()))
+    listener = RichProgress(bar)
+    listener(
+        "point_window", point="offline batch 1 concurrency 1", window=1, throughput=1.2, spread_pct=None, band_pct=10.0
+    )  # before a sweep's bar: nothing to update
+    listener("sweep_start", total=2)
+    task = bar.tasks[0]
+    listener(
+        "point_window", point="offline batch 1 concurrency 1", window=2, throughput=1.18, spread_pct=None, band_pct=10.0
+    )
+    assert task.description == "offline batch 1 concurrency 1: window 2, 1.2 infer/s"
+    listener(
+        "point_window", point="offline batch 1 concurrency 1", window=4, throughput=1.18, spread_pct=3.14, band_pct=10.0
+    )
+    assert task.description.endswith("window 4, 1.2 infer/s, last 3 within 3.1% (needs 10%)")
+    listener(
+        "point_done",
+        index=1,
+        total=2,
+        row={
+            "status": "ok",
+            "throughput_infer_per_s": 1.18,
+            "p99_ms": 870.0,
+            "scenario": "offline",
+            "batch_size": 1,
+            "concurrency": 1,
+            "request_distribution": "",
+        },
+    )
+    assert task.description == SWEEP_BAR and task.completed == 1

@@ -17,6 +17,7 @@ import pytest
 from conftest import GOLDEN, measured
 from test_faults import lasting_unmapped_regions
 
+from tbench.core import progress
 from tbench.core.enums import Scenario
 from tbench.core.errors import ServerStartError
 from tbench.core.layout import RunLayout
@@ -94,18 +95,34 @@ def test_sweep_keeps_measured_points_and_flags_an_unstable_one(served_small, sma
     seen = []
     points = [Point(Scenario.OFFLINE, 1, 1), Point(Scenario.OFFLINE, 4, 1), Point(Scenario.ONLINE, 1, 2)]
     monitor = PointMonitor(served_small.endpoints.grpc_url, "resnet50", served_small.processes, interval_s=0.2)
-    table = run_sweep(
-        points,
-        model="resnet50",
-        grpc_url=served_small.endpoints.grpc_url,
-        spec=small_artifacts[0].io_spec,
-        m=Measurement(window_s=1.0, stability_percentage=50, max_trials=8),
-        layout=layout,
-        static={"model": "resnet50"},
-        on_row=lambda t: seen.append(len(t)),
-        monitor=monitor,
-    )
+    windows = []  # what the terminal's bar is told while each point runs
+
+    def on_event(event: str, **data) -> None:
+        if event == "point_window":
+            windows.append(data)
+
+    progress.subscribe(on_event)
+    try:
+        table = run_sweep(
+            points,
+            model="resnet50",
+            grpc_url=served_small.endpoints.grpc_url,
+            spec=small_artifacts[0].io_spec,
+            m=Measurement(window_s=1.0, stability_percentage=50, max_trials=8),
+            layout=layout,
+            static={"model": "resnet50"},
+            on_row=lambda t: seen.append(len(t)),
+            monitor=monitor,
+        )
+    finally:
+        progress.unsubscribe(on_event)
     assert list(table.columns) == RESULT_COLUMNS and seen == [1, 2, 3]
+    # every point told its windows as perf_analyzer measured them, the last with its last 3 within the band
+    assert {w["point"] for w in windows} == {p.describe() for p in points}
+    for p in points:
+        told = [w for w in windows if w["point"] == p.describe()]
+        assert [w["window"] for w in told] == sorted({w["window"] for w in told}) and told[-1]["window"] >= 3
+        assert told[-1]["spread_pct"] <= told[-1]["band_pct"] == 50
     assert sorted(table["point_index"]) == [0, 1, 2]  # measured in a shuffled order, each point once
     table = table.sort_values(["scenario", "batch_size"]).reset_index(drop=True)
     assert (table["status"] == "ok").all(), table[["status", "error"]]

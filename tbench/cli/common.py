@@ -174,6 +174,17 @@ def interrupted_line(err: BaseException, stage: str, stored: bool) -> str:
     return f"by {signal_name(err)}{stage}; the server is stopped and every point measured so far is kept"
 
 
+SWEEP_BAR = "perf_analyzer points"
+
+
+def window_line(point: str, window: int, throughput: float, spread_pct: float | None, band_pct: float | None) -> str:
+    """The sweep bar's text while a point is measured: its newest window, and how close its last 3 are to the band."""
+    line = f"{point}: window {window}, {throughput:.1f} infer/s"
+    if spread_pct is not None and band_pct is not None:
+        line += f", last 3 within {spread_pct:.1f}% (needs {band_pct:g}%)"
+    return escape(line)
+
+
 class RichProgress:
     """Listens to progress events: a line per stage, a bar over the perf_analyzer points."""
 
@@ -221,10 +232,12 @@ class RichProgress:
             mark = "[green]done[/]" if data["status"] == "completed" else f"[red]{data['status']}[/]"
             self.bar.console.print(f"  {data['stage']:<24} {mark} in {data['seconds']:.1f} s")
         elif event == "sweep_start":
-            self.sweep = self.bar.add_task("perf_analyzer points", total=data["total"])
+            self.sweep = self.bar.add_task(SWEEP_BAR, total=data["total"])
+        elif event == "point_window" and self.sweep is not None:
+            self.bar.update(self.sweep, description=window_line(**data))
         elif event == "point_done":
             row = data["row"]
-            self.bar.advance(self.sweep)
+            self.bar.update(self.sweep, advance=1, description=SWEEP_BAR)
             tput = row.get("throughput_infer_per_s")
             what = (
                 f"{tput:.1f} infer/s, p99 {row['p99_ms']:.2f} ms"

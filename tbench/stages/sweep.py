@@ -60,6 +60,7 @@ from tbench.stages.rate_verdict import (
 )
 from tbench.stages.shared_memory import release_shared_memory, remove_unregistered_regions
 from tbench.stages.warm_up import formed_batch_sizes, warm_up
+from tbench.stages.window_progress import windows_told
 from tbench.triton.monitor import STEPS_KEY, NoMonitor, cross_check
 from tbench.triton.served import serving_instances
 
@@ -318,7 +319,8 @@ def measure_point(
             monitor.start(trace_requests=traced)
             done = None
             try:
-                done = procs.run(argv, log_path, timeout_s, env)
+                with windows_told(log_path, point, None if point.rate is not None else attempt_m.stability_percentage):
+                    done = procs.run(argv, log_path, timeout_s, env)
             finally:  # an unstable, killed or timed-out perf_analyzer leaves its regions registered
                 if row["shared_memory"] != "none":
                     tensors = spec.input_names() + spec.output_names()
