@@ -9,7 +9,7 @@ from conftest import GOLDEN
 
 from tbench.core import progress
 from tbench.core.enums import Scenario
-from tbench.loadgen.perf_analyzer import Point
+from tbench.loadgen.perf_analyzer import Point, Window, parse_windows
 from tbench.stages import window_progress
 from tbench.stages.window_progress import stability_spread_pct, tell_new_windows, windows_told
 
@@ -30,10 +30,12 @@ def told():
     progress.unsubscribe(on_event)
 
 
-def test_the_spread_is_perf_analyzers_test_the_last_3_windows_from_their_mean():
-    assert stability_spread_pct([21.9536, 23.9791]) is None  # fewer than 3 cannot be judged
-    mean = (21.9536 + 23.9791 + 23.8697) / 3
-    assert stability_spread_pct([5.0, 21.9536, 23.9791, 23.8697]) == pytest.approx(100 * (mean - 21.9536) / mean)
+def test_the_spread_is_perf_analyzers_rule_max_over_min_of_the_last_3_windows_throughput_and_latency():
+    windows = parse_windows(LOG.read_text())  # latencies 171,043, 167,298 and 169,320 us
+    assert stability_spread_pct(windows[:2]) is None  # fewer than 3 cannot be judged
+    assert stability_spread_pct([Window(0, 5.0, 1e6), *windows]) == pytest.approx(100 * (23.9791 / 21.9536 - 1))
+    slow = [Window(1, 10.0, 100.0), Window(2, 10.0, 130.0), Window(3, 10.0, 110.0)]  # steady throughput, not latency
+    assert stability_spread_pct(slow) == pytest.approx(30.0)
 
 
 def test_the_newest_window_is_told_once(told, tmp_path):
@@ -44,7 +46,7 @@ def test_the_newest_window_is_told_once(told, tmp_path):
             "point": "online batch 1 concurrency 4",
             "window": 3,
             "throughput": 23.8697,
-            "spread_pct": stability_spread_pct([21.9536, 23.9791, 23.8697]),
+            "spread_pct": stability_spread_pct(parse_windows(LOG.read_text())),
             "band_pct": 20.0,
         }
     ]

@@ -10,19 +10,19 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from tbench.core import progress
-from tbench.loadgen.perf_analyzer import Point, parse_windows
+from tbench.loadgen.perf_analyzer import Point, Window, parse_windows
 
 POLL_S = 0.5  # how often the log is read: a window lasts at least a second
 
 
-def stability_spread_pct(throughputs: list[float]) -> float | None:
-    """How far the last 3 windows' throughputs lie from their mean at most, in % (perf_analyzer's stability test:
-    each within the band of the mean); None before there are 3."""
-    if len(throughputs) < 3:
+def stability_spread_pct(windows: list[Window]) -> float | None:
+    """How far apart the last 3 windows are, as perf_analyzer's stability rule reads them (max / min of the recent 3,
+    of throughput and of latency alike, within 1 + the band), in %; None before there are 3."""
+    last = windows[-3:]
+    if len(last) < 3:
         return None
-    last = throughputs[-3:]
-    mean = sum(last) / 3
-    return 100 * max(abs(t - mean) for t in last) / mean if mean > 0 else None
+    ratios = [max(v) / min(v) for v in ([w.throughput for w in last], [w.latency_us for w in last]) if min(v) > 0]
+    return 100 * (max(ratios) - 1) if len(ratios) == 2 else None
 
 
 def tell_new_windows(log_path: Path, point: Point, band_pct: float | None, told: int) -> int:
@@ -32,13 +32,12 @@ def tell_new_windows(log_path: Path, point: Point, band_pct: float | None, told:
     except OSError:  # not written yet
         return told
     if len(windows) > told:
-        throughputs = [w.throughput for w in windows]
         progress.emit(
             "point_window",
             point=point.describe(),
             window=len(windows),
-            throughput=throughputs[-1],
-            spread_pct=stability_spread_pct(throughputs),
+            throughput=windows[-1].throughput,
+            spread_pct=stability_spread_pct(windows),
             band_pct=band_pct,
         )
     return max(told, len(windows))
