@@ -7,6 +7,7 @@ what the verdicts must account for. Candidates are derived from it in tmp folder
 
 from __future__ import annotations
 
+import json
 import math
 import shutil
 import tempfile
@@ -620,8 +621,14 @@ def test_cli_exit_code(tmp_path):
     assert (tmp_path / "out" / "comparison.md").exists() and (tmp_path / "out" / "comparison.png").exists()
 
 
-def test_a_folder_without_results_is_an_error(tmp_path):
-    with pytest.raises(FileNotFoundError, match="no results.parquet or results.csv"):
+def test_a_folder_without_results_is_an_error_that_says_why(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no results.parquet or results.csv: give a run folder"):
+        load_run(tmp_path)
+    # a run interrupted before its first point wrote its manifest and no results: the error says how it ended
+    (tmp_path / "manifest.json").write_text(
+        json.dumps({"status": "interrupted", "error": "interrupted by Ctrl-C (SIGINT) during perf-offline-onnx"})
+    )
+    with pytest.raises(FileNotFoundError, match=r"the run measured no point \(interrupted by Ctrl-C \(SIGINT\) during"):
         load_run(tmp_path)
 
 

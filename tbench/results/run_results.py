@@ -62,6 +62,19 @@ def _read_text(fs, path: str) -> str | None:
         return None
 
 
+def _why_no_results(fs, root: str) -> str:
+    """Why a folder has no results file: a run that ended before its first point (its manifest says how), or not a
+    run folder at all."""
+    manifest = _read_text(fs, _join(root, "manifest.json"))
+    try:
+        ended = json.loads(manifest).get("error") if manifest else None
+    except ValueError:
+        ended = None
+    if ended:
+        return f"the run measured no point ({ended}): give a run that measured some"
+    return "no results.parquet or results.csv: give a run folder (or its results file)"
+
+
 def load_run(path_or_url: str | Path, default_noise: float = DEFAULT_NOISE) -> RunResults:
     """A run folder (local path or fsspec URL; or its results.parquet / results.csv itself) -> its results and noise.
 
@@ -75,7 +88,7 @@ def load_run(path_or_url: str | Path, default_noise: float = DEFAULT_NOISE) -> R
         candidates = [_join(root, "results.parquet"), _join(root, "results.csv")]
     found = next((p for p in candidates if fs.exists(p)), None)
     if found is None:
-        raise FileNotFoundError(f"{source}: no results.parquet or results.csv (a baseline is a run folder)")
+        raise FileNotFoundError(f"{source}: {_why_no_results(fs, root)}")
     with fs.open(found, "rb") as f:
         results = pd.read_parquet(f) if found.endswith(".parquet") else pd.read_csv(f, keep_default_na=True)
     for col in RESULT_COLUMNS:
