@@ -23,7 +23,8 @@ class Measurement(BaseModel):
     point not settle, its error says the windows could not resolve the band. perf_analyzer measures windows until the
     last 3 agree within `stability_percentage` (at most `max_trials`); each point records how long its windows lasted
     (`window_s`). An unstable point is measured again with windows sized from the throughput its failed attempt saw,
-    twice as long."""
+    twice as long; a slow point's windows, held at the floor, stay as they were (its retry is another `max_trials`
+    windows, not windows of twice the seconds)."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)  # a misspelt or retired setting is an error
 
@@ -41,7 +42,9 @@ class Measurement(BaseModel):
         "windows hold what fits.",
     )
     max_trials: int = Field(10, ge=3, description="Windows perf_analyzer tries before giving up on a point.")
-    retries: int = Field(1, ge=0, description="Retries of an unstable point, each with windows twice as long.")
+    retries: int = Field(
+        1, ge=0, description="Retries of an unstable point, each with windows twice as long (a slow point's: as long)."
+    )
     timeout_s: float = Field(300.0, gt=0, description="Hard limit per perf_analyzer call, in seconds.")
     warmup_requests: int = Field(
         2,
