@@ -245,41 +245,37 @@ def test_an_interrupt_after_the_store_says_the_run_is_complete():
     assert before.startswith("by SIGTERM during perf-offline-onnx; the server is stopped and every point measured")
 
 
-def test_the_sweep_bar_shows_the_window_a_long_point_is_on_and_goes_back_once_it_is_done():
+def test_the_bar_shows_the_window_a_long_point_is_on_and_goes_back_once_it_is_done():
     import io
 
     from rich.console import Console
     from rich.progress import Progress
 
-    from tbench.cli.common import SWEEP_BAR, RichProgress
+    from tbench.cli.common import SEARCH_BAR, SWEEP_BAR, RichProgress
 
+    window = {"point": "offline batch 1 concurrency 1", "throughput": 1.18, "band_pct": 10.0}
+    done = {"status": "ok", "throughput_infer_per_s": 1.18, "p99_ms": 870.0, "scenario": "offline", "batch_size": 1}
+    done |= {"concurrency": 1, "request_distribution": ""}
     bar = Progress(console=Console(file=io.StringIO()))
     listener = RichProgress(bar)
-    listener(
-        "point_window", point="offline batch 1 concurrency 1", window=1, throughput=1.2, spread_pct=None, band_pct=10.0
-    )  # before a sweep's bar: nothing to update
+    listener("point_window", window=1, spread_pct=None, **window)  # no bar to show it on: nothing happens
     listener("sweep_start", total=2)
     task = bar.tasks[0]
-    listener(
-        "point_window", point="offline batch 1 concurrency 1", window=2, throughput=1.18, spread_pct=None, band_pct=10.0
-    )
+    listener("point_window", window=2, spread_pct=None, **window)
     assert task.description == "offline batch 1 concurrency 1: window 2, 1.2 infer/s"
-    listener(
-        "point_window", point="offline batch 1 concurrency 1", window=4, throughput=1.18, spread_pct=3.14, band_pct=10.0
-    )
+    listener("point_window", window=4, spread_pct=3.14, **window)
     assert task.description.endswith("window 4, 1.2 infer/s, last 3 within 3.1% (needs 10%)")
-    listener(
-        "point_done",
-        index=1,
-        total=2,
-        row={
-            "status": "ok",
-            "throughput_infer_per_s": 1.18,
-            "p99_ms": 870.0,
-            "scenario": "offline",
-            "batch_size": 1,
-            "concurrency": 1,
-            "request_distribution": "",
-        },
-    )
+    listener("point_done", index=1, total=2, row=done)
     assert task.description == SWEEP_BAR and task.completed == 1
+    # the sweep's stage interrupted in its second point: its bar goes with the stage, later windows show nowhere
+    listener("stage_start", stage="perf-offline-onnx")
+    listener("point_window", window=1, spread_pct=None, **window)
+    listener("stage_end", stage="perf-offline-onnx", status="interrupted", seconds=3.0)
+    assert bar.tasks == [] and listener.points is None
+    listener("point_window", window=2, spread_pct=None, **window)
+    # a search measures its configurations' points without a sweep: their windows show on its bar, until the next one
+    listener("search_point", limit=4, measured=1, key="i1", status="ok", throughput=1.2, p99_ms=870.0)
+    listener("point_window", window=3, spread_pct=2.0, **window)
+    assert bar.tasks[0].description.startswith("offline batch 1 concurrency 1: window 3")
+    listener("search_point", limit=4, measured=2, key="i2", status="ok", throughput=1.2, p99_ms=870.0)
+    assert bar.tasks[0].description == SEARCH_BAR and bar.tasks[0].completed == 2

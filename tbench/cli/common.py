@@ -174,7 +174,7 @@ def interrupted_line(err: BaseException, stage: str, stored: bool) -> str:
     return f"by {signal_name(err)}{stage}; the server is stopped and every point measured so far is kept"
 
 
-SWEEP_BAR = "perf_analyzer points"
+SWEEP_BAR, SEARCH_BAR = "perf_analyzer points", "configurations"
 
 
 def window_line(point: str, window: int, throughput: float, spread_pct: float | None, band_pct: float | None) -> str:
@@ -190,7 +190,8 @@ class RichProgress:
 
     def __init__(self, bar: Progress):
         self.bar = bar
-        self.stage = self.sweep = None
+        self.stage = self.sweep = None  # the running stage's bar; a search's configurations bar
+        self.points = None  # a sweep's perf_analyzer points bar
         self.stage_name: str | None = None  # the stage running now: where an interrupt landed
         self.run_url: str | None = None
         self.status, self.detail = None, ""
@@ -229,15 +230,20 @@ class RichProgress:
             elif data["stage"] == "store" and not self.broken:
                 self.stored = True
             self.bar.remove_task(self.stage)
+            if data["status"] != "completed" and self.points is not None:  # a sweep cut short: its bar goes with it
+                self.bar.remove_task(self.points)
+                self.points = None
             mark = "[green]done[/]" if data["status"] == "completed" else f"[red]{data['status']}[/]"
             self.bar.console.print(f"  {data['stage']:<24} {mark} in {data['seconds']:.1f} s")
         elif event == "sweep_start":
-            self.sweep = self.bar.add_task(SWEEP_BAR, total=data["total"])
-        elif event == "point_window" and self.sweep is not None:
-            self.bar.update(self.sweep, description=window_line(**data))
+            self.points = self.bar.add_task(SWEEP_BAR, total=data["total"])
+        elif event == "point_window":  # on the bar of what measures the point: a sweep's, or a search's
+            shown = self.points if self.points is not None else self.sweep
+            if shown is not None:
+                self.bar.update(shown, description=window_line(**data))
         elif event == "point_done":
             row = data["row"]
-            self.bar.update(self.sweep, advance=1, description=SWEEP_BAR)
+            self.bar.update(self.points, advance=1, description=SWEEP_BAR)
             tput = row.get("throughput_infer_per_s")
             what = (
                 f"{tput:.1f} infer/s, p99 {row['p99_ms']:.2f} ms"
@@ -251,11 +257,12 @@ class RichProgress:
             )
             self.bar.console.print(f"    {row['scenario']} batch {row['batch_size']} {load}: {what}")
             if data["index"] == data["total"]:
-                self.bar.remove_task(self.sweep)
+                self.bar.remove_task(self.points)
+                self.points = None
         elif event == "search_point":
             if self.sweep is None:
-                self.sweep = self.bar.add_task("configurations", total=data["limit"])
-            self.bar.update(self.sweep, completed=data["measured"])
+                self.sweep = self.bar.add_task(SEARCH_BAR, total=data["limit"])
+            self.bar.update(self.sweep, completed=data["measured"], description=SEARCH_BAR)
             what = (
                 f"{data['throughput']:.1f} infer/s, p99 {data['p99_ms']:.2f} ms"
                 if data["status"] == "ok"
