@@ -431,6 +431,23 @@ def test_a_tie_needs_the_difference_shown_small_then_the_cheaper_configuration_w
     assert (unknown.verdict, unknown.best.candidate.instances) == ("undetermined", 2)
 
 
+def test_a_search_that_measured_one_configuration_cannot_call_it_the_best():
+    """A smart search of a 6-configuration grid at the default 10% budget measures 1 (seen as a new user): its leader
+    used to be "best: ahead of every other feasible configuration by more than the noise", with no other to be ahead
+    of. The only feasible one of several measured stays the best."""
+
+    def of_grid(*observations: Observation) -> SearchResult:
+        return _result(*observations).model_copy(update={"grid_size": 6})
+
+    alone = of_grid(_obs(1, 100.0)).selection
+    assert (alone.verdict, alone.best.candidate.instances) == ("undetermined", 1)
+    assert alone.reason.startswith("the only configuration measured of 6: nothing to compare it with")
+    over_budget = _obs(2, 150.0, p99=80.0)  # measured, and over the 50 ms budget
+    assert of_grid(_obs(1, 100.0), over_budget).selection.verdict == "best"
+    assert of_grid(_obs(1, 100.0), _obs(1, 101.0)).selection.verdict == "undetermined"  # one, measured twice
+    assert _result(_obs(1, 100.0)).selection.verdict == "best"  # a grid of one: it is the best of it
+
+
 @pytest.mark.parametrize(("throughput_cv", "latency_cv", "unknown"), [(None, 0.02, "throughput"), (0.02, None, "p99")])
 def test_unknown_noise_of_the_objective_or_its_limit_leaves_the_verdict_undetermined(
     throughput_cv, latency_cv, unknown

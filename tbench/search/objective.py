@@ -214,8 +214,9 @@ class Selection:
     leader: Observation | None = None  # the feasible configuration measured best (`best` may be a cheaper tie)
 
 
-def select(objective: Objective, observations: list[Observation]) -> Selection:
-    """The best configuration of a search's observations (see the module docstring for the rules)."""
+def select(objective: Objective, observations: list[Observation], grid_size: int | None = None) -> Selection:
+    """The best configuration of a search's observations (see the module docstring for the rules); of a grid of
+    `grid_size` configurations, one measured alone is not called the best of it."""
     pooled = pooled_noise(observations)
     feasible = sorted((o for o in observations if objective.feasible(o, pooled)), key=objective.value, reverse=True)
     near = [o for o in observations if o.ok and objective.violation(o) == 0 and not objective.feasible(o, pooled)]
@@ -225,6 +226,12 @@ def select(objective: Objective, observations: list[Observation]) -> Selection:
             reason += f" by {FEASIBLE_K:g} standard errors ({len(near)} meet it on their estimate alone)"
         return Selection(None, "none", reason, near_limit=near)
     leader = feasible[0]
+    if (grid_size or 0) > 1 and len({o.candidate for o in observations}) == 1:  # nothing to rank it against
+        reason = (
+            f"the only configuration measured of {grid_size}: nothing to compare it with (a larger budget_fraction, "
+            "--budget-fraction, measures more)"
+        )
+        return Selection(leader, "undetermined", reason, near_limit=near, leader=leader)
     verdicts = {id(o): objective.compare(leader, o, pooled) for o in feasible[1:]}
     tied = [leader] + [o for o in feasible[1:] if verdicts[id(o)] == "tie"]
     best = min(tied, key=lambda o: (o.candidate.cost, -objective.value(o)))

@@ -101,7 +101,7 @@ class SearchResult(BaseModel):
     @property
     def selection(self) -> Selection:
         """The verdict: the best configuration, whether the windows could decide it, and why (objective.select)."""
-        return select(self.objective, self.observations)
+        return select(self.objective, self.observations, self.grid_size)
 
     @property
     def best(self) -> Observation | None:
