@@ -62,14 +62,20 @@ def _read_text(fs, path: str) -> str | None:
         return None
 
 
+def _read_manifest(fs, root: str) -> dict:
+    """The run's manifest.json; {} where it has none or it cannot be read."""
+    text = _read_text(fs, _join(root, "manifest.json"))
+    try:
+        manifest = json.loads(text) if text else {}
+    except ValueError:
+        return {}
+    return manifest if isinstance(manifest, dict) else {}
+
+
 def _why_no_results(fs, root: str) -> str:
     """Why a folder has no results file: a run that ended before its first point (its manifest says how), or not a
     run folder at all."""
-    manifest = _read_text(fs, _join(root, "manifest.json"))
-    try:
-        ended = json.loads(manifest).get("error") if manifest else None
-    except ValueError:
-        ended = None
+    ended = _read_manifest(fs, root).get("error")
     if ended:
         return f"the run measured no point ({ended}): give a run that measured some"
     return "no results.parquet or results.csv: give a run folder (or its results file)"
@@ -115,12 +121,7 @@ def load_run(path_or_url: str | Path, default_noise: float = DEFAULT_NOISE) -> R
                 n = Noise(default_noise, default_noise, 0, True, "unusable measurement windows")
             noise.append(n)
     name = posixpath.basename(root.rstrip("/")) or source
-    manifest_text = _read_text(fs, _join(root, "manifest.json"))
-    try:
-        manifest = json.loads(manifest_text) if manifest_text else {}
-    except ValueError:
-        manifest = {}
-    return RunResults(source=source, name=name, results=with_noise(results, noise), manifest=manifest)
+    return RunResults(source=source, name=name, results=with_noise(results, noise), manifest=_read_manifest(fs, root))
 
 
 def with_noise(results: pd.DataFrame, noise: list[Noise]) -> pd.DataFrame:
