@@ -399,7 +399,7 @@ def measure_point(
             row.update(
                 status="unstable",
                 error=f"not stable within {m.max_trials} windows of {request_count}+ requests{spread}"
-                + m.unresolved_note(request_count),
+                + attempt_m.unresolved_note(request_count),
             )
             continue
         last = [ln for ln in log.splitlines() if ln.strip()]
