@@ -76,7 +76,7 @@ NEIGHBOUR_OTHER_CPU = (120.0, 190.0)  # one or two busy processes beside the run
 RUNTIMES = ("1.17.0", "1.18.0", "1.19.0")
 METRIC = {"throughput": METRICS[0], "latency": METRICS[2]}  # throughput, p99 latency
 ONNXRUNTIME = "tool versions: onnxruntime"
-OTHER_CPU = attribute.NUMERIC["host.other_cpu_pct.mean"][0]
+OTHER_CPU = attribute.NUMERIC["host.other_cpu_pct.mean"].label
 DATES = pd.date_range("2026-11-01", periods=NIGHTS, freq="D", tz="UTC")
 LOST_STATUSES = (*(s for s in POINT_STATUSES if s != OK), ABSENT)
 LOST_PER_STATUS = 5  # sweeps per status at scale 1: each night's judgement reads every point (~0.1 s)
