@@ -122,6 +122,7 @@ def _benchmark(plan: RunPlan, adapter, tracker: RunTracker) -> str:
             inputs = shape_sets[0].inputs  # a --shape sweep's first set: the server's warm-up, the labels' defaults
             tracker.measured_shapes = list(dict.fromkeys(line for s in shape_sets for line in s.shapes))
             tracker.guessed_shapes = adapter.guessed_shapes
+            tracker.guessed_values = adapter.guessed_values
         with tracker.stage("server-start"):
             server_task(server)
             serving = serving.confirmed(server)
@@ -310,6 +311,7 @@ def _finish(tracker: RunTracker, plan: RunPlan, server, error: BaseException | N
         "notes": tracker.notes,
         "measured_shapes": tracker.measured_shapes,  # each dynamic dim's measured value
         "guessed_shapes": tracker.guessed_shapes,  # the dims no --shape set: tbench chose them
+        "guessed_values": tracker.guessed_values,  # and the integers no --value-range set
         "environment": tracker.environment,  # server identity, tool versions, model digests (tbench.history)
         "host": tracker.host,  # other processes' CPU during the sweeps (tbench.node.host_load, tbench.history)
         # the server's and the client's CPU sets (tbench.node.placement) and the runtime's threads per instance
@@ -354,6 +356,7 @@ def _finish(tracker: RunTracker, plan: RunPlan, server, error: BaseException | N
                 comparison_lines=comparison_lines,
                 measured_shapes=tracker.measured_shapes,
                 guessed_shapes=tracker.guessed_shapes,
+                guessed_values=tracker.guessed_values,
                 direct=[asdict(r) for r in tracker.direct],
                 tensors=tracker.tensor_words,
                 host=tracker.host,

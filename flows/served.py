@@ -99,6 +99,7 @@ def read_served(req: BenchmarkRequest, name: str, version: str, tracker: RunTrac
         ]
         tracker.measured_shapes = list(dict.fromkeys(line for s in shape_sets for line in s.shapes))
         tracker.guessed_shapes = adapter.guessed_shapes
+        tracker.guessed_values = adapter.guessed_values
     tracker.environment = {
         "server": server.identity(),
         "tools": tool_versions(),
@@ -204,6 +205,7 @@ def _finish(
         "served_by": tracker.served_by,
         "measured_shapes": tracker.measured_shapes,
         "guessed_shapes": tracker.guessed_shapes,
+        "guessed_values": tracker.guessed_values,
         "environment": tracker.environment,
         "local_dir": str(layout.run_dir),
     }
@@ -230,6 +232,7 @@ def _finish(
                 error=tracker.error or tracker.status_line,
                 measured_shapes=tracker.measured_shapes,
                 guessed_shapes=tracker.guessed_shapes,
+                guessed_values=tracker.guessed_values,
                 source=source.report(),
                 steps=tracker.steps,
             )

@@ -142,6 +142,12 @@ class ModelAdapter(ABC):
         return {}
 
     @property
+    def guessed_values(self) -> dict[str, str]:
+        """Integer inputs whose synthetic values nobody ranged, as 'LO..HI (why)': none for an adapter, whose data is
+        its model's own (a model file's may be: model_adapters.file_model)."""
+        return {}
+
+    @property
     def shape_sets(self) -> list[dict[str, list[int]]]:
         """The shape sets a run measures one after another (a --shape sweep of a model file); one set by default:
         {} (the model's own shapes)."""

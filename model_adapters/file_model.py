@@ -101,6 +101,14 @@ class ModelFileAdapter(ModelAdapter):
             if -1 in t.shape and t.name not in given
         }
 
+    @property
+    def guessed_values(self) -> dict[str, str]:
+        """The integer inputs no --value-range or --input-data sets, with the values they are drawn from
+        (tbench.core.model_file.chosen_values): ids past a table's rows fail, and a mask's values change the work."""
+        from tbench.core.model_file import chosen_values
+
+        return {} if self.given_samples is not None else chosen_values(self.file)
+
     def use_input_data(self, path: str) -> ModelFileAdapter:
         if self.value_ranges:
             raise ConfigError(

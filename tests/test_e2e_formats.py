@@ -144,6 +144,9 @@ def test_a_model_file_is_read_served_checked_and_swept(prefect_harness, tmp_path
     else:
         assert guessed == {"features": [16, 8], "ids": [16]}
         assert "**Shapes tbench chose**" in summary and "--shape features:16,8 --shape ids:16" in summary
+    # and so are the integers nobody ranged (ids: no --value-range in any case)
+    chosen = json.loads((run / "manifest.json").read_text())["guessed_values"]
+    assert list(chosen) == ["ids"] and f"drawn from ids {chosen['ids']}" in summary
     assert "Served by: python" in report and "### Accuracy through Triton" in report
 
 

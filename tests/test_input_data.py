@@ -118,8 +118,35 @@ def test_embedding_tables_bound_the_synthetic_integers(bert_onnx):
     data = synthetic_inputs(mf, batch_size=64)
     assert set(np.unique(data["token_type_ids"])) == {0, 1}
     assert data["input_ids"].max() < VOCAB and data["input_ids"].max() >= 16  # the vocabulary, not [0, 16)
-    assert data["attention_mask"].max() == 15  # nothing to read: the default [0, 16)
+    assert set(np.unique(data["attention_mask"])) == {1}  # a mask: every position kept, as an unpadded batch
     correctness(ModelFileAdapter(str(bert_onnx)))
+
+
+def test_the_integers_nobody_ranged_are_named_with_where_they_came_from(bert_onnx, tmp_path, monkeypatch):
+    """The terminal (before the first point) and the report say which synthetic integers were sent, and why: the
+    figures hold for them (a GPT-2 ran with masks of 0..15 once, and nothing said so)."""
+    from tbench.core import progress
+    from tbench.stages import sweep
+
+    adapter = ModelFileAdapter(str(bert_onnx))
+    assert adapter.guessed_values == {
+        "input_ids": f"0..{VOCAB - 1} (the rows of the table it indexes)",
+        "attention_mask": "1 (a mask: every position kept)",
+        "token_type_ids": f"0..{TYPES - 1} (the rows of the table it indexes)",
+    }
+    ranged = ModelFileAdapter(str(bert_onnx), value_ranges={"input_ids": [0, 5], "attention_mask": [0, 1]})
+    assert list(ranged.guessed_values) == ["token_type_ids"]
+    said = []
+    monkeypatch.setattr(progress, "warn", said.append)
+    sweep.measured_inputs(ranged, ranged.build(), tmp_path / "perf_input.json")
+    assert said == [
+        "dynamic dims no --shape sets are measured as input_ids at [16], attention_mask at [16], token_type_ids at "
+        "[16]; to choose: --shape input_ids:16 --shape attention_mask:16 --shape token_type_ids:16",
+        f"integer inputs no --value-range sets are drawn from token_type_ids 0..{TYPES - 1} (the rows of the table "
+        "it indexes); to choose: --value-range NAME:LO,HI or --input-data PATH",
+    ]
+    given = ModelFileAdapter(str(bert_onnx)).use_input_data(str(write_input_data(tmp_path, samples(), "npz")))
+    assert given.guessed_values == {}  # the user's samples: nothing chosen
 
 
 @pytest.mark.parametrize("model", ["onnx", "torchscript"])

@@ -369,13 +369,13 @@ def test_the_dims_nobody_sized_are_named_with_the_shape_line_that_sets_them(onnx
         "ids": [DEFAULT_DYNAMIC_DIM],
     }
     # ids shares its dim (S) with features: sizing one sizes both, and nothing is guessed
-    sized = ModelFileAdapter(str(onnx_path), shapes={"features": [7, 8]})
+    sized = ModelFileAdapter(str(onnx_path), shapes={"features": [7, 8]}, value_ranges={"ids": [0, 15]})
     assert sized.guessed_shapes == {} and sized.file.input_shapes == {"features": [7, 8], "ids": [7]}
     said = []
     monkeypatch.setattr(progress, "warn", said.append)
     sweep.measured_inputs(sized, sized.build(), tmp_path / "perf_input.json")
     assert said == []
-    unsized = ModelFileAdapter(str(onnx_path))
+    unsized = ModelFileAdapter(str(onnx_path), value_ranges={"ids": [0, 15]})  # the values' own line: test_input_data
     sweep.measured_inputs(unsized, unsized.build(), tmp_path / "perf_input.json")
     assert said == [
         f"dynamic dims no --shape sets are measured as features at [{DEFAULT_DYNAMIC_DIM}, 8], ids at "

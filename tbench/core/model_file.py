@@ -449,13 +449,40 @@ def synthetic_inputs(mf: ModelFile, batch_size: int, seed: int = 0) -> dict[str,
 
 
 def synthetic_range(mf: ModelFile, name: str) -> list[float] | None:
-    """The [LO, HI] synthetic values of an input are drawn from: the user's, else the embedding table's 0..rows-1;
-    None: the default (integers in [0, int_high), floats standard normal)."""
+    """The [LO, HI] synthetic values of an input are drawn from: the user's, else the embedding table's 0..rows-1,
+    else 1 for an integer mask; None: the default (integers in [0, int_high), floats standard normal)."""
     if name in mf.value_ranges:
         return mf.value_ranges[name]
     if name in mf.table_rows:
         return [0, mf.table_rows[name] - 1]
+    if is_integer_mask(mf, name):
+        return [1, 1]
     return None
+
+
+def is_integer_mask(mf: ModelFile, name: str) -> bool:
+    """An integer input named as a mask (attention_mask, input_mask): 1 keeps a position in exporters' convention
+    (Hugging Face's), so all ones is an unpadded batch; the default 0..15 would be no mask a tokenizer makes."""
+    spec = next((t for t in mf.io_spec.inputs if t.name == name), None)
+    return spec is not None and spec.np_dtype.kind in "iu" and name.lower().endswith("mask")
+
+
+def chosen_values(mf: ModelFile) -> dict[str, str]:
+    """The synthetic integers of the inputs no --value-range sets, as 'LO..HI (why)': the figures hold for those values
+    (an embedding's ids, a mask), so a run says which it sent, as it says the shapes it chose."""
+    chosen = {}
+    for t in mf.io_spec.inputs:
+        if t.np_dtype.kind not in "iu" or t.name in mf.value_ranges:
+            continue
+        why = (
+            "the rows of the table it indexes"
+            if t.name in mf.table_rows
+            else "a mask: every position kept"
+            if is_integer_mask(mf, t.name)
+            else "the default"
+        )
+        chosen[t.name] = f"{describe_range(mf, t)} ({why})"
+    return chosen
 
 
 def describe_range(mf: ModelFile, t: TensorSpec) -> str:
@@ -464,7 +491,7 @@ def describe_range(mf: ModelFile, t: TensorSpec) -> str:
     if bounds is None:
         return f"0..{min(mf.int_high, int(np.iinfo(t.np_dtype).max) + 1) - 1}"
     low, high = int_bounds(bounds)
-    return f"{low}..{high}"
+    return str(low) if low == high else f"{low}..{high}"
 
 
 def run_model_file(mf: ModelFile, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

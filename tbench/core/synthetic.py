@@ -59,6 +59,13 @@ def check_ranges(spec: IoSpec, ranges: dict[str, list[float]]) -> None:
                 raise ConfigError(f"{given} does not fit {name}'s {dtypes[name].name} ({limits[0]}..{limits[1]})")
 
 
+def guessed_values_line(guessed: dict[str, str]) -> str:
+    """The synthetic integers tbench chose for a model file's inputs, and the flag that chooses them: on the terminal
+    before the first point and in the report's summary, beside the shapes it chose."""
+    named = ", ".join(f"{name} {values}" for name, values in guessed.items())
+    return f"integer inputs no --value-range sets are drawn from {named}; to choose: {RANGE_FLAG} or --input-data PATH"
+
+
 def int_bounds(bounds: list[float]) -> tuple[int, int]:
     """An integer input's inclusive range from [LO, HI]: the integers within it."""
     return math.ceil(bounds[0]), math.floor(bounds[1])

@@ -9,6 +9,7 @@ import pandas as pd
 
 from tbench.core.metrics import AVG, THROUGHPUT
 from tbench.core.shape_sets import guessed_shapes_line
+from tbench.core.synthetic import guessed_values_line
 from tbench.results.direct_report import direct_lines
 from tbench.results.format_section import UNBATCHED, correctness_table, format_section
 from tbench.results.pipeline_report import pipeline_lines
@@ -141,6 +142,7 @@ def render_report(
     served_on: dict[str, dict] | None = None,
     measured_shapes: list[str] | None = None,
     guessed_shapes: dict[str, list[int]] | None = None,
+    guessed_values: dict[str, str] | None = None,
     direct: list[dict] | None = None,
     tensors: dict[str, str] | None = None,
     host: dict | None = None,
@@ -215,6 +217,8 @@ def render_report(
     lines += ["## Summary", "", *summary_lines(summary)]
     if guessed_shapes:  # the figures hold at shapes the user did not choose: said beside them
         lines += [f"**Shapes tbench chose**: {guessed_shapes_line(guessed_shapes)}.", ""]
+    if guessed_values:  # and values: an embedding's ids, a mask
+        lines += [f"**Values tbench chose**: {guessed_values_line(guessed_values)}.", ""]
     if not results.empty and results.loc[results["status"] == "ok", "format"].nunique() > 1:
         lines += [f"![]({plot_formats(results, plots_dir).relative_to(plots_dir.parent).as_posix()})", ""]
     lines += published_lines(results)

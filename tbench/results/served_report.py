@@ -9,6 +9,7 @@ from pathlib import Path
 import pandas as pd
 
 from tbench.core.shape_sets import guessed_shapes_line
+from tbench.core.synthetic import guessed_values_line
 from tbench.results.pipeline_report import pipeline_lines
 from tbench.results.report import UNBATCHED, _kv_table, closing_lines, format_section, summary_lines
 
@@ -45,6 +46,7 @@ def render_served_report(
     error: str | None = None,
     measured_shapes: list[str] | None = None,
     guessed_shapes: dict[str, list[int]] | None = None,
+    guessed_values: dict[str, str] | None = None,
     source: dict | None = None,
     steps: pd.DataFrame | None = None,
 ) -> str:
@@ -102,6 +104,8 @@ def render_served_report(
     ]
     if guessed_shapes:
         lines += [f"**Shapes tbench chose**: {guessed_shapes_line(guessed_shapes)}.", ""]
+    if guessed_values:
+        lines += [f"**Values tbench chose**: {guessed_values_line(guessed_values)}.", ""]
     if served is not None:
         lines += format_section(
             served.format,

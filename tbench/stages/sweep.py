@@ -28,6 +28,7 @@ from tbench.core.metrics import RESULT_COLUMNS, THROUGHPUT
 from tbench.core.pipeline_steps import busy_at
 from tbench.core.shape_sets import guessed_shapes_line
 from tbench.core.storage import file_sha256
+from tbench.core.synthetic import guessed_values_line
 from tbench.loadgen.arrivals import arrivals_fidelity
 from tbench.loadgen.perf_analyzer import (
     STABLE_WINDOWS,
@@ -218,6 +219,8 @@ def measured_inputs(
         progress.warn(f"{len(sent)} of the {given.count} input samples are sent, spread over them: see the report")
     if warn and (guessed := adapter.guessed_shapes):  # a model file's dynamic dims that nobody sized
         progress.warn(guessed_shapes_line(guessed))
+    if warn and (chosen := adapter.guessed_values):
+        progress.warn(guessed_values_line(chosen))
     return inputs, shapes
 
 

@@ -56,6 +56,7 @@ class RunTracker:
         self.notes: list[str] = []  # one line each, for the report (and the manifest): client shared memory refused
         self.measured_shapes: list[str] = []  # inputs with a dynamic dim and the shape perf_analyzer sent
         self.guessed_shapes: dict[str, list[int]] = {}  # of those, the dims no --shape set (tbench chose them)
+        self.guessed_values: dict[str, str] = {}  # integer inputs no --value-range set: the values tbench sent
         # what was underneath the numbers (the server that answered, tool and runtime versions, each served model's
         # source digest), so a change in a history of runs can be put down to what differed
         self.environment: dict = {}
