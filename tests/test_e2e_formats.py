@@ -175,6 +175,10 @@ def test_a_shape_sweep_measures_every_point_at_every_shape(prefect_harness, tmp_
     assert "### By shape" in report and (run / "plots" / "onnx_shapes_throughput_p99.png").is_file()
     manifest = json.loads((run / "manifest.json").read_text())
     assert manifest["guessed_shapes"] == {} and len(manifest["measured_shapes"]) == 4
+    # the summary gives each shape set its own best (the best of both would be the shorter one's)
+    best = [(b["scenario"], b["shapes"]) for b in manifest["summary"]["best"]]
+    assert sorted(best) == sorted((s, shapes) for s in ("offline", "online") for shapes in set(ok["shapes"]))
+    assert "| Shapes " in report.split("## Summary")[1].split("\n## ")[0]
 
 
 # ---- a file as large models are saved (weights in a separate file) with FP16 inputs and outputs

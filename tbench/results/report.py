@@ -32,6 +32,7 @@ def summary_lines(summary: dict) -> list[str]:
         {
             "Format": b["format"],
             "Scenario": b["scenario"],
+            **({"Shapes": b["shapes"]} if "shapes" in b else {}),  # a --shape sweep: its best at each shape set
             "Best inferences/second": round(b["best_throughput_infer_per_s"], 1),
             "At": b["at"],
             "P99 latency there (ms)": round(b["p99_ms_at_best"], 3),
