@@ -83,7 +83,13 @@ def read_served(req: BenchmarkRequest, name: str, version: str, tracker: RunTrac
         tracker.served_by = {served.format: f"{served.kind} (as served)"}
     with tracker.stage("inputs"):
         adapter = ServedModelAdapter(
-            name, server.endpoints.grpc_url, served.io_spec, served.batching, req.shapes, req.value_ranges
+            name,
+            server.endpoints.grpc_url,
+            served.io_spec,
+            served.batching,
+            req.shapes,
+            req.value_ranges,
+            served.table_rows(getattr(server, "repository", None)),  # a repository tbench serves: its ONNX files
         )
         if req.input_data:
             adapter.use_input_data(local_path(req.input_data))

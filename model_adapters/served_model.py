@@ -22,6 +22,7 @@ class ServedModelAdapter(ModelFileAdapter):
         batching: bool,
         shapes: dict[str, list[int]] | None = None,
         value_ranges: dict[str, list[float]] | None = None,
+        table_rows: dict[str, int] | None = None,
     ):
         from tbench.core.model_file import described_model
         from tbench.core.shape_sets import shape_sets
@@ -30,7 +31,7 @@ class ServedModelAdapter(ModelFileAdapter):
         self.name, self.path, self.dtypes, self.value_ranges = name, address, None, value_ranges
         self._shape_sets = shape_sets(spec, shapes)  # several shapes per input: a sweep
         self.shapes = self._shape_sets[0] or shapes
-        self.file = described_model(address, None, spec, batching, self.shapes, value_ranges)
+        self.file = described_model(address, None, spec, batching, self.shapes, value_ranges, table_rows=table_rows)
         self.batching = batching
 
     def build(self) -> None:

@@ -62,6 +62,21 @@ def test_a_string_input_is_read_and_a_type_tbench_cannot_send_refused_in_one_lin
     assert "\n" not in str(err.value)
 
 
+def test_a_repositorys_onnx_file_bounds_its_integer_inputs_by_the_tables_they_index(tmp_path):
+    """A model of a repository tbench serves: its ONNX file is at hand, so its ids stay below the embedding's rows as
+    a model file's do (they were 0..15 whatever the vocabulary); a model served elsewhere has no file to read."""
+    from test_input_data import VOCAB, write_bert_onnx
+
+    folder = tmp_path / "bert" / "3"
+    folder.mkdir(parents=True)
+    write_bert_onnx(folder / "model.onnx")
+    assert served().table_rows(tmp_path) == {"input_ids": VOCAB}  # token_type_ids is not in this config
+    assert served().table_rows(None) == {} and served().table_rows(tmp_path / "elsewhere") == {}
+    (folder / "model.onnx").rename(folder / "bert.onnx")  # the file the config names
+    named = served(CONFIG + 'default_model_filename: "bert.onnx"')
+    assert named.table_rows(tmp_path) == {"input_ids": VOCAB} and served().table_rows(tmp_path) == {}
+
+
 @pytest.mark.parametrize(
     "value, parsed", [("bert", ("bert", "")), ("bert:3", ("bert", "3")), (" bert:12 ", ("bert", "12"))]
 )

@@ -11,6 +11,18 @@ from typing import Any
 _VALUE_PRESERVING = {"Identity", "Cast", "Reshape", "Unsqueeze", "Squeeze", "Flatten", "Expand", "Transpose"}
 
 
+def onnx_file_table_rows(path: Path, names: list[str]) -> dict[str, int]:
+    """onnx_table_rows of an ONNX file (its weights' dims are in the graph: external data is not read); {} for a file
+    that does not parse, whose server says why if it must."""
+    import onnx
+
+    try:
+        graph = onnx.load(str(path), load_external_data=False).graph
+    except Exception:
+        return {}
+    return onnx_table_rows(graph, names)
+
+
 def onnx_table_rows(graph: Any, names: list[str]) -> dict[str, int]:
     """Per integer input that indexes a constant table (Gather(table, ids), as an exported embedding lookup is), the
     table's size along the gathered axis: its valid indices are 0..rows-1. Followed through value-preserving ops only;

@@ -16,6 +16,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from tbench.core.enums import Format
 from tbench.core.errors import ConfigError, ServerStartError
 from tbench.core.iospec import _TRITON_DTYPES, IoSpec, TensorSpec
+from tbench.core.onnx_graph import onnx_file_table_rows
 from tbench.triton.server import ServerEndpoints, TritonServer, one_line
 
 _NUMPY_DTYPES = {triton: numpy for numpy, triton in _TRITON_DTYPES.items()} | {"STRING": "object"}
@@ -112,6 +113,18 @@ class ServedModel:
 
     def config_json(self) -> dict:
         return json_format.MessageToDict(self.config, preserving_proto_field_name=True)
+
+    def table_rows(self, repository: Path | None) -> dict[str, int]:
+        """Where its repository is at hand and holds its ONNX file, the rows of the embedding tables its integer
+        inputs index, so their synthetic values stay in range as a model file's do; {} otherwise (a model served
+        elsewhere, another format)."""
+        if repository is None:
+            return {}
+        folder = Path(repository) / self.name / self.version
+        names = [self.config.parameters["model_file"].string_value, self.config.default_model_filename, "model.onnx"]
+        path = next((folder / n for n in names if n.endswith(".onnx") and (folder / n).is_file()), None)
+        ints = [t.name for t in self.io_spec.inputs if t.np_dtype.kind in "iu"]
+        return onnx_file_table_rows(path, ints) if path is not None and ints else {}
 
 
 def _tensor(t, what: str, model: str) -> TensorSpec:
