@@ -276,7 +276,7 @@ def _sweep(
             on_row=lambda t: tracker.save_points(key, t),
             gpu_env=plan.gpu_env,  # perf_analyzer's CUDA memory: the server's GPU
             dynamic_max_batch=model.online.dynamic_max_batch if scenario is not Scenario.OFFLINE else 0,
-            server_alive=server.serving,
+            stopped_serving=server.stopped_serving,
             inputs=shapes.inputs,
             on_composing=tracker.save_composing,
             monitor=PointMonitor(

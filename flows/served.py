@@ -153,7 +153,7 @@ def measure_served(req: BenchmarkRequest, hardware, name: str, version: str, tra
                         layout=layout,
                         static={**labels, "shapes": shapes.label},
                         on_row=lambda t, k=key: tracker.save_points(k, t),
-                        server_alive=server.serving,
+                        stopped_serving=server.stopped_serving,
                         inputs=shapes.inputs,
                         monitor=PointMonitor(
                             server.endpoints.grpc_url,

@@ -232,11 +232,38 @@ def test_a_server_that_crashes_mid_sweep_fails_the_run_in_one_line_and_keeps_the
     server = next(iter(run_processes(run_dir, "tritonserver")))
     server.send_signal(signal.SIGSEGV)
     assert run.finish() == 1, run.output
-    assert "Traceback" not in run.output and "the Triton server stopped serving" in run.output
+    assert "Traceback" not in run.output and "the Triton server crashed (Signal (11) received. in its log" in run.output
     assert fatal_signal(run_dir / "logs" / "tritonserver.log") == "Signal (11) received."
     m = manifest(run_dir)
     assert m["status"] == "failed" and m["failed_stage"].startswith("perf-")
     assert (pd.read_csv(run_dir / "results.csv")["status"] != "error").any()
+    assert not leftovers(run_dir)
+
+
+def test_a_server_that_crashes_mid_capacity_search_stops_it_at_the_first_failed_rate(tmp_path):
+    """A capacity plan's rate search on a crashed server: its first failed rate ends it, naming the crash, the rates
+    measured before kept (it went on halving down to 0.1 req/s once, every rate an error, and the run said only that
+    the server "stopped serving")."""
+    from tbench.capacity.rate_search import SustainableRate
+
+    run = CliRun(
+        [
+            *("resnet50", "--size", "small", "--instances", "1", "--max-batch-sizes", "4", "--percentile", "90"),
+            *("--slo-p99-ms", "500", "--traffic", "100", "--window-s", "0.1", "--start-rps", "20"),
+        ],
+        tmp_path / "runs",
+        command="capacity",
+    )
+    run.wait_for("/s: ")  # the first rate judged ("rate 20/s: pass"): the next one crashes
+    run_dir = run.run_dir()
+    next(iter(run_processes(run_dir, "tritonserver"))).send_signal(signal.SIGSEGV)
+    assert run.finish() == 1, run.output
+    assert "Traceback" not in run.output
+    assert "the Triton server crashed (Signal (11) received. in its log" in run.output, run.output
+    (kept,) = (run_dir / "search").glob("*/sustainable_rate.json")
+    points = SustainableRate.model_validate_json(kept.read_text()).points
+    assert points and all(p.status != "error" for p in points), points  # none measured on the dead server
+    assert manifest(run_dir)["status"] == "failed"
     assert not leftovers(run_dir)
     assert lock_slots() == 0
 

@@ -285,4 +285,8 @@ def test_a_server_that_printed_a_fatal_signal_is_not_serving_while_it_goes_down(
     assert fatal_signal(log) is None and server.serving()
     log.write_text(log.read_text() + "Signal (11) received.\n 0# 0x000055D0 in tritonserver\n")
     assert fatal_signal(log) == "Signal (11) received." and not server.serving()
+    assert server.stopped_serving() == f"crashed (Signal (11) received. in its log, {log})"
+    server.alive = lambda: False
+    log.write_text("")
+    assert server.stopped_serving() == "exited" and not server.serving()
     assert fatal_signal(tmp_path / "no.log") is None

@@ -22,6 +22,7 @@ from tbench.capacity.rate_search import (
 from tbench.capacity.statistics import WARMUP_SHARE, PercentileRule, percentile_measurement
 from tbench.core import progress
 from tbench.core.enums import Scenario
+from tbench.core.errors import PerfAnalyzerError
 from tbench.core.layout import RunLayout
 from tbench.loadgen.arrivals import with_intervals
 from tbench.loadgen.perf_analyzer import STABLE_WINDOWS, Point, RequestLog, profile_export_path, read_profile_export
@@ -155,6 +156,15 @@ class RateEvaluator(TritonEvaluator):
         m = rate_measurement(self.measurement, self.rule)
 
         def at(rate: float) -> RatePoint:
+            point = measure_at(rate)
+            if point.status == "error" and (why := self.server.stopped_serving()):  # no lower rate would do better
+                raise PerfAnalyzerError(
+                    f"the Triton server {why} while measuring {candidate.key} at {rate:g} req/s: {point.reason}; "
+                    f"the rates measured before it are in {rate_search_path(self.work_dir, candidate)}"
+                )
+            return point
+
+        def measure_at(rate: float) -> RatePoint:
             monitor = PointMonitor(
                 self.server.endpoints.grpc_url,
                 self.measured_name,

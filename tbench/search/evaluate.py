@@ -203,9 +203,9 @@ class TritonEvaluator:
             self.load(model_dir)
         except InferenceServerException as err:
             self.unload()
-            if not self.server.serving():
+            if why := self.server.stopped_serving():
                 raise ServerStartError(
-                    f"the Triton server stopped serving while loading {candidate.key}: {one_line(err.message() or '')}"
+                    f"the Triton server {why} while loading {candidate.key}: {one_line(err.message() or '')}"
                 ) from None
             return failed("error", f"load failed: {one_line(err.message() or str(err))}")
         try:
@@ -213,10 +213,8 @@ class TritonEvaluator:
             observation = self.measure(candidate, variant, RunLayout(self.work_dir, folder).create(), load)
         finally:
             self.unload()
-        if not observation.ok and not self.server.serving():  # exited, or crashed (Signal (11) in its log) and hung
-            raise PerfAnalyzerError(
-                f"the Triton server stopped serving while measuring {candidate.key}: {observation.error}"
-            )
+        if not observation.ok and (why := self.server.stopped_serving()):  # exited, or crashed and hung
+            raise PerfAnalyzerError(f"the Triton server {why} while measuring {candidate.key}: {observation.error}")
         return observation.model_copy(update={"seconds": time.monotonic() - started})
 
     def warmed_latency(self, variant: ServedVariant, formed: Iterable[int] = ()) -> float | None:

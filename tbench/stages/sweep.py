@@ -444,7 +444,7 @@ def run_sweep(
     layout: RunLayout,
     static: dict,
     on_row: Callable[[pd.DataFrame], None] | None = None,
-    server_alive: Callable[[], bool] | None = None,
+    stopped_serving: Callable[[], str | None] | None = None,
     inputs: PerfInputs = PerfInputs(),
     on_composing: Callable[[list[dict]], None] | None = None,
     on_steps: Callable[[list[dict]], None] | None = None,
@@ -531,9 +531,6 @@ def run_sweep(
         if on_row:
             on_row(table)
         progress.emit("point_done", index=i + 1, total=len(points), row=row)
-        if row["status"] == "error" and server_alive is not None and not server_alive():
-            raise PerfAnalyzerError(
-                f"the Triton server stopped serving (exited, or crashed: see its log) during the sweep at "
-                f"{point.describe()}: {row['error']}"
-            )
+        if row["status"] == "error" and stopped_serving is not None and (why := stopped_serving()):
+            raise PerfAnalyzerError(f"the Triton server {why} during the sweep at {point.describe()}: {row['error']}")
     return table

@@ -121,7 +121,15 @@ class TritonServer(ABC):
 
     def serving(self) -> bool:
         """Alive and not going down after a fatal signal (FATAL_SIGNAL): a crashed server can take long to exit."""
-        return self.alive() and not (self.logs_itself and fatal_signal(self.log_path))
+        return self.stopped_serving() is None
+
+    def stopped_serving(self) -> str | None:
+        """Why the server no longer serves, in the words of an error line: 'crashed (Signal (11) received. in its
+        log)' or 'exited'; None while it serves."""
+        signal = fatal_signal(self.log_path) if self.logs_itself else None
+        if signal:
+            return f"crashed ({signal} in its log, {self.log_path})"
+        return None if self.alive() else "exited"
 
     @abstractmethod
     def backends(self) -> set[str]:
