@@ -27,6 +27,7 @@ from tbench.triton.capabilities import (
     CONFIG_NAME_FLAG,
     LATENCY_HISTOGRAM,
     NATIVE_SINCE,
+    SAFE_TRACING,
     TORCH_AOTI,
     ServerCapabilities,
     help_options,
@@ -130,6 +131,18 @@ def test_the_embedded_servers_capabilities_are_the_wheels_and_this_venvs(tmp_pat
     # Triton 2.51 knows neither flag: an unknown option makes tritonserver exit
     assert "--allow-client-shm=true" not in server.server_args("/models", None)
     assert not any(a.startswith("--metrics-config") for a in server.server_args("/models", None))
+    # nor is its tracer safe under load (Signal 11 in TraceRelease): its rate points are judged from their windows
+    server._before_launch()
+    assert server.trace_path is not None and server.request_trace("m") is None
+    server.stop()
+
+
+def test_request_traces_only_from_the_release_whose_tracer_survives_load():
+    """Server PR #8144 (in 2.57.0, 25.04) fixed the crash in TraceRelease: 2.51 crashed at most traced rate points."""
+    assert ngc_release_version("25.04") == dotted(SAFE_TRACING)
+    assert not ServerCapabilities("2.51.0").traces_safely and not ServerCapabilities("2.56.0").traces_safely
+    assert ServerCapabilities("2.57.0").traces_safely and ServerCapabilities("2.68.0").traces_safely
+    assert not ServerCapabilities(None).traces_safely  # unknown: not on a chance of crashing the server
 
 
 def test_python_runtimes_are_the_frameworks_this_python_finds():

@@ -77,9 +77,10 @@ def test_a_docker_run_measures_offline_through_shared_memory_and_removes_its_con
     assert set(results[results["scenario"] == "online"]["status"]) <= {"ok", "unstable"}
     assert (offline["server_cpu_pct"] > 0).all()  # read from the container's processes, as this host sees them
     rate = results[results["scenario"] == "rate"]
-    # its requests (3x32x32 floats) too large to export: the container's trace, written to this host through a mount
-    # (whether it kept up is not the subject: a loaded machine's client can fall behind its schedule, client_bound)
-    assert rate["requests_from"].tolist() == ["server trace"] and set(rate["status"]) <= set(get_args(KeptUpStatus))
+    # its requests (3x32x32 floats) too large to export, and the image's server (the wheel's 2.51) too old to trace
+    # under load: judged from its windows (whether it kept up is not the subject: a loaded machine's client can fall
+    # behind its schedule, client_bound). The trace file is mounted all the same (test_server_modes).
+    assert rate["requests_from"].tolist() == ["windows"] and set(rate["status"]) <= set(get_args(KeptUpStatus))
     argv = (run_dir / "logs" / "tritonserver.log").read_text().splitlines()[0]
     assert argv.startswith("$ docker run --rm --name tbench-triton-") and "--ipc=host" in argv
     assert (

@@ -177,7 +177,9 @@ def test_open_loop_rate_points_measure_what_the_server_keeps_up_with(served_smal
     layout = RunLayout(tmp_path, "rate").create()
     points = plan_points([Scenario.RATE], [], [], rates=[20.0, 40.0], distribution="poisson")
     grpc_url = served_small.endpoints.grpc_url
-    monitor = PointMonitor(grpc_url, "resnet50", trace=served_small.request_trace("resnet50"))
+    # the embedded server's tracer crashes under load (ServerCapabilities.traces_safely): it offers no trace
+    assert served_small.request_trace("resnet50") is None
+    monitor = PointMonitor(grpc_url, "resnet50", trace=None)
     table = run_sweep(
         points,
         model="resnet50",
@@ -191,13 +193,9 @@ def test_open_loop_rate_points_measure_what_the_server_keeps_up_with(served_smal
     # the server kept up at both rates: ok, or client_bound where perf_analyzer's sender, starved by the suite's other
     # workers on 2 cores, sent too many requests late (seen once in 4 suites: 4.31% late at 40/s, the server keeping up)
     assert set(table["status"]) <= {"ok", "client_bound"}, table[["status", "error"]]
-    # a request of 3x32x32 floats is too large for perf_analyzer's export: whether it kept up was read from the
-    # server's trace, every window's requests of the last point in it
-    assert set(table["requests_from"]) == {"server trace"}
-    last = table.iloc[-1]
-    assert len(monitor.requests) >= 3 * last["window_requests"], (len(monitor.requests), last["window_requests"])
-    rate = len(monitor.requests) / monitor.requests.span_s
-    assert 0.6 < rate / last["request_rate"] < 1.4
+    # a request of 3x32x32 floats is too large for perf_analyzer's export, and this server keeps no trace: whether it
+    # kept up was read from the windows
+    assert set(table["requests_from"]) == {"windows"} and monitor.requests is None
     assert table["request_rate"].tolist() == [20.0, 40.0] and set(table["request_distribution"]) == {"poisson"}
     assert table["concurrency"].isna().all()
     # a small model on 2 cores keeps up with 20-40 requests/s: throughput near the offered rate (poisson arrivals

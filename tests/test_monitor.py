@@ -14,6 +14,7 @@ from tbench.triton.monitor import (
     cross_check,
     energy_under_load,
     gpu_series,
+    model_statistics,
     parse_gpu_metrics,
     per_request_ms,
 )
@@ -32,6 +33,29 @@ def test_statistics_diff_is_per_request_ms():
     assert got["triton_requests"] == 200 and got["triton_queue_ms"] == 0.1 and got["triton_compute_infer_ms"] == 1.0
     assert got["triton_compute_input_ms"] == 0.01 and got["triton_compute_output_ms"] == 0.02
     assert per_request_ms(before, before) == {"triton_requests": 0}
+    assert "triton_busy_ms" not in got  # no batch statistics: none said
+
+
+def test_the_instances_busy_time_counts_each_execution_once_from_the_batch_statistics():
+    """Triton's per-request stages charge each request its whole batch's compute; its batch statistics count each
+    execution once: 100 executions of 4 requests of 2 ms are 0.5 ms of an instance per request, not 2."""
+
+    class Client:
+        def get_inference_statistics(self, **kwargs):
+            execution = {"count": "100", "ns": str(100 * 2_000_000)}
+            return {
+                "model_stats": [
+                    {
+                        "inference_stats": {"success": {"count": "400"}, "compute_infer": {"ns": str(400 * 2_000_000)}},
+                        "batch_stats": [{"batch_size": "4", "compute_infer": execution}],
+                    }
+                ]
+            }
+
+    after = model_statistics(Client(), "m")
+    assert after["count"] == 400 and after["busy"] == 200_000_000
+    got = per_request_ms({**after, "count": 0, "busy": 0, "compute_infer": 0}, after)
+    assert got["triton_compute_infer_ms"] == 2.0 and got["triton_busy_ms"] == 0.5
 
 
 def test_cross_check_ignores_stages_too_small_to_compare():

@@ -173,6 +173,21 @@ def test_a_rate_point_the_windows_rule_left_undetermined_is_measured_again_with_
     assert requests_to_decide(point, row, instances=None) is None  # judged from its requests, not the windows
 
 
+def test_a_batching_servers_load_is_its_instances_time_per_execution_not_per_request():
+    """A GPT-2 at 1,200 req/s under dynamic batching (batches of 1-8, 2.7 requests each): perf_analyzer's compute
+    times charge each request its batch's 2.2 ms, a load of 2.6; the batch statistics' 0.69 ms a request is 0.83,
+    which the server kept up with. Without them the breakdown stays the estimate (an upper bound)."""
+    from tbench.loadgen.behind import InstanceLoad
+    from tbench.stages.rate_verdict import busy_per_request_ms
+
+    row = {"server_compute_input_ms": 0.1, "server_compute_infer_ms": 2.0, "server_compute_output_ms": 0.1}
+    assert busy_per_request_ms(row) == pytest.approx(2.2)
+    assert busy_per_request_ms({**row, "triton_busy_ms": 0.69}) == 0.69
+    assert busy_per_request_ms({**row, "triton_busy_ms": float("nan")}) == pytest.approx(2.2)  # an older run's row
+    assert InstanceLoad.estimate(1200, busy_per_request_ms({**row, "triton_busy_ms": 0.69}), 1, 8000).share < 1
+    assert InstanceLoad.estimate(1200, busy_per_request_ms(row), 1, 8000).share > 2
+
+
 def test_window_duration_comes_from_the_merged_windows_in_the_log():
     from tbench.loadgen.perf_analyzer import merged_requests, pass_throughputs, window_seconds
 

@@ -108,6 +108,8 @@ _SERVER = {
     "triton_compute_infer_ms": "Compute infer per request from Triton's statistics API",
     "triton_compute_output_ms": "Compute output per request from Triton's statistics API",
     "triton_requests": "Requests Triton's statistics counted over the point",
+    "triton_busy_ms": "Instance time per request from Triton's batch statistics: each execution's compute (input, "
+    "infer, output) counted once, over the requests (the per-request stages charge each request its whole batch's)",
     "stats_max_rel_diff": "The largest relative difference between Triton's statistics and perf_analyzer's breakdown",
     "server_cpu_pct": "The server's processes' CPU over the point (100 = one core)",
     "server_rss_mb": "The server's processes' resident memory, in MB",

@@ -37,8 +37,10 @@ the instances. Its upper bound (`LOAD_Z` standard errors of a mean of that many 
 cannot test the rise; else the point is undetermined, and the sweep measures it again with the requests that would
 decide it (`InstanceLoad.requests_to_decide`). A rise the windows call a growing queue while the load's estimate is
 below 1 is a queue still filling from an empty start (at 85% of capacity it takes seconds), or a limit outside the
-instances: undetermined, measured again, never behind nor ok on that evidence. Under dynamic batching each request is
-charged its whole batch's compute, which overstates the load: the rule errs towards undetermined.
+instances: undetermined, measured again, never behind nor ok on that evidence. Under dynamic batching the breakdown
+charges each request its whole batch's compute, so the time per request is taken from Triton's batch statistics where
+the server keeps them (each execution once: tbench.stages.rate_verdict.busy_per_request_ms); the breakdown's, where it
+must serve, overstates the load and errs towards undetermined.
 
 Late sends are the load generator's own limit, not the server's: when the server served everything it was offered
 (within the tolerance) and its latency was steady, the point is client-bound: the server sustains at least what was

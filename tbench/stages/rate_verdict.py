@@ -72,8 +72,12 @@ def point_requests(export: Path | None) -> RequestLog | None:
 
 
 def busy_per_request_ms(row: dict) -> float | None:
-    """The time an instance spent per request (compute input + infer + output, perf_analyzer's server breakdown), or
-    None where the server gave no compute infer."""
+    """The time an instance spent per request: Triton's batch statistics (each execution once, `triton_busy_ms`),
+    else compute input + infer + output of perf_analyzer's server breakdown (which charges each request its whole
+    batch's: under dynamic batching a load several times too high); None where the server gave neither."""
+    busy = row.get("triton_busy_ms")
+    if busy is not None and np.isfinite(busy) and busy > 0:
+        return float(busy)
     infer = row.get("server_compute_infer_ms")
     if infer is None or not np.isfinite(infer):
         return None

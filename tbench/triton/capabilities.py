@@ -25,6 +25,9 @@ LATENCY_HISTOGRAM = (2, 65)  # 26.01: --metrics-config histogram_latencies=true,
 CONFIG_NAME_FLAG = (2, 46)  # 24.05: --model-config-name, each model's configs/<name>.pbtxt served for its config.pbtxt
 TORCH_AOTI = (2, 67)  # 26.03: the PyTorch backend's `torch_aoti` platform (an AOTInductor model.pt2)
 TF_BACKEND_LAST = (2, 55)  # 25.02: the last NGC release whose image ships the TensorFlow backend
+# 25.04: a traced request's release no longer frees its trace's mutex under that lock (server PR #8144); before it, the
+# embedded 2.51 crashed (Signal 11 in TraceRelease) at most traced rate points over gRPC, at 300 req/s too
+SAFE_TRACING = (2, 57)
 
 # A format's native backend counts only from the release that brought its platform (keyed by Format value)
 NATIVE_SINCE: dict[str, tuple[int, int]] = {"pt2": TORCH_AOTI}
@@ -176,6 +179,11 @@ class ServerCapabilities:
     def after_tf_backend(self) -> bool:
         """A release after the last NGC image with the TensorFlow backend (25.02)."""
         return bool(self.at_least((TF_BACKEND_LAST[0], TF_BACKEND_LAST[1] + 1)))
+
+    @property
+    def traces_safely(self) -> bool:
+        """Its trace API can be turned on under load (tbench.triton.trace): known to be a release with the fix."""
+        return bool(self.at_least(SAFE_TRACING))
 
     @property
     def torch_aoti(self) -> bool:

@@ -32,6 +32,7 @@ STAT_FIELDS = {
     "compute_infer": "triton_compute_infer_ms",
     "compute_output": "triton_compute_output_ms",
 }
+BUSY_STAGES = ("compute_input", "compute_infer", "compute_output")  # an instance's time on an execution
 # the client CSV's server-side breakdown each statistic is checked against
 CHECKED_AGAINST = {
     "triton_queue_ms": "server_queue_ms",
@@ -85,14 +86,18 @@ HISTOGRAM_COLUMNS = {
 
 
 def model_statistics(client, model: str) -> dict[str, int]:
-    """Cumulative request count and ns per stage of one model (all versions), from the gRPC statistics API."""
+    """Cumulative request count and ns per stage of one model (all versions), from the gRPC statistics API; "busy":
+    the ns its instances computed, each execution once (its batch statistics), where a request's stages count its
+    whole batch's."""
     stats = client.get_inference_statistics(model_name=model, as_json=True, client_timeout=CALL_TIMEOUT_S)
-    totals = {"count": 0, **{k: 0 for k in STAT_FIELDS}}
+    totals = {"count": 0, "busy": 0, **{k: 0 for k in STAT_FIELDS}}
     for version in stats.get("model_stats", []):
         inference = version.get("inference_stats", {})
         totals["count"] += int(inference.get("success", {}).get("count", 0))
         for key in STAT_FIELDS:
             totals[key] += int(inference.get(key, {}).get("ns", 0))
+        for batch in version.get("batch_stats", []):
+            totals["busy"] += sum(int(batch.get(k, {}).get("ns", 0)) for k in BUSY_STAGES)
     return totals
 
 
@@ -101,7 +106,12 @@ def per_request_ms(before: dict[str, int], after: dict[str, int]) -> dict[str, f
     count = after["count"] - before["count"]
     if count <= 0:
         return {"triton_requests": 0}
-    return {"triton_requests": count, **{col: (after[k] - before[k]) / count / 1e6 for k, col in STAT_FIELDS.items()}}
+    busy = after.get("busy", 0) - before.get("busy", 0)  # none: a server without batch statistics
+    return {
+        "triton_requests": count,
+        **{col: (after[k] - before[k]) / count / 1e6 for k, col in STAT_FIELDS.items()},
+        **({"triton_busy_ms": busy / count / 1e6} if busy > 0 else {}),
+    }
 
 
 def cross_check(row: dict) -> float:

@@ -267,7 +267,11 @@ class ProcessServer(TritonServer):
         return self._group() if self.alive() else []
 
     def request_trace(self, model: str) -> RequestTrace | None:
-        return RequestTrace(self.endpoints.http_url, model, self.trace_path) if self.trace_path else None
+        """None where the server's tracer crashes under load (ServerCapabilities.traces_safely): its rate points are
+        then judged from their windows, as where no trace file is at hand."""
+        if not self.trace_path or not self.capabilities().traces_safely:
+            return None
+        return RequestTrace(self.endpoints.http_url, model, self.trace_path)
 
     def _group(self) -> list[psutil.Process]:
         """The server and every process it started (stubs stay in its process group, orphaned or not)."""
