@@ -70,7 +70,9 @@ def test_a_repositorys_onnx_file_bounds_its_integer_inputs_by_the_tables_they_in
     folder = tmp_path / "bert" / "3"
     folder.mkdir(parents=True)
     write_bert_onnx(folder / "model.onnx")
-    assert served().table_rows(tmp_path) == {"input_ids": VOCAB}  # token_type_ids is not in this config
+    model = served()
+    assert model.table_rows(tmp_path) == {"input_ids": VOCAB}  # token_type_ids is not in this config
+    assert "parameters" not in model.config_json()  # read, not written
     assert served().table_rows(None) == {} and served().table_rows(tmp_path / "elsewhere") == {}
     (folder / "model.onnx").rename(folder / "bert.onnx")  # the file the config names
     named = served(CONFIG + 'default_model_filename: "bert.onnx"')

@@ -48,6 +48,12 @@ def summary_lines(summary: dict) -> list[str]:
     return lines + ([pd.DataFrame(rows).to_markdown(index=False), ""] if rows else [])
 
 
+def chosen_lines(guessed_shapes: dict | None, guessed_values: dict | None) -> list[str]:
+    """The shapes and the integers tbench chose for a model's inputs, said beside the figures that hold for them."""
+    lines = [f"**Shapes tbench chose**: {guessed_shapes_line(guessed_shapes)}.", ""] if guessed_shapes else []
+    return lines + ([f"**Values tbench chose**: {guessed_values_line(guessed_values)}.", ""] if guessed_values else [])
+
+
 def published_lines(results: pd.DataFrame) -> list[str]:
     """The guides' published numbers beside ours where the same model, size, scenario, GPU, precision and format
     exist."""
@@ -216,10 +222,7 @@ def render_report(
         "",
     ]
     lines += ["## Summary", "", *summary_lines(summary)]
-    if guessed_shapes:  # the figures hold at shapes the user did not choose: said beside them
-        lines += [f"**Shapes tbench chose**: {guessed_shapes_line(guessed_shapes)}.", ""]
-    if guessed_values:  # and values: an embedding's ids, a mask
-        lines += [f"**Values tbench chose**: {guessed_values_line(guessed_values)}.", ""]
+    lines += chosen_lines(guessed_shapes, guessed_values)
     if not results.empty and results.loc[results["status"] == "ok", "format"].nunique() > 1:
         lines += [f"![]({plot_formats(results, plots_dir).relative_to(plots_dir.parent).as_posix()})", ""]
     lines += published_lines(results)

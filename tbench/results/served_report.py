@@ -8,10 +8,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from tbench.core.shape_sets import guessed_shapes_line
-from tbench.core.synthetic import guessed_values_line
 from tbench.results.pipeline_report import pipeline_lines
-from tbench.results.report import UNBATCHED, _kv_table, closing_lines, format_section, summary_lines
+from tbench.results.report import UNBATCHED, _kv_table, chosen_lines, closing_lines, format_section, summary_lines
 
 
 def served_batching(config: dict) -> str:
@@ -102,10 +100,7 @@ def render_served_report(
         "",
         *summary_lines(summary),
     ]
-    if guessed_shapes:
-        lines += [f"**Shapes tbench chose**: {guessed_shapes_line(guessed_shapes)}.", ""]
-    if guessed_values:
-        lines += [f"**Values tbench chose**: {guessed_values_line(guessed_values)}.", ""]
+    lines += chosen_lines(guessed_shapes, guessed_values)
     if served is not None:
         lines += format_section(
             served.format,

@@ -21,7 +21,7 @@ def summarize(results: pd.DataFrame) -> dict:
     for fmt in dict.fromkeys(ok["format"]):
         for scenario, axis in (("offline", "batch_size"), ("online", "concurrency"), ("rate", "request_rate")):
             rows = ok[(ok["format"] == fmt) & (ok["scenario"] == scenario)]
-            for shapes, at_shapes in rows.groupby("shapes", sort=False) if swept else [(None, rows)]:
+            for shapes, at_shapes in rows.groupby("shapes", sort=False, dropna=False) if swept else [(None, rows)]:
                 if at_shapes.empty:
                     continue
                 best = at_shapes.loc[at_shapes[THROUGHPUT.column].idxmax()]

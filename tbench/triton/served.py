@@ -121,7 +121,9 @@ class ServedModel:
         if repository is None:
             return {}
         folder = Path(repository) / self.name / self.version
-        names = [self.config.parameters["model_file"].string_value, self.config.default_model_filename, "model.onnx"]
+        parameters = self.config.parameters  # read with `in`: indexing a protobuf map adds the key to the config
+        runtime_file = parameters["model_file"].string_value if "model_file" in parameters else ""
+        names = [runtime_file, self.config.default_model_filename, "model.onnx"]
         path = next((folder / n for n in names if n.endswith(".onnx") and (folder / n).is_file()), None)
         ints = [t.name for t in self.io_spec.inputs if t.np_dtype.kind in "iu"]
         return onnx_file_table_rows(path, ints) if path is not None and ints else {}
