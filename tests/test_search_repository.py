@@ -297,7 +297,10 @@ def test_capacity_of_a_model_of_a_repository(tmp_path):
     answer = json.loads((run_dir / CAPACITY_JSON).read_text())["answers"][0]
     assert answer["status"] == AnswerStatus.OK and answer["model"] == "doubler", answer
     [candidate] = answer["candidates"]
-    assert candidate["rate_rps"] > 0 and candidate["points"] >= 2, candidate
+    # a bracket of rates, or one rate perf_analyzer could not send on time while the server kept up (a lower bound:
+    # the search ends there; seen once in a loaded suite, 1.44% of the sends late at 361 req/s)
+    bracketed = candidate["points"] >= 2 or answer["rate"]["lower_bound"]
+    assert candidate["rate_rps"] > 0 and bracketed, (candidate, answer["rate"]["stopped"])
     yours = json.loads((run_dir / "search.json").read_text())["your_config"]
     assert yours["status"] == "ok" and yours["throughput"] > 0, yours  # the user's config at its sustainable rate
     recommended = parse((run_dir / "recommended" / "doubler" / "config.pbtxt").read_text())
