@@ -336,7 +336,8 @@ def test_a_launched_server_is_waited_for_by_start_and_stopped_whole_before_it(sm
     assert not any(path.exists() for path in scratch)
     server.launch()
     try:
-        assert server.start() == server.endpoints and server.serving()  # waits for the launched one, not another
+        # waits for the launched one, not another
+        assert server.start() == server.endpoints and server.stopped_serving() is None
         assert server.processes()[0].pid == server.proc.pid
     finally:
         server.stop()

@@ -280,13 +280,13 @@ def test_a_server_that_printed_a_fatal_signal_is_not_serving_while_it_goes_down(
     log.write_text("I1206 15:01:02.000 grpc_server.cc] Started GRPCInferenceService at 0.0.0.0:8001\n")
     server = LocalServer(tmp_path, log, binary="tritonserver")
     server.alive = lambda: True  # its process still runs
-    assert fatal_signal(log) is None and server.serving()
+    assert fatal_signal(log) is None and server.stopped_serving() is None
     log.write_text(log.read_text() + "Signal (15) received.\n")
-    assert fatal_signal(log) is None and server.serving()
+    assert fatal_signal(log) is None and server.stopped_serving() is None
     log.write_text(log.read_text() + "Signal (11) received.\n 0# 0x000055D0 in tritonserver\n")
-    assert fatal_signal(log) == "Signal (11) received." and not server.serving()
+    assert fatal_signal(log) == "Signal (11) received."
     assert server.stopped_serving() == f"crashed (Signal (11) received. in its log, {log})"
     server.alive = lambda: False
     log.write_text("")
-    assert server.stopped_serving() == "exited" and not server.serving()
+    assert server.stopped_serving() == "exited"
     assert fatal_signal(tmp_path / "no.log") is None

@@ -119,13 +119,10 @@ class TritonServer(ABC):
     @abstractmethod
     def alive(self) -> bool: ...
 
-    def serving(self) -> bool:
-        """Alive and not going down after a fatal signal (FATAL_SIGNAL): a crashed server can take long to exit."""
-        return self.stopped_serving() is None
-
     def stopped_serving(self) -> str | None:
         """Why the server no longer serves, in the words of an error line: 'crashed (Signal (11) received. in its
-        log)' or 'exited'; None while it serves."""
+        log)' or 'exited'; None while it serves: alive and not going down after a fatal signal (FATAL_SIGNAL), as a
+        crashed server can take long to exit."""
         signal = fatal_signal(self.log_path) if self.logs_itself else None
         if signal:
             return f"crashed ({signal} in its log, {self.log_path})"
